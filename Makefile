@@ -1,0 +1,58 @@
+# psgd: every target that runs code depends on `install`, so on a fresh machine
+# `make test` or `make demo` alone does all set-up.
+#   MPI=pypi   (default) MPICH from PyPI (the `mpich` wheel) with mpi4py's wheel
+#   MPI=system build mpi4py against the mpicc on PATH (a cluster's own MPI)
+PYTHON ?= python3
+MPI ?= pypi
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.psgd-installed-$(MPI)
+
+ifeq ($(MPI),system)
+EXTRAS := plot,test
+else
+EXTRAS := mpich,plot,test
+endif
+
+.PHONY: install test test-all soak demo bench bench-quick bench-kernels bench-ps bench-allreduce clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+ifeq ($(MPI),system)
+	$(PY) -m pip install -q --no-binary mpi4py mpi4py
+endif
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	rm -f $(VENV)/.psgd-installed-*
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+# the soak test (several minutes) is not part of the quick suite
+soak: install
+	$(PY) -m pytest -q -m soak tests
+
+demo: install
+	$(PY) -m psgd.demo
+
+bench-kernels: install
+	$(PY) bench/bench_kernels.py
+
+bench-ps: install
+	$(PY) bench/bench_ps.py
+
+bench-allreduce: install
+	$(PY) bench/bench_allreduce.py
+
+bench: install
+	$(PY) bench/run_all.py
+
+bench-quick: install
+	$(PY) bench/run_all.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
+	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""numba layer kernels (forward and backward side by side) and optimizer updates; no MPI, no h5py."""

@@ -1,0 +1,69 @@
+"""`python -m psgd {train,data,plot}`: argument parsing and the failure rule around every command.
+
+Each subcommand lives in its own module, which exposes ``add_arguments(parser)``
+and ``run(args)``; modules are imported lazily so that ``psgd data`` never
+initialises MPI and ``--help`` is fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from psgd.errors import report_and_abort
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "train": ("psgd.train_cli", "train a model under mpiexec/srun (one process per rank)"),
+    "data": ("psgd.data.cli", "make, convert and inspect HDF5 datasets"),
+    "plot": ("psgd.plot", "draw PNG charts from JSON-lines training logs"),
+}
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher set it (without initialising MPI); 0 if unknown."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var)
+        if value and value.isdigit():
+            return int(value)
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are printed by rank 0 only (one line, exit 2)."""
+
+    def error(self, message: str) -> None:  # noqa: D102
+        if launcher_rank() == 0:
+            print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="psgd", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="print full tracebacks on error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
+                                required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=getattr(module, "DESCRIPTION", help_text),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print full tracebacks on error")
+        module.add_arguments(p)
+        p.set_defaults(_module=module_name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
+    try:
+        importlib.import_module(args._module).run(args)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the failure rule: report, end every rank
+        if isinstance(exc, KeyboardInterrupt):
+            exc = RuntimeError("interrupted")
+        report_and_abort(exc, debug=debug)

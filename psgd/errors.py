@@ -1,0 +1,38 @@
+"""The one error type users see as a plain message, and the rule that a failure ends the whole job."""
+from __future__ import annotations
+
+import sys
+import traceback
+
+
+class PsgdError(Exception):
+    """A user-facing error: bad input, bad config, a failed run.  Printed as one line."""
+
+
+def report_and_abort(exc: BaseException, *, debug: bool = False, code: int = 1) -> None:
+    """Print one line naming this rank and the cause, then end every rank of the job.
+
+    Under MPI with more than one rank this calls ``MPI_Abort`` (after flushing the
+    message), so no other rank is left hanging; alone it exits with ``code``.
+    """
+    rank, size = _rank_size()
+    where = f"rank {rank}: " if size > 1 else ""
+    if isinstance(exc, (PsgdError, ValueError)) and not debug:
+        msg = str(exc)
+    else:
+        msg = f"{type(exc).__name__}: {exc}"
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"psgd: error: {where}{msg}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if size > 1:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(code)
+    sys.exit(code)
+
+
+def _rank_size() -> tuple[int, int]:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return 0, 1
+    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()

@@ -1,0 +1,160 @@
+"""Optimizers as step functions over one flat float32 slice, and learning-rate schedules.
+
+An optimizer owns the state of the slice it was made for (a server's shard, or
+the whole vector under all-reduce) and nothing else, so the same code runs on
+a parameter server and on a worker.  Ordered by increasing complexity.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from psgd.kernels.optim import adam_update, momentum_update, sgd_update
+
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
+SCHEDULES = ("constant", "step", "cosine")
+
+
+def _check_slices(params: np.ndarray, grad: np.ndarray, n: int) -> None:
+    if params.shape != (n,) or grad.shape != (n,):
+        raise ValueError(f"optimizer made for {n} parameters got params {params.shape} "
+                         f"and grad {grad.shape}")
+
+
+class Optimizer:
+    """Base: ``step(params, grad, lr)`` updates ``params`` in place from ``grad``.
+
+    ``state_dict()`` returns per-element state as float32 arrays of length ``n``
+    (so shards concatenate into the full vector's state) and scalars as ints.
+    """
+
+    name = "base"
+    state_keys: tuple[str, ...] = ()
+
+    def __init__(self, n: int, weight_decay: float = 0.0) -> None:
+        if weight_decay < 0:
+            raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+        self.n = int(n)
+        self.weight_decay = float(weight_decay)
+        self.steps = 0
+
+    def step(self, params: np.ndarray, grad: np.ndarray, lr: float) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        state = {key: getattr(self, key) for key in self.state_keys}
+        state["steps"] = self.steps
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in self.state_keys:
+            value = np.asarray(state[key], dtype=np.float32)
+            if value.shape != (self.n,):
+                raise ValueError(f"{self.name} state {key!r} has shape {value.shape}, "
+                                 f"expected ({self.n},)")
+            getattr(self, key)[:] = value
+        self.steps = int(state.get("steps", 0))
+
+
+class SGD(Optimizer):
+    """Plain SGD with L2 weight decay; stateless, so it also works under hogwild."""
+
+    name = "sgd"
+
+    def step(self, params, grad, lr):
+        _check_slices(params, grad, self.n)
+        self.steps += 1
+        sgd_update(params, grad, float(lr), self.weight_decay)
+
+
+class Momentum(SGD):
+    """Heavy-ball momentum, or Nesterov's variant with ``nesterov=True``."""
+
+    name = "momentum"
+    state_keys = ("velocity",)
+
+    def __init__(self, n, momentum=0.9, nesterov=False, weight_decay=0.0):
+        super().__init__(n, weight_decay)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+        self.name = "nesterov" if nesterov else "momentum"
+        self.velocity = np.zeros(self.n, dtype=np.float32)
+
+    def step(self, params, grad, lr):
+        _check_slices(params, grad, self.n)
+        self.steps += 1
+        momentum_update(params, grad, self.velocity, float(lr), self.momentum,
+                        self.weight_decay, self.nesterov)
+
+
+class Adam(Optimizer):
+    """Adam with bias correction and decoupled weight decay (AdamW)."""
+
+    name = "adam"
+    state_keys = ("m", "v")
+
+    def __init__(self, n, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+        super().__init__(n, weight_decay)
+        for label, beta in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"adam {label} must be in [0, 1), got {beta}")
+        if eps <= 0:
+            raise ValueError(f"adam eps must be > 0, got {eps}")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self.m = np.zeros(self.n, dtype=np.float32)
+        self.v = np.zeros(self.n, dtype=np.float32)
+
+    def step(self, params, grad, lr):
+        _check_slices(params, grad, self.n)
+        self.steps += 1
+        adam_update(params, grad, self.m, self.v, float(lr), self.beta1, self.beta2,
+                    self.eps, self.weight_decay, self.steps)
+
+
+def make_optimizer(name: str, n: int, *, momentum: float = 0.9, weight_decay: float = 0.0,
+                   beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> Optimizer:
+    """Build optimizer ``name`` (one of :data:`OPTIMIZERS`) for a slice of ``n`` parameters."""
+    if name == "sgd":
+        return SGD(n, weight_decay=weight_decay)
+    if name in ("momentum", "nesterov"):
+        return Momentum(n, momentum=momentum, nesterov=(name == "nesterov"),
+                        weight_decay=weight_decay)
+    if name == "adam":
+        return Adam(n, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def make_schedule(kind: str, lr: float, total_steps: int, *, warmup: int = 0,
+                  step_every: int = 0, gamma: float = 0.1,
+                  min_lr: float = 0.0) -> Callable[[int], float]:
+    """Learning rate as a function of the 0-based step.
+
+    ``constant``; ``step`` (multiply by ``gamma`` every ``step_every`` steps);
+    ``cosine`` (from ``lr`` down to ``min_lr`` over ``total_steps``); each with an
+    optional linear warm-up over the first ``warmup`` steps.
+    """
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"learning rate must be a positive finite number, got {lr}")
+    if warmup < 0:
+        raise ValueError(f"warm-up steps must be >= 0, got {warmup}")
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+    if kind == "step" and step_every <= 0:
+        raise ValueError("the step schedule needs --lr-step-every > 0")
+    total = max(int(total_steps), 1)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        if kind == "step":
+            return lr * gamma ** (step // step_every)
+        if kind == "cosine":
+            t = min(max(step - warmup, 0) / max(total - warmup, 1), 1.0)
+            return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
+        return lr
+
+    return schedule

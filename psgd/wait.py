@@ -1,0 +1,141 @@
+"""Waiting on MPI without spinning a core: Test/Iprobe with a backoff sleep, and stall reports.
+
+MPICH's blocking calls busy-poll (a rank blocked in ``Recv`` burns a whole
+core), which on an oversubscribed node steals the core from the ranks doing
+work.  Every wait in psgd goes through this module instead: it polls with
+``Test``/``Iprobe``, spins a few times for latency, then sleeps with an
+exponential backoff capped at ``max_sleep`` (as ``mpi4py.futures`` does).
+
+A wait that lasts longer than the stall timeout prints one line saying who
+this rank waits for and since when; past the abort limit it raises
+:class:`StallError`, which the launcher turns into an MPI_Abort of the job.
+Settings resolve as: :func:`configure` argument, then ``PSGD_STALL_TIMEOUT`` /
+``PSGD_STALL_ABORT`` / ``PSGD_POLL_MAX_SLEEP``, then the defaults below.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, Sequence, Union
+
+from mpi4py import MPI
+
+SPIN = 64                 # polls before the first sleep
+MIN_SLEEP = 2e-5          # seconds
+DEFAULT_MAX_SLEEP = 1e-3  # seconds
+DEFAULT_STALL_TIMEOUT = 60.0
+DEFAULT_STALL_ABORT = 600.0
+
+Describe = Union[str, Callable[[], str]]
+
+
+class StallError(RuntimeError):
+    """A rank waited longer than the stall abort limit."""
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+class _Settings:
+    def __init__(self) -> None:
+        self.max_sleep = _env_float("PSGD_POLL_MAX_SLEEP", DEFAULT_MAX_SLEEP)
+        self.stall_timeout = _env_float("PSGD_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
+        self.stall_abort = _env_float("PSGD_STALL_ABORT", DEFAULT_STALL_ABORT)
+
+
+settings = _Settings()
+
+
+def configure(*, stall_timeout: float | None = None, stall_abort: float | None = None,
+              max_sleep: float | None = None) -> None:
+    """Set the stall report/abort limits (seconds) and the longest backoff sleep."""
+    if stall_timeout is not None:
+        settings.stall_timeout = float(stall_timeout)
+    if stall_abort is not None:
+        settings.stall_abort = float(stall_abort)
+    if max_sleep is not None:
+        settings.max_sleep = float(max_sleep)
+
+
+class Poller:
+    """Backoff and stall bookkeeping for one wait; call :meth:`idle` after each failed poll."""
+
+    __slots__ = ("what", "start", "polls", "sleep", "reported")
+
+    def __init__(self, what: Describe) -> None:
+        self.what = what
+        self.start = time.monotonic()
+        self.polls = 0
+        self.sleep = MIN_SLEEP
+        self.reported = False
+
+    def idle(self) -> None:
+        self.polls += 1
+        if self.polls <= SPIN:
+            return
+        time.sleep(self.sleep)
+        self.sleep = min(self.sleep * 2.0, settings.max_sleep)
+        if (self.polls & 63) == 0:
+            self._check_stall()
+
+    def _describe(self) -> str:
+        return self.what() if callable(self.what) else self.what
+
+    def _check_stall(self) -> None:
+        waited = time.monotonic() - self.start
+        if not self.reported and waited > settings.stall_timeout:
+            self.reported = True
+            rank = MPI.COMM_WORLD.Get_rank()
+            print(f"psgd: rank {rank} stalled: waiting {waited:.0f} s for {self._describe()}",
+                  file=sys.stderr, flush=True)
+        if waited > settings.stall_abort:
+            rank = MPI.COMM_WORLD.Get_rank()
+            raise StallError(f"rank {rank} waited {waited:.0f} s (> stall abort limit "
+                             f"{settings.stall_abort:g} s) for {self._describe()}")
+
+
+def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None) -> None:
+    """Complete one request, sleeping between polls."""
+    poller = Poller(what)
+    while not request.Test(status):
+        poller.idle()
+
+
+def waitall(requests: Sequence[MPI.Request], what: Describe) -> None:
+    """Complete all requests, sleeping between polls."""
+    if not requests:
+        return
+    poller = Poller(what)
+    while not MPI.Request.Testall(requests):
+        poller.idle()
+
+
+def waitany(requests: Sequence[MPI.Request], what: Describe,
+            status: MPI.Status | None = None) -> int:
+    """Complete one of the requests and return its index."""
+    poller = Poller(what)
+    while True:
+        index, done = MPI.Request.Testany(requests, status)
+        if done:
+            return index
+        poller.idle()
+
+
+def probe(comm: MPI.Comm, source: int, tag: int, status: MPI.Status, what: Describe) -> None:
+    """Block until a message matching (source, tag) is pending, sleeping between polls."""
+    poller = Poller(what)
+    while not comm.Iprobe(source, tag, status):
+        poller.idle()
+
+
+def barrier(comm: MPI.Comm, what: Describe = "the other ranks at a barrier") -> None:
+    """A barrier that does not spin: Ibarrier completed with :func:`wait`."""
+    wait(comm.Ibarrier(), what)

@@ -1,0 +1,28 @@
+"""psgd: an MPI parameter server and asynchronous SGD in Python."""
+from setuptools import setup
+
+setup(
+    name="psgd",
+    version="0.1.0",
+    description="MPI parameter server, asynchronous/synchronous SGD and ring all-reduce "
+                "with numba layer kernels",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["psgd", "psgd.kernels"],
+    package_dir={"psgd": "psgd", "psgd.kernels": "kernels"},
+    install_requires=[
+        "numpy>=1.24",
+        "numba>=0.59",
+        "scipy>=1.10",  # numba's np.dot calls BLAS through SciPy
+        "h5py>=3.8",
+        "mpi4py>=4.0",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "mpich": ["mpich"],          # an MPI from PyPI, for machines without one
+        "plot": ["matplotlib>=3.6"],
+        "test": ["pytest>=7"],
+    },
+    entry_points={"console_scripts": ["psgd=psgd.cli:main"]},
+)

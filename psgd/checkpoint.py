@@ -1,0 +1,161 @@
+"""HDF5 checkpoints: the full flat parameter vector, optimizer state, clocks, model spec and config.
+
+Layout (``format_version`` 1)::
+
+    /params                float32 (n,)    the flat parameter vector
+    /optimizer/<key>       float32 (n,)    per-element optimizer state (velocity, m, v)
+    /clocks                int64 (W,)      each worker's clock when the snapshot was taken
+    attrs: format_version, psgd_version, model_spec, n_params, step, protocol,
+           optimizer, optimizer_steps, seed, config (JSON of the run's settings)
+
+Nothing in it depends on the number of servers or workers that wrote it
+(``/clocks`` is informational), so a run may resume with other S and W.
+Files are written atomically: a temp file in the same directory, fsync,
+rename over the final name, fsync of the directory. A crash at any point
+leaves either the previous checkpoint or the new one, never half of one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+import psgd
+
+FORMAT_VERSION = 1
+NAME_RE = re.compile(r"^ckpt-(\d{8})\.h5$")
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint in memory."""
+
+    params: np.ndarray
+    model_spec: str
+    step: int
+    optimizer: str = "sgd"
+    opt_state: dict = field(default_factory=dict)
+    clocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    protocol: str = ""
+    seed: int = 0
+    config: dict = field(default_factory=dict)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:08d}.h5"
+
+
+def save_checkpoint(directory: str | os.PathLike, ckpt: Checkpoint, keep: int = 3) -> Path:
+    """Write ``ckpt`` atomically as ``directory/ckpt-<step>.h5``; keep the newest ``keep`` files.
+
+    Returns the path written.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / checkpoint_name(ckpt.step)
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".h5.tmp", dir=directory)
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("params", data=np.asarray(ckpt.params, dtype=np.float32))
+            group = f.create_group("optimizer")
+            steps = 0
+            for key, value in ckpt.opt_state.items():
+                if np.ndim(value) == 0:
+                    steps = int(value)
+                else:
+                    group.create_dataset(key, data=np.asarray(value, dtype=np.float32))
+            f.create_dataset("clocks", data=np.asarray(ckpt.clocks, dtype=np.int64))
+            f.attrs.update({
+                "format_version": FORMAT_VERSION, "psgd_version": psgd.__version__,
+                "model_spec": ckpt.model_spec, "n_params": int(np.size(ckpt.params)),
+                "step": int(ckpt.step), "protocol": ckpt.protocol, "optimizer": ckpt.optimizer,
+                "optimizer_steps": steps, "seed": int(ckpt.seed),
+                "config": json.dumps(ckpt.config, sort_keys=True, default=str),
+            })
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints in ``directory``, oldest first (temp files are ignored)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if NAME_RE.match(p.name)]
+    return sorted(found, key=lambda p: int(NAME_RE.match(p.name).group(1)))
+
+
+def resolve_resume(path: str | os.PathLike) -> Path:
+    """A checkpoint file, or the newest one in a directory."""
+    path = Path(path)
+    if path.is_dir():
+        found = list_checkpoints(path)
+        if not found:
+            raise ValueError(f"--resume {path}: no checkpoint (ckpt-*.h5) in that directory")
+        return found[-1]
+    if not path.exists():
+        raise ValueError(f"--resume {path}: no such file or directory")
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read and validate a checkpoint file; a clear ValueError names what is wrong."""
+    path = Path(path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise ValueError(f"checkpoint {path}: not a readable HDF5 file ({exc})") from None
+    with f:
+        attrs = dict(f.attrs)
+        for key in ("format_version", "model_spec", "step", "n_params"):
+            if key not in attrs:
+                raise ValueError(f"checkpoint {path}: missing attribute {key!r} (not a psgd checkpoint?)")
+        if int(attrs["format_version"]) != FORMAT_VERSION:
+            raise ValueError(f"checkpoint {path}: format version {attrs['format_version']} "
+                             f"is not supported (this psgd reads {FORMAT_VERSION})")
+        if "params" not in f:
+            raise ValueError(f"checkpoint {path}: missing dataset /params")
+        params = np.asarray(f["params"][...], dtype=np.float32)
+        n = int(attrs["n_params"])
+        if params.shape != (n,):
+            raise ValueError(f"checkpoint {path}: /params has shape {params.shape}, "
+                             f"attribute n_params says {n}")
+        if not np.all(np.isfinite(params)):
+            raise ValueError(f"checkpoint {path}: /params holds non-finite values")
+        opt_state: dict = {}
+        for key, ds in f.get("optimizer", {}).items():
+            value = np.asarray(ds[...], dtype=np.float32)
+            if value.shape != (n,):
+                raise ValueError(f"checkpoint {path}: /optimizer/{key} has shape {value.shape}, "
+                                 f"expected ({n},)")
+            opt_state[key] = value
+        opt_state["steps"] = int(attrs.get("optimizer_steps", 0))
+        clocks = np.asarray(f["clocks"][...], dtype=np.int64) if "clocks" in f else np.zeros(0, np.int64)
+        try:
+            config = json.loads(attrs.get("config", "{}"))
+        except json.JSONDecodeError:
+            raise ValueError(f"checkpoint {path}: attribute 'config' is not valid JSON") from None
+    return Checkpoint(params=params, model_spec=str(attrs["model_spec"]), step=int(attrs["step"]),
+                      optimizer=str(attrs.get("optimizer", "sgd")), opt_state=opt_state,
+                      clocks=clocks, protocol=str(attrs.get("protocol", "")),
+                      seed=int(attrs.get("seed", 0)), config=config)

@@ -1,0 +1,232 @@
+"""`psgd train`: flags, TOML config and PSGD_* variables resolved into one validated settings object."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from psgd.optim import OPTIMIZERS, SCHEDULES
+from psgd.protocols.config import PROTOCOLS
+
+DESCRIPTION = """Train a model data-parallel over MPI. Launch one process per rank:
+
+  mpiexec -n 3 python -m psgd train --data data.h5 --protocol ssp --servers 1
+  srun python -m psgd train --config jobs/configs/ssp.toml
+
+Ranks 0..S-1 are parameter servers (S = --servers), the rest are workers.
+Protocols:
+  bsp        bulk-synchronous: the server averages all workers' gradients of a
+             clock and steps once; equals synchronous SGD on the union of batches
+  ssp        stale-synchronous (Ho et al. 2013): a worker at clock c waits until
+             every worker has pushed clock c-s (--staleness s); pushes applied on arrival
+  asp        asynchronous (Downpour SGD): never wait; staleness unbounded
+  hogwild    lock-free one-sided MPI: workers Get params and Accumulate updates
+             in the servers' RMA windows; no server involvement, optimizer state
+             on the workers (sgd, momentum, nesterov)
+  allreduce  no servers (--servers 0): gradients averaged by psgd's ring
+             all-reduce, every worker applies the same step
+
+Settings resolve as: command-line flag, then --config TOML file, then the
+PSGD_<NAME> environment variable (e.g. PSGD_LR=0.05), then the default."""
+
+
+@dataclass
+class TrainSettings:
+    """Every setting of a training run (one field per flag)."""
+
+    data: str | None = None
+    model: str = "lenet"
+    protocol: str = "ssp"
+    servers: int | None = None        # default: 0 for allreduce, else 1
+    staleness: int | None = None      # default: 2 under ssp
+    staleness_lr: str = "none"
+    optimizer: str = "momentum"
+    lr: float = 0.05
+    lr_schedule: str = "constant"
+    warmup: int = 0
+    lr_step_every: int = 0
+    lr_gamma: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 64
+    epochs: float | None = None
+    steps: int | None = None
+    seed: int = 0
+    eval_every: int = 0
+    log_every: int = 20
+    eval_samples: int = 0             # 0 = the whole test split
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: str | None = None
+    log: str | None = None
+    quiet: bool = False
+    stall_timeout: float = 60.0
+    stall_abort: float = 600.0
+    skip_nonfinite: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# flag name -> (type, help); bools are store_true flags
+FLAGS: dict[str, tuple[type, str]] = {
+    "data": (str, "HDF5 dataset (make one with `psgd data synth`)"),
+    "model": (str, "model spec: lenet, or mlp:784-256-256-10 (default lenet)"),
+    "protocol": (str, "consistency protocol: " + ", ".join(PROTOCOLS) + " (default ssp)"),
+    "servers": (int, "number of parameter-server ranks S (default 1; 0 for allreduce)"),
+    "staleness": (int, "SSP staleness bound s >= 0 (ssp only; default 2)"),
+    "staleness_lr": (str, "none, or inverse: divide each update's step by 1 + its staleness"),
+    "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default momentum)"),
+    "lr": (float, "learning rate (default 0.05)"),
+    "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default constant)"),
+    "warmup": (int, "linear warm-up steps (default 0)"),
+    "lr_step_every": (int, "step schedule: decay every this many steps"),
+    "lr_gamma": (float, "step schedule: decay factor (default 0.1)"),
+    "momentum": (float, "momentum coefficient (default 0.9)"),
+    "weight_decay": (float, "weight decay (default 0)"),
+    "batch_size": (int, "batch size per worker (default 64)"),
+    "epochs": (float, "epochs over each worker's slice (exclusive with --steps)"),
+    "steps": (int, "steps (clocks) per worker (exclusive with --epochs; default 1 epoch)"),
+    "seed": (int, "seed of initialisation and shuffling (default 0)"),
+    "eval_every": (int, "evaluate on the test split every N steps (0: only at the end)"),
+    "log_every": (int, "write a step record every N steps (default 20)"),
+    "eval_samples": (int, "evaluate on the first N test samples (0: all)"),
+    "checkpoint_dir": (str, "directory for HDF5 checkpoints"),
+    "checkpoint_every": (int, "checkpoint every N steps (needs --checkpoint-dir)"),
+    "resume": (str, "resume from a checkpoint file, or the newest in a directory"),
+    "log": (str, "JSON-lines metrics file"),
+    "quiet": (bool, "no progress bar"),
+    "stall_timeout": (float, "report a rank waiting longer than this many seconds (default 60)"),
+    "stall_abort": (float, "end the job when a rank waits longer than this (default 600)"),
+    "skip_nonfinite": (bool, "skip and count pushes holding NaN/Inf instead of failing"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="TOML", help="TOML file of settings (flags override it)")
+    for name, (kind, help_text) in FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=None, help=help_text,
+                                metavar=name.upper())
+
+
+def _coerce(name: str, value, source: str):
+    kind = FLAGS[name][0]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no"):
+            return value.lower() in ("1", "true", "yes")
+        raise ValueError(f"{source}: {name} must be true or false, got {value!r}")
+    if kind is float and isinstance(value, bool) or kind is int and isinstance(value, (bool, float)):
+        raise ValueError(f"{source}: {name} must be {kind.__name__}, got {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}: {name} must be {kind.__name__}, got {value!r}") from None
+
+
+def load_toml(path: str) -> dict:
+    """Settings from a TOML file (top level or a [train] table); unknown keys are errors."""
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config {path}: not valid TOML ({exc})") from None
+    table = raw.get("train", raw)
+    if not isinstance(table, dict):
+        raise ValueError(f"config {path}: [train] must be a table")
+    out = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in FLAGS:
+            raise ValueError(f"config {path}: unknown setting {key!r}")
+        out[name] = _coerce(name, value, f"config {path}")
+    if "data" in out and not os.path.isabs(out["data"]):
+        # relative paths in a config file are relative to the working directory, like flags
+        out["data"] = str(Path(out["data"]))
+    return out
+
+
+def resolve(args: argparse.Namespace, environ=os.environ) -> TrainSettings:
+    """Merge flag > TOML config > PSGD_* variable > default, then validate."""
+    from_toml = load_toml(args.config) if getattr(args, "config", None) else {}
+    values = {}
+    for f in fields(TrainSettings):
+        flag_value = getattr(args, f.name, None)
+        env_value = environ.get("PSGD_" + f.name.upper())
+        if flag_value is not None:
+            values[f.name] = flag_value
+        elif f.name in from_toml:
+            values[f.name] = from_toml[f.name]
+        elif env_value not in (None, ""):
+            values[f.name] = _coerce(f.name, env_value, f"environment PSGD_{f.name.upper()}")
+    settings = TrainSettings(**values)
+    validate(settings)
+    return settings
+
+
+def validate(s: TrainSettings) -> None:
+    """Raise ValueError naming the first bad setting."""
+    if s.data is None:
+        raise ValueError("no dataset: pass --data FILE (make one with `python -m psgd data synth -o FILE`)")
+    if not os.path.exists(s.data):
+        raise ValueError(f"--data {s.data}: no such file")
+    if s.protocol not in PROTOCOLS:
+        raise ValueError(f"--protocol {s.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    if s.staleness is not None and s.protocol != "ssp":
+        raise ValueError(f"--staleness applies to --protocol ssp only, not {s.protocol}")
+    if s.protocol == "ssp":
+        s.staleness = 2 if s.staleness is None else s.staleness
+        if s.staleness < 0:
+            raise ValueError(f"--staleness must be >= 0, got {s.staleness}")
+    if s.servers is None:
+        s.servers = 0 if s.protocol == "allreduce" else 1
+    if s.protocol == "allreduce" and s.servers != 0:
+        raise ValueError(f"--protocol allreduce has no servers: use --servers 0, not {s.servers}")
+    if s.protocol != "allreduce" and s.servers < 1:
+        raise ValueError(f"--protocol {s.protocol} needs at least one server (--servers >= 1)")
+    if s.optimizer not in OPTIMIZERS:
+        raise ValueError(f"--optimizer {s.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    if s.lr_schedule not in SCHEDULES:
+        raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if s.staleness_lr not in ("none", "inverse"):
+        raise ValueError(f"--staleness-lr {s.staleness_lr!r} is not none or inverse")
+    if not (math.isfinite(s.lr) and s.lr > 0):
+        raise ValueError(f"--lr must be a positive number, got {s.lr}")
+    if not 0 <= s.momentum < 1:
+        raise ValueError(f"--momentum must be in [0, 1), got {s.momentum}")
+    if s.weight_decay < 0:
+        raise ValueError(f"--weight-decay must be >= 0, got {s.weight_decay}")
+    if s.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {s.batch_size}")
+    if s.epochs is not None and s.steps is not None:
+        raise ValueError("give --epochs or --steps, not both")
+    if s.epochs is not None and not s.epochs > 0:
+        raise ValueError(f"--epochs must be > 0, got {s.epochs}")
+    if s.steps is not None and s.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {s.steps}")
+    for name in ("eval_every", "log_every", "checkpoint_every", "warmup", "eval_samples"):
+        if getattr(s, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(s, name)}")
+    if s.log_every == 0:
+        s.log_every = 1
+    if s.checkpoint_every and not s.checkpoint_dir:
+        raise ValueError("--checkpoint-every needs --checkpoint-dir")
+    if s.stall_timeout <= 0 or s.stall_abort <= 0:
+        raise ValueError("--stall-timeout and --stall-abort must be > 0")
+    if s.resume is not None and not os.path.exists(s.resume):
+        raise ValueError(f"--resume {s.resume}: no such file or directory")
+
+
+def run(args: argparse.Namespace) -> None:
+    from psgd.trainer import train_main
+    train_main(args)

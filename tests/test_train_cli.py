@@ -1,0 +1,97 @@
+"""Settings resolution (flag > TOML > PSGD_* > default) and validation of `psgd train` flags."""
+import argparse
+
+import pytest
+
+from psgd.cli import build_parser
+from psgd.train_cli import load_toml, resolve
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "d.h5"
+    path.write_bytes(b"")  # existence is all that resolve() checks
+    return str(path)
+
+
+def parse(*argv):
+    return build_parser().parse_args(["train", *argv])
+
+
+def test_flag_beats_toml_beats_env_beats_default(tmp_path, data):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[train]\ndata = "{data}"\nlr = 0.2\nbatch-size = 32\nprotocol = "asp"\n')
+    env = {"PSGD_LR": "0.3", "PSGD_BATCH_SIZE": "16", "PSGD_SEED": "7"}
+    s = resolve(parse("--config", str(cfg), "--lr", "0.1"), environ=env)
+    assert (s.lr, s.batch_size, s.seed, s.protocol) == (0.1, 32, 7, "asp")
+    assert s.momentum == 0.9 and s.servers == 1
+
+
+def test_defaults_fill_protocol_dependent_values(data):
+    s = resolve(parse("--data", data), environ={})
+    assert (s.protocol, s.staleness, s.servers) == ("ssp", 2, 1)
+    s = resolve(parse("--data", data, "--protocol", "allreduce"), environ={})
+    assert s.servers == 0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--lr", "-1"], "--lr must be a positive"),
+    (["--protocol", "bsp", "--staleness", "2"], "--staleness applies to --protocol ssp only"),
+    (["--protocol", "gossip"], "--protocol 'gossip'"),
+    (["--protocol", "allreduce", "--servers", "1"], "allreduce has no servers"),
+    (["--protocol", "asp", "--servers", "0"], "needs at least one server"),
+    (["--optimizer", "lbfgs"], "--optimizer 'lbfgs'"),
+    (["--epochs", "1", "--steps", "5"], "not both"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--checkpoint-every", "10"], "needs --checkpoint-dir"),
+    (["--staleness", "-1"], "--staleness must be >= 0"),
+    (["--momentum", "1.0"], "--momentum"),
+    (["--resume", "/nonexistent/ckpt.h5"], "no such file"),
+])
+def test_bad_values_are_named(data, argv, match):
+    with pytest.raises(ValueError, match=match):
+        resolve(parse("--data", data, *argv), environ={})
+
+
+def test_missing_data_file():
+    with pytest.raises(ValueError, match="no such file"):
+        resolve(parse("--data", "/nonexistent.h5"), environ={})
+    with pytest.raises(ValueError, match="pass --data"):
+        resolve(parse(), environ={})
+
+
+def test_toml_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("lr = = 1")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_toml(str(bad))
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[train]\nlearning_rate = 0.1\n")
+    with pytest.raises(ValueError, match="unknown setting 'learning_rate'"):
+        load_toml(str(unknown))
+    typed = tmp_path / "typed.toml"
+    typed.write_text('[train]\nbatch-size = "big"\n')
+    with pytest.raises(ValueError, match="batch_size must be int"):
+        load_toml(str(typed))
+    with pytest.raises(ValueError, match="no such file"):
+        load_toml(str(tmp_path / "none.toml"))
+
+
+def test_bad_env_value(data):
+    with pytest.raises(ValueError, match="PSGD_LR"):
+        resolve(parse("--data", data), environ={"PSGD_LR": "fast"})
+
+
+def test_unknown_flag_exits_2_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse("--lrr", "0.1")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unrecognized arguments: --lrr" in err[0]
+
+
+def test_example_configs_parse():
+    from pathlib import Path
+    for cfg in sorted(Path(__file__).parent.parent.glob("jobs/configs/*.toml")):
+        values = load_toml(str(cfg))
+        assert values["protocol"] == cfg.stem

@@ -9,7 +9,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["psgd", "psgd.kernels"],
+    packages=["psgd", "psgd.data", "psgd.protocols", "psgd.kernels"],
     package_dir={"psgd": "psgd", "psgd.kernels": "kernels"},
     install_requires=[
         "numpy>=1.24",

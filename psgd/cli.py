@@ -39,12 +39,27 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="psgd", description=__doc__.splitlines()[0])
+def _chosen_command(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv`` only the command it names is imported (without, all are)."""
+    lazy = argv is not None
+    chosen = _chosen_command(argv) if lazy else None
+    parser = _Parser(prog="psgd", description="psgd: an MPI parameter server, asynchronous and "
+                     "synchronous SGD, and ring all-reduce")
     parser.add_argument("--debug", action="store_true", help="print full tracebacks on error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
                                 required=True)
     for name, (module_name, help_text) in COMMANDS.items():
+        if lazy and chosen != name:
+            sub.add_parser(name, help=help_text)  # not imported: only listed in --help
+            continue
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=getattr(module, "DESCRIPTION", help_text),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False))
     try:

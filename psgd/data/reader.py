@@ -1,0 +1,184 @@
+"""Per-worker reading of a psgd HDF5 dataset: each worker loads only its own slice of /train."""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import numpy as np
+
+from psgd.data import layout
+
+
+def slice_bounds(n: int, part: int, n_parts: int) -> tuple[int, int]:
+    """``[lo, hi)`` of part ``part`` of ``n`` rows cut into ``n_parts`` near-equal contiguous slices.
+
+    The first ``n % n_parts`` slices are one row longer than the rest.
+    """
+    if n_parts < 1:
+        raise ValueError(f"number of workers must be >= 1, got {n_parts}")
+    if not 0 <= part < n_parts:
+        raise ValueError(f"worker {part} is outside [0, {n_parts})")
+    base, extra = divmod(int(n), int(n_parts))
+    lo = part * base + min(part, extra)
+    return lo, lo + base + (1 if part < extra else 0)
+
+
+def dataset_info(path: str | os.PathLike) -> dict:
+    """Describe a psgd dataset without reading its samples.
+
+    Returns
+    -------
+    dict
+        ``path``, ``n_classes``, ``scale``, ``offset``, ``source``, ``format_version``,
+        ``input_shape`` (tuple: (C, H, W) or (D,)), ``x_dtype`` (str) and per split
+        (``"train"``, ``"test"``) a dict with ``n``, ``x_shape``, ``x_dtype``,
+        ``y_dtype``, ``chunks``, ``compression`` and ``class_counts`` (list of
+        n_classes ints; labels are read, samples are not).
+
+    Raises
+    ------
+    ValueError
+        If the file is missing or does not follow the layout.
+    """
+    with layout.open_checked(path) as f:
+        attrs = layout.check_layout(f, path)
+        info = {"path": str(path), **attrs, "input_shape": tuple(f["train/x"].shape[1:]),
+                "x_dtype": str(f["train/x"].dtype)}
+        for split in layout.SPLITS:
+            x, y = f[split]["x"], f[split]["y"]
+            labels = y[()]
+            layout.check_labels(labels, attrs["n_classes"], f"{path}: /{split}/y")
+            info[split] = {
+                "n": int(x.shape[0]), "x_shape": tuple(x.shape), "x_dtype": str(x.dtype),
+                "y_dtype": str(y.dtype), "chunks": x.chunks, "compression": x.compression,
+                "compression_opts": x.compression_opts,
+                "class_counts": np.bincount(labels, minlength=attrs["n_classes"]).tolist(),
+            }
+    return info
+
+
+def _load_slice(path, split: str, part: int, n_parts: int) -> tuple[np.ndarray, np.ndarray, dict, int]:
+    """Read rows ``[lo, hi)`` of ``/split`` (only those), check them; return x (stored dtype), y, attrs, n."""
+    with layout.open_checked(path) as f:
+        attrs = layout.check_layout(f, path)
+        n = f[split]["x"].shape[0]
+        lo, hi = slice_bounds(n, part, n_parts)
+        x = f[split]["x"][lo:hi]
+        y = f[split]["y"][lo:hi].astype(np.int64)
+    layout.check_finite(x, f"{path}: /{split}/x rows [{lo}, {hi})")
+    layout.check_labels(y, attrs["n_classes"], f"{path}: /{split}/y rows [{lo}, {hi})")
+    return x, y, attrs, n
+
+
+def _to_float(x: np.ndarray, scale: float, offset: float) -> np.ndarray:
+    out = x.astype(np.float32)
+    if scale != 1.0:
+        out *= np.float32(scale)
+    if offset != 0.0:
+        out += np.float32(offset)
+    return out
+
+
+class ShardReader:
+    """Worker ``worker`` of ``n_workers``: its contiguous slice of /train, shuffled batches, a /test slice.
+
+    The slice ``[lo, hi)`` (first ``n % W`` workers get one more row) is read
+    once into memory in its stored dtype; the file is not kept open.
+    Batches are converted to float32 with the file's ``scale`` and ``offset``.
+
+    Parameters
+    ----------
+    path : path-like
+        A psgd HDF5 dataset.
+    worker, n_workers : int
+        This worker's index k in [0, W) and W.
+    batch_size : int
+        Rows per batch; the last partial batch of an epoch is dropped.
+    seed : int
+        With ``worker`` and the epoch, fixes the shuffle order.
+
+    Attributes
+    ----------
+    n_train : int
+        Rows in the whole /train split.
+    n_local : int
+        Rows in this worker's slice.
+    lo, hi : int
+        The slice ``[lo, hi)`` of /train.
+    input_shape : tuple of int
+        (C, H, W) or (D,).
+    n_classes : int
+    steps_per_epoch : int
+        ``n_local // batch_size``.
+    """
+
+    def __init__(self, path: str | os.PathLike, worker: int, n_workers: int, batch_size: int,
+                 seed: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        slice_bounds(0, worker, n_workers)  # validates worker / n_workers
+        self.path = str(path)
+        self.worker, self.n_workers = int(worker), int(n_workers)
+        self.batch_size, self.seed = int(batch_size), int(seed)
+        self.x, self.y, attrs, self.n_train = _load_slice(path, "train", self.worker, self.n_workers)
+        self.lo, self.hi = slice_bounds(self.n_train, self.worker, self.n_workers)
+        self.n_local = len(self.y)
+        self.input_shape = tuple(self.x.shape[1:])
+        self.n_classes = attrs["n_classes"]
+        self.scale, self.offset = attrs["scale"], attrs["offset"]
+        if self.n_local < self.batch_size:
+            raise ValueError(f"{path}: worker {self.worker} of {self.n_workers} has {self.n_local} "
+                             f"training rows, fewer than batch size {self.batch_size}")
+        self.steps_per_epoch = self.n_local // self.batch_size
+        self._order_epoch = -1
+        self._order = np.arange(0)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The shuffled local row order of ``epoch`` (int64, shape (n_local,)), fixed by (seed, worker, epoch)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._order_epoch:
+            rng = np.random.default_rng([self.seed, self.worker, int(epoch)])
+            self._order = rng.permutation(self.n_local)
+            self._order_epoch = int(epoch)
+        return self._order
+
+    def _batch_at(self, order: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = order[i * self.batch_size:(i + 1) * self.batch_size]
+        return _to_float(self.x[rows], self.scale, self.offset), self.y[rows]
+
+    def epoch(self, e: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield the ``steps_per_epoch`` batches of epoch ``e``.
+
+        Yields
+        ------
+        x : ndarray, float32, shape (batch_size, *input_shape)
+        y : ndarray, int64, shape (batch_size,)
+        """
+        order = self.order(e).copy()
+        for i in range(self.steps_per_epoch):
+            yield self._batch_at(order, i)
+
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The batch for global step ``step`` (epoch ``step // steps_per_epoch``); as :meth:`epoch` yields."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        e, i = divmod(int(step), self.steps_per_epoch)
+        return self._batch_at(self.order(e), i)
+
+    def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """This evaluator's contiguous slice of /test (near-equal split over ``n_workers``).
+
+        Returns
+        -------
+        x : ndarray, float32, shape (m, *input_shape)
+        y : ndarray, int64, shape (m,)
+        """
+        x, y, attrs, _ = _load_slice(self.path, "test", worker, n_workers)
+        return _to_float(x, attrs["scale"], attrs["offset"]), y
+
+    def __repr__(self) -> str:
+        return (f"ShardReader({self.path!r}, worker={self.worker}, n_workers={self.n_workers}, "
+                f"rows=[{self.lo}, {self.hi}), batch_size={self.batch_size})")

@@ -1,0 +1,150 @@
+"""Parameter-server push+pull throughput beside raw MPI point-to-point bandwidth, server CPU and memory.
+
+Run ``.venv/bin/python bench/bench_ps.py [--quick] [--json PATH]``: it launches
+itself under mpiexec once per case.  Workers do no compute, so the numbers are
+those of the PS path alone: each worker step pushes a ~1M-float32 gradient and
+pulls the same bytes back.  Throughput counts push + pull bytes of all workers
+per second; the raw figure is an Isend/Irecv ping-pong of the same size between
+two ranks (bytes both ways per second), measured in the same run.
+"""
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_raw(args):
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    buf = np.ones(args.n_params, np.float32)
+    out = np.empty_like(buf)
+    peer = 1 - rank
+
+    def exchange():
+        if rank == 0:
+            MPI.Request.Waitall([comm.Isend(buf, peer, 1), comm.Irecv(out, peer, 2)])
+        else:
+            MPI.Request.Waitall([comm.Irecv(out, peer, 1)])
+            MPI.Request.Waitall([comm.Isend(out, peer, 2)])
+
+    for _ in range(3):
+        exchange()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        exchange()
+    dt = time.perf_counter() - t0
+    rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, root=0)
+    if rank == 0:
+        mb = 2 * buf.nbytes * args.steps / dt / 1e6
+        emit({"case": "raw", "MB_s": mb, "rtt_ms": dt / args.steps * 1e3, "maxrss_mb":
+              [r / 1024 for r in rss]})
+
+
+def child_ps(args):
+    import numpy as np
+    from mpi4py import MPI
+    from psgd import wait
+    from psgd.protocols.config import ProtocolConfig
+    from psgd.pushpull import make_ps_worker
+    from psgd.roles import assign_roles
+    from psgd.server import serve
+    from psgd.shardmap import ShardMap
+    comm = MPI.COMM_WORLD
+    roles = assign_roles(comm, args.servers)
+    config = ProtocolConfig(args.protocol, args.n_params, staleness=1,
+                            lr_schedule=lambda c: 1e-3)
+    smap = ShardMap(args.n_params, roles.n_servers)
+    info = {}
+    if roles.is_server:
+        res = serve(roles, smap, config, init_shard=np.zeros(smap.size(roles.rank), np.float32))
+        info = {"cpu_s": res.cpu_s, "wall_s": res.wall_s, "updates": res.n_updates}
+    else:
+        worker = make_ps_worker(roles, smap, config)
+        params = np.zeros(args.n_params, np.float32)
+        grad = np.zeros(args.n_params, np.float32)
+        worker.start(params)
+        warm = 3
+        for c in range(warm):
+            worker.step(params, grad, c)
+        wait.barrier(roles.worker_comm)
+        t0 = time.perf_counter()
+        for c in range(warm, warm + args.steps):
+            worker.step(params, grad, c)
+        info = {"time": time.perf_counter() - t0, **worker.stats}
+        worker.finish()
+    info["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    infos = comm.gather(info, root=0)
+    if comm.Get_rank() == 0:
+        workers = infos[roles.n_servers:]
+        servers = infos[:roles.n_servers]
+        dt = max(w["time"] for w in workers)
+        nbytes = 2 * 4 * args.n_params * args.steps * len(workers)
+        emit({"case": f"{args.protocol} S={args.servers} W={len(workers)}",
+              "MB_s": nbytes / dt / 1e6,
+              "updates_s": args.steps * len(workers) / dt,
+              "server_cpu_fraction": [s["cpu_s"] / s["wall_s"] for s in servers],
+              "worker_wait_s": [round(w["wait_s"], 3) for w in workers],
+              "maxrss_mb": [i["maxrss_mb"] for i in infos]})
+
+
+def emit(record):
+    print("BENCH " + json.dumps(record), flush=True)
+
+
+def launch(n, extra, timeout=300):
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    cmd = [mpiexec, "-n", str(n), sys.executable, str(Path(__file__).resolve()), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench case failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    return [json.loads(ln[6:]) for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")][-1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--n-params", type=int, default=1 << 20)
+    ap.add_argument("--child", choices=["raw", "ps"])
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--protocol", default="asp")
+    ap.add_argument("--steps", type=int, default=0)
+    args = ap.parse_args()
+    if args.child == "raw":
+        return child_raw(args)
+    if args.child == "ps":
+        return child_ps(args)
+    steps = 20 if args.quick else 100
+    common = ["--n-params", str(args.n_params), "--steps", str(steps)]
+    size_mb = 4 * args.n_params / 1e6
+    print(f"psgd PS benchmark: {args.n_params} float32 ({size_mb:.1f} MB) per push and per pull, "
+          f"{steps} steps, 2 workers, no compute")
+    raw = launch(2, ["--child", "raw", *common])
+    print(f"raw MPI ping-pong ({size_mb:.1f} MB each way): {raw['MB_s']:.0f} MB/s, "
+          f"rtt {raw['rtt_ms']:.2f} ms")
+    results = {"n_params": args.n_params, "steps": steps, "raw": raw, "ps": []}
+    for servers in (1, 2):
+        for protocol in ("asp", "ssp", "bsp"):
+            r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
+                                     "--protocol", protocol, *common])
+            r["ratio_to_raw"] = r["MB_s"] / raw["MB_s"]
+            results["ps"].append(r)
+            cpu = ", ".join(f"{f:.2f}" for f in r["server_cpu_fraction"])
+            rss = ", ".join(f"{m:.0f}" for m in r["maxrss_mb"])
+            print(f"{r['case']:<14} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
+                  f"ratio {r['ratio_to_raw']:.2f} of raw  server cpu/wall [{cpu}]  "
+                  f"maxrss MB by rank [{rss}]")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

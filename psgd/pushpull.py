@@ -1,0 +1,358 @@
+"""Parameter-server messages: the worker and server halves of push and pull side by side, and the PS worker.
+
+Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
+
+* control message, ``int64[4] = [kind, clock, version, shard]`` on ``TAG_CTRL``,
+  worker -> server.  ``kind`` is ``PUSH`` (a gradient payload follows),
+  ``PULL`` (send me the parameters for ``clock``) or ``DONE`` (this worker has
+  finished).  The server reads control messages from any source in arrival
+  order; MPI's non-overtaking rule keeps each worker's messages in the order
+  it sent them (push for clock c before the pull for c+1).
+* push payload, ``float32[shard size]`` on ``TAG_PUSH``, sent straight from the
+  worker's gradient slice right after its ``PUSH`` header.  The server probes
+  it, checks its length (``Get_count``) and receives it into its own buffer.
+* pull reply, ``int64[4] = [REPLY, held_us, version, shard]`` on
+  ``TAG_REPLY_HDR`` and ``float32[shard size]`` on ``TAG_REPLY``, received by
+  the worker straight into its parameter slice.  ``held_us`` is how long the
+  server held the pull back (the protocol's wait, in microseconds).
+* snapshots and the final gather (server -> rank 0): one byte buffer, a
+  ``int64[4] = [clock, shard, n_arrays, 0]`` header then ``float32`` params and
+  per-element optimizer state of the shard (:func:`pack_shard_state`).
+
+Clocks and staleness.  Clocks are 0-based; a worker computes clock c on the
+parameters it pulled for clock c.  A shard's *version* v is the minimum over
+the (not yet finished) workers of the number of pushes it received from each,
+i.e. every worker has pushed clocks 0..v-1.  A pull reply carries v; the push
+for clock c carries that read version, and its staleness is ``c - v``.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd import wait as _wait
+from psgd.protocols.config import ProtocolConfig
+from psgd.roles import Roles
+from psgd.shardmap import ShardMap
+
+PS_PROTOCOLS = ("bsp", "ssp", "asp")
+
+TAG_CTRL = 7101
+TAG_PUSH = 7102
+TAG_REPLY_HDR = 7103
+TAG_REPLY = 7104
+TAG_SNAP = 7105
+TAG_FINAL = 7106
+
+PUSH, PULL, DONE, REPLY = 1, 2, 3, 4
+KIND_NAMES = {PUSH: "push", PULL: "pull", DONE: "done", REPLY: "reply"}
+HEADER_LEN = 4
+HEADER_BYTES = 8 * HEADER_LEN
+
+
+def check_ps_setup(roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
+    """Reject a PS protocol without servers, or a shard map that does not fit the job.
+
+    Raises
+    ------
+    ValueError
+        If the protocol is not bsp/ssp/asp, S = 0, or the shard map disagrees
+        with S or ``config.n_params``.
+    """
+    if config.protocol not in PS_PROTOCOLS:
+        raise ValueError(f"protocol {config.protocol!r} is not a parameter-server protocol "
+                         f"({', '.join(PS_PROTOCOLS)})")
+    if roles.n_servers < 1:
+        raise ValueError(f"protocol {config.protocol} needs at least one server rank "
+                         f"(--servers >= 1); got --servers {roles.n_servers}")
+    if shard_map.n_shards != roles.n_servers:
+        raise ValueError(f"shard map has {shard_map.n_shards} shards but the job has "
+                         f"{roles.n_servers} servers")
+    if shard_map.n != config.n_params:
+        raise ValueError(f"shard map covers {shard_map.n} parameters but the config says "
+                         f"{config.n_params}")
+
+
+# ---------------------------------------------------------------- push
+
+
+def worker_push(comm: MPI.Comm, shard_map: ShardMap, grad: np.ndarray, clock: int,
+                read_versions: np.ndarray, headers: np.ndarray) -> list:
+    """Send the gradient for ``clock`` to every server: S headers and S payload slices.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The job communicator (server s is rank s).
+    grad : ndarray, float32 (n,)
+        Must not change until the returned requests complete.
+    clock : int
+        The 0-based clock the gradient was computed at.
+    read_versions : ndarray, int64 (S,)
+        Version of each shard the gradient was computed on.
+    headers : ndarray, int64 (S, 4)
+        Scratch for the headers; must live until the requests complete.
+
+    Returns
+    -------
+    list of MPI.Request
+    """
+    reqs = []
+    for s in range(shard_map.n_shards):
+        headers[s] = (PUSH, clock, read_versions[s], s)
+        reqs.append(comm.Isend(headers[s], s, TAG_CTRL))
+        reqs.append(comm.Isend(shard_map.view(grad, s), s, TAG_PUSH))
+    return reqs
+
+
+def server_push(comm: MPI.Comm, source: int, header: np.ndarray, shard: int, expected: int,
+                buf: np.ndarray) -> None:
+    """Receive and validate the payload of a push whose header ``header`` came from ``source``.
+
+    Parameters
+    ----------
+    header : ndarray, int64 (4,)
+        ``[PUSH, clock, read_version, shard]`` as received.
+    shard, expected : int
+        This server's shard id and its length.
+    buf : ndarray, float32 (expected,)
+        Receives the gradient slice.
+
+    Raises
+    ------
+    PsgdError
+        If the header names another shard or the payload has the wrong length.
+    """
+    from psgd.errors import PsgdError
+    clock = int(header[1])
+    if int(header[3]) != shard:
+        raise PsgdError(f"push from rank {source} for clock {clock} names shard {int(header[3])}, "
+                        f"but it reached server rank {comm.Get_rank()} which holds shard {shard}")
+    status = MPI.Status()
+    msg = _mprobe(comm, source, TAG_PUSH, status,
+                  lambda: f"the gradient payload of rank {source}'s push for clock {clock}")
+    count = status.Get_count(MPI.FLOAT)
+    nbytes = status.Get_count(MPI.BYTE)
+    if count != expected or nbytes != 4 * expected:
+        msg.Recv(np.empty(max(nbytes, 1), np.uint8))  # drain it so the abort message is the cause
+        raise PsgdError(f"push from rank {source} for clock {clock} has wrong length: "
+                        f"{nbytes} bytes ({nbytes / 4:g} float32), shard {shard} expects "
+                        f"{expected} float32")
+    _wait.wait(msg.Irecv(buf), lambda: f"the gradient payload of rank {source} (clock {clock})")
+
+
+# ---------------------------------------------------------------- pull
+
+
+def worker_pull(comm: MPI.Comm, shard_map: ShardMap, params: np.ndarray, clock: int,
+                requests: np.ndarray, replies: np.ndarray) -> list:
+    """Ask every server for the parameters of ``clock``; replies land in ``params`` slices.
+
+    The receives are posted before the requests are sent, so a server's reply
+    never waits on this worker.
+
+    Parameters
+    ----------
+    params : ndarray, float32 (n,)
+        Receives the parameters (shard s into its slice).
+    clock : int
+        The clock the worker is about to compute.
+    requests, replies : ndarray, int64 (S, 4)
+        Scratch for the request headers and the reply headers
+        ``[REPLY, held_us, version, shard]``; must live until completion.
+
+    Returns
+    -------
+    list of MPI.Request
+    """
+    reqs = []
+    for s in range(shard_map.n_shards):
+        reqs.append(comm.Irecv(replies[s], s, TAG_REPLY_HDR))
+        reqs.append(comm.Irecv(shard_map.view(params, s), s, TAG_REPLY))
+    for s in range(shard_map.n_shards):
+        requests[s] = (PULL, clock, 0, s)
+        reqs.append(comm.Isend(requests[s], s, TAG_CTRL))
+    return reqs
+
+
+def server_pull(comm: MPI.Comm, dest: int, header: np.ndarray, params_copy: np.ndarray) -> list:
+    """Answer a pull of worker rank ``dest`` from a copy of the shard (never the live one).
+
+    Parameters
+    ----------
+    header : ndarray, int64 (4,)
+        ``[REPLY, held_us, version, shard]``; must live until completion.
+    params_copy : ndarray, float32 (shard size,)
+        Must not change until the returned requests complete.
+
+    Returns
+    -------
+    list of MPI.Request
+    """
+    return [comm.Isend(header, dest, TAG_REPLY_HDR), comm.Isend(params_copy, dest, TAG_REPLY)]
+
+
+# ---------------------------------------------------------------- snapshots / final gather
+
+
+def pack_shard_state(clock: int, shard: int, params: np.ndarray, arrays: list) -> np.ndarray:
+    """One byte buffer: ``int64[4] [clock, shard, len(arrays), 0]`` then params and arrays.
+
+    Parameters
+    ----------
+    params : ndarray, float32 (m,)
+    arrays : list of ndarray, float32 (m,)
+        Per-element optimizer state, in the optimizer's ``state_keys`` order.
+
+    Returns
+    -------
+    ndarray, uint8 (32 + 4 * m * (1 + len(arrays)),)
+    """
+    m = params.shape[0]
+    buf = np.empty(HEADER_BYTES + 4 * m * (1 + len(arrays)), np.uint8)
+    buf[:HEADER_BYTES].view(np.int64)[:] = (clock, shard, len(arrays), 0)
+    body = buf[HEADER_BYTES:].view(np.float32).reshape(1 + len(arrays), m)
+    body[0] = params
+    for i, a in enumerate(arrays):
+        body[1 + i] = a
+    return buf
+
+
+def unpack_shard_state(buf: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """Inverse of :func:`pack_shard_state`: ``(clock, shard, rows)``, rows float32 (1 + k, m)."""
+    clock, shard, k, _ = (int(x) for x in buf[:HEADER_BYTES].view(np.int64))
+    body = buf[HEADER_BYTES:].view(np.float32)
+    return clock, shard, body.reshape(1 + k, body.shape[0] // (1 + k))
+
+
+def _mprobe(comm: MPI.Comm, source: int, tag: int, status: MPI.Status, what) -> MPI.Message:
+    """Matched probe that sleeps between polls (psgd.wait's backoff)."""
+    poller = _wait.Poller(what)
+    while True:
+        msg = comm.Improbe(source, tag, status)
+        if msg is not None:
+            return msg
+        poller.idle()
+
+
+# ---------------------------------------------------------------- the worker
+
+
+class PSWorker:
+    """The worker side of bsp/ssp/asp: push a gradient, pull the next parameters.
+
+    The protocol itself lives on the servers (they hold a pull back until the
+    protocol allows it), so one class serves all three protocols.
+
+    Attributes
+    ----------
+    stats : dict
+        Cumulative ``push_s``, ``pull_s`` (transfer, excluding protocol waits),
+        ``wait_s`` (time the servers held this worker's pulls back), ``steps``;
+        ``staleness`` (of the last push, max over shards) and ``max_staleness``.
+    read_versions : ndarray, int64 (S,)
+        Version of each shard in the parameters last pulled.
+    """
+
+    def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
+        check_ps_setup(roles, shard_map, config)
+        if not roles.is_worker:
+            raise ValueError(f"rank {roles.rank} is a server; make_ps_worker runs on workers")
+        self.comm = roles.comm
+        self.shard_map = shard_map
+        self.config = config
+        S = shard_map.n_shards
+        self.read_versions = np.zeros(S, np.int64)
+        self._push_hdr = np.zeros((S, HEADER_LEN), np.int64)
+        self._pull_hdr = np.zeros((S, HEADER_LEN), np.int64)
+        self._reply_hdr = np.zeros((S, HEADER_LEN), np.int64)
+        self._done_hdr = np.zeros((S, HEADER_LEN), np.int64)
+        self._finished = False
+        self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "steps": 0,
+                      "staleness": 0, "max_staleness": 0}
+
+    @property
+    def read_version(self) -> int:
+        """Oldest shard version in the parameters last pulled."""
+        return int(self.read_versions.min())
+
+    def _check(self, name: str, a: np.ndarray) -> None:
+        n = self.shard_map.n
+        if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (n,)
+                and a.flags.c_contiguous):
+            raise ValueError(f"{name} must be a contiguous float32 vector of length {n}, got "
+                             f"{getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')}")
+
+    def _pull(self, params: np.ndarray, clock: int, extra: list) -> None:
+        t0 = time.perf_counter()
+        reqs = worker_pull(self.comm, self.shard_map, params, clock, self._pull_hdr,
+                           self._reply_hdr)
+        if extra:
+            _wait.waitall(extra, f"servers to take the push of clock {clock - 1}")
+            t1 = time.perf_counter()
+            self.stats["push_s"] += t1 - t0
+            t0 = t1
+        _wait.waitall(reqs, f"servers to answer the pull for clock {clock}")
+        elapsed = time.perf_counter() - t0
+        held = float(self._reply_hdr[:, 1].max()) * 1e-6
+        held = min(held, elapsed)
+        self.stats["wait_s"] += held
+        self.stats["pull_s"] += elapsed - held
+        self.read_versions[:] = self._reply_hdr[:, 2]
+
+    def start(self, params: np.ndarray, clock: int = 0) -> None:
+        """Pull the parameters for the first clock into ``params`` (float32 (n,)).
+
+        ``clock`` is the first clock this worker computes (0, or the resumed step).
+        """
+        self._check("params", params)
+        self._pull(params, int(clock), [])
+
+    def step(self, params: np.ndarray, grad: np.ndarray, clock: int, lr: float | None = None) -> None:
+        """Push ``grad`` (computed on the params read for ``clock``), then pull clock + 1.
+
+        Parameters
+        ----------
+        params : ndarray, float32 (n,)
+            Overwritten with the parameters for ``clock + 1`` once the protocol allows.
+        grad : ndarray, float32 (n,)
+            The gradient; unchanged, and free to reuse when this returns.
+        clock : int
+            0-based clock the gradient was computed at.
+        lr : float, optional
+            Ignored: the servers use ``config.lr_schedule(clock)``.
+        """
+        self._check("params", params)
+        self._check("grad", grad)
+        clock = int(clock)
+        stale = clock - self.read_versions
+        self.stats["staleness"] = int(stale.max())
+        self.stats["max_staleness"] = max(self.stats["max_staleness"], self.stats["staleness"])
+        push = worker_push(self.comm, self.shard_map, grad, clock, self.read_versions,
+                           self._push_hdr)
+        self._pull(params, clock + 1, push)
+        self.stats["steps"] += 1
+
+    def finish(self) -> None:
+        """Tell every server this worker is done (idempotent)."""
+        if self._finished:
+            return
+        self._finished = True
+        reqs = []
+        for s in range(self.shard_map.n_shards):
+            self._done_hdr[s] = (DONE, 0, 0, s)
+            reqs.append(self.comm.Isend(self._done_hdr[s], s, TAG_CTRL))
+        _wait.waitall(reqs, "servers to take this worker's done message")
+
+
+def make_ps_worker(roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> PSWorker:
+    """The worker half of bsp/ssp/asp (the protocol is enforced by the servers).
+
+    Raises
+    ------
+    ValueError
+        S = 0, a non-PS protocol, or a shard map that does not match.
+    """
+    return PSWorker(roles, shard_map, config)

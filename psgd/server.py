@@ -1,0 +1,469 @@
+"""The parameter-server loop shared by bsp, ssp and asp: serve one shard until every worker is done.
+
+Each server rank s owns shard s of the flat vector (:class:`psgd.shardmap.ShardMap`)
+and its optimizer state.  It polls for control messages from any worker
+(:mod:`psgd.pushpull` has the layout) without spinning (``Improbe`` with
+:mod:`psgd.wait`'s backoff) and handles them in arrival order:
+
+* push for clock c read at version v: validated (sender is a worker, shard id,
+  payload length, clocks in order, v <= current version, finite values unless
+  ``skip_nonfinite``), staleness c - v recorded, then handed to the protocol's
+  update rule (:class:`psgd.protocols.bsp.BspUpdate`: sum, then one mean step
+  when the version advances; :class:`psgd.protocols.ssp.SspUpdate`: one step
+  now).
+* pull for clock c: answered when the version v >= c - s (s = 0 for bsp, the
+  bound for ssp, inf for asp); otherwise held until a push advances v.
+* done: the worker no longer counts towards the version.
+
+Version v = min over unfinished workers of the pushes received from each (all
+have pushed clocks 0..v-1); staleness of a push = its clock - the version it
+read.  So bsp and ssp(0) never see staleness > 0, and ssp(s) never above s.
+
+Snapshots (``config.snapshot_every = k > 0``): when v passes clock c with
+(c + 1) % k == 0 (every worker has pushed clock c: k, 2k, ... steps done), each server copies its shard
+params + per-element optimizer state into one buffer and sends it
+(non-blocking) to rank 0; rank 0 keeps serving while it assembles them and
+calls ``on_snapshot(clock=c, params=..., opt_state=...)`` when all S shards of
+c are in.  Under bsp the step of clock c is applied before v passes c, so the
+snapshot is exactly the state after clock c.
+
+Memory bound per server, whatever W: shard params + optimizer state (k arrays)
++ one receive buffer + one accumulation buffer (bsp) + ``REPLY_POOL`` reply
+copies (pulls are answered from a copy, shared by all replies of the same
+parameter version, so a push never races an outgoing reply) + one snapshot
+buffer of (1 + k) shard lengths, all float32 of the shard's length; plus O(W)
+integers (push counts, one pending pull and one 32-byte reply header per
+worker).  Rank 0 also holds the full vector and state ((1 + k) n floats) for
+each snapshot being assembled and for the final gather.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd import wait as _wait
+from psgd.errors import PsgdError
+from psgd.optim import make_optimizer
+from psgd.protocols.bsp import BspUpdate
+from psgd.protocols.config import ProtocolConfig
+from psgd.protocols.ssp import SspUpdate
+from psgd.pushpull import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, REPLY, TAG_CTRL,
+                           TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup, pack_shard_state,
+                           server_pull, server_push, unpack_shard_state)
+from psgd.roles import Roles
+from psgd.shardmap import ShardMap
+
+REPLY_POOL = 2
+
+
+@dataclass
+class ServerResult:
+    """What one server rank reports after :func:`serve`.
+
+    Attributes
+    ----------
+    staleness_hist : ndarray, int64 (max staleness + 1,)
+        Number of pushes seen at each staleness.
+    n_pushes, n_updates, n_skipped : int
+        Pushes received, optimizer steps applied, non-finite pushes skipped.
+    cpu_s, wall_s : float
+        Process CPU time and wall time of the server loop.
+    params : ndarray, float32 (n,) or None
+        Rank 0 only: the final full parameter vector.
+    opt_state : dict or None
+        Rank 0 only: the full optimizer state (per-element float32 (n,) arrays
+        concatenated in shard order; scalars from shard 0).
+    n_snapshots : int
+        Snapshots handed to ``on_snapshot`` (rank 0) or sent (other servers).
+    """
+
+    staleness_hist: np.ndarray
+    n_pushes: int = 0
+    n_updates: int = 0
+    n_skipped: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    params: np.ndarray | None = None
+    opt_state: dict | None = None
+    n_snapshots: int = 0
+
+    @property
+    def max_staleness(self) -> int:
+        nz = np.flatnonzero(self.staleness_hist)
+        return int(nz[-1]) if nz.size else 0
+
+    @property
+    def cpu_fraction(self) -> float:
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _all_finite(x: np.ndarray) -> bool:
+    # x.x (BLAS, fast) is finite whenever every value is small enough; only when it is
+    # not (a NaN/Inf, or a huge finite value that overflowed) check element by element.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(x.dot(x)):
+            return True
+    return bool(np.isfinite(x).all())
+
+
+class _ReplyPool:
+    """``REPLY_POOL`` copies of the shard; a copy is reused by every reply of the same version."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.arrays = [np.empty(n, np.float32) for _ in range(size)]
+        self.keys = [None] * size
+        self.reqs: list[list] = [[] for _ in range(size)]
+        self.latest = -1
+
+    def reap(self) -> None:
+        for i, reqs in enumerate(self.reqs):
+            if reqs and MPI.Request.Testall(reqs):
+                self.reqs[i] = []
+
+    def acquire(self, key, live: np.ndarray) -> int:
+        if self.latest >= 0 and self.keys[self.latest] == key:
+            return self.latest
+        self.reap()
+        free = [i for i, reqs in enumerate(self.reqs) if not reqs]
+        if free:
+            i = free[0]
+        else:
+            i = (self.latest + 1) % len(self.arrays)
+            _wait.waitall(self.reqs[i], "workers to receive an earlier pull reply")
+            self.reqs[i] = []
+        np.copyto(self.arrays[i], live)
+        self.keys[i] = key
+        self.latest = i
+        return i
+
+    def all_requests(self) -> list:
+        return [r for reqs in self.reqs for r in reqs]
+
+
+class _Server:
+    def __init__(self, roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
+                 start_clock):
+        self.comm = roles.comm
+        self.rank = roles.rank
+        self.S, self.W = roles.n_servers, roles.n_workers
+        self.shard = roles.server_index
+        self.shard_map = shard_map
+        self.config = config
+        self.on_snapshot = on_snapshot
+        self.n = shard_map.size(self.shard)
+        self.params = self._initial_params(init_shard)
+        self.optimizer = make_optimizer(config.optimizer, self.n, **config.opt_hparams)
+        self.state_keys = tuple(self.optimizer.state_keys)
+        if init_opt_state is not None:
+            self.optimizer.load_state_dict(self._shard_state(init_opt_state))
+        # load the jitted kernel now, not inside the timed loop
+        empty = np.zeros(0, np.float32)
+        make_optimizer(config.optimizer, 0, **config.opt_hparams).step(empty, empty, 0.0)
+        rule = BspUpdate if config.protocol == "bsp" else SspUpdate
+        self.rule = rule(config, self.optimizer, self.params)
+        self.bound = 0.0 if config.protocol == "bsp" else float(config.staleness)
+        self.scratch = np.empty(self.n, np.float32)
+        self.pool = _ReplyPool(self.n, REPLY_POOL)
+        self.pushes = np.full(self.W, int(start_clock), np.int64)
+        self.done = np.zeros(self.W, bool)
+        self.version = int(start_clock)
+        self.pending: list[tuple[int, int, float]] = []    # (worker rank, clock, since)
+        self.reply_hdr = np.zeros((self.W, HEADER_LEN), np.int64)
+        self.hdr_reqs: list = [None] * self.W
+        self.hist = np.zeros(16, np.int64)
+        self.n_pushes = 0
+        self.n_skipped = 0
+        self.n_snapshots = 0
+        self.snap_req = None
+        self.snap_buf = None
+        self.assembly: dict[int, dict] = {}
+        self.ctrl = np.zeros(HEADER_LEN, np.int64)
+        self.status = MPI.Status()
+
+    # ------------------------------------------------------------ setup
+
+    def _initial_params(self, init_shard) -> np.ndarray:
+        if init_shard is None:
+            return np.zeros(self.n, np.float32)
+        init = np.asarray(init_shard, dtype=np.float32).ravel()
+        if init.shape[0] == self.shard_map.n and self.shard_map.n != self.n:
+            init = self.shard_map.view(init, self.shard)
+        if init.shape[0] != self.n:
+            raise ValueError(f"server {self.shard}: initial shard has {init.shape[0]} values, "
+                             f"expected {self.n} (or the full {self.shard_map.n})")
+        return np.array(init, dtype=np.float32, copy=True)
+
+    def _shard_state(self, state: dict) -> dict:
+        out = dict(state)
+        for key in self.state_keys:
+            arr = np.asarray(state[key], dtype=np.float32).ravel()
+            if arr.shape[0] == self.shard_map.n and self.shard_map.n != self.n:
+                arr = self.shard_map.view(arr, self.shard)
+            out[key] = arr
+        return out
+
+    # ------------------------------------------------------------ the loop
+
+    def _describe(self) -> str:
+        waiting = [self.S + w for w in range(self.W) if not self.done[w]]
+        held = ", ".join(f"rank {r} clock {c}" for r, c, _ in self.pending) or "none"
+        return (f"pushes/pulls from worker ranks {waiting} (version {self.version}; "
+                f"held pulls: {held}; snapshots assembling: {sorted(self.assembly)})")
+
+    def run(self) -> ServerResult:
+        comm, status = self.comm, self.status
+        snapshots_in = self.rank == 0 and self.config.snapshot_every > 0 and self.S > 1
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        poller = _wait.Poller(self._describe)
+        while not (self.done.all() and not self.assembly):
+            msg = comm.Improbe(MPI.ANY_SOURCE, TAG_CTRL, status)
+            if msg is not None:
+                self._control(msg, status)
+                poller = _wait.Poller(self._describe)
+                continue
+            if snapshots_in:
+                msg = comm.Improbe(MPI.ANY_SOURCE, TAG_SNAP, status)
+                if msg is not None:
+                    self._snapshot_in(msg, status)
+                    poller = _wait.Poller(self._describe)
+                    continue
+            self.pool.reap()
+            poller.idle()
+        outstanding = self.pool.all_requests() + [r for r in self.hdr_reqs if r is not None]
+        if self.snap_req is not None:
+            outstanding.append(self.snap_req)
+        _wait.waitall(outstanding, "workers and rank 0 to receive this server's last messages")
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        result = ServerResult(staleness_hist=self.hist[:self._hist_len()].copy(),
+                              n_pushes=self.n_pushes, n_updates=self.rule.n_updates,
+                              n_skipped=self.n_skipped, cpu_s=cpu, wall_s=wall,
+                              n_snapshots=self.n_snapshots)
+        self._gather_final(result)
+        return result
+
+    def _hist_len(self) -> int:
+        nz = np.flatnonzero(self.hist)
+        return int(nz[-1]) + 1 if nz.size else 1
+
+    def _control(self, msg: MPI.Message, status: MPI.Status) -> None:
+        source = status.Get_source()
+        nbytes = status.Get_count(MPI.BYTE)
+        if nbytes != 8 * HEADER_LEN:
+            msg.Recv(np.empty(max(nbytes, 1), np.uint8))
+            raise PsgdError(f"control message from rank {source} has {nbytes} bytes, expected "
+                            f"{8 * HEADER_LEN} (int64[{HEADER_LEN}] header)")
+        msg.Recv(self.ctrl)
+        kind, clock = int(self.ctrl[0]), int(self.ctrl[1])
+        if source < self.S:
+            raise PsgdError(f"server rank {self.rank} got a {KIND_NAMES.get(kind, kind)} message "
+                            f"from rank {source}, which is a server, not a worker")
+        w = source - self.S
+        if self.done[w]:
+            raise PsgdError(f"rank {source} sent a {KIND_NAMES.get(kind, kind)} message after "
+                            f"saying it was done")
+        if kind == PUSH:
+            self._push(source, w, clock, int(self.ctrl[2]))
+        elif kind == PULL:
+            if int(self.ctrl[3]) != self.shard:
+                raise PsgdError(f"pull from rank {source} names shard {int(self.ctrl[3])}, but it "
+                                f"reached server rank {self.rank} which holds shard {self.shard}")
+            self.pending.append((source, clock, time.perf_counter()))
+            self._answer_pulls()
+        elif kind == DONE:
+            self.done[w] = True
+            self._update_version()
+        else:
+            raise PsgdError(f"message of unknown kind {kind} from rank {source}")
+
+    def _push(self, source: int, w: int, clock: int, read_version: int) -> None:
+        buf = self.rule.receive_buffer(self.scratch)
+        server_push(self.comm, source, self.ctrl, self.shard, self.n, buf)
+        if clock != self.pushes[w]:
+            raise PsgdError(f"push from rank {source} is for clock {clock}, expected clock "
+                            f"{int(self.pushes[w])} (clocks are pushed in order, once each)")
+        if not 0 <= read_version <= self.version:
+            raise PsgdError(f"push from rank {source} for clock {clock} claims it read version "
+                            f"{read_version}, but shard {self.shard} is at version {self.version}")
+        staleness = clock - read_version
+        if staleness < 0:
+            raise PsgdError(f"push from rank {source} for clock {clock} read version "
+                            f"{read_version}, from its own future")
+        self.n_pushes += 1
+        if staleness >= self.hist.shape[0]:
+            self.hist = np.concatenate([self.hist, np.zeros(staleness + 1, np.int64)])
+        self.hist[staleness] += 1
+        if _all_finite(buf):
+            self.rule.push(buf, clock, staleness)
+        elif self.config.skip_nonfinite:
+            self.n_skipped += 1
+        else:
+            raise PsgdError(f"push from rank {source} for clock {clock} holds non-finite values "
+                            f"(NaN or Inf); lower the learning rate, or pass --skip-nonfinite")
+        self.pushes[w] += 1
+        self._update_version()
+
+    def _update_version(self) -> None:
+        active = ~self.done
+        if not active.any():
+            return
+        new = int(self.pushes[active].min())
+        if new > self.version:
+            old = self.version
+            self.rule.advance(old, new)
+            self.version = new
+            k = self.config.snapshot_every
+            if k > 0:
+                for c in range(old, new):
+                    if (c + 1) % k == 0:  # after every k steps: clocks k-1, 2k-1, ...
+                        self._snapshot_out(c)
+        self._answer_pulls()
+
+    def _answer_pulls(self) -> None:
+        if not self.pending:
+            return
+        keep = []
+        slot = None
+        now = time.perf_counter()
+        for dest, clock, since in self.pending:
+            if self.version < clock - self.bound:
+                keep.append((dest, clock, since))
+                continue
+            if slot is None:
+                slot = self.pool.acquire((self.rule.n_updates, self.version), self.params)
+            w = dest - self.S
+            if self.hdr_reqs[w] is not None:
+                _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
+            self.reply_hdr[w] = (REPLY, int((now - since) * 1e6), self.version, self.shard)
+            hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w],
+                                            self.pool.arrays[slot])
+            self.hdr_reqs[w] = hdr_req
+            self.pool.reqs[slot].append(data_req)
+        self.pending = keep
+
+    # ------------------------------------------------------------ snapshots and the end
+
+    def _state_arrays(self) -> list:
+        state = self.optimizer.state_dict()
+        return [np.asarray(state[key], np.float32) for key in self.state_keys]
+
+    def _scalars(self) -> dict:
+        return {k: v for k, v in self.optimizer.state_dict().items() if k not in self.state_keys}
+
+    def _entry(self, clock: int) -> dict:
+        if clock not in self.assembly:
+            n = self.shard_map.n
+            self.assembly[clock] = {"rows": np.empty((1 + len(self.state_keys), n), np.float32),
+                                    "have": set(), "scalars": None}
+        return self.assembly[clock]
+
+    def _place(self, entry: dict, shard: int, rows: np.ndarray) -> None:
+        lo, hi = self.shard_map.range(shard)
+        if rows.shape != (entry["rows"].shape[0], hi - lo):
+            raise PsgdError(f"state of shard {shard} has shape {rows.shape}, expected "
+                            f"{(entry['rows'].shape[0], hi - lo)}")
+        entry["rows"][:, lo:hi] = rows
+        entry["have"].add(shard)
+
+    def _full_state(self, rows: np.ndarray, scalars: dict) -> tuple[np.ndarray, dict]:
+        opt_state = {key: rows[1 + i] for i, key in enumerate(self.state_keys)}
+        opt_state.update(scalars)
+        return rows[0], opt_state
+
+    def _snapshot_out(self, clock: int) -> None:
+        self.n_snapshots += self.rank != 0
+        if self.rank == 0:
+            entry = self._entry(clock)
+            entry["scalars"] = self._scalars()
+            self._place(entry, 0, np.stack([self.params] + self._state_arrays()))
+            self._snapshot_done(clock)
+            return
+        if self.snap_req is not None:
+            _wait.wait(self.snap_req, "rank 0 to take the previous snapshot")
+        self.snap_buf = pack_shard_state(clock, self.shard, self.params, self._state_arrays())
+        self.snap_req = self.comm.Isend(self.snap_buf, 0, TAG_SNAP)
+
+    def _snapshot_in(self, msg: MPI.Message, status: MPI.Status) -> None:
+        source = status.Get_source()
+        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        _wait.wait(msg.Irecv(buf), f"the snapshot from server rank {source}")
+        clock, shard, rows = unpack_shard_state(buf)
+        if shard != source:
+            raise PsgdError(f"snapshot from rank {source} names shard {shard}")
+        self._place(self._entry(clock), shard, rows)
+        self._snapshot_done(clock)
+
+    def _snapshot_done(self, clock: int) -> None:
+        entry = self.assembly[clock]
+        if len(entry["have"]) < self.S or entry["scalars"] is None:
+            return
+        del self.assembly[clock]
+        self.n_snapshots += 1
+        if self.on_snapshot is not None:
+            params, opt_state = self._full_state(entry["rows"], entry["scalars"])
+            self.on_snapshot(clock=clock, params=params, opt_state=opt_state)
+
+    def _gather_final(self, result: ServerResult) -> None:
+        rows = np.stack([self.params] + self._state_arrays())
+        if self.rank != 0:
+            buf = pack_shard_state(self.version, self.shard, self.params, self._state_arrays())
+            _wait.wait(self.comm.Isend(buf, 0, TAG_FINAL), "rank 0 to take the final shard")
+            return
+        entry = {"rows": np.empty((rows.shape[0], self.shard_map.n), np.float32), "have": set()}
+        self._place(entry, 0, rows)
+        status = MPI.Status()
+        for s in range(1, self.S):
+            msg = _mprobe(self.comm, s, TAG_FINAL, status,
+                          f"the final shard of server rank {s}")
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            _wait.wait(msg.Irecv(buf), f"the final shard of server rank {s}")
+            _, shard, srows = unpack_shard_state(buf)
+            self._place(entry, shard, srows)
+        result.params, result.opt_state = self._full_state(entry["rows"], self._scalars())
+
+
+def serve(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
+          init_shard: np.ndarray | None = None, init_opt_state: dict | None = None,
+          on_snapshot=None, start_clock: int = 0) -> ServerResult:
+    """Serve this rank's shard under bsp/ssp/asp until every worker has sent done.
+
+    Parameters
+    ----------
+    roles : Roles
+        This rank must be a server (rank s serves shard s).
+    shard_map : ShardMap
+        S shards of ``config.n_params``.
+    config : ProtocolConfig
+        Protocol, optimizer, ``lr_schedule``, staleness bound, snapshots.
+    init_shard : ndarray, float32 (shard size,) or (n,), optional
+        Initial parameters of this shard (a full vector is sliced); zeros if None.
+    init_opt_state : dict, optional
+        Optimizer state to resume from: per-element arrays of the shard's or
+        the full length (sliced), plus scalars.
+    on_snapshot : callable, optional
+        Rank 0 only: ``on_snapshot(clock=c, params=float32 (n,), opt_state=dict)``,
+        called from the server loop when every shard's snapshot of clock c is in.
+    start_clock : int
+        First clock the workers compute (0, or the step a run resumes at).
+
+    Returns
+    -------
+    ServerResult
+        With the full ``params`` and ``opt_state`` on rank 0.
+
+    Raises
+    ------
+    ValueError
+        S = 0, a non-PS protocol, or this rank is not a server.
+    PsgdError
+        A malformed or out-of-order message, or a non-finite push (unless
+        ``config.skip_nonfinite``).
+    """
+    check_ps_setup(roles, shard_map, config)
+    if not roles.is_server:
+        raise ValueError(f"rank {roles.rank} is a worker; serve runs on server ranks")
+    server = _Server(roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
+                     start_clock)
+    return server.run()

@@ -1,0 +1,226 @@
+"""Parameter-server checks under mpiexec: bsp equals serial SGD, ssp staleness bounds, bad pushes, server CPU.
+
+Usage: ps_check.py MODE [options]; rank 0 prints one ``RESULT {json}`` line.
+The gradient is linear softmax regression on fixed random data (numpy only).
+"""
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.errors import report_and_abort
+from psgd.optim import make_optimizer
+from psgd.protocols.config import ProtocolConfig
+from psgd.pushpull import HEADER_LEN, PUSH, TAG_CTRL, TAG_PUSH, make_ps_worker
+from psgd.roles import assign_roles
+from psgd.server import serve
+from psgd.shardmap import ShardMap
+
+D, K, B, N_BATCHES = 12, 4, 8, 5
+N_PARAMS = K * D + K
+LR = 0.3
+
+
+def data(n_workers):
+    rng = np.random.default_rng(1234)
+    x = rng.standard_normal((N_BATCHES, n_workers, B, D))
+    y = rng.integers(0, K, size=(N_BATCHES, n_workers, B))
+    return x, y
+
+
+def softmax_grad(params, x, y):
+    """Gradient (float32 (N_PARAMS,)) of the mean cross-entropy of a linear softmax model."""
+    p = params.astype(np.float64)
+    w, b = p[:K * D].reshape(K, D), p[K * D:]
+    logits = x @ w.T + b
+    logits -= logits.max(axis=1, keepdims=True)
+    prob = np.exp(logits)
+    prob /= prob.sum(axis=1, keepdims=True)
+    prob[np.arange(len(y)), y] -= 1.0
+    prob /= len(y)
+    return np.concatenate([(prob.T @ x).ravel(), prob.sum(axis=0)]).astype(np.float32)
+
+
+def initial_params():
+    return (np.random.default_rng(7).standard_normal(N_PARAMS) * 0.1).astype(np.float32)
+
+
+def serial_reference(n_workers, steps, optimizer, opt_hparams):
+    """Single-process SGD on the concatenated batches; params and opt state after every clock."""
+    x, y = data(n_workers)
+    params = initial_params()
+    opt = make_optimizer(optimizer, N_PARAMS, **opt_hparams)
+    trail = []
+    for c in range(steps):
+        b = c % N_BATCHES
+        grad = softmax_grad(params, x[b].reshape(-1, D), y[b].ravel())
+        opt.step(params, grad, LR)
+        trail.append((params.copy(), {k: np.copy(v) for k, v in opt.state_dict().items()}))
+    return trail
+
+
+def run_ps(args, roles, config, step_hook=None, grad_fn=None):
+    smap = ShardMap(config.n_params, roles.n_servers)
+    out = {"server": None, "worker": None, "snapshots": []}
+    if roles.is_server:
+        init = smap.view(initial_params(), roles.server_index)
+
+        def on_snapshot(clock, params, opt_state):
+            out["snapshots"].append((clock, params.copy(),
+                                     {k: np.copy(v) for k, v in opt_state.items()}))
+
+        out["server"] = serve(roles, smap, config, init_shard=init, on_snapshot=on_snapshot,
+                              start_clock=args.start_clock)
+    else:
+        x, y = data(roles.n_workers)
+        w = roles.worker_index
+        worker = make_ps_worker(roles, smap, config)
+        params = np.zeros(config.n_params, np.float32)
+        worker.start(params, args.start_clock)
+        for c in range(args.steps):
+            if step_hook:
+                step_hook(roles, c)
+            b = c % N_BATCHES
+            grad = softmax_grad(params, x[b, w], y[b, w])
+            worker.step(params, grad, args.start_clock + c)
+        worker.finish()
+        out["worker"] = {"params": params, "stats": dict(worker.stats)}
+    return out
+
+
+def mode_bsp(args, comm):
+    roles = assign_roles(comm, args.servers)
+    hp = {"momentum": 0.9} if args.optimizer == "momentum" else {}
+    config = ProtocolConfig("bsp", N_PARAMS, optimizer=args.optimizer, opt_hparams=hp,
+                            lr_schedule=lambda c: LR, snapshot_every=args.snapshot_every)
+    out = run_ps(args, roles, config)
+    pulled = comm.gather(out["worker"]["params"] if roles.is_worker else None, root=0)
+    hists = comm.gather(out["server"].staleness_hist.tolist() if roles.is_server else None, root=0)
+    if comm.Get_rank() != 0:
+        return
+    res = out["server"]
+    trail = serial_reference(roles.n_workers, args.steps, args.optimizer, hp)
+    want, want_state = trail[-1]
+    tol = dict(rtol=1e-5, atol=1e-6)
+    err = float(np.abs(res.params - want).max())
+    assert np.allclose(res.params, want, **tol), f"bsp differs from serial SGD: max err {err}"
+    for key in want_state:
+        if key == "steps":
+            continue
+        assert np.allclose(res.opt_state[key], want_state[key], **tol), f"opt state {key} differs"
+    for i, p in enumerate(pulled):
+        if p is not None:
+            assert np.array_equal(p, res.params), f"rank {i} last pulled other params than final"
+    assert all(h == [args.steps * roles.n_workers] for h in hists if h is not None), hists
+    clocks = [c for c, _, _ in out["snapshots"]]
+    if args.snapshot_every:
+        first = args.start_clock
+        expect = [c for c in range(first, first + args.steps) if (c + 1) % args.snapshot_every == 0]
+        assert clocks == expect, f"snapshot clocks {clocks}, expected {expect}"
+        for c, p, st in out["snapshots"]:
+            ref_params, ref_state = trail[c - first]
+            assert np.allclose(p, ref_params, **tol), f"snapshot {c} params differ"
+            for key in ref_state:
+                if key != "steps":
+                    assert np.allclose(st[key], ref_state[key], **tol), f"snapshot {c} {key}"
+    print("RESULT " + json.dumps({"max_err": err, "n_updates": res.n_updates,
+                                  "snapshots": clocks}), flush=True)
+
+
+def mode_stale(args, comm):
+    roles = assign_roles(comm, args.servers)
+    s = math.inf if args.protocol == "asp" else args.staleness
+    config = ProtocolConfig(args.protocol, N_PARAMS, staleness=s, lr_schedule=lambda c: 0.05)
+    slow = roles.n_workers - 1
+
+    def hook(roles, c):
+        if roles.worker_index == slow:
+            time.sleep(args.sleep)
+
+    out = run_ps(args, roles, config, step_hook=hook)
+    info = None
+    if roles.is_server:
+        info = {"max": out["server"].max_staleness, "hist": out["server"].staleness_hist.tolist()}
+    winfo = out["worker"]["stats"]["max_staleness"] if roles.is_worker else None
+    infos, winfos = comm.gather(info, root=0), comm.gather(winfo, root=0)
+    if comm.Get_rank() != 0:
+        return
+    server_max = [i["max"] for i in infos if i is not None]
+    worker_max = max(w for w in winfos if w is not None)
+    assert worker_max == max(server_max), (worker_max, server_max)
+    if args.protocol != "asp":
+        assert max(server_max) <= s, f"staleness {server_max} exceeds the bound {s}"
+    print("RESULT " + json.dumps({"server_max": server_max, "worker_max": worker_max,
+                                  "hists": [i["hist"] for i in infos if i]}), flush=True)
+
+
+def mode_bad(args, comm):
+    roles = assign_roles(comm, args.servers)
+    config = ProtocolConfig("asp", N_PARAMS)
+    smap = ShardMap(N_PARAMS, roles.n_servers)
+    if roles.is_server:
+        serve(roles, smap, config)
+        raise AssertionError("server returned after a bad push")
+    if roles.worker_index != 0:
+        make_ps_worker(roles, smap, config).start(np.zeros(N_PARAMS, np.float32))
+        time.sleep(60)
+        return
+    target = roles.n_servers - 1
+    header = np.array([PUSH, 0, 0, target], np.int64)
+    payload = np.ones(smap.size(target), np.float32)
+    if args.bad == "length":
+        payload = np.ones(smap.size(target) + 3, np.float32)
+    elif args.bad == "shard":
+        header[3] = 0 if target != 0 else 1
+    elif args.bad == "nonfinite":
+        payload[1] = np.nan
+    assert HEADER_LEN == header.shape[0]
+    comm.Send(header, target, TAG_CTRL)
+    comm.Send(payload, target, TAG_PUSH)
+    time.sleep(60)  # the server's abort ends this rank
+
+
+def mode_cpu(args, comm):
+    roles = assign_roles(comm, args.servers)
+    config = ProtocolConfig(args.protocol, N_PARAMS, staleness=1)
+
+    def hook(roles, c):
+        time.sleep(args.sleep)
+
+    out = run_ps(args, roles, config, step_hook=hook)
+    info = None
+    if roles.is_server:
+        r = out["server"]
+        info = {"cpu_s": r.cpu_s, "wall_s": r.wall_s, "fraction": r.cpu_fraction}
+    infos = comm.gather(info, root=0)
+    if comm.Get_rank() == 0:
+        print("RESULT " + json.dumps([i for i in infos if i]), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["bsp", "stale", "bad", "cpu"])
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--optimizer", default="sgd")
+    ap.add_argument("--snapshot-every", type=int, default=0)
+    ap.add_argument("--start-clock", type=int, default=0)
+    ap.add_argument("--protocol", default="ssp")
+    ap.add_argument("--staleness", type=float, default=1)
+    ap.add_argument("--sleep", type=float, default=0.02)
+    ap.add_argument("--bad", default="length")
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    {"bsp": mode_bsp, "stale": mode_stale, "bad": mode_bad, "cpu": mode_cpu}[args.mode](args, comm)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:  # noqa: BLE001 - any failure must end every rank
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        report_and_abort(exc)

@@ -1,0 +1,114 @@
+"""Parameter server (bsp/ssp/asp) under mpiexec: exactness, staleness bounds, bad pushes, idle CPU."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from psgd.protocols.config import ProtocolConfig
+from psgd.roles import Roles
+from psgd.shardmap import ShardMap
+
+
+def result_of(proc):
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"no RESULT line\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("servers,workers", [(1, 1), (1, 2), (2, 1), (3, 1), (3, 2)])
+def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, workers):
+    proc = mpirun(servers + workers, ["ps_check.py", "bsp", "--servers", servers,
+                                      "--steps", 50], timeout=60)
+    res = result_of(proc)
+    assert res["n_updates"] == 50
+    assert res["max_err"] < 1e-5
+
+
+def test_bsp_momentum_snapshots_equal_serial_state_after_each_clock(mpirun):
+    proc = mpirun(4, ["ps_check.py", "bsp", "--servers", 2, "--steps", 30,
+                      "--optimizer", "momentum", "--snapshot-every", 7], timeout=60)
+    assert result_of(proc)["snapshots"] == [6, 13, 20, 27]
+
+
+def test_bsp_resumed_at_clock_100_snapshots_the_resumed_clocks(mpirun):
+    proc = mpirun(4, ["ps_check.py", "bsp", "--servers", 3, "--steps", 20, "--start-clock", 100,
+                      "--optimizer", "momentum", "--snapshot-every", 7], timeout=60)
+    assert result_of(proc)["snapshots"] == [104, 111, 118]
+
+
+def stale_run(mpirun, n, servers, protocol, staleness=0, sleep=0.03, steps=15):
+    return result_of(mpirun(n, ["ps_check.py", "stale", "--servers", servers, "--protocol",
+                                protocol, "--staleness", staleness, "--sleep", sleep,
+                                "--steps", steps], timeout=60))
+
+
+def test_ssp_staleness_reaches_bound_one_and_never_exceeds_it(mpirun):
+    res = stale_run(mpirun, 3, 1, "ssp", 1)
+    assert res["server_max"] == [1]
+
+
+def test_ssp_bound_three_is_tight_on_every_server_and_asp_is_staler(mpirun):
+    ssp = stale_run(mpirun, 5, 2, "ssp", 3, sleep=0.05)
+    assert ssp["server_max"] == [3, 3]
+    asp = stale_run(mpirun, 5, 2, "asp", sleep=0.05)
+    assert min(asp["server_max"]) > 3
+
+
+def test_ssp_zero_is_a_barrier_per_clock(mpirun):
+    assert stale_run(mpirun, 3, 1, "ssp", 0)["server_max"] == [0]
+
+
+@pytest.mark.parametrize("bad,servers,words", [
+    ("length", 1, "has wrong length"),
+    ("shard", 2, "names shard 0, but it reached server rank 1"),
+    ("nonfinite", 1, "non-finite"),
+])
+def test_bad_push_aborts_the_job_naming_sender_and_problem(mpirun, bad, servers, words):
+    t0 = time.monotonic()
+    proc = mpirun(servers + 2, ["ps_check.py", "bad", "--bad", bad, "--servers", servers],
+                  timeout=40, check=False)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert words in proc.stderr and f"from rank {servers}" in proc.stderr, proc.stderr
+
+
+def test_server_uses_little_cpu_while_workers_compute(mpirun):
+    proc = mpirun(3, ["ps_check.py", "cpu", "--servers", 1, "--steps", 10, "--sleep", 0.2],
+                  timeout=60)
+    (server,) = result_of(proc)
+    assert server["wall_s"] >= 2.0
+    assert server["fraction"] < 0.2, server
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "ssp", "asp"])
+def test_ps_protocol_without_servers_is_rejected(protocol):
+    from psgd.pushpull import make_ps_worker
+    from psgd.server import serve
+    roles = Roles(comm=None, rank=0, size=2, n_servers=0, n_workers=2, worker_comm=None)
+    config = ProtocolConfig(protocol, 10)
+    with pytest.raises(ValueError, match="at least one server"):
+        make_ps_worker(roles, ShardMap(10, 1), config)
+    with pytest.raises(ValueError, match="at least one server"):
+        serve(roles, ShardMap(10, 1), config)
+
+
+def test_nonfinite_check_catches_nan_and_inf_but_not_huge_finite_values():
+    from psgd.server import _all_finite
+    x = np.ones(1000, np.float32)
+    assert _all_finite(x) and _all_finite(np.zeros(0, np.float32))
+    x[3] = 3e38
+    assert _all_finite(x)
+    for bad in (np.inf, -np.inf, np.nan):
+        y = x.copy()
+        y[500] = bad
+        assert not _all_finite(y)
+
+
+def test_shard_state_packs_header_params_and_state_rows_and_unpacks():
+    from psgd.pushpull import pack_shard_state, unpack_shard_state
+    p = np.arange(5, dtype=np.float32)
+    m, v = p * 2, p * 3
+    clock, shard, rows = unpack_shard_state(pack_shard_state(7, 2, p, [m, v]))
+    assert (clock, shard) == (7, 2)
+    np.testing.assert_array_equal(rows, np.stack([p, m, v]))

@@ -1,0 +1,159 @@
+"""Latency and bus bandwidth of psgd's ring_allreduce beside MPI's own Allreduce, at 2 and 4 ranks.
+
+Run as ``python bench/bench_allreduce.py`` (``make bench-allreduce``): it launches
+itself under ``mpiexec -n R`` for each R in ``--ranks`` and prints one table per
+rank count.  Bus bandwidth is 2(N-1)/N x bytes / time (the bytes each rank moves
+on a bandwidth-optimal ring); time is the median over repeats of the slowest
+rank's time per call over a batch of back-to-back calls.  float32 buffers; the ratio column is ring/MPI
+(> 1 means psgd is faster for bandwidth; < 1 is faster for latency).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SIZES = [4 ** k * 1024 for k in range(1, 10)]          # 4 KB .. 64 MB (+256 MB cut below)
+DEFAULT_SIZES = [s for s in DEFAULT_SIZES if s <= 64 * 2 ** 20]
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("MB", 2 ** 20), ("KB", 2 ** 10)):
+        if n >= scale:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _batch_size(comm, fn, reset, target: float) -> int:
+    """Calls per timed sample, so that a sample lasts about ``target`` seconds (same on all ranks)."""
+    import numpy as np
+    from mpi4py import MPI
+    reset()
+    fn()                                   # warm-up: caches, scratch, first-call Dup
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    k = np.array([max(1, min(200, int(target / max(time.perf_counter() - t0, 1e-7))))])
+    comm.Allreduce(MPI.IN_PLACE, k, op=MPI.MIN)
+    return int(k[0])
+
+
+def _sample(comm, fn, reset, k: int) -> float:
+    """Seconds per call over k back-to-back calls, slowest rank (reset() untimed)."""
+    reset()
+    comm.Barrier()                         # MPI's own (spinning) barrier: ranks leave together
+    t0 = time.perf_counter()
+    for _ in range(k):
+        fn()
+    return (time.perf_counter() - t0) / k
+
+
+def worker(args) -> None:
+    import numpy as np
+    from mpi4py import MPI
+    from psgd.ring import ring_allreduce
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    kw = {}
+    if args.algorithm:
+        kw["algorithm"] = args.algorithm
+    if args.segment_bytes:
+        kw["segment_bytes"] = args.segment_bytes
+    if args.small_bytes:
+        kw["small_bytes"] = args.small_bytes
+    np.seterr(over="ignore", invalid="ignore")   # repeated sums grow; inf/nan add at full speed
+    rows = []
+    for nbytes in args.sizes:
+        n = nbytes // 4
+        buf = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+        work = buf.copy()
+
+        def reset():
+            work[:] = buf
+
+        methods = {"ring": lambda: ring_allreduce(comm, work, "sum", **kw),
+                   "mpi": lambda: comm.Allreduce(MPI.IN_PLACE, work, op=MPI.SUM)}
+        ks = {name: _batch_size(comm, fn, reset, 0.002) for name, fn in methods.items()}
+        times = {name: [] for name in methods}
+        start = time.perf_counter()
+        go = np.ones(1, dtype=np.int32)
+        while go[0]:                       # ring and MPI alternate, so both see the same load
+            for name, fn in methods.items():
+                times[name].append(_sample(comm, fn, reset, ks[name]))
+            reps = len(times["ring"])
+            go[0] = reps < 5 or (reps < 500 and time.perf_counter() - start < 2 * args.seconds)
+            comm.Allreduce(MPI.IN_PLACE, go, op=MPI.MIN)     # all ranks stop together
+        row = {"ranks": size, "bytes": nbytes, "repeats": len(times["ring"])}
+        for name in methods:
+            t = np.array(times[name])
+            comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)
+            row[f"{name}_s"] = float(np.median(t))
+            row[f"{name}_best_s"] = float(np.min(t))
+            row[f"{name}_busbw_GBs"] = 2 * (size - 1) / size * nbytes / row[f"{name}_s"] / 1e9
+        rows.append(row)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(rows))
+
+
+def print_table(rows) -> None:
+    print(f"\nranks={rows[0]['ranks']}  (float32, sum; median of repeats, slowest rank; "
+          f"'best' = fastest repeat, the figure least disturbed by other load on the node)")
+    print(f"{'size':>7} | {'ring us':>9} {'MPI us':>9} {'lat ring/MPI':>12} | "
+          f"{'ring GB/s':>9} {'MPI GB/s':>9} {'bw ring/MPI':>11} | {'best bw ring/MPI':>16}")
+    for r in rows:
+        print(f"{_fmt_bytes(r['bytes']):>7} | {r['ring_s'] * 1e6:9.1f} {r['mpi_s'] * 1e6:9.1f} "
+              f"{r['ring_s'] / r['mpi_s']:12.2f} | {r['ring_busbw_GBs']:9.2f} "
+              f"{r['mpi_busbw_GBs']:9.2f} {r['ring_busbw_GBs'] / r['mpi_busbw_GBs']:11.2f} | "
+              f"{r['mpi_best_s'] / r['ring_best_s']:16.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="2,4", help="comma-separated rank counts (default 2,4)")
+    ap.add_argument("--sizes", default=None,
+                    help="comma-separated sizes in bytes (default 4 KB..64 MB, powers of 4)")
+    ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and method")
+    ap.add_argument("--quick", action="store_true", help="0.1 s per size and method")
+    ap.add_argument("--json", default=None, help="write all results to this path")
+    ap.add_argument("--algorithm", default=None, help="force ring_allreduce's algorithm")
+    ap.add_argument("--segment-bytes", type=int, default=None)
+    ap.add_argument("--small-bytes", type=int, default=None)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    if args.quick:
+        args.seconds = 0.1
+    if args.worker:
+        worker(args)
+        return
+    mpiexec = os.environ.get("PSGD_MPIEXEC") or str(Path(sys.executable).parent / "mpiexec")
+    if not Path(mpiexec).exists():
+        mpiexec = "mpiexec"
+    results = []
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "rows.json"
+            cmd = [mpiexec, "-n", str(ranks), sys.executable, str(Path(__file__).resolve()),
+                   "--worker", "--out", str(out), "--seconds", str(args.seconds),
+                   "--sizes", ",".join(map(str, args.sizes))]
+            for flag in ("algorithm", "segment_bytes", "small_bytes"):
+                if getattr(args, flag):
+                    cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+            subprocess.run(cmd, check=True, cwd=ROOT)
+            rows = json.loads(out.read_text())
+        print_table(rows)
+        results.extend(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

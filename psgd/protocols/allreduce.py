@@ -1,0 +1,131 @@
+"""The allreduce protocol (no servers): each worker averages gradients with psgd's ring all-reduce and applies the same optimizer step."""
+from __future__ import annotations
+
+import time
+import zlib
+from collections import Counter
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd import wait as _wait
+from psgd.errors import PsgdError
+from psgd.ring import ring_allreduce
+
+
+class AllreduceWorker:
+    """Synchronous data-parallel SGD over the workers' communicator, with replica checks.
+
+    Every worker holds the full flat parameter vector and its own optimizer.
+    Each step the flat gradient is averaged across workers with
+    :func:`psgd.ring.ring_allreduce` (``op="mean"``) and the optimizer updates
+    the local replica; since every worker applies the same averaged gradient to
+    the same parameters, the replicas stay bitwise identical, which is checked
+    every ``check_every`` steps.
+
+    Parameters
+    ----------
+    worker_comm : MPI.Comm
+        Communicator of the workers only (W ranks).
+    optimizer : psgd.optim.Optimizer
+        Made for ``n_params`` parameters, e.g. ``make_optimizer("sgd", n)``.
+    n_params : int
+        Length of the flat parameter and gradient vectors.
+    check_every : int
+        Compare a checksum of the replicas every this many steps; 0 disables.
+
+    Attributes
+    ----------
+    stats : dict
+        Cumulative seconds: ``allreduce_s`` (gradient averaging), ``optimizer_s``,
+        ``check_s`` (replica checks) and ``step_s`` (all of :meth:`step`); and the
+        counts ``steps`` and ``checks``.
+    """
+
+    def __init__(self, worker_comm: MPI.Comm, optimizer, n_params: int,
+                 check_every: int = 100) -> None:
+        if check_every < 0:
+            raise ValueError(f"check_every must be >= 0, got {check_every}")
+        self.comm = worker_comm
+        self.rank = worker_comm.Get_rank()
+        self.size = worker_comm.Get_size()
+        self.optimizer = optimizer
+        self.n_params = int(n_params)
+        self.check_every = int(check_every)
+        self.clock = 0
+        self._params: np.ndarray | None = None
+        self.stats = {"allreduce_s": 0.0, "optimizer_s": 0.0, "check_s": 0.0, "step_s": 0.0,
+                      "steps": 0, "checks": 0}
+
+    def _check_vector(self, name: str, x: np.ndarray) -> None:
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.shape != (self.n_params,) \
+                or not x.flags.c_contiguous:
+            desc = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise ValueError(f"allreduce worker: {name} must be a contiguous float32 vector of "
+                             f"shape ({self.n_params},), got {desc}")
+
+    def start(self, params: np.ndarray) -> None:
+        """Overwrite ``params`` (float32, shape (n_params,)) on every worker with worker 0's (collective)."""
+        self._check_vector("params", params)
+        _wait.wait(self.comm.Ibcast(params, root=0), "worker 0 (broadcast of initial parameters)")
+
+    def step(self, params: np.ndarray, grad: np.ndarray, clock: int, lr: float) -> None:
+        """Average ``grad`` across workers, then update ``params`` in place (collective).
+
+        Parameters
+        ----------
+        params : ndarray, shape (n_params,), float32
+            This worker's replica; updated in place.
+        grad : ndarray, shape (n_params,), float32
+            This worker's gradient; overwritten with the mean over workers.
+        clock : int
+            The step number (same on every worker); kept for reporting.
+        lr : float
+            Learning rate of this step.
+        """
+        t0 = time.perf_counter()
+        self._check_vector("params", params)
+        self._check_vector("grad", grad)
+        self.clock = int(clock)
+        self._params = params
+        ring_allreduce(self.comm, grad, "mean")
+        t1 = time.perf_counter()
+        self.optimizer.step(params, grad, lr)
+        t2 = time.perf_counter()
+        self.stats["allreduce_s"] += t1 - t0
+        self.stats["optimizer_s"] += t2 - t1
+        self.stats["steps"] += 1
+        if self.check_every and self.stats["steps"] % self.check_every == 0:
+            self.check_replicas(params)
+        self.stats["step_s"] += time.perf_counter() - t0
+
+    def check_replicas(self, params: np.ndarray) -> None:
+        """Compare a CRC-32 of ``params`` across workers (collective).
+
+        Raises
+        ------
+        PsgdError
+            Naming the workers whose replica differs from the majority's.
+        """
+        t0 = time.perf_counter()
+        mine = np.array([zlib.crc32(params)], dtype=np.int64)
+        every = np.empty(self.size, dtype=np.int64)
+        _wait.wait(self.comm.Iallgather(mine, every), "the other workers (replica check)")
+        self.stats["checks"] += 1
+        self.stats["check_s"] += time.perf_counter() - t0
+        if np.all(every == every[0]):
+            return
+        majority, _ = Counter(every.tolist()).most_common(1)[0]
+        diverged = [r for r in range(self.size) if every[r] != majority]
+        raise PsgdError(f"allreduce replicas diverged by clock {self.clock}: worker(s) "
+                        f"{', '.join(map(str, diverged))} hold parameters that differ from the "
+                        f"other {self.size - len(diverged)} worker(s) (CRC-32 of params per "
+                        f"worker: {', '.join(f'{c:08x}' for c in every.tolist())})")
+
+    def finish(self, params: np.ndarray | None = None) -> dict:
+        """End training (collective): a last replica check, of ``params`` or else of the
+        vector last passed to :meth:`step`; returns :attr:`stats`."""
+        params = self._params if params is None else params
+        if params is not None and self.check_every:
+            self.check_replicas(params)
+        return self.stats

@@ -1,0 +1,325 @@
+"""psgd's own all-reduce: a pipelined ring (reduce-scatter then all-gather) and recursive doubling for small buffers."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd import wait as _wait
+
+OPS = ("sum", "mean")
+ALGORITHMS = ("auto", "ring", "doubling")
+
+# Buffers of fewer bytes than this use recursive doubling (log2 N exchanges of the
+# whole buffer); larger ones the ring (2(N-1) exchanges of 1/N of it each).  From
+# bench/bench_allreduce.py --algorithm doubling|ring on 2 cores: at 2 ranks doubling
+# was faster up to 256 KB, the ring from 1 MB; the alpha-beta model puts the 4-rank
+# crossover near 8 alpha/beta ~ 300 KB.  Environment variables (read at import)
+# override these defaults; keyword arguments override both.
+DEFAULT_SMALL_BYTES = 256 * 1024
+# Each chunk moves in segments of this many bytes, so that a segment is added into
+# the buffer while the next is in flight, and is passed on at once.  256 KB and
+# 64 KB segments were 2-10x slower on 16 MB (per-message overhead); 1-4 MB equal.
+DEFAULT_SEGMENT_BYTES = 1024 * 1024
+
+# Before falling back on psgd.wait's backoff sleeps, a wait inside the ring polls
+# for this long: MPICH's shared-memory transport moves a large message only while
+# both ends call into MPI, so a receiver that sleeps stalls the transfer.
+DEFAULT_SPIN_S = 100e-6
+
+# Tags on the private duplicate of the caller's communicator (see _RingState); the ring
+# uses 16 + 2s (reduce-scatter step s) and 17 + 2s (all-gather step s).
+_TAG_FOLD, _TAG_DOUBLE, _TAG_UNFOLD = 3, 4, 5
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+class _RingState:
+    """Per-communicator state: a private duplicate (its own tag space) and reusable scratch.
+
+    Cached as an MPI attribute of the caller's communicator, so it lives exactly as
+    long as that communicator (freeing that one frees the duplicate).  The duplicate gives the all-reduce a context of its
+    own: no other message on the caller's communicator, not even a receive with
+    ``ANY_TAG``/``ANY_SOURCE``, can match ring traffic.
+    """
+
+    __slots__ = ("comm", "rank", "size", "scratch")
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.scratch: dict[str, np.ndarray] = {}
+
+    def scratch_for(self, dtype: np.dtype, n: int) -> np.ndarray:
+        """A reusable receive buffer of ``n`` elements (grown, never shrunk, per dtype)."""
+        buf = self.scratch.get(dtype.char)
+        if buf is None or buf.size < n:
+            buf = np.empty(max(n, 1), dtype=dtype)
+            self.scratch[dtype.char] = buf
+        return buf[:n]
+
+
+_keyval: int | None = None
+_by_handle: dict[int, _RingState] = {}     # fast path in front of the attribute lookup
+
+
+def _free_state(comm: MPI.Comm, keyval: int, state: _RingState) -> None:
+    """Attribute delete callback: the caller's communicator is being freed, so free our duplicate."""
+    _by_handle.pop(comm.handle, None)
+    if not MPI.Is_finalized():
+        state.comm.Free()
+
+
+def _state(comm: MPI.Comm) -> _RingState:
+    global _keyval
+    state = _by_handle.get(comm.handle)
+    if state is not None:
+        return state
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval(delete_fn=_free_state)
+    state = comm.Get_attr(_keyval)
+    if state is None:
+        if comm.Is_inter():
+            raise ValueError("ring_allreduce needs an intra-communicator, got an inter-communicator")
+        state = _RingState(comm)    # collective (Dup): every rank makes its first call together
+        comm.Set_attr(_keyval, state)
+    _by_handle[comm.handle] = state
+    return state
+
+
+_spin_s = _env_float("PSGD_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
+_small_bytes = _env_int("PSGD_ALLREDUCE_SMALL_BYTES", DEFAULT_SMALL_BYTES)
+_segment_bytes = _env_int("PSGD_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES)
+
+
+def _complete_all(requests: list, what: str) -> None:
+    for request in requests:
+        _complete(request, what)
+
+
+def _complete(request: MPI.Request, what: str) -> None:
+    """Complete one request: poll for up to ``_spin_s``, then psgd.wait's backoff and stall report."""
+    if request.Test():
+        return
+    deadline = time.perf_counter() + _spin_s
+    while time.perf_counter() < deadline:
+        if request.Test():
+            return
+    _wait.wait(request, what)
+
+
+def _check(buf, op: str, algorithm: str) -> None:
+    if not isinstance(buf, np.ndarray):
+        raise ValueError(f"ring_allreduce needs a numpy array, got {type(buf).__name__}")
+    if buf.ndim != 1:
+        raise ValueError(f"ring_allreduce needs a 1-D array, got shape {buf.shape}")
+    dtype = buf.dtype
+    if dtype.char not in "fd" or not dtype.isnative:
+        raise ValueError(f"ring_allreduce needs native float32 or float64, got {dtype.str}")
+    flags = buf.flags
+    if not flags.c_contiguous:
+        raise ValueError("ring_allreduce needs a contiguous array (got a strided view); "
+                         "pass np.ascontiguousarray(x) and copy the result back")
+    if not flags.writeable:
+        raise ValueError("ring_allreduce works in place and got a read-only array")
+    if op != "sum" and op != "mean":
+        raise ValueError(f"unknown all-reduce op {op!r}; choose one of {', '.join(OPS)}")
+    if algorithm != "auto" and algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; "
+                         f"choose one of {', '.join(ALGORITHMS)}")
+
+
+def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
+                   algorithm: str = "auto", small_bytes: int | None = None,
+                   segment_bytes: int | None = None) -> np.ndarray:
+    """All-reduce ``buf`` in place across the ranks of ``comm`` (collective).
+
+    Buffers of at least ``small_bytes`` bytes go round a bandwidth-optimal ring:
+    a reduce-scatter, then an all-gather, each rank sending 2(N-1)/N of the
+    buffer to its right neighbour in N-1 steps of each phase, both phases
+    pipelined in segments of ``segment_bytes`` across steps.  Smaller buffers
+    use recursive doubling, floor(log2 N) exchanges of the whole buffer (+2
+    when N is not a power of two).  Every rank ends with bitwise identical
+    values.  A wait polls for at most ``PSGD_ALLREDUCE_SPIN_US`` (default 100)
+    microseconds, then sleeps with :mod:`psgd.wait`'s backoff and stall report.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        Intra-communicator; every rank calls with a buffer of the same length
+        and dtype.  The first call on a communicator duplicates it (collective)
+        to get a private tag space; the duplicate is cached on ``comm``.
+    buf : ndarray, shape (n,), float32 or float64, C-contiguous, writeable
+        This rank's contribution; overwritten with the reduction.  ``n`` may be
+        anything, 0 included.
+    op : {"sum", "mean"}
+        Elementwise sum over ranks, or the sum divided by the number of ranks.
+    algorithm : {"auto", "ring", "doubling"}
+        ``auto`` picks by size; the others force one (for tests and benchmarks).
+    small_bytes : int, optional
+        Size threshold for ``auto``: default ``PSGD_ALLREDUCE_SMALL_BYTES``,
+        else ``DEFAULT_SMALL_BYTES``.
+    segment_bytes : int, optional
+        Reduce-scatter segment size: default ``PSGD_ALLREDUCE_SEGMENT_BYTES``,
+        else ``DEFAULT_SEGMENT_BYTES``.
+
+    Returns
+    -------
+    ndarray
+        ``buf`` itself.
+
+    Raises
+    ------
+    ValueError
+        If ``buf`` is not a writeable contiguous 1-D float32/float64 array, or
+        ``op``/``algorithm`` is unknown.
+    """
+    _check(buf, op, algorithm)
+    state = _state(comm)
+    size = state.size
+    n = buf.size
+    if n == 0 or size == 1:
+        return buf
+    if algorithm == "auto":
+        if small_bytes is None:
+            small_bytes = _small_bytes
+        algorithm = "doubling" if buf.nbytes < small_bytes or n < size else "ring"
+    if algorithm == "doubling":
+        _recursive_doubling(state, buf)
+        if op == "mean":
+            np.divide(buf, size, out=buf)
+    else:
+        if segment_bytes is None:
+            segment_bytes = _segment_bytes
+        _ring(state, buf, op == "mean", max(1, segment_bytes // buf.itemsize))
+    return buf
+
+
+def _ring(state: _RingState, buf: np.ndarray, mean: bool, seg: int) -> None:
+    """Ring reduce-scatter then all-gather, pipelined in segments across steps.
+
+    The buffer is cut into N chunks and each chunk into the same number K of
+    segments.  Reduce-scatter step s sends chunk rank-s and receives chunk
+    rank-s-1 from the left; as soon as segment k of step s is received and added
+    in, segment k of step s+1 (that very slice) goes out to the right, so later
+    steps flow while earlier ones finish.  Receives are completed in (step,
+    segment) order, so sends leave in the order the right neighbour posted its
+    receives (one tag per step).  Received segments land in two alternating
+    scratch halves, slot k holding segment k.  The all-gather forwards chunks the
+    same way, received in place.
+    """
+    comm, rank, size = state.comm, state.rank, state.size
+    n = buf.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    steps = size - 1
+    bounds = [(i * n) // size for i in range(size + 1)]
+    nseg = max(1, -(-(n // size) // seg))
+    cap = -(-(-(-n // size)) // nseg)               # longest segment of any chunk
+    scratch = state.scratch_for(buf.dtype, 2 * nseg * cap)
+    what_left = f"rank {left} (ring all-reduce, left neighbour)"
+    what_right = f"rank {right} (ring all-reduce, right neighbour)"
+
+    def piece(chunk: int, k: int) -> tuple[int, int]:
+        a, length = bounds[chunk], bounds[chunk + 1] - bounds[chunk]
+        return a + (k * length) // nseg, a + ((k + 1) * length) // nseg
+
+    def post_recv(step: int, k: int):
+        lo, hi = piece((rank - step - 1) % size, k)
+        slot = ((step % 2) * nseg + k) * cap
+        return comm.Irecv(scratch[slot:slot + hi - lo], left, 16 + 2 * step)
+
+    def post_send(step: int, k: int, tag_base: int, chunk: int):
+        lo, hi = piece(chunk, k)
+        return comm.Isend(buf[lo:hi], right, tag_base + 2 * step)
+
+    # Reduce-scatter: afterwards this rank holds the full sum of chunk rank+1.
+    sends = []
+    recvs = {(s, k): post_recv(s, k) for s in range(min(2, steps)) for k in range(nseg)}
+    sends += [post_send(0, k, 16, rank) for k in range(nseg)]
+    for s in range(steps):
+        chunk = (rank - s - 1) % size
+        for k in range(nseg):
+            _complete(recvs.pop((s, k)), what_left)
+            lo, hi = piece(chunk, k)
+            slot = ((s % 2) * nseg + k) * cap
+            np.add(buf[lo:hi], scratch[slot:slot + hi - lo], out=buf[lo:hi])
+            if s + 1 < steps:
+                sends.append(post_send(s + 1, k, 16, chunk))
+            if s + 2 < steps:
+                recvs[(s + 2, k)] = post_recv(s + 2, k)
+    own = (rank + 1) % size
+    if mean:
+        part = buf[bounds[own]:bounds[own + 1]]
+        np.divide(part, size, out=part)
+    _wait.waitall(sends, what_right)               # chunks about to be overwritten are sent
+
+    # All-gather: step s forwards chunk rank+1-s and receives chunk rank-s in place.
+    sends = [post_send(0, k, 17, own) for k in range(nseg)]
+    recvs = {}
+    for s in range(steps):
+        for k in range(nseg):
+            lo, hi = piece((rank - s) % size, k)
+            recvs[(s, k)] = comm.Irecv(buf[lo:hi], left, 17 + 2 * s)
+    for s in range(steps):
+        for k in range(nseg):
+            _complete(recvs.pop((s, k)), what_left)
+            if s + 1 < steps:
+                sends.append(post_send(s + 1, k, 17, (rank - s) % size))
+    _wait.waitall(sends, what_right)
+
+
+def _recursive_doubling(state: _RingState, buf: np.ndarray) -> None:
+    """Sum in place by recursive doubling; N not a power of two folds the first 2r ranks in pairs.
+
+    With p the largest power of two <= N and r = N - p, ranks 0..2r-1 pair up:
+    each even one hands its buffer to the odd one above it and sits out;
+    the p remaining ranks exchange-and-add with partners at distance 1, 2, 4, ...
+    (both partners compute the same a+b, so all stay bitwise identical); then
+    each odd rank hands the result back to its even partner.
+    """
+    comm, rank, size = state.comm, state.rank, state.size
+    p = 1 << (size.bit_length() - 1)
+    rem = size - p
+    scratch = state.scratch_for(buf.dtype, buf.size)
+    if rank < 2 * rem:
+        if rank % 2 == 0:
+            _complete(comm.Isend(buf, rank + 1, _TAG_FOLD), f"rank {rank + 1} (all-reduce fold)")
+            _complete(comm.Irecv(buf, rank + 1, _TAG_UNFOLD),
+                      f"rank {rank + 1} (all-reduce result)")
+            return
+        _complete(comm.Irecv(scratch, rank - 1, _TAG_FOLD), f"rank {rank - 1} (all-reduce fold)")
+        np.add(buf, scratch, out=buf)
+        vrank = rank // 2
+    else:
+        vrank = rank - rem
+    mask = 1
+    while mask < p:
+        vpartner = vrank ^ mask
+        partner = 2 * vpartner + 1 if vpartner < rem else vpartner + rem
+        reqs = [comm.Irecv(scratch, partner, _TAG_DOUBLE), comm.Isend(buf, partner, _TAG_DOUBLE)]
+        _complete_all(reqs, f"rank {partner} (all-reduce recursive doubling)")
+        np.add(buf, scratch, out=buf)
+        mask <<= 1
+    if rank < 2 * rem:
+        _complete(comm.Isend(buf, rank - 1, _TAG_UNFOLD), f"rank {rank - 1} (all-reduce result)")

@@ -1,0 +1,94 @@
+"""Checks ring_allreduce against comm.Allreduce for many lengths, dtypes, ops and algorithms."""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.ring import ring_allreduce
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+MPI_OPS = {"sum": MPI.SUM}
+
+
+def lengths():
+    base = {0, 1, 2, 3, size - 1, size, size + 1, 7, 13, 97, 4099, 65537, 1_000_003}
+    return sorted(n for n in base if n >= 0)
+
+
+def check_case(n, dtype, op, algorithm, segment_bytes=None):
+    rng = np.random.default_rng(1000 * rank + n)
+    x = rng.standard_normal(n).astype(dtype)
+    expect = x.copy()
+    comm.Allreduce(MPI.IN_PLACE, expect, op=MPI.SUM)
+    absum = np.abs(x)
+    comm.Allreduce(MPI.IN_PLACE, absum, op=MPI.SUM)
+    if op == "mean":
+        expect /= size
+        absum /= size
+    got = x.copy()
+    out = ring_allreduce(comm, got, op, algorithm=algorithm, segment_bytes=segment_bytes)
+    assert out is got
+    eps = np.finfo(dtype).eps
+    err = np.abs(got - expect)
+    bound = 2 * size * eps * absum + np.finfo(dtype).tiny
+    where = f"n={n} {np.dtype(dtype).name} {op} {algorithm} seg={segment_bytes}"
+    assert np.all(err <= bound), f"{where}: max error {err.max()} over round-off"
+    first = got.copy()
+    comm.Bcast(first, root=0)
+    assert np.array_equal(got, first), f"{where}: ranks disagree"
+
+
+def check_validation():
+    cases = [
+        (np.zeros((4, 2), np.float32), "sum", "1-D"),
+        (np.zeros(8, np.float32)[::2], "sum", "contiguous"),
+        (np.zeros(8, np.int32), "sum", "float32 or float64"),
+        (np.zeros(8, np.float16), "sum", "float32 or float64"),
+        (np.zeros(8, ">f4"), "sum", "float32 or float64"),
+        (np.zeros(8, np.float32), "max", "unknown all-reduce op"),
+        ([1.0, 2.0], "sum", "numpy array"),
+    ]
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    cases.append((ro, "sum", "read-only"))
+    for buf, op, words in cases:
+        try:
+            ring_allreduce(comm, buf, op)
+        except ValueError as exc:
+            assert words in str(exc), f"message {exc!r} lacks {words!r}"
+        else:
+            raise AssertionError(f"no ValueError for {words}")
+
+
+def main():
+    check_validation()
+    count = 0
+    for dtype in (np.float32, np.float64):
+        for op in ("sum", "mean"):
+            for n in lengths():
+                for algorithm in ("auto", "ring", "doubling"):
+                    if algorithm == "doubling" and n > 100_000:
+                        continue        # auto already takes the ring there; keep the run short
+                    check_case(n, dtype, op, algorithm)
+                    count += 1
+            for n in (size + 1, 1009, 20011):
+                check_case(n, dtype, op, "ring", segment_bytes=64)
+                count += 1
+    # a sub-communicator gets its own state and tag space
+    sub = comm.Split(rank % 2, rank)
+    x = np.full(5000, float(rank), np.float64)
+    ring_allreduce(sub, x, "sum", algorithm="ring")
+    members = [r for r in range(size) if r % 2 == rank % 2]
+    assert np.all(x == sum(members)), "sub-communicator sum wrong"
+    sub.Free()
+    if rank == 0:
+        print(f"ring_check: {count} cases passed on {size} ranks")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:  # one failing rank ends the job
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        comm.Abort(1)

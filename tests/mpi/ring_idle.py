@@ -1,0 +1,38 @@
+"""A rank waiting inside ring_allreduce for a late neighbour sleeps instead of burning its core."""
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.ring import ring_allreduce
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+LATE_S = 1.5
+
+
+def main():
+    for n in (100, 1 << 20):                 # recursive doubling, then the ring
+        buf = np.ones(n, np.float32)
+        ring_allreduce(comm, buf)            # first call: Dup, scratch
+        comm.Barrier()
+        if rank == 1:
+            time.sleep(LATE_S)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        ring_allreduce(comm, buf)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        if rank == 0:
+            assert wall > 0.8 * LATE_S, f"n={n}: rank 0 did not wait ({wall:.2f} s)"
+            assert cpu < 0.25 * wall, f"n={n}: rank 0 used {cpu:.2f} s CPU waiting {wall:.2f} s"
+            print(f"n={n}: waited {wall:.2f} s on {cpu:.3f} s CPU")
+    if rank == 0:
+        print("ring_idle: passed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:  # one failing rank ends the job
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        comm.Abort(1)

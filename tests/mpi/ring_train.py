@@ -1,0 +1,96 @@
+"""Allreduce training with SGD equals single-process SGD on the concatenated batches; replicas stay identical."""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.errors import PsgdError
+from psgd.optim import make_optimizer
+from psgd.protocols.allreduce import AllreduceWorker
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+D, C, B, STEPS = 20, 5, 8, 60        # features, classes, rows per worker per step, steps
+N = D * C + C
+
+
+def softmax_grad(params, x, y):
+    """Gradient of the mean cross-entropy of softmax(x @ W + b) over the rows of x."""
+    w, b = params[:D * C].reshape(D, C), params[D * C:]
+    logits = x @ w + b
+    logits -= logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1
+    p /= len(y)
+    return np.concatenate([(x.T @ p).ravel(), p.sum(axis=0)]).astype(np.float32)
+
+
+def dataset(steps):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((steps, size * B, D)).astype(np.float32)
+    y = rng.integers(0, C, size=(steps, size * B))
+    return x, y
+
+
+def train_allreduce(name, x, y):
+    params = np.random.default_rng(100 + rank).standard_normal(N).astype(np.float32)
+    worker = AllreduceWorker(comm, make_optimizer(name, N), N, check_every=7)
+    worker.start(params)                        # rank 0's random init wins everywhere
+    mine = slice(rank * B, (rank + 1) * B)
+    for step in range(len(x)):
+        worker.step(params, softmax_grad(params, x[step, mine], y[step, mine]), step, 0.1)
+    stats = worker.finish()
+    assert stats["steps"] == len(x) and stats["checks"] == len(x) // 7 + 1, stats
+    assert stats["step_s"] >= stats["allreduce_s"] > 0, stats
+    return params
+
+
+def train_single(name, x, y):
+    params = np.random.default_rng(100).standard_normal(N).astype(np.float32)
+    opt = make_optimizer(name, N)
+    for step in range(len(x)):
+        opt.step(params, softmax_grad(params, x[step], y[step]), 0.1)
+    return params
+
+
+def check_divergence_is_named():
+    params = np.ones(N, np.float32)
+    worker = AllreduceWorker(comm, make_optimizer("sgd", N), N)
+    worker.check_replicas(params)
+    if size < 2:
+        return
+    bad = size - 1
+    if rank == bad:
+        params[3] += 1e-3
+    try:
+        worker.check_replicas(params)
+    except PsgdError as exc:
+        assert f"worker(s) {bad} hold" in str(exc), str(exc)
+    else:
+        raise AssertionError("diverged replica not detected")
+
+
+def main():
+    x, y = dataset(STEPS)
+    for name in ("sgd", "momentum"):
+        got = train_allreduce(name, x, y)
+        first = got.copy()
+        comm.Bcast(first, root=0)
+        assert np.array_equal(got, first), f"{name}: replicas differ after training"
+        want = train_single(name, x, y)
+        err = np.max(np.abs(got - want) / (1 + np.abs(want)))
+        assert err < 2e-5, f"{name}: allreduce training differs from single-process by {err}"
+        if rank == 0:
+            print(f"{name}: max relative difference to single-process {err:.2e}")
+    check_divergence_is_named()
+    if rank == 0:
+        print(f"ring_train: passed on {size} ranks")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:  # one failing rank ends the job
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        comm.Abort(1)

@@ -1,0 +1,89 @@
+"""Max pooling kernels on channels-last (B, H, W, C) arrays; backward routes to the arg-max."""
+from numba import njit
+
+
+def pool_out_size(n, k, stride):
+    """Output length of a pooled axis of length ``n`` (no padding)."""
+    return (n - k) // stride + 1
+
+
+@njit(cache=True)
+def maxpool2d_forward(x, k, stride, out, argmax):
+    """Max pooling over ``k x k`` windows with the given stride, no padding.
+
+    Parameters
+    ----------
+    x : (B, H, W, C) float32 or float64
+    k, stride : int
+    out : (B, OH, OW, C) same dtype, overwritten; ``OH = (H - k) // stride + 1``
+    argmax : (B, OH, OW, C) int32, overwritten with the flat index ``ih * W + iw``
+        of the winning input (the first maximum in row-major window order)
+
+    Returns
+    -------
+    out : the same array
+    """
+    nb, h, w, c = x.shape
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    for b in range(nb):
+        for oh in range(oh_n):
+            h0 = oh * stride
+            for ow in range(ow_n):
+                w0 = ow * stride
+                for ch in range(c):
+                    out[b, oh, ow, ch] = x[b, h0, w0, ch]
+                    argmax[b, oh, ow, ch] = h0 * w + w0
+                for i in range(k):
+                    for j in range(k):
+                        if i == 0 and j == 0:
+                            continue
+                        ih = h0 + i
+                        iw = w0 + j
+                        flat = ih * w + iw
+                        for ch in range(c):
+                            v = x[b, ih, iw, ch]  # selects, not branches: data-dependent maxima mispredict
+                            cur = out[b, oh, ow, ch]
+                            better = v > cur
+                            out[b, oh, ow, ch] = v if better else cur
+                            argmax[b, oh, ow, ch] = flat if better else argmax[b, oh, ow, ch]
+    return out
+
+
+@njit(cache=True)
+def maxpool2d_backward(dout, argmax, k, stride, dx):
+    """Route each output gradient to the input that won the forward max.
+
+    Parameters
+    ----------
+    dout : (B, OH, OW, C) gradient w.r.t. the pooled output
+    argmax : (B, OH, OW, C) int32 from :func:`maxpool2d_forward`
+    k, stride : int, as in the forward pass
+    dx : (B, H, W, C) overwritten (zero except at arg-max positions; overlapping
+        windows accumulate)
+
+    Returns
+    -------
+    dx : the same array
+    """
+    nb, h, w, c = dx.shape
+    oh_n, ow_n = dout.shape[1], dout.shape[2]
+    if k == stride and oh_n * k == h and ow_n * k == w:
+        # the windows tile dx exactly: write every element once, no zeroing pass
+        for b in range(nb):
+            for ih in range(h):
+                oh = ih // k
+                for iw in range(w):
+                    ow = iw // k
+                    flat = ih * w + iw
+                    for ch in range(c):
+                        g = dout[b, oh, ow, ch]  # unconditional load: a select, not a branch
+                        dx[b, ih, iw, ch] = g if argmax[b, oh, ow, ch] == flat else 0.0
+        return dx
+    dx[:] = 0.0
+    for b in range(nb):
+        for oh in range(oh_n):
+            for ow in range(ow_n):
+                for ch in range(c):
+                    idx = argmax[b, oh, ow, ch]
+                    dx[b, idx // w, idx % w, ch] += dout[b, oh, ow, ch]
+    return dx

@@ -1,0 +1,244 @@
+"""Layer objects whose weights and gradients are views into a model's flat parameter and gradient vectors."""
+# Image activations between layers are channels-last, (B, H, W, C); ChannelsLast converts
+# the NCHW model input once, at the front of a convolutional network.  Each layer reuses
+# its own output and scratch buffers from step to step, so an array returned by forward
+# or backward is valid only until the next call on the same layer.
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from psgd.kernels.activation import relu_backward, relu_forward
+from psgd.kernels.conv import (conv2d_backward_input, conv2d_backward_params, conv2d_forward,
+                               conv_out_size)
+from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
+from psgd.kernels.pool import maxpool2d_backward, maxpool2d_forward, pool_out_size
+
+
+class Layer:
+    """A layer with no parameters; subclasses override what they need.
+
+    Attributes
+    ----------
+    in_shape, out_shape : tuple of int
+        Per-sample shapes of the input and the output (no batch axis).
+    """
+
+    in_shape: tuple
+    out_shape: tuple
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def param_shapes(self) -> list[tuple[str, tuple]]:
+        """The (name, shape) of each parameter array, in flat-vector order."""
+        return []
+
+    def bind(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
+        """Attach views into the flat vectors: ``params[name]`` and ``grads[name]``."""
+
+    def init_params(self, rng: np.random.Generator) -> None:
+        """Fill the bound parameter views from ``rng`` (deterministic given its state)."""
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Forward pass on a batch ``x`` of shape (B, *in_shape); returns (B, *out_shape)."""
+        raise NotImplementedError
+
+    def backward(self, dy: np.ndarray, need_dx: bool = True) -> np.ndarray | None:
+        """Backward pass for the last ``forward``: write parameter gradients, return dx.
+
+        Parameters
+        ----------
+        dy : (B, *out_shape) gradient of the loss w.r.t. the output
+        need_dx : bool
+            False for the first layer, whose input gradient nobody uses.
+        """
+        raise NotImplementedError
+
+    def _buf(self, key: str, shape: tuple, dtype) -> np.ndarray:
+        buf = self._bufs.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = np.empty(shape, dtype)
+            self._bufs[key] = buf
+        return buf
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_shape} -> {self.out_shape})"
+
+
+class Dense(Layer):
+    """Affine layer ``y = x @ w + b``; ``w`` is (n_in, n_out), ``b`` is (n_out,).
+
+    ``init`` is ``"he"`` (normal, std sqrt(2/n_in), for layers followed by ReLU) or
+    ``"glorot"`` (uniform, limit sqrt(6/(n_in+n_out)), for the output layer); biases start at 0.
+    """
+
+    def __init__(self, n_in: int, n_out: int, init: str = "he") -> None:
+        super().__init__()
+        self.in_shape, self.out_shape = (n_in,), (n_out,)
+        self.init = init
+
+    def param_shapes(self):
+        return [("w", (self.in_shape[0], self.out_shape[0])), ("b", self.out_shape)]
+
+    def bind(self, params, grads):
+        self.w, self.b = params["w"], params["b"]
+        self.dw, self.db = grads["w"], grads["b"]
+
+    def init_params(self, rng):
+        n_in, n_out = self.w.shape
+        if self.init == "he":
+            self.w[...] = rng.normal(0.0, math.sqrt(2.0 / n_in), self.w.shape)
+        else:
+            lim = math.sqrt(6.0 / (n_in + n_out))
+            self.w[...] = rng.uniform(-lim, lim, self.w.shape)
+        self.b[...] = 0.0
+
+    def forward(self, x):
+        self._x = x
+        out = self._buf("out", (x.shape[0], self.out_shape[0]), x.dtype)
+        return dense_forward(x, self.w, self.b, out)
+
+    def backward(self, dy, need_dx=True):
+        dense_backward_params(self._x, dy, self.dw, self.db)
+        if not need_dx:
+            return None
+        dx = self._buf("dx", self._x.shape, dy.dtype)
+        return dense_backward_input(self.w, dy, dx)
+
+
+class Conv2D(Layer):
+    """2-D convolution on channels-last input (H, W, C) with F filters of size k x k.
+
+    One parameter array ``wb`` of shape (k*k*C + 1, F): weights ``w`` (k, k, C, F) then bias
+    ``b`` (F,), both exposed as views (see :mod:`psgd.kernels.conv`).  Zero padding ``pad``
+    on all sides; He-normal init (std sqrt(2 / (k*k*C))), biases 0.
+    """
+
+    def __init__(self, in_shape: tuple, filters: int, k: int, stride: int = 1, pad: int = 0) -> None:
+        super().__init__()
+        h, w, c = in_shape
+        oh, ow = conv_out_size(h, k, stride, pad), conv_out_size(w, k, stride, pad)
+        if oh < 1 or ow < 1:
+            raise ValueError(f"Conv2D k={k} stride={stride} pad={pad} does not fit input {in_shape}")
+        self.in_shape, self.out_shape = tuple(in_shape), (oh, ow, filters)
+        self.k, self.stride, self.pad = k, stride, pad
+        self._k_rows = k * k * c
+        # samples per im2col + GEMM round: at most ~640 KiB of float32 cols, so the GEMM
+        # reads what im2col just wrote from L2 cache (1.25 MiB per core here)
+        self.chunk = max(1, (640 << 10) // (oh * ow * (self._k_rows + 1) * 4))
+
+    def param_shapes(self):
+        return [("wb", (self._k_rows + 1, self.out_shape[2]))]
+
+    def bind(self, params, grads):
+        self.wb, self.dwb = params["wb"], grads["wb"]
+        wshape = (self.k, self.k, self.in_shape[2], self.out_shape[2])
+        self.w, self.b = self.wb[:-1].reshape(wshape), self.wb[-1]
+        self.dw, self.db = self.dwb[:-1].reshape(wshape), self.dwb[-1]
+
+    def init_params(self, rng):
+        self.w[...] = rng.normal(0.0, math.sqrt(2.0 / self._k_rows), self.w.shape)
+        self.b[...] = 0.0
+
+    def forward(self, x):
+        n = x.shape[0]
+        oh, ow, f = self.out_shape
+        self._cols = self._buf("cols", (n * oh * ow, self._k_rows + 1), x.dtype)
+        out = self._buf("out", (n, oh, ow, f), x.dtype)
+        return conv2d_forward(x, self.wb, self.k, self.k, self.stride, self.pad, self._cols, out,
+                              self.chunk)
+
+    def backward(self, dy, need_dx=True):
+        conv2d_backward_params(self._cols, dy, self.dwb)
+        if not need_dx:
+            return None
+        n = dy.shape[0]
+        oh, ow, _ = self.out_shape
+        dcols = self._buf("dcols", (min(n, self.chunk) * oh * ow, self._k_rows), dy.dtype)
+        dx = self._buf("dx", (n, *self.in_shape), dy.dtype)
+        return conv2d_backward_input(self.wb[:-1], dy, self.k, self.k, self.stride, self.pad, dcols, dx)
+
+
+class MaxPool2D(Layer):
+    """Max pooling over k x k windows (no padding) on channels-last input (H, W, C)."""
+
+    def __init__(self, in_shape: tuple, k: int = 2, stride: int | None = None) -> None:
+        super().__init__()
+        stride = k if stride is None else stride
+        h, w, c = in_shape
+        oh, ow = pool_out_size(h, k, stride), pool_out_size(w, k, stride)
+        if oh < 1 or ow < 1:
+            raise ValueError(f"MaxPool2D k={k} stride={stride} does not fit input {in_shape}")
+        self.in_shape, self.out_shape = tuple(in_shape), (oh, ow, c)
+        self.k, self.stride = k, stride
+
+    def forward(self, x):
+        n = x.shape[0]
+        out = self._buf("out", (n, *self.out_shape), x.dtype)
+        self._argmax = self._buf("argmax", (n, *self.out_shape), np.int32)
+        return maxpool2d_forward(x, self.k, self.stride, out, self._argmax)
+
+    def backward(self, dy, need_dx=True):
+        if not need_dx:
+            return None
+        dx = self._buf("dx", (dy.shape[0], *self.in_shape), dy.dtype)
+        return maxpool2d_backward(dy, self._argmax, self.k, self.stride, dx)
+
+
+class ReLU(Layer):
+    """Elementwise ``max(x, 0)``; any shape.
+
+    With ``inplace=True`` forward overwrites its input and backward its ``dy``: right when
+    the input is the output buffer of a Dense or Conv2D layer (whose backward does not read
+    it) and ``dy`` is the next layer's scratch, as in the models :func:`psgd.model.build_model`
+    makes; it saves a pass over memory and keeps the working set small.
+    """
+
+    def __init__(self, shape: tuple, inplace: bool = False) -> None:
+        super().__init__()
+        self.in_shape = self.out_shape = tuple(shape)
+        self.inplace = inplace
+
+    def forward(self, x):
+        out = x if self.inplace and x.flags.c_contiguous else self._buf("out", x.shape, x.dtype)
+        relu_forward(x.reshape(-1), out.reshape(-1))
+        self._out = out
+        return out
+
+    def backward(self, dy, need_dx=True):
+        if not need_dx:
+            return None
+        dx = dy if self.inplace and dy.flags.c_contiguous else self._buf("dx", dy.shape, dy.dtype)
+        relu_backward(self._out.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+        return dx
+
+
+class Flatten(Layer):
+    """Reshape (B, *in_shape) to (B, prod(in_shape)); a view, no copy."""
+
+    def __init__(self, in_shape: tuple) -> None:
+        super().__init__()
+        self.in_shape, self.out_shape = tuple(in_shape), (int(np.prod(in_shape)),)
+
+    def forward(self, x):
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy, need_dx=True):
+        return dy.reshape(dy.shape[0], *self.in_shape) if need_dx else None
+
+
+class ChannelsLast(Layer):
+    """Transpose an NCHW batch (C, H, W per sample) to channels-last (H, W, C); free when C == 1."""
+
+    def __init__(self, in_shape: tuple) -> None:
+        super().__init__()
+        c, h, w = in_shape
+        self.in_shape, self.out_shape = tuple(in_shape), (h, w, c)
+
+    def forward(self, x):
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+
+    def backward(self, dy, need_dx=True):
+        return np.ascontiguousarray(dy.transpose(0, 3, 1, 2)) if need_dx else None

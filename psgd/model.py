@@ -1,0 +1,290 @@
+"""Models built from a spec string, owning one flat parameter vector and one flat gradient vector."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from psgd.kernels.loss import softmax_cross_entropy
+from psgd.layers import ChannelsLast, Conv2D, Dense, Flatten, Layer, MaxPool2D, ReLU
+
+SPEC_HELP = "expected 'mlp:N0-N1-...-NK' (at least two positive sizes, e.g. 'mlp:784-256-256-10') or 'lenet'"
+
+
+class Model:
+    """A feed-forward network whose parameters live in one contiguous vector.
+
+    Attributes
+    ----------
+    spec : str
+        The spec it was built from (e.g. ``'mlp:784-256-256-10'``, ``'lenet'``).
+    params : (n_params,) float32
+        All weights and biases; every layer's arrays are views into it.  Assigning
+        ``model.params = v`` copies ``v`` in (the vector itself is never replaced).
+    grad : (n_params,) float32
+        Same layout; overwritten by :meth:`loss_and_grad`.
+    n_params : int
+    input_shape : tuple of int
+        Per-sample input shape: ``(N0,)`` for an mlp, ``(1, 28, 28)`` (NCHW) for lenet.
+        An mlp also takes any per-sample shape with N0 values (e.g. (B, 1, 28, 28)) and
+        flattens it; lenet also takes (B, 28, 28) and flat rows (B, 784).
+    n_classes : int
+    layers : list of :class:`psgd.layers.Layer`
+    param_ranges : list of (layer index, name, start, stop)
+        Where each layer's parameter array lies in the flat vectors.
+    """
+
+    def __init__(self, spec: str, layers: list[Layer], input_shape: tuple, n_classes: int,
+                 seed: int = 0, dtype=np.float32) -> None:
+        self.spec = spec
+        self.layers = layers
+        self.input_shape = tuple(input_shape)
+        self.n_classes = int(n_classes)
+        self.dtype = np.dtype(dtype)
+        self._n_features = int(np.prod(self.input_shape))
+        shapes = [(layer, name, tuple(shape)) for layer in layers for name, shape in layer.param_shapes()]
+        self.n_params = int(sum(int(np.prod(s)) for _, _, s in shapes))
+        self._params = np.zeros(self.n_params, self.dtype)
+        self._grad = np.zeros(self.n_params, self.dtype)
+        self.param_ranges: list[tuple[int, str, int, int]] = []
+        offset = 0
+        for layer_index, layer in enumerate(layers):
+            pv, gv = {}, {}
+            for name, shape in layer.param_shapes():
+                size = int(np.prod(shape))
+                pv[name] = self._params[offset:offset + size].reshape(shape)
+                gv[name] = self._grad[offset:offset + size].reshape(shape)
+                self.param_ranges.append((layer_index, name, offset, offset + size))
+                offset += size
+            layer.bind(pv, gv)
+        #: layers up to this one need no input gradient (nothing before them has parameters)
+        self._first_param_layer = min((i for i, l in enumerate(layers) if l.param_shapes()), default=0)
+        rng = np.random.default_rng(seed)
+        for layer in layers:
+            layer.init_params(rng)
+        self._dlogits: np.ndarray | None = None
+
+    @property
+    def params(self) -> np.ndarray:
+        return self._params
+
+    @params.setter
+    def params(self, value) -> None:
+        value = np.asarray(value)
+        if value.shape != self._params.shape:
+            raise ValueError(f"params must have shape {self._params.shape}, got {value.shape}")
+        np.copyto(self._params, value)
+
+    @property
+    def grad(self) -> np.ndarray:
+        return self._grad
+
+    def __repr__(self) -> str:
+        return f"Model({self.spec!r}, n_params={self.n_params})"
+
+    # -- input checks ---------------------------------------------------------------------
+    def _check_x(self, x) -> np.ndarray:
+        """Validate a batch and return it as a C-contiguous array in the model dtype, (B, *input_shape)."""
+        x = np.asarray(x)
+        if x.dtype.kind not in "fiu":
+            raise ValueError(f"x must hold real numbers, got dtype {x.dtype}")
+        shape = tuple(x.shape[1:]) if x.ndim >= 2 else None
+        if len(self.input_shape) == 1:  # an mlp flattens any per-sample shape of the right size
+            ok = shape is not None and int(np.prod(shape)) == self._n_features
+            alt = f" or (B, ...) with {self._n_features} values per sample"
+        else:  # images: (C, H, W), or (H, W) when C == 1, or flat rows
+            accepted = {self.input_shape, (self._n_features,)}
+            if self.input_shape[0] == 1:
+                accepted.add(self.input_shape[1:])
+            ok = shape in accepted
+            alt = (f" or (B, {', '.join(map(str, self.input_shape[1:]))})" if self.input_shape[0] == 1 else "") \
+                + f" or (B, {self._n_features})"
+        if not ok:
+            raise ValueError(f"x has shape {x.shape}; model {self.spec!r} expects "
+                             f"(B, {', '.join(map(str, self.input_shape))}){alt}")
+        if x.shape[0] == 0:
+            raise ValueError("x is an empty batch (B = 0)")
+        x = np.ascontiguousarray(x, dtype=self.dtype).reshape(x.shape[0], *self.input_shape)
+        if not (np.isfinite(x.min()) and np.isfinite(x.max())):
+            raise ValueError("x contains non-finite values (NaN or inf)")
+        return x
+
+    def _check_y(self, y, n: int) -> np.ndarray:
+        y = np.asarray(y)
+        if y.ndim != 1 or y.shape[0] != n:
+            raise ValueError(f"y has shape {y.shape}; expected ({n},) to match x's batch of {n}")
+        if y.dtype.kind not in "iu":
+            if y.dtype.kind == "f" and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+                y = y.astype(np.int64)
+            else:
+                raise ValueError(f"y must hold integer class ids, got dtype {y.dtype}")
+        if n and (y.min() < 0 or y.max() >= self.n_classes):
+            raise ValueError(f"y holds labels outside [0, {self.n_classes}): "
+                             f"min {int(y.min())}, max {int(y.max())}")
+        return np.ascontiguousarray(y, dtype=np.int64)
+
+    def check_batch(self, x, y) -> tuple[np.ndarray, np.ndarray]:
+        """Validate a data set or batch; return ``x`` as C-contiguous (N, *input_shape) in the
+        model dtype and ``y`` as int64 (N,).  Raises ValueError as :meth:`loss_and_grad` does."""
+        x = self._check_x(x)
+        return x, self._check_y(y, x.shape[0])
+
+    # -- compute --------------------------------------------------------------------------
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def _loss(self, logits: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+        if self._dlogits is None or self._dlogits.shape != logits.shape:
+            self._dlogits = np.empty(logits.shape, self.dtype)
+        loss, correct = softmax_cross_entropy(logits, y, self._dlogits)
+        return float(loss), int(correct)
+
+    def loss_and_grad(self, x, y) -> tuple[float, int]:
+        """Forward and backward on one batch; overwrite :attr:`grad` with d(mean loss)/d(params).
+
+        Parameters
+        ----------
+        x : (B, *input_shape) float32 (other real dtypes are converted)
+        y : (B,) integer class ids in ``[0, n_classes)``
+
+        Returns
+        -------
+        loss : float
+            Mean softmax cross-entropy over the batch.
+        n_correct : int
+            Samples whose arg-max logit equals the label.
+
+        Raises
+        ------
+        ValueError
+            Wrong x shape, non-finite x, y of the wrong length or with labels out of range.
+        """
+        x = self._check_x(x)
+        y = self._check_y(y, x.shape[0])
+        loss, correct = self._loss(self._forward(x), y)
+        dy = self._dlogits
+        for i in range(len(self.layers) - 1, -1, -1):
+            dy = self.layers[i].backward(dy, need_dx=i > self._first_param_layer)
+        return loss, correct
+
+    def predict(self, x, batch_size: int = 256) -> np.ndarray:
+        """Class ids (B,) int64 of the arg-max logit for each sample of ``x``."""
+        x = self._check_x(x)
+        out = np.empty(x.shape[0], np.int64)
+        for s in range(0, x.shape[0], batch_size):
+            out[s:s + batch_size] = self._forward(x[s:s + batch_size]).argmax(axis=1)
+        return out
+
+    def evaluate(self, x, y, batch_size: int = 256) -> tuple[float, float]:
+        """Mean loss and accuracy over a whole data set, in batches; parameters unchanged.
+
+        Parameters
+        ----------
+        x : (N, *input_shape), y : (N,) as for :meth:`loss_and_grad`
+        batch_size : int
+
+        Returns
+        -------
+        mean_loss : float
+        accuracy : float in [0, 1]
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        x = self._check_x(x)
+        y = self._check_y(y, x.shape[0])
+        total, correct = 0.0, 0
+        for s in range(0, x.shape[0], batch_size):
+            xb, yb = x[s:s + batch_size], y[s:s + batch_size]
+            loss, c = self._loss(self._forward(xb), yb)
+            total += loss * xb.shape[0]
+            correct += c
+        n = x.shape[0]
+        return total / n, correct / n
+
+
+def _mlp(sizes: list[int]) -> tuple[list[Layer], tuple, int]:
+    layers: list[Layer] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        last = i == len(sizes) - 2
+        layers.append(Dense(a, b, init="glorot" if last else "he"))
+        if not last:
+            layers.append(ReLU((b,), inplace=True))
+    return layers, (sizes[0],), sizes[-1]
+
+
+def _lenet() -> tuple[list[Layer], tuple, int]:
+    """conv5x5x16 (pad 2) - relu - pool2 - conv5x5x32 (pad 2) - relu - pool2 - dense128 - relu - dense10.
+
+    'Same' padding (2) keeps 28x28 through conv1 and 14x14 through conv2, so the pools give
+    14x14x16 then 7x7x32 = 1568 features into the dense layers.
+    """
+    layers: list[Layer] = [ChannelsLast((1, 28, 28))]
+    layers.append(Conv2D(layers[-1].out_shape, 16, k=5, stride=1, pad=2))
+    layers.append(ReLU(layers[-1].out_shape, inplace=True))
+    layers.append(MaxPool2D(layers[-1].out_shape, k=2))
+    layers.append(Conv2D(layers[-1].out_shape, 32, k=5, stride=1, pad=2))
+    layers.append(ReLU(layers[-1].out_shape, inplace=True))
+    layers.append(MaxPool2D(layers[-1].out_shape, k=2))
+    layers.append(Flatten(layers[-1].out_shape))
+    layers.append(Dense(layers[-1].out_shape[0], 128))
+    layers.append(ReLU((128,), inplace=True))
+    layers.append(Dense(128, 10, init="glorot"))
+    return layers, (1, 28, 28), 10
+
+
+def parse_spec(spec: str) -> tuple[str, list[int]]:
+    """Split a spec into its kind and sizes: ``'mlp:784-10'`` -> ``('mlp', [784, 10])``.
+
+    Raises
+    ------
+    ValueError
+        Unknown kind or malformed sizes, with the accepted forms in the message.
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"model spec must be a string, got {type(spec).__name__}; {SPEC_HELP}")
+    s = spec.strip().lower()
+    if s == "lenet":
+        return "lenet", []
+    if s.startswith("mlp:"):
+        body = s[4:]
+        if not re.fullmatch(r"\d+(-\d+)+", body):
+            raise ValueError(f"malformed mlp spec {spec!r}; {SPEC_HELP}")
+        sizes = [int(t) for t in body.split("-")]
+        if min(sizes) < 1:
+            raise ValueError(f"mlp spec {spec!r} has a zero size; {SPEC_HELP}")
+        if sizes[-1] < 2:
+            raise ValueError(f"mlp spec {spec!r} needs at least 2 classes in its last size")
+        return "mlp", sizes
+    raise ValueError(f"unknown model spec {spec!r}; {SPEC_HELP}")
+
+
+def build_model(spec: str, seed: int = 0, dtype=np.float32) -> Model:
+    """Build a model from its spec with deterministic initialisation.
+
+    Parameters
+    ----------
+    spec : str
+        ``'mlp:N0-N1-...-NK'``: dense layers N0 -> N1 -> ... -> NK with ReLU between
+        (He-normal init, Glorot-uniform for the output layer); input (N0,), NK classes.
+        ``'lenet'``: see :func:`_lenet`; input (1, 28, 28), 10 classes.
+    seed : int
+        Same seed -> bitwise identical parameters.
+    dtype : numpy dtype
+        float32 (the default, and what MPI training uses); float64 for gradient checks.
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    ValueError
+        Unknown or malformed spec.
+    """
+    kind, sizes = parse_spec(spec)
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    layers, input_shape, n_classes = _mlp(sizes) if kind == "mlp" else _lenet()
+    return Model(spec.strip(), layers, input_shape, n_classes, seed=seed, dtype=dtype)

@@ -1,0 +1,126 @@
+"""Layers bound to flat float64 vectors: backward against central finite differences, forward against numpy."""
+import numpy as np
+import pytest
+
+from psgd.layers import ChannelsLast, Conv2D, Dense, Flatten, MaxPool2D, ReLU
+
+
+def bind_flat(layer, dtype=np.float64, seed=0):
+    """Give ``layer`` views into fresh flat vectors; return (params, grad)."""
+    shapes = layer.param_shapes()
+    n = sum(int(np.prod(s)) for _, s in shapes)
+    params, grad = np.zeros(n, dtype), np.zeros(n, dtype)
+    pv, gv, o = {}, {}, 0
+    for name, s in shapes:
+        size = int(np.prod(s))
+        pv[name], gv[name] = params[o:o + size].reshape(s), grad[o:o + size].reshape(s)
+        o += size
+    layer.bind(pv, gv)
+    layer.init_params(np.random.default_rng(seed))
+    params += 0.1 * np.random.default_rng(seed + 1).standard_normal(n)  # non-zero biases too
+    return params, grad
+
+
+LAYERS = [
+    ("dense", lambda: Dense(7, 4), (3, 7)),
+    ("dense_glorot", lambda: Dense(5, 3, init="glorot"), (2, 5)),
+    ("conv_same", lambda: Conv2D((6, 6, 2), 3, k=3, stride=1, pad=1), (2, 6, 6, 2)),
+    ("conv_strided", lambda: Conv2D((7, 5, 3), 2, k=3, stride=2, pad=0), (2, 7, 5, 3)),
+    ("pool", lambda: MaxPool2D((6, 6, 2), k=2), (2, 6, 6, 2)),
+    ("relu", lambda: ReLU((4, 5)), (3, 4, 5)),
+    ("relu_inplace", lambda: ReLU((4, 5), inplace=True), (3, 4, 5)),
+    ("flatten", lambda: Flatten((3, 2, 2)), (2, 3, 2, 2)),
+    ("channels_last", lambda: ChannelsLast((2, 3, 4)), (2, 2, 3, 4)),
+]
+
+
+@pytest.mark.parametrize("name,make,xshape", LAYERS, ids=[c[0] for c in LAYERS])
+def test_layer_backward_matches_finite_differences_float64(name, make, xshape):
+    rng = np.random.default_rng(1)
+    layer = make()
+    params, grad = bind_flat(layer)
+    if name == "pool":  # distinct values, so the max is unique and differentiable
+        x = rng.permutation(int(np.prod(xshape))).reshape(xshape).astype(np.float64) / 10
+    else:
+        x = rng.standard_normal(xshape)
+        if name.startswith("relu"):
+            x[np.abs(x) < 1e-3] = 0.5
+    out = layer.forward(x.copy())
+    assert out.shape == (xshape[0], *layer.out_shape)
+    r = rng.standard_normal(out.shape)
+    grad[:] = np.nan
+    dx = layer.backward(r.copy(), need_dx=True).copy()
+
+    def loss():
+        return float((layer.forward(x.copy()) * r).sum())  # copy: an in-place layer may overwrite x
+
+    eps = 1e-6
+    for i in range(params.size):
+        old = params[i]
+        params[i] = old + eps
+        fp = loss()
+        params[i] = old - eps
+        fm = loss()
+        params[i] = old
+        assert np.isclose(grad[i], (fp - fm) / (2 * eps), rtol=1e-5, atol=1e-7), f"{name} param {i}"
+    num_dx = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + eps
+        fp = loss()
+        x[idx] = old - eps
+        fm = loss()
+        x[idx] = old
+        num_dx[idx] = (fp - fm) / (2 * eps)
+    np.testing.assert_allclose(dx, num_dx, rtol=1e-5, atol=1e-7)
+
+
+def test_dense_layer_forward_matches_numpy_and_uses_flat_views():
+    layer = Dense(4, 3)
+    params, _ = bind_flat(layer)
+    x = np.random.default_rng(2).standard_normal((5, 4))
+    w, b = params[:12].reshape(4, 3), params[12:]
+    np.testing.assert_allclose(layer.forward(x), x @ w + b)
+    params[:] = 0.0
+    np.testing.assert_array_equal(layer.forward(x), 0.0)
+
+
+def test_conv_layer_forward_matches_a_direct_numpy_loop():
+    layer = Conv2D((5, 5, 2), 3, k=3, stride=2, pad=1)
+    bind_flat(layer)
+    x = np.random.default_rng(3).standard_normal((2, 5, 5, 2))
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = np.zeros((2, 3, 3, 3))
+    for b in range(2):
+        for oh in range(3):
+            for ow in range(3):
+                for f in range(3):
+                    patch = xp[b, 2 * oh:2 * oh + 3, 2 * ow:2 * ow + 3, :]
+                    ref[b, oh, ow, f] = (patch * layer.w[..., f]).sum() + layer.b[f]
+    np.testing.assert_allclose(layer.forward(x), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_inplace_relu_overwrites_its_input_and_dy_and_agrees_with_the_copying_one():
+    x, dy = np.array([[-1.0, 2.0, 0.5, -3.0]]), np.array([[1.0, 1.0, 1.0, 1.0]])
+    plain, inplace = ReLU((4,)), ReLU((4,), inplace=True)
+    expect_out, expect_dx = plain.forward(x).copy(), plain.backward(dy).copy()
+    xi, dyi = x.copy(), dy.copy()
+    out = inplace.forward(xi)
+    assert out is xi and np.array_equal(xi, expect_out)
+    dx = inplace.backward(dyi)
+    assert dx is dyi and np.array_equal(dyi, expect_dx)
+    assert np.array_equal(x, [[-1.0, 2.0, 0.5, -3.0]])  # the copying layer left its input alone
+
+
+def test_first_layer_skips_the_input_gradient():
+    layer = Conv2D((4, 4, 1), 2, k=3, pad=1)
+    bind_flat(layer)
+    layer.forward(np.ones((1, 4, 4, 1)))
+    assert layer.backward(np.ones((1, 4, 4, 2)), need_dx=False) is None
+
+
+def test_layers_reject_shapes_that_do_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        Conv2D((3, 3, 1), 4, k=5)
+    with pytest.raises(ValueError, match="does not fit"):
+        MaxPool2D((1, 1, 4), k=2)

@@ -1,0 +1,480 @@
+"""Hogwild: workers add updates to server-hosted RMA windows with MPI_Accumulate, lock-free.
+
+Semantics
+---------
+Each server rank exposes its shard of the flat float32 parameter vector as
+memory in an MPI RMA window. Workers run the optimizer *locally* on a copy
+of the parameters they last read, and add the difference ``delta = new -
+old`` to every shard with ``MPI_Accumulate(op=SUM)``; they read fresh
+parameters with ``MPI_Get``. All of it happens in one passive-target epoch
+per worker (``MPI_Win_lock_all``, which is a shared lock: no worker ever
+excludes another), completed with ``MPI_Win_flush``. Servers take no part
+while training: they host memory and wait, without spinning, until every
+worker has finished (Niu et al. 2011, carried over to one-sided MPI).
+
+What a reader may rely on:
+
+- **No update is lost.** MPI guarantees that concurrent accumulates with the
+  same op on the same basic datatype are atomic per element, so the final
+  parameters are exactly ``init + sum of all deltas`` (up to float32
+  rounding of the additions, whose order is not fixed).
+- **Reads may be torn across elements.** A read may see some elements before
+  and some after another worker's update (and shards are read one after the
+  other), so the vector a worker computes on need not be a state that ever
+  existed as a whole. Each element, though, is always ``init`` plus some
+  subset of the deltas that reached it: never a corrupted value.
+- **Optimizer state lives on the worker.** ``sgd`` is stateless;
+  ``momentum``/``nesterov`` keep a local velocity per worker, so with W
+  workers the applied step is about W times one worker's. ``adam`` is
+  rejected: its bias correction and second-moment scaling assume that one
+  stream of its own steps moves one copy of the parameters, which is false
+  when W workers add to the same copy (use ``asp``, whose server runs Adam
+  on the single copy, instead).
+- **Staleness.** A global update counter (one int64 on server 0) is
+  incremented with ``MPI_Fetch_and_op`` once per update, just before the
+  update's accumulates. An update's staleness is the counter value fetched
+  then minus the value read just before the parameters it was computed from
+  were read: the number of other workers' updates counted in between. Each
+  worker keeps a histogram; they are summed on rank 0 at the end. With
+  ``staleness_lr="inverse"`` a worker scales its delta by 1/(1+staleness).
+- **Checkpoints** of the shared copy exist only at the end (servers are not
+  involved while training, so there is no consistent snapshot point);
+  ``snapshot_every`` is ignored.
+
+Windows and memory
+------------------
+Two windows over the job's communicator, each created collectively by all
+ranks:
+
+1. the parameter window: server ``s`` holds ``4 * shard_map.size(s)`` bytes
+   (its shard), every worker attaches 0 bytes;
+2. the counter window: 8 bytes (one int64) on rank 0, 0 bytes elsewhere.
+
+Besides the window, a server keeps nothing during training (a copy of its
+shard is made at the end to gather the result on rank 0). A worker holds
+the caller's parameter vector plus three float32 work vectors of length
+``n_params`` (the updated copy, the delta and the local optimizer state:
+none for sgd, one velocity for momentum/nesterov).
+
+The parameter window is made by one of (``window=`` argument, then
+``PSGD_HOGWILD_WINDOW``, then ``auto``):
+
+- ``shared``: ``MPI_Win_allocate_shared``. Needs every rank on one node;
+  workers read the shards by direct loads from the mapped memory
+  (``MPI_Win_shared_query``) instead of ``MPI_Get``, and still update with
+  ``MPI_Accumulate``;
+- ``allocate``: ``MPI_Win_allocate`` (MPI allocates the memory; MPICH maps it
+  shared within a node), reads with ``MPI_Get``; the general path, also
+  across nodes;
+- ``create``: ``MPI_Win_create`` over a numpy array; correct everywhere but,
+  with MPICH 5 (ch4), each RMA call then waits on the server's progress
+  engine, i.e. on its poll interval: about 100x slower than ``allocate``;
+- ``auto``: ``shared`` when all ranks share a node, else ``allocate``.
+
+Server progress: with MPICH 5 on one node, RMA to ``shared``/``allocate``
+windows completes with the server making no MPI call at all (measured:
+a server asleep outside MPI did not slow 20 1M-element accumulate+get
+rounds), so an idle server polls its end-of-run barrier only every
+:data:`SERVER_MAX_SLEEP` seconds. For ``create`` windows and across nodes
+(where the network may not do accumulates in hardware) it polls with the
+usual backoff cap, ``PSGD_POLL_MAX_SLEEP``; lower that if remote updates are
+slow. Measured on 2 oversubscribed cores, 1M float32 parameters, 2 workers
+without compute, 1 server (``bench/bench_hogwild.py``, a machine shared
+with other jobs, so +-30% run to run): 180-430 updates/s with ``shared`` and
+140-270 with ``allocate``; reading 1M parameters took 0.7-1.2 ms by direct
+loads against 1.1-2.2 ms by ``MPI_Get`` in every paired run, and the step is
+dominated by the push (a 4 MB accumulate is about 1.2 ms alone; the rest is
+the worker's local optimizer pass), so ``auto`` picks ``shared``. The server
+used 0.8-2.5% of one core over the run, window setup and final gather
+included; ``create`` managed 1.4 updates/s.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+from numba import njit
+
+from psgd import wait
+from psgd.errors import PsgdError
+from psgd.optim import make_optimizer
+from psgd.protocols.config import ProtocolConfig
+from psgd.roles import Roles
+from psgd.shardmap import ShardMap
+
+HOGWILD_OPTIMIZERS = ("sgd", "momentum", "nesterov")
+WINDOW_KINDS = ("auto", "shared", "allocate", "create")
+SERVER_MAX_SLEEP = 0.01  # s: an idle server's longest backoff sleep (sees the end <= 10 ms late)
+STATS_TAG = 0x4807
+PARAMS_TAG = 0x4808
+
+HOGWILD_HELP = (
+    "hogwild: lock-free one-sided updates. Server shards are MPI RMA windows; each worker "
+    "steps its optimizer locally and adds the difference with MPI_Accumulate(SUM), reading "
+    "parameters with MPI_Get (direct loads from shared memory on one node), under a shared "
+    "lock_all epoch, with no server involvement. "
+    "Reads may be torn across elements (part before, part after another worker's update), "
+    "but each element's accumulate is atomic, so no update is ever lost. Optimizer state "
+    "stays on each worker: sgd, momentum and nesterov are allowed; adam is rejected (its "
+    "bias correction assumes one update stream to one copy). Staleness = updates counted "
+    "by others between a worker's read and its update (a global counter on server 0)."
+)
+
+
+@njit(cache=True)
+def _delta_is_finite(new, old, delta):
+    """delta = new - old in one pass; False if any element is NaN or Inf."""
+    finite = True
+    for i in range(new.size):
+        x = new[i] - old[i]
+        delta[i] = x
+        finite &= np.isfinite(x)
+    return finite
+
+
+def check_hogwild_optimizer(name: str) -> None:
+    """Raise ValueError if optimizer ``name`` cannot run under hogwild."""
+    if name == "adam":
+        raise ValueError(
+            "optimizer 'adam' is not supported with --protocol hogwild: Adam's bias correction "
+            "and second-moment scaling assume one stream of its own updates to one copy of the "
+            "parameters, but under hogwild every worker adds to the same copy; use sgd, "
+            "momentum or nesterov, or --protocol asp (the server runs Adam there)")
+    if name not in HOGWILD_OPTIMIZERS:
+        raise ValueError(f"optimizer {name!r} is not supported with --protocol hogwild; "
+                         f"choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
+
+
+def _window_kind(comm: MPI.Intracomm, window: str | None) -> tuple[str, bool]:
+    kind = window or os.environ.get("PSGD_HOGWILD_WINDOW") or "auto"
+    if kind not in WINDOW_KINDS:
+        raise ValueError(f"unknown hogwild window kind {kind!r}; choose one of "
+                         f"{', '.join(WINDOW_KINDS)}")
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    one_node = node.Get_size() == comm.Get_size()
+    node.Free()
+    if kind == "auto":
+        kind = "shared" if one_node else "allocate"
+    if kind == "shared" and not one_node:
+        raise ValueError("hogwild window 'shared' needs every rank on one node; "
+                         "use 'allocate' or 'auto' across nodes")
+    return kind, one_node
+
+
+class _Windows:
+    """The two windows of a hogwild run (collective over ``roles.comm``)."""
+
+    def __init__(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
+        comm = roles.comm
+        self.kind, one_node = _window_kind(comm, window)
+        # Measured with MPICH 5 (ch4): RMA to allocated/shared windows on one
+        # node completes without the target calling MPI; to created windows
+        # it waits on the target's progress engine, as it may across nodes.
+        self.target_progress_free = one_node and self.kind != "create"
+        n_local = shard_map.size(roles.server_index) if roles.is_server else 0
+        nbytes = 4 * n_local
+        self.local = None  # this server's shard, as a float32 view of window memory
+        if self.kind == "create":
+            self.local = np.zeros(n_local, dtype=np.float32)
+            self.params = MPI.Win.Create(self.local, 4, comm=comm)
+        elif self.kind == "allocate":
+            self.params = MPI.Win.Allocate(nbytes, 4, comm=comm)
+        else:
+            self.params = MPI.Win.Allocate_shared(nbytes, 4, comm=comm)
+        if self.local is None:
+            self.local = np.frombuffer(self.params.tomemory(), dtype=np.float32, count=n_local)
+        self.counter = MPI.Win.Allocate(8 if comm.Get_rank() == 0 else 0, 8, comm=comm)
+        # Direct views of every shard (shared windows only): reads are plain loads.
+        self.shards = None
+        if self.kind == "shared" and roles.is_worker:
+            self.shards = []
+            for shard in range(shard_map.n_shards):
+                buf, _ = self.params.Shared_query(roles.server_rank(shard))
+                self.shards.append(np.frombuffer(buf, dtype=np.float32,
+                                                 count=shard_map.size(shard)))
+
+    def free(self) -> None:
+        self.shards = None
+        self.local = None
+        self.params.Free()
+        self.counter.Free()
+
+
+class HogwildWorker:
+    """Worker half: local optimizer step, Accumulate the delta, Get fresh parameters.
+
+    Parameters
+    ----------
+    roles : Roles
+        This rank's roles (must be a worker).
+    shard_map : ShardMap
+        How the ``config.n_params`` parameters are cut over the servers.
+    config : ProtocolConfig
+        Run settings; ``config.optimizer`` must be one of :data:`HOGWILD_OPTIMIZERS`.
+    window : str, optional
+        Parameter window kind (see the module docstring); default from
+        ``PSGD_HOGWILD_WINDOW``, else ``auto``.
+
+    Attributes
+    ----------
+    stats : dict
+        Cumulative ``push_s``, ``pull_s``, ``wait_s`` (always 0: hogwild never
+        waits), ``n_updates``, ``skipped``, ``staleness_hist`` ({staleness:
+        count}), ``max_staleness``, ``mean_staleness``.
+
+    Notes
+    -----
+    The constructor, :meth:`start` and :meth:`finish` are collective with
+    :func:`serve_hogwild` on the servers (window creation, the start and
+    end barriers); :meth:`step` involves no other rank.
+    """
+
+    def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
+                 window: str | None = None) -> None:
+        check_hogwild_optimizer(config.optimizer)
+        if shard_map.n != config.n_params:
+            raise ValueError(f"shard map covers {shard_map.n} parameters, config says "
+                             f"{config.n_params}")
+        self.roles, self.shard_map, self.config = roles, shard_map, config
+        n = config.n_params
+        self.optimizer = make_optimizer(config.optimizer, n, **config.opt_hparams)
+        self.windows = _Windows(roles, shard_map, window)
+        self._new = np.empty(n, dtype=np.float32)
+        self._delta = np.empty(n, dtype=np.float32)
+        self._one = np.ones(1, dtype=np.int64)
+        self._fetched = np.zeros(1, dtype=np.int64)
+        self._read_count = 0
+        self._hist = np.zeros(16, dtype=np.int64)
+        self._started = False
+        self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "n_updates": 0,
+                      "skipped": 0, "staleness_hist": {}, "max_staleness": 0,
+                      "mean_staleness": 0.0}
+
+    def start(self, params: np.ndarray) -> None:
+        """Wait until the servers hold the initial parameters, then read them into ``params``.
+
+        Parameters
+        ----------
+        params : ndarray, shape (n_params,), float32
+            Filled in place.
+        """
+        self._check_vector(params, "params")
+        wait.barrier(self.roles.comm, "the servers to publish the initial hogwild parameters")
+        self.windows.params.Lock_all()
+        self.windows.counter.Lock_all()
+        self._started = True
+        self._pull(params)
+
+    def step(self, params: np.ndarray, grad: np.ndarray, clock: int, lr: float) -> None:
+        """Apply one update computed from ``grad`` at ``params`` and read fresh parameters.
+
+        Parameters
+        ----------
+        params : ndarray, shape (n_params,), float32
+            The parameters ``grad`` was computed at (as last read); overwritten
+            with freshly read parameters.
+        grad : ndarray, shape (n_params,), float32
+            The gradient.
+        clock : int
+            This worker's clock (kept for the common contract; hogwild never waits on it).
+        lr : float
+            Learning rate of this update.
+        """
+        if not self._started:
+            raise RuntimeError("HogwildWorker.step called before start()")
+        self._check_vector(params, "params")
+        self._check_vector(grad, "grad")
+        t0 = time.perf_counter()
+        new, delta = self._new, self._delta
+        np.copyto(new, params)
+        self.optimizer.step(new, grad, lr)
+        if not _delta_is_finite(new, params, delta):
+            if not self.config.skip_nonfinite:
+                raise PsgdError(f"hogwild worker {self.roles.worker_index}: the update at clock "
+                                f"{clock} holds NaN or Inf (use --skip-nonfinite to drop such "
+                                f"updates)")
+            self.stats["skipped"] += 1
+        else:
+            self._push(delta)
+        t1 = time.perf_counter()
+        self._pull(params)
+        t2 = time.perf_counter()
+        self.stats["push_s"] += t1 - t0
+        self.stats["pull_s"] += t2 - t1
+
+    def finish(self) -> None:
+        """End the epoch, signal the servers, free the windows, send stats to rank 0."""
+        if self._started:
+            self.windows.params.Unlock_all()
+            self.windows.counter.Unlock_all()
+            self._started = False
+        else:
+            wait.barrier(self.roles.comm, "the servers to publish the initial hogwild parameters")
+        wait.barrier(self.roles.comm, "the other hogwild workers to finish")
+        self.windows.free()
+        hist = self._hist
+        top = int(np.flatnonzero(hist)[-1]) + 1 if hist.any() else 0
+        message = np.concatenate([[self.stats["n_updates"], self.stats["skipped"]],
+                                  hist[:top]]).astype(np.int64)
+        wait.wait(self.roles.comm.Isend(message, 0, STATS_TAG),
+                  "rank 0 to take the hogwild statistics")
+
+    def _push(self, delta: np.ndarray) -> None:
+        win = self.windows.counter
+        win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.SUM)
+        win.Flush(0)
+        staleness = int(self._fetched[0]) - self._read_count
+        if staleness >= len(self._hist):
+            grown = np.zeros(max(staleness + 1, 2 * len(self._hist)), dtype=np.int64)
+            grown[:len(self._hist)] = self._hist
+            self._hist = grown
+        self._hist[staleness] += 1
+        stats = self.stats
+        stats["n_updates"] += 1
+        stats["staleness_hist"][staleness] = stats["staleness_hist"].get(staleness, 0) + 1
+        stats["max_staleness"] = max(stats["max_staleness"], staleness)
+        stats["mean_staleness"] += (staleness - stats["mean_staleness"]) / stats["n_updates"]
+        if self.config.staleness_lr == "inverse" and staleness > 0:
+            delta *= np.float32(1.0 / (1.0 + staleness))
+        params_win = self.windows.params
+        for shard in range(self.shard_map.n_shards):
+            piece = self.shard_map.view(delta, shard)
+            if piece.size:
+                params_win.Accumulate(piece, self.roles.server_rank(shard),
+                                      (0, piece.size, MPI.FLOAT), MPI.SUM)
+        params_win.Flush_all()
+
+    def _pull(self, params: np.ndarray) -> None:
+        win = self.windows.counter
+        win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.NO_OP)
+        win.Flush(0)
+        self._read_count = int(self._fetched[0])
+        params_win = self.windows.params
+        if self.windows.shards is not None:
+            params_win.Sync()
+            for shard, memory in enumerate(self.windows.shards):
+                np.copyto(self.shard_map.view(params, shard), memory)
+            return
+        for shard in range(self.shard_map.n_shards):
+            piece = self.shard_map.view(params, shard)
+            if piece.size:
+                params_win.Get(piece, self.roles.server_rank(shard), (0, piece.size, MPI.FLOAT))
+        params_win.Flush_all()
+
+    def _check_vector(self, vector: np.ndarray, label: str) -> None:
+        n = self.config.n_params
+        if (not isinstance(vector, np.ndarray) or vector.dtype != np.float32
+                or vector.shape != (n,) or not vector.flags.c_contiguous):
+            raise ValueError(f"hogwild {label} must be a contiguous float32 vector of length {n}, "
+                             f"got {getattr(vector, 'dtype', type(vector).__name__)} "
+                             f"{getattr(vector, 'shape', '')}")
+
+
+def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
+                  init_shard: np.ndarray, window: str | None = None) -> dict:
+    """Server half: host this shard in an RMA window until every worker has finished.
+
+    Parameters
+    ----------
+    roles : Roles
+        This rank's roles (must be a server).
+    shard_map : ShardMap
+        How the parameters are cut; this server holds shard ``roles.server_index``.
+    config : ProtocolConfig
+        Run settings (the optimizer is checked here too, so every rank fails alike).
+    init_shard : ndarray, shape (shard_map.size(roles.server_index),), float32
+        Initial parameters of this shard.
+    window : str, optional
+        Parameter window kind; must agree on every rank.
+
+    Returns
+    -------
+    dict
+        ``cpu_s`` and ``wall_s`` of this server, ``n_updates`` (all workers'
+        updates, read from the global counter), ``window`` (the kind used); on
+        rank 0 also ``params`` (float32, shape (n_params,): the final full
+        vector gathered from all servers), ``staleness_hist`` ({staleness:
+        count} over all workers), ``max_staleness``, ``mean_staleness`` and
+        ``skipped``.
+    """
+    check_hogwild_optimizer(config.optimizer)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    comm, shard = roles.comm, roles.server_index
+    init_shard = np.asarray(init_shard)
+    if init_shard.dtype != np.float32 or init_shard.shape != (shard_map.size(shard),):
+        raise ValueError(f"server {shard}: init shard must be float32 of shape "
+                         f"({shard_map.size(shard)},), got {init_shard.dtype} {init_shard.shape}")
+    windows = _Windows(roles, shard_map, window)
+    rank = comm.Get_rank()
+    windows.params.Lock(rank, MPI.LOCK_EXCLUSIVE)
+    windows.local[:] = init_shard
+    windows.params.Sync()
+    windows.params.Unlock(rank)
+    if rank == 0:
+        windows.counter.Lock(0, MPI.LOCK_EXCLUSIVE)
+        np.frombuffer(windows.counter.tomemory(), dtype=np.int64, count=1)[0] = 0
+        windows.counter.Unlock(0)
+    wait.barrier(comm, "the hogwild workers to attach their windows")
+    _idle_until_done(comm, windows.target_progress_free)
+    windows.params.Lock(rank, MPI.LOCK_SHARED)
+    windows.params.Sync()
+    final = windows.local.copy()
+    windows.params.Unlock(rank)
+    count = np.zeros(1, dtype=np.int64)
+    windows.counter.Lock(0, MPI.LOCK_SHARED)
+    windows.counter.Fetch_and_op(count, count, 0, 0, MPI.NO_OP)
+    windows.counter.Unlock(0)
+    kind = windows.kind
+    windows.free()
+    result = {"n_updates": int(count[0]), "window": kind}
+    if rank == 0:
+        result.update(_gather_on_root(roles, shard_map, final))
+    else:
+        wait.wait(comm.Isend(final, 0, PARAMS_TAG), "rank 0 to take the final hogwild shard")
+    result["cpu_s"] = time.process_time() - cpu0
+    result["wall_s"] = time.perf_counter() - wall0
+    return result
+
+
+def _idle_until_done(comm: MPI.Intracomm, progress_free: bool) -> None:
+    # Training happens now, with no part for this rank. Where the workers'
+    # RMA needs no target progress the barrier is polled with a long backoff
+    # cap, keeping the server's CPU near zero; otherwise with the usual cap
+    # (PSGD_POLL_MAX_SLEEP), each poll also driving MPI progress.
+    old = wait.settings.max_sleep
+    if progress_free:
+        wait.configure(max_sleep=max(old, SERVER_MAX_SLEEP))
+    try:
+        wait.barrier(comm, "the hogwild workers to finish")
+    finally:
+        wait.configure(max_sleep=old)
+
+
+def _gather_on_root(roles: Roles, shard_map: ShardMap, final: np.ndarray) -> dict:
+    comm = roles.comm
+    params = np.empty(shard_map.n, dtype=np.float32)
+    shard_map.view(params, 0)[:] = final
+    requests = [comm.Irecv(shard_map.view(params, s), roles.server_rank(s), PARAMS_TAG)
+                for s in range(1, shard_map.n_shards)]
+    wait.waitall(requests, "the other servers' final hogwild shards")
+    hist = np.zeros(0, dtype=np.int64)
+    skipped = 0
+    status = MPI.Status()
+    for k in range(roles.n_workers):
+        source = roles.worker_rank(k)
+        wait.probe(comm, source, STATS_TAG, status, f"worker {k}'s hogwild statistics")
+        message = np.empty(status.Get_count(MPI.INT64_T), dtype=np.int64)
+        comm.Recv(message, source, STATS_TAG)
+        skipped += int(message[1])
+        counts = message[2:]
+        if len(counts) > len(hist):
+            hist = np.concatenate([hist, np.zeros(len(counts) - len(hist), np.int64)])
+        hist[:len(counts)] += counts
+    total = int(hist.sum())
+    return {"params": params,
+            "staleness_hist": {int(s): int(c) for s, c in enumerate(hist) if c},
+            "max_staleness": int(np.flatnonzero(hist)[-1]) if total else 0,
+            "mean_staleness": float((np.arange(len(hist)) * hist).sum() / total) if total else 0.0,
+            "skipped": skipped}

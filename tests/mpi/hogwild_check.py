@@ -1,0 +1,130 @@
+"""Hogwild under mpiexec: no update lost, reads are mixes of valid states, bad optimizers rejected.
+
+Usage: hogwild_check.py SERVERS STEPS N_PARAMS [--window KIND] [--optimizer NAME]
+"""
+import argparse
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.errors import report_and_abort
+from psgd.optim import make_optimizer
+from psgd.protocols.config import ProtocolConfig
+from psgd.protocols.hogwild import HogwildWorker, serve_hogwild
+from psgd.roles import assign_roles
+from psgd.shardmap import ShardMap
+
+MOMENTUM = 0.5
+
+
+def initial(n):
+    return (np.arange(n) % 7).astype(np.float32)
+
+
+def expected_total(worker, steps, optimizer):
+    """What worker ``worker`` subtracts from every element over ``steps`` updates with lr=1."""
+    if optimizer == "sgd":
+        return float(worker + 1) * steps
+    hparams = {"momentum": MOMENTUM}
+    alone = make_optimizer(optimizer, 1, **hparams)
+    param = np.zeros(1, np.float32)
+    grad = np.full(1, worker + 1, np.float32)
+    for _ in range(steps):
+        alone.step(param, grad, 1.0)
+    return -float(param[0])
+
+
+def run_worker(roles, shard_map, config, steps, window):
+    n = config.n_params
+    worker = HogwildWorker(roles, shard_map, config, window=window)
+    params = np.full(n, np.nan, dtype=np.float32)
+    worker.start(params)
+    init = initial(n)
+    bound = sum(expected_total(k, steps, config.optimizer) for k in range(roles.n_workers))
+    grad = np.full(n, roles.worker_index + 1, dtype=np.float32)
+    for clock in range(steps):
+        worker.step(params, grad, clock, 1.0)
+        taken = init - params
+        assert np.isfinite(params).all(), "non-finite parameter read"
+        if config.optimizer == "sgd":
+            # every element is init minus an integer combination of worker gradients
+            assert np.array_equal(taken, np.round(taken)), "a read is not init - integers"
+        assert (taken >= 0).all() and (taken <= bound * (1 + 1e-5)).all(), \
+            f"a read is outside [init - {bound}, init]: {taken.min()}..{taken.max()}"
+    worker.finish()
+    stats = worker.stats
+    assert stats["n_updates"] == steps
+    assert sum(stats["staleness_hist"].values()) == steps
+    assert stats["wait_s"] == 0.0 and stats["push_s"] > 0 and stats["pull_s"] > 0
+    if roles.n_workers == 1:
+        assert stats["staleness_hist"] == {0: steps}, stats["staleness_hist"]
+
+
+def run_server(roles, shard_map, config, steps, window):
+    lo, hi = shard_map.range(roles.server_index)
+    result = serve_hogwild(roles, shard_map, config, initial(config.n_params)[lo:hi],
+                           window=window)
+    total_updates = steps * roles.n_workers
+    assert result["n_updates"] == total_updates, result["n_updates"]
+    assert result["cpu_s"] >= 0 and result["wall_s"] > 0
+    if roles.rank != 0:
+        assert "params" not in result
+        return
+    sent = sum(expected_total(k, steps, config.optimizer) for k in range(roles.n_workers))
+    expect = initial(config.n_params) - np.float32(sent)
+    got = result["params"]
+    if config.optimizer == "sgd":
+        assert np.array_equal(got, expect), f"updates lost: max |diff| {np.abs(got - expect).max()}"
+    else:
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-4)
+    assert sum(result["staleness_hist"].values()) == total_updates
+    assert result["skipped"] == 0
+    print(f"hogwild ok: S={roles.n_servers} W={roles.n_workers} steps={steps} "
+          f"window={result['window']} staleness={result['staleness_hist']} "
+          f"server cpu {result['cpu_s']:.3f}/{result['wall_s']:.3f} s")
+
+
+def check_rejected(roles, shard_map, config):
+    try:
+        if roles.is_server:
+            serve_hogwild(roles, shard_map, config, np.zeros(shard_map.size(roles.server_index),
+                                                            np.float32))
+        else:
+            HogwildWorker(roles, shard_map, config)
+    except ValueError as exc:
+        assert config.optimizer in str(exc) and "hogwild" in str(exc), str(exc)
+        if roles.rank == 0:
+            print(f"rejected: {exc}")
+        return
+    raise AssertionError(f"optimizer {config.optimizer} was not rejected")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("servers", type=int)
+    parser.add_argument("steps", type=int)
+    parser.add_argument("n_params", type=int)
+    parser.add_argument("--window", default=None)
+    parser.add_argument("--optimizer", default="sgd")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    roles = assign_roles(comm, args.servers)
+    hparams = {"momentum": MOMENTUM} if args.optimizer in ("momentum", "nesterov") else {}
+    config = ProtocolConfig(protocol="hogwild", n_params=args.n_params, optimizer=args.optimizer,
+                            opt_hparams=hparams)
+    shard_map = ShardMap(args.n_params, args.servers)
+    if args.optimizer not in ("sgd", "momentum", "nesterov"):
+        check_rejected(roles, shard_map, config)
+    elif roles.is_server:
+        run_server(roles, shard_map, config, args.steps, args.window)
+    else:
+        run_worker(roles, shard_map, config, args.steps, args.window)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
+        report_and_abort(exc)
+    sys.exit(0)

@@ -1,0 +1,44 @@
+"""Hogwild: no update lost (1-3 workers, 1-2 servers), reads never corrupt, bad optimizers rejected."""
+import pytest
+
+from psgd.protocols.hogwild import HOGWILD_HELP, HOGWILD_OPTIMIZERS, check_hogwild_optimizer
+
+SCRIPT = "hogwild_check.py"
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_hogwild_sgd_loses_no_update_and_reads_are_valid_mixes(mpirun, servers, workers):
+    out = mpirun(servers + workers, [SCRIPT, servers, 40, 4099], timeout=60).stdout
+    assert f"hogwild ok: S={servers} W={workers}" in out
+
+
+@pytest.mark.parametrize("window", ["allocate", "create"])
+def test_hogwild_general_windows_lose_no_update(mpirun, window):
+    out = mpirun(3, [SCRIPT, 1, 30, 1001, "--window", window], timeout=60).stdout
+    assert f"window={window}" in out
+
+
+@pytest.mark.parametrize("optimizer,ranks", [("momentum", 3), ("nesterov", 2)])
+def test_hogwild_local_momentum_sums_all_worker_steps(mpirun, optimizer, ranks):
+    out = mpirun(ranks, [SCRIPT, 1, 30, 1001, "--optimizer", optimizer], timeout=60).stdout
+    assert "hogwild ok" in out
+
+
+def test_hogwild_rejects_adam_on_every_rank_with_reason(mpirun):
+    out = mpirun(3, [SCRIPT, 1, 1, 10, "--optimizer", "adam"], timeout=60).stdout
+    assert "rejected: optimizer 'adam'" in out and "bias correction" in out
+
+
+def test_check_hogwild_optimizer_names_the_optimizer():
+    for name in HOGWILD_OPTIMIZERS:
+        check_hogwild_optimizer(name)
+    with pytest.raises(ValueError, match="'adam'.*hogwild.*bias correction"):
+        check_hogwild_optimizer("adam")
+    with pytest.raises(ValueError, match="'lamb'.*sgd, momentum, nesterov"):
+        check_hogwild_optimizer("lamb")
+
+
+def test_hogwild_help_states_the_consistency_rules():
+    for words in ("torn", "atomic", "no update is ever lost", "adam"):
+        assert words in HOGWILD_HELP

@@ -71,8 +71,10 @@ def plot_logs(paths: list[str], output: str, title: str | None = None) -> Path:
     rows = []
     for path, records in runs:
         summary = next((r for r in records if r["kind"] == "summary"), {})
-        rows.append(f"{_label(path, records)}\n  final test acc {summary.get('test_accuracy', '?')}"
-                    f", {summary.get('samples_per_s', '?')} samples/s")
+        acc, rate = summary.get("test_accuracy"), summary.get("samples_per_s")
+        rows.append(f"{_label(path, records)}\n  final test accuracy "
+                    f"{'?' if acc is None else format(acc, '.4f')}, "
+                    f"{'?' if rate is None else format(rate, '.0f')} samples/s")
     spare.text(0.0, 1.0, "\n".join(rows), va="top", family="monospace", fontsize=8)
     if title:
         fig.suptitle(title)

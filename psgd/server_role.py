@@ -1,0 +1,66 @@
+"""A server rank's part of `psgd train`: host its shard until the workers finish, hand results to rank 0."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from psgd import wait
+from psgd.run_end import TAG_FINAL_PARAMS, gather_reports, write_checkpoint
+
+
+def _shard_state(job, shard: int) -> dict | None:
+    """The resumed optimizer state cut to this server's shard."""
+    if job.resume is None or job.resume.optimizer != job.settings.optimizer:
+        return None
+    lo, hi = job.shard_map.range(shard)
+    return {key: (value[lo:hi].copy() if np.ndim(value) else value)
+            for key, value in job.resume.opt_state.items()}
+
+
+def _histogram_list(hist) -> list[int]:
+    """Counts by staleness 0..max from an array of counts or a {staleness: count} dict."""
+    if hist is None:
+        return []
+    if isinstance(hist, dict):
+        counts = np.zeros(max(hist, default=-1) + 1, np.int64)
+        for staleness, count in hist.items():
+            counts[int(staleness)] = count
+        return counts.tolist()
+    return np.asarray(hist, dtype=np.int64).tolist()
+
+
+def run_server(job) -> None:
+    """Serve this rank's shard under the job's protocol until every worker is done."""
+    roles, settings = job.roles, job.settings
+    shard = roles.server_index
+    init_shard = job.shard_map.view(job.model.params, shard).copy()
+    if settings.protocol == "hogwild":
+        from psgd.protocols.hogwild import serve_hogwild
+        result = serve_hogwild(roles, job.shard_map, job.config, init_shard)
+    else:
+        from psgd.server import serve
+        on_snapshot = None
+        if roles.rank == 0 and settings.checkpoint_dir:
+            def on_snapshot(clock, params, opt_state):
+                write_checkpoint(job, clock + 1, params, opt_state)
+        result = serve(roles, job.shard_map, job.config, init_shard=init_shard,
+                       init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
+                       start_clock=job.start_step)
+    if isinstance(result, dict):  # hogwild reports a dict
+        result = SimpleNamespace(**result)
+    final_params = getattr(result, "params", None) if roles.rank == 0 else None
+    if roles.rank == 0:
+        opt_state = getattr(result, "opt_state", None) or {}
+        if settings.checkpoint_dir and settings.protocol != "hogwild":
+            write_checkpoint(job, job.total_steps, final_params, opt_state)
+        final_params = np.ascontiguousarray(final_params, dtype=np.float32)
+        wait.wait(roles.comm.Isend(final_params, dest=roles.lead_worker, tag=TAG_FINAL_PARAMS),
+                  f"worker rank {roles.lead_worker} to take the final parameters")
+    gather_reports(job, {
+        "role": "server", "rank": roles.rank,
+        "cpu_s": float(getattr(result, "cpu_s", 0.0)), "wall_s": float(getattr(result, "wall_s", 0.0)),
+        "n_updates": int(getattr(result, "n_updates", 0)),
+        "n_skipped": int(getattr(result, "n_skipped", getattr(result, "skipped", 0))),
+        "staleness_histogram": _histogram_list(getattr(result, "staleness_hist", None)),
+    })

@@ -1,0 +1,144 @@
+"""The training job on every rank: set-up agreed by all ranks, the server or worker loop, the end."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd import wait
+from psgd.checkpoint import Checkpoint, load_checkpoint, resolve_resume, save_checkpoint
+from psgd.errors import PsgdError
+from psgd.metrics import MetricsLog
+from psgd.optim import make_optimizer, make_schedule
+from psgd.protocols.config import ProtocolConfig
+from psgd.roles import Roles, assign_roles
+from psgd.shardmap import ShardMap
+from psgd.train_cli import TrainSettings, resolve
+
+
+@dataclass
+class Job:
+    """Everything set up before training starts, identical in meaning on every rank."""
+
+    settings: TrainSettings
+    roles: Roles
+    model: object
+    shard_map: ShardMap | None
+    config: ProtocolConfig
+    total_steps: int
+    start_step: int
+    resume: Checkpoint | None
+    debug: bool
+
+
+def agree(comm: MPI.Comm, fn, debug: bool):
+    """Run ``fn`` on every rank; if it fails anywhere, rank 0 prints one line and all exit 1.
+
+    Set-up errors are the same on every rank more often than not (a bad flag, a
+    missing file); gathering them lets the job end with one clear message
+    instead of N copies or an MPI_Abort.  ``fn`` must not call collectives.
+    """
+    try:
+        result, message = fn(), None
+    except (PsgdError, ValueError, OSError) as exc:
+        if debug:
+            traceback.print_exc()
+        result, message = None, str(exc)
+    messages = comm.allgather(message)
+    failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
+    if failed:
+        if comm.Get_rank() == 0:
+            rank, m = failed[0]
+            same_everywhere = len(failed) == comm.Get_size() and all(x == m for _, x in failed)
+            where = "" if same_everywhere or comm.Get_size() == 1 else f"rank {rank}: "
+            print(f"psgd: error: {where}{m}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    return result
+
+
+def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
+    settings = resolve(args)
+    if settings.servers >= comm.Get_size():
+        raise ValueError(f"--servers {settings.servers} leaves no worker: the job has "
+                         f"{comm.Get_size()} rank(s); launch with mpiexec -n {settings.servers + 1} "
+                         f"or more")
+    return settings
+
+
+def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
+    from psgd.data.reader import dataset_info
+    from psgd.model import build_model
+
+    info = dataset_info(settings.data)
+    model = build_model(settings.model, seed=settings.seed)
+    if tuple(info["input_shape"]) != tuple(model.input_shape) and \
+            int(np.prod(info["input_shape"])) != int(np.prod(model.input_shape)):
+        raise ValueError(f"model {settings.model} takes inputs of shape {tuple(model.input_shape)}, "
+                         f"but {settings.data} holds {tuple(info['input_shape'])}")
+    if info["n_classes"] != model.n_classes:
+        raise ValueError(f"model {settings.model} has {model.n_classes} outputs, "
+                         f"but {settings.data} has {info['n_classes']} classes")
+    per_worker = info["train"]["n"] // roles.n_workers  # the smallest slice
+    steps_per_epoch = per_worker // settings.batch_size
+    if steps_per_epoch < 1:
+        raise ValueError(f"each of {roles.n_workers} workers gets {per_worker} training samples, "
+                         f"fewer than --batch-size {settings.batch_size}")
+    if settings.steps is not None:
+        total = settings.steps
+    else:
+        total = max(1, int(round((settings.epochs or 1.0) * steps_per_epoch)))
+    resume = None
+    start = 0
+    if settings.resume:
+        resume = load_checkpoint(resolve_resume(settings.resume))
+        if resume.model_spec != settings.model:
+            raise ValueError(f"checkpoint {settings.resume} is of model {resume.model_spec!r}, "
+                             f"not --model {settings.model!r}")
+        if resume.params.shape != model.params.shape:
+            raise ValueError(f"checkpoint {settings.resume} holds {resume.params.size} parameters, "
+                             f"model {settings.model} has {model.params.size}")
+        if resume.optimizer != settings.optimizer and settings.protocol != "hogwild":
+            raise ValueError(f"checkpoint {settings.resume} was trained with optimizer "
+                             f"{resume.optimizer}; resume with --optimizer {resume.optimizer}")
+        if resume.step >= total:
+            raise ValueError(f"checkpoint {settings.resume} is at step {resume.step}, "
+                             f"at or past the run's {total} steps")
+        model.params[:] = resume.params
+        start = resume.step
+    base = make_schedule(settings.lr_schedule, settings.lr, total, warmup=settings.warmup,
+                         step_every=settings.lr_step_every, gamma=settings.lr_gamma)
+    config = ProtocolConfig(
+        protocol=settings.protocol, n_params=model.n_params, optimizer=settings.optimizer,
+        opt_hparams={"momentum": settings.momentum, "weight_decay": settings.weight_decay},
+        lr_schedule=base,  # clocks are the run's steps, also after a resume
+        staleness=float(settings.staleness or 0), staleness_lr=settings.staleness_lr,
+        snapshot_every=settings.checkpoint_every, skip_nonfinite=settings.skip_nonfinite)
+    if settings.protocol == "hogwild":
+        from psgd.protocols.hogwild import check_hogwild_optimizer
+        check_hogwild_optimizer(settings.optimizer)
+    shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
+    return Job(settings=settings, roles=roles, model=model, shard_map=shard_map, config=config,
+               total_steps=total, start_step=start, resume=resume, debug=debug)
+
+
+def train_main(args: argparse.Namespace) -> None:
+    """Entry point of ``psgd train`` on every rank."""
+    comm = MPI.COMM_WORLD
+    debug = bool(getattr(args, "debug", False))
+    settings = agree(comm, lambda: _local_setup(args, comm), debug)
+    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    roles = assign_roles(comm, settings.servers)
+    job = agree(comm, lambda: _build(settings, roles, debug), debug)
+    if roles.is_server:
+        from psgd.server_role import run_server
+        run_server(job)
+    else:
+        from psgd.worker_role import run_worker
+        run_worker(job)
+    wait.barrier(comm, "the other ranks to finish")

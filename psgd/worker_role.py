@@ -6,12 +6,12 @@ import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
-from psgd import wait
+from psgd import faults, wait
 from psgd.errors import PsgdError
 from psgd.metrics import MetricsLog
 from psgd.optim import make_optimizer
+from psgd.progress import progress_bar
 from psgd.run_end import TAG_FINAL_PARAMS, gather_reports, merge_histograms, write_checkpoint
 
 TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s")
@@ -25,7 +25,8 @@ def _make_protocol(job):
         opt = make_optimizer(s.optimizer, job.model.n_params, **cfg.opt_hparams)
         if job.resume is not None:
             opt.load_state_dict(job.resume.opt_state)
-        return AllreduceWorker(roles.worker_comm, opt, job.model.n_params), opt
+        return AllreduceWorker(roles.worker_comm, opt, job.model.n_params,
+                               skip_nonfinite=s.skip_nonfinite), opt
     if s.protocol == "hogwild":
         from psgd.protocols.hogwild import HogwildWorker
         worker = HogwildWorker(roles, job.shard_map, cfg)
@@ -67,9 +68,7 @@ def run_worker(job) -> None:
         log.write("config", **s.as_dict(), n_workers=roles.n_workers, n_servers=roles.n_servers,
                   n_params=model.n_params, total_steps=job.total_steps, start_step=job.start_step)
     schedule = job.config.lr_schedule
-    show_bar = lead and not s.quiet and sys.stderr.isatty()
-    bar = tqdm(total=job.total_steps, initial=job.start_step, disable=not show_bar,
-               unit="step", dynamic_ncols=True, file=sys.stderr)
+    bar = progress_bar(job.total_steps, job.start_step, enabled=lead and not s.quiet)
     timers = dict.fromkeys(TIMERS + ("compute_s",), 0.0)
     window = _Window()
     last_timers = dict(timers)
@@ -79,6 +78,7 @@ def run_worker(job) -> None:
     else:
         protocol.start(model.params)
     test_acc = float("nan")
+    fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
     for clock in range(job.start_step, job.total_steps):
         x, y = reader.batch(clock)
         t0 = time.perf_counter()
@@ -88,6 +88,8 @@ def run_worker(job) -> None:
             raise PsgdError(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step "
                             f"{clock} on worker {roles.worker_index}; lower --lr or check the data "
                             f"(--skip-nonfinite skips such updates instead)")
+        if fault is not None:
+            fault.at(clock, model.grad)
         protocol.step(model.params, model.grad, clock, lr=schedule(clock))
         for key in TIMERS:
             timers[key] = float(protocol.stats.get(key, 0.0))
@@ -102,8 +104,11 @@ def run_worker(job) -> None:
                       lr=schedule(clock),
                       staleness=protocol.stats.get("staleness"),
                       **{k: timers[k] - last_timers[k] for k in timers})
-            bar.set_postfix(loss=f"{window.loss / window.steps:.3f}",
-                            acc=f"{test_acc:.3f}", sps=f"{rate:.0f}", refresh=False)
+            postfix = {"loss": f"{window.loss / window.steps:.3f}"}
+            if not math.isnan(test_acc):
+                postfix["test_acc"] = f"{test_acc:.3f}"
+            postfix["samples/s"] = f"{rate * roles.n_workers:.0f}"
+            bar.set_postfix(postfix, refresh=False)
             last_timers = dict(timers)
             window.reset(now)
         if lead and s.eval_every and step % s.eval_every == 0 and step != job.total_steps:
@@ -140,7 +145,8 @@ def run_worker(job) -> None:
         staleness_histogram=merge_histograms(reports),
         worker_time={k: float(np.mean([r[k] for r in workers])) for k in TIMERS + ("compute_s",)},
         server_cpu_fraction=[r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0 for r in servers],
-        skipped_updates=sum(r["n_skipped"] for r in servers))
+        skipped_updates=sum(r["n_skipped"] for r in servers) + int(protocol.stats.get(
+            "skipped", 0) if s.protocol == "allreduce" else 0))
     log.close()
     proto = s.protocol + (f" (s={s.staleness})" if s.protocol == "ssp" else "")
     print(f"psgd: {s.model} with {proto}, {roles.n_servers} server(s) + {roles.n_workers} worker(s): "

@@ -1,0 +1,89 @@
+"""Fault injection for tests: ``PSGD_FAULT="rank=R,step=N,kind=raise|kill|nan|hang"`` makes rank R fail.
+
+Read once per rank with :func:`for_rank`, which returns ``None`` when the
+variable is unset or names another rank, so the hook in a training loop is a
+single ``if fault is not None`` per step.  ``step`` means:
+
+* on a worker, the clock (checked after the worker's own non-finite check, so
+  ``nan`` reaches the push, or the all-reduce, as a poisoned gradient);
+* on a bsp/ssp/asp server, the number of pushes it has received before this one
+  (``nan`` poisons the received payload);
+* on a hogwild server, the number of updates all workers have made (the global
+  counter).
+
+Kinds: ``raise`` raises :class:`InjectedFault`; ``kill`` sends SIGKILL to this
+process (after one line on stderr naming the rank and pid, since a killed
+process can say nothing and MPICH's own message names only the pid);
+``nan`` writes NaN into the vector passed to :meth:`Fault.at`; ``hang`` sleeps
+forever (alive, not progressing: only the stall abort ends the job).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+ENV = "PSGD_FAULT"
+KINDS = ("raise", "kill", "nan", "hang")
+
+
+class InjectedFault(RuntimeError):
+    """The failure that PSGD_FAULT asked for."""
+
+
+class Fault:
+    """One injected fault: rank ``rank`` fails with ``kind`` at step ``step``."""
+
+    __slots__ = ("rank", "step", "kind", "fired")
+
+    def __init__(self, rank: int, step: int, kind: str) -> None:
+        self.rank, self.step, self.kind, self.fired = rank, step, kind, False
+
+    def at(self, step: int, vector: np.ndarray | None = None) -> None:
+        """Fire (once) when ``step`` reaches this fault's step; ``nan`` poisons ``vector``."""
+        if step >= self.step and not self.fired:
+            self.fired = True
+            self.fire(step, vector)
+
+    def fire(self, step: int, vector: np.ndarray | None = None) -> None:
+        where = f"rank {self.rank} (pid {os.getpid()}) at step {step}"
+        if self.kind == "raise":
+            raise InjectedFault(f"fault injected by {ENV} at step {step}")
+        if self.kind == "nan":
+            if vector is not None and vector.size:
+                vector[0] = np.nan
+            return
+        print(f"psgd: {ENV}: {where}: {self.kind}", file=sys.stderr, flush=True)
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # hang
+            time.sleep(3600)
+
+
+def parse(text: str) -> Fault:
+    """``"rank=R,step=N,kind=K"`` (step defaults to 0, kind to raise) as a :class:`Fault`."""
+    fields = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in ("rank", "step", "kind"):
+            raise ValueError(f"{ENV}={text!r}: expected rank=R,step=N,kind=K, got {item!r}")
+        fields[key.strip()] = value.strip()
+    kind = fields.get("kind", "raise")
+    if kind not in KINDS:
+        raise ValueError(f"{ENV}={text!r}: kind must be one of {', '.join(KINDS)}")
+    try:
+        return Fault(int(fields["rank"]), int(fields.get("step", 0)), kind)
+    except (KeyError, ValueError):
+        raise ValueError(f"{ENV}={text!r}: rank and step must be integers") from None
+
+
+def for_rank(rank: int) -> Fault | None:
+    """The fault PSGD_FAULT injects on ``rank``, or None (unset, or another rank)."""
+    text = os.environ.get(ENV)
+    if not text:
+        return None
+    fault = parse(text)
+    return fault if fault.rank == rank else None

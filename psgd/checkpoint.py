@@ -12,7 +12,9 @@ Nothing in it depends on the number of servers or workers that wrote it
 (``/clocks`` is informational), so a run may resume with other S and W.
 Files are written atomically: a temp file in the same directory, fsync,
 rename over the final name, fsync of the directory. A crash at any point
-leaves either the previous checkpoint or the new one, never half of one.
+leaves either the previous checkpoint or the new one, never half of one; the
+temp file a crash leaves behind (``.ckpt-*.h5.tmp``) is ignored by readers and
+removed by the next save into that directory.
 """
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ def save_checkpoint(directory: str | os.PathLike, ckpt: Checkpoint, keep: int = 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(ckpt.step)
+    for stale in directory.glob(".ckpt-*.h5.tmp"):  # left by a writer killed mid-write
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".h5.tmp", dir=directory)
     os.close(fd)
     try:

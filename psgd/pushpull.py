@@ -237,6 +237,11 @@ def _mprobe(comm: MPI.Comm, source: int, tag: int, status: MPI.Status, what) -> 
         poller.idle()
 
 
+def _pending(requests: list, per_server: int) -> list:
+    """Server ranks whose requests (``per_server`` each, in server order) are not complete."""
+    return sorted({i // per_server for i, r in enumerate(requests) if not r.Test()})
+
+
 # ---------------------------------------------------------------- the worker
 
 
@@ -289,12 +294,16 @@ class PSWorker:
         t0 = time.perf_counter()
         reqs = worker_pull(self.comm, self.shard_map, params, clock, self._pull_hdr,
                            self._reply_hdr)
+        S = self.shard_map.n_shards
         if extra:
-            _wait.waitall(extra, f"servers to take the push of clock {clock - 1}")
+            _wait.waitall(extra, lambda: f"server rank(s) {_pending(extra, 2)} to take the push "
+                          f"of clock {clock - 1} (shards = ranks)")
             t1 = time.perf_counter()
             self.stats["push_s"] += t1 - t0
             t0 = t1
-        _wait.waitall(reqs, f"servers to answer the pull for clock {clock}")
+        _wait.waitall(reqs, lambda: f"server rank(s) {_pending(reqs[:2 * S], 2)} to answer the "
+                      f"pull for clock {clock} (shards = ranks; a server holds a pull until the "
+                      f"protocol allows it: its own report names the worker it waits for)")
         elapsed = time.perf_counter() - t0
         held = float(self._reply_hdr[:, 1].max()) * 1e-6
         held = min(held, elapsed)

@@ -1,13 +1,13 @@
 """psgd's own all-reduce: a pipelined ring (reduce-scatter then all-gather) and recursive doubling for small buffers."""
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 from psgd import wait as _wait
+from psgd.env import env_float, env_int
 
 OPS = ("sum", "mean")
 ALGORITHMS = ("auto", "ring", "doubling")
@@ -32,26 +32,6 @@ DEFAULT_SPIN_S = 100e-6
 # Tags on the private duplicate of the caller's communicator (see _RingState); the ring
 # uses 16 + 2s (reduce-scatter step s) and 17 + 2s (all-gather step s).
 _TAG_FOLD, _TAG_DOUBLE, _TAG_UNFOLD = 3, 4, 5
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
 class _RingState:
@@ -108,9 +88,9 @@ def _state(comm: MPI.Comm) -> _RingState:
     return state
 
 
-_spin_s = _env_float("PSGD_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
-_small_bytes = _env_int("PSGD_ALLREDUCE_SMALL_BYTES", DEFAULT_SMALL_BYTES)
-_segment_bytes = _env_int("PSGD_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES)
+_spin_s = env_float("PSGD_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
+_small_bytes = env_int("PSGD_ALLREDUCE_SMALL_BYTES", DEFAULT_SMALL_BYTES)
+_segment_bytes = env_int("PSGD_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES)
 
 
 def _complete_all(requests: list, what: str) -> None:
@@ -152,7 +132,7 @@ def _check(buf, op: str, algorithm: str) -> None:
 
 def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
                    algorithm: str = "auto", small_bytes: int | None = None,
-                   segment_bytes: int | None = None) -> np.ndarray:
+                   segment_bytes: int | None = None, label: str = "") -> np.ndarray:
     """All-reduce ``buf`` in place across the ranks of ``comm`` (collective).
 
     Buffers of at least ``small_bytes`` bytes go round a bandwidth-optimal ring:
@@ -183,6 +163,8 @@ def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
     segment_bytes : int, optional
         Reduce-scatter segment size: default ``PSGD_ALLREDUCE_SEGMENT_BYTES``,
         else ``DEFAULT_SEGMENT_BYTES``.
+    label : str
+        Appended to what a stalled wait says it waits for (e.g. " of clock 12").
 
     Returns
     -------
@@ -206,17 +188,17 @@ def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
             small_bytes = _small_bytes
         algorithm = "doubling" if buf.nbytes < small_bytes or n < size else "ring"
     if algorithm == "doubling":
-        _recursive_doubling(state, buf)
+        _recursive_doubling(state, buf, label)
         if op == "mean":
             np.divide(buf, size, out=buf)
     else:
         if segment_bytes is None:
             segment_bytes = _segment_bytes
-        _ring(state, buf, op == "mean", max(1, segment_bytes // buf.itemsize))
+        _ring(state, buf, op == "mean", max(1, segment_bytes // buf.itemsize), label)
     return buf
 
 
-def _ring(state: _RingState, buf: np.ndarray, mean: bool, seg: int) -> None:
+def _ring(state: _RingState, buf: np.ndarray, mean: bool, seg: int, label: str = "") -> None:
     """Ring reduce-scatter then all-gather, pipelined in segments across steps.
 
     The buffer is cut into N chunks and each chunk into the same number K of
@@ -237,8 +219,8 @@ def _ring(state: _RingState, buf: np.ndarray, mean: bool, seg: int) -> None:
     nseg = max(1, -(-(n // size) // seg))
     cap = -(-(-(-n // size)) // nseg)               # longest segment of any chunk
     scratch = state.scratch_for(buf.dtype, 2 * nseg * cap)
-    what_left = f"rank {left} (ring all-reduce, left neighbour)"
-    what_right = f"rank {right} (ring all-reduce, right neighbour)"
+    what_left = f"rank {left} (ring all-reduce{label}, left neighbour)"
+    what_right = f"rank {right} (ring all-reduce{label}, right neighbour)"
 
     def piece(chunk: int, k: int) -> tuple[int, int]:
         a, length = bounds[chunk], bounds[chunk + 1] - bounds[chunk]
@@ -289,7 +271,7 @@ def _ring(state: _RingState, buf: np.ndarray, mean: bool, seg: int) -> None:
     _wait.waitall(sends, what_right)
 
 
-def _recursive_doubling(state: _RingState, buf: np.ndarray) -> None:
+def _recursive_doubling(state: _RingState, buf: np.ndarray, label: str = "") -> None:
     """Sum in place by recursive doubling; N not a power of two folds the first 2r ranks in pairs.
 
     With p the largest power of two <= N and r = N - p, ranks 0..2r-1 pair up:
@@ -304,11 +286,13 @@ def _recursive_doubling(state: _RingState, buf: np.ndarray) -> None:
     scratch = state.scratch_for(buf.dtype, buf.size)
     if rank < 2 * rem:
         if rank % 2 == 0:
-            _complete(comm.Isend(buf, rank + 1, _TAG_FOLD), f"rank {rank + 1} (all-reduce fold)")
+            _complete(comm.Isend(buf, rank + 1, _TAG_FOLD),
+                      f"rank {rank + 1} (all-reduce fold{label})")
             _complete(comm.Irecv(buf, rank + 1, _TAG_UNFOLD),
-                      f"rank {rank + 1} (all-reduce result)")
+                      f"rank {rank + 1} (all-reduce result{label})")
             return
-        _complete(comm.Irecv(scratch, rank - 1, _TAG_FOLD), f"rank {rank - 1} (all-reduce fold)")
+        _complete(comm.Irecv(scratch, rank - 1, _TAG_FOLD),
+                  f"rank {rank - 1} (all-reduce fold{label})")
         np.add(buf, scratch, out=buf)
         vrank = rank // 2
     else:
@@ -318,8 +302,9 @@ def _recursive_doubling(state: _RingState, buf: np.ndarray) -> None:
         vpartner = vrank ^ mask
         partner = 2 * vpartner + 1 if vpartner < rem else vpartner + rem
         reqs = [comm.Irecv(scratch, partner, _TAG_DOUBLE), comm.Isend(buf, partner, _TAG_DOUBLE)]
-        _complete_all(reqs, f"rank {partner} (all-reduce recursive doubling)")
+        _complete_all(reqs, f"rank {partner} (all-reduce recursive doubling{label})")
         np.add(buf, scratch, out=buf)
         mask <<= 1
     if rank < 2 * rem:
-        _complete(comm.Isend(buf, rank - 1, _TAG_UNFOLD), f"rank {rank - 1} (all-reduce result)")
+        _complete(comm.Isend(buf, rank - 1, _TAG_UNFOLD),
+                  f"rank {rank - 1} (all-reduce result{label})")

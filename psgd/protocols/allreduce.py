@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from psgd import wait as _wait
 from psgd.errors import PsgdError
+from psgd.finite import all_finite
 from psgd.ring import ring_allreduce
 
 
@@ -33,6 +34,9 @@ class AllreduceWorker:
         Length of the flat parameter and gradient vectors.
     check_every : int
         Compare a checksum of the replicas every this many steps; 0 disables.
+    skip_nonfinite : bool
+        An averaged gradient holding NaN/Inf is skipped (on every worker alike,
+        counted in ``stats["skipped"]``) instead of raising :class:`PsgdError`.
 
     Attributes
     ----------
@@ -43,7 +47,7 @@ class AllreduceWorker:
     """
 
     def __init__(self, worker_comm: MPI.Comm, optimizer, n_params: int,
-                 check_every: int = 100) -> None:
+                 check_every: int = 100, skip_nonfinite: bool = False) -> None:
         if check_every < 0:
             raise ValueError(f"check_every must be >= 0, got {check_every}")
         self.comm = worker_comm
@@ -52,10 +56,11 @@ class AllreduceWorker:
         self.optimizer = optimizer
         self.n_params = int(n_params)
         self.check_every = int(check_every)
+        self.skip_nonfinite = bool(skip_nonfinite)
         self.clock = 0
         self._params: np.ndarray | None = None
         self.stats = {"allreduce_s": 0.0, "optimizer_s": 0.0, "check_s": 0.0, "step_s": 0.0,
-                      "steps": 0, "checks": 0}
+                      "steps": 0, "checks": 0, "skipped": 0}
 
     def _check_vector(self, name: str, x: np.ndarray) -> None:
         if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.shape != (self.n_params,) \
@@ -88,9 +93,19 @@ class AllreduceWorker:
         self._check_vector("grad", grad)
         self.clock = int(clock)
         self._params = params
-        ring_allreduce(self.comm, grad, "mean")
+        ring_allreduce(self.comm, grad, "mean", label=f" of clock {clock}")
         t1 = time.perf_counter()
-        self.optimizer.step(params, grad, lr)
+        # every worker holds the same mean, so all of them skip or fail alike
+        if not all_finite(grad):
+            if not self.skip_nonfinite:
+                if self.rank != 0:  # one message: worker 0 reports and ends the job
+                    _wait.barrier(self.comm, "worker 0 to report the non-finite gradient")
+                raise PsgdError(f"the averaged gradient of clock {clock} holds NaN or Inf (a "
+                                f"worker's gradient was non-finite); lower the learning rate, "
+                                f"or pass --skip-nonfinite")
+            self.stats["skipped"] += 1
+        else:
+            self.optimizer.step(params, grad, lr)
         t2 = time.perf_counter()
         self.stats["allreduce_s"] += t1 - t0
         self.stats["optimizer_s"] += t2 - t1

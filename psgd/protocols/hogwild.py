@@ -48,7 +48,9 @@ ranks:
 
 1. the parameter window: server ``s`` holds ``4 * shard_map.size(s)`` bytes
    (its shard), every worker attaches 0 bytes;
-2. the counter window: 8 bytes (one int64) on rank 0, 0 bytes elsewhere.
+2. the counter window: ``8 * (1 + W)`` bytes on rank 0 (int64: the update
+   counter, then one finished flag per worker, which stall reports read to
+   name the workers still running), 0 bytes elsewhere.
 
 Besides the window, a server keeps nothing during training (a copy of its
 shard is made at the end to gather the result on rank 0). A worker holds
@@ -97,7 +99,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from psgd import wait
+from psgd import faults, wait
 from psgd.errors import PsgdError
 from psgd.optim import make_optimizer
 from psgd.protocols.config import ProtocolConfig
@@ -185,7 +187,9 @@ class _Windows:
             self.params = MPI.Win.Allocate_shared(nbytes, 4, comm=comm)
         if self.local is None:
             self.local = np.frombuffer(self.params.tomemory(), dtype=np.float32, count=n_local)
-        self.counter = MPI.Win.Allocate(8 if comm.Get_rank() == 0 else 0, 8, comm=comm)
+        self.n_counters = 1 + roles.n_workers  # updates, then a finished flag per worker
+        self.counter = MPI.Win.Allocate(8 * self.n_counters if comm.Get_rank() == 0 else 0, 8,
+                                        comm=comm)
         # Direct views of every shard (shared windows only): reads are plain loads.
         self.shards = None
         if self.kind == "shared" and roles.is_worker:
@@ -194,6 +198,23 @@ class _Windows:
                 buf, _ = self.params.Shared_query(roles.server_rank(shard))
                 self.shards.append(np.frombuffer(buf, dtype=np.float32,
                                                  count=shard_map.size(shard)))
+
+    def read_counters(self) -> np.ndarray:
+        """The update counter and the workers' finished flags (outside a lock_all epoch)."""
+        out = np.zeros(self.n_counters, dtype=np.int64)
+        self.counter.Lock(0, MPI.LOCK_SHARED)
+        self.counter.Get(out, 0)
+        self.counter.Unlock(0)
+        return out
+
+    def describe_running(self, roles: Roles) -> str:
+        counters = self.read_counters()
+        running = [roles.worker_rank(k) for k in range(roles.n_workers) if not counters[1 + k]]
+        return (f"hogwild worker rank(s) {running} to finish their steps (no update in that "
+                f"time; {int(counters[0])} updates so far)")
+
+    def progress(self) -> tuple:
+        return tuple(self.read_counters().tolist())
 
     def free(self) -> None:
         self.shards = None
@@ -307,12 +328,21 @@ class HogwildWorker:
     def finish(self) -> None:
         """End the epoch, signal the servers, free the windows, send stats to rank 0."""
         if self._started:
+            # the finished flag first: with MPICH 5 on one node, Unlock_all of the parameter
+            # window can block while another worker (hung) holds its lock_all; the flag lets
+            # the stall reports of the ranks still polling name that worker
+            self.windows.counter.Accumulate([self._one, MPI.INT64_T], 0,
+                                            (1 + self.roles.worker_index, 1, MPI.INT64_T),
+                                            MPI.SUM)
+            self.windows.counter.Flush(0)
             self.windows.params.Unlock_all()
             self.windows.counter.Unlock_all()
             self._started = False
         else:
             wait.barrier(self.roles.comm, "the servers to publish the initial hogwild parameters")
-        wait.barrier(self.roles.comm, "the other hogwild workers to finish")
+        windows, roles = self.windows, self.roles
+        wait.wait(roles.comm.Ibarrier(), lambda: windows.describe_running(roles),
+                  progress=windows.progress)
         self.windows.free()
         hist = self._hist
         top = int(np.flatnonzero(hist)[-1]) + 1 if hist.any() else 0
@@ -414,10 +444,11 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
     windows.params.Unlock(rank)
     if rank == 0:
         windows.counter.Lock(0, MPI.LOCK_EXCLUSIVE)
-        np.frombuffer(windows.counter.tomemory(), dtype=np.int64, count=1)[0] = 0
+        np.frombuffer(windows.counter.tomemory(), dtype=np.int64,
+                      count=windows.n_counters)[:] = 0
         windows.counter.Unlock(0)
     wait.barrier(comm, "the hogwild workers to attach their windows")
-    _idle_until_done(comm, windows.target_progress_free)
+    _idle_until_done(roles, windows, faults.for_rank(rank))
     windows.params.Lock(rank, MPI.LOCK_SHARED)
     windows.params.Sync()
     final = windows.local.copy()
@@ -438,16 +469,22 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
     return result
 
 
-def _idle_until_done(comm: MPI.Intracomm, progress_free: bool) -> None:
+def _idle_until_done(roles: Roles, windows: _Windows, fault) -> None:
     # Training happens now, with no part for this rank. Where the workers'
     # RMA needs no target progress the barrier is polled with a long backoff
     # cap, keeping the server's CPU near zero; otherwise with the usual cap
-    # (PSGD_POLL_MAX_SLEEP), each poll also driving MPI progress.
+    # (PSGD_POLL_MAX_SLEEP), each poll also driving MPI progress.  The wait
+    # lasts the whole training, so only a stop of the updates counts as a stall.
     old = wait.settings.max_sleep
-    if progress_free:
+    if windows.target_progress_free:
         wait.configure(max_sleep=max(old, SERVER_MAX_SLEEP))
     try:
-        wait.barrier(comm, "the hogwild workers to finish")
+        request = roles.comm.Ibarrier()
+        poller = wait.Poller(lambda: windows.describe_running(roles), windows.progress)
+        while not request.Test():
+            if fault is not None:  # tests only (PSGD_FAULT): step = updates so far
+                fault.at(int(windows.read_counters()[0]))
+            poller.idle()
     finally:
         wait.configure(max_sleep=old)
 

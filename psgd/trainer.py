@@ -35,6 +35,7 @@ class Job:
     start_step: int
     resume: Checkpoint | None
     debug: bool
+    reader: object = None  # the worker's ShardReader (None on servers)
 
 
 def agree(comm: MPI.Comm, fn, debug: bool):
@@ -72,7 +73,7 @@ def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
 
 
 def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
-    from psgd.data.reader import dataset_info
+    from psgd.data.reader import ShardReader, dataset_info
     from psgd.model import build_model
 
     info = dataset_info(settings.data)
@@ -123,8 +124,12 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
         from psgd.protocols.hogwild import check_hogwild_optimizer
         check_hogwild_optimizer(settings.optimizer)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
+    reader = None
+    if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
+        reader = ShardReader(settings.data, roles.worker_index, roles.n_workers,
+                             settings.batch_size, seed=settings.seed)
     return Job(settings=settings, roles=roles, model=model, shard_map=shard_map, config=config,
-               total_steps=total, start_step=start, resume=resume, debug=debug)
+               total_steps=total, start_step=start, resume=resume, debug=debug, reader=reader)
 
 
 def train_main(args: argparse.Namespace) -> None:

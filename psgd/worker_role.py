@@ -53,11 +53,9 @@ class _Window:
 
 def run_worker(job) -> None:
     """Train this worker's shard of the data for the job's steps."""
-    from psgd.data.reader import ShardReader
-
     s, roles, model = job.settings, job.roles, job.model
     lead = roles.rank == roles.lead_worker
-    reader = ShardReader(s.data, roles.worker_index, roles.n_workers, s.batch_size, seed=s.seed)
+    reader = job.reader
     protocol, optimizer = _make_protocol(job)
     log = MetricsLog(s.log if lead else None, append=job.resume is not None and s.log is not None)
     x_test = y_test = None

@@ -80,13 +80,16 @@ def prepare_x(x: np.ndarray, name: str, *, nhwc: bool = False) -> tuple[np.ndarr
     return x32, 1.0, 0.0
 
 
-def check_finite(x: np.ndarray, name: str) -> None:
-    """Raise ValueError if float array ``x`` holds a NaN or an Inf (naming the first bad row)."""
+def check_finite(x: np.ndarray, name: str, first_row: int = 0) -> None:
+    """Raise ValueError if float array ``x`` holds a NaN or an Inf (naming the first bad row).
+
+    ``first_row`` is the file row of ``x[0]``, so the message names rows of the file.
+    """
     if x.dtype.kind != "f":
         return
     bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.ndim > 1 else ~np.isfinite(x)
     if bad.any():
-        row = int(np.flatnonzero(bad)[0])
+        row = first_row + int(np.flatnonzero(bad)[0])
         raise ValueError(f"{name}: contains NaN or Inf ({int(bad.sum())} bad samples, first at row {row})")
 
 

@@ -65,7 +65,7 @@ def _load_slice(path, split: str, part: int, n_parts: int) -> tuple[np.ndarray, 
         lo, hi = slice_bounds(n, part, n_parts)
         x = f[split]["x"][lo:hi]
         y = f[split]["y"][lo:hi].astype(np.int64)
-    layout.check_finite(x, f"{path}: /{split}/x rows [{lo}, {hi})")
+    layout.check_finite(x, f"{path}: /{split}/x rows [{lo}, {hi})", first_row=lo)
     layout.check_labels(y, attrs["n_classes"], f"{path}: /{split}/y rows [{lo}, {hi})")
     return x, y, attrs, n
 

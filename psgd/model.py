@@ -177,7 +177,7 @@ class Model:
             out[s:s + batch_size] = self._forward(x[s:s + batch_size]).argmax(axis=1)
         return out
 
-    def evaluate(self, x, y, batch_size: int = 256) -> tuple[float, float]:
+    def evaluate(self, x, y, batch_size: int = 64) -> tuple[float, float]:
         """Mean loss and accuracy over a whole data set, in batches; parameters unchanged.
 
         Parameters

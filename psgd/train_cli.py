@@ -43,8 +43,8 @@ class TrainSettings:
     servers: int | None = None        # default: 0 for allreduce, else 1
     staleness: int | None = None      # default: 2 under ssp
     staleness_lr: str = "none"
-    optimizer: str = "momentum"
-    lr: float = 0.05
+    optimizer: str = "sgd"
+    lr: float = 0.1
     lr_schedule: str = "constant"
     warmup: int = 0
     lr_step_every: int = 0
@@ -79,8 +79,8 @@ FLAGS: dict[str, tuple[type, str]] = {
     "servers": (int, "number of parameter-server ranks S (default 1; 0 for allreduce)"),
     "staleness": (int, "SSP staleness bound s >= 0 (ssp only; default 2)"),
     "staleness_lr": (str, "none, or inverse: divide each update's step by 1 + its staleness"),
-    "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default momentum)"),
-    "lr": (float, "learning rate (default 0.05)"),
+    "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default sgd)"),
+    "lr": (float, "learning rate (default 0.1)"),
     "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default constant)"),
     "warmup": (int, "linear warm-up steps (default 0)"),
     "lr_step_every": (int, "step schedule: decay every this many steps"),

@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--protocol", default="asp")
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--server-counts", default="1,2", help="comma list of S to run (default 1,2)")
+    ap.add_argument("--protocols", default="asp,ssp,bsp", help="comma list (default asp,ssp,bsp)")
     args = ap.parse_args()
     if args.child == "raw":
         return child_raw(args)
@@ -131,8 +133,8 @@ def main():
     print(f"raw MPI ping-pong ({size_mb:.1f} MB each way): {raw['MB_s']:.0f} MB/s, "
           f"rtt {raw['rtt_ms']:.2f} ms")
     results = {"n_params": args.n_params, "steps": steps, "raw": raw, "ps": []}
-    for servers in (1, 2):
-        for protocol in ("asp", "ssp", "bsp"):
+    for servers in [int(x) for x in args.server_counts.split(",")]:
+        for protocol in args.protocols.split(","):
             r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
                                      "--protocol", protocol, *common])
             r["ratio_to_raw"] = r["MB_s"] / raw["MB_s"]

@@ -1,0 +1,86 @@
+"""`bench/run_all.py --quick` produces a well-formed report, results.json and PNG charts (no timings checked)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from numbers import Number
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SECTIONS = ["## Summary", "## Reproduce", "## Machine", "## Protocol comparison",
+            "## Scaling", "## Kernels", "## All-reduce", "## Parameter server", "## Hogwild",
+            "## Caveats"]
+RUN_KEYS = ["samples_per_s", "wall_s", "final_accuracy", "time_to_target_s",
+            "staleness_histogram", "worker_time", "evals"]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "run_all.py"), "--quick",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"bench/run_all.py --quick took over 240 s\n{stdout}\n{stderr}")
+    assert proc.returncode == 0, f"run_all.py --quick failed\n{stdout}\n{stderr}"
+    return out
+
+
+def is_number(x):
+    return isinstance(x, Number) and not isinstance(x, bool)
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_report_with_every_section_and_table(quick_run):
+    text = (quick_run / "REPORT.md").read_text()
+    positions = [text.find(s) for s in SECTIONS]
+    assert all(p >= 0 for p in positions), [s for s, p in zip(SECTIONS, positions) if p < 0]
+    assert "oversubscribed" in text and "Target accuracy" in text
+    assert "| bsp |" in text and "| single process |" in text
+    for png in ("accuracy_vs_time.png", "time_split.png", "scaling.png"):
+        assert f"]({png})" in text
+
+
+@pytest.mark.slow
+def test_quick_bench_results_json_has_numbers_for_every_run(quick_run):
+    res = json.loads((quick_run / "results.json").read_text())
+    assert res["quick"] is True and res["failed"] == []
+    assert is_number(res["machine"]["nproc"]) and res["machine"]["cpu"]
+    sec = res["sections"]
+    assert {"kernels", "allreduce", "ps", "hogwild", "protocols", "scaling"} <= set(sec)
+    for spec, rec in sec["kernels"]["models"].items():
+        assert is_number(rec["psgd_samples_per_s"]) and rec["psgd_samples_per_s"] > 0, spec
+    assert all(is_number(r["ring_s"]) and is_number(r["mpi_s"]) for r in sec["allreduce"]["rows"])
+    assert is_number(sec["ps"]["raw"]["MB_s"]) and all(is_number(r["MB_s"]) for r in sec["ps"]["ps"])
+    assert all(is_number(r["updates_per_s"]) for r in sec["hogwild"]["results"])
+    runs = sec["protocols"]["runs"]
+    assert {r["name"] for r in runs} == {"bsp", "ssp s=1", "ssp s=4", "asp", "hogwild", "allreduce"}
+    for run in runs + sec["protocols"]["baseline"]:
+        assert "error" not in run, run
+        missing = [k for k in RUN_KEYS if k not in run]
+        assert not missing, (run["name"], missing)
+        assert is_number(run["samples_per_s"]) and run["samples_per_s"] > 0
+        assert 0.0 <= run["final_accuracy"] <= 1.0
+        assert run["time_to_target_s"] is None or is_number(run["time_to_target_s"])
+        assert all(is_number(v) for v in run["worker_time"].values())
+        assert all(isinstance(c, int) for c in run["staleness_histogram"])
+    bsp = next(r for r in runs if r["name"] == "bsp")
+    assert len(bsp["staleness_histogram"]) == 1           # BSP: every update at staleness 0
+    scaling = sec["scaling"]["rows"]
+    assert scaling and all(isinstance(r["oversubscribed"], bool) for r in scaling)
+    assert all(is_number(r["per_core_efficiency"]) for r in scaling)
+
+
+@pytest.mark.slow
+def test_quick_bench_charts_are_png_files(quick_run):
+    for name in ("accuracy_vs_time.png", "time_split.png", "scaling.png"):
+        data = (quick_run / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000, name

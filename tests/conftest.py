@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from psgd.data import make_synthetic, write_dataset
+
 ROOT = Path(__file__).resolve().parent.parent
 MPI_DIR = ROOT / "tests" / "mpi"
 
@@ -54,3 +56,38 @@ def run_mpi(n: int, args, *, timeout: float = 120, env: dict | None = None,
 def mpirun():
     """The :func:`run_mpi` runner."""
     return run_mpi
+
+
+def write_synth(path, n_train: int = 1200, n_test: int = 200) -> str:
+    """Write a small synthetic psgd dataset (seed 0) at ``path``; returns the path as str."""
+    x, y, xt, yt = make_synthetic(n_train, n_test, seed=0)
+    write_dataset(path, x, y, xt, yt, n_classes=10, scale=1 / 255, offset=0.0, source="test")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory):
+    """A small synthetic dataset (1200 train, 200 test) shared by the end-to-end tests."""
+    return write_synth(tmp_path_factory.mktemp("data") / "synth.h5")
+
+
+def marked_pids(marker: str, ranks_only: bool = False) -> list[int]:
+    """Processes whose environment holds ``PSGD_TEST_MARK=marker`` (the jobs a test started).
+
+    With ``ranks_only``, only the python ranks (not mpiexec or hydra's proxies).
+    """
+    needle = f"PSGD_TEST_MARK={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes():
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if ranks_only and (b"psgd" not in cmdline or b"mpiexec" in cmdline or b"hydra" in cmdline):
+            continue
+        found.append(int(entry.name))
+    return sorted(found)

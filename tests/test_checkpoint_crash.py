@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from psgd.checkpoint import list_checkpoints, load_checkpoint
-from psgd.data import make_synthetic, write_dataset
 from psgd.model import build_model
 
-from conftest import MPI_DIR
+from conftest import MPI_DIR, write_synth
 
 BIG = "mlp:784-2048-2048-10"   # 5.8M parameters: a 23 MB file, about 0.1 s to write
 KILLS = 6
@@ -20,10 +19,7 @@ KILLS = 6
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "synth.h5"
-    x, y, xt, yt = make_synthetic(400, 100, seed=0)
-    write_dataset(path, x, y, xt, yt, n_classes=10, scale=1 / 255, offset=0.0, source="test")
-    return str(path)
+    return write_synth(tmp_path_factory.mktemp("data") / "synth.h5", 400, 100)
 
 
 def _kill_mid_write(directory, n_params, rng):

@@ -3,42 +3,19 @@ import os
 import re
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from psgd.data import make_synthetic, write_dataset
 from psgd.faults import parse
 from psgd.metrics import read_log
+
+from conftest import marked_pids
 
 MLP = "mlp:784-32-10"
 BOUND_S = 30          # a failed job must be gone within this many seconds
 # protocol -> (ranks, servers, a non-lead worker rank)
 LAYOUT = {"bsp": (3, 1, 2), "ssp": (3, 1, 2), "asp": (3, 1, 2), "hogwild": (3, 1, 2),
           "allreduce": (2, 0, 1)}
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "synth.h5"
-    x, y, xt, yt = make_synthetic(1200, 200, seed=0)
-    write_dataset(path, x, y, xt, yt, n_classes=10, scale=1 / 255, offset=0.0, source="test")
-    return str(path)
-
-
-def _marked_pids(marker: str) -> list[int]:
-    """Processes whose environment holds ``PSGD_TEST_MARK=marker``."""
-    needle = f"PSGD_TEST_MARK={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def run_job(mpirun, dataset, protocol, fault, *flags, timeout=90):
@@ -56,7 +33,7 @@ def run_job(mpirun, dataset, protocol, fault, *flags, timeout=90):
                   timeout=timeout, check=False, env=env)
     elapsed = time.monotonic() - t0
     deadline = time.monotonic() + 5
-    while (left := _marked_pids(marker)) and time.monotonic() < deadline:
+    while (left := marked_pids(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return proc, elapsed, left
 
@@ -156,7 +133,7 @@ def test_fault_spec_is_parsed_and_checked():
 def test_hogwild_run_longer_than_stall_abort_is_not_a_stall(mpirun, dataset, tmp_path):
     """Hogwild servers wait out the whole training; only updates stopping counts as a stall."""
     log = tmp_path / "log.jsonl"
-    proc, _, left = run_job(mpirun, dataset, "hogwild", None, "--steps", 250,
+    proc, _, left = run_job(mpirun, dataset, "hogwild", None, "--steps", 800,
                             "--model", "mlp:784-512-512-10", "--stall-timeout", 2,
                             "--stall-abort", 3, "--log", log)
     assert proc.returncode == 0 and not left, proc.stderr

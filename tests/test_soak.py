@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from psgd.data import make_synthetic, write_dataset
 
-from conftest import mpiexec_path
+from conftest import marked_pids, mpiexec_path, write_synth
 
 RSS_BOUND_MB = 40.0
 DURATION_S = float(os.environ.get("PSGD_SOAK_SECONDS", "150"))
@@ -29,28 +28,7 @@ PROGRESS_S = 45.0   # the lead worker must log a new step at least this often
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("soak") / "synth.h5"
-    x, y, xt, yt = make_synthetic(4800, 200, seed=0)
-    write_dataset(path, x, y, xt, yt, n_classes=10, scale=1 / 255, offset=0.0, source="soak")
-    return str(path)
-
-
-def _rank_pids(marker: str) -> list[int]:
-    """The python rank processes of the job whose environment holds the marker."""
-    needle = f"PSGD_TEST_MARK={marker}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes() and \
-                    b"psgd" in (entry / "cmdline").read_bytes() and \
-                    b"mpiexec" not in (entry / "cmdline").read_bytes() and \
-                    b"hydra" not in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return sorted(pids)
+    return write_synth(tmp_path_factory.mktemp("soak") / "synth.h5", 4800, 200)
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -102,7 +80,7 @@ def test_soak_six_ranks_no_deadlock_no_memory_growth(dataset, tmp_path, protocol
                 last_step, last_progress = step, now
             assert now - last_progress < PROGRESS_S, f"no progress for {now - last_progress:.0f} s"
             if now - t0 >= WARMUP_S:
-                for pid in _rank_pids(marker):
+                for pid in marked_pids(marker, ranks_only=True):
                     rss = _rss_mb(pid)
                     if rss is not None:
                         samples.setdefault(pid, []).append(rss)
@@ -125,6 +103,6 @@ def test_soak_six_ranks_no_deadlock_no_memory_growth(dataset, tmp_path, protocol
     assert sum(growth.values()) < 2 * RSS_BOUND_MB, report
     assert last_step > 0
     deadline = time.monotonic() + 10
-    while _rank_pids(marker) and time.monotonic() < deadline:
+    while marked_pids(marker, ranks_only=True) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _rank_pids(marker), "ranks left behind after the interrupt"
+    assert not marked_pids(marker, ranks_only=True), "ranks left behind after the interrupt"

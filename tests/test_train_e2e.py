@@ -5,18 +5,9 @@ import numpy as np
 import pytest
 
 from psgd.checkpoint import list_checkpoints, load_checkpoint
-from psgd.data import make_synthetic, write_dataset
 from psgd.metrics import read_log
 
 MLP = "mlp:784-32-10"
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "synth.h5"
-    x, y, xt, yt = make_synthetic(1200, 200, seed=0)
-    write_dataset(path, x, y, xt, yt, n_classes=10, scale=1 / 255, offset=0.0, source="test")
-    return str(path)
 
 
 def train(mpirun, n, data, *flags, check=True, timeout=180):

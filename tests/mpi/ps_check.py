@@ -19,6 +19,8 @@ from psgd.roles import assign_roles
 from psgd.server import serve
 from psgd.shardmap import ShardMap
 
+from reference import softmax_grad
+
 D, K, B, N_BATCHES = 12, 4, 8, 5
 N_PARAMS = K * D + K
 LR = 0.3
@@ -29,19 +31,6 @@ def data(n_workers):
     x = rng.standard_normal((N_BATCHES, n_workers, B, D))
     y = rng.integers(0, K, size=(N_BATCHES, n_workers, B))
     return x, y
-
-
-def softmax_grad(params, x, y):
-    """Gradient (float32 (N_PARAMS,)) of the mean cross-entropy of a linear softmax model."""
-    p = params.astype(np.float64)
-    w, b = p[:K * D].reshape(K, D), p[K * D:]
-    logits = x @ w.T + b
-    logits -= logits.max(axis=1, keepdims=True)
-    prob = np.exp(logits)
-    prob /= prob.sum(axis=1, keepdims=True)
-    prob[np.arange(len(y)), y] -= 1.0
-    prob /= len(y)
-    return np.concatenate([(prob.T @ x).ravel(), prob.sum(axis=0)]).astype(np.float32)
 
 
 def initial_params():
@@ -56,7 +45,7 @@ def serial_reference(n_workers, steps, optimizer, opt_hparams):
     trail = []
     for c in range(steps):
         b = c % N_BATCHES
-        grad = softmax_grad(params, x[b].reshape(-1, D), y[b].ravel())
+        grad = softmax_grad(params, x[b].reshape(-1, D), y[b].ravel(), K)
         opt.step(params, grad, LR)
         trail.append((params.copy(), {k: np.copy(v) for k, v in opt.state_dict().items()}))
     return trail
@@ -84,7 +73,7 @@ def run_ps(args, roles, config, step_hook=None, grad_fn=None):
             if step_hook:
                 step_hook(roles, c)
             b = c % N_BATCHES
-            grad = softmax_grad(params, x[b, w], y[b, w])
+            grad = softmax_grad(params, x[b, w], y[b, w], K)
             worker.step(params, grad, args.start_clock + c)
         worker.finish()
         out["worker"] = {"params": params, "stats": dict(worker.stats)}

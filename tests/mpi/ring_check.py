@@ -1,9 +1,9 @@
 """Checks ring_allreduce against comm.Allreduce for many lengths, dtypes, ops and algorithms."""
-import sys
 
 import numpy as np
 from mpi4py import MPI
 
+from psgd.errors import report_and_abort
 from psgd.ring import ring_allreduce
 
 comm = MPI.COMM_WORLD
@@ -89,6 +89,5 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except BaseException as exc:  # one failing rank ends the job
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        comm.Abort(1)
+    except BaseException as exc:  # noqa: BLE001 - one failing rank ends the job
+        report_and_abort(exc)

@@ -1,10 +1,10 @@
 """A rank waiting inside ring_allreduce for a late neighbour sleeps instead of burning its core."""
-import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from psgd.errors import report_and_abort
 from psgd.ring import ring_allreduce
 
 comm = MPI.COMM_WORLD
@@ -33,6 +33,5 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except BaseException as exc:  # one failing rank ends the job
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        comm.Abort(1)
+    except BaseException as exc:  # noqa: BLE001 - one failing rank ends the job
+        report_and_abort(exc)

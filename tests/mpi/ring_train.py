@@ -1,29 +1,18 @@
 """Allreduce training with SGD equals single-process SGD on the concatenated batches; replicas stay identical."""
-import sys
 
 import numpy as np
 from mpi4py import MPI
 
-from psgd.errors import PsgdError
+from psgd.errors import PsgdError, report_and_abort
 from psgd.optim import make_optimizer
 from psgd.protocols.allreduce import AllreduceWorker
+
+from reference import softmax_grad
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 D, C, B, STEPS = 20, 5, 8, 60        # features, classes, rows per worker per step, steps
 N = D * C + C
-
-
-def softmax_grad(params, x, y):
-    """Gradient of the mean cross-entropy of softmax(x @ W + b) over the rows of x."""
-    w, b = params[:D * C].reshape(D, C), params[D * C:]
-    logits = x @ w + b
-    logits -= logits.max(axis=1, keepdims=True)
-    p = np.exp(logits)
-    p /= p.sum(axis=1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1
-    p /= len(y)
-    return np.concatenate([(x.T @ p).ravel(), p.sum(axis=0)]).astype(np.float32)
 
 
 def dataset(steps):
@@ -39,7 +28,7 @@ def train_allreduce(name, x, y):
     worker.start(params)                        # rank 0's random init wins everywhere
     mine = slice(rank * B, (rank + 1) * B)
     for step in range(len(x)):
-        worker.step(params, softmax_grad(params, x[step, mine], y[step, mine]), step, 0.1)
+        worker.step(params, softmax_grad(params, x[step, mine], y[step, mine], C), step, 0.1)
     stats = worker.finish()
     assert stats["steps"] == len(x) and stats["checks"] == len(x) // 7 + 1, stats
     assert stats["step_s"] >= stats["allreduce_s"] > 0, stats
@@ -50,7 +39,7 @@ def train_single(name, x, y):
     params = np.random.default_rng(100).standard_normal(N).astype(np.float32)
     opt = make_optimizer(name, N)
     for step in range(len(x)):
-        opt.step(params, softmax_grad(params, x[step], y[step]), 0.1)
+        opt.step(params, softmax_grad(params, x[step], y[step], C), 0.1)
     return params
 
 
@@ -91,6 +80,5 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except BaseException as exc:  # one failing rank ends the job
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        comm.Abort(1)
+    except BaseException as exc:  # noqa: BLE001 - one failing rank ends the job
+        report_and_abort(exc)

@@ -40,10 +40,10 @@ def run_server(job) -> None:
         result = serve_hogwild(roles, job.shard_map, job.config, init_shard)
     else:
         from psgd.server import serve
-        on_snapshot = None
-        if roles.rank == 0 and settings.checkpoint_dir:
-            def on_snapshot(clock, params, opt_state):
-                write_checkpoint(job, clock + 1, params, opt_state)
+        def save_snapshot(clock, params, opt_state):  # the state after step clock + 1
+            write_checkpoint(job, clock + 1, params, opt_state)
+
+        on_snapshot = save_snapshot if roles.rank == 0 and settings.checkpoint_dir else None
         result = serve(roles, job.shard_map, job.config, init_shard=init_shard,
                        init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
                        start_clock=job.start_step)

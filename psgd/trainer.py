@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 
@@ -12,10 +10,9 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd import wait
-from psgd.checkpoint import Checkpoint, load_checkpoint, resolve_resume, save_checkpoint
+from psgd.checkpoint import Checkpoint, load_checkpoint, resolve_resume
 from psgd.errors import PsgdError
-from psgd.metrics import MetricsLog
-from psgd.optim import make_optimizer, make_schedule
+from psgd.optim import make_schedule
 from psgd.protocols.config import ProtocolConfig
 from psgd.roles import Roles, assign_roles
 from psgd.shardmap import ShardMap

@@ -1,5 +1,4 @@
 """Settings resolution (flag > TOML > PSGD_* > default) and validation of `psgd train` flags."""
-import argparse
 
 import pytest
 

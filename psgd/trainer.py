@@ -48,7 +48,7 @@ def agree(comm: MPI.Comm, fn, debug: bool):
         if debug:
             traceback.print_exc()
         result, message = None, str(exc)
-    messages = comm.allgather(message)
+    messages = comm.allgather(message)  # pickled, once at set-up: not the training path
     failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
     if failed:
         if comm.Get_rank() == 0:

@@ -8,6 +8,7 @@ import numpy as np
 
 from psgd import faults, wait
 from psgd.errors import PsgdError
+from psgd.finite import all_finite
 from psgd.metrics import MetricsLog
 from psgd.optim import make_optimizer
 from psgd.progress import progress_bar
@@ -81,7 +82,7 @@ def run_worker(job) -> None:
         t0 = time.perf_counter()
         loss, correct = model.loss_and_grad(x, y)
         timers["compute_s"] += time.perf_counter() - t0
-        if not s.skip_nonfinite and not (math.isfinite(loss) and math.isfinite(float(model.grad.sum()))):
+        if not s.skip_nonfinite and not (math.isfinite(loss) and all_finite(model.grad)):
             raise PsgdError(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step "
                             f"{clock} on worker {roles.worker_index}; lower --lr or check the data "
                             f"(--skip-nonfinite skips such updates instead)")

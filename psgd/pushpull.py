@@ -177,21 +177,22 @@ def worker_pull(comm: MPI.Comm, shard_map: ShardMap, params: np.ndarray, clock: 
     return reqs
 
 
-def server_pull(comm: MPI.Comm, dest: int, header: np.ndarray, params_copy: np.ndarray) -> list:
-    """Answer a pull of worker rank ``dest`` from a copy of the shard (never the live one).
+def server_pull(comm: MPI.Comm, dest: int, header: np.ndarray, params: np.ndarray) -> list:
+    """Answer a pull of worker rank ``dest`` with the shard's live parameters.
 
     Parameters
     ----------
     header : ndarray, int64 (4,)
         ``[REPLY, held_us, version, shard]``; must live until completion.
-    params_copy : ndarray, float32 (shard size,)
-        Must not change until the returned requests complete.
+    params : ndarray, float32 (shard size,)
+        Must not change until the returned requests complete (the server's
+        next step writes another buffer: :mod:`psgd.shard_versions`).
 
     Returns
     -------
     list of MPI.Request
     """
-    return [comm.Isend(header, dest, TAG_REPLY_HDR), comm.Isend(params_copy, dest, TAG_REPLY)]
+    return [comm.Isend(header, dest, TAG_REPLY_HDR), comm.Isend(params, dest, TAG_REPLY)]
 
 
 # ---------------------------------------------------------------- snapshots / final gather

@@ -6,11 +6,15 @@ and its optimizer state.  It polls for control messages from any worker
 :mod:`psgd.wait`'s backoff) and handles them in arrival order:
 
 * push for clock c read at version v: validated (sender is a worker, shard id,
-  payload length, clocks in order, v <= current version, finite values unless
-  ``skip_nonfinite``), staleness c - v recorded, then handed to the protocol's
-  update rule (:class:`psgd.protocols.bsp.BspUpdate`: sum, then one mean step
-  when the version advances; :class:`psgd.protocols.ssp.SspUpdate`: one step
-  now).
+  payload length, clocks in order, v <= current version), staleness c - v
+  recorded, then handed to the protocol's update rule
+  (:class:`psgd.protocols.bsp.BspUpdate`: sum, then one mean step when the
+  version advances; :class:`psgd.protocols.ssp.SspUpdate`: one step now),
+  which checks it for NaN/Inf in the same pass (a non-finite push ends the
+  job, or is skipped and counted with ``skip_nonfinite``).
+* the step writes the next version of the shard into a spare buffer
+  (:class:`psgd.shard_versions.ShardVersions`): pull replies are sent straight
+  from the live buffer, which is never written while replies read it.
 * pull for clock c: answered when the version v >= c - s (s = 0 for bsp, the
   bound for ssp, inf for asp); otherwise held until a push advances v.
 * done: the worker no longer counts towards the version.
@@ -28,12 +32,14 @@ c are in.  Under bsp the step of clock c is applied before v passes c, so the
 snapshot is exactly the state after clock c.
 
 Memory bound per server, whatever W: shard params + optimizer state (k arrays)
-+ one receive buffer + one accumulation buffer (bsp) + ``REPLY_POOL`` reply
-copies (pulls are answered from a copy, shared by all replies of the same
-parameter version, so a push never races an outgoing reply) + one snapshot
-buffer of (1 + k) shard lengths, all float32 of the shard's length; plus O(W)
-integers (push counts, one pending pull and one 32-byte reply header per
-worker).  Rank 0 also holds the full vector and state ((1 + k) n floats) for
++ ``shard_versions.SPARES`` (2) spare version buffers + one receive buffer +
+one accumulation buffer (bsp) + one snapshot buffer of (1 + k) shard lengths,
+all float32 of the shard's length: (5 + k) shard lengths under ssp/asp, (6 + k)
+under bsp, plus the snapshot buffer when snapshots are on; plus O(W) integers
+(push counts, one pending pull and one 32-byte reply header per worker; a
+worker has at most one pull outstanding, with or without overlap).  Receive
+buffers do not grow with W: pushes are received one at a time into the one
+buffer.  Rank 0 also holds the full vector and state ((1 + k) n floats) for
 each snapshot being assembled and for the final gather.
 """
 from __future__ import annotations
@@ -47,7 +53,6 @@ from mpi4py import MPI
 from psgd import faults
 from psgd import wait as _wait
 from psgd.errors import PsgdError
-from psgd.finite import all_finite
 from psgd.optim import make_optimizer
 from psgd.protocols.bsp import BspUpdate
 from psgd.protocols.config import ProtocolConfig
@@ -56,9 +61,8 @@ from psgd.pushpull import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, REPLY, TAG_
                            TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup, pack_shard_state,
                            server_pull, server_push, unpack_shard_state)
 from psgd.roles import Roles
+from psgd.shard_versions import ShardVersions
 from psgd.shardmap import ShardMap
-
-REPLY_POOL = 2
 
 
 @dataclass
@@ -102,40 +106,6 @@ class ServerResult:
         return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
-class _ReplyPool:
-    """``REPLY_POOL`` copies of the shard; a copy is reused by every reply of the same version."""
-
-    def __init__(self, n: int, size: int) -> None:
-        self.arrays = [np.empty(n, np.float32) for _ in range(size)]
-        self.keys = [None] * size
-        self.reqs: list[list] = [[] for _ in range(size)]
-        self.latest = -1
-
-    def reap(self) -> None:
-        for i, reqs in enumerate(self.reqs):
-            if reqs and MPI.Request.Testall(reqs):
-                self.reqs[i] = []
-
-    def acquire(self, key, live: np.ndarray) -> int:
-        if self.latest >= 0 and self.keys[self.latest] == key:
-            return self.latest
-        self.reap()
-        free = [i for i, reqs in enumerate(self.reqs) if not reqs]
-        if free:
-            i = free[0]
-        else:
-            i = (self.latest + 1) % len(self.arrays)
-            _wait.waitall(self.reqs[i], "workers to receive an earlier pull reply")
-            self.reqs[i] = []
-        np.copyto(self.arrays[i], live)
-        self.keys[i] = key
-        self.latest = i
-        return i
-
-    def all_requests(self) -> list:
-        return [r for reqs in self.reqs for r in reqs]
-
-
 class _Server:
     def __init__(self, roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                  start_clock):
@@ -147,19 +117,20 @@ class _Server:
         self.config = config
         self.on_snapshot = on_snapshot
         self.n = shard_map.size(self.shard)
-        self.params = self._initial_params(init_shard)
+        self.versions = ShardVersions(self._initial_params(init_shard))
         self.optimizer = make_optimizer(config.optimizer, self.n, **config.opt_hparams)
         self.state_keys = tuple(self.optimizer.state_keys)
         if init_opt_state is not None:
             self.optimizer.load_state_dict(self._shard_state(init_opt_state))
-        # load the jitted kernel now, not inside the timed loop
-        empty = np.zeros(0, np.float32)
-        make_optimizer(config.optimizer, 0, **config.opt_hparams).step(empty, empty, 0.0)
+        # load the jitted kernels now, not inside the timed loop
         rule = BspUpdate if config.protocol == "bsp" else SspUpdate
-        self.rule = rule(config, self.optimizer, self.params)
+        warm = rule(config, make_optimizer(config.optimizer, 0, **config.opt_hparams),
+                    ShardVersions(np.zeros(0, np.float32)))
+        for _ in range(2):  # bsp: the first push is checked, the second added
+            warm.push(warm.receive_buffer(), 0, 0)
+        warm.advance(0, 1)
+        self.rule = rule(config, self.optimizer, self.versions)
         self.bound = 0.0 if config.protocol == "bsp" else float(config.staleness)
-        self.scratch = np.empty(self.n, np.float32)
-        self.pool = _ReplyPool(self.n, REPLY_POOL)
         self.pushes = np.full(self.W, int(start_clock), np.int64)
         self.done = np.zeros(self.W, bool)
         self.version = int(start_clock)
@@ -229,9 +200,9 @@ class _Server:
                     self._snapshot_in(msg, status)
                     poller = _wait.Poller(self._describe)
                     continue
-            self.pool.reap()
+            self.versions.reap()
             poller.idle()
-        outstanding = self.pool.all_requests() + [r for r in self.hdr_reqs if r is not None]
+        outstanding = self.versions.all_requests() + [r for r in self.hdr_reqs if r is not None]
         if self.snap_req is not None:
             outstanding.append(self.snap_req)
         _wait.waitall(outstanding, "workers and rank 0 to receive this server's last messages")
@@ -278,7 +249,7 @@ class _Server:
             raise PsgdError(f"message of unknown kind {kind} from rank {source}")
 
     def _push(self, source: int, w: int, clock: int, read_version: int) -> None:
-        buf = self.rule.receive_buffer(self.scratch)
+        buf = self.rule.receive_buffer()
         server_push(self.comm, source, self.ctrl, self.shard, self.n, buf)
         if self.fault is not None:
             self.fault.at(self.n_pushes, buf)
@@ -296,13 +267,12 @@ class _Server:
         if staleness >= self.hist.shape[0]:
             self.hist = np.concatenate([self.hist, np.zeros(staleness + 1, np.int64)])
         self.hist[staleness] += 1
-        if all_finite(buf):
-            self.rule.push(buf, clock, staleness)
-        elif self.config.skip_nonfinite:
+        if not self.rule.push(buf, clock, staleness):
+            if not self.config.skip_nonfinite:
+                raise PsgdError(f"push from rank {source} for clock {clock} holds non-finite "
+                                f"values (NaN or Inf); lower the learning rate, or pass "
+                                f"--skip-nonfinite")
             self.n_skipped += 1
-        else:
-            raise PsgdError(f"push from rank {source} for clock {clock} holds non-finite values "
-                            f"(NaN or Inf); lower the learning rate, or pass --skip-nonfinite")
         self.pushes[w] += 1
         self._update_version()
 
@@ -313,7 +283,12 @@ class _Server:
         new = int(self.pushes[active].min())
         if new > self.version:
             old = self.version
-            self.rule.advance(old, new)
+            if not self.rule.advance(old, new):
+                if not self.config.skip_nonfinite:
+                    raise PsgdError(f"the sum of the workers' pushes for clock {old} overflowed "
+                                    f"float32 on shard {self.shard}; lower the learning rate, or "
+                                    f"pass --skip-nonfinite")
+                self.n_skipped += 1
             self.version = new
             k = self.config.snapshot_every
             if k > 0:
@@ -326,22 +301,19 @@ class _Server:
         if not self.pending:
             return
         keep = []
-        slot = None
         now = time.perf_counter()
         for dest, clock, since in self.pending:
             if self.version < clock - self.bound:
                 keep.append((dest, clock, since))
                 continue
-            if slot is None:
-                slot = self.pool.acquire((self.rule.n_updates, self.version), self.params)
             w = dest - self.S
             if self.hdr_reqs[w] is not None:
                 _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
             self.reply_hdr[w] = (REPLY, int((now - since) * 1e6), self.version, self.shard)
             hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w],
-                                            self.pool.arrays[slot])
+                                            self.versions.live)
             self.hdr_reqs[w] = hdr_req
-            self.pool.reqs[slot].append(data_req)
+            self.versions.reply_sent(data_req)
         self.pending = keep
 
     # ------------------------------------------------------------ snapshots and the end
@@ -378,12 +350,13 @@ class _Server:
         if self.rank == 0:
             entry = self._entry(clock)
             entry["scalars"] = self._scalars()
-            self._place(entry, 0, np.stack([self.params] + self._state_arrays()))
+            self._place(entry, 0, np.stack([self.versions.live] + self._state_arrays()))
             self._snapshot_done(clock)
             return
         if self.snap_req is not None:
             _wait.wait(self.snap_req, "rank 0 to take the previous snapshot")
-        self.snap_buf = pack_shard_state(clock, self.shard, self.params, self._state_arrays())
+        self.snap_buf = pack_shard_state(clock, self.shard, self.versions.live,
+                                         self._state_arrays())
         self.snap_req = self.comm.Isend(self.snap_buf, 0, TAG_SNAP)
 
     def _snapshot_in(self, msg: MPI.Message, status: MPI.Status) -> None:
@@ -407,9 +380,10 @@ class _Server:
             self.on_snapshot(clock=clock, params=params, opt_state=opt_state)
 
     def _gather_final(self, result: ServerResult) -> None:
-        rows = np.stack([self.params] + self._state_arrays())
+        rows = np.stack([self.versions.live] + self._state_arrays())
         if self.rank != 0:
-            buf = pack_shard_state(self.version, self.shard, self.params, self._state_arrays())
+            buf = pack_shard_state(self.version, self.shard, self.versions.live,
+                                   self._state_arrays())
             _wait.wait(self.comm.Isend(buf, 0, TAG_FINAL), "rank 0 to take the final shard")
             return
         entry = {"rows": np.empty((rows.shape[0], self.shard_map.n), np.float32), "have": set()}

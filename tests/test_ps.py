@@ -112,3 +112,70 @@ def test_shard_state_packs_header_params_and_state_rows_and_unpacks():
     clock, shard, rows = unpack_shard_state(pack_shard_state(7, 2, p, [m, v]))
     assert (clock, shard) == (7, 2)
     np.testing.assert_array_equal(rows, np.stack([p, m, v]))
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "nesterov", "adam"])
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_step_into_equals_in_place_step_on_a_copy_and_leaves_the_source(name, scale):
+    from psgd.optim import make_optimizer
+    from psgd.shard_versions import step_into
+    rng = np.random.default_rng(3)
+    n = 1001
+    src = rng.standard_normal(n).astype(np.float32)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    ref, fused = (make_optimizer(name, n, weight_decay=0.01) for _ in range(2))
+    want, have = src.copy(), src.copy()
+    for g in grads:
+        ref.step(want, g * np.float32(scale), 0.05)
+        dst = np.empty_like(have)
+        keep = have.copy()
+        assert step_into(fused, have, g, dst, 0.05, scale)
+        fused.steps += 1
+        np.testing.assert_array_equal(have, keep)
+        have = dst
+    np.testing.assert_array_equal(have, want)
+    for key in ref.state_keys:
+        np.testing.assert_array_equal(getattr(fused, key), getattr(ref, key))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_step_into_reports_a_nonfinite_gradient_and_sgd_source_is_untouched(bad):
+    from psgd.optim import make_optimizer
+    from psgd.shard_versions import step_into
+    src = np.ones(100, np.float32)
+    g = np.full(100, 3e38, np.float32)  # huge but finite: accepted
+    dst = np.empty_like(src)
+    assert step_into(make_optimizer("sgd", 100), src, g, dst, 1e-40)
+    g[57] = bad
+    assert not step_into(make_optimizer("sgd", 100), src, g, dst, 0.1)
+    np.testing.assert_array_equal(src, 1.0)
+
+
+def test_shard_versions_never_write_a_buffer_a_reply_still_reads():
+    from mpi4py import MPI
+    from psgd.optim import make_optimizer
+    from psgd.shard_versions import ShardVersions
+    comm = MPI.COMM_SELF
+    opt = make_optimizer("sgd", 8)
+    versions = ShardVersions(np.zeros(8, np.float32), spares=2)
+    g = np.ones(8, np.float32)
+    sinks, sent = [], []
+    for k in range(1, 6):
+        sent.append((versions.live, versions.live.copy()))
+        versions.reply_sent(comm.Isend(versions.live, 0, k))   # not received yet: in flight
+        if k <= 2:
+            assert versions.step(opt, g, 1.0)
+        else:  # every spare is read by a reply in flight: receive the oldest, then step
+            sink = np.empty(8, np.float32)
+            sinks.append(comm.Irecv(sink, 0, k - 2))
+            MPI.Request.Waitall(sinks[-1:])
+            assert versions.step(opt, g, 1.0)
+        for buf, copy in sent[-2:]:     # the two newest replies' buffers were never written
+            np.testing.assert_array_equal(buf, copy)
+        np.testing.assert_array_equal(versions.live, -float(k))
+    for k in range(4, 6):
+        sink = np.empty(8, np.float32)
+        comm.Recv(sink, 0, k)
+        np.testing.assert_array_equal(sink, -float(k - 1))
+    MPI.Request.Waitall(versions.all_requests())
+    assert versions.n_waits == 0 and opt.steps == 5

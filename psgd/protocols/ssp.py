@@ -5,36 +5,48 @@ Each push for clock c is applied at once with ``lr_schedule(c)`` (divided by
 answered only when the shard version v >= c - s (the pull rule in
 :mod:`psgd.server`), so a push's staleness c - v never exceeds s; s = 0 is a
 barrier per clock.  ``asp`` is this module with s = inf: pulls never wait
-(Downpour SGD).
+(Downpour SGD).  A worker may ask for clock c + 1 before it pushes clock c
+(``config.overlap``, :class:`psgd.pushpull.PSWorker`): the same rule then
+holds the pull until v >= c + 1 - s, so the bound is unchanged.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from psgd.protocols.config import ProtocolConfig
+from psgd.shard_versions import ShardVersions
 
 
 class SspUpdate:
-    """One optimizer step per push, with the learning rate of the push's clock."""
+    """One optimizer step per push, with the learning rate of the push's clock.
 
-    def __init__(self, config: ProtocolConfig, optimizer, params: np.ndarray) -> None:
+    Memory: one float32 receive buffer of the shard's length.
+    """
+
+    def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions) -> None:
         self.config = config
         self.optimizer = optimizer
-        self.params = params
+        self.versions = versions
         self.inverse = config.staleness_lr == "inverse"
+        # a skipped push must leave optimizer state untouched: check before a stateful step
+        self.check_first = config.skip_nonfinite and bool(optimizer.state_keys)
+        self.incoming = np.empty_like(versions.live)
         self.n_updates = 0
 
-    def receive_buffer(self, scratch: np.ndarray) -> np.ndarray:
-        """Pushes land in the server's scratch buffer."""
-        return scratch
+    def receive_buffer(self) -> np.ndarray:
+        """Where the next push lands."""
+        return self.incoming
 
-    def push(self, grad: np.ndarray, clock: int, staleness: int) -> None:
-        """Apply one worker's gradient (float32, shard length) now."""
+    def push(self, grad: np.ndarray, clock: int, staleness: int) -> bool:
+        """Apply one worker's gradient (float32, shard length) now; False if it was not finite."""
         lr = self.config.lr_schedule(clock)
         if self.inverse:
             lr = lr / (1.0 + staleness)
-        self.optimizer.step(self.params, grad, lr)
+        if not self.versions.step(self.optimizer, grad, lr, check_first=self.check_first):
+            return False
         self.n_updates += 1
+        return True
 
-    def advance(self, old_version: int, new_version: int) -> None:
+    def advance(self, old_version: int, new_version: int) -> bool:
         """Nothing to do when the version advances."""
+        return True

@@ -1,0 +1,125 @@
+"""Optimizer steps that read one parameter buffer and write another, checking the gradient is finite in the same pass.
+
+A parameter server keeps its shard as a few immutable versions (replies in
+flight read one while the next is written), so its step is out of place:
+``dst = step(src, scale * grad)``.  Each kernel also reports whether every
+gradient value was finite, so the server reads the gradient once for both.
+The arithmetic is that of :mod:`psgd.kernels.optim` (same expressions, same
+precision), so a step into ``dst`` equals an in-place step on a copy of ``src``.
+
+Finiteness: ``g - g`` is 0 for a finite value and NaN for NaN or Inf, and an
+integer OR of ``g - g != 0`` vectorizes without fast-math (which would let the
+compiler assume there are no NaNs).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def sgd_step_into(src, grad, dst, lr, weight_decay, scale):
+    """``dst = src - lr * (scale * g + wd * src)``; True when every ``grad`` value is finite.
+
+    Parameters
+    ----------
+    src, grad, dst : ndarray, float32 (n,)
+    lr, weight_decay : float
+    scale : float32
+        Multiplies the gradient first (1 / count for a mean of summed gradients).
+    """
+    bad = np.uint32(0)
+    for i in range(src.shape[0]):
+        gi = grad[i]
+        bad |= np.uint32(gi - gi != 0)
+        p = src[i]
+        dst[i] = p - lr * (gi * scale + weight_decay * p)
+    return bad == 0
+
+
+@njit(cache=True)
+def momentum_step_into(src, grad, velocity, dst, lr, momentum, weight_decay, nesterov,
+                       scale):
+    """Heavy-ball or Nesterov momentum from ``src`` into ``dst``; ``velocity`` in place.
+
+    Returns True when every ``grad`` value is finite; when it is not,
+    ``velocity`` may already hold non-finite values (check first to skip a push).
+
+    Parameters
+    ----------
+    src, grad, velocity, dst : ndarray, float32 (n,)
+    lr, momentum, weight_decay : float
+    nesterov : bool
+    scale : float32
+    """
+    bad = np.uint32(0)
+    for i in range(src.shape[0]):
+        gi = grad[i]
+        bad |= np.uint32(gi - gi != 0)
+        p = src[i]
+        g = gi * scale + weight_decay * p
+        v = momentum * velocity[i] + g
+        velocity[i] = v
+        if nesterov:
+            dst[i] = p - lr * (g + momentum * v)
+        else:
+            dst[i] = p - lr * v
+    return bad == 0
+
+
+@njit(cache=True)
+def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, step, scale):
+    """One AdamW step from ``src`` into ``dst``; ``m``, ``v`` in place; True when ``grad`` is finite.
+
+    Parameters
+    ----------
+    src, grad, m, v, dst : ndarray, float32 (n,)
+    lr, beta1, beta2, eps, weight_decay : float
+    step : int
+        1-based count of updates, this one included.
+    scale : float32
+    """
+    bc1 = 1.0 - beta1 ** step
+    bc2 = 1.0 - beta2 ** step
+    step_size = lr / bc1
+    inv_sqrt_bc2 = 1.0 / np.sqrt(bc2)
+    bad = np.uint32(0)
+    for i in range(src.shape[0]):
+        gi = grad[i]
+        bad |= np.uint32(gi - gi != 0)
+        g = gi * scale
+        mi = beta1 * m[i] + (1.0 - beta1) * g
+        vi = beta2 * v[i] + (1.0 - beta2) * g * g
+        m[i] = mi
+        v[i] = vi
+        p = src[i]
+        dst[i] = p - (lr * weight_decay * p + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps))
+    return bad == 0
+
+
+@njit(cache=True)
+def add_into(total, grad):
+    """``grad += total`` in place (so ``grad`` becomes the new sum); True when ``grad`` was finite.
+
+    ``total`` is never written, so a non-finite push leaves the old sum intact.
+
+    Parameters
+    ----------
+    total, grad : ndarray, float32 (n,)
+    """
+    bad = np.uint32(0)
+    for i in range(grad.shape[0]):
+        gi = grad[i]
+        bad |= np.uint32(gi - gi != 0)
+        grad[i] = total[i] + gi
+    return bad == 0
+
+
+@njit(cache=True)
+def finite(grad):
+    """True when no value of the float32 array ``grad`` is NaN or Inf (one pass, no temporary)."""
+    bad = np.uint32(0)
+    for i in range(grad.shape[0]):
+        gi = grad[i]
+        bad |= np.uint32(gi - gi != 0)
+    return bad == 0

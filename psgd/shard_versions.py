@@ -1,0 +1,131 @@
+"""A server's shard as a few parameter versions: replies read the live one while the next step writes a spare.
+
+A pull reply is sent straight from the live parameter buffer (no copy).  The
+next optimizer step reads the live buffer and writes a spare one, which then
+becomes live, so a reply still in flight never sees a half-updated shard; the
+old buffer is reused once the replies reading it are complete.  With
+``spares`` spare buffers the server only waits on a reply when every spare is
+still being read.  The step also checks the gradient for NaN/Inf in the same
+pass (:mod:`psgd.kernels.step_into`): one pass over memory where a check, an
+in-place step and a reply copy took three.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd import wait as _wait
+from psgd.kernels.step_into import adam_step_into, finite, momentum_step_into, sgd_step_into
+from psgd.optim import SGD, Adam, Momentum, Optimizer
+
+SPARES = 2
+
+
+def step_into(optimizer: Optimizer, src: np.ndarray, grad: np.ndarray, dst: np.ndarray,
+              lr: float, scale: float = 1.0, check_first: bool = False) -> bool:
+    """One optimizer step from ``src`` into ``dst`` (float32, the optimizer's length).
+
+    Parameters
+    ----------
+    optimizer : Optimizer
+        Its per-element state is updated in place; its step count is not
+        advanced (the caller does, once the step is accepted; adam uses
+        ``optimizer.steps + 1``).
+    src, grad, dst : ndarray, float32 (n,)
+        ``dst`` must not be ``src``.
+    lr : float
+    scale : float
+        Multiplies ``grad`` before the step (1 / count for a mean of a sum).
+    check_first : bool
+        Check ``grad`` in a separate pass before touching any state, so a
+        non-finite gradient changes nothing (the server's ``skip_nonfinite``).
+        Without it the check shares the step's pass, and after a non-finite
+        gradient ``dst`` and a stateful optimizer's state are garbage.
+
+    Returns
+    -------
+    bool
+        True when every ``grad`` value was finite (and the step was applied).
+    """
+    if check_first and not finite(grad):
+        return False
+    lr, scale, wd = float(lr), np.float32(scale), optimizer.weight_decay
+    kind = type(optimizer)
+    if kind is SGD:
+        ok = sgd_step_into(src, grad, dst, lr, wd, scale)
+    elif kind is Momentum:
+        ok = momentum_step_into(src, grad, optimizer.velocity, dst, lr, optimizer.momentum, wd,
+                                optimizer.nesterov, scale)
+    elif kind is Adam:
+        ok = adam_step_into(src, grad, optimizer.m, optimizer.v, dst, lr, optimizer.beta1,
+                            optimizer.beta2, optimizer.eps, wd, optimizer.steps + 1, scale)
+    else:
+        raise TypeError(f"no out-of-place step for optimizer {optimizer.name!r}")
+    return bool(ok)
+
+
+class ShardVersions:
+    """The live parameters of one shard and ``spares`` buffers for the next versions.
+
+    Parameters
+    ----------
+    init : ndarray, float32 (n,)
+        The initial parameters; becomes the first live buffer (not copied).
+    spares : int
+        Spare buffers (>= 1); memory is (1 + spares) shard lengths.
+
+    Attributes
+    ----------
+    n_waits : int
+        Steps that had to wait for a reply to finish reading a spare.
+    """
+
+    def __init__(self, init: np.ndarray, spares: int = SPARES) -> None:
+        if spares < 1:
+            raise ValueError(f"a shard needs at least one spare version buffer, got {spares}")
+        self.buffers = [init] + [np.empty_like(init) for _ in range(spares)]
+        self.reqs: list[list] = [[] for _ in self.buffers]
+        self.retired = list(range(1, len(self.buffers)))   # not live, oldest first
+        self.index = 0
+        self.n_waits = 0
+
+    @property
+    def live(self) -> np.ndarray:
+        """The current parameters (float32 (n,)); never written while it is live."""
+        return self.buffers[self.index]
+
+    def reply_sent(self, request: MPI.Request) -> None:
+        """Record a send that reads the live buffer; the buffer is not reused until it completes."""
+        self.reqs[self.index].append(request)
+
+    def reap(self) -> None:
+        """Drop completed reply requests."""
+        for i, reqs in enumerate(self.reqs):
+            if reqs and MPI.Request.Testall(reqs):
+                self.reqs[i] = []
+
+    def step(self, optimizer: Optimizer, grad: np.ndarray, lr: float, scale: float = 1.0,
+             check_first: bool = False) -> bool:
+        """Write the next version from the live one (:func:`step_into`); it becomes live if applied.
+
+        Returns False (and keeps the live version) when ``grad`` was not finite.
+        """
+        self.reap()
+        spare = next((i for i in self.retired if not self.reqs[i]), None)
+        if spare is None:
+            spare = self.retired[0]
+            self.n_waits += 1
+            _wait.waitall(self.reqs[spare], "workers to receive a pull reply of an older "
+                          "version (its buffer is needed for the next one)")
+            self.reqs[spare] = []
+        if not step_into(optimizer, self.live, grad, self.buffers[spare], lr, scale, check_first):
+            return False
+        optimizer.steps += 1
+        self.retired.remove(spare)
+        self.retired.append(self.index)
+        self.index = spare
+        return True
+
+    def all_requests(self) -> list:
+        """Every reply request not yet seen complete."""
+        return [r for reqs in self.reqs for r in reqs]

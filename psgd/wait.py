@@ -6,6 +6,14 @@ work.  Every wait in psgd goes through this module instead: it polls with
 ``Test``/``Iprobe``, spins a few times for latency, then sleeps with an
 exponential backoff capped at ``max_sleep`` (as ``mpi4py.futures`` does).
 
+A wait that expects its partner within microseconds (inside a collective,
+where the peer is already in the same call) can ask for a *yield spin* of
+``spin_s`` seconds first: it polls with ``sched_yield`` between polls, which
+returns at once on an idle core and hands the core over at once to a rank that
+shares it (oversubscription), as MPICH's own progress loop does every 1000
+polls.  Only after that does it sleep, so a partner that is late by a whole
+computation still finds this rank asleep, not spinning.
+
 A wait that lasts longer than the stall timeout prints one line saying who
 this rank waits for and since when; past the abort limit it raises
 :class:`StallError`, which the launcher turns into an MPI_Abort of the job.
@@ -14,6 +22,7 @@ Settings resolve as: :func:`configure` argument, then ``PSGD_STALL_TIMEOUT`` /
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Callable, Sequence, Union
@@ -59,9 +68,10 @@ def configure(*, stall_timeout: float | None = None, stall_abort: float | None =
 class Poller:
     """Backoff and stall bookkeeping for one wait; call :meth:`idle` after each failed poll."""
 
-    __slots__ = ("what", "start", "polls", "sleep", "reported", "progress", "mark")
+    __slots__ = ("what", "start", "polls", "sleep", "reported", "progress", "mark", "spin_until")
 
-    def __init__(self, what: Describe, progress: Callable[[], object] | None = None) -> None:
+    def __init__(self, what: Describe, progress: Callable[[], object] | None = None,
+                 spin_s: float = 0.0) -> None:
         self.what = what
         self.start = time.monotonic()
         self.polls = 0
@@ -71,10 +81,16 @@ class Poller:
         # ``progress()`` is read at each stall check; a changed value restarts the stall clock
         self.progress = progress
         self.mark = progress() if progress is not None else None
+        self.spin_until = time.perf_counter() + spin_s if spin_s > 0 else 0.0
 
     def idle(self) -> None:
         self.polls += 1
-        if self.polls <= SPIN:
+        if self.spin_until:
+            if time.perf_counter() < self.spin_until:
+                os.sched_yield()
+                return
+            self.spin_until = 0.0
+        elif self.polls <= SPIN:
             return
         time.sleep(self.sleep)
         self.sleep = min(self.sleep * 2.0, settings.max_sleep)
@@ -103,18 +119,18 @@ class Poller:
 
 
 def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None,
-         progress: Callable[[], object] | None = None) -> None:
-    """Complete one request, sleeping between polls (``progress``: see :class:`Poller`)."""
-    poller = Poller(what, progress)
+         progress: Callable[[], object] | None = None, spin_s: float = 0.0) -> None:
+    """Complete one request, sleeping between polls (``progress``, ``spin_s``: see :class:`Poller`)."""
+    poller = Poller(what, progress, spin_s)
     while not request.Test(status):
         poller.idle()
 
 
-def waitall(requests: Sequence[MPI.Request], what: Describe) -> None:
-    """Complete all requests, sleeping between polls."""
+def waitall(requests: Sequence[MPI.Request], what: Describe, spin_s: float = 0.0) -> None:
+    """Complete all requests, sleeping between polls (after a yield spin of ``spin_s`` seconds)."""
     if not requests:
         return
-    poller = Poller(what)
+    poller = Poller(what, spin_s=spin_s)
     while not MPI.Request.Testall(requests):
         poller.idle()
 

@@ -16,3 +16,54 @@ def test_stall_is_reported_then_ends_job(mpirun):
     assert "stall abort limit" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - t0 < 30
+
+
+class _Request:
+    """Stands in for an MPI request: completes once ``done()`` says so."""
+
+    def __init__(self, done):
+        self.done = done
+        self.polls = 0
+
+    def Test(self, status=None):
+        self.polls += 1
+        return self.done(self)
+
+
+def _record(monkeypatch):
+    """Count sched_yield calls and record sleeps (with the time each began) instead of sleeping."""
+    from psgd import wait
+    calls = {"yield": 0, "sleep": []}
+    monkeypatch.setattr(wait.os, "sched_yield", lambda: calls.__setitem__("yield", calls["yield"] + 1))
+    monkeypatch.setattr(wait.time, "sleep", lambda s: calls["sleep"].append(time.perf_counter()))
+    return calls
+
+
+def test_yield_spin_yields_between_polls_and_never_sleeps_within_spin_s(monkeypatch):
+    from psgd import wait
+    calls = _record(monkeypatch)
+    t0 = time.perf_counter()
+    request = _Request(lambda r: time.perf_counter() - t0 > 0.05)
+    wait.wait(request, "peer", spin_s=1.0)
+    assert calls["sleep"] == []
+    assert calls["yield"] >= request.polls - 2 > 0
+
+
+def test_yield_spin_ends_after_spin_s_then_backoff_sleeps(monkeypatch):
+    from psgd import wait
+    calls = _record(monkeypatch)
+    t0 = time.perf_counter()
+    request = _Request(lambda r: len(calls["sleep"]) >= 5)
+    wait.wait(request, "peer", spin_s=0.03)
+    assert calls["yield"] > 0
+    assert len(calls["sleep"]) == 5
+    assert calls["sleep"][0] - t0 >= 0.03
+
+
+def test_plain_wait_spins_briefly_then_sleeps_without_yielding(monkeypatch):
+    from psgd import wait
+    calls = _record(monkeypatch)
+    request = _Request(lambda r: len(calls["sleep"]) >= 3)
+    wait.wait(request, "peer")
+    assert calls["yield"] == 0
+    assert request.polls == wait.SPIN + 4      # SPIN bare polls, then one sleep per poll

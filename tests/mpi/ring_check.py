@@ -61,8 +61,29 @@ def check_validation():
             raise AssertionError(f"no ValueError for {words}")
 
 
+def check_plan_cache():
+    """Recursive doubling keeps persistent requests per buffer object: a buffer used again with
+    new values, more buffers than the cache holds, and a fresh view each call all reduce right."""
+    from psgd import ring
+    bufs = [np.empty(n, np.float32) for n in (1, 3, 1000, 1000, 4099)]
+    bufs += [np.empty(7, np.float64) for _ in range(ring._PLANS)]
+    base = np.empty(3000, np.float32)
+    rng = np.random.default_rng(rank)
+    for round_ in range(3):
+        for buf in bufs + [base[:1500], base[1500:]]:
+            buf[:] = rng.standard_normal(buf.size)
+            expect = buf.copy()
+            comm.Allreduce(MPI.IN_PLACE, expect, op=MPI.SUM)
+            ring_allreduce(comm, buf, algorithm="doubling")
+            err = np.abs(buf - expect).max(initial=0.0)
+            assert err <= 1e-5 * size, f"cached plan, round {round_}, n={buf.size}: error {err}"
+    cached = len(ring._state(comm).plans)
+    assert cached == (ring._PLANS if size > 1 else 0), f"{cached} plans cached"
+
+
 def main():
     check_validation()
+    check_plan_cache()
     count = 0
     for dtype in (np.float32, np.float64):
         for op in ("sum", "mean"):
@@ -75,12 +96,13 @@ def main():
             for n in (size + 1, 1009, 20011):
                 check_case(n, dtype, op, "ring", segment_bytes=64)
                 count += 1
-    # a sub-communicator gets its own state and tag space
+    # a sub-communicator gets its own state and tag space; freeing it frees its plans
     sub = comm.Split(rank % 2, rank)
-    x = np.full(5000, float(rank), np.float64)
-    ring_allreduce(sub, x, "sum", algorithm="ring")
     members = [r for r in range(size) if r % 2 == rank % 2]
-    assert np.all(x == sum(members)), "sub-communicator sum wrong"
+    for algorithm in ("ring", "doubling"):
+        x = np.full(5000, float(rank), np.float64)
+        ring_allreduce(sub, x, "sum", algorithm=algorithm)
+        assert np.all(x == sum(members)), f"sub-communicator {algorithm} sum wrong"
     sub.Free()
     if rank == 0:
         print(f"ring_check: {count} cases passed on {size} ranks")

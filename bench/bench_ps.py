@@ -67,7 +67,7 @@ def child_ps(args):
         res = serve(roles, smap, config, init_shard=np.zeros(smap.size(roles.rank), np.float32))
         info = {"cpu_s": res.cpu_s, "wall_s": res.wall_s, "updates": res.n_updates}
     else:
-        worker = make_ps_worker(roles, smap, config)
+        worker = make_ps_worker(roles, smap, config, overlap=args.overlap)
         params = np.zeros(args.n_params, np.float32)
         grad = np.zeros(args.n_params, np.float32)
         worker.start(params)
@@ -87,7 +87,8 @@ def child_ps(args):
         servers = infos[:roles.n_servers]
         dt = max(w["time"] for w in workers)
         nbytes = 2 * 4 * args.n_params * args.steps * len(workers)
-        emit({"case": f"{args.protocol} S={args.servers} W={len(workers)}",
+        emit({"case": f"{args.protocol}{'+overlap' if args.overlap else ''} S={args.servers} "
+                       f"W={len(workers)}",
               "MB_s": nbytes / dt / 1e6,
               "updates_s": args.steps * len(workers) / dt,
               "server_cpu_fraction": [s["cpu_s"] / s["wall_s"] for s in servers],
@@ -116,6 +117,7 @@ def main():
     ap.add_argument("--child", choices=["raw", "ps"])
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--protocol", default="asp")
+    ap.add_argument("--overlap", action="store_true", help="child: workers pull one clock ahead")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--server-counts", default="1,2", help="comma list of S to run (default 1,2)")
     ap.add_argument("--protocols", default="asp,ssp,bsp", help="comma list (default asp,ssp,bsp)")

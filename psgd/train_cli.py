@@ -28,6 +28,9 @@ Protocols:
              on the workers (sgd, momentum, nesterov)
   allreduce  no servers (--servers 0): gradients averaged by psgd's ring
              all-reduce, every worker applies the same step
+With --overlap (asp, ssp with s >= 1) a worker asks for the next parameters as
+soon as it holds the current ones, so the pull travels during its computation;
+each update is then one clock staler (the bound s still holds).
 
 Settings resolve as: command-line flag, then --config TOML file, then the
 PSGD_<NAME> environment variable (e.g. PSGD_LR=0.05), then the default."""
@@ -43,6 +46,7 @@ class TrainSettings:
     servers: int | None = None        # default: 0 for allreduce, else 1
     staleness: int | None = None      # default: 2 under ssp
     staleness_lr: str = "none"
+    overlap: bool = False
     optimizer: str = "sgd"
     lr: float = 0.1
     lr_schedule: str = "constant"
@@ -79,6 +83,8 @@ FLAGS: dict[str, tuple[type, str]] = {
     "servers": (int, "number of parameter-server ranks S (default 1; 0 for allreduce)"),
     "staleness": (int, "SSP staleness bound s >= 0 (ssp only; default 2)"),
     "staleness_lr": (str, "none, or inverse: divide each update's step by 1 + its staleness"),
+    "overlap": (bool, "asp, or ssp with staleness >= 1: pull the next parameters while "
+                        "computing (costs one clock of staleness; see the README)"),
     "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default sgd)"),
     "lr": (float, "learning rate (default 0.1)"),
     "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default constant)"),
@@ -188,6 +194,10 @@ def validate(s: TrainSettings) -> None:
         s.staleness = 2 if s.staleness is None else s.staleness
         if s.staleness < 0:
             raise ValueError(f"--staleness must be >= 0, got {s.staleness}")
+    if s.overlap and not (s.protocol == "asp" or s.protocol == "ssp" and s.staleness >= 1):
+        raise ValueError(f"--overlap needs --protocol asp, or ssp with --staleness >= 1 (not "
+                         f"{s.protocol}{' with staleness 0' if s.protocol == 'ssp' else ''}): "
+                         f"otherwise a worker's next parameters wait for its own push")
     if s.servers is None:
         s.servers = 0 if s.protocol == "allreduce" else 1
     if s.protocol == "allreduce" and s.servers != 0:

@@ -32,7 +32,7 @@ def _make_protocol(job):
         worker = HogwildWorker(roles, job.shard_map, cfg)
         return worker, getattr(worker, "optimizer", None)
     from psgd.pushpull import make_ps_worker
-    return make_ps_worker(roles, job.shard_map, cfg), None
+    return make_ps_worker(roles, job.shard_map, cfg, overlap=s.overlap), None
 
 
 class _Window:

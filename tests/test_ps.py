@@ -37,10 +37,11 @@ def test_bsp_resumed_at_clock_100_snapshots_the_resumed_clocks(mpirun):
     assert result_of(proc)["snapshots"] == [104, 111, 118]
 
 
-def stale_run(mpirun, n, servers, protocol, staleness=0, sleep=0.03, steps=15):
+def stale_run(mpirun, n, servers, protocol, staleness=0, sleep=0.03, steps=15, overlap=False):
     return result_of(mpirun(n, ["ps_check.py", "stale", "--servers", servers, "--protocol",
                                 protocol, "--staleness", staleness, "--sleep", sleep,
-                                "--steps", steps], timeout=60))
+                                "--steps", steps] + (["--overlap"] if overlap else []),
+                            timeout=60))
 
 
 def test_ssp_staleness_reaches_bound_one_and_never_exceeds_it(mpirun):
@@ -57,6 +58,60 @@ def test_ssp_bound_three_is_tight_on_every_server_and_asp_is_staler(mpirun):
 
 def test_ssp_zero_is_a_barrier_per_clock(mpirun):
     assert stale_run(mpirun, 3, 1, "ssp", 0)["server_max"] == [0]
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_overlap_with_one_worker_is_sgd_delayed_by_exactly_one_clock(mpirun, servers):
+    res = result_of(mpirun(servers + 1, ["ps_check.py", "overlap", "--servers", servers,
+                                         "--steps", 30, "--overlap"], timeout=60))
+    assert res["hists"] == [[1, 29]] * servers
+
+
+def test_overlap_keeps_the_ssp_bound_tight_on_every_server(mpirun):
+    for s in (1, 3):
+        res = stale_run(mpirun, 5, 2, "ssp", s, sleep=0.05, overlap=True)
+        assert res["server_max"] == [s, s], (s, res)
+        assert all(h[0] <= 3 for h in res["hists"]), res  # only first pushes read fresh params
+
+
+def test_overlap_is_rejected_where_the_next_params_need_the_own_push():
+    from psgd.pushpull import make_ps_worker
+    roles = Roles(comm=None, rank=1, size=3, n_servers=1, n_workers=2, worker_comm=None)
+    for config in (ProtocolConfig("bsp", 10), ProtocolConfig("ssp", 10, staleness=0)):
+        with pytest.raises(ValueError, match="overlap needs asp or ssp with staleness >= 1"):
+            make_ps_worker(roles, ShardMap(10, 1), config, overlap=True)
+    make_ps_worker(roles, ShardMap(10, 1), ProtocolConfig("ssp", 10, staleness=1), overlap=True)
+
+
+@pytest.mark.parametrize("flags", [["--protocol", "bsp"], ["--protocol", "ssp", "--staleness", "0"],
+                                   ["--protocol", "allreduce", "--servers", "0"]])
+def test_train_overlap_flag_is_rejected_outside_asp_and_ssp_with_slack(dataset, flags):
+    import argparse
+    from psgd.train_cli import add_arguments, resolve
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--data", dataset, "--overlap", *flags])
+    with pytest.raises(ValueError, match="--overlap needs --protocol asp"):
+        resolve(args, environ={})
+
+
+@pytest.mark.parametrize("protocol", [["asp"], ["ssp", "--staleness", "1"]])
+def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset, tmp_path,
+                                                                  protocol):
+    from psgd.metrics import read_log
+    log = tmp_path / "run.jsonl"
+    mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--model", "lenet", "--quiet",
+               "--protocol", *protocol, "--overlap", "--lr", "0.05", "--batch-size", 32,
+               "--steps", 60, "--log", log], timeout=180)
+    records = read_log(log)
+    assert records[0]["overlap"] is True
+    summary = records[-1]
+    assert summary["kind"] == "summary"
+    assert summary["test_accuracy"] > 0.3, summary  # chance is 0.1
+    hist = summary["staleness_histogram"]
+    assert sum(hist) == 2 * 60 and hist[0] <= 2, hist  # only each worker's first push is fresh
+    if protocol[0] == "ssp":
+        assert len(hist) == 2, hist                      # never above the bound s = 1
 
 
 @pytest.mark.parametrize("bad,servers,words", [

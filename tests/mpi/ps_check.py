@@ -1,4 +1,4 @@
-"""Parameter-server checks under mpiexec: bsp equals serial SGD, ssp staleness bounds, bad pushes, server CPU.
+"""Parameter-server checks under mpiexec: bsp equals serial SGD, ssp staleness bounds, overlap, bad pushes, server CPU.
 
 Usage: ps_check.py MODE [options]; rank 0 prints one ``RESULT {json}`` line.
 The gradient is linear softmax regression on fixed random data (numpy only).
@@ -66,7 +66,7 @@ def run_ps(args, roles, config, step_hook=None, grad_fn=None):
     else:
         x, y = data(roles.n_workers)
         w = roles.worker_index
-        worker = make_ps_worker(roles, smap, config)
+        worker = make_ps_worker(roles, smap, config, overlap=args.overlap)
         params = np.zeros(config.n_params, np.float32)
         worker.start(params, args.start_clock)
         for c in range(args.steps):
@@ -146,6 +146,36 @@ def mode_stale(args, comm):
                                   "hists": [i["hist"] for i in infos if i]}), flush=True)
 
 
+def mode_overlap(args, comm):
+    """One worker, asp, overlap: exactly SGD with a delay of one clock (deterministic).
+
+    The pull for clock c + 1 is posted before the push of clock c, and a
+    server handles one worker's messages in the order sent, so the gradient of
+    clock c >= 1 is computed on the parameters after updates 0..c-2.
+    """
+    roles = assign_roles(comm, args.servers)
+    assert roles.n_workers == 1
+    config = ProtocolConfig("asp", N_PARAMS, lr_schedule=lambda c: LR)
+    out = run_ps(args, roles, config)
+    hists = comm.gather(out["server"].staleness_hist.tolist() if roles.is_server else None, root=0)
+    if comm.Get_rank() != 0:
+        return
+    x, y = data(1)
+    theta = [initial_params()]
+    opt = make_optimizer("sgd", N_PARAMS)
+    for c in range(args.steps):
+        b = c % N_BATCHES
+        grad = softmax_grad(theta[max(c - 1, 0)], x[b, 0], y[b, 0], K)
+        nxt = theta[-1].copy()
+        opt.step(nxt, grad, LR)
+        theta.append(nxt)
+    err = float(np.abs(out["server"].params - theta[-1]).max())
+    assert np.allclose(out["server"].params, theta[-1], rtol=1e-5, atol=1e-6), err
+    want = [1, args.steps - 1]
+    assert all(h == want for h in hists if h is not None), (hists, want)
+    print("RESULT " + json.dumps({"max_err": err, "hists": [h for h in hists if h]}), flush=True)
+
+
 def mode_bad(args, comm):
     roles = assign_roles(comm, args.servers)
     config = ProtocolConfig("asp", N_PARAMS)
@@ -191,7 +221,7 @@ def mode_cpu(args, comm):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["bsp", "stale", "bad", "cpu"])
+    ap.add_argument("mode", choices=["bsp", "stale", "overlap", "bad", "cpu"])
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--optimizer", default="sgd")
@@ -201,9 +231,12 @@ def main():
     ap.add_argument("--staleness", type=float, default=1)
     ap.add_argument("--sleep", type=float, default=0.02)
     ap.add_argument("--bad", default="length")
+    ap.add_argument("--overlap", action="store_true")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
-    {"bsp": mode_bsp, "stale": mode_stale, "bad": mode_bad, "cpu": mode_cpu}[args.mode](args, comm)
+    modes = {"bsp": mode_bsp, "stale": mode_stale, "overlap": mode_overlap, "bad": mode_bad,
+             "cpu": mode_cpu}
+    modes[args.mode](args, comm)
 
 
 if __name__ == "__main__":

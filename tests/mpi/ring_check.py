@@ -62,11 +62,11 @@ def check_validation():
 
 
 def check_plan_cache():
-    """Recursive doubling keeps persistent requests per buffer object: a buffer used again with
+    """Schedules (persistent requests) are cached per buffer object: a buffer used again with
     new values, more buffers than the cache holds, and a fresh view each call all reduce right."""
     from psgd import ring
     bufs = [np.empty(n, np.float32) for n in (1, 3, 1000, 1000, 4099)]
-    bufs += [np.empty(7, np.float64) for _ in range(ring._PLANS)]
+    bufs += [np.empty(7, np.float64) for _ in range(ring._SCHEDULES)]
     base = np.empty(3000, np.float32)
     rng = np.random.default_rng(rank)
     for round_ in range(3):
@@ -77,8 +77,8 @@ def check_plan_cache():
             ring_allreduce(comm, buf, algorithm="doubling")
             err = np.abs(buf - expect).max(initial=0.0)
             assert err <= 1e-5 * size, f"cached plan, round {round_}, n={buf.size}: error {err}"
-    cached = len(ring._state(comm).plans)
-    assert cached == (ring._PLANS if size > 1 else 0), f"{cached} plans cached"
+    cached = len(ring._state(comm).schedules)
+    assert cached == (ring._SCHEDULES if size > 1 else 0), f"{cached} schedules cached"
 
 
 def main():

@@ -5,7 +5,16 @@ itself under mpiexec once per case.  Workers do no compute, so the numbers are
 those of the PS path alone: each worker step pushes a ~1M-float32 gradient and
 pulls the same bytes back.  Throughput counts push + pull bytes of all workers
 per second; the raw figure is an Isend/Irecv ping-pong of the same size between
-two ranks (bytes both ways per second), measured in the same run.
+two ranks (bytes both ways per second), measured in the same run.  The raw
+ranks wait in MPI's own ``Waitall``, which MPICH busy-polls (lowest latency, a
+whole core each); psgd's ranks wait through :mod:`psgd.wait`, which sleeps.
+
+Memory: besides each rank's peak RSS (mostly Python, numba and MPI), a server
+reports the bytes of the shard-length buffers it holds (``buffer_bytes``: the
+bound of :mod:`psgd.server`, (4 + k) shard lengths under asp/ssp and (5 + k)
+under bsp for an optimizer with k state arrays, whatever the number of workers).
+Rows marked ``+overlap`` run the workers with ``overlap=True`` (pull one clock
+ahead); with no computation to hide it behind, they only show its cost.
 """
 import argparse
 import json
@@ -65,7 +74,8 @@ def child_ps(args):
     info = {}
     if roles.is_server:
         res = serve(roles, smap, config, init_shard=np.zeros(smap.size(roles.rank), np.float32))
-        info = {"cpu_s": res.cpu_s, "wall_s": res.wall_s, "updates": res.n_updates}
+        info = {"cpu_s": res.cpu_s, "wall_s": res.wall_s, "updates": res.n_updates,
+                "buffer_mb": res.buffer_bytes / 1e6, "shard_mb": 4 * smap.size(roles.rank) / 1e6}
     else:
         worker = make_ps_worker(roles, smap, config, overlap=args.overlap)
         params = np.zeros(args.n_params, np.float32)
@@ -93,6 +103,8 @@ def child_ps(args):
               "updates_s": args.steps * len(workers) / dt,
               "server_cpu_fraction": [s["cpu_s"] / s["wall_s"] for s in servers],
               "worker_wait_s": [round(w["wait_s"], 3) for w in workers],
+              "server_buffers_mb": [s["buffer_mb"] for s in servers],
+              "server_shard_mb": [s["shard_mb"] for s in servers],
               "maxrss_mb": [i["maxrss_mb"] for i in infos]})
 
 
@@ -120,13 +132,14 @@ def main():
     ap.add_argument("--overlap", action="store_true", help="child: workers pull one clock ahead")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--server-counts", default="1,2", help="comma list of S to run (default 1,2)")
-    ap.add_argument("--protocols", default="asp,ssp,bsp", help="comma list (default asp,ssp,bsp)")
+    ap.add_argument("--protocols", default="asp,ssp,bsp,asp+overlap",
+                    help="comma list; +overlap: workers pull ahead (default asp,ssp,bsp,asp+overlap)")
     args = ap.parse_args()
     if args.child == "raw":
         return child_raw(args)
     if args.child == "ps":
         return child_ps(args)
-    steps = 20 if args.quick else 100
+    steps = 20 if args.quick else 300
     common = ["--n-params", str(args.n_params), "--steps", str(steps)]
     size_mb = 4 * args.n_params / 1e6
     print(f"psgd PS benchmark: {args.n_params} float32 ({size_mb:.1f} MB) per push and per pull, "
@@ -136,16 +149,21 @@ def main():
           f"rtt {raw['rtt_ms']:.2f} ms")
     results = {"n_params": args.n_params, "steps": steps, "raw": raw, "ps": []}
     for servers in [int(x) for x in args.server_counts.split(",")]:
-        for protocol in args.protocols.split(","):
+        for case in args.protocols.split(","):
+            protocol, _, overlap = case.partition("+")
             r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
-                                     "--protocol", protocol, *common])
+                                     "--protocol", protocol, *common]
+                       + (["--overlap"] if overlap else []))
             r["ratio_to_raw"] = r["MB_s"] / raw["MB_s"]
             results["ps"].append(r)
             cpu = ", ".join(f"{f:.2f}" for f in r["server_cpu_fraction"])
             rss = ", ".join(f"{m:.0f}" for m in r["maxrss_mb"])
-            print(f"{r['case']:<14} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
+            bufs = ", ".join(f"{b:.1f}" for b in r["server_buffers_mb"])
+            shards = ", ".join(f"{b / m:.0f}" for b, m in zip(r["server_buffers_mb"],
+                                                               r["server_shard_mb"]))
+            print(f"{r['case']:<22} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
                   f"ratio {r['ratio_to_raw']:.2f} of raw  server cpu/wall [{cpu}]  "
-                  f"maxrss MB by rank [{rss}]")
+                  f"server buffers MB [{bufs}] (= [{shards}] shards)  maxrss MB by rank [{rss}]")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

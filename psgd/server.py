@@ -31,16 +31,18 @@ calls ``on_snapshot(clock=c, params=..., opt_state=...)`` when all S shards of
 c are in.  Under bsp the step of clock c is applied before v passes c, so the
 snapshot is exactly the state after clock c.
 
-Memory bound per server, whatever W: shard params + optimizer state (k arrays)
-+ ``shard_versions.SPARES`` (2) spare version buffers + one receive buffer +
-one accumulation buffer (bsp) + one snapshot buffer of (1 + k) shard lengths,
-all float32 of the shard's length: (5 + k) shard lengths under ssp/asp, (6 + k)
-under bsp, plus the snapshot buffer when snapshots are on; plus O(W) integers
-(push counts, one pending pull and one 32-byte reply header per worker; a
-worker has at most one pull outstanding, with or without overlap).  Receive
-buffers do not grow with W: pushes are received one at a time into the one
-buffer.  Rank 0 also holds the full vector and state ((1 + k) n floats) for
-each snapshot being assembled and for the final gather.
+Memory bound per server, whatever W: the live shard params + optimizer state
+(k arrays) + ``shard_versions.SPARES`` (2) spare version buffers + one receive
+buffer + a second sum buffer (bsp only), all float32 of the shard's length:
+(4 + k) shard lengths under ssp/asp, (5 + k) under bsp (reported as
+``ServerResult.buffer_bytes``), plus one snapshot buffer of (1 + k) shard
+lengths when snapshots are on; plus O(W) integers (push counts, one pending
+pull and one 32-byte reply header per worker; a worker has at most one pull
+outstanding, with or without overlap).  Receive buffers do not grow with W:
+pushes are received one at a time into the one buffer, and a pull reply is
+sent from the live version (no copy per reply).  Rank 0 also holds the full
+vector and state ((1 + k) n floats) for each snapshot being assembled and for
+the final gather.
 """
 from __future__ import annotations
 
@@ -84,6 +86,10 @@ class ServerResult:
         concatenated in shard order; scalars from shard 0).
     n_snapshots : int
         Snapshots handed to ``on_snapshot`` (rank 0) or sent (other servers).
+    buffer_bytes : int
+        Bytes of the float32 shard-length buffers the server held: parameter
+        versions, receive/sum buffers, optimizer state (not the snapshot and
+        final-gather buffers); the same whatever the number of workers.
     """
 
     staleness_hist: np.ndarray
@@ -95,6 +101,7 @@ class ServerResult:
     params: np.ndarray | None = None
     opt_state: dict | None = None
     n_snapshots: int = 0
+    buffer_bytes: int = 0
 
     @property
     def max_staleness(self) -> int:
@@ -210,9 +217,13 @@ class _Server:
         result = ServerResult(staleness_hist=self.hist[:self._hist_len()].copy(),
                               n_pushes=self.n_pushes, n_updates=self.rule.n_updates,
                               n_skipped=self.n_skipped, cpu_s=cpu, wall_s=wall,
-                              n_snapshots=self.n_snapshots)
+                              n_snapshots=self.n_snapshots, buffer_bytes=self._buffer_bytes())
         self._gather_final(result)
         return result
+
+    def _buffer_bytes(self) -> int:
+        arrays = self.versions.buffers + self.rule.buffers() + self._state_arrays()
+        return sum(a.nbytes for a in arrays)
 
     def _hist_len(self) -> int:
         nz = np.flatnonzero(self.hist)

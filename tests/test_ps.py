@@ -25,6 +25,16 @@ def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, work
     assert res["max_err"] < 1e-5
 
 
+def test_server_buffers_are_the_same_with_one_or_three_workers(mpirun):
+    shard = [26, 26]  # ShardMap(52, 2)
+    for workers in (1, 3):
+        bsp = result_of(mpirun(2 + workers, ["ps_check.py", "bsp", "--servers", 2, "--steps", 5,
+                                             "--optimizer", "momentum"], timeout=60))
+        assert bsp["buffer_bytes"] == [4 * n * (5 + 1) for n in shard]  # 3 versions, 2 sums, k=1
+        ssp = stale_run(mpirun, 2 + workers, 2, "ssp", 1, sleep=0.0, steps=5)
+        assert ssp["buffer_bytes"] == [4 * n * 4 for n in shard]  # 3 versions + receive, sgd
+
+
 def test_bsp_momentum_snapshots_equal_serial_state_after_each_clock(mpirun):
     proc = mpirun(4, ["ps_check.py", "bsp", "--servers", 2, "--steps", 30,
                       "--optimizer", "momentum", "--snapshot-every", 7], timeout=60)

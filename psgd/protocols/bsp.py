@@ -40,6 +40,10 @@ class BspUpdate:
         self.count = 0
         self.n_updates = 0
 
+    def buffers(self) -> list:
+        """The shard-length buffers this rule holds."""
+        return [self.accum, self.incoming]
+
     def receive_buffer(self) -> np.ndarray:
         """Where the next push lands."""
         return self.incoming

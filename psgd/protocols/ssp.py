@@ -33,6 +33,10 @@ class SspUpdate:
         self.incoming = np.empty_like(versions.live)
         self.n_updates = 0
 
+    def buffers(self) -> list:
+        """The shard-length buffers this rule holds."""
+        return [self.incoming]
+
     def receive_buffer(self) -> np.ndarray:
         """Where the next push lands."""
         return self.incoming

@@ -88,9 +88,14 @@ def mode_bsp(args, comm):
     out = run_ps(args, roles, config)
     pulled = comm.gather(out["worker"]["params"] if roles.is_worker else None, root=0)
     hists = comm.gather(out["server"].staleness_hist.tolist() if roles.is_server else None, root=0)
+    held = comm.gather(out["server"].buffer_bytes if roles.is_server else None, root=0)
     if comm.Get_rank() != 0:
         return
     res = out["server"]
+    k = len(make_optimizer(args.optimizer, 1, **hp).state_keys)
+    smap = ShardMap(N_PARAMS, roles.n_servers)
+    want_bytes = [4 * smap.size(s) * (5 + k) for s in range(roles.n_servers)]
+    assert held[:roles.n_servers] == want_bytes, (held, want_bytes)
     trail = serial_reference(roles.n_workers, args.steps, args.optimizer, hp)
     want, want_state = trail[-1]
     tol = dict(rtol=1e-5, atol=1e-6)
@@ -116,7 +121,7 @@ def mode_bsp(args, comm):
                 if key != "steps":
                     assert np.allclose(st[key], ref_state[key], **tol), f"snapshot {c} {key}"
     print("RESULT " + json.dumps({"max_err": err, "n_updates": res.n_updates,
-                                  "snapshots": clocks}), flush=True)
+                                  "snapshots": clocks, "buffer_bytes": want_bytes}), flush=True)
 
 
 def mode_stale(args, comm):
@@ -132,7 +137,8 @@ def mode_stale(args, comm):
     out = run_ps(args, roles, config, step_hook=hook)
     info = None
     if roles.is_server:
-        info = {"max": out["server"].max_staleness, "hist": out["server"].staleness_hist.tolist()}
+        info = {"max": out["server"].max_staleness, "hist": out["server"].staleness_hist.tolist(),
+                "buffer_bytes": out["server"].buffer_bytes}
     winfo = out["worker"]["stats"]["max_staleness"] if roles.is_worker else None
     infos, winfos = comm.gather(info, root=0), comm.gather(winfo, root=0)
     if comm.Get_rank() != 0:
@@ -143,7 +149,9 @@ def mode_stale(args, comm):
     if args.protocol != "asp":
         assert max(server_max) <= s, f"staleness {server_max} exceeds the bound {s}"
     print("RESULT " + json.dumps({"server_max": server_max, "worker_max": worker_max,
-                                  "hists": [i["hist"] for i in infos if i]}), flush=True)
+                                  "hists": [i["hist"] for i in infos if i],
+                                  "buffer_bytes": [i["buffer_bytes"] for i in infos if i]}),
+          flush=True)
 
 
 def mode_overlap(args, comm):

@@ -18,18 +18,6 @@ def _shard_state(job, shard: int) -> dict | None:
             for key, value in job.resume.opt_state.items()}
 
 
-def _histogram_list(hist) -> list[int]:
-    """Counts by staleness 0..max from an array of counts or a {staleness: count} dict."""
-    if hist is None:
-        return []
-    if isinstance(hist, dict):
-        counts = np.zeros(max(hist, default=-1) + 1, np.int64)
-        for staleness, count in hist.items():
-            counts[int(staleness)] = count
-        return counts.tolist()
-    return np.asarray(hist, dtype=np.int64).tolist()
-
-
 def run_server(job) -> None:
     """Serve this rank's shard under the job's protocol until every worker is done."""
     roles, settings = job.roles, job.settings
@@ -62,5 +50,6 @@ def run_server(job) -> None:
         "cpu_s": float(getattr(result, "cpu_s", 0.0)), "wall_s": float(getattr(result, "wall_s", 0.0)),
         "n_updates": int(getattr(result, "n_updates", 0)),
         "n_skipped": int(getattr(result, "n_skipped", getattr(result, "skipped", 0))),
-        "staleness_histogram": _histogram_list(getattr(result, "staleness_hist", None)),
+        "staleness_histogram": np.asarray(getattr(result, "staleness_hist", []),
+                                          dtype=np.int64).tolist(),
     })

@@ -425,9 +425,9 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
         ``cpu_s`` and ``wall_s`` of this server, ``n_updates`` (all workers'
         updates, read from the global counter), ``window`` (the kind used); on
         rank 0 also ``params`` (float32, shape (n_params,): the final full
-        vector gathered from all servers), ``staleness_hist`` ({staleness:
-        count} over all workers), ``max_staleness``, ``mean_staleness`` and
-        ``skipped``.
+        vector gathered from all servers), ``staleness_hist`` (int64 counts
+        of updates by staleness 0, 1, .. over all workers, as the PS server
+        reports them), ``max_staleness``, ``mean_staleness`` and ``skipped``.
     """
     check_hogwild_optimizer(config.optimizer)
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -511,7 +511,7 @@ def _gather_on_root(roles: Roles, shard_map: ShardMap, final: np.ndarray) -> dic
         hist[:len(counts)] += counts
     total = int(hist.sum())
     return {"params": params,
-            "staleness_hist": {int(s): int(c) for s, c in enumerate(hist) if c},
+            "staleness_hist": hist,
             "max_staleness": int(np.flatnonzero(hist)[-1]) if total else 0,
             "mean_staleness": float((np.arange(len(hist)) * hist).sum() / total) if total else 0.0,
             "skipped": skipped}

@@ -244,3 +244,33 @@ def test_shard_versions_never_write_a_buffer_a_reply_still_reads():
         np.testing.assert_array_equal(sink, -float(k - 1))
     MPI.Request.Waitall(versions.all_requests())
     assert versions.n_waits == 0 and opt.steps == 5
+
+
+def test_skipped_nonfinite_push_leaves_params_and_momentum_state_untouched():
+    from psgd.optim import make_optimizer
+    from psgd.shard_versions import ShardVersions
+    opt = make_optimizer("momentum", 6, momentum=0.9)
+    versions = ShardVersions(np.arange(6, dtype=np.float32))
+    assert versions.step(opt, np.ones(6, np.float32), 0.1, check_first=True)
+    live, velocity = versions.live.copy(), opt.velocity.copy()
+    bad = np.ones(6, np.float32)
+    bad[4] = np.nan
+    assert not versions.step(opt, bad, 0.1, check_first=True)
+    np.testing.assert_array_equal(versions.live, live)
+    np.testing.assert_array_equal(opt.velocity, velocity)
+    assert opt.steps == 1
+
+
+def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of_the_rest():
+    from psgd.optim import make_optimizer
+    from psgd.protocols.bsp import BspUpdate
+    from psgd.shard_versions import ShardVersions
+    config = ProtocolConfig("bsp", 5, lr_schedule=lambda c: 0.5, skip_nonfinite=True)
+    versions = ShardVersions(np.zeros(5, np.float32))
+    rule = BspUpdate(config, make_optimizer("sgd", 5), versions)
+    for g, ok in ((1.0, True), (np.inf, False), (3.0, True)):
+        buf = rule.receive_buffer()
+        buf[:] = g
+        assert rule.push(buf, 0, 0) is ok
+    assert rule.advance(0, 1)
+    np.testing.assert_array_equal(versions.live, np.full(5, -0.5 * 2.0, np.float32))

@@ -66,7 +66,12 @@ def configure(*, stall_timeout: float | None = None, stall_abort: float | None =
 
 
 class Poller:
-    """Backoff and stall bookkeeping for one wait; call :meth:`idle` after each failed poll."""
+    """Backoff and stall bookkeeping for one wait; call :meth:`idle` after each failed poll.
+
+    ``what`` names what the wait is for (a string, or a callable built only if
+    a stall is reported); ``progress``: see below; ``spin_s`` > 0: yield-spin
+    for that many seconds before the first sleep (instead of ``SPIN`` bare polls).
+    """
 
     __slots__ = ("what", "start", "polls", "sleep", "reported", "progress", "mark", "spin_until")
 

@@ -72,15 +72,13 @@ class _RingState:
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)   # numpy's singletons: an `is` test
 _keyval: int | None = None
-_by_handle: dict[int, _RingState] = {}     # fast path in front of the attribute lookup
-_last_comm: MPI.Comm | None = None         # and the last caller's communicator in front of that
+_last_comm: MPI.Comm | None = None         # fast path in front of the attribute lookup
 _last_state: _RingState | None = None
 
 
 def _free_state(comm: MPI.Comm, keyval: int, state: _RingState) -> None:
     """Attribute delete callback: the caller's communicator is being freed, so free our duplicate."""
     global _last_comm, _last_state
-    _by_handle.pop(comm.handle, None)
     _last_comm = _last_state = None
     if not MPI.Is_finalized():
         state.free()
@@ -88,10 +86,6 @@ def _free_state(comm: MPI.Comm, keyval: int, state: _RingState) -> None:
 
 def _state(comm: MPI.Comm) -> _RingState:
     global _keyval, _last_comm, _last_state
-    state = _by_handle.get(comm.handle)
-    if state is not None:
-        _last_comm, _last_state = comm, state
-        return state
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_free_state)
     state = comm.Get_attr(_keyval)
@@ -100,7 +94,6 @@ def _state(comm: MPI.Comm) -> _RingState:
             raise ValueError("ring_allreduce needs an intra-communicator, got an inter-communicator")
         state = _RingState(comm)    # collective (Dup): every rank makes its first call together
         comm.Set_attr(_keyval, state)
-    _by_handle[comm.handle] = state
     _last_comm, _last_state = comm, state
     return state
 

@@ -268,6 +268,15 @@ def write_report(results: dict, out: Path) -> Path:
     return path
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write (80 dpi) and close one chart."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def make_plots(results: dict, out: Path) -> list[Path]:
     """accuracy_vs_time.png, time_split.png and scaling.png under ``out``."""
     import matplotlib
@@ -294,10 +303,7 @@ def make_plots(results: dict, out: Path) -> list[Path]:
                    ylabel="test accuracy")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "accuracy_vs_time.png")
-        fig.savefig(paths[-1], dpi=80)
-        plt.close(fig)
+        paths.append(_save(fig, out / "accuracy_vs_time.png"))
 
         labels = [f"{r['name']} W={r['workers']}" if r["protocol"] != "local" else
                   f"single ({r['blas_threads']} thr)" for r in runs]
@@ -310,10 +316,7 @@ def make_plots(results: dict, out: Path) -> list[Path]:
         ax.set_xticks(range(len(runs)), labels, rotation=60, ha="right", fontsize=8)
         ax.set(ylabel="seconds per worker (mean)", title="where worker time goes")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "time_split.png")
-        fig.savefig(paths[-1], dpi=80)
-        plt.close(fig)
+        paths.append(_save(fig, out / "time_split.png"))
     scal = results["sections"].get("scaling")
     if scal:
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -335,8 +338,5 @@ def make_plots(results: dict, out: Path) -> list[Path]:
         ax.set(xlabel="workers W", ylabel="samples/s", title=f"throughput ({scal['cores']} cores)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "scaling.png")
-        fig.savefig(paths[-1], dpi=80)
-        plt.close(fig)
+        paths.append(_save(fig, out / "scaling.png"))
     return paths

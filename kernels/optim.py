@@ -1,4 +1,14 @@
-"""Optimizer updates over flat float32 slices: SGD, momentum (heavy-ball or Nesterov), Adam(W)."""
+"""Optimizer updates over flat float32 slices: SGD, momentum (heavy-ball or Nesterov), Adam(W).
+
+The arithmetic is float32, like the parameters (as in PyTorch): the float64
+hyper-parameters are rounded to float32 once per call, so the loops vectorize
+at full float32 width (a float64 ``lr`` made every element round-trip through
+float64: 768 against 616 us for an out-of-place SGD step on 1M floats).
+Adam's kernels compile with ``error_model="numpy"``: numba's default checks
+every float division for a zero divisor, which stops the loop vectorizing
+(its divisor is at least ``eps`` > 0); without the check a 1M-float step
+takes 0.84 ms instead of 6.9.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +24,9 @@ def sgd_update(params, grad, lr, weight_decay):
     params, grad : ndarray, float32 (n,)
     lr, weight_decay : float
     """
+    lr32, wd32 = np.float32(lr), np.float32(weight_decay)
     for i in range(params.shape[0]):
-        params[i] -= lr * (grad[i] + weight_decay * params[i])
+        params[i] -= lr32 * (grad[i] + wd32 * params[i])
 
 
 @njit(cache=True)
@@ -31,17 +42,18 @@ def momentum_update(params, grad, velocity, lr, momentum, weight_decay, nesterov
     lr, momentum, weight_decay : float
     nesterov : bool
     """
+    lr32, mu32, wd32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
     for i in range(params.shape[0]):
-        g = grad[i] + weight_decay * params[i]
-        v = momentum * velocity[i] + g
+        g = grad[i] + wd32 * params[i]
+        v = mu32 * velocity[i] + g
         velocity[i] = v
         if nesterov:
-            params[i] -= lr * (g + momentum * v)
+            params[i] -= lr32 * (g + mu32 * v)
         else:
-            params[i] -= lr * v
+            params[i] -= lr32 * v
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     """One AdamW step in place (decoupled weight decay, bias-corrected moments).
 
@@ -52,14 +64,26 @@ def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     step : int
         1-based count of updates applied so far, this one included.
     """
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
-    step_size = lr / bc1
-    inv_sqrt_bc2 = 1.0 / np.sqrt(bc2)
+    c = adam_constants(lr, beta1, beta2, eps, weight_decay, step)
+    b1, c1, b2, c2, eps32, decay, step_size, inv_sqrt_bc2 = c
     for i in range(params.shape[0]):
         g = grad[i]
-        mi = beta1 * m[i] + (1.0 - beta1) * g
-        vi = beta2 * v[i] + (1.0 - beta2) * g * g
+        mi = b1 * m[i] + c1 * g
+        vi = b2 * v[i] + c2 * g * g
         m[i] = mi
         v[i] = vi
-        params[i] -= lr * weight_decay * params[i] + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps)
+        params[i] -= decay * params[i] + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps32)
+
+
+@njit(cache=True)
+def adam_constants(lr, beta1, beta2, eps, weight_decay, step):
+    """The float32 scalars of one Adam step, worked out in float64 and rounded once.
+
+    Returns ``(beta1, 1 - beta1, beta2, 1 - beta2, eps, lr * weight_decay,
+    lr / (1 - beta1**step), 1 / sqrt(1 - beta2**step))``.
+    """
+    bc1 = 1.0 - beta1 ** step
+    bc2 = 1.0 - beta2 ** step
+    f = np.float32
+    return (f(beta1), f(1.0 - beta1), f(beta2), f(1.0 - beta2), f(eps), f(lr * weight_decay),
+            f(lr / bc1), f(1.0 / np.sqrt(bc2)))

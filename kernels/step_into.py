@@ -4,8 +4,7 @@ A parameter server keeps its shard as a few immutable versions (replies in
 flight read one while the next is written), so its step is out of place:
 ``dst = step(src, scale * grad)``.  Each kernel also reports whether every
 gradient value was finite, so the server reads the gradient once for both.
-The arithmetic is that of :mod:`psgd.kernels.optim` (same expressions, same
-precision), so a step into ``dst`` equals an in-place step on a copy of ``src``.
+The arithmetic is that of :mod:`psgd.kernels.optim` (same float32 expressions), so a step into ``dst`` equals an in-place step on a copy of ``src``.
 
 Finiteness: ``g - g`` is 0 for a finite value and NaN for NaN or Inf, and an
 integer OR of ``g - g != 0`` vectorizes without fast-math (which would let the
@@ -15,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from psgd.kernels.optim import adam_constants
 
 
 @njit(cache=True)
@@ -28,12 +29,13 @@ def sgd_step_into(src, grad, dst, lr, weight_decay, scale):
     scale : float32
         Multiplies the gradient first (1 / count for a mean of summed gradients).
     """
+    lr32, wd32 = np.float32(lr), np.float32(weight_decay)
     bad = np.uint32(0)
     for i in range(src.shape[0]):
         gi = grad[i]
         bad |= np.uint32(gi - gi != 0)
         p = src[i]
-        dst[i] = p - lr * (gi * scale + weight_decay * p)
+        dst[i] = p - lr32 * (gi * scale + wd32 * p)
     return bad == 0
 
 
@@ -52,22 +54,23 @@ def momentum_step_into(src, grad, velocity, dst, lr, momentum, weight_decay, nes
     nesterov : bool
     scale : float32
     """
+    lr32, mu32, wd32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
     bad = np.uint32(0)
     for i in range(src.shape[0]):
         gi = grad[i]
         bad |= np.uint32(gi - gi != 0)
         p = src[i]
-        g = gi * scale + weight_decay * p
-        v = momentum * velocity[i] + g
+        g = gi * scale + wd32 * p
+        v = mu32 * velocity[i] + g
         velocity[i] = v
         if nesterov:
-            dst[i] = p - lr * (g + momentum * v)
+            dst[i] = p - lr32 * (g + mu32 * v)
         else:
-            dst[i] = p - lr * v
+            dst[i] = p - lr32 * v
     return bad == 0
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, step, scale):
     """One AdamW step from ``src`` into ``dst``; ``m``, ``v`` in place; True when ``grad`` is finite.
 
@@ -79,21 +82,19 @@ def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, st
         1-based count of updates, this one included.
     scale : float32
     """
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
-    step_size = lr / bc1
-    inv_sqrt_bc2 = 1.0 / np.sqrt(bc2)
+    c = adam_constants(lr, beta1, beta2, eps, weight_decay, step)
+    b1, c1, b2, c2, eps32, decay, step_size, inv_sqrt_bc2 = c
     bad = np.uint32(0)
     for i in range(src.shape[0]):
         gi = grad[i]
         bad |= np.uint32(gi - gi != 0)
         g = gi * scale
-        mi = beta1 * m[i] + (1.0 - beta1) * g
-        vi = beta2 * v[i] + (1.0 - beta2) * g * g
+        mi = b1 * m[i] + c1 * g
+        vi = b2 * v[i] + c2 * g * g
         m[i] = mi
         v[i] = vi
         p = src[i]
-        dst[i] = p - (lr * weight_decay * p + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps))
+        dst[i] = p - (decay * p + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps32))
     return bad == 0
 
 

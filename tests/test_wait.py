@@ -1,6 +1,8 @@
 """Waiting does not spin a core; a stalled wait is reported, then ends the job."""
 import time
 
+import pytest
+
 
 def test_idle_wait_uses_little_cpu(mpirun):
     out = mpirun(2, ["idle_cpu_check.py"], timeout=60).stdout
@@ -91,7 +93,7 @@ def test_waitall_starts_its_backoff_over_when_some_requests_complete(monkeypatch
 
     monkeypatch.setattr(wait, "MPI", SimpleNamespace(Request=SimpleNamespace(Testsome=testsome)))
     wait.waitall(requests, "peers")
-    doubling = [wait.MIN_SLEEP * 2 ** k for k in range(6)]
-    assert sleeps == doubling + doubling[:3]              # starts over at the shortest sleep
+    backoff = [wait.MIN_SLEEP * wait.GROWTH ** k for k in range(6)]
+    assert sleeps == pytest.approx(backoff + backoff[:3])   # starts over at the shortest sleep
     # and with SPIN bare polls again: (SPIN bare + 6 sleeping + 1 completing) then (SPIN + 3 + 1)
     assert polls["n"] == 2 * wait.SPIN + 11

@@ -151,12 +151,18 @@ def waitall(requests: Sequence[MPI.Request], what: Describe, spin_s: float = 0.0
     Each time some of them complete, the backoff starts over: the rest
     usually follow within microseconds (a pull's payload right behind its
     header), and a rank that slept on would take them up to a whole backoff
-    sleep late.
+    sleep late.  A yield-spinning wait (``spin_s`` > 0, inside a collective)
+    polls with the cheaper ``Testall``: its partners are due within the spin.
     """
+    if spin_s > 0:
+        poller = Poller(what, spin_s=spin_s)
+        while not MPI.Request.Testall(requests):
+            poller.idle()
+        return
     pending = sum(map(bool, requests))
     if not pending:
         return
-    poller = Poller(what, spin_s=spin_s)
+    poller = Poller(what)
     testsome = MPI.Request.Testsome
     while True:
         done = testsome(requests)

@@ -5,7 +5,8 @@ itself under mpiexec once per case.  Workers do no compute, so the numbers are
 those of the PS path alone: each worker step pushes a ~1M-float32 gradient and
 pulls the same bytes back.  Throughput counts push + pull bytes of all workers
 per second; the raw figure is an Isend/Irecv ping-pong of the same size between
-two ranks (bytes both ways per second), measured in the same run.  The raw
+two ranks (bytes both ways per second), measured in the same run, before and
+after the PS cases; the ratios use the faster of the two.  The raw
 ranks wait in MPI's own ``Waitall``, which MPICH busy-polls (lowest latency, a
 whole core each); psgd's ranks wait through :mod:`psgd.wait`, which sleeps.
 
@@ -145,28 +146,36 @@ def main():
     size_mb = 4 * args.n_params / 1e6
     print(f"psgd PS benchmark: {args.n_params} float32 ({size_mb:.1f} MB) per push and per pull, "
           f"{steps} steps, 2 workers, no compute")
-    raw = launch(2, ["--child", "raw", *common])
-    print(f"raw MPI ping-pong ({size_mb:.1f} MB each way): {raw['MB_s']:.0f} MB/s, "
-          f"rtt {raw['rtt_ms']:.2f} ms")
-    results = {"n_params": args.n_params, "steps": steps, "raw": raw, "ps": []}
+    # raw runs before and after the PS cases; ratios use the faster one, so a slow
+    # moment of the machine during one raw run cannot flatter the PS figures
+    raws = [launch(2, ["--child", "raw", *common])]
+    print(f"raw MPI ping-pong ({size_mb:.1f} MB each way): {raws[0]['MB_s']:.0f} MB/s, "
+          f"rtt {raws[0]['rtt_ms']:.2f} ms")
+    results = {"n_params": args.n_params, "steps": steps, "ps": []}
     for servers in [int(x) for x in args.server_counts.split(",")]:
         for case in args.protocols.split(","):
             protocol, _, overlap = case.partition("+")
             r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
                                      "--protocol", protocol, *common]
                        + (["--overlap"] if overlap else []))
-            r["ratio_to_raw"] = r["MB_s"] / raw["MB_s"]
             results["ps"].append(r)
             cpu = ", ".join(f"{f:.2f}" for f in r["server_cpu_fraction"])
             rss = ", ".join(f"{m:.0f}" for m in r["maxrss_mb"])
             bufs = ", ".join(f"{b:.1f}" for b in r["server_buffers_mb"])
             shards = ", ".join(f"{b / m:.0f}" for b, m in zip(r["server_buffers_mb"],
                                                                r["server_shard_mb"]))
-            mark = "ok" if r["ratio_to_raw"] >= TARGET else "MISS"
             print(f"{r['case']:<22} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
-                  f"ratio {r['ratio_to_raw']:.3f} of raw ({mark}: target {TARGET})  "
                   f"server cpu/wall [{cpu}]  "
                   f"server buffers MB [{bufs}] (= [{shards}] shards)  maxrss MB by rank [{rss}]")
+    raws.append(launch(2, ["--child", "raw", *common]))
+    raw = results["raw"] = max(raws, key=lambda r: r["MB_s"])
+    results["raw_runs_MB_s"] = [r["MB_s"] for r in raws]
+    print(f"raw MPI ping-pong again: {raws[1]['MB_s']:.0f} MB/s; ratios use the faster, "
+          f"{raw['MB_s']:.0f} MB/s (target {TARGET}):")
+    for r in results["ps"]:
+        r["ratio_to_raw"] = r["MB_s"] / raw["MB_s"]
+        mark = "ok" if r["ratio_to_raw"] >= TARGET else "MISS"
+        print(f"  {r['case']:<22} {r['ratio_to_raw']:.3f} of raw  {mark}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -134,7 +134,10 @@ def ps_section(res) -> str:
            "the same whatever the number of workers.\n", _error_line(res)]
     raw = res.get("raw")
     if raw:
-        out.append(f"Raw MPI: **{raw['MB_s']:.0f} MB/s** (round trip {raw['rtt_ms']:.2f} ms).\n")
+        runs = ", ".join(f"{x:.0f}" for x in res.get("raw_runs_MB_s", []))
+        out.append(f"Raw MPI: **{raw['MB_s']:.0f} MB/s** (round trip {raw['rtt_ms']:.2f} ms)"
+                   + (f", the faster of the runs before and after the PS cases ({runs} MB/s)"
+                      if runs else "") + ".\n")
     rows = [[r["case"], _f(r["MB_s"]), _f(r["updates_s"], ".1f"), _f(r["ratio_to_raw"], ".2f"),
              ", ".join(f"{x:.2f}" for x in r["server_cpu_fraction"]),
              ", ".join(f"{x:.1f}" for x in r.get("server_buffers_mb", []))]

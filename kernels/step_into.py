@@ -4,7 +4,8 @@ A parameter server keeps its shard as a few immutable versions (replies in
 flight read one while the next is written), so its step is out of place:
 ``dst = step(src, scale * grad)``.  Each kernel also reports whether every
 gradient value was finite, so the server reads the gradient once for both.
-The arithmetic is that of :mod:`psgd.kernels.optim` (same float32 expressions), so a step into ``dst`` equals an in-place step on a copy of ``src``.
+The arithmetic is that of :mod:`psgd.kernels.optim` (the same float32
+expressions), so a step into ``dst`` equals an in-place step on a copy of ``src``.
 
 Finiteness: ``g - g`` is 0 for a finite value and NaN for NaN or Inf, and an
 integer OR of ``g - g != 0`` vectorizes without fast-math (which would let the

@@ -140,6 +140,7 @@ class _Server:
         self.bound = 0.0 if config.protocol == "bsp" else float(config.staleness)
         self.pushes = np.full(self.W, int(start_clock), np.int64)
         self.done = np.zeros(self.W, bool)
+        self.n_done = 0   # done.sum(), read on every poll of the loop
         self.version = int(start_clock)
         self.pending: list[tuple[int, int, float]] = []    # (worker rank, clock, since)
         self.reply_hdr = np.zeros((self.W, HEADER_LEN), np.int64)
@@ -195,7 +196,7 @@ class _Server:
         snapshots_in = self.rank == 0 and self.config.snapshot_every > 0 and self.S > 1
         wall0, cpu0 = time.perf_counter(), time.process_time()
         poller = _wait.Poller(self._describe)
-        while not (self.done.all() and not self.assembly):
+        while self.n_done < self.W or self.assembly:
             msg = comm.Improbe(MPI.ANY_SOURCE, TAG_CTRL, status)
             if msg is not None:
                 self._control(msg, status)
@@ -255,6 +256,7 @@ class _Server:
             self._answer_pulls()
         elif kind == DONE:
             self.done[w] = True
+            self.n_done += 1
             self._update_version()
         else:
             raise PsgdError(f"message of unknown kind {kind} from rank {source}")

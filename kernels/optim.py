@@ -8,6 +8,14 @@ Adam's kernels compile with ``error_model="numpy"``: numba's default checks
 every float division for a zero divisor, which stops the loop vectorizing
 (its divisor is at least ``eps`` > 0); without the check a 1M-float step
 takes 0.84 ms instead of 6.9.
+
+Each update also takes ``scale`` (multiplies the gradient first: 1 / count
+for the mean of a parameter server's summed gradients) and ``check``: True
+checks every gradient value is finite in the same pass and returns False if
+one is not (:mod:`psgd.kernels.step_into` has the check and the out-of-place
+steps with the same expressions).  Left at False the test on ``check`` is
+hoisted out of the loop: the check cost 40 % of an SGD step on 1M floats in
+cache, and local and all-reduce training never need it.
 """
 from __future__ import annotations
 
@@ -16,63 +24,90 @@ from numba import njit
 
 
 @njit(cache=True)
-def sgd_update(params, grad, lr, weight_decay):
-    """``p -= lr * (g + wd * p)`` in place.
+def sgd_update(params, grad, lr, weight_decay, scale=1.0, check=False):
+    """``p -= lr * (scale * g + wd * p)`` in place; False when ``check`` finds a non-finite ``grad``.
 
     Parameters
     ----------
     params, grad : ndarray, float32 (n,)
-    lr, weight_decay : float
+    lr, weight_decay, scale : float
+    check : bool
     """
-    lr32, wd32 = np.float32(lr), np.float32(weight_decay)
+    lr32, wd32, s32 = np.float32(lr), np.float32(weight_decay), np.float32(scale)
+    bad = np.uint32(0)
     for i in range(params.shape[0]):
-        params[i] -= lr32 * (grad[i] + wd32 * params[i])
+        gi = grad[i]
+        if check:
+            bad |= np.uint32(gi - gi != 0)
+        p = params[i]
+        params[i] = p - lr32 * (gi * s32 + wd32 * p)
+    return bad == 0
 
 
 @njit(cache=True)
-def momentum_update(params, grad, velocity, lr, momentum, weight_decay, nesterov):
+def momentum_update(params, grad, velocity, lr, momentum, weight_decay, nesterov, scale=1.0,
+                    check=False):
     """Heavy-ball or Nesterov momentum in place (PyTorch's convention).
 
-    ``v = mu * v + g'`` with ``g' = g + wd * p``; then ``p -= lr * v`` or, with
-    Nesterov, ``p -= lr * (g' + mu * v)``.
+    ``v = mu * v + g'`` with ``g' = scale * g + wd * p``; then ``p -= lr * v``
+    or, with Nesterov, ``p -= lr * (g' + mu * v)``.  Returns False when
+    ``check`` finds a non-finite ``grad`` value.
 
     Parameters
     ----------
     params, grad, velocity : ndarray, float32 (n,)
-    lr, momentum, weight_decay : float
-    nesterov : bool
+    lr, momentum, weight_decay, scale : float
+    nesterov, check : bool
     """
     lr32, mu32, wd32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
+    s32 = np.float32(scale)
+    bad = np.uint32(0)
     for i in range(params.shape[0]):
-        g = grad[i] + wd32 * params[i]
+        gi = grad[i]
+        if check:
+            bad |= np.uint32(gi - gi != 0)
+        p = params[i]
+        g = gi * s32 + wd32 * p
         v = mu32 * velocity[i] + g
         velocity[i] = v
         if nesterov:
-            params[i] -= lr32 * (g + mu32 * v)
+            params[i] = p - lr32 * (g + mu32 * v)
         else:
-            params[i] -= lr32 * v
+            params[i] = p - lr32 * v
+    return bad == 0
 
 
 @njit(cache=True, error_model="numpy")
-def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, scale=1.0,
+                check=False):
     """One AdamW step in place (decoupled weight decay, bias-corrected moments).
+
+    Returns False when ``check`` finds a non-finite ``grad`` value.
 
     Parameters
     ----------
     params, grad, m, v : ndarray, float32 (n,)
-    lr, beta1, beta2, eps, weight_decay : float
+    lr, beta1, beta2, eps, weight_decay, scale : float
     step : int
         1-based count of updates applied so far, this one included.
+    check : bool
     """
     c = adam_constants(lr, beta1, beta2, eps, weight_decay, step)
     b1, c1, b2, c2, eps32, decay, step_size, inv_sqrt_bc2 = c
+    s32 = np.float32(scale)
+    bad = np.uint32(0)
     for i in range(params.shape[0]):
-        g = grad[i]
+        gi = grad[i]
+        if check:
+            bad |= np.uint32(gi - gi != 0)
+        g = gi * s32
         mi = b1 * m[i] + c1 * g
         vi = b2 * v[i] + c2 * g * g
         m[i] = mi
         v[i] = vi
-        params[i] -= decay * params[i] + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps32)
+        p = params[i]
+        params[i] = p - (decay * p + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps32))
+    return bad == 0
 
 
 @njit(cache=True)

@@ -12,7 +12,8 @@ and its optimizer state.  It polls for control messages from any worker
   version advances; :class:`psgd.protocols.ssp.SspUpdate`: one step now),
   which checks it for NaN/Inf in the same pass (a non-finite push ends the
   job, or is skipped and counted with ``skip_nonfinite``).
-* the step writes the next version of the shard into a spare buffer
+* the step updates the live shard in place, or writes the next version into
+  a spare buffer while a pull reply still reads the live one
   (:class:`psgd.shard_versions.ShardVersions`): pull replies are sent straight
   from the live buffer, which is never written while replies read it.
 * pull for clock c: answered when the version v >= c - s (s = 0 for bsp, the
@@ -63,7 +64,7 @@ from psgd.pushpull import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, REPLY, TAG_
                            TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup, pack_shard_state,
                            server_pull, server_push, unpack_shard_state)
 from psgd.roles import Roles
-from psgd.shard_versions import ShardVersions
+from psgd.shard_versions import ShardVersions, step_into
 from psgd.shardmap import ShardMap
 
 
@@ -131,11 +132,13 @@ class _Server:
             self.optimizer.load_state_dict(self._shard_state(init_opt_state))
         # load the jitted kernels now, not inside the timed loop
         rule = BspUpdate if config.protocol == "bsp" else SspUpdate
-        warm = rule(config, make_optimizer(config.optimizer, 0, **config.opt_hparams),
-                    ShardVersions(np.zeros(0, np.float32)))
+        warm_opt = make_optimizer(config.optimizer, 0, **config.opt_hparams)
+        warm = rule(config, warm_opt, ShardVersions(np.zeros(0, np.float32)))
         for _ in range(2):  # bsp: the first push is checked, the second added
             warm.push(warm.receive_buffer(), 0, 0)
         warm.advance(0, 1)
+        empty = np.zeros(0, np.float32)
+        step_into(warm_opt, empty, empty, empty.copy(), 0.0)   # the step while a reply reads
         self.rule = rule(config, self.optimizer, self.versions)
         self.bound = 0.0 if config.protocol == "bsp" else float(config.staleness)
         self.pushes = np.full(self.W, int(start_clock), np.int64)

@@ -246,19 +246,66 @@ def test_shard_versions_never_write_a_buffer_a_reply_still_reads():
     assert versions.n_waits == 0 and opt.steps == 5
 
 
-def test_skipped_nonfinite_push_leaves_params_and_momentum_state_untouched():
+@pytest.mark.parametrize("reply_in_flight", [False, True], ids=["in-place", "into-spare"])
+@pytest.mark.parametrize("name", ["sgd", "momentum"])
+def test_skipped_nonfinite_push_leaves_params_and_optimizer_state_untouched(name, reply_in_flight):
+    from mpi4py import MPI
     from psgd.optim import make_optimizer
     from psgd.shard_versions import ShardVersions
-    opt = make_optimizer("momentum", 6, momentum=0.9)
+    opt = make_optimizer(name, 6, momentum=0.9)
     versions = ShardVersions(np.arange(6, dtype=np.float32))
-    assert versions.step(opt, np.ones(6, np.float32), 0.1, check_first=True)
-    live, velocity = versions.live.copy(), opt.velocity.copy()
+    assert versions.step(opt, np.ones(6, np.float32), 0.1, skip_nonfinite=True)
+    if reply_in_flight:
+        versions.reply_sent(MPI.COMM_SELF.Isend(versions.live, 0, 9))
+    live, state = versions.live.copy(), [getattr(opt, k).copy() for k in opt.state_keys]
     bad = np.ones(6, np.float32)
     bad[4] = np.nan
-    assert not versions.step(opt, bad, 0.1, check_first=True)
+    assert not versions.step(opt, bad, 0.1, skip_nonfinite=True)
     np.testing.assert_array_equal(versions.live, live)
-    np.testing.assert_array_equal(opt.velocity, velocity)
+    for key, before in zip(opt.state_keys, state):
+        np.testing.assert_array_equal(getattr(opt, key), before)
     assert opt.steps == 1
+    if reply_in_flight:
+        sink = np.empty(6, np.float32)
+        MPI.COMM_SELF.Recv(sink, 0, 9)
+        MPI.Request.Waitall(versions.all_requests())
+        np.testing.assert_array_equal(sink, live)
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "nesterov", "adam"])
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_a_step_with_no_reply_in_flight_is_in_place_and_equals_the_step_into_a_spare(name, scale):
+    from psgd.optim import make_optimizer
+    from psgd.shard_versions import ShardVersions, step_into
+    rng = np.random.default_rng(4)
+    n = 1003
+    init = rng.standard_normal(n).astype(np.float32)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    opt, ref = (make_optimizer(name, n, weight_decay=0.01) for _ in range(2))
+    versions = ShardVersions(init.copy())
+    live = versions.live
+    want = init.copy()
+    for g in grads:
+        assert versions.step(opt, g, 0.05, scale=scale)
+        dst = np.empty_like(want)
+        assert step_into(ref, want, g, dst, 0.05, scale)
+        ref.steps += 1
+        want = dst
+    assert versions.live is live and versions.n_in_place == 3 and opt.steps == 3
+    np.testing.assert_array_equal(versions.live, want)
+    for key in ref.state_keys:
+        np.testing.assert_array_equal(getattr(opt, key), getattr(ref, key))
+
+
+def test_in_place_step_reports_a_nonfinite_gradient():
+    from psgd.optim import make_optimizer
+    from psgd.shard_versions import step_in_place
+    for name in ("sgd", "momentum", "adam"):
+        g = np.full(40, 3e38, np.float32)      # huge but finite: accepted
+        assert step_in_place(make_optimizer(name, 40), np.zeros(40, np.float32), g, 1e-40)
+        for bad in (np.nan, np.inf, -np.inf):
+            g[33] = bad
+            assert not step_in_place(make_optimizer(name, 40), np.zeros(40, np.float32), g, 0.1)
 
 
 def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of_the_rest():

@@ -34,7 +34,6 @@ class BspUpdate:
         self.config = config
         self.optimizer = optimizer
         self.versions = versions
-        self.check_first = config.skip_nonfinite and bool(optimizer.state_keys)
         self.accum = np.zeros_like(versions.live)
         self.incoming = np.empty_like(versions.live)
         self.count = 0
@@ -70,7 +69,7 @@ class BspUpdate:
         count, self.count = self.count, 0
         if not self.versions.step(self.optimizer, self.accum,
                                   self.config.lr_schedule(old_version), scale=1.0 / count,
-                                  check_first=self.check_first):
+                                  skip_nonfinite=self.config.skip_nonfinite):
             return False
         self.n_updates += 1
         return True

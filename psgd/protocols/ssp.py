@@ -28,8 +28,6 @@ class SspUpdate:
         self.optimizer = optimizer
         self.versions = versions
         self.inverse = config.staleness_lr == "inverse"
-        # a skipped push must leave optimizer state untouched: check before a stateful step
-        self.check_first = config.skip_nonfinite and bool(optimizer.state_keys)
         self.incoming = np.empty_like(versions.live)
         self.n_updates = 0
 
@@ -46,7 +44,8 @@ class SspUpdate:
         lr = self.config.lr_schedule(clock)
         if self.inverse:
             lr = lr / (1.0 + staleness)
-        if not self.versions.step(self.optimizer, grad, lr, check_first=self.check_first):
+        if not self.versions.step(self.optimizer, grad, lr,
+                                  skip_nonfinite=self.config.skip_nonfinite):
             return False
         self.n_updates += 1
         return True

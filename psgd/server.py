@@ -110,6 +110,12 @@ class ServerResult:
         return int(nz[-1]) if nz.size else 0
 
     @property
+    def mean_staleness(self) -> float:
+        total = int(self.staleness_hist.sum())
+        weighted = (np.arange(self.staleness_hist.size) * self.staleness_hist).sum()
+        return float(weighted / total) if total else 0.0
+
+    @property
     def cpu_fraction(self) -> float:
         return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 

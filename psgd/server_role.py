@@ -1,8 +1,6 @@
 """A server rank's part of `psgd train`: host its shard until the workers finish, hand results to rank 0."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
 from psgd import wait
@@ -35,21 +33,15 @@ def run_server(job) -> None:
         result = serve(roles, job.shard_map, job.config, init_shard=init_shard,
                        init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
                        start_clock=job.start_step)
-    if isinstance(result, dict):  # hogwild reports a dict
-        result = SimpleNamespace(**result)
-    final_params = getattr(result, "params", None) if roles.rank == 0 else None
     if roles.rank == 0:
-        opt_state = getattr(result, "opt_state", None) or {}
         if settings.checkpoint_dir and settings.protocol != "hogwild":
-            write_checkpoint(job, job.total_steps, final_params, opt_state)
-        final_params = np.ascontiguousarray(final_params, dtype=np.float32)
+            write_checkpoint(job, job.total_steps, result.params, result.opt_state or {})
+        final_params = np.ascontiguousarray(result.params, dtype=np.float32)
         wait.wait(roles.comm.Isend(final_params, dest=roles.lead_worker, tag=TAG_FINAL_PARAMS),
                   f"worker rank {roles.lead_worker} to take the final parameters")
     gather_reports(job, {
         "role": "server", "rank": roles.rank,
-        "cpu_s": float(getattr(result, "cpu_s", 0.0)), "wall_s": float(getattr(result, "wall_s", 0.0)),
-        "n_updates": int(getattr(result, "n_updates", 0)),
-        "n_skipped": int(getattr(result, "n_skipped", getattr(result, "skipped", 0))),
-        "staleness_histogram": np.asarray(getattr(result, "staleness_hist", []),
-                                          dtype=np.int64).tolist(),
+        "cpu_s": result.cpu_s, "wall_s": result.wall_s,
+        "n_updates": result.n_updates, "n_skipped": result.n_skipped,
+        "staleness_histogram": result.staleness_hist.tolist(),
     })

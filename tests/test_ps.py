@@ -321,3 +321,12 @@ def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of
         assert rule.push(buf, 0, 0) is ok
     assert rule.advance(0, 1)
     np.testing.assert_array_equal(versions.live, np.full(5, -0.5 * 2.0, np.float32))
+
+
+def test_server_result_staleness_summary():
+    from psgd.server import ServerResult
+    result = ServerResult(staleness_hist=np.array([2, 0, 1, 1], np.int64))
+    assert result.max_staleness == 3
+    assert result.mean_staleness == (0 * 2 + 2 * 1 + 3 * 1) / 4
+    empty = ServerResult(staleness_hist=np.zeros(1, np.int64))
+    assert empty.max_staleness == 0 and empty.mean_staleness == 0.0

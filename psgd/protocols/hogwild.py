@@ -46,6 +46,7 @@ Windows, memory and server progress: :mod:`psgd.protocols.hogwild_windows`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -57,6 +58,7 @@ from psgd.optim import make_optimizer
 from psgd.protocols.config import ProtocolConfig
 from psgd.protocols.hogwild_windows import Windows
 from psgd.roles import Roles
+from psgd.server import ServerResult
 from psgd.shardmap import ShardMap
 
 HOGWILD_OPTIMIZERS = ("sgd", "momentum", "nesterov")
@@ -280,6 +282,20 @@ class HogwildWorker:
                              f"{getattr(vector, 'shape', '')}")
 
 
+@dataclass
+class HogwildResult(ServerResult):
+    """What one hogwild server rank reports after :func:`serve_hogwild`.
+
+    The fields of :class:`psgd.server.ServerResult` (a hogwild server takes no
+    pushes and keeps no optimizer state: ``n_pushes``, ``opt_state``,
+    ``n_snapshots`` and ``buffer_bytes`` stay empty), plus ``window``, the
+    parameter window kind used.  ``params``, ``staleness_hist`` and
+    ``n_skipped`` are filled on rank 0 only.
+    """
+
+    window: str = ""
+
+
 def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
                   init_shard: np.ndarray, window: str | None = None) -> dict:
     """Server half: host this shard in an RMA window until every worker has finished.
@@ -299,13 +315,11 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
 
     Returns
     -------
-    dict
+    HogwildResult
         ``cpu_s`` and ``wall_s`` of this server, ``n_updates`` (all workers'
         updates, read from the global counter), ``window`` (the kind used); on
-        rank 0 also ``params`` (float32, shape (n_params,): the final full
-        vector gathered from all servers), ``staleness_hist`` (int64 counts
-        of updates by staleness 0, 1, .. over all workers, as the PS server
-        reports them), ``max_staleness``, ``mean_staleness`` and ``skipped``.
+        rank 0 also ``params`` (the final full vector gathered from all
+        servers), ``staleness_hist`` (over all workers) and ``n_skipped``.
     """
     check_hogwild_optimizer(config.optimizer)
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -337,13 +351,15 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
     windows.counter.Unlock(0)
     kind = windows.kind
     windows.free()
-    result = {"n_updates": int(count[0]), "window": kind}
+    result = HogwildResult(staleness_hist=np.zeros(0, np.int64), n_updates=int(count[0]),
+                           window=kind)
     if rank == 0:
-        result.update(_gather_on_root(roles, shard_map, final))
+        result.params, result.staleness_hist, result.n_skipped = _gather_on_root(
+            roles, shard_map, final)
     else:
         wait.wait(comm.Isend(final, 0, PARAMS_TAG), "rank 0 to take the final hogwild shard")
-    result["cpu_s"] = time.process_time() - cpu0
-    result["wall_s"] = time.perf_counter() - wall0
+    result.cpu_s = time.process_time() - cpu0
+    result.wall_s = time.perf_counter() - wall0
     return result
 
 
@@ -367,7 +383,9 @@ def _idle_until_done(roles: Roles, windows: Windows, fault) -> None:
         wait.configure(max_sleep=old)
 
 
-def _gather_on_root(roles: Roles, shard_map: ShardMap, final: np.ndarray) -> dict:
+def _gather_on_root(roles: Roles, shard_map: ShardMap,
+                    final: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rank 0: the full final vector, the workers' summed staleness histogram and skip count."""
     comm = roles.comm
     params = np.empty(shard_map.n, dtype=np.float32)
     shard_map.view(params, 0)[:] = final
@@ -387,9 +405,4 @@ def _gather_on_root(roles: Roles, shard_map: ShardMap, final: np.ndarray) -> dic
         if len(counts) > len(hist):
             hist = np.concatenate([hist, np.zeros(len(counts) - len(hist), np.int64)])
         hist[:len(counts)] += counts
-    total = int(hist.sum())
-    return {"params": params,
-            "staleness_hist": hist,
-            "max_staleness": int(np.flatnonzero(hist)[-1]) if total else 0,
-            "mean_staleness": float((np.arange(len(hist)) * hist).sum() / total) if total else 0.0,
-            "skipped": skipped}
+    return params, hist, skipped

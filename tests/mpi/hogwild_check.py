@@ -66,23 +66,24 @@ def run_server(roles, shard_map, config, steps, window):
     result = serve_hogwild(roles, shard_map, config, initial(config.n_params)[lo:hi],
                            window=window)
     total_updates = steps * roles.n_workers
-    assert result["n_updates"] == total_updates, result["n_updates"]
-    assert result["cpu_s"] >= 0 and result["wall_s"] > 0
+    assert result.n_updates == total_updates, result.n_updates
+    assert result.cpu_s >= 0 and result.wall_s > 0
     if roles.rank != 0:
-        assert "params" not in result
+        assert result.params is None
         return
     sent = sum(expected_total(k, steps, config.optimizer) for k in range(roles.n_workers))
     expect = initial(config.n_params) - np.float32(sent)
-    got = result["params"]
+    got = result.params
     if config.optimizer == "sgd":
         assert np.array_equal(got, expect), f"updates lost: max |diff| {np.abs(got - expect).max()}"
     else:
         np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-4)
-    assert result["staleness_hist"].sum() == total_updates
-    assert result["skipped"] == 0
+    assert result.staleness_hist.dtype == np.int64, result.staleness_hist.dtype
+    assert result.staleness_hist.sum() == total_updates
+    assert result.n_skipped == 0
     print(f"hogwild ok: S={roles.n_servers} W={roles.n_workers} steps={steps} "
-          f"window={result['window']} staleness={result['staleness_hist'].tolist()} "
-          f"server cpu {result['cpu_s']:.3f}/{result['wall_s']:.3f} s")
+          f"window={result.window} staleness={result.staleness_hist.tolist()} "
+          f"server cpu {result.cpu_s:.3f}/{result.wall_s:.3f} s")
 
 
 def check_rejected(roles, shard_map, config):

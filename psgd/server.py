@@ -25,12 +25,11 @@ have pushed clocks 0..v-1); staleness of a push = its clock - the version it
 read.  So bsp and ssp(0) never see staleness > 0, and ssp(s) never above s.
 
 Snapshots (``config.snapshot_every = k > 0``): when v passes clock c with
-(c + 1) % k == 0 (every worker has pushed clock c: k, 2k, ... steps done), each server copies its shard
-params + per-element optimizer state into one buffer and sends it
-(non-blocking) to rank 0; rank 0 keeps serving while it assembles them and
-calls ``on_snapshot(clock=c, params=..., opt_state=...)`` when all S shards of
-c are in.  Under bsp the step of clock c is applied before v passes c, so the
-snapshot is exactly the state after clock c.
+(c + 1) % k == 0 (k, 2k, ... steps done), each server sends its shard params
++ per-element optimizer state (one buffer, non-blocking) to rank 0, which
+keeps serving while it assembles them (:mod:`psgd.shard_assembly`) and calls
+``on_snapshot(clock=c, params=..., opt_state=...)`` when all S shards of c are
+in.  Under bsp that is exactly the state after the step of clock c.
 
 Memory bound per server, whatever W: the live shard params + optimizer state
 (k arrays) + ``shard_versions.SPARES`` (2) spare version buffers + one receive
@@ -64,6 +63,7 @@ from psgd.pushpull import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, REPLY, TAG_
                            TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup, pack_shard_state,
                            server_pull, server_push, unpack_shard_state)
 from psgd.roles import Roles
+from psgd.shard_assembly import Assembly
 from psgd.shard_versions import ShardVersions, step_into
 from psgd.shardmap import ShardMap
 
@@ -160,7 +160,7 @@ class _Server:
         self.n_snapshots = 0
         self.snap_req = None
         self.snap_buf = None
-        self.assembly: dict[int, dict] = {}
+        self.assembly: dict[int, Assembly] = {}   # rank 0: snapshots being put together
         self.ctrl = np.zeros(HEADER_LEN, np.int64)
         self.status = MPI.Status()
         self.fault = faults.for_rank(self.rank)  # None unless PSGD_FAULT names this rank (tests)
@@ -347,32 +347,20 @@ class _Server:
     def _scalars(self) -> dict:
         return {k: v for k, v in self.optimizer.state_dict().items() if k not in self.state_keys}
 
-    def _entry(self, clock: int) -> dict:
+    def _entry(self, clock: int) -> Assembly:
         if clock not in self.assembly:
-            n = self.shard_map.n
-            self.assembly[clock] = {"rows": np.empty((1 + len(self.state_keys), n), np.float32),
-                                    "have": set(), "scalars": None}
+            self.assembly[clock] = Assembly(self.shard_map, self.state_keys)
         return self.assembly[clock]
 
-    def _place(self, entry: dict, shard: int, rows: np.ndarray) -> None:
-        lo, hi = self.shard_map.range(shard)
-        if rows.shape != (entry["rows"].shape[0], hi - lo):
-            raise PsgdError(f"state of shard {shard} has shape {rows.shape}, expected "
-                            f"{(entry['rows'].shape[0], hi - lo)}")
-        entry["rows"][:, lo:hi] = rows
-        entry["have"].add(shard)
-
-    def _full_state(self, rows: np.ndarray, scalars: dict) -> tuple[np.ndarray, dict]:
-        opt_state = {key: rows[1 + i] for i, key in enumerate(self.state_keys)}
-        opt_state.update(scalars)
-        return rows[0], opt_state
+    def _place_own(self, entry: Assembly) -> None:
+        """Rank 0: put its own shard and the optimizer's scalars into ``entry``."""
+        entry.scalars = self._scalars()
+        entry.place(0, np.stack([self.versions.live] + self._state_arrays()))
 
     def _snapshot_out(self, clock: int) -> None:
         self.n_snapshots += self.rank != 0
         if self.rank == 0:
-            entry = self._entry(clock)
-            entry["scalars"] = self._scalars()
-            self._place(entry, 0, np.stack([self.versions.live] + self._state_arrays()))
+            self._place_own(self._entry(clock))
             self._snapshot_done(clock)
             return
         if self.snap_req is not None:
@@ -388,28 +376,26 @@ class _Server:
         clock, shard, rows = unpack_shard_state(buf)
         if shard != source:
             raise PsgdError(f"snapshot from rank {source} names shard {shard}")
-        self._place(self._entry(clock), shard, rows)
+        self._entry(clock).place(shard, rows)
         self._snapshot_done(clock)
 
     def _snapshot_done(self, clock: int) -> None:
-        entry = self.assembly[clock]
-        if len(entry["have"]) < self.S or entry["scalars"] is None:
+        if not self.assembly[clock].complete:
             return
-        del self.assembly[clock]
+        entry = self.assembly.pop(clock)
         self.n_snapshots += 1
         if self.on_snapshot is not None:
-            params, opt_state = self._full_state(entry["rows"], entry["scalars"])
+            params, opt_state = entry.full_state()
             self.on_snapshot(clock=clock, params=params, opt_state=opt_state)
 
     def _gather_final(self, result: ServerResult) -> None:
-        rows = np.stack([self.versions.live] + self._state_arrays())
         if self.rank != 0:
             buf = pack_shard_state(self.version, self.shard, self.versions.live,
                                    self._state_arrays())
             _wait.wait(self.comm.Isend(buf, 0, TAG_FINAL), "rank 0 to take the final shard")
             return
-        entry = {"rows": np.empty((rows.shape[0], self.shard_map.n), np.float32), "have": set()}
-        self._place(entry, 0, rows)
+        entry = Assembly(self.shard_map, self.state_keys)
+        self._place_own(entry)
         status = MPI.Status()
         for s in range(1, self.S):
             msg = _mprobe(self.comm, s, TAG_FINAL, status,
@@ -417,8 +403,8 @@ class _Server:
             buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             _wait.wait(msg.Irecv(buf), f"the final shard of server rank {s}")
             _, shard, srows = unpack_shard_state(buf)
-            self._place(entry, shard, srows)
-        result.params, result.opt_state = self._full_state(entry["rows"], self._scalars())
+            entry.place(shard, srows)
+        result.params, result.opt_state = entry.full_state()
 
 
 def serve(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,

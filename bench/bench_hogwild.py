@@ -37,7 +37,7 @@ def child(args) -> None:
             lo, hi = shard_map.range(roles.server_index)
             result = serve_hogwild(roles, shard_map, config,
                                    np.zeros(hi - lo, np.float32), window=args.window)
-            server = np.array([result["cpu_s"], result["wall_s"]])
+            server = np.array([result.cpu_s, result.wall_s])
         else:
             worker = HogwildWorker(roles, shard_map, config, window=args.window)
             params = np.zeros(args.n_params, np.float32)
@@ -64,7 +64,7 @@ def child(args) -> None:
                 rows.append(buf)
             rows = np.array(rows)
             total = args.steps * roles.n_workers
-            out = {"window": result["window"], "n_params": args.n_params,
+            out = {"window": result.window, "n_params": args.n_params,
                    "workers": roles.n_workers, "servers": roles.n_servers,
                    "updates": total,
                    "updates_per_s": total / rows[:, 0].max(),
@@ -72,8 +72,8 @@ def child(args) -> None:
                    "pull_ms": 1e3 * rows[:, 2].sum() / total,
                    "server_cpu_s": float(server[0]), "server_wall_s": float(server[1]),
                    "server_cpu_fraction": float(server[0] / server[1]),
-                   "max_staleness": result["max_staleness"],
-                   "mean_staleness": result["mean_staleness"]}
+                   "max_staleness": result.max_staleness,
+                   "mean_staleness": result.mean_staleness}
             print("RESULT " + json.dumps(out), flush=True)
         elif roles.is_worker:
             wait.wait(comm.Isend(mine, 0, 7), "rank 0 to take bench timings")

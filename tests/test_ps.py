@@ -179,16 +179,20 @@ def test_shard_state_packs_header_params_and_state_rows_and_unpacks():
     np.testing.assert_array_equal(rows, np.stack([p, m, v]))
 
 
+def _optimizer_case(name: str, seed: int, n: int = 1001):
+    """Initial float32 parameters, three gradients and two fresh optimizers ``name`` of length n."""
+    from psgd.optim import make_optimizer
+    rng = np.random.default_rng(seed)
+    src = rng.standard_normal(n).astype(np.float32)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    return src, grads, [make_optimizer(name, n, weight_decay=0.01) for _ in range(2)]
+
+
 @pytest.mark.parametrize("name", ["sgd", "momentum", "nesterov", "adam"])
 @pytest.mark.parametrize("scale", [1.0, 0.5])
 def test_step_into_equals_in_place_step_on_a_copy_and_leaves_the_source(name, scale):
-    from psgd.optim import make_optimizer
     from psgd.shard_versions import step_into
-    rng = np.random.default_rng(3)
-    n = 1001
-    src = rng.standard_normal(n).astype(np.float32)
-    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
-    ref, fused = (make_optimizer(name, n, weight_decay=0.01) for _ in range(2))
+    src, grads, (ref, fused) = _optimizer_case(name, seed=3)
     want, have = src.copy(), src.copy()
     for g in grads:
         ref.step(want, g * np.float32(scale), 0.05)
@@ -275,13 +279,8 @@ def test_skipped_nonfinite_push_leaves_params_and_optimizer_state_untouched(name
 @pytest.mark.parametrize("name", ["sgd", "momentum", "nesterov", "adam"])
 @pytest.mark.parametrize("scale", [1.0, 0.25])
 def test_a_step_with_no_reply_in_flight_is_in_place_and_equals_the_step_into_a_spare(name, scale):
-    from psgd.optim import make_optimizer
     from psgd.shard_versions import ShardVersions, step_into
-    rng = np.random.default_rng(4)
-    n = 1003
-    init = rng.standard_normal(n).astype(np.float32)
-    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
-    opt, ref = (make_optimizer(name, n, weight_decay=0.01) for _ in range(2))
+    init, grads, (opt, ref) = _optimizer_case(name, seed=4, n=1003)
     versions = ShardVersions(init.copy())
     live = versions.live
     want = init.copy()

@@ -1,9 +1,10 @@
 """A server's shard as a few parameter versions: replies read the live one while a step writes a spare.
 
 A pull reply is sent straight from the live parameter buffer (no copy).  When
-no reply is still reading the live buffer (the usual case: a worker copies its
-reply while the server receives the next push), the next optimizer step
-updates it in place.  Otherwise the step reads the live buffer and writes a
+no reply is still reading the live buffer, the next optimizer step updates it
+in place: always under bsp, whose workers take their replies before they push
+again; rarely under asp (17 of 608 steps in bench_ps), where a worker is
+still copying its reply when the server steps the next push.  Otherwise the step reads the live buffer and writes a
 spare one, which then becomes live, so a reply in flight never sees a
 half-updated shard; the old buffer is reused once the replies reading it are
 complete.  With ``spares`` spare buffers the server only waits on a reply

@@ -297,7 +297,7 @@ class HogwildResult(ServerResult):
 
 
 def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
-                  init_shard: np.ndarray, window: str | None = None) -> dict:
+                  init_shard: np.ndarray, window: str | None = None) -> HogwildResult:
     """Server half: host this shard in an RMA window until every worker has finished.
 
     Parameters

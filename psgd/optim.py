@@ -40,7 +40,14 @@ class Optimizer:
         self.weight_decay = float(weight_decay)
         self.steps = 0
 
-    def step(self, params: np.ndarray, grad: np.ndarray, lr: float) -> None:
+    def step(self, params: np.ndarray, grad: np.ndarray, lr: float, scale: float = 1.0,
+             check: bool = False) -> bool:
+        """One step on ``params`` in place with ``scale * grad``; counts it in ``steps``.
+
+        With ``check`` the gradient is checked for NaN/Inf in the same pass:
+        False means one was found, and ``params`` and the state are then
+        garbage (a caller that must keep them checks first).  Otherwise True.
+        """
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -63,10 +70,10 @@ class SGD(Optimizer):
 
     name = "sgd"
 
-    def step(self, params, grad, lr):
+    def step(self, params, grad, lr, scale=1.0, check=False):
         _check_slices(params, grad, self.n)
         self.steps += 1
-        sgd_update(params, grad, float(lr), self.weight_decay)
+        return sgd_update(params, grad, float(lr), self.weight_decay, float(scale), check)
 
 
 class Momentum(SGD):
@@ -84,11 +91,11 @@ class Momentum(SGD):
         self.name = "nesterov" if nesterov else "momentum"
         self.velocity = np.zeros(self.n, dtype=np.float32)
 
-    def step(self, params, grad, lr):
+    def step(self, params, grad, lr, scale=1.0, check=False):
         _check_slices(params, grad, self.n)
         self.steps += 1
-        momentum_update(params, grad, self.velocity, float(lr), self.momentum,
-                        self.weight_decay, self.nesterov)
+        return momentum_update(params, grad, self.velocity, float(lr), self.momentum,
+                               self.weight_decay, self.nesterov, float(scale), check)
 
 
 class Adam(Optimizer):
@@ -108,11 +115,11 @@ class Adam(Optimizer):
         self.m = np.zeros(self.n, dtype=np.float32)
         self.v = np.zeros(self.n, dtype=np.float32)
 
-    def step(self, params, grad, lr):
+    def step(self, params, grad, lr, scale=1.0, check=False):
         _check_slices(params, grad, self.n)
         self.steps += 1
-        adam_update(params, grad, self.m, self.v, float(lr), self.beta1, self.beta2,
-                    self.eps, self.weight_decay, self.steps)
+        return adam_update(params, grad, self.m, self.v, float(lr), self.beta1, self.beta2,
+                           self.eps, self.weight_decay, self.steps, float(scale), check)
 
 
 def make_optimizer(name: str, n: int, *, momentum: float = 0.9, weight_decay: float = 0.0,

@@ -23,7 +23,6 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd import wait as _wait
-from psgd.kernels.optim import adam_update, momentum_update, sgd_update
 from psgd.kernels.step_into import adam_step_into, finite, momentum_step_into, sgd_step_into
 from psgd.optim import SGD, Adam, Momentum, Optimizer
 
@@ -70,30 +69,6 @@ def step_into(optimizer: Optimizer, src: np.ndarray, grad: np.ndarray, dst: np.n
                             optimizer.beta2, optimizer.eps, wd, optimizer.steps + 1, scale)
     else:
         raise TypeError(f"no out-of-place step for optimizer {optimizer.name!r}")
-    return bool(ok)
-
-
-def step_in_place(optimizer: Optimizer, params: np.ndarray, grad: np.ndarray, lr: float,
-                  scale: float = 1.0) -> bool:
-    """One optimizer step on ``params`` in place, checking ``grad`` in the same pass.
-
-    Like :func:`step_into` with ``dst = src``, with the same arithmetic (the
-    kernels of :mod:`psgd.kernels.optim`), and its step count is not advanced
-    either.  Returns False when a ``grad`` value was not finite; ``params``
-    and the optimizer's state are then garbage.
-    """
-    lr, wd = float(lr), optimizer.weight_decay
-    kind = type(optimizer)
-    if kind is SGD:
-        ok = sgd_update(params, grad, lr, wd, scale, True)
-    elif kind is Momentum:
-        ok = momentum_update(params, grad, optimizer.velocity, lr, optimizer.momentum, wd,
-                             optimizer.nesterov, scale, True)
-    elif kind is Adam:
-        ok = adam_update(params, grad, optimizer.m, optimizer.v, lr, optimizer.beta1,
-                         optimizer.beta2, optimizer.eps, wd, optimizer.steps + 1, scale, True)
-    else:
-        raise TypeError(f"no in-place step for optimizer {optimizer.name!r}")
     return bool(ok)
 
 
@@ -153,10 +128,9 @@ class ShardVersions:
         if not self.reqs[self.index]:
             if skip_nonfinite and not finite(grad):
                 return False
-            if not step_in_place(optimizer, self.live, grad, lr, scale):
+            if not optimizer.step(self.live, grad, lr, scale, check=True):
                 return False
             self.n_in_place += 1
-            optimizer.steps += 1
             return True
         spare = next((i for i in self.retired if not self.reqs[i]), None)
         if spare is None:

@@ -296,15 +296,15 @@ def test_a_step_with_no_reply_in_flight_is_in_place_and_equals_the_step_into_a_s
         np.testing.assert_array_equal(getattr(opt, key), getattr(ref, key))
 
 
-def test_in_place_step_reports_a_nonfinite_gradient():
+def test_optimizer_step_with_check_reports_a_nonfinite_gradient():
     from psgd.optim import make_optimizer
-    from psgd.shard_versions import step_in_place
     for name in ("sgd", "momentum", "adam"):
         g = np.full(40, 3e38, np.float32)      # huge but finite: accepted
-        assert step_in_place(make_optimizer(name, 40), np.zeros(40, np.float32), g, 1e-40)
+        assert make_optimizer(name, 40).step(np.zeros(40, np.float32), g, 1e-40, check=True)
         for bad in (np.nan, np.inf, -np.inf):
             g[33] = bad
-            assert not step_in_place(make_optimizer(name, 40), np.zeros(40, np.float32), g, 0.1)
+            assert not make_optimizer(name, 40).step(np.zeros(40, np.float32), g, 0.1,
+                                                     check=True)
 
 
 def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of_the_rest():

@@ -14,8 +14,9 @@ for the mean of a parameter server's summed gradients) and ``check``: True
 checks every gradient value is finite in the same pass and returns False if
 one is not (:mod:`psgd.kernels.step_into` has the check and the out-of-place
 steps with the same expressions).  Left at False the test on ``check`` is
-hoisted out of the loop: the check cost 40 % of an SGD step on 1M floats in
-cache, and local and all-reduce training never need it.
+hoisted out of the loop: the check costs 7-10 % of an SGD step on 1M floats
+in cache (362-427 against 331-401 us), and local and all-reduce training never
+need it.
 """
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ def sgd_update(params, grad, lr, weight_decay, scale=1.0, check=False):
     check : bool
     """
     lr32, wd32, s32 = np.float32(lr), np.float32(weight_decay), np.float32(scale)
-    bad = np.uint32(0)
+    bad = False
     for i in range(params.shape[0]):
         gi = grad[i]
         if check:
-            bad |= np.uint32(gi - gi != 0)
+            bad |= gi - gi != 0
         p = params[i]
         params[i] = p - lr32 * (gi * s32 + wd32 * p)
-    return bad == 0
+    return not bad
 
 
 @njit(cache=True)
@@ -61,11 +62,11 @@ def momentum_update(params, grad, velocity, lr, momentum, weight_decay, nesterov
     """
     lr32, mu32, wd32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
     s32 = np.float32(scale)
-    bad = np.uint32(0)
+    bad = False
     for i in range(params.shape[0]):
         gi = grad[i]
         if check:
-            bad |= np.uint32(gi - gi != 0)
+            bad |= gi - gi != 0
         p = params[i]
         g = gi * s32 + wd32 * p
         v = mu32 * velocity[i] + g
@@ -74,7 +75,7 @@ def momentum_update(params, grad, velocity, lr, momentum, weight_decay, nesterov
             params[i] = p - lr32 * (g + mu32 * v)
         else:
             params[i] = p - lr32 * v
-    return bad == 0
+    return not bad
 
 
 @njit(cache=True, error_model="numpy")
@@ -95,11 +96,11 @@ def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, s
     c = adam_constants(lr, beta1, beta2, eps, weight_decay, step)
     b1, c1, b2, c2, eps32, decay, step_size, inv_sqrt_bc2 = c
     s32 = np.float32(scale)
-    bad = np.uint32(0)
+    bad = False
     for i in range(params.shape[0]):
         gi = grad[i]
         if check:
-            bad |= np.uint32(gi - gi != 0)
+            bad |= gi - gi != 0
         g = gi * s32
         mi = b1 * m[i] + c1 * g
         vi = b2 * v[i] + c2 * g * g
@@ -107,7 +108,7 @@ def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, s
         v[i] = vi
         p = params[i]
         params[i] = p - (decay * p + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps32))
-    return bad == 0
+    return not bad
 
 
 @njit(cache=True)

@@ -7,9 +7,11 @@ gradient value was finite, so the server reads the gradient once for both.
 The arithmetic is that of :mod:`psgd.kernels.optim` (the same float32
 expressions), so a step into ``dst`` equals an in-place step on a copy of ``src``.
 
-Finiteness: ``g - g`` is 0 for a finite value and NaN for NaN or Inf, and an
-integer OR of ``g - g != 0`` vectorizes without fast-math (which would let the
-compiler assume there are no NaNs).
+Finiteness: ``g - g`` is 0 for a finite value and NaN for NaN or Inf, and a
+boolean OR of ``g - g != 0`` vectorizes without fast-math (which would let the
+compiler assume there are no NaNs).  Accumulating it as an integer
+(``np.uint32(g - g != 0)``) vectorized badly: an SGD step into ``dst`` on 1M
+floats in cache took 569-588 us that way against 203-235 us (three runs).
 """
 from __future__ import annotations
 
@@ -31,13 +33,13 @@ def sgd_step_into(src, grad, dst, lr, weight_decay, scale):
         Multiplies the gradient first (1 / count for a mean of summed gradients).
     """
     lr32, wd32 = np.float32(lr), np.float32(weight_decay)
-    bad = np.uint32(0)
+    bad = False
     for i in range(src.shape[0]):
         gi = grad[i]
-        bad |= np.uint32(gi - gi != 0)
+        bad |= gi - gi != 0
         p = src[i]
         dst[i] = p - lr32 * (gi * scale + wd32 * p)
-    return bad == 0
+    return not bad
 
 
 @njit(cache=True)
@@ -56,10 +58,10 @@ def momentum_step_into(src, grad, velocity, dst, lr, momentum, weight_decay, nes
     scale : float32
     """
     lr32, mu32, wd32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
-    bad = np.uint32(0)
+    bad = False
     for i in range(src.shape[0]):
         gi = grad[i]
-        bad |= np.uint32(gi - gi != 0)
+        bad |= gi - gi != 0
         p = src[i]
         g = gi * scale + wd32 * p
         v = mu32 * velocity[i] + g
@@ -68,7 +70,7 @@ def momentum_step_into(src, grad, velocity, dst, lr, momentum, weight_decay, nes
             dst[i] = p - lr32 * (g + mu32 * v)
         else:
             dst[i] = p - lr32 * v
-    return bad == 0
+    return not bad
 
 
 @njit(cache=True, error_model="numpy")
@@ -85,10 +87,10 @@ def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, st
     """
     c = adam_constants(lr, beta1, beta2, eps, weight_decay, step)
     b1, c1, b2, c2, eps32, decay, step_size, inv_sqrt_bc2 = c
-    bad = np.uint32(0)
+    bad = False
     for i in range(src.shape[0]):
         gi = grad[i]
-        bad |= np.uint32(gi - gi != 0)
+        bad |= gi - gi != 0
         g = gi * scale
         mi = b1 * m[i] + c1 * g
         vi = b2 * v[i] + c2 * g * g
@@ -96,7 +98,7 @@ def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, st
         v[i] = vi
         p = src[i]
         dst[i] = p - (decay * p + step_size * mi / (np.sqrt(vi) * inv_sqrt_bc2 + eps32))
-    return bad == 0
+    return not bad
 
 
 @njit(cache=True)
@@ -109,19 +111,19 @@ def add_into(total, grad):
     ----------
     total, grad : ndarray, float32 (n,)
     """
-    bad = np.uint32(0)
+    bad = False
     for i in range(grad.shape[0]):
         gi = grad[i]
-        bad |= np.uint32(gi - gi != 0)
+        bad |= gi - gi != 0
         grad[i] = total[i] + gi
-    return bad == 0
+    return not bad
 
 
 @njit(cache=True)
 def finite(grad):
     """True when no value of the float32 array ``grad`` is NaN or Inf (one pass, no temporary)."""
-    bad = np.uint32(0)
+    bad = False
     for i in range(grad.shape[0]):
         gi = grad[i]
-        bad |= np.uint32(gi - gi != 0)
-    return bad == 0
+        bad |= gi - gi != 0
+    return not bad

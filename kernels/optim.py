@@ -17,6 +17,12 @@ steps with the same expressions).  Left at False the test on ``check`` is
 hoisted out of the loop: the check costs 7-10 % of an SGD step on 1M floats
 in cache (362-427 against 331-401 us), and local and all-reduce training never
 need it.
+
+``grad2`` (optional): the step uses ``g = grad + grad2``, summed in float32 in
+the same pass, and ``check`` tests that sum (a NaN or Inf in either, or an
+overflow of the sum, makes it non-finite).  A bsp server steps on the sum of
+its last two pushes this way instead of adding them in a pass of their own.
+Left at None the branch is pruned at compile time, as for ``check``.
 """
 from __future__ import annotations
 
@@ -25,19 +31,23 @@ from numba import njit
 
 
 @njit(cache=True)
-def sgd_update(params, grad, lr, weight_decay, scale=1.0, check=False):
-    """``p -= lr * (scale * g + wd * p)`` in place; False when ``check`` finds a non-finite ``grad``.
+def sgd_update(params, grad, lr, weight_decay, scale=1.0, check=False, grad2=None):
+    """``p -= lr * (scale * g + wd * p)`` in place; False when ``check`` finds a non-finite ``g``.
 
     Parameters
     ----------
     params, grad : ndarray, float32 (n,)
     lr, weight_decay, scale : float
     check : bool
+    grad2 : ndarray, float32 (n,), optional
+        When given, ``g = grad + grad2`` (see the module notes).
     """
     lr32, wd32, s32 = np.float32(lr), np.float32(weight_decay), np.float32(scale)
     bad = False
     for i in range(params.shape[0]):
         gi = grad[i]
+        if grad2 is not None:
+            gi = gi + grad2[i]
         if check:
             bad |= gi - gi != 0
         p = params[i]
@@ -47,24 +57,28 @@ def sgd_update(params, grad, lr, weight_decay, scale=1.0, check=False):
 
 @njit(cache=True)
 def momentum_update(params, grad, velocity, lr, momentum, weight_decay, nesterov, scale=1.0,
-                    check=False):
+                    check=False, grad2=None):
     """Heavy-ball or Nesterov momentum in place (PyTorch's convention).
 
     ``v = mu * v + g'`` with ``g' = scale * g + wd * p``; then ``p -= lr * v``
     or, with Nesterov, ``p -= lr * (g' + mu * v)``.  Returns False when
-    ``check`` finds a non-finite ``grad`` value.
+    ``check`` finds a non-finite ``g`` value.
 
     Parameters
     ----------
     params, grad, velocity : ndarray, float32 (n,)
     lr, momentum, weight_decay, scale : float
     nesterov, check : bool
+    grad2 : ndarray, float32 (n,), optional
+        When given, ``g = grad + grad2``.
     """
     lr32, mu32, wd32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
     s32 = np.float32(scale)
     bad = False
     for i in range(params.shape[0]):
         gi = grad[i]
+        if grad2 is not None:
+            gi = gi + grad2[i]
         if check:
             bad |= gi - gi != 0
         p = params[i]
@@ -80,10 +94,11 @@ def momentum_update(params, grad, velocity, lr, momentum, weight_decay, nesterov
 
 @njit(cache=True, error_model="numpy")
 def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, scale=1.0,
-                check=False):
+                check=False, grad2=None):
     """One AdamW step in place (decoupled weight decay, bias-corrected moments).
 
-    Returns False when ``check`` finds a non-finite ``grad`` value.
+    Returns False when ``check`` finds a non-finite ``g`` value (``grad``, or
+    ``grad + grad2`` when ``grad2`` is given).
 
     Parameters
     ----------
@@ -92,6 +107,7 @@ def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, s
     step : int
         1-based count of updates applied so far, this one included.
     check : bool
+    grad2 : ndarray, float32 (n,), optional
     """
     c = adam_constants(lr, beta1, beta2, eps, weight_decay, step)
     b1, c1, b2, c2, eps32, decay, step_size, inv_sqrt_bc2 = c
@@ -99,6 +115,8 @@ def adam_update(params, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, s
     bad = False
     for i in range(params.shape[0]):
         gi = grad[i]
+        if grad2 is not None:
+            gi = gi + grad2[i]
         if check:
             bad |= gi - gi != 0
         g = gi * s32

@@ -5,7 +5,8 @@ flight read one while the next is written), so its step is out of place:
 ``dst = step(src, scale * grad)``.  Each kernel also reports whether every
 gradient value was finite, so the server reads the gradient once for both.
 The arithmetic is that of :mod:`psgd.kernels.optim` (the same float32
-expressions), so a step into ``dst`` equals an in-place step on a copy of ``src``.
+expressions, ``grad2`` included), so a step into ``dst`` equals an in-place step
+on a copy of ``src``.
 
 Finiteness: ``g - g`` is 0 for a finite value and NaN for NaN or Inf, and a
 boolean OR of ``g - g != 0`` vectorizes without fast-math (which would let the
@@ -22,7 +23,7 @@ from psgd.kernels.optim import adam_constants
 
 
 @njit(cache=True)
-def sgd_step_into(src, grad, dst, lr, weight_decay, scale):
+def sgd_step_into(src, grad, dst, lr, weight_decay, scale, grad2=None):
     """``dst = src - lr * (scale * g + wd * src)``; True when every ``grad`` value is finite.
 
     Parameters
@@ -31,11 +32,15 @@ def sgd_step_into(src, grad, dst, lr, weight_decay, scale):
     lr, weight_decay : float
     scale : float32
         Multiplies the gradient first (1 / count for a mean of summed gradients).
+    grad2 : ndarray, float32 (n,), optional
+        When given, ``g = grad + grad2`` and the check tests that sum.
     """
     lr32, wd32 = np.float32(lr), np.float32(weight_decay)
     bad = False
     for i in range(src.shape[0]):
         gi = grad[i]
+        if grad2 is not None:
+            gi = gi + grad2[i]
         bad |= gi - gi != 0
         p = src[i]
         dst[i] = p - lr32 * (gi * scale + wd32 * p)
@@ -44,7 +49,7 @@ def sgd_step_into(src, grad, dst, lr, weight_decay, scale):
 
 @njit(cache=True)
 def momentum_step_into(src, grad, velocity, dst, lr, momentum, weight_decay, nesterov,
-                       scale):
+                       scale, grad2=None):
     """Heavy-ball or Nesterov momentum from ``src`` into ``dst``; ``velocity`` in place.
 
     Returns True when every ``grad`` value is finite; when it is not,
@@ -56,11 +61,14 @@ def momentum_step_into(src, grad, velocity, dst, lr, momentum, weight_decay, nes
     lr, momentum, weight_decay : float
     nesterov : bool
     scale : float32
+    grad2 : ndarray, float32 (n,), optional
     """
     lr32, mu32, wd32 = np.float32(lr), np.float32(momentum), np.float32(weight_decay)
     bad = False
     for i in range(src.shape[0]):
         gi = grad[i]
+        if grad2 is not None:
+            gi = gi + grad2[i]
         bad |= gi - gi != 0
         p = src[i]
         g = gi * scale + wd32 * p
@@ -74,7 +82,8 @@ def momentum_step_into(src, grad, velocity, dst, lr, momentum, weight_decay, nes
 
 
 @njit(cache=True, error_model="numpy")
-def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, step, scale):
+def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, step, scale,
+                   grad2=None):
     """One AdamW step from ``src`` into ``dst``; ``m``, ``v`` in place; True when ``grad`` is finite.
 
     Parameters
@@ -84,12 +93,15 @@ def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, st
     step : int
         1-based count of updates, this one included.
     scale : float32
+    grad2 : ndarray, float32 (n,), optional
     """
     c = adam_constants(lr, beta1, beta2, eps, weight_decay, step)
     b1, c1, b2, c2, eps32, decay, step_size, inv_sqrt_bc2 = c
     bad = False
     for i in range(src.shape[0]):
         gi = grad[i]
+        if grad2 is not None:
+            gi = gi + grad2[i]
         bad |= gi - gi != 0
         g = gi * scale
         mi = b1 * m[i] + c1 * g
@@ -102,7 +114,7 @@ def adam_step_into(src, grad, m, v, dst, lr, beta1, beta2, eps, weight_decay, st
 
 
 @njit(cache=True)
-def add_into(total, grad):
+def add_into(total, grad, check_total=False):
     """``grad += total`` in place (so ``grad`` becomes the new sum); True when ``grad`` was finite.
 
     ``total`` is never written, so a non-finite push leaves the old sum intact.
@@ -110,12 +122,18 @@ def add_into(total, grad):
     Parameters
     ----------
     total, grad : ndarray, float32 (n,)
+    check_total : bool
+        Check ``total``'s values too (False if either held a NaN or Inf);
+        ``finite(total)`` afterwards tells which.
     """
     bad = False
     for i in range(grad.shape[0]):
         gi = grad[i]
+        ti = total[i]
         bad |= gi - gi != 0
-        grad[i] = total[i] + gi
+        if check_total:
+            bad |= ti - ti != 0
+        grad[i] = ti + gi
     return not bad
 
 

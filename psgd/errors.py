@@ -12,6 +12,15 @@ class PsgdError(Exception):
     """A user-facing error: bad input, bad config, a failed run.  Printed as one line."""
 
 
+class NonFinitePush(PsgdError):
+    """A push to a parameter server held NaN or Inf: names the worker rank and the clock."""
+
+    def __init__(self, source: int, clock: int) -> None:
+        super().__init__(f"push from rank {source} for clock {clock} holds non-finite values "
+                         f"(NaN or Inf); lower the learning rate, or pass --skip-nonfinite")
+        self.source, self.clock = source, clock
+
+
 def report_and_abort(exc: BaseException, *, debug: bool = False, code: int = 1) -> None:
     """Print one line naming this rank and the cause, then end every rank of the job.
 

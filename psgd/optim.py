@@ -17,10 +17,12 @@ OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 
 
-def _check_slices(params: np.ndarray, grad: np.ndarray, n: int) -> None:
+def _check_slices(params: np.ndarray, grad: np.ndarray, n: int, grad2=None) -> None:
     if params.shape != (n,) or grad.shape != (n,):
         raise ValueError(f"optimizer made for {n} parameters got params {params.shape} "
                          f"and grad {grad.shape}")
+    if grad2 is not None and grad2.shape != (n,):
+        raise ValueError(f"optimizer made for {n} parameters got a second grad {grad2.shape}")
 
 
 class Optimizer:
@@ -41,12 +43,14 @@ class Optimizer:
         self.steps = 0
 
     def step(self, params: np.ndarray, grad: np.ndarray, lr: float, scale: float = 1.0,
-             check: bool = False) -> bool:
+             check: bool = False, grad2: np.ndarray | None = None) -> bool:
         """One step on ``params`` in place with ``scale * grad``; counts it in ``steps``.
 
-        With ``check`` the gradient is checked for NaN/Inf in the same pass:
-        False means one was found, and ``params`` and the state are then
-        garbage (a caller that must keep them checks first).  Otherwise True.
+        With ``grad2`` the gradient is ``grad + grad2``, summed in the same
+        pass (a bsp server's last two pushes of a clock).  With ``check`` the
+        gradient is checked for NaN/Inf in the same pass: False means one was
+        found, and ``params`` and the state are then garbage (a caller that
+        must keep them checks first).  Otherwise True.
         """
         raise NotImplementedError
 
@@ -70,10 +74,10 @@ class SGD(Optimizer):
 
     name = "sgd"
 
-    def step(self, params, grad, lr, scale=1.0, check=False):
-        _check_slices(params, grad, self.n)
+    def step(self, params, grad, lr, scale=1.0, check=False, grad2=None):
+        _check_slices(params, grad, self.n, grad2)
         self.steps += 1
-        return sgd_update(params, grad, float(lr), self.weight_decay, float(scale), check)
+        return sgd_update(params, grad, float(lr), self.weight_decay, float(scale), check, grad2)
 
 
 class Momentum(SGD):
@@ -91,11 +95,11 @@ class Momentum(SGD):
         self.name = "nesterov" if nesterov else "momentum"
         self.velocity = np.zeros(self.n, dtype=np.float32)
 
-    def step(self, params, grad, lr, scale=1.0, check=False):
-        _check_slices(params, grad, self.n)
+    def step(self, params, grad, lr, scale=1.0, check=False, grad2=None):
+        _check_slices(params, grad, self.n, grad2)
         self.steps += 1
         return momentum_update(params, grad, self.velocity, float(lr), self.momentum,
-                               self.weight_decay, self.nesterov, float(scale), check)
+                               self.weight_decay, self.nesterov, float(scale), check, grad2)
 
 
 class Adam(Optimizer):
@@ -115,11 +119,11 @@ class Adam(Optimizer):
         self.m = np.zeros(self.n, dtype=np.float32)
         self.v = np.zeros(self.n, dtype=np.float32)
 
-    def step(self, params, grad, lr, scale=1.0, check=False):
-        _check_slices(params, grad, self.n)
+    def step(self, params, grad, lr, scale=1.0, check=False, grad2=None):
+        _check_slices(params, grad, self.n, grad2)
         self.steps += 1
         return adam_update(params, grad, self.m, self.v, float(lr), self.beta1, self.beta2,
-                           self.eps, self.weight_decay, self.steps, float(scale), check)
+                           self.eps, self.weight_decay, self.steps, float(scale), check, grad2)
 
 
 def make_optimizer(name: str, n: int, *, momentum: float = 0.9, weight_decay: float = 0.0,

@@ -10,8 +10,10 @@ and its optimizer state.  It polls for control messages from any worker
   recorded, then handed to the protocol's update rule
   (:class:`psgd.protocols.bsp.BspUpdate`: sum, then one mean step when the
   version advances; :class:`psgd.protocols.ssp.SspUpdate`: one step now),
-  which checks it for NaN/Inf in the same pass (a non-finite push ends the
-  job, or is skipped and counted with ``skip_nonfinite``).
+  which checks it for NaN/Inf in a pass that reads it anyway (bsp defers
+  the check to the add or the step, or to a moment the server is idle); a
+  non-finite push ends the job naming its sender, or is skipped and counted
+  with ``skip_nonfinite``.
 * the step updates the live shard in place, or writes the next version into
   a spare buffer while a pull reply still reads the live one
   (:class:`psgd.shard_versions.ShardVersions`): pull replies are sent straight
@@ -54,7 +56,7 @@ from mpi4py import MPI
 
 from psgd import faults
 from psgd import wait as _wait
-from psgd.errors import PsgdError
+from psgd.errors import NonFinitePush, PsgdError
 from psgd.optim import make_optimizer
 from psgd.protocols.bsp import BspUpdate
 from psgd.protocols.config import ProtocolConfig
@@ -140,11 +142,13 @@ class _Server:
         rule = BspUpdate if config.protocol == "bsp" else SspUpdate
         warm_opt = make_optimizer(config.optimizer, 0, **config.opt_hparams)
         warm = rule(config, warm_opt, ShardVersions(np.zeros(0, np.float32)))
-        for _ in range(2):  # bsp: the first push is checked, the second added
-            warm.push(warm.receive_buffer(), 0, 0)
-        warm.advance(0, 1)
+        for _ in range(3):  # bsp: the second push is added when the third arrives
+            warm.push(warm.receive_buffer(), 0, 0, 0)
+        warm.idle()
+        warm.advance(0, 1)   # bsp: the step reads the sum and the third push
         empty = np.zeros(0, np.float32)
-        step_into(warm_opt, empty, empty, empty.copy(), 0.0)   # the step while a reply reads
+        for grad2 in (None, empty):   # the step while a reply reads (bsp: on two pushes)
+            step_into(warm_opt, empty, empty, empty.copy(), 0.0, grad2=grad2)
         self.rule = rule(config, self.optimizer, self.versions)
         self.bound = 0.0 if config.protocol == "bsp" else float(config.staleness)
         self.pushes = np.full(self.W, int(start_clock), np.int64)
@@ -218,6 +222,7 @@ class _Server:
                     poller = _wait.Poller(self._describe)
                     continue
             self.versions.reap()
+            self.rule.idle()
             poller.idle()
         outstanding = self.versions.all_requests() + [r for r in self.hdr_reqs if r is not None]
         if self.snap_req is not None:
@@ -289,11 +294,9 @@ class _Server:
         if staleness >= self.hist.shape[0]:
             self.hist = np.concatenate([self.hist, np.zeros(staleness + 1, np.int64)])
         self.hist[staleness] += 1
-        if not self.rule.push(buf, clock, staleness):
+        if not self.rule.push(buf, clock, staleness, source):
             if not self.config.skip_nonfinite:
-                raise PsgdError(f"push from rank {source} for clock {clock} holds non-finite "
-                                f"values (NaN or Inf); lower the learning rate, or pass "
-                                f"--skip-nonfinite")
+                raise NonFinitePush(source, clock)
             self.n_skipped += 1
         self.pushes[w] += 1
         self._update_version()

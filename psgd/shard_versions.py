@@ -30,7 +30,8 @@ SPARES = 2
 
 
 def step_into(optimizer: Optimizer, src: np.ndarray, grad: np.ndarray, dst: np.ndarray,
-              lr: float, scale: float = 1.0, check_first: bool = False) -> bool:
+              lr: float, scale: float = 1.0, check_first: bool = False,
+              grad2: np.ndarray | None = None) -> bool:
     """One optimizer step from ``src`` into ``dst`` (float32, the optimizer's length).
 
     Parameters
@@ -49,24 +50,29 @@ def step_into(optimizer: Optimizer, src: np.ndarray, grad: np.ndarray, dst: np.n
         non-finite gradient changes nothing (the server's ``skip_nonfinite``).
         Without it the check shares the step's pass, and after a non-finite
         gradient ``dst`` and a stateful optimizer's state are garbage.
+    grad2 : ndarray, float32 (n,), optional
+        Step on ``grad + grad2`` (summed in the step's pass; not with ``check_first``).
 
     Returns
     -------
     bool
         True when every ``grad`` value was finite (and the step was applied).
     """
+    if check_first and grad2 is not None:
+        raise ValueError("check_first cannot check grad + grad2 before the step")
     if check_first and not finite(grad):
         return False
     lr, scale, wd = float(lr), np.float32(scale), optimizer.weight_decay
     kind = type(optimizer)
     if kind is SGD:
-        ok = sgd_step_into(src, grad, dst, lr, wd, scale)
+        ok = sgd_step_into(src, grad, dst, lr, wd, scale, grad2)
     elif kind is Momentum:
         ok = momentum_step_into(src, grad, optimizer.velocity, dst, lr, optimizer.momentum, wd,
-                                optimizer.nesterov, scale)
+                                optimizer.nesterov, scale, grad2)
     elif kind is Adam:
         ok = adam_step_into(src, grad, optimizer.m, optimizer.v, dst, lr, optimizer.beta1,
-                            optimizer.beta2, optimizer.eps, wd, optimizer.steps + 1, scale)
+                            optimizer.beta2, optimizer.eps, wd, optimizer.steps + 1, scale,
+                            grad2)
     else:
         raise TypeError(f"no out-of-place step for optimizer {optimizer.name!r}")
     return bool(ok)
@@ -116,19 +122,26 @@ class ShardVersions:
                 self.reqs[i] = []
 
     def step(self, optimizer: Optimizer, grad: np.ndarray, lr: float, scale: float = 1.0,
-             skip_nonfinite: bool = False) -> bool:
+             skip_nonfinite: bool = False, grad2: np.ndarray | None = None) -> bool:
         """Apply one step to the live parameters, in place if no reply reads them, else into a spare.
 
         Returns False when ``grad`` was not finite.  With ``skip_nonfinite``
         the shard and the optimizer state are then as before (the gradient is
         checked in a pass of its own where the step could not undo itself);
         without it they are undefined, and the caller ends the job.
+
+        ``grad2``: step on ``grad + grad2`` (float32 sum) in the step's own
+        pass; neither is written.  Not with ``skip_nonfinite``, whose check
+        must see the sum before the step: the caller adds the two itself.
         """
+        if grad2 is not None and skip_nonfinite:
+            raise ValueError("a step on grad + grad2 cannot check their sum first; with "
+                             "skip_nonfinite add them before the step")
         self.reap()
         if not self.reqs[self.index]:
             if skip_nonfinite and not finite(grad):
                 return False
-            if not optimizer.step(self.live, grad, lr, scale, check=True):
+            if not optimizer.step(self.live, grad, lr, scale, check=True, grad2=grad2):
                 return False
             self.n_in_place += 1
             return True
@@ -141,7 +154,8 @@ class ShardVersions:
             self.reqs[spare] = []
         # out of place, a non-finite SGD gradient leaves the live buffer as it was
         check_first = skip_nonfinite and bool(optimizer.state_keys)
-        if not step_into(optimizer, self.live, grad, self.buffers[spare], lr, scale, check_first):
+        if not step_into(optimizer, self.live, grad, self.buffers[spare], lr, scale, check_first,
+                         grad2):
             return False
         optimizer.steps += 1
         self.retired.remove(spare)

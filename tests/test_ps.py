@@ -16,7 +16,7 @@ def result_of(proc):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("servers,workers", [(1, 1), (1, 2), (2, 1), (3, 1), (3, 2)])
+@pytest.mark.parametrize("servers,workers", [(1, 1), (1, 2), (2, 1), (3, 1), (3, 2), (1, 3)])
 def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, workers):
     proc = mpirun(servers + workers, ["ps_check.py", "bsp", "--servers", servers,
                                       "--steps", 50], timeout=60)
@@ -124,15 +124,19 @@ def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset,
         assert len(hist) == 2, hist                      # never above the bound s = 1
 
 
-@pytest.mark.parametrize("bad,servers,words", [
-    ("length", 1, "has wrong length"),
-    ("shard", 2, "names shard 0, but it reached server rank 1"),
-    ("nonfinite", 1, "non-finite"),
+@pytest.mark.parametrize("bad,servers,protocol,words", [
+    ("length", 1, "asp", "has wrong length"),
+    ("shard", 2, "asp", "names shard 0, but it reached server rank 1"),
+    ("nonfinite", 1, "asp", "non-finite"),
+    # bsp checks a push when a pass reads it or the server is idle: here the other worker
+    # never pushes, so only the idle check can catch it
+    ("nonfinite", 1, "bsp", "non-finite"),
 ])
-def test_bad_push_aborts_the_job_naming_sender_and_problem(mpirun, bad, servers, words):
+def test_bad_push_aborts_the_job_naming_sender_and_problem(mpirun, bad, servers, protocol,
+                                                           words):
     t0 = time.monotonic()
-    proc = mpirun(servers + 2, ["ps_check.py", "bad", "--bad", bad, "--servers", servers],
-                  timeout=40, check=False)
+    proc = mpirun(servers + 2, ["ps_check.py", "bad", "--bad", bad, "--servers", servers,
+                                "--protocol", protocol], timeout=40, check=False)
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 30
     assert words in proc.stderr and f"from rank {servers}" in proc.stderr, proc.stderr
@@ -317,7 +321,7 @@ def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of
     for g, ok in ((1.0, True), (np.inf, False), (3.0, True)):
         buf = rule.receive_buffer()
         buf[:] = g
-        assert rule.push(buf, 0, 0) is ok
+        assert rule.push(buf, 0, 0, 3) is ok
     assert rule.advance(0, 1)
     np.testing.assert_array_equal(versions.live, np.full(5, -0.5 * 2.0, np.float32))
 

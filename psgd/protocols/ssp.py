@@ -39,8 +39,12 @@ class SspUpdate:
         """Where the next push lands."""
         return self.incoming
 
-    def push(self, grad: np.ndarray, clock: int, staleness: int) -> bool:
-        """Apply one worker's gradient (float32, shard length) now; False if it was not finite."""
+    def push(self, grad: np.ndarray, clock: int, staleness: int, source: int) -> bool:
+        """Apply one worker's gradient (float32, shard length) now; False if it was not finite.
+
+        ``source`` (the worker's rank) is not needed: the check shares the
+        step's pass, so the server names the sender from the return value.
+        """
         lr = self.config.lr_schedule(clock)
         if self.inverse:
             lr = lr / (1.0 + staleness)
@@ -49,6 +53,9 @@ class SspUpdate:
             return False
         self.n_updates += 1
         return True
+
+    def idle(self) -> None:
+        """Nothing is left unchecked between pushes."""
 
     def advance(self, old_version: int, new_version: int) -> bool:
         """Nothing to do when the version advances."""

@@ -186,7 +186,7 @@ def mode_overlap(args, comm):
 
 def mode_bad(args, comm):
     roles = assign_roles(comm, args.servers)
-    config = ProtocolConfig("asp", N_PARAMS)
+    config = ProtocolConfig(args.protocol, N_PARAMS, staleness=1)
     smap = ShardMap(N_PARAMS, roles.n_servers)
     if roles.is_server:
         serve(roles, smap, config)

@@ -118,6 +118,7 @@ def add_into(total, grad, check_total=False):
     """``grad += total`` in place (so ``grad`` becomes the new sum); True when ``grad`` was finite.
 
     ``total`` is never written, so a non-finite push leaves the old sum intact.
+    With ``check_total`` the result also covers ``total``.
 
     Parameters
     ----------

@@ -125,7 +125,7 @@ class ShardVersions:
              skip_nonfinite: bool = False, grad2: np.ndarray | None = None) -> bool:
         """Apply one step to the live parameters, in place if no reply reads them, else into a spare.
 
-        Returns False when ``grad`` was not finite.  With ``skip_nonfinite``
+        Returns False when the gradient was not finite.  With ``skip_nonfinite``
         the shard and the optimizer state are then as before (the gradient is
         checked in a pass of its own where the step could not undo itself);
         without it they are undefined, and the caller ends the job.

@@ -51,15 +51,15 @@ def step_into(optimizer: Optimizer, src: np.ndarray, grad: np.ndarray, dst: np.n
         Without it the check shares the step's pass, and after a non-finite
         gradient ``dst`` and a stateful optimizer's state are garbage.
     grad2 : ndarray, float32 (n,), optional
-        Step on ``grad + grad2`` (summed in the step's pass; not with ``check_first``).
+        Step on ``grad + grad2`` (summed in the step's pass).  ``check_first``
+        checks ``grad`` alone, so :meth:`ShardVersions.step`, its one caller
+        that checks first, refuses the two together.
 
     Returns
     -------
     bool
         True when every ``grad`` value was finite (and the step was applied).
     """
-    if check_first and grad2 is not None:
-        raise ValueError("check_first cannot check grad + grad2 before the step")
     if check_first and not finite(grad):
         return False
     lr, scale, wd = float(lr), np.float32(scale), optimizer.weight_decay

@@ -111,6 +111,10 @@ class Poller:
         if (self.polls & 63) == 0:
             self._check_stall()
 
+    def waited(self) -> float:
+        """Seconds since this wait began."""
+        return time.monotonic() - self.start
+
     def restart(self) -> None:
         """Progress was made: poll densely again (bare polls, then the shortest sleeps)."""
         self.polls = 0

@@ -97,3 +97,11 @@ def test_waitall_starts_its_backoff_over_when_some_requests_complete(monkeypatch
     assert sleeps == pytest.approx(backoff + backoff[:3])   # starts over at the shortest sleep
     # and with SPIN bare polls again: (SPIN bare + 6 sleeping + 1 completing) then (SPIN + 3 + 1)
     assert polls["n"] == 2 * wait.SPIN + 11
+
+
+def test_poller_waited_counts_from_the_start_of_the_wait():
+    from psgd import wait
+    poller = wait.Poller("peer")
+    assert 0 <= poller.waited() < 0.05
+    time.sleep(0.02)
+    assert poller.waited() >= 0.02

@@ -37,8 +37,9 @@ class BspUpdate:
     its own, or in the pass that adds it) and a bad one is dropped, leaving
     the sum intact; the step then checks the sum before it writes anything.
     Without it a push is checked in the first pass that reads it anyway (the
-    add, or the step, which checks the sum), or, while the server has nothing
-    else to do, in a pass of its own (:meth:`idle`); a non-finite one ends
+    add, or the step, which checks the sum), or, once the server has had
+    nothing else to do for ``psgd.server.IDLE_WORK_S``, in a pass of its own
+    (:meth:`idle`); a non-finite one ends
     the job with :class:`psgd.errors.NonFinitePush` naming its sender.
     """
 

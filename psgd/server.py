@@ -140,11 +140,14 @@ class _Server:
         self.config = config
         self.on_snapshot = on_snapshot
         self.n = shard_map.size(self.shard)
-        self.versions = ShardVersions(self._initial_params(init_shard))
+        self.versions = ShardVersions(np.zeros(self.n, np.float32) if init_shard is None else
+                                      shard_map.own(init_shard, self.shard, "initial shard").copy())
         self.optimizer = make_optimizer(config.optimizer, self.n, **config.opt_hparams)
         self.state_keys = tuple(self.optimizer.state_keys)
         if init_opt_state is not None:
-            self.optimizer.load_state_dict(self._shard_state(init_opt_state))
+            self.optimizer.load_state_dict({**init_opt_state, **{
+                key: shard_map.own(init_opt_state[key], self.shard, f"optimizer state {key!r}")
+                for key in self.state_keys}})
         # load the jitted kernels now, not inside the timed loop
         rule = BspUpdate if config.protocol == "bsp" else SspUpdate
         warm_opt = make_optimizer(config.optimizer, 0, **config.opt_hparams)
@@ -175,28 +178,6 @@ class _Server:
         self.ctrl = np.zeros(HEADER_LEN, np.int64)
         self.status = MPI.Status()
         self.fault = faults.for_rank(self.rank)  # None unless PSGD_FAULT names this rank (tests)
-
-    # ------------------------------------------------------------ setup
-
-    def _initial_params(self, init_shard) -> np.ndarray:
-        if init_shard is None:
-            return np.zeros(self.n, np.float32)
-        init = np.asarray(init_shard, dtype=np.float32).ravel()
-        if init.shape[0] == self.shard_map.n and self.shard_map.n != self.n:
-            init = self.shard_map.view(init, self.shard)
-        if init.shape[0] != self.n:
-            raise ValueError(f"server {self.shard}: initial shard has {init.shape[0]} values, "
-                             f"expected {self.n} (or the full {self.shard_map.n})")
-        return np.array(init, dtype=np.float32, copy=True)
-
-    def _shard_state(self, state: dict) -> dict:
-        out = dict(state)
-        for key in self.state_keys:
-            arr = np.asarray(state[key], dtype=np.float32).ravel()
-            if arr.shape[0] == self.shard_map.n and self.shard_map.n != self.n:
-                arr = self.shard_map.view(arr, self.shard)
-            out[key] = arr
-        return out
 
     # ------------------------------------------------------------ the loop
 

@@ -44,5 +44,19 @@ class ShardMap:
         lo, hi = self.range(shard)
         return vector[lo:hi]
 
+    def own(self, values, shard: int, what: str = "values") -> np.ndarray:
+        """``values`` as a float32 vector of ``shard``'s length: its own, or its slice of a full vector.
+
+        May be a view of ``values``.  Raises ValueError naming ``what`` for any other length.
+        """
+        arr = np.asarray(values, dtype=np.float32).ravel()
+        m = self.size(shard)
+        if arr.shape[0] == self.n and self.n != m:
+            arr = self.view(arr, shard)
+        if arr.shape[0] != m:
+            raise ValueError(f"shard {shard}: {what} has {arr.shape[0]} values, expected {m} "
+                             f"(or the full {self.n})")
+        return arr
+
     def __repr__(self) -> str:
         return f"ShardMap(n={self.n}, n_shards={self.n_shards})"

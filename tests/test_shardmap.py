@@ -24,3 +24,17 @@ def test_view_is_a_view():
 def test_bad_shard_count():
     with pytest.raises(ValueError, match="at least one shard"):
         ShardMap(10, 0)
+
+
+def test_own_takes_the_shard_or_slices_a_full_vector_and_names_a_wrong_length():
+    from psgd.shardmap import ShardMap
+    smap = ShardMap(10, 3)                       # shards of 4, 3, 3
+    full = np.arange(10, dtype=np.float64)
+    assert np.array_equal(smap.own(full, 1), [4, 5, 6])
+    assert smap.own(full, 1).dtype == np.float32
+    assert np.array_equal(smap.own([7, 8, 9], 2), [7, 8, 9])
+    with pytest.raises(ValueError, match="shard 0: initial shard has 3 values, expected 4 "
+                                         r"\(or the full 10\)"):
+        smap.own([1, 2, 3], 0, "initial shard")
+    one = ShardMap(4, 1)                         # one shard: the full vector is the shard
+    assert np.array_equal(one.own(np.ones(4), 0), np.ones(4))

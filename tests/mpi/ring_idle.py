@@ -1,9 +1,11 @@
-"""A rank waiting inside ring_allreduce for a late neighbour sleeps instead of burning its core."""
+"""A rank waiting inside ring_allreduce for a late neighbour sleeps instead of burning its core,
+and says whom it waits for (both algorithms ``auto`` takes)."""
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from psgd import wait
 from psgd.errors import report_and_abort
 from psgd.ring import ring_allreduce
 
@@ -13,9 +15,10 @@ LATE_S = 1.5
 
 
 def main():
-    for n in (100, 1 << 20):                 # recursive doubling, then the ring
+    wait.configure(stall_timeout=0.5)        # the late rank is reported (stderr)
+    for n, algorithm in ((100, "doubling"), (1 << 20, "ring")):
         buf = np.ones(n, np.float32)
-        ring_allreduce(comm, buf)            # first call: Dup, scratch
+        ring_allreduce(comm, buf)            # first call: Dup, scratch (auto takes `algorithm`)
         comm.Barrier()
         if rank == 1:
             time.sleep(LATE_S)
@@ -25,7 +28,7 @@ def main():
         if rank == 0:
             assert wall > 0.8 * LATE_S, f"n={n}: rank 0 did not wait ({wall:.2f} s)"
             assert cpu < 0.25 * wall, f"n={n}: rank 0 used {cpu:.2f} s CPU waiting {wall:.2f} s"
-            print(f"n={n}: waited {wall:.2f} s on {cpu:.3f} s CPU")
+            print(f"{algorithm} n={n}: waited {wall:.2f} s on {cpu:.3f} s CPU")
     if rank == 0:
         print("ring_idle: passed")
 

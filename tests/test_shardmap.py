@@ -27,7 +27,6 @@ def test_bad_shard_count():
 
 
 def test_own_takes_the_shard_or_slices_a_full_vector_and_names_a_wrong_length():
-    from psgd.shardmap import ShardMap
     smap = ShardMap(10, 3)                       # shards of 4, 3, 3
     full = np.arange(10, dtype=np.float64)
     assert np.array_equal(smap.own(full, 1), [4, 5, 6])

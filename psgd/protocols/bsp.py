@@ -39,8 +39,8 @@ class BspUpdate:
     Without it a push is checked in the first pass that reads it anyway (the
     add, or the step, which checks the sum), or, once the server has had
     nothing else to do for ``psgd.server.IDLE_WORK_S``, in a pass of its own
-    (:meth:`idle`); a non-finite one ends
-    the job with :class:`psgd.errors.NonFinitePush` naming its sender.
+    (:meth:`idle`); a non-finite one ends the job with
+    :class:`psgd.errors.NonFinitePush` naming its sender.
     """
 
     def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions) -> None:

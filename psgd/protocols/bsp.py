@@ -90,14 +90,8 @@ class BspUpdate:
 
     def idle(self) -> None:
         """Check the pushes not yet checked while the server waits anyway; raises NonFinitePush."""
-        if self.accum_src is not None:
-            if not finite(self.accum):
-                raise NonFinitePush(*self.accum_src)
-            self.accum_src = None
-        if self.held_src is not None:
-            if not finite(self.incoming):
-                raise NonFinitePush(*self.held_src)
-            self.held_src = None
+        self._raise_unchecked(held_intact=True)
+        self.accum_src = self.held_src = None
 
     def advance(self, old_version: int, new_version: int) -> bool:
         """All workers pushed clock ``old_version``: apply the mean as one step.
@@ -119,7 +113,10 @@ class BspUpdate:
         return ok
 
     def _raise_unchecked(self, held_intact: bool) -> None:
-        """A pass found NaN/Inf: name the unchecked push that holds it; return if none does.
+        """Raise NonFinitePush for an unchecked push that holds NaN/Inf; return if none does.
+
+        Called when a pass has found NaN/Inf (to name the push), and by
+        :meth:`idle` (to check the pushes no pass has read yet).
 
         The sum buffer is never written by a failing pass; the held push is
         overwritten by a failed add (``held_intact=False``), and then it is

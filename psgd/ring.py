@@ -1,4 +1,5 @@
-"""psgd's own all-reduce: a pipelined ring (reduce-scatter then all-gather) and recursive doubling for small buffers."""
+"""psgd's own all-reduce: a pipelined ring (reduce-scatter then all-gather), recursive doubling
+for small buffers, and a shared-memory window when every rank is on one node."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -8,9 +9,10 @@ from mpi4py import MPI
 
 from psgd.env import env_int
 from psgd.ring_schedules import DoublingSchedule, RingSchedule, Schedule
+from psgd.ring_shared import SharedSchedule, SharedWindow
 
 OPS = ("sum", "mean")
-ALGORITHMS = ("auto", "ring", "doubling")
+ALGORITHMS = ("auto", "ring", "doubling", "shared")
 
 # Buffers of fewer bytes than this use recursive doubling (log2 N exchanges of the
 # whole buffer); larger ones the ring (2(N-1) exchanges of 1/N of it each).  From
@@ -24,6 +26,12 @@ DEFAULT_SMALL_BYTES = 256 * 1024
 # cores 256 KB segments were 2-6x slower at 4-64 MB (a context switch per message);
 # 512 KB and 1 MB were equal within noise, at 2 ranks too.
 DEFAULT_SEGMENT_BYTES = 1024 * 1024
+# On one node, buffers of up to this many bytes go through the shared-memory window
+# (psgd.ring_shared), larger ones round the ring.  Alternating runs on 2 cores: the
+# window was 1.2-2.3x MPI_Allreduce from 16 KB to 4 MB at 2 and 4 ranks, where
+# doubling and the ring were 0.5-1.3x; at 8 and 16 MB with 2 ranks the ring was as
+# fast or faster (window 0.94-1.20x MPI, ring 1.09-1.18x).
+DEFAULT_SHARED_BYTES = 4 * 1024 * 1024
 
 # Cached schedules per communicator (each holds its buffer; see psgd.ring_schedules).
 _SCHEDULES = 8
@@ -39,14 +47,26 @@ class _RingState:
     ``ANY_TAG``/``ANY_SOURCE``, can match all-reduce traffic.
     """
 
-    __slots__ = ("comm", "rank", "size", "schedules")
+    __slots__ = ("comm", "rank", "size", "schedules", "one_node", "window")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         # (id(buf), algorithm, segment) -> schedule, least recently used first
-        self.schedules: OrderedDict[tuple, Schedule] = OrderedDict()
+        self.schedules: OrderedDict[tuple, Schedule | SharedSchedule] = OrderedDict()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.one_node = node.Get_size() == self.size
+        node.Free()
+        self.window: SharedWindow | None = None     # made by the first shared all-reduce
+
+    def shared_window(self) -> SharedWindow:
+        if not self.one_node:
+            raise ValueError("all-reduce algorithm 'shared' needs every rank on one node; "
+                             "use 'auto' or 'ring' across nodes")
+        if self.window is None:
+            self.window = SharedWindow(self.comm)   # collective, as the call itself is
+        return self.window
 
     def schedule(self, key: tuple, build) -> Schedule:
         """The cached schedule for ``key`` (``key[0]`` is the buffer's id), else ``build()``.
@@ -67,6 +87,8 @@ class _RingState:
         for schedule in self.schedules.values():
             schedule.free()
         self.schedules.clear()
+        if self.window is not None:
+            self.window.free()
         self.comm.Free()
 
 
@@ -100,6 +122,7 @@ def _state(comm: MPI.Comm) -> _RingState:
 
 _small_bytes = env_int("PSGD_ALLREDUCE_SMALL_BYTES", DEFAULT_SMALL_BYTES)
 _segment_bytes = env_int("PSGD_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES)
+_shared_bytes = env_int("PSGD_ALLREDUCE_SHARED_BYTES", DEFAULT_SHARED_BYTES)
 
 
 def _check(buf, op: str, algorithm: str) -> None:
@@ -125,7 +148,8 @@ def _check(buf, op: str, algorithm: str) -> None:
 
 def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
                    algorithm: str = "auto", small_bytes: int | None = None,
-                   segment_bytes: int | None = None, label: str = "") -> np.ndarray:
+                   segment_bytes: int | None = None, shared_bytes: int | None = None,
+                   label: str = "") -> np.ndarray:
     """All-reduce ``buf`` in place across the ranks of ``comm`` (collective).
 
     Buffers of at least ``small_bytes`` bytes go round a bandwidth-optimal ring:
@@ -133,35 +157,46 @@ def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
     buffer to its right neighbour in N-1 steps of each phase, both phases
     pipelined in segments of ``segment_bytes`` across steps.  Smaller buffers
     use recursive doubling, floor(log2 N) exchanges of the whole buffer (+2
-    when N is not a power of two).  Every rank ends with bitwise identical
-    values.  A wait polls with ``sched_yield`` for at most
-    ``PSGD_ALLREDUCE_SPIN_US`` (default 5000) microseconds, then sleeps with
-    :mod:`psgd.wait`'s backoff and stall report.
+    when N is not a power of two).  When every rank is on one node, buffers of
+    up to ``shared_bytes`` bytes go through a shared-memory window instead
+    (:mod:`psgd.ring_shared`: a reduce-scatter and all-gather through memory,
+    or below ``small_bytes`` every rank summing all contributions).  Every
+    rank ends with bitwise identical values.  A wait polls with
+    ``sched_yield`` for at most ``PSGD_ALLREDUCE_SPIN_US`` (default 5000)
+    microseconds, then sleeps with :mod:`psgd.wait`'s backoff and stall report.
 
     The messages of one call are built once per buffer object as persistent
-    requests (:mod:`psgd.ring_schedules`) and cached on the communicator, the
-    last ``_SCHEDULES`` (8) buffers used; a cached schedule keeps its buffer
-    alive.  Reducing the same array every step (a gradient) costs no set-up.
+    requests (:mod:`psgd.ring_schedules`), or views of the window, and cached
+    on the communicator, the last ``_SCHEDULES`` (8) buffers used; a cached
+    schedule keeps its buffer alive.  Reducing the same array every step (a
+    gradient) costs no set-up.
 
     Parameters
     ----------
     comm : MPI.Comm
         Intra-communicator; every rank calls with a buffer of the same length
         and dtype.  The first call on a communicator duplicates it (collective)
-        to get a private tag space; the duplicate is cached on ``comm``.
+        to get a private tag space, and asks whether its ranks share a node;
+        the duplicate is cached on ``comm``.  The first shared-memory call
+        allocates the window (2 (N+1) MB).
     buf : ndarray, shape (n,), float32 or float64, C-contiguous, writeable
         This rank's contribution; overwritten with the reduction.  ``n`` may be
         anything, 0 included.
     op : {"sum", "mean"}
         Elementwise sum over ranks, or the sum divided by the number of ranks.
-    algorithm : {"auto", "ring", "doubling"}
-        ``auto`` picks by size; the others force one (for tests and benchmarks).
+    algorithm : {"auto", "ring", "doubling", "shared"}
+        ``auto`` picks by size and placement; the others force one (``shared``
+        picks its small or large schedule by ``small_bytes``).
     small_bytes : int, optional
         Size threshold for ``auto``: default ``PSGD_ALLREDUCE_SMALL_BYTES``,
         else ``DEFAULT_SMALL_BYTES``.
     segment_bytes : int, optional
         Reduce-scatter segment size: default ``PSGD_ALLREDUCE_SEGMENT_BYTES``,
         else ``DEFAULT_SEGMENT_BYTES``.
+    shared_bytes : int, optional
+        Largest buffer ``auto`` sends through the window on one node: default
+        ``PSGD_ALLREDUCE_SHARED_BYTES``, else ``DEFAULT_SHARED_BYTES``; 0
+        keeps ``auto`` to messages.
     label : str
         Appended to what a stalled wait says it waits for (e.g. " of clock 12").
 
@@ -173,8 +208,8 @@ def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
     Raises
     ------
     ValueError
-        If ``buf`` is not a writeable contiguous 1-D float32/float64 array, or
-        ``op``/``algorithm`` is unknown.
+        If ``buf`` is not a writeable contiguous 1-D float32/float64 array,
+        ``op``/``algorithm`` is unknown, or ``shared`` is asked for across nodes.
     """
     if not (type(buf) is np.ndarray and (buf.dtype is _F32 or buf.dtype is _F64)
             and buf.ndim == 1 and (flags := buf.flags).c_contiguous and flags.writeable
@@ -185,12 +220,16 @@ def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
     n = buf.size
     if n == 0 or size == 1:
         return buf
+    if small_bytes is None:
+        small_bytes = _small_bytes
     if algorithm == "auto":
-        if small_bytes is None:
-            small_bytes = _small_bytes
-        algorithm = "doubling" if buf.nbytes < small_bytes or n < size else "ring"
+        algorithm = _auto(state, buf, small_bytes, shared_bytes)
     comm = state.comm
-    if algorithm == "doubling":
+    if algorithm == "shared":
+        window = state.shared_window()
+        state.schedule((id(buf), "shared", small_bytes),
+                       lambda: SharedSchedule(window, buf, small_bytes)).run(op == "mean", label)
+    elif algorithm == "doubling":
         state.schedule((id(buf), "doubling", 0), lambda: DoublingSchedule(comm, buf)).run(label)
         if op == "mean":
             np.divide(buf, size, out=buf)
@@ -199,3 +238,21 @@ def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
         state.schedule((id(buf), "ring", seg),
                        lambda: RingSchedule(comm, buf, seg)).run(op == "mean", label)
     return buf
+
+
+def _auto(state: _RingState, buf: np.ndarray, small_bytes: int, shared_bytes: int | None) -> str:
+    if shared_bytes is None:
+        shared_bytes = _shared_bytes
+    if state.one_node and buf.nbytes <= shared_bytes:
+        return "shared"
+    return "doubling" if buf.nbytes < small_bytes or buf.size < state.size else "ring"
+
+
+def auto_algorithm(comm: MPI.Comm, buf: np.ndarray, small_bytes: int | None = None,
+                   shared_bytes: int | None = None) -> str:
+    """The algorithm ``ring_allreduce(comm, buf)`` takes with ``algorithm="auto"`` (collective
+    the first time on ``comm``, as that call is); for benchmarks and logs."""
+    if comm.Get_size() == 1 or buf.size == 0:
+        return "none"
+    return _auto(_state(comm), buf, _small_bytes if small_bytes is None else small_bytes,
+                 shared_bytes)

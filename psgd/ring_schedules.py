@@ -29,27 +29,27 @@ _TAG_RS, _TAG_AG = 16, 17
 # 3-4x faster below 1 MB than with 100 us of polling and then sleeping.  A peer late
 # by a whole computation still finds this rank asleep.
 DEFAULT_SPIN_S = 5e-3
-_spin_s = env_float("PSGD_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
-_POLLS = 4                                  # bare polls before the yield spin
+SPIN_S = env_float("PSGD_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
+POLLS = 4                                  # bare polls before the yield spin
 
 
 def complete_all(requests: list, what) -> None:
     """Complete all requests: a few bare polls (small messages land within microseconds),
-    a yield spin of up to ``_spin_s``, then psgd.wait's backoff sleeps and stall report."""
+    a yield spin of up to ``SPIN_S``, then psgd.wait's backoff sleeps and stall report."""
     testall = MPI.Request.Testall
-    for _ in range(_POLLS):
+    for _ in range(POLLS):
         if testall(requests):
             return
-    _wait.waitall(requests, what, spin_s=_spin_s)
+    _wait.waitall(requests, what, spin_s=SPIN_S)
 
 
 def complete(request: MPI.Request, what) -> None:
     """One request, as :func:`complete_all`."""
     test = request.Test
-    for _ in range(_POLLS):
+    for _ in range(POLLS):
         if test():
             return
-    _wait.wait(request, what, spin_s=_spin_s)
+    _wait.wait(request, what, spin_s=SPIN_S)
 
 
 class Schedule:

@@ -104,7 +104,7 @@ def test_nan_is_skipped_and_counted_with_skip_nonfinite(mpirun, dataset, tmp_pat
 @pytest.mark.parametrize("protocol, waits_for", [
     ("ssp", "worker rank(s) [2] to push clock"),
     ("hogwild", "hogwild worker rank(s) [2] to finish their steps"),
-    ("allreduce", "rank 1 (all-reduce recursive doubling of clock 5)"),
+    ("allreduce", "rank 1 (shared-memory all-reduce of clock 5)"),
 ])
 def test_hung_rank_is_reported_then_the_job_ends(mpirun, dataset, protocol, waits_for):
     rank = LAYOUT[protocol][2]

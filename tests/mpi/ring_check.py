@@ -1,5 +1,7 @@
 """Checks ring_allreduce against comm.Allreduce for many lengths, dtypes, ops and algorithms."""
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
@@ -16,7 +18,7 @@ def lengths():
     return sorted(n for n in base if n >= 0)
 
 
-def check_case(n, dtype, op, algorithm, segment_bytes=None):
+def check_case(n, dtype, op, algorithm, segment_bytes=None, small_bytes=None):
     rng = np.random.default_rng(1000 * rank + n)
     x = rng.standard_normal(n).astype(dtype)
     expect = x.copy()
@@ -27,12 +29,13 @@ def check_case(n, dtype, op, algorithm, segment_bytes=None):
         expect /= size
         absum /= size
     got = x.copy()
-    out = ring_allreduce(comm, got, op, algorithm=algorithm, segment_bytes=segment_bytes)
+    out = ring_allreduce(comm, got, op, algorithm=algorithm, segment_bytes=segment_bytes,
+                         small_bytes=small_bytes)
     assert out is got
     eps = np.finfo(dtype).eps
     err = np.abs(got - expect)
     bound = 2 * size * eps * absum + np.finfo(dtype).tiny
-    where = f"n={n} {np.dtype(dtype).name} {op} {algorithm} seg={segment_bytes}"
+    where = f"n={n} {np.dtype(dtype).name} {op} {algorithm} seg={segment_bytes} small={small_bytes}"
     assert np.all(err <= bound), f"{where}: max error {err.max()} over round-off"
     first = got.copy()
     comm.Bcast(first, root=0)
@@ -81,25 +84,68 @@ def check_plan_cache():
     assert cached == (ring._SCHEDULES if size > 1 else 0), f"{cached} schedules cached"
 
 
+def check_shared_rounds(rounds=300):
+    """Back-to-back all-reduces of buffers of many sizes, by every algorithm in a random order,
+    with ranks delayed at random between calls: the window's two halves must keep a rank
+    that runs ahead from writing where a slower one still reads.  Values are small integers,
+    so every sum is exact and the expected result is known without another collective."""
+    from psgd import ring
+    order = np.random.default_rng(7)              # the same sequence of calls on every rank
+    delay = np.random.default_rng(100 + rank)     # rank-specific timing
+    bufs = {n: np.empty(n, np.float32) for n in (3, 100, 4096, 70_000, 300_000, 700_000)}
+    for r in range(rounds):
+        n = int(order.choice(list(bufs)))
+        algorithm = str(order.choice(["shared", "shared", "ring", "doubling"]))
+        small = int(order.choice([0, 1 << 30])) if algorithm == "shared" else None
+        base = order.integers(-50, 50, n).astype(np.float32)
+        buf = bufs[n]
+        np.multiply(base, rank + 1, out=buf)
+        if delay.random() < 0.3:
+            time.sleep(delay.random() * 2e-3)
+        ring_allreduce(comm, buf, algorithm=algorithm, small_bytes=small)
+        expect = base * (size * (size + 1) // 2)
+        assert np.array_equal(buf, expect), f"round {r}: n={n} {algorithm} small={small} wrong"
+    state = ring._state(comm)
+    if size > 1:
+        assert state.window is not None and state.one_node
+        state.one_node = False                     # as if the ranks were on several nodes
+        try:
+            assert ring.auto_algorithm(comm, bufs[4096]) == "doubling"
+            assert ring.auto_algorithm(comm, bufs[700_000]) == "ring"
+            try:
+                ring_allreduce(comm, bufs[100], algorithm="shared")
+            except ValueError as exc:
+                assert "one node" in str(exc), exc
+            else:
+                raise AssertionError("no ValueError for 'shared' across nodes")
+        finally:
+            state.one_node = True
+        assert ring.auto_algorithm(comm, bufs[700_000]) == "shared"
+
+
 def main():
     check_validation()
     check_plan_cache()
+    check_shared_rounds()
     count = 0
     for dtype in (np.float32, np.float64):
         for op in ("sum", "mean"):
             for n in lengths():
-                for algorithm in ("auto", "ring", "doubling"):
+                for algorithm in ("auto", "ring", "doubling", "shared"):
                     if algorithm == "doubling" and n > 100_000:
                         continue        # auto already takes the ring there; keep the run short
                     check_case(n, dtype, op, algorithm)
                     count += 1
             for n in (size + 1, 1009, 20011):
                 check_case(n, dtype, op, "ring", segment_bytes=64)
-                count += 1
+                # the window's two schedules at any size: reduce-scatter, and gather
+                check_case(n, dtype, op, "shared", small_bytes=0)
+                check_case(n, dtype, op, "shared", small_bytes=1 << 30)
+                count += 3
     # a sub-communicator gets its own state and tag space; freeing it frees its plans
     sub = comm.Split(rank % 2, rank)
     members = [r for r in range(size) if r % 2 == rank % 2]
-    for algorithm in ("ring", "doubling"):
+    for algorithm in ("ring", "doubling", "shared"):
         x = np.full(5000, float(rank), np.float64)
         ring_allreduce(sub, x, "sum", algorithm=algorithm)
         assert np.all(x == sum(members)), f"sub-communicator {algorithm} sum wrong"

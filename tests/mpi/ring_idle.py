@@ -1,5 +1,5 @@
 """A rank waiting inside ring_allreduce for a late neighbour sleeps instead of burning its core,
-and says whom it waits for (both algorithms ``auto`` takes)."""
+and says whom it waits for (every algorithm, both schedules of the shared-memory one)."""
 import time
 
 import numpy as np
@@ -16,14 +16,14 @@ LATE_S = 1.5
 
 def main():
     wait.configure(stall_timeout=0.5)        # the late rank is reported (stderr)
-    for n, algorithm in ((100, "doubling"), (1 << 20, "ring")):
+    for n, algorithm in ((100, "doubling"), (1 << 20, "ring"), (100, "shared"), (1 << 20, "shared")):
         buf = np.ones(n, np.float32)
-        ring_allreduce(comm, buf)            # first call: Dup, scratch (auto takes `algorithm`)
+        ring_allreduce(comm, buf, algorithm=algorithm)   # first call: Dup, scratch, window
         comm.Barrier()
         if rank == 1:
             time.sleep(LATE_S)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        ring_allreduce(comm, buf)
+        ring_allreduce(comm, buf, algorithm=algorithm)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         if rank == 0:
             assert wall > 0.8 * LATE_S, f"n={n}: rank 0 did not wait ({wall:.2f} s)"

@@ -6,6 +6,7 @@ from mpi4py import MPI
 from psgd.errors import PsgdError, report_and_abort
 from psgd.optim import make_optimizer
 from psgd.protocols.allreduce import AllreduceWorker
+from psgd.ring import auto_algorithm
 
 from reference import softmax_grad
 
@@ -61,6 +62,7 @@ def check_divergence_is_named():
 
 
 def main():
+    algorithm = auto_algorithm(comm, np.empty(N, np.float32))    # what the worker's calls take
     x, y = dataset(STEPS)
     for name in ("sgd", "momentum"):
         got = train_allreduce(name, x, y)
@@ -74,7 +76,7 @@ def main():
             print(f"{name}: max relative difference to single-process {err:.2e}")
     check_divergence_is_named()
     if rank == 0:
-        print(f"ring_train: passed on {size} ranks")
+        print(f"ring_train: passed on {size} ranks, all-reduce {algorithm}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,190 @@
+"""The all-reduce of ranks on one node: through a shared-memory window instead of messages.
+
+When every rank of the communicator is on one node (``MPI_COMM_TYPE_SHARED``),
+:func:`psgd.ring.ring_allreduce` can do without messages: each rank copies
+its contribution into a window that all of them map
+(``MPI_Win_allocate_shared``) and reads the others' contributions straight
+from it.  A message between two ranks of a node is itself a copy through
+shared memory: MPICH moves a large one with a receiver-side
+``process_vm_readv`` (CMA), measured at about 40 us per 256 KB where a memcpy
+of it takes about 10.  The window saves that system call per message, and
+the ranks meet once or twice per call (per MB) instead of waiting on each
+other in a chain of 2(N-1) neighbour steps.  Across nodes psgd takes the ring.
+
+Two schedules, chosen by size as recursive doubling and the ring are:
+
+* **gather** (buffers of fewer than ``small_bytes``): every rank copies its
+  buffer into its row, the ranks meet, and every rank sums all N rows itself,
+  in rank order, so all end with the same bits.  One meeting, and N times the
+  adds, which costs nothing at these sizes.
+* **reduce-scatter** (larger ones, in pieces of at most ``PIECE_BYTES``):
+  every rank copies its piece into its row, all but chunk r (rank r's own,
+  which only rank r reads); the ranks meet; rank r sums chunk r of all rows
+  (its own from its buffer) into a result row and its buffer; the ranks meet;
+  every rank copies the other chunks of the result row out.  Per rank:
+  2(N-1)/N of the piece copied and (N-1)/N of it added, as on the ring, with
+  no system call and two meetings instead of 2(N-1) neighbour steps.
+
+The ranks meet through counters in the window, one per rank on a cache line
+of its own: a rank bumps its counter after its writes, then waits until every
+counter has caught up (polls, a yield spin of up to ``SPIN_S``, then
+:mod:`psgd.wait`'s backoff sleeps and stall report).  ``MPI_Win_sync`` on both
+sides of the counter orders the data around it on weakly ordered CPUs.
+
+The window has two halves, and each round (a gather call, or one piece of a
+reduce-scatter) uses the other half from the round before.  A rank may start
+round k+1 while a slower one still reads round k's half; it cannot reach
+round k+2, and write that half again, before every rank has arrived in round
+k+1, so before every rank is done reading it.  The window is allocated at
+the first shared call on a communicator: 2 (N+1) ``PIECE_BYTES`` plus a cache
+line per rank, with ``PIECE_BYTES`` = 1 MB, 10 MB at 4 ranks (MPICH keeps it
+in ``/dev/shm``).
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd import wait as _wait
+from psgd.env import env_int
+from psgd.ring_schedules import POLLS, SPIN_S
+
+# A reduce-scatter moves a buffer through the window in pieces of at most this many
+# bytes, two meetings each.  At 2 and 4 ranks on 2 cores, 1-16 MB, alternating runs:
+# 1 MB and 4 MB pieces were equal within noise (1 MB: 1.25-2.11x MPI_Allreduce),
+# 256 KB pieces slower (1.27-1.68x at 1 MB, 0.77-0.94x at 16 MB).
+PIECE_BYTES = env_int("PSGD_ALLREDUCE_PIECE_BYTES", 1024 * 1024)
+_LINE = 128                                 # bytes per counter: a cache line (pair) each
+
+
+def _round_up(n: int) -> int:
+    return -(-n // _LINE) * _LINE
+
+
+class SharedWindow:
+    """The window of one communicator whose ranks share a node (collective to make and free)."""
+
+    __slots__ = ("win", "rank", "size", "counters", "read", "halves", "seq", "half")
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.rank, self.size = rank, size = comm.Get_rank(), comm.Get_size()
+        head = size * _LINE
+        half = _round_up((size + 1) * PIECE_BYTES)
+        nbytes = head + 2 * half
+        # rank 0 allocates it all, so it is one contiguous mapping on every rank
+        try:
+            self.win = MPI.Win.Allocate_shared(nbytes if rank == 0 else 0, 1, comm=comm)
+        except MPI.Exception as exc:
+            why = exc.Get_error_string().strip().splitlines()[-1].rsplit(":", 1)[-1].strip()
+            raise RuntimeError(
+                f"could not allocate the all-reduce's {nbytes / 2**20:.1f} MB shared-memory "
+                f"window ({why}); free space in /dev/shm, or set "
+                f"PSGD_ALLREDUCE_SHARED_BYTES=0 to all-reduce by messages only") from exc
+        mem, _ = self.win.Shared_query(0)
+        raw = np.frombuffer(mem, np.uint8)
+        self.counters = raw[:head].view(np.int64)[::_LINE // 8]
+        self.read = self.counters.tolist     # min() of a list is 4x quicker than ndarray.min()
+        self.halves = (raw[head:head + half], raw[head + half:head + 2 * half])
+        self.seq = 0                        # meetings so far, the same on every rank
+        self.half = 0                       # the half the next round uses
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        if rank == 0:
+            self.counters[:] = 0
+        self.win.Sync()
+        comm.Barrier()
+        self.win.Sync()
+
+    def next_half(self) -> int:
+        """The half this round uses (the other one from the round before)."""
+        half = self.half
+        self.half = half ^ 1
+        return half
+
+    def meet(self, label: str) -> None:
+        """Wait until every rank has reached this meeting; this rank's writes before it are visible."""
+        self.seq = seq = self.seq + 1
+        read = self.read
+        self.win.Sync()
+        self.counters[self.rank] = seq
+        for _ in range(POLLS):
+            if min(read()) >= seq:
+                break
+        else:
+            poller = _wait.Poller(lambda: self._behind(seq, label), spin_s=SPIN_S)
+            while min(read()) < seq:
+                poller.idle()
+        self.win.Sync()
+
+    def _behind(self, seq: int, label: str) -> str:
+        late = [r for r in range(self.size) if self.counters[r] < seq]
+        return f"rank {', '.join(map(str, late))} (shared-memory all-reduce{label})"
+
+    def free(self) -> None:
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+class SharedSchedule:
+    """Views of one buffer's pieces in both halves of the window, made once per buffer."""
+
+    __slots__ = ("buf", "window", "gather", "rows", "pieces")
+
+    def __init__(self, window: SharedWindow, buf: np.ndarray, small_bytes: int) -> None:
+        self.buf, self.window = buf, window
+        rank, size = window.rank, window.size
+        n, dtype = buf.size, buf.dtype
+        half_bytes = window.halves[0].size
+        self.gather = buf.nbytes < small_bytes and size * buf.nbytes <= half_bytes
+        if self.gather:
+            rows = [h[:size * buf.nbytes].view(dtype).reshape(size, n) for h in window.halves]
+            self.rows = [(r[rank], r[0], r[1], list(r[2:])) for r in rows]    # per half
+            return
+        step = max(1, PIECE_BYTES // buf.itemsize)
+        # per piece, per half: (copy-in pairs, addends in rank order, own result, copy-out pairs)
+        self.pieces = []
+        for a in range(0, n, step):
+            part = buf[a:a + min(step, n - a)]
+            m = part.size
+            lo, hi = (rank * m) // size, ((rank + 1) * m) // size
+            per_half = []
+            for h in window.halves:
+                rows = h[:(size + 1) * m * buf.itemsize].view(dtype).reshape(size + 1, m)
+                mine, result = rows[rank], rows[size]
+                # chunk `rank` of this rank's row is read by no one else: it stays in `part`
+                addends = [part[lo:hi] if j == rank else rows[j, lo:hi] for j in range(size)]
+                per_half.append(([(mine[:lo], part[:lo]), (mine[hi:], part[hi:])], addends,
+                                 result[lo:hi], part[lo:hi],
+                                 [(part[:lo], result[:lo]), (part[hi:], result[hi:])]))
+            self.pieces.append(per_half)
+
+    def run(self, mean: bool, label: str) -> None:
+        window, size = self.window, self.window.size
+        if self.gather:
+            buf = self.buf
+            mine, first, second, rest = self.rows[window.next_half()]
+            np.copyto(mine, buf)
+            window.meet(label)
+            np.add(first, second, out=buf)
+            for row in rest:
+                np.add(buf, row, out=buf)
+            if mean:
+                np.divide(buf, size, out=buf)
+            return
+        copyto, add = np.copyto, np.add
+        for per_half in self.pieces:
+            copy_in, addends, own, own_part, copy_out = per_half[window.next_half()]
+            for dst, src in copy_in:
+                copyto(dst, src)
+            window.meet(label)
+            add(addends[0], addends[1], out=own)
+            for addend in addends[2:]:
+                add(own, addend, out=own)
+            if mean:
+                np.divide(own, size, out=own)
+            copyto(own_part, own)
+            window.meet(label)
+            for dst, src in copy_out:
+                copyto(dst, src)
+
+    def free(self) -> None:
+        """Nothing of its own to free: the window belongs to the communicator's state."""

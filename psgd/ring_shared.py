@@ -91,7 +91,7 @@ class SharedWindow:
         if rank == 0:
             self.counters[:] = 0
         self.win.Sync()
-        comm.Barrier()
+        _wait.barrier(comm, "the other ranks to map the all-reduce's shared-memory window")
         self.win.Sync()
 
     def next_half(self) -> int:

@@ -121,6 +121,10 @@ def check_shared_rounds(rounds=300):
         finally:
             state.one_node = True
         assert ring.auto_algorithm(comm, bufs[700_000]) == "shared"
+        big = np.empty(ring.DEFAULT_SHARED_BYTES // 4 + 1, np.float32)
+        assert ring.auto_algorithm(comm, big) == "ring"
+        assert ring.auto_algorithm(comm, bufs[700_000], shared_bytes=0) == "ring"
+        assert ring.auto_algorithm(comm, bufs[4096], shared_bytes=0) == "doubling"
 
 
 def main():

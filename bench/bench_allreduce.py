@@ -75,12 +75,9 @@ def worker(args) -> None:
     kw = {}
     if args.algorithm:
         kw["algorithm"] = args.algorithm
-    if args.segment_bytes:
-        kw["segment_bytes"] = args.segment_bytes
-    if args.small_bytes:
-        kw["small_bytes"] = args.small_bytes
-    if args.shared_bytes is not None:
-        kw["shared_bytes"] = args.shared_bytes
+    for flag in ("segment_bytes", "small_bytes", "shared_bytes"):
+        if getattr(args, flag) is not None:
+            kw[flag] = getattr(args, flag)
     np.seterr(over="ignore", invalid="ignore")   # repeated sums grow; inf/nan add at full speed
     rows = []
     for nbytes in args.sizes:

@@ -58,7 +58,8 @@ def test_quick_bench_results_json_has_numbers_for_every_run(quick_run):
     assert {"kernels", "allreduce", "ps", "hogwild", "protocols", "scaling"} <= set(sec)
     for spec, rec in sec["kernels"]["models"].items():
         assert is_number(rec["psgd_samples_per_s"]) and rec["psgd_samples_per_s"] > 0, spec
-    assert all(is_number(r[f"{m}_s"]) for r in sec["allreduce"]["rows"] for m in ("psgd", "p2p", "mpi"))
+    assert all(is_number(r[f"{m}_s"]) for r in sec["allreduce"]["rows"]
+               for m in ("psgd", "p2p", "mpi"))
     assert is_number(sec["ps"]["raw"]["MB_s"]) and all(is_number(r["MB_s"]) for r in sec["ps"]["ps"])
     assert all(is_number(r["updates_per_s"]) for r in sec["hogwild"]["results"])
     runs = sec["protocols"]["runs"]

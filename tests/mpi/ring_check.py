@@ -35,7 +35,8 @@ def check_case(n, dtype, op, algorithm, segment_bytes=None, small_bytes=None):
     eps = np.finfo(dtype).eps
     err = np.abs(got - expect)
     bound = 2 * size * eps * absum + np.finfo(dtype).tiny
-    where = f"n={n} {np.dtype(dtype).name} {op} {algorithm} seg={segment_bytes} small={small_bytes}"
+    where = (f"n={n} {np.dtype(dtype).name} {op} {algorithm} seg={segment_bytes} "
+             f"small={small_bytes}")
     assert np.all(err <= bound), f"{where}: max error {err.max()} over round-off"
     first = got.copy()
     comm.Bcast(first, root=0)

@@ -16,7 +16,8 @@ LATE_S = 1.5
 
 def main():
     wait.configure(stall_timeout=0.5)        # the late rank is reported (stderr)
-    for n, algorithm in ((100, "doubling"), (1 << 20, "ring"), (100, "shared"), (1 << 20, "shared")):
+    for n, algorithm in ((100, "doubling"), (1 << 20, "ring"),
+                         (100, "shared"), (1 << 20, "shared")):
         buf = np.ones(n, np.float32)
         ring_allreduce(comm, buf, algorithm=algorithm)   # first call: Dup, scratch, window
         comm.Barrier()

@@ -78,12 +78,12 @@ def worker(args) -> None:
     for flag in ("segment_bytes", "small_bytes", "shared_bytes"):
         if getattr(args, flag) is not None:
             kw[flag] = getattr(args, flag)
+    p2p_kw = {k: v for k, v in kw.items() if k != "algorithm"} | {"shared_bytes": 0}
     np.seterr(over="ignore", invalid="ignore")   # repeated sums grow; inf/nan add at full speed
     rows = []
     for nbytes in args.sizes:
         n = nbytes // 4
         work = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
-        p2p_kw = {k: v for k, v in kw.items() if k != "algorithm"} | {"shared_bytes": 0}
         methods = {"psgd": lambda: ring_allreduce(comm, work, "sum", **kw),
                    "p2p": lambda: ring_allreduce(comm, work, "sum", **p2p_kw),
                    "mpi": lambda: comm.Allreduce(MPI.IN_PLACE, work, op=MPI.SUM)}

@@ -60,7 +60,12 @@ def test_quick_bench_results_json_has_numbers_for_every_run(quick_run):
         assert is_number(rec["psgd_samples_per_s"]) and rec["psgd_samples_per_s"] > 0, spec
     assert all(is_number(r[f"{m}_s"]) for r in sec["allreduce"]["rows"]
                for m in ("psgd", "p2p", "mpi"))
-    assert is_number(sec["ps"]["raw"]["MB_s"]) and all(is_number(r["MB_s"]) for r in sec["ps"]["ps"])
+    raws = sec["ps"]["raw_runs_MB_s"]
+    assert raws and all(is_number(x) and x > 0 for x in raws)
+    for r in sec["ps"]["ps"]:   # each case's ratio is against a raw run next to it
+        assert is_number(r["MB_s"]) and r["raw_MB_s"] in raws, r
+        assert r["ratio_to_raw"] == pytest.approx(r["MB_s"] / r["raw_MB_s"]), r
+        assert min(r["ratio_runs"]) <= r["ratio_to_raw"] <= max(r["ratio_runs"]), r
     assert all(is_number(r["updates_per_s"]) for r in sec["hogwild"]["results"])
     runs = sec["protocols"]["runs"]
     assert {r["name"] for r in runs} == {"bsp", "ssp s=1", "ssp s=4", "asp", "hogwild", "allreduce"}

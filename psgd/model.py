@@ -49,14 +49,11 @@ class Model:
         self.param_ranges: list[tuple[int, str, int, int]] = []
         offset = 0
         for layer_index, layer in enumerate(layers):
-            pv, gv = {}, {}
             for name, shape in layer.param_shapes():
                 size = int(np.prod(shape))
-                pv[name] = self._params[offset:offset + size].reshape(shape)
-                gv[name] = self._grad[offset:offset + size].reshape(shape)
                 self.param_ranges.append((layer_index, name, offset, offset + size))
                 offset += size
-            layer.bind(pv, gv)
+        self._bind()
         #: layers up to this one need no input gradient (nothing before them has parameters)
         self._first_param_layer = min((i for i, l in enumerate(layers) if l.param_shapes()), default=0)
         rng = np.random.default_rng(seed)
@@ -78,6 +75,35 @@ class Model:
     @property
     def grad(self) -> np.ndarray:
         return self._grad
+
+    def use_grad_buffer(self, buf: np.ndarray | None) -> None:
+        """Compute gradients into ``buf`` from now on (None: a fresh buffer of the model's own).
+
+        ``buf`` must be a contiguous (n_params,) array of the model's dtype, e.g.
+        a parameter-server worker's :attr:`psgd.pushpull.PSWorker.grad_buffer`,
+        which the servers of its node read in place.  Its values are not kept.
+        """
+        if buf is None:
+            buf = np.zeros(self.n_params, self.dtype)
+        if not (isinstance(buf, np.ndarray) and buf.shape == (self.n_params,)
+                and buf.dtype == self.dtype and buf.flags.c_contiguous):
+            raise ValueError(f"a gradient buffer must be a contiguous {self.dtype} vector of "
+                             f"length {self.n_params}, got {getattr(buf, 'dtype', type(buf))} "
+                             f"{getattr(buf, 'shape', '')}")
+        self._grad = buf
+        self._bind()
+
+    def _bind(self) -> None:
+        """Give every layer its views into the flat parameter and gradient vectors."""
+        views: dict[int, tuple[dict, dict]] = {i: ({}, {}) for i in range(len(self.layers))}
+        shapes = {(i, name): shape for i, layer in enumerate(self.layers)
+                  for name, shape in layer.param_shapes()}
+        for i, name, lo, hi in self.param_ranges:
+            pv, gv = views[i]
+            pv[name] = self._params[lo:hi].reshape(shapes[i, name])
+            gv[name] = self._grad[lo:hi].reshape(shapes[i, name])
+        for i, layer in enumerate(self.layers):
+            layer.bind(*views[i])
 
     def __repr__(self) -> str:
         return f"Model({self.spec!r}, n_params={self.n_params})"

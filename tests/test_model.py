@@ -140,6 +140,36 @@ def test_loss_and_grad_overwrites_grad(mlp):
     assert np.any(fresh != 0)
 
 
+@pytest.mark.parametrize("spec", ["mlp:784-32-16-10", "lenet"])
+def test_a_gradient_buffer_given_to_the_model_receives_the_same_gradient(spec):
+    model = build_model(spec, seed=0)
+    x, y = batch(8)
+    model.loss_and_grad(x, y)
+    want = model.grad.copy()
+    buf = np.full(model.n_params, np.nan, np.float32)   # e.g. a PS worker's push window
+    model.use_grad_buffer(buf)
+    assert model.grad is buf
+    model.loss_and_grad(x, y)
+    np.testing.assert_array_equal(buf, want)
+    model.use_grad_buffer(None)                          # back to a buffer of its own
+    assert not np.shares_memory(model.grad, buf)
+    buf[:] = np.nan
+    model.loss_and_grad(x, y)
+    np.testing.assert_array_equal(model.grad, want)
+    assert np.isnan(buf).all()
+
+
+@pytest.mark.parametrize("bad", [np.zeros(5, np.float32), np.zeros(8, np.float64), [0.0] * 8,
+                                 np.zeros(16, np.float32)[::2]],
+                         ids=["short", "float64", "list", "strided"])
+def test_a_gradient_buffer_of_the_wrong_shape_or_dtype_is_rejected(bad):
+    model = build_model("mlp:3-2", seed=0)
+    assert model.n_params == 8
+    with pytest.raises(ValueError, match="gradient buffer must be a contiguous float32 vector "
+                                         "of length 8"):
+        model.use_grad_buffer(bad)
+
+
 def test_loss_and_grad_is_the_mean_over_the_batch(mlp):
     x, y = batch(6)
     loss, correct = mlp.loss_and_grad(x, y)

@@ -61,18 +61,31 @@ def _rule(skip=False, name="sgd", n=1001):
     return BspUpdate(config, make_optimizer(name, n, weight_decay=0.01), versions), versions
 
 
-def _push(rule, g, source, clock=0):
+# how the pushes of a clock reach the rule: all received into its buffer (messages), all
+# lent from the workers' push window, or alternating (workers on and off the node)
+HOW = ["messages", "window", "mixed"]
+
+
+def _lent(how, w):
+    return how == "window" or (how == "mixed" and w % 2 == 1)
+
+
+def _push(rule, g, source, clock=0, lent=False):
+    if lent:   # read in place; the rule must never write it
+        return rule.push(g, clock, 0, source, borrowed=True)
     buf = rule.receive_buffer()
     buf[:] = g
     return rule.push(buf, clock, 0, source)
 
 
+@pytest.mark.parametrize("how", HOW)
 @pytest.mark.parametrize("skip", [False, True], ids=["deferred-checks", "skip-nonfinite"])
 @pytest.mark.parametrize("count", [1, 2, 3, 4])
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_bsp_rule_steps_with_the_mean_of_the_clocks_pushes_summed_in_arrival_order(skip, count,
-                                                                                  name):
+                                                                                  name, how):
     grads = _grads(count)
+    keep = [g.copy() for g in grads]
     rule, versions = _rule(skip, name)
     ref = make_optimizer(name, grads[0].size, weight_decay=0.01)
     want = np.ones_like(grads[0])
@@ -82,22 +95,25 @@ def test_bsp_rule_steps_with_the_mean_of_the_clocks_pushes_summed_in_arrival_ord
             total = total + g
         assert ref.step(want, total, 0.5, scale=1.0 / count)
         for w, g in enumerate(grads):
-            assert _push(rule, g, 10 + w, clock)
+            assert _push(rule, g, 10 + w, clock, _lent(how, w))
         assert rule.advance(clock, clock + 1)
         np.testing.assert_array_equal(versions.live, want)
     assert rule.n_updates == 2
+    for g, before in zip(grads, keep):   # a lent push is never written
+        np.testing.assert_array_equal(g, before)
 
 
+@pytest.mark.parametrize("how", HOW)
 @pytest.mark.parametrize("bad_at", [0, 1, 2])
 @pytest.mark.parametrize("idle", [True, False], ids=["idle-between-pushes", "busy"])
-def test_bsp_rule_names_the_worker_whose_push_held_nan(bad_at, idle):
+def test_bsp_rule_names_the_worker_whose_push_held_nan(bad_at, idle, how):
     rule, _ = _rule()
     grads = _grads(3)
     grads[bad_at][500] = np.nan
     taken = []
     with pytest.raises(NonFinitePush) as err:
         for w, g in enumerate(grads):
-            _push(rule, g, 10 + w, clock=7)
+            _push(rule, g, 10 + w, clock=7, lent=_lent(how, w))
             taken.append(w)
             if idle:
                 rule.idle()
@@ -109,10 +125,11 @@ def test_bsp_rule_names_the_worker_whose_push_held_nan(bad_at, idle):
     assert len(taken) == (bad_at + 1 if idle else max(bad_at + 1, 2))
 
 
-def test_bsp_rule_reports_an_overflowing_sum_without_blaming_a_push():
+@pytest.mark.parametrize("how", HOW)
+def test_bsp_rule_reports_an_overflowing_sum_without_blaming_a_push(how):
     rule, _ = _rule()
     big = np.full(1001, 2e38, np.float32)
     for w in range(2):
-        assert _push(rule, big, 10 + w)
+        assert _push(rule, big, 10 + w, lent=_lent(how, w))
     rule.idle()                                 # each push is finite
     assert not rule.advance(0, 1)

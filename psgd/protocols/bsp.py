@@ -41,6 +41,14 @@ class BspUpdate:
     nothing else to do for ``psgd.server.IDLE_WORK_S``, in a pass of its own
     (:meth:`idle`); a non-finite one ends the job with
     :class:`psgd.errors.NonFinitePush` naming its sender.
+
+    Lent pushes (``borrowed=True``: a worker's gradient read in place from
+    the push window, :mod:`psgd.push_window`).  The rule may read such a push
+    until the version advances (the worker gets no reply before), never
+    write it.  The first two pushes of a clock, when both are lent, stay
+    where they are, and the step reads them in its one pass: no copy at all
+    for W = 2.  A third push, or one by message, first copies the lent ones
+    into the rule's buffers and the rule goes on as above.
     """
 
     def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions) -> None:
@@ -53,6 +61,9 @@ class BspUpdate:
         self.held = False     # ``incoming`` holds a push not yet added to the sum
         self.accum_src = None  # (rank, clock) of the one push in the sum while it is unchecked
         self.held_src = None   # (rank, clock) of the held push while it is unchecked
+        # lent pushes of this clock, at most two and only while no push is in the buffers:
+        # [gradient view, rank, clock, checked]
+        self.lent: list[list] = []
         self.n_updates = 0
 
     def buffers(self) -> list:
@@ -60,7 +71,20 @@ class BspUpdate:
         return [self.accum, self.incoming]
 
     def receive_buffer(self) -> np.ndarray:
-        """Where the next push lands (a held push is added to the sum first)."""
+        """Where the next push lands (lent pushes are copied in, a held push added to the sum)."""
+        self._take_lent()
+        return self._free_buffer()
+
+    def _take_lent(self) -> None:
+        """Copy the lent pushes of this clock into the rule's buffers, as if received there."""
+        lent, self.lent = self.lent, []
+        self.count -= len(lent)
+        for grad, source, clock, _ in lent:
+            buf = self._free_buffer()
+            np.copyto(buf, grad)
+            self._push_owned(buf, clock, source)
+
+    def _free_buffer(self) -> np.ndarray:
         if self.held:
             ok = add_into(self.accum, self.incoming, check_total=self.accum_src is not None)
             if not ok:
@@ -69,12 +93,28 @@ class BspUpdate:
             self.held, self.accum_src, self.held_src = False, None, None
         return self.incoming
 
-    def push(self, grad: np.ndarray, clock: int, staleness: int, source: int) -> bool:
-        """Take one worker's gradient (the receive buffer, float32 shard length) for ``clock``.
+    def push(self, grad: np.ndarray, clock: int, staleness: int, source: int,
+             borrowed: bool = False) -> bool:
+        """Take one worker's gradient (float32 shard length) for ``clock``.
 
-        Returns False, and leaves the sum as it was, when ``grad`` is not
-        finite and the config skips such pushes.
+        ``grad`` is the receive buffer, or with ``borrowed`` a lent push the
+        rule only reads, until the version advances.  Returns False, and
+        leaves the sum as it was, when ``grad`` is not finite and the config
+        skips such pushes.
         """
+        if borrowed:
+            if self.count == len(self.lent) < 2:
+                if self.config.skip_nonfinite and not finite(grad):
+                    return False
+                self.lent.append([grad, source, clock, self.config.skip_nonfinite])
+                self.count += 1
+                return True
+            buf = self.receive_buffer()
+            np.copyto(buf, grad)
+            grad = buf
+        return self._push_owned(grad, clock, source)
+
+    def _push_owned(self, grad: np.ndarray, clock: int, source: int) -> bool:
         if self.config.skip_nonfinite:
             ok = finite(grad) if self.count == 0 else add_into(self.accum, grad)
             if not ok:
@@ -92,6 +132,10 @@ class BspUpdate:
         """Check the pushes not yet checked while the server waits anyway; raises NonFinitePush."""
         self._raise_unchecked(held_intact=True)
         self.accum_src = self.held_src = None
+        for entry in self.lent:
+            if not entry[3] and not finite(entry[0]):
+                raise NonFinitePush(entry[1], entry[2])
+            entry[3] = True
 
     def advance(self, old_version: int, new_version: int) -> bool:
         """All workers pushed clock ``old_version``: apply the mean as one step.
@@ -100,6 +144,8 @@ class BspUpdate:
         """
         if self.count == 0:
             return True
+        if self.lent:
+            return self._advance_lent(old_version)
         count, self.count = self.count, 0
         held, self.held = self.held, False
         ok = self.versions.step(self.optimizer, self.accum,
@@ -109,6 +155,25 @@ class BspUpdate:
         if not ok:
             self._raise_unchecked(held_intact=True)   # if it returns, the sum overflowed
         self.accum_src = self.held_src = None
+        self.n_updates += ok
+        return ok
+
+    def _advance_lent(self, old_version: int) -> bool:
+        """The step when this clock's pushes (one or two) are all lent: read in place."""
+        lent, self.lent = self.lent, []
+        grads = [entry[0] for entry in lent]
+        self.count = 0
+        skip = self.config.skip_nonfinite
+        if skip and len(grads) == 2:   # the step must check the sum before it writes
+            np.add(grads[0], grads[1], out=self.incoming)
+            grads = [self.incoming]
+        ok = self.versions.step(self.optimizer, grads[0], self.config.lr_schedule(old_version),
+                                scale=1.0 / len(lent), skip_nonfinite=skip,
+                                grad2=grads[1] if len(grads) == 2 else None)
+        if not ok:   # name an unchecked push that holds NaN/Inf; else the sum overflowed
+            for grad, source, clock, checked in lent:
+                if not checked and not finite(grad):
+                    raise NonFinitePush(source, clock)
         self.n_updates += ok
         return ok
 

@@ -11,6 +11,9 @@ Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
 * push payload, ``float32[shard size]`` on ``TAG_PUSH``, sent straight from the
   worker's gradient slice right after its ``PUSH`` header.  The server probes
   it, checks its length (``Get_count``) and receives it into its own buffer.
+  A server on the worker's node gets a ``PUSH_WINDOW`` header instead and no
+  payload: it reads the gradient slice in place from the worker's segment of
+  the push window (:mod:`psgd.push_window`).
 * pull reply, ``int64[4] = [REPLY, held_us, version, shard]`` on
   ``TAG_REPLY_HDR`` and ``float32[shard size]`` on ``TAG_REPLY``, received by
   the worker straight into its parameter slice.  ``held_us`` is how long the
@@ -28,12 +31,14 @@ for clock c carries that read version, and its staleness is ``c - v``.
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from psgd import wait as _wait
 from psgd.protocols.config import ProtocolConfig
+from psgd.push_window import PushWindow
 from psgd.roles import Roles
 from psgd.shardmap import ShardMap
 
@@ -47,8 +52,9 @@ TAG_REPLY = 7104
 TAG_SNAP = 7105
 TAG_FINAL = 7106
 
-PUSH, PULL, DONE, REPLY = 1, 2, 3, 4
-KIND_NAMES = {PUSH: "push", PULL: "pull", DONE: "done", REPLY: "reply"}
+PUSH, PULL, DONE, REPLY, PUSH_WINDOW = 1, 2, 3, 4, 5
+KIND_NAMES = {PUSH: "push", PULL: "pull", DONE: "done", REPLY: "reply",
+              PUSH_WINDOW: "push through the window"}
 HEADER_LEN = 4
 HEADER_BYTES = 8 * HEADER_LEN
 
@@ -80,7 +86,8 @@ def check_ps_setup(roles: Roles, shard_map: ShardMap, config: ProtocolConfig) ->
 
 
 def worker_push(comm: MPI.Comm, shard_map: ShardMap, grad: np.ndarray, clock: int,
-                read_versions: np.ndarray, headers: np.ndarray) -> list:
+                read_versions: np.ndarray, headers: np.ndarray,
+                in_window: Sequence[bool] | None = None) -> list:
     """Send the gradient for ``clock`` to every server: S headers and S payload slices.
 
     Parameters
@@ -95,17 +102,33 @@ def worker_push(comm: MPI.Comm, shard_map: ShardMap, grad: np.ndarray, clock: in
         Version of each shard the gradient was computed on.
     headers : ndarray, int64 (S, 4)
         Scratch for the headers; must live until the requests complete.
+    in_window : sequence of bool (S,), optional
+        True for the servers that read ``grad`` (the worker's segment of the
+        push window, already synced) in place: they get a ``PUSH_WINDOW``
+        header and no payload.
 
     Returns
     -------
     list of MPI.Request
+        Two per server, or one per server reading the window.
     """
     reqs = []
     for s in range(shard_map.n_shards):
-        headers[s] = (PUSH, clock, read_versions[s], s)
+        window = in_window is not None and in_window[s]
+        headers[s] = (PUSH_WINDOW if window else PUSH, clock, read_versions[s], s)
         reqs.append(comm.Isend(headers[s], s, TAG_CTRL))
-        reqs.append(comm.Isend(shard_map.view(grad, s), s, TAG_PUSH))
+        if not window:
+            reqs.append(comm.Isend(shard_map.view(grad, s), s, TAG_PUSH))
     return reqs
+
+
+def check_push_shard(comm: MPI.Comm, source: int, header: np.ndarray, shard: int) -> None:
+    """Raise PsgdError when the push header ``header`` from ``source`` names another shard."""
+    from psgd.errors import PsgdError
+    if int(header[3]) != shard:
+        raise PsgdError(f"push from rank {source} for clock {int(header[1])} names shard "
+                        f"{int(header[3])}, but it reached server rank {comm.Get_rank()} which "
+                        f"holds shard {shard}")
 
 
 def server_push(comm: MPI.Comm, source: int, header: np.ndarray, shard: int, expected: int,
@@ -128,9 +151,7 @@ def server_push(comm: MPI.Comm, source: int, header: np.ndarray, shard: int, exp
     """
     from psgd.errors import PsgdError
     clock = int(header[1])
-    if int(header[3]) != shard:
-        raise PsgdError(f"push from rank {source} for clock {clock} names shard {int(header[3])}, "
-                        f"but it reached server rank {comm.Get_rank()} which holds shard {shard}")
+    check_push_shard(comm, source, header, shard)
     status = MPI.Status()
     msg = _mprobe(comm, source, TAG_PUSH, status,
                   lambda: f"the gradient payload of rank {source}'s push for clock {clock}")
@@ -239,9 +260,14 @@ def _mprobe(comm: MPI.Comm, source: int, tag: int, status: MPI.Status, what) -> 
         poller.idle()
 
 
-def _pending(requests: list, per_server: int) -> list:
-    """Server ranks whose requests (``per_server`` each, in server order) are not complete."""
-    return sorted({i // per_server for i, r in enumerate(requests) if not r.Test()})
+def _pending(requests: list, owners: Sequence[int]) -> list:
+    """Server ranks (``owners[i]`` made ``requests[i]``) whose requests are not all complete."""
+    return sorted({owners[i] for i, r in enumerate(requests) if not r.Test()})
+
+
+def _pairs(n_servers: int) -> list:
+    """Owners of requests made two per server, in server order."""
+    return [s for s in range(n_servers) for _ in range(2)]
 
 
 # ---------------------------------------------------------------- the worker
@@ -270,6 +296,13 @@ class PSWorker:
     computation: overlap is rejected there.  The pull posted ahead at the last
     step (for a clock nobody computes) is completed by :meth:`finish`; s >= 1
     is also what lets the servers answer it.
+
+    Push window (:mod:`psgd.push_window`, on unless ``config.push_window`` is
+    off): :meth:`start` makes the window with every rank of the job, and
+    :attr:`grad_buffer` is then this worker's segment of it.  A gradient
+    computed there goes to the servers of this node without a copy (only the
+    header is sent); any other ``grad`` array is sent as messages.  Not with
+    overlap (see the module :mod:`psgd.push_window` for why).
 
     Attributes
     ----------
@@ -304,12 +337,22 @@ class PSWorker:
         self._done_hdr = np.zeros((S, HEADER_LEN), np.int64)
         # overlap: the pull in flight (requests, its clock, when it was posted) and its buffer
         self._ahead = np.empty(shard_map.n if overlap else 0, np.float32)
+        self.window: PushWindow | None = None
+        self._in_window: list[bool] = [False] * S   # servers that read grad_buffer in place
         self._pull_reqs: list = []
         self._pull_clock = -1
         self._pull_posted = 0.0
         self._finished = False
         self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "steps": 0,
                       "staleness": 0, "max_staleness": 0}
+
+    @property
+    def grad_buffer(self) -> np.ndarray | None:
+        """After :meth:`start`: the float32 (n,) gradient buffer the servers of this node read
+        in place (this worker's segment of the push window), or None without one."""
+        if self.window is None or self.overlap:
+            return None
+        return self.window.own
 
     @property
     def read_version(self) -> int:
@@ -329,17 +372,17 @@ class PSWorker:
         self._pull_clock = clock
         self._pull_posted = time.perf_counter()
 
-    def _wait_push(self, push: list, clock: int) -> None:
+    def _wait_push(self, push: list, owners: list, clock: int) -> None:
         t0 = time.perf_counter()
-        _wait.waitall(push, lambda: f"server rank(s) {_pending(push, 2)} to take the push of "
-                      f"clock {clock} (shards = ranks)")
+        _wait.waitall(push, lambda: f"server rank(s) {_pending(push, owners)} to take the push "
+                      f"of clock {clock} (shards = ranks)")
         self.stats["push_s"] += time.perf_counter() - t0
 
     def _wait_pull(self) -> None:
         """Complete the pull in flight; split the time blocked into protocol wait and transfer."""
         reqs, clock, S = self._pull_reqs, self._pull_clock, self.shard_map.n_shards
         t0 = time.perf_counter()
-        _wait.waitall(reqs, lambda: f"server rank(s) {_pending(reqs[:2 * S], 2)} to answer the "
+        _wait.waitall(reqs, lambda: f"server rank(s) {_pending(reqs[:2 * S], _pairs(S))} to answer the "
                       f"pull for clock {clock} (shards = ranks; a server holds a pull until the "
                       f"protocol allows it: its own report names the worker it waits for)")
         t1 = time.perf_counter()
@@ -356,8 +399,15 @@ class PSWorker:
 
         ``clock`` is the first clock this worker computes (0, or the resumed step).
         With overlap, the pull for the next clock is posted before this returns.
+        Collective over the job communicator when ``config.push_window`` is on
+        (the servers' :func:`psgd.server.serve` makes the window with it).
         """
         self._check("params", params)
+        if self.config.push_window and self.window is None:
+            self.window = PushWindow(self.comm, 0 if self.overlap else self.shard_map.n)
+            if not self.overlap:
+                self._in_window = [self.window.node_rank(s) >= 0
+                                   for s in range(self.shard_map.n_shards)]
         self._post_pull(params, int(clock))
         self._wait_pull()
         if self.overlap:
@@ -375,6 +425,7 @@ class PSWorker:
             ``clock + 2`` is posted before this returns.
         grad : ndarray, float32 (n,)
             The gradient; unchanged, and free to reuse when this returns.
+            :attr:`grad_buffer` goes to this node's servers without a copy.
         clock : int
             0-based clock the gradient was computed at.
         lr : float, optional
@@ -390,11 +441,17 @@ class PSWorker:
         stale = clock - self.read_versions
         self.stats["staleness"] = int(stale.max())
         self.stats["max_staleness"] = max(self.stats["max_staleness"], self.stats["staleness"])
+        in_window = None
+        if self.grad_buffer is not None and grad.ctypes.data == self.window.own.ctypes.data:
+            in_window = self._in_window
+            self.window.sync()   # the gradient's writes before the headers that announce them
         push = worker_push(self.comm, self.shard_map, grad, clock, self.read_versions,
-                           self._push_hdr)
+                           self._push_hdr, in_window)
+        owners = [s for s in range(self.shard_map.n_shards)
+                  for _ in range(1 if in_window and in_window[s] else 2)]
         if not self.overlap:
             self._post_pull(params, clock + 1)
-        self._wait_push(push, clock)
+        self._wait_push(push, owners, clock)
         self._wait_pull()
         if self.overlap:
             np.copyto(params, self._ahead)
@@ -417,6 +474,8 @@ class PSWorker:
             self._done_hdr[s] = (DONE, 0, 0, s)
             reqs.append(self.comm.Isend(self._done_hdr[s], s, TAG_CTRL))
         _wait.waitall(reqs, "servers to take this worker's done message")
+        if self.window is not None:
+            self.window.free()
 
 
 def make_ps_worker(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,

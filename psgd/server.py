@@ -5,7 +5,9 @@ and its optimizer state.  It polls for control messages from any worker
 (:mod:`psgd.pushpull` has the layout) without spinning (``Improbe`` with
 :mod:`psgd.wait`'s backoff) and handles them in arrival order:
 
-* push for clock c read at version v: validated (sender is a worker, shard id,
+* push for clock c read at version v: received (or, from a worker of this
+  node, read in place from its segment of the push window,
+  :mod:`psgd.push_window`), validated (sender is a worker, shard id,
   payload length, clocks in order, v <= current version), staleness c - v
   recorded, then handed to the protocol's update rule
   (:class:`psgd.protocols.bsp.BspUpdate`: sum, then one mean step when the
@@ -44,7 +46,8 @@ outstanding, with or without overlap).  Receive buffers do not grow with W:
 pushes are received one at a time into the one buffer, and a pull reply is
 sent from the live version (no copy per reply).  Rank 0 also holds the full
 vector and state ((1 + k) n floats) for each snapshot being assembled and for
-the final gather.
+the final gather.  The push window adds nothing on a server: the segments it
+reads are the workers' gradient buffers, allocated by the workers.
 """
 from __future__ import annotations
 
@@ -61,9 +64,11 @@ from psgd.optim import make_optimizer
 from psgd.protocols.bsp import BspUpdate
 from psgd.protocols.config import ProtocolConfig
 from psgd.protocols.ssp import SspUpdate
-from psgd.pushpull import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, REPLY, TAG_CTRL,
-                           TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup, pack_shard_state,
-                           server_pull, server_push, unpack_shard_state)
+from psgd.push_window import PushWindow
+from psgd.pushpull import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
+                           TAG_CTRL, TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup,
+                           check_push_shard, pack_shard_state, server_pull, server_push,
+                           unpack_shard_state)
 from psgd.roles import Roles
 from psgd.shard_assembly import Assembly
 from psgd.shard_versions import ShardVersions, step_into
@@ -87,6 +92,8 @@ class ServerResult:
         Number of pushes seen at each staleness.
     n_pushes, n_updates, n_skipped : int
         Pushes received, optimizer steps applied, non-finite pushes skipped.
+    n_window_pushes : int
+        Pushes read from a worker's segment of the push window (:mod:`psgd.push_window`).
     cpu_s, wall_s : float
         Process CPU time and wall time of the server loop.
     params : ndarray, float32 (n,) or None
@@ -106,6 +113,7 @@ class ServerResult:
     n_pushes: int = 0
     n_updates: int = 0
     n_skipped: int = 0
+    n_window_pushes: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
     params: np.ndarray | None = None
@@ -177,6 +185,10 @@ class _Server:
         self.assembly: dict[int, Assembly] = {}   # rank 0: snapshots being put together
         self.ctrl = np.zeros(HEADER_LEN, np.int64)
         self.status = MPI.Status()
+        # collective with the workers' PSWorker.start (every rank of the job makes it)
+        self.window = PushWindow(self.comm, 0) if config.push_window else None
+        self.segments: dict[int, np.ndarray] = {}   # worker rank -> its shard slice in the window
+        self.n_window_pushes = 0
         self.fault = faults.for_rank(self.rank)  # None unless PSGD_FAULT names this rank (tests)
 
     # ------------------------------------------------------------ the loop
@@ -220,9 +232,12 @@ class _Server:
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         result = ServerResult(staleness_hist=self.hist[:self._hist_len()].copy(),
                               n_pushes=self.n_pushes, n_updates=self.rule.n_updates,
-                              n_skipped=self.n_skipped, cpu_s=cpu, wall_s=wall,
+                              n_skipped=self.n_skipped, n_window_pushes=self.n_window_pushes,
+                              cpu_s=cpu, wall_s=wall,
                               n_snapshots=self.n_snapshots, buffer_bytes=self._buffer_bytes())
         self._gather_final(result)
+        if self.window is not None:
+            self.window.free()
         return result
 
     def _buffer_bytes(self) -> int:
@@ -249,8 +264,8 @@ class _Server:
         if self.done[w]:
             raise PsgdError(f"rank {source} sent a {KIND_NAMES.get(kind, kind)} message after "
                             f"saying it was done")
-        if kind == PUSH:
-            self._push(source, w, clock, int(self.ctrl[2]))
+        if kind in (PUSH, PUSH_WINDOW):
+            self._push(source, w, clock, int(self.ctrl[2]), kind == PUSH_WINDOW)
         elif kind == PULL:
             if int(self.ctrl[3]) != self.shard:
                 raise PsgdError(f"pull from rank {source} names shard {int(self.ctrl[3])}, but it "
@@ -264,9 +279,13 @@ class _Server:
         else:
             raise PsgdError(f"message of unknown kind {kind} from rank {source}")
 
-    def _push(self, source: int, w: int, clock: int, read_version: int) -> None:
-        buf = self.rule.receive_buffer()
-        server_push(self.comm, source, self.ctrl, self.shard, self.n, buf)
+    def _push(self, source: int, w: int, clock: int, read_version: int, in_window: bool) -> None:
+        if in_window:   # lent: read in place, never written (it is the worker's memory)
+            buf = self._window_slice(source, clock)
+            self.n_window_pushes += 1
+        else:
+            buf = self.rule.receive_buffer()
+            server_push(self.comm, source, self.ctrl, self.shard, self.n, buf)
         if self.fault is not None:
             self.fault.at(self.n_pushes, buf)
         if clock != self.pushes[w]:
@@ -283,12 +302,32 @@ class _Server:
         if staleness >= self.hist.shape[0]:
             self.hist = np.concatenate([self.hist, np.zeros(staleness + 1, np.int64)])
         self.hist[staleness] += 1
-        if not self.rule.push(buf, clock, staleness, source):
+        if not self.rule.push(buf, clock, staleness, source, borrowed=in_window):
             if not self.config.skip_nonfinite:
                 raise NonFinitePush(source, clock)
             self.n_skipped += 1
         self.pushes[w] += 1
         self._update_version()
+
+    def _window_slice(self, source: int, clock: int) -> np.ndarray:
+        """This shard's slice of worker ``source``'s gradient in the push window (synced)."""
+        check_push_shard(self.comm, source, self.ctrl, self.shard)
+        grad = self.segments.get(source)
+        if grad is None:
+            where = f"push from rank {source} for clock {clock} is in the push window, but"
+            if self.window is None:
+                raise PsgdError(f"{where} this server has none (PSGD_PS_PUSH_WINDOW must be the "
+                                f"same on every rank)")
+            segment = self.window.segment(source)
+            if segment is None:
+                raise PsgdError(f"{where} rank {source} is on another node than server rank "
+                                f"{self.rank}")
+            if segment.shape[0] != self.shard_map.n:
+                raise PsgdError(f"{where} its segment holds {segment.shape[0]} float32, not the "
+                                f"{self.shard_map.n} of the parameter vector")
+            grad = self.segments[source] = self.shard_map.view(segment, self.shard)
+        self.window.sync()   # after the header, before the first read of the gradient
+        return grad
 
     def _update_version(self) -> None:
         active = ~self.done

@@ -75,6 +75,10 @@ def run_worker(job) -> None:
         protocol.start(model.params, clock=job.start_step)
     else:
         protocol.start(model.params)
+    # a PS worker's push window: the servers of this node read the gradient where it is made
+    grad_buffer = getattr(protocol, "grad_buffer", None)
+    if grad_buffer is not None:
+        model.use_grad_buffer(grad_buffer)
     test_acc = float("nan")
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
     for clock in range(job.start_step, job.total_steps):
@@ -116,6 +120,8 @@ def run_worker(job) -> None:
                 and step != job.total_steps and s.protocol in ("allreduce", "hogwild")):
             write_checkpoint(job, step, model.params, optimizer.state_dict() if optimizer else {})
         bar.update(1)
+    if grad_buffer is not None:
+        model.use_grad_buffer(None)   # finish() frees the window
     protocol.finish()
     bar.close()
     wall = time.perf_counter() - t_start

@@ -16,13 +16,18 @@ def result_of(proc):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("servers,workers", [(1, 1), (1, 2), (2, 1), (3, 1), (3, 2), (1, 3)])
-def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, workers):
-    proc = mpirun(servers + workers, ["ps_check.py", "bsp", "--servers", servers,
-                                      "--steps", 50], timeout=60)
+@pytest.mark.parametrize("servers,workers,transport", [
+    (1, 1, "window"), (1, 2, "window"), (2, 1, "window"), (3, 1, "window"), (3, 2, "window"),
+    (1, 3, "window"), (1, 2, "messages"), (3, 2, "messages"), (1, 3, "messages")])
+def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, workers, transport):
+    proc = mpirun(servers + workers, ["ps_check.py", "bsp", "--servers", servers, "--steps", 50]
+                  + (["--messages"] if transport == "messages" else []), timeout=60)
     res = result_of(proc)
     assert res["n_updates"] == 50
     assert res["max_err"] < 1e-5
+    # every push went the way asked: read in place from the window, or received
+    window = 50 * workers if transport == "window" else 0
+    assert res["window_pushes"] == [[window, 50 * workers]] * servers, res
 
 
 def test_server_buffers_are_the_same_with_one_or_three_workers(mpirun):
@@ -131,6 +136,8 @@ def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset,
     # bsp checks a push when a pass reads it or the server is idle: here the other worker
     # never pushes, so only the idle check can catch it
     ("nonfinite", 1, "bsp", "non-finite"),
+    ("window-empty", 1, "asp", "its segment holds 0 float32, not the 52 of the parameter vector"),
+    ("window-shard", 2, "bsp", "names shard 0, but it reached server rank 1"),
 ])
 def test_bad_push_aborts_the_job_naming_sender_and_problem(mpirun, bad, servers, protocol,
                                                            words):
@@ -311,7 +318,8 @@ def test_optimizer_step_with_check_reports_a_nonfinite_gradient():
                                                      check=True)
 
 
-def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of_the_rest():
+@pytest.mark.parametrize("lent", [False, True], ids=["received", "lent"])
+def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of_the_rest(lent):
     from psgd.optim import make_optimizer
     from psgd.protocols.bsp import BspUpdate
     from psgd.shard_versions import ShardVersions
@@ -319,9 +327,9 @@ def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of
     versions = ShardVersions(np.zeros(5, np.float32))
     rule = BspUpdate(config, make_optimizer("sgd", 5), versions)
     for g, ok in ((1.0, True), (np.inf, False), (3.0, True)):
-        buf = rule.receive_buffer()
+        buf = np.full(5, g, np.float32) if lent else rule.receive_buffer()
         buf[:] = g
-        assert rule.push(buf, 0, 0, 3) is ok
+        assert rule.push(buf, 0, 0, 3, borrowed=lent) is ok
     assert rule.advance(0, 1)
     np.testing.assert_array_equal(versions.live, np.full(5, -0.5 * 2.0, np.float32))
 

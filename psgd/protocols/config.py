@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from psgd.env import env_int
+
 PS_PROTOCOLS = ("bsp", "ssp", "asp", "hogwild")
 PROTOCOLS = PS_PROTOCOLS + ("allreduce",)
 
@@ -34,6 +36,10 @@ class ProtocolConfig:
         clocks for checkpoints; 0 = never.
     skip_nonfinite : bool
         Skip (and count) pushes holding NaN/Inf instead of failing the job.
+    push_window : bool
+        bsp/ssp/asp: a worker's pushes to the servers of its own node go
+        through shared memory (:mod:`psgd.push_window`); False keeps them to
+        messages.  Default: ``PSGD_PS_PUSH_WINDOW`` (unset = on).
     """
 
     protocol: str
@@ -45,6 +51,7 @@ class ProtocolConfig:
     staleness_lr: str = "none"
     snapshot_every: int = 0
     skip_nonfinite: bool = False
+    push_window: bool = field(default_factory=lambda: env_int("PSGD_PS_PUSH_WINDOW", 1) != 0)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:

@@ -39,11 +39,14 @@ class SspUpdate:
         """Where the next push lands."""
         return self.incoming
 
-    def push(self, grad: np.ndarray, clock: int, staleness: int, source: int) -> bool:
+    def push(self, grad: np.ndarray, clock: int, staleness: int, source: int,
+             borrowed: bool = False) -> bool:
         """Apply one worker's gradient (float32, shard length) now; False if it was not finite.
 
         ``source`` (the worker's rank) is not needed: the check shares the
         step's pass, so the server names the sender from the return value.
+        ``borrowed`` (a lent push, read in place from the push window) changes
+        nothing: the gradient is only read, and only while this runs.
         """
         lr = self.config.lr_schedule(clock)
         if self.inverse:

@@ -6,6 +6,7 @@ The gradient is linear softmax regression on fixed random data (numpy only).
 import argparse
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ from mpi4py import MPI
 from psgd.errors import report_and_abort
 from psgd.optim import make_optimizer
 from psgd.protocols.config import ProtocolConfig
-from psgd.pushpull import HEADER_LEN, PUSH, TAG_CTRL, TAG_PUSH, make_ps_worker
+from psgd.pushpull import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH, make_ps_worker
 from psgd.roles import assign_roles
 from psgd.server import serve
 from psgd.shardmap import ShardMap
@@ -74,6 +75,9 @@ def run_ps(args, roles, config, step_hook=None, grad_fn=None):
                 step_hook(roles, c)
             b = c % N_BATCHES
             grad = softmax_grad(params, x[b, w], y[b, w], K)
+            if worker.grad_buffer is not None:   # as psgd train computes it: in the window
+                worker.grad_buffer[:] = grad
+                grad = worker.grad_buffer
             worker.step(params, grad, args.start_clock + c)
         worker.finish()
         out["worker"] = {"params": params, "stats": dict(worker.stats)}
@@ -89,6 +93,8 @@ def mode_bsp(args, comm):
     pulled = comm.gather(out["worker"]["params"] if roles.is_worker else None, root=0)
     hists = comm.gather(out["server"].staleness_hist.tolist() if roles.is_server else None, root=0)
     held = comm.gather(out["server"].buffer_bytes if roles.is_server else None, root=0)
+    via = comm.gather((out["server"].n_window_pushes, out["server"].n_pushes)
+                      if roles.is_server else None, root=0)
     if comm.Get_rank() != 0:
         return
     res = out["server"]
@@ -121,7 +127,9 @@ def mode_bsp(args, comm):
                 if key != "steps":
                     assert np.allclose(st[key], ref_state[key], **tol), f"snapshot {c} {key}"
     print("RESULT " + json.dumps({"max_err": err, "n_updates": res.n_updates,
-                                  "snapshots": clocks, "buffer_bytes": want_bytes}), flush=True)
+                                  "snapshots": clocks, "buffer_bytes": want_bytes,
+                                  "window_pushes": [v for v in via if v is not None]}),
+          flush=True)
 
 
 def mode_stale(args, comm):
@@ -191,22 +199,27 @@ def mode_bad(args, comm):
     if roles.is_server:
         serve(roles, smap, config)
         raise AssertionError("server returned after a bad push")
+    # worker 0 makes the push window with the others; with window-empty it offers no
+    # segment there (an overlapping worker pushes by messages), yet claims a push in it
+    make_ps_worker(roles, smap, config, overlap=args.bad == "window-empty").start(
+        np.zeros(N_PARAMS, np.float32))
     if roles.worker_index != 0:
-        make_ps_worker(roles, smap, config).start(np.zeros(N_PARAMS, np.float32))
         time.sleep(60)
         return
+    in_window = args.bad.startswith("window")
     target = roles.n_servers - 1
-    header = np.array([PUSH, 0, 0, target], np.int64)
+    header = np.array([PUSH_WINDOW if in_window else PUSH, 0, 0, target], np.int64)
     payload = np.ones(smap.size(target), np.float32)
     if args.bad == "length":
         payload = np.ones(smap.size(target) + 3, np.float32)
-    elif args.bad == "shard":
+    elif args.bad in ("shard", "window-shard"):
         header[3] = 0 if target != 0 else 1
     elif args.bad == "nonfinite":
         payload[1] = np.nan
     assert HEADER_LEN == header.shape[0]
     comm.Send(header, target, TAG_CTRL)
-    comm.Send(payload, target, TAG_PUSH)
+    if not in_window:
+        comm.Send(payload, target, TAG_PUSH)
     time.sleep(60)  # the server's abort ends this rank
 
 
@@ -240,7 +253,10 @@ def main():
     ap.add_argument("--sleep", type=float, default=0.02)
     ap.add_argument("--bad", default="length")
     ap.add_argument("--overlap", action="store_true")
+    ap.add_argument("--messages", action="store_true", help="no push window: pushes by messages")
     args = ap.parse_args()
+    if args.messages:   # ProtocolConfig's push_window default, read on every rank
+        os.environ["PSGD_PS_PUSH_WINDOW"] = "0"
     comm = MPI.COMM_WORLD
     modes = {"bsp": mode_bsp, "stale": mode_stale, "overlap": mode_overlap, "bad": mode_bad,
              "cpu": mode_cpu}

@@ -23,6 +23,12 @@ bound of :mod:`psgd.server`, (4 + k) shard lengths under asp/ssp and (5 + k)
 under bsp for an optimizer with k state arrays, whatever the number of workers).
 Rows marked ``+overlap`` run the workers with ``overlap=True`` (pull one clock
 ahead); with no computation to hide it behind, they only show its cost.
+
+Workers push from :attr:`psgd.pushpull.PSWorker.grad_buffer`, where ``psgd
+train`` computes the gradient, so the servers of the node read it in place
+from the push window (:mod:`psgd.push_window`); rows marked ``+messages`` turn
+the window off and push by messages, as a worker does to a server on another
+node.
 """
 import argparse
 import json
@@ -78,18 +84,21 @@ def child_ps(args):
     comm = MPI.COMM_WORLD
     roles = assign_roles(comm, args.servers)
     config = ProtocolConfig(args.protocol, args.n_params, staleness=1,
-                            lr_schedule=lambda c: 1e-3)
+                            lr_schedule=lambda c: 1e-3, push_window=not args.messages)
     smap = ShardMap(args.n_params, roles.n_servers)
     info = {}
     if roles.is_server:
         res = serve(roles, smap, config, init_shard=np.zeros(smap.size(roles.rank), np.float32))
         info = {"cpu_s": res.cpu_s, "wall_s": res.wall_s, "updates": res.n_updates,
+                "window_pushes": res.n_window_pushes,
                 "buffer_mb": res.buffer_bytes / 1e6, "shard_mb": 4 * smap.size(roles.rank) / 1e6}
     else:
         worker = make_ps_worker(roles, smap, config, overlap=args.overlap)
         params = np.zeros(args.n_params, np.float32)
-        grad = np.zeros(args.n_params, np.float32)
         worker.start(params)
+        # the gradient a worker computes in the push window's buffer (as psgd train does)
+        grad = worker.grad_buffer if worker.grad_buffer is not None else np.empty_like(params)
+        grad[:] = 0.0
         warm = 3
         for c in range(warm):
             worker.step(params, grad, c)
@@ -106,11 +115,12 @@ def child_ps(args):
         servers = infos[:roles.n_servers]
         dt = max(w["time"] for w in workers)
         nbytes = 2 * 4 * args.n_params * args.steps * len(workers)
-        emit({"case": f"{args.protocol}{'+overlap' if args.overlap else ''} S={args.servers} "
-                       f"W={len(workers)}",
+        variant = "+overlap" if args.overlap else "+messages" if args.messages else ""
+        emit({"case": f"{args.protocol}{variant} S={args.servers} W={len(workers)}",
               "MB_s": nbytes / dt / 1e6,
               "updates_s": args.steps * len(workers) / dt,
               "server_cpu_fraction": [s["cpu_s"] / s["wall_s"] for s in servers],
+              "server_window_pushes": [s["window_pushes"] for s in servers],
               "worker_wait_s": [round(w["wait_s"], 3) for w in workers],
               "server_buffers_mb": [s["buffer_mb"] for s in servers],
               "server_shard_mb": [s["shard_mb"] for s in servers],
@@ -139,13 +149,16 @@ def main():
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--protocol", default="asp")
     ap.add_argument("--overlap", action="store_true", help="child: workers pull one clock ahead")
+    ap.add_argument("--messages", action="store_true",
+                    help="child: push by messages only (no push window), as across nodes")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds over all cases; each case reports its median (default 3; "
                          "--quick runs 1)")
     ap.add_argument("--server-counts", default="1,2", help="comma list of S to run (default 1,2)")
-    ap.add_argument("--protocols", default="asp,ssp,bsp,asp+overlap",
-                    help="comma list; +overlap: workers pull ahead (default asp,ssp,bsp,asp+overlap)")
+    ap.add_argument("--protocols", default="asp,ssp,bsp,asp+overlap,asp+messages,bsp+messages",
+                    help="comma list; +overlap: workers pull ahead; +messages: no push window "
+                         "(default asp,ssp,bsp,asp+overlap,asp+messages,bsp+messages)")
     args = ap.parse_args()
     if args.child == "raw":
         return child_raw(args)
@@ -166,10 +179,12 @@ def main():
     runs: dict[tuple, list] = {case: [] for case in cases}
     for rnd in range(repeat):
         for servers, case in cases:
-            protocol, _, overlap = case.partition("+")
+            protocol, _, variant = case.partition("+")
+            if variant not in ("", "overlap", "messages"):
+                raise SystemExit(f"unknown case {case!r}: +overlap or +messages")
             r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
                                      "--protocol", protocol, *common]
-                       + (["--overlap"] if overlap else []))
+                       + ([f"--{variant}"] if variant else []))
             raws.append(launch(2, ["--child", "raw", *common]))
             r["raw_MB_s"] = max(raws[-2]["MB_s"], raws[-1]["MB_s"])
             r["ratio_to_raw"] = r["MB_s"] / r["raw_MB_s"]

@@ -76,9 +76,10 @@ class PushWindow:
         except MPI.Exception as exc:
             why = exc.Get_error_string().strip().splitlines()[-1].rsplit(":", 1)[-1].strip()
             raise RuntimeError(
-                f"could not allocate this rank's {4 * n_floats / 2**20:.1f} MB of the parameter "
-                f"server's shared-memory push window ({why}); free space in /dev/shm, or set "
-                f"PSGD_PS_PUSH_WINDOW=0 to push by messages only") from exc
+                f"could not allocate the parameter server's shared-memory push window ({why}), "
+                f"where each worker of a node keeps its gradient buffer ({4 * n_floats / 2**20:.1f}"
+                f" MB on this rank); free space in /dev/shm, or set PSGD_PS_PUSH_WINDOW=0 to "
+                f"push by messages only") from exc
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.own = self._segment(self.node.Get_rank())
         self._freed = False
@@ -107,6 +108,7 @@ class PushWindow:
             return
         self._freed = True
         _wait.barrier(self.node, "the ranks of this node to finish with the push window")
+        self.own = None   # the memory goes with the window
         self.win.Unlock_all()
         self.win.Free()
         self.group.Free()

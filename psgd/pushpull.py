@@ -382,9 +382,10 @@ class PSWorker:
         """Complete the pull in flight; split the time blocked into protocol wait and transfer."""
         reqs, clock, S = self._pull_reqs, self._pull_clock, self.shard_map.n_shards
         t0 = time.perf_counter()
-        _wait.waitall(reqs, lambda: f"server rank(s) {_pending(reqs[:2 * S], _pairs(S))} to answer the "
-                      f"pull for clock {clock} (shards = ranks; a server holds a pull until the "
-                      f"protocol allows it: its own report names the worker it waits for)")
+        _wait.waitall(reqs, lambda: f"server rank(s) {_pending(reqs[:2 * S], _pairs(S))} to "
+                      f"answer the pull for clock {clock} (shards = ranks; a server holds a pull "
+                      f"until the protocol allows it: its own report names the worker it waits "
+                      f"for)")
         t1 = time.perf_counter()
         self._pull_reqs = []
         # the servers answered about held seconds after the pull was posted
@@ -474,8 +475,9 @@ class PSWorker:
             self._done_hdr[s] = (DONE, 0, 0, s)
             reqs.append(self.comm.Isend(self._done_hdr[s], s, TAG_CTRL))
         _wait.waitall(reqs, "servers to take this worker's done message")
-        if self.window is not None:
+        if self.window is not None:   # grad_buffer is gone with it
             self.window.free()
+            self.window = None
 
 
 def make_ps_worker(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,

@@ -123,6 +123,7 @@ def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset,
     summary = records[-1]
     assert summary["kind"] == "summary"
     assert summary["test_accuracy"] > 0.3, summary  # chance is 0.1; measured 0.57-0.67 (ssp)
+    assert summary["window_pushes"] == 0, summary   # overlap pushes by messages
     hist = summary["staleness_histogram"]
     assert sum(hist) == 2 * 100 and hist[0] <= 2, hist  # only each worker's first push is fresh
     if protocol[0] == "ssp":
@@ -147,6 +148,16 @@ def test_bad_push_aborts_the_job_naming_sender_and_problem(mpirun, bad, servers,
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 30
     assert words in proc.stderr and f"from rank {servers}" in proc.stderr, proc.stderr
+
+
+def test_no_room_for_the_push_window_ends_the_job_with_one_clear_error(mpirun):
+    t0 = time.monotonic()
+    proc = mpirun(3, ["ps_check.py", "no-room"], timeout=40, check=False)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert "shared-memory push window (unable to allocate shared memory)" in proc.stderr, \
+        proc.stderr
+    assert "PSGD_PS_PUSH_WINDOW=0" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_server_uses_little_cpu_while_workers_compute(mpirun):

@@ -240,9 +240,17 @@ def mode_cpu(args, comm):
         print("RESULT " + json.dumps([i for i in infos if i]), flush=True)
 
 
+def mode_no_room(args, comm):
+    """Rank 1 asks the push window for more than any address space holds (/dev/shm is
+    sparse, so less may map): the job must end."""
+    from psgd.push_window import PushWindow
+    PushWindow(comm, 10 ** 14 if comm.Get_rank() == 1 else 0)
+    time.sleep(60)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["bsp", "stale", "overlap", "bad", "cpu"])
+    ap.add_argument("mode", choices=["bsp", "stale", "overlap", "bad", "cpu", "no-room"])
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--optimizer", default="sgd")
@@ -259,7 +267,7 @@ def main():
         os.environ["PSGD_PS_PUSH_WINDOW"] = "0"
     comm = MPI.COMM_WORLD
     modes = {"bsp": mode_bsp, "stale": mode_stale, "overlap": mode_overlap, "bad": mode_bad,
-             "cpu": mode_cpu}
+             "cpu": mode_cpu, "no-room": mode_no_room}
     modes[args.mode](args, comm)
 
 

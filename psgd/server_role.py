@@ -43,5 +43,6 @@ def run_server(job) -> None:
         "role": "server", "rank": roles.rank,
         "cpu_s": result.cpu_s, "wall_s": result.wall_s,
         "n_updates": result.n_updates, "n_skipped": result.n_skipped,
+        "n_window_pushes": getattr(result, "n_window_pushes", 0),
         "staleness_histogram": result.staleness_hist.tolist(),
     })

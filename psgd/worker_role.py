@@ -149,6 +149,7 @@ def run_worker(job) -> None:
         staleness_histogram=merge_histograms(reports),
         worker_time={k: float(np.mean([r[k] for r in workers])) for k in TIMERS + ("compute_s",)},
         server_cpu_fraction=[r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0 for r in servers],
+        window_pushes=sum(r["n_window_pushes"] for r in servers),
         skipped_updates=sum(r["n_skipped"] for r in servers) + int(protocol.stats.get(
             "skipped", 0) if s.protocol == "allreduce" else 0))
     log.close()

@@ -164,6 +164,12 @@ def main():
         return child_raw(args)
     if args.child == "ps":
         return child_ps(args)
+    cases = [(int(servers), case) for servers in args.server_counts.split(",")
+             for case in args.protocols.split(",")]
+    for _, case in cases:   # before anything runs
+        if case.partition("+")[2] not in ("", "overlap", "messages"):
+            raise SystemExit(f"unknown case {case!r}: PROTOCOL, PROTOCOL+overlap or "
+                             f"PROTOCOL+messages")
     steps = 20 if args.quick else 300
     repeat = 1 if args.quick else args.repeat
     common = ["--n-params", str(args.n_params), "--steps", str(steps)]
@@ -171,8 +177,6 @@ def main():
     print(f"psgd PS benchmark: {args.n_params} float32 ({size_mb:.1f} MB) per push and per pull, "
           f"{steps} steps, 2 workers, no compute; {repeat} round(s), each case paired with the "
           f"faster of the raw ping-pongs just before and after it")
-    cases = [(int(servers), case) for servers in args.server_counts.split(",")
-             for case in args.protocols.split(",")]
     raws = [launch(2, ["--child", "raw", *common])]
     print(f"raw MPI ping-pong ({size_mb:.1f} MB each way): {raws[0]['MB_s']:.0f} MB/s, "
           f"rtt {raws[0]['rtt_ms']:.2f} ms")
@@ -180,8 +184,6 @@ def main():
     for rnd in range(repeat):
         for servers, case in cases:
             protocol, _, variant = case.partition("+")
-            if variant not in ("", "overlap", "messages"):
-                raise SystemExit(f"unknown case {case!r}: +overlap or +messages")
             r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
                                      "--protocol", protocol, *common]
                        + ([f"--{variant}"] if variant else []))

@@ -18,16 +18,23 @@ def result_of(proc):
 
 @pytest.mark.parametrize("servers,workers,transport", [
     (1, 1, "window"), (1, 2, "window"), (2, 1, "window"), (3, 1, "window"), (3, 2, "window"),
-    (1, 3, "window"), (1, 2, "messages"), (3, 2, "messages"), (1, 3, "messages")])
+    (1, 3, "window"), (1, 2, "messages"), (3, 2, "messages"), (1, 3, "messages"),
+    (2, 2, "two-nodes"), (3, 2, "two-nodes")])
 def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, workers, transport):
+    # two-nodes: MPICH splits the ranks into two cliques it treats as nodes (ranks 0, 2, 4
+    # and 1, 3), so each worker pushes to some servers through the window, to others by
+    # messages, and a bsp server sums lent and received pushes of the same clock
+    env = {"MPIR_CVAR_NUM_CLIQUES": "2"} if transport == "two-nodes" else None
     proc = mpirun(servers + workers, ["ps_check.py", "bsp", "--servers", servers, "--steps", 50]
-                  + (["--messages"] if transport == "messages" else []), timeout=60)
+                  + (["--messages"] if transport == "messages" else []), timeout=60, env=env)
     res = result_of(proc)
     assert res["n_updates"] == 50
     assert res["max_err"] < 1e-5
     # every push went the way asked: read in place from the window, or received
-    window = 50 * workers if transport == "window" else 0
-    assert res["window_pushes"] == [[window, 50 * workers]] * servers, res
+    ranks = range(servers, servers + workers)
+    window = {"window": [50 * workers] * servers, "messages": [0] * servers,
+              "two-nodes": [50 * sum(w % 2 == s % 2 for w in ranks) for s in range(servers)]}
+    assert res["window_pushes"] == [[n, 50 * workers] for n in window[transport]], res
 
 
 def test_server_buffers_are_the_same_with_one_or_three_workers(mpirun):

@@ -30,7 +30,7 @@ asp/ssp step a push as they take it, and bsp reads it at the latest in the
 step that advances the version, before it answers a pull of the next clock
 (:class:`psgd.protocols.bsp.BspUpdate`'s lent pushes).  So once a worker
 holds the replies to a pull sent after its push, no server reads its buffer
-any more: :meth:`psgd.pushpull.PSWorker.step` returns then,
+any more: :meth:`psgd.ps_worker.PSWorker.step` returns then,
 and the buffer is free again, as with messages.  A pull posted ahead
 (``overlap``) is sent before the push and proves nothing, so a worker that
 overlaps pushes by messages.  ``MPI_Win_sync`` after the worker's last write
@@ -48,6 +48,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd import wait as _wait
+from psgd.shared_memory import allocate_shared
 
 
 class PushWindow:
@@ -71,15 +72,10 @@ class PushWindow:
         self.group = comm.Get_group()
         self.node_group = self.node.Get_group()
         _wait.barrier(self.node, "the ranks of this node to set up the push window")
-        try:
-            self.win = MPI.Win.Allocate_shared(4 * int(n_floats), 4, comm=self.node)
-        except MPI.Exception as exc:
-            why = exc.Get_error_string().strip().splitlines()[-1].rsplit(":", 1)[-1].strip()
-            raise RuntimeError(
-                f"could not allocate the parameter server's shared-memory push window ({why}), "
-                f"where each worker of a node keeps its gradient buffer ({4 * n_floats / 2**20:.1f}"
-                f" MB on this rank); free space in /dev/shm, or set PSGD_PS_PUSH_WINDOW=0 to "
-                f"push by messages only") from exc
+        self.win = allocate_shared(
+            self.node, 4 * int(n_floats), 4, "the parameter server's shared-memory push window",
+            f"PSGD_PS_PUSH_WINDOW=0 to push by messages only (each worker keeps its gradient "
+            f"buffer in the window: {4 * n_floats / 2**20:.1f} MB on this rank)")
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.own = self._segment(self.node.Get_rank())
         self._freed = False

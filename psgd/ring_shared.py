@@ -48,6 +48,7 @@ from mpi4py import MPI
 from psgd import wait as _wait
 from psgd.env import env_int
 from psgd.ring_schedules import POLLS, SPIN_S
+from psgd.shared_memory import allocate_shared
 
 # A reduce-scatter moves a buffer through the window in pieces of at most this many
 # bytes, two meetings each.  At 2 and 4 ranks on 2 cores, 1-16 MB, alternating runs:
@@ -72,14 +73,10 @@ class SharedWindow:
         half = _round_up((size + 1) * PIECE_BYTES)
         nbytes = head + 2 * half
         # rank 0 allocates it all, so it is one contiguous mapping on every rank
-        try:
-            self.win = MPI.Win.Allocate_shared(nbytes if rank == 0 else 0, 1, comm=comm)
-        except MPI.Exception as exc:
-            why = exc.Get_error_string().strip().splitlines()[-1].rsplit(":", 1)[-1].strip()
-            raise RuntimeError(
-                f"could not allocate the all-reduce's {nbytes / 2**20:.1f} MB shared-memory "
-                f"window ({why}); free space in /dev/shm, or set "
-                f"PSGD_ALLREDUCE_SHARED_BYTES=0 to all-reduce by messages only") from exc
+        self.win = allocate_shared(
+            comm, nbytes if rank == 0 else 0, 1,
+            f"the all-reduce's {nbytes / 2**20:.1f} MB shared-memory window",
+            "PSGD_ALLREDUCE_SHARED_BYTES=0 to all-reduce by messages only")
         mem, _ = self.win.Shared_query(0)
         raw = np.frombuffer(mem, np.uint8)
         self.counters = raw[:head].view(np.int64)[::_LINE // 8]

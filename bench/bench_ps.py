@@ -24,7 +24,7 @@ under bsp for an optimizer with k state arrays, whatever the number of workers).
 Rows marked ``+overlap`` run the workers with ``overlap=True`` (pull one clock
 ahead); with no computation to hide it behind, they only show its cost.
 
-Workers push from :attr:`psgd.pushpull.PSWorker.grad_buffer`, where ``psgd
+Workers push from :attr:`psgd.ps_worker.PSWorker.grad_buffer`, where ``psgd
 train`` computes the gradient, so the servers of the node read it in place
 from the push window (:mod:`psgd.push_window`); rows marked ``+messages`` turn
 the window off and push by messages, as a worker does to a server on another
@@ -77,7 +77,7 @@ def child_ps(args):
     from mpi4py import MPI
     from psgd import wait
     from psgd.protocols.config import ProtocolConfig
-    from psgd.pushpull import make_ps_worker
+    from psgd.ps_worker import make_ps_worker
     from psgd.roles import assign_roles
     from psgd.server import serve
     from psgd.shardmap import ShardMap

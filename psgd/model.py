@@ -80,7 +80,7 @@ class Model:
         """Compute gradients into ``buf`` from now on (None: a fresh buffer of the model's own).
 
         ``buf`` must be a contiguous (n_params,) array of the model's dtype, e.g.
-        a parameter-server worker's :attr:`psgd.pushpull.PSWorker.grad_buffer`,
+        a parameter-server worker's :attr:`psgd.ps_worker.PSWorker.grad_buffer`,
         which the servers of its node read in place.  Its values are not kept.
         """
         if buf is None:

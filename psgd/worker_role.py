@@ -31,7 +31,7 @@ def _make_protocol(job):
         from psgd.protocols.hogwild import HogwildWorker
         worker = HogwildWorker(roles, job.shard_map, cfg)
         return worker, getattr(worker, "optimizer", None)
-    from psgd.pushpull import make_ps_worker
+    from psgd.ps_worker import make_ps_worker
     return make_ps_worker(roles, job.shard_map, cfg, overlap=s.overlap), None
 
 

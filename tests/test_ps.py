@@ -97,7 +97,7 @@ def test_overlap_keeps_the_ssp_bound_tight_on_every_server(mpirun):
 
 
 def test_overlap_is_rejected_where_the_next_params_need_the_own_push():
-    from psgd.pushpull import make_ps_worker
+    from psgd.ps_worker import make_ps_worker
     roles = Roles(comm=None, rank=1, size=3, n_servers=1, n_workers=2, worker_comm=None)
     for config in (ProtocolConfig("bsp", 10), ProtocolConfig("ssp", 10, staleness=0)):
         with pytest.raises(ValueError, match="overlap needs asp or ssp with staleness >= 1"):
@@ -177,7 +177,7 @@ def test_server_uses_little_cpu_while_workers_compute(mpirun):
 
 @pytest.mark.parametrize("protocol", ["bsp", "ssp", "asp"])
 def test_ps_protocol_without_servers_is_rejected(protocol):
-    from psgd.pushpull import make_ps_worker
+    from psgd.ps_worker import make_ps_worker
     from psgd.server import serve
     roles = Roles(comm=None, rank=0, size=2, n_servers=0, n_workers=2, worker_comm=None)
     config = ProtocolConfig(protocol, 10)

@@ -15,7 +15,8 @@ from mpi4py import MPI
 from psgd.errors import report_and_abort
 from psgd.optim import make_optimizer
 from psgd.protocols.config import ProtocolConfig
-from psgd.pushpull import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH, make_ps_worker
+from psgd.ps_worker import make_ps_worker
+from psgd.pushpull import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH
 from psgd.roles import assign_roles
 from psgd.server import serve
 from psgd.shardmap import ShardMap

@@ -9,7 +9,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["psgd", "psgd.data", "psgd.protocols", "psgd.kernels"],
+    packages=["psgd", "psgd.mpi", "psgd.nn", "psgd.data", "psgd.collectives", "psgd.ps",
+              "psgd.hogwild", "psgd.protocols", "psgd.run", "psgd.kernels"],
     package_dir={"psgd": "psgd", "psgd.kernels": "kernels"},
     install_requires=[
         "numpy>=1.24",

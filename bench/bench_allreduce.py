@@ -9,7 +9,7 @@ a barrier and one untimed call), its time per call is the slowest rank's;
 samples of the three methods alternate until the time budget is spent, and
 the table shows the median sample (and the ratio of the fastest ones).
 
-The methods: ``psgd`` is ``ring_allreduce`` as training calls it (``auto``,
+The methods: ``psgd`` is ``allreduce`` as training calls it (``auto``,
 or ``--algorithm``; the ``algo`` column says what it took: on one node, the
 shared-memory window up to 4 MB); ``p2p`` is ``auto`` kept to messages
 (``shared_bytes=0``), what runs across nodes: recursive doubling below 256 KB,
@@ -69,7 +69,7 @@ def _sample(comm, fn, k: int) -> float:
 def worker(args) -> None:
     import numpy as np
     from mpi4py import MPI
-    from psgd.ring import auto_algorithm, ring_allreduce
+    from psgd.collectives.allreduce import auto_algorithm, allreduce
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     kw = {}
@@ -84,8 +84,8 @@ def worker(args) -> None:
     for nbytes in args.sizes:
         n = nbytes // 4
         work = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
-        methods = {"psgd": lambda: ring_allreduce(comm, work, "sum", **kw),
-                   "p2p": lambda: ring_allreduce(comm, work, "sum", **p2p_kw),
+        methods = {"psgd": lambda: allreduce(comm, work, "sum", **kw),
+                   "p2p": lambda: allreduce(comm, work, "sum", **p2p_kw),
                    "mpi": lambda: comm.Allreduce(MPI.IN_PLACE, work, op=MPI.SUM)}
         algorithm = args.algorithm or auto_algorithm(comm, work, args.small_bytes,
                                                      args.shared_bytes)
@@ -142,7 +142,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and method")
     ap.add_argument("--quick", action="store_true", help="0.1 s per size and method")
     ap.add_argument("--json", default=None, help="write all results to this path")
-    ap.add_argument("--algorithm", default=None, help="force ring_allreduce's algorithm")
+    ap.add_argument("--algorithm", default=None, help="force allreduce's algorithm")
     ap.add_argument("--segment-bytes", type=int, default=None)
     ap.add_argument("--small-bytes", type=int, default=None)
     ap.add_argument("--shared-bytes", type=int, default=None)

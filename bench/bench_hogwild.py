@@ -21,12 +21,12 @@ def child(args) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from psgd import wait
+    from psgd.mpi import wait
     from psgd.errors import report_and_abort
-    from psgd.protocols.config import ProtocolConfig
-    from psgd.protocols.hogwild import HogwildWorker, serve_hogwild
-    from psgd.roles import assign_roles
-    from psgd.shardmap import ShardMap
+    from psgd.config import ProtocolConfig
+    from psgd.hogwild.hogwild import HogwildWorker, serve_hogwild
+    from psgd.mpi.roles import assign_roles
+    from psgd.mpi.shardmap import ShardMap
 
     try:
         comm = MPI.COMM_WORLD

@@ -21,8 +21,8 @@ STARTUP_SCRIPT = """
 import time, sys
 t0 = time.perf_counter()
 import numpy as np
-from psgd.model import build_model
-from psgd.optim import make_optimizer
+from psgd.nn.model import build_model
+from psgd.nn.optim import make_optimizer
 m = build_model(sys.argv[1], seed=0)
 opt = make_optimizer("sgd", m.n_params)
 x = np.random.default_rng(0).random((64, 1, 28, 28), dtype=np.float32)
@@ -34,8 +34,8 @@ print(time.perf_counter() - t0)
 
 
 def psgd_stepper(spec, x, y, lr=0.01):
-    from psgd.model import build_model
-    from psgd.optim import make_optimizer
+    from psgd.nn.model import build_model
+    from psgd.nn.optim import make_optimizer
     model = build_model(spec, seed=0)
     opt = make_optimizer("sgd", model.n_params)
 

@@ -7,7 +7,7 @@ pulls the same bytes back.  Throughput counts push + pull bytes of all workers
 per second; the raw figure is an Isend/Irecv ping-pong of the same size between
 two ranks (bytes both ways per second).  The raw
 ranks wait in MPI's own ``Waitall``, which MPICH busy-polls (lowest latency, a
-whole core each); psgd's ranks wait through :mod:`psgd.wait`, which sleeps.
+whole core each); psgd's ranks wait through :mod:`psgd.mpi.wait`, which sleeps.
 
 Pairing: the raw ping-pong runs before the first case and again after every
 case, and each case's ratio is taken against the faster of the two raw runs
@@ -19,14 +19,14 @@ ratio, and the range of its ratios.
 
 Memory: besides each rank's peak RSS (mostly Python, numba and MPI), a server
 reports the bytes of the shard-length buffers it holds (``buffer_bytes``: the
-bound of :mod:`psgd.server`, (4 + k) shard lengths under asp/ssp and (5 + k)
+bound of :mod:`psgd.ps.server`, (4 + k) shard lengths under asp/ssp and (5 + k)
 under bsp for an optimizer with k state arrays, whatever the number of workers).
 Rows marked ``+overlap`` run the workers with ``overlap=True`` (pull one clock
 ahead); with no computation to hide it behind, they only show its cost.
 
-Workers push from :attr:`psgd.ps_worker.PSWorker.grad_buffer`, where ``psgd
+Workers push from :attr:`psgd.ps.worker.PSWorker.grad_buffer`, where ``psgd
 train`` computes the gradient, so the servers of the node read it in place
-from the push window (:mod:`psgd.push_window`); rows marked ``+messages`` turn
+from the push window (:mod:`psgd.ps.push_window`); rows marked ``+messages`` turn
 the window off and push by messages, as a worker does to a server on another
 node.
 """
@@ -75,12 +75,12 @@ def child_raw(args):
 def child_ps(args):
     import numpy as np
     from mpi4py import MPI
-    from psgd import wait
-    from psgd.protocols.config import ProtocolConfig
-    from psgd.ps_worker import make_ps_worker
-    from psgd.roles import assign_roles
-    from psgd.server import serve
-    from psgd.shardmap import ShardMap
+    from psgd.mpi import wait
+    from psgd.config import ProtocolConfig
+    from psgd.ps.worker import make_ps_worker
+    from psgd.mpi.roles import assign_roles
+    from psgd.ps.server import serve
+    from psgd.mpi.shardmap import ShardMap
     comm = MPI.COMM_WORLD
     roles = assign_roles(comm, args.servers)
     config = ProtocolConfig(args.protocol, args.n_params, staleness=1,

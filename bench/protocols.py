@@ -4,7 +4,7 @@ Every distributed run is ``mpiexec -n R python -m psgd train`` with the same
 model, seed, optimizer, learning rate, batch size and number of epochs; its
 JSON-lines log gives throughput, evaluations (for time to a target test
 accuracy), the staleness histogram and the worker time split.  The baseline is
-:func:`psgd.local.train_local` in one process on the same data, evaluated on
+:func:`psgd.nn.serial.train_serial` in one process on the same data, evaluated on
 the same test samples at the same global-sample interval.
 
 Run ``python bench/protocols.py baseline --data F --json OUT ...`` for the
@@ -93,7 +93,7 @@ def time_to_target(evals: list[tuple[float, float]], target: float) -> float | N
 
 def summarize_log(path: Path, target: float) -> dict:
     """The numbers the report needs from one ``psgd train`` log."""
-    from psgd.metrics import read_log
+    from psgd.run.metrics import read_log
     records = read_log(path)
     summary = next(r for r in records if r["kind"] == "summary")
     evals = [(r["time"], r["test_accuracy"]) for r in records if r["kind"] == "eval"]
@@ -164,7 +164,7 @@ def scaling(cfg: dict, workers: tuple[int, ...], protocols: tuple[str, ...], don
 
 
 def best_single(baseline: list[dict], scaling_rows: list[dict]) -> dict | None:
-    """The COST reference: the fastest one-process run, train_local or ``psgd train`` with one
+    """The COST reference: the fastest one-process run, train_serial or ``psgd train`` with one
     allreduce rank (the same SGD in one process, through the trainer's loop)."""
     cands = [r for r in baseline if "error" not in r]
     cands += [r for r in scaling_rows if r.get("protocol") == "allreduce" and r.get("ranks") == 1
@@ -184,7 +184,7 @@ def apply_efficiency(rows: list[dict], single_samples_per_s: float | None, cores
 def single_process(data: str, model_spec: str, optimizer: str, lr: float, batch_size: int,
                    epochs: float, seed: int, eval_every_samples: int, eval_samples: int,
                    target: float) -> dict:
-    """psgd.local.train_local on the whole training set, evaluated every ``eval_every_samples``.
+    """psgd.nn.serial.train_serial on the whole training set, evaluated every ``eval_every_samples``.
 
     The data is read into memory first (not timed); the first step's numba cache load
     is timed, as it is in ``psgd train``.  Training runs in chunks of
@@ -194,9 +194,9 @@ def single_process(data: str, model_spec: str, optimizer: str, lr: float, batch_
     """
     import h5py
     import numpy as np
-    from psgd.local import train_local
-    from psgd.model import build_model
-    from psgd.optim import make_optimizer
+    from psgd.nn.serial import train_serial
+    from psgd.nn.model import build_model
+    from psgd.nn.optim import make_optimizer
     with h5py.File(data, "r") as f:
         scale, offset = float(f.attrs["scale"]), float(f.attrs["offset"])
         x = f["train/x"][:].astype(np.float32) * scale + offset
@@ -215,7 +215,7 @@ def single_process(data: str, model_spec: str, optimizer: str, lr: float, batch_
         for s in range(0, len(order), chunk):
             idx = np.sort(order[s:s + chunk])
             t0 = time.perf_counter()
-            train_local(model, x[idx], y[idx], optimizer=opt, lr=lr, batch_size=batch_size,
+            train_serial(model, x[idx], y[idx], optimizer=opt, lr=lr, batch_size=batch_size,
                         epochs=1, seed=seed + trained, log=None)
             train_s += time.perf_counter() - t0
             trained += len(idx)

@@ -43,7 +43,7 @@ def _bytes(n: int) -> str:
 
 def _one(row) -> str:
     return ("psgd train, one allreduce rank" if row["protocol"] == "allreduce"
-            else f"train_local, {row['blas_threads']} BLAS thread(s)")
+            else f"train_serial, {row['blas_threads']} BLAS thread(s)")
 
 
 def summary_section(proto, scal) -> str:
@@ -113,7 +113,7 @@ def allreduce_section(res) -> str:
     out = ["## All-reduce: psgd beside MPI_Allreduce (MPICH)\n",
            "float32 sum; bus bandwidth = 2(N-1)/N x bytes / time; a sample is ~10 ms of "
            "back-to-back calls on one buffer (OSU-style), the table shows the median sample of "
-           "the slowest rank. `psgd`: `ring_allreduce` as training calls it (`algo`: what it took; "
+           "the slowest rank. `psgd`: `allreduce` as training calls it (`algo`: what it took; "
            "on one node, the shared-memory window up to 4 MB); `p2p`: the same kept to messages "
            "(recursive doubling below 256 KB, the ring from there), what runs across nodes. "
            "Ratios > 1: psgd is faster. Targets (issue #9): latency within 1.5x of MPI's at 4 KB, "

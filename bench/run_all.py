@@ -175,7 +175,7 @@ def caveats(quick: bool, cores: int) -> list[str]:
         "One run per configuration, no repeats: differences of ~10% are within run-to-run noise "
         "on a shared 2-core machine. Asynchronous runs are not deterministic.",
         "Samples/s is the lead worker's view: all workers' samples over the lead worker's wall time.",
-        "COST reference: the faster of psgd.local.train_local and `psgd train` with a single "
+        "COST reference: the faster of psgd.nn.serial.train_serial and `psgd train` with a single "
         "all-reduce rank (W=1, one process, no MPI traffic); the faster of the two (named in the "
         "scaling section) is the reference for speedups and per-core efficiency.",
         "Evaluation is not free: each evaluation of 500 test samples costs the lead worker about "

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from psgd.metrics import read_log
+from psgd.run.metrics import read_log
 
 OUT = Path(os.environ.get("PSGD_DEMO_DIR", "demo"))
 TARGET_ACCURACY = 0.85

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from psgd.metrics import read_log
+from psgd.run.metrics import read_log
 
 DESCRIPTION = """Draw PNG charts from psgd JSON-lines logs (--log of `psgd train`).
 

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from psgd.errors import NonFinitePush
-from psgd.optim import make_optimizer
-from psgd.protocols.bsp import BspUpdate
-from psgd.protocols.config import ProtocolConfig
-from psgd.shard_versions import ShardVersions, step_into
+from psgd.nn.optim import make_optimizer
+from psgd.ps.bsp import BspUpdate
+from psgd.config import ProtocolConfig
+from psgd.ps.versions import ShardVersions, step_into
 
 NAMES = ["sgd", "momentum", "nesterov", "adam"]
 

@@ -5,7 +5,7 @@ import h5py
 import numpy as np
 import pytest
 
-from psgd.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resolve_resume,
+from psgd.run.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resolve_resume,
                              save_checkpoint)
 
 

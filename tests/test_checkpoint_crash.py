@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from psgd.checkpoint import list_checkpoints, load_checkpoint
-from psgd.model import build_model
+from psgd.run.checkpoint import list_checkpoints, load_checkpoint
+from psgd.nn.model import build_model
 
 from conftest import MPI_DIR, write_synth
 

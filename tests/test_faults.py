@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from psgd.faults import parse
-from psgd.metrics import read_log
+from psgd.mpi.faults import parse
+from psgd.run.metrics import read_log
 
 from conftest import marked_pids
 
@@ -126,7 +126,7 @@ def test_fault_spec_is_parsed_and_checked():
         with pytest.raises(ValueError, match="PSGD_FAULT"):
             parse(bad)
     os.environ.pop("PSGD_FAULT", None)
-    from psgd.faults import for_rank
+    from psgd.mpi.faults import for_rank
     assert for_rank(0) is None
 
 

@@ -1,7 +1,7 @@
 """Hogwild: no update lost (1-3 workers, 1-2 servers), reads never corrupt, bad optimizers rejected."""
 import pytest
 
-from psgd.protocols.hogwild import HOGWILD_HELP, HOGWILD_OPTIMIZERS, check_hogwild_optimizer
+from psgd.hogwild.hogwild import HOGWILD_HELP, HOGWILD_OPTIMIZERS, check_hogwild_optimizer
 
 SCRIPT = "hogwild_check.py"
 

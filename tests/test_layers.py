@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from psgd.layers import ChannelsLast, Conv2D, Dense, Flatten, MaxPool2D, ReLU
+from psgd.nn.layers import ChannelsLast, Conv2D, Dense, Flatten, MaxPool2D, ReLU
 
 
 def bind_flat(layer, dtype=np.float64, seed=0):

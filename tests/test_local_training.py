@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from psgd.local import train_local
-from psgd.model import build_model
-from psgd.optim import make_optimizer
+from psgd.nn.serial import train_serial
+from psgd.nn.model import build_model
+from psgd.nn.optim import make_optimizer
 
 
 def template_data(n, seed, noise=1.5, classes=10):
@@ -32,7 +32,7 @@ def test_mlp_learns_synthetic_templates(data):
     x, y, xt, yt = data
     model = build_model("mlp:784-64-64-10", seed=0)
     chance = model.evaluate(xt, yt)[1]
-    out = train_local(model, x, y, optimizer="momentum", lr=0.02, batch_size=32, epochs=3, seed=0,
+    out = train_serial(model, x, y, optimizer="momentum", lr=0.02, batch_size=32, epochs=3, seed=0,
                       x_test=xt, y_test=yt, log=None)
     assert len(out["epochs"]) == 3 and out["steps"] == 3 * 47
     assert chance < 0.3
@@ -44,7 +44,7 @@ def test_lenet_learns_synthetic_templates(data):
     x, y, xt, yt = data
     model = build_model("lenet", seed=0)
     chance = model.evaluate(xt, yt)[1]
-    out = train_local(model, x[:800], y[:800], optimizer="momentum", lr=0.005, batch_size=32, epochs=2,
+    out = train_serial(model, x[:800], y[:800], optimizer="momentum", lr=0.005, batch_size=32, epochs=2,
                       seed=0, x_test=xt, y_test=yt, log=None)
     assert chance < 0.3
     assert out["final"]["test_acc"] > 0.6, out["final"]
@@ -54,7 +54,7 @@ def test_adam_and_a_schedule_also_train(data):
     x, y, xt, yt = data
     model = build_model("mlp:784-32-10", seed=1)
     opt = make_optimizer("adam", model.n_params)
-    out = train_local(model, x, y, optimizer=opt, lr=lambda step: 1e-3 if step < 40 else 5e-4,
+    out = train_serial(model, x, y, optimizer=opt, lr=lambda step: 1e-3 if step < 40 else 5e-4,
                       batch_size=64, epochs=2, seed=1, x_test=xt, y_test=yt, log=None)
     assert out["final"]["test_acc"] > 0.6 and opt.steps == out["steps"]
 
@@ -64,7 +64,7 @@ def test_training_is_deterministic_given_seeds(data):
     runs = []
     for _ in range(2):
         model = build_model("mlp:784-16-10", seed=5)
-        train_local(model, x[:300], y[:300], optimizer="nesterov", lr=0.01, batch_size=50, epochs=1,
+        train_serial(model, x[:300], y[:300], optimizer="nesterov", lr=0.01, batch_size=50, epochs=1,
                     seed=9, log=None)
         runs.append(model.params.copy())
     assert runs[0].tobytes() == runs[1].tobytes()
@@ -73,7 +73,7 @@ def test_training_is_deterministic_given_seeds(data):
 def test_log_gets_one_line_per_epoch(data):
     x, y, xt, yt = data
     lines = []
-    train_local(build_model("mlp:784-8-10"), x[:100], y[:100], optimizer="sgd", lr=0.01, batch_size=40,
+    train_serial(build_model("mlp:784-8-10"), x[:100], y[:100], optimizer="sgd", lr=0.01, batch_size=40,
                 epochs=2, seed=0, x_test=xt[:50], y_test=yt[:50], log=lines.append)
     assert len(lines) == 2 and lines[1].startswith("epoch 2/2") and "test loss" in lines[1]
 
@@ -82,10 +82,10 @@ def test_divergence_and_bad_arguments_raise_value_error(data):
     x, y, xt, yt = data
     model = build_model("mlp:784-8-10")
     with pytest.raises(ValueError, match="diverged"):
-        train_local(model, x[:200], y[:200], optimizer="sgd", lr=1e30, batch_size=20, epochs=1, seed=0, log=None)
+        train_serial(model, x[:200], y[:200], optimizer="sgd", lr=1e30, batch_size=20, epochs=1, seed=0, log=None)
     with pytest.raises(ValueError, match="batch_size"):
-        train_local(model, x, y, optimizer="sgd", lr=0.1, batch_size=0, epochs=1, seed=0, log=None)
+        train_serial(model, x, y, optimizer="sgd", lr=0.1, batch_size=0, epochs=1, seed=0, log=None)
     with pytest.raises(ValueError, match="x_test"):
-        train_local(model, x, y, optimizer="sgd", lr=0.1, batch_size=8, epochs=1, seed=0, x_test=xt, log=None)
+        train_serial(model, x, y, optimizer="sgd", lr=0.1, batch_size=8, epochs=1, seed=0, x_test=xt, log=None)
     with pytest.raises(ValueError, match="optimizer"):
-        train_local(model, x, y, optimizer="rmsprop", lr=0.1, batch_size=8, epochs=1, seed=0, log=None)
+        train_serial(model, x, y, optimizer="rmsprop", lr=0.1, batch_size=8, epochs=1, seed=0, log=None)

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from psgd.metrics import MetricsLog, read_log, staleness_histogram
+from psgd.run.metrics import MetricsLog, read_log, staleness_histogram
 from psgd.plot import plot_logs
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from psgd.model import build_model
+from psgd.nn.model import build_model
 
 MNIST_LIKE = (1, 28, 28)
 

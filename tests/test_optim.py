@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from psgd.kernels import optim as K
-from psgd.optim import make_optimizer, make_schedule
+from psgd.nn.optim import make_optimizer, make_schedule
 
 
 def numpy_reference(name, p, grads, lr, wd, mu=0.9, b1=0.9, b2=0.999, eps=1e-8):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from psgd.data import write_dataset
-from psgd.metrics import read_log
+from psgd.run.metrics import read_log
 
 
 def templates(n, seed, noise=1.0, classes=10):

@@ -5,9 +5,9 @@ import time
 import numpy as np
 import pytest
 
-from psgd.protocols.config import ProtocolConfig
-from psgd.roles import Roles
-from psgd.shardmap import ShardMap
+from psgd.config import ProtocolConfig
+from psgd.mpi.roles import Roles
+from psgd.mpi.shardmap import ShardMap
 
 
 def result_of(proc):
@@ -97,7 +97,7 @@ def test_overlap_keeps_the_ssp_bound_tight_on_every_server(mpirun):
 
 
 def test_overlap_is_rejected_where_the_next_params_need_the_own_push():
-    from psgd.ps_worker import make_ps_worker
+    from psgd.ps.worker import make_ps_worker
     roles = Roles(comm=None, rank=1, size=3, n_servers=1, n_workers=2, worker_comm=None)
     for config in (ProtocolConfig("bsp", 10), ProtocolConfig("ssp", 10, staleness=0)):
         with pytest.raises(ValueError, match="overlap needs asp or ssp with staleness >= 1"):
@@ -109,7 +109,7 @@ def test_overlap_is_rejected_where_the_next_params_need_the_own_push():
                                    ["--protocol", "allreduce", "--servers", "0"]])
 def test_train_overlap_flag_is_rejected_outside_asp_and_ssp_with_slack(dataset, flags):
     import argparse
-    from psgd.train_cli import add_arguments, resolve
+    from psgd.run.settings import add_arguments, resolve
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--data", dataset, "--overlap", *flags])
@@ -120,7 +120,7 @@ def test_train_overlap_flag_is_rejected_outside_asp_and_ssp_with_slack(dataset, 
 @pytest.mark.parametrize("protocol", [["asp"], ["ssp", "--staleness", "1"]])
 def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset, tmp_path,
                                                                   protocol):
-    from psgd.metrics import read_log
+    from psgd.run.metrics import read_log
     log = tmp_path / "run.jsonl"
     mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--model", "lenet", "--quiet",
                "--protocol", *protocol, "--overlap", "--lr", "0.05", "--batch-size", 32,
@@ -177,8 +177,8 @@ def test_server_uses_little_cpu_while_workers_compute(mpirun):
 
 @pytest.mark.parametrize("protocol", ["bsp", "ssp", "asp"])
 def test_ps_protocol_without_servers_is_rejected(protocol):
-    from psgd.ps_worker import make_ps_worker
-    from psgd.server import serve
+    from psgd.ps.worker import make_ps_worker
+    from psgd.ps.server import serve
     roles = Roles(comm=None, rank=0, size=2, n_servers=0, n_workers=2, worker_comm=None)
     config = ProtocolConfig(protocol, 10)
     with pytest.raises(ValueError, match="at least one server"):
@@ -188,7 +188,7 @@ def test_ps_protocol_without_servers_is_rejected(protocol):
 
 
 def test_nonfinite_check_catches_nan_and_inf_but_not_huge_finite_values():
-    from psgd.finite import all_finite
+    from psgd.nn.finite import all_finite
     x = np.ones(1000, np.float32)
     assert all_finite(x) and all_finite(np.zeros(0, np.float32))
     x[3] = 3e38
@@ -200,7 +200,7 @@ def test_nonfinite_check_catches_nan_and_inf_but_not_huge_finite_values():
 
 
 def test_shard_state_packs_header_params_and_state_rows_and_unpacks():
-    from psgd.pushpull import pack_shard_state, unpack_shard_state
+    from psgd.ps.messages import pack_shard_state, unpack_shard_state
     p = np.arange(5, dtype=np.float32)
     m, v = p * 2, p * 3
     clock, shard, rows = unpack_shard_state(pack_shard_state(7, 2, p, [m, v]))
@@ -210,7 +210,7 @@ def test_shard_state_packs_header_params_and_state_rows_and_unpacks():
 
 def _optimizer_case(name: str, seed: int, n: int = 1001):
     """Initial float32 parameters, three gradients and two fresh optimizers ``name`` of length n."""
-    from psgd.optim import make_optimizer
+    from psgd.nn.optim import make_optimizer
     rng = np.random.default_rng(seed)
     src = rng.standard_normal(n).astype(np.float32)
     grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
@@ -220,7 +220,7 @@ def _optimizer_case(name: str, seed: int, n: int = 1001):
 @pytest.mark.parametrize("name", ["sgd", "momentum", "nesterov", "adam"])
 @pytest.mark.parametrize("scale", [1.0, 0.5])
 def test_step_into_equals_in_place_step_on_a_copy_and_leaves_the_source(name, scale):
-    from psgd.shard_versions import step_into
+    from psgd.ps.versions import step_into
     src, grads, (ref, fused) = _optimizer_case(name, seed=3)
     want, have = src.copy(), src.copy()
     for g in grads:
@@ -238,8 +238,8 @@ def test_step_into_equals_in_place_step_on_a_copy_and_leaves_the_source(name, sc
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_step_into_reports_a_nonfinite_gradient_and_sgd_source_is_untouched(bad):
-    from psgd.optim import make_optimizer
-    from psgd.shard_versions import step_into
+    from psgd.nn.optim import make_optimizer
+    from psgd.ps.versions import step_into
     src = np.ones(100, np.float32)
     g = np.full(100, 3e38, np.float32)  # huge but finite: accepted
     dst = np.empty_like(src)
@@ -251,8 +251,8 @@ def test_step_into_reports_a_nonfinite_gradient_and_sgd_source_is_untouched(bad)
 
 def test_shard_versions_never_write_a_buffer_a_reply_still_reads():
     from mpi4py import MPI
-    from psgd.optim import make_optimizer
-    from psgd.shard_versions import ShardVersions
+    from psgd.nn.optim import make_optimizer
+    from psgd.ps.versions import ShardVersions
     comm = MPI.COMM_SELF
     opt = make_optimizer("sgd", 8)
     versions = ShardVersions(np.zeros(8, np.float32), spares=2)
@@ -283,8 +283,8 @@ def test_shard_versions_never_write_a_buffer_a_reply_still_reads():
 @pytest.mark.parametrize("name", ["sgd", "momentum"])
 def test_skipped_nonfinite_push_leaves_params_and_optimizer_state_untouched(name, reply_in_flight):
     from mpi4py import MPI
-    from psgd.optim import make_optimizer
-    from psgd.shard_versions import ShardVersions
+    from psgd.nn.optim import make_optimizer
+    from psgd.ps.versions import ShardVersions
     opt = make_optimizer(name, 6, momentum=0.9)
     versions = ShardVersions(np.arange(6, dtype=np.float32))
     assert versions.step(opt, np.ones(6, np.float32), 0.1, skip_nonfinite=True)
@@ -308,7 +308,7 @@ def test_skipped_nonfinite_push_leaves_params_and_optimizer_state_untouched(name
 @pytest.mark.parametrize("name", ["sgd", "momentum", "nesterov", "adam"])
 @pytest.mark.parametrize("scale", [1.0, 0.25])
 def test_a_step_with_no_reply_in_flight_is_in_place_and_equals_the_step_into_a_spare(name, scale):
-    from psgd.shard_versions import ShardVersions, step_into
+    from psgd.ps.versions import ShardVersions, step_into
     init, grads, (opt, ref) = _optimizer_case(name, seed=4, n=1003)
     versions = ShardVersions(init.copy())
     live = versions.live
@@ -326,7 +326,7 @@ def test_a_step_with_no_reply_in_flight_is_in_place_and_equals_the_step_into_a_s
 
 
 def test_optimizer_step_with_check_reports_a_nonfinite_gradient():
-    from psgd.optim import make_optimizer
+    from psgd.nn.optim import make_optimizer
     for name in ("sgd", "momentum", "adam"):
         g = np.full(40, 3e38, np.float32)      # huge but finite: accepted
         assert make_optimizer(name, 40).step(np.zeros(40, np.float32), g, 1e-40, check=True)
@@ -338,9 +338,9 @@ def test_optimizer_step_with_check_reports_a_nonfinite_gradient():
 
 @pytest.mark.parametrize("lent", [False, True], ids=["received", "lent"])
 def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of_the_rest(lent):
-    from psgd.optim import make_optimizer
-    from psgd.protocols.bsp import BspUpdate
-    from psgd.shard_versions import ShardVersions
+    from psgd.nn.optim import make_optimizer
+    from psgd.ps.bsp import BspUpdate
+    from psgd.ps.versions import ShardVersions
     config = ProtocolConfig("bsp", 5, lr_schedule=lambda c: 0.5, skip_nonfinite=True)
     versions = ShardVersions(np.zeros(5, np.float32))
     rule = BspUpdate(config, make_optimizer("sgd", 5), versions)
@@ -353,7 +353,7 @@ def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of
 
 
 def test_server_result_staleness_summary():
-    from psgd.server import ServerResult
+    from psgd.ps.server import ServerResult
     result = ServerResult(staleness_hist=np.array([2, 0, 1, 1], np.int64))
     assert result.max_staleness == 3
     assert result.mean_staleness == (0 * 2 + 2 * 1 + 3 * 1) / 4

@@ -1,11 +1,11 @@
-"""ring_allreduce and the allreduce protocol under mpiexec at 1 to 5 ranks."""
+"""allreduce and the allreduce protocol under mpiexec at 1 to 5 ranks."""
 import re
 
 import pytest
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-def test_ring_allreduce_matches_mpi_allreduce_and_ranks_agree(mpirun, n):
+def test_allreduce_matches_mpi_allreduce_and_ranks_agree(mpirun, n):
     result = mpirun(n, ["ring_check.py"], timeout=60)
     assert f"passed on {n} ranks" in result.stdout
 

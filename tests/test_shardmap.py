@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from psgd.shardmap import ShardMap
+from psgd.mpi.shardmap import ShardMap
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 100, 1001])

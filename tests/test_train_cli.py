@@ -3,7 +3,7 @@
 import pytest
 
 from psgd.cli import build_parser
-from psgd.train_cli import load_toml, resolve
+from psgd.run.settings import load_toml, resolve
 
 
 @pytest.fixture

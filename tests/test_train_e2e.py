@@ -4,8 +4,8 @@ import shutil
 import numpy as np
 import pytest
 
-from psgd.checkpoint import list_checkpoints, load_checkpoint
-from psgd.metrics import read_log
+from psgd.run.checkpoint import list_checkpoints, load_checkpoint
+from psgd.run.metrics import read_log
 
 MLP = "mlp:784-32-10"
 

@@ -34,7 +34,7 @@ class _Request:
 
 def _record(monkeypatch):
     """Count sched_yield calls and record sleeps (with the time each began) instead of sleeping."""
-    from psgd import wait
+    from psgd.mpi import wait
     calls = {"yield": 0, "sleep": []}
     monkeypatch.setattr(wait.os, "sched_yield", lambda: calls.__setitem__("yield", calls["yield"] + 1))
     monkeypatch.setattr(wait.time, "sleep", lambda s: calls["sleep"].append(time.perf_counter()))
@@ -42,7 +42,7 @@ def _record(monkeypatch):
 
 
 def test_yield_spin_yields_between_polls_and_never_sleeps_within_spin_s(monkeypatch):
-    from psgd import wait
+    from psgd.mpi import wait
     calls = _record(monkeypatch)
     t0 = time.perf_counter()
     request = _Request(lambda r: time.perf_counter() - t0 > 0.05)
@@ -52,7 +52,7 @@ def test_yield_spin_yields_between_polls_and_never_sleeps_within_spin_s(monkeypa
 
 
 def test_yield_spin_ends_after_spin_s_then_backoff_sleeps(monkeypatch):
-    from psgd import wait
+    from psgd.mpi import wait
     calls = _record(monkeypatch)
     t0 = time.perf_counter()
     request = _Request(lambda r: len(calls["sleep"]) >= 5)
@@ -63,7 +63,7 @@ def test_yield_spin_ends_after_spin_s_then_backoff_sleeps(monkeypatch):
 
 
 def test_plain_wait_spins_briefly_then_sleeps_without_yielding(monkeypatch):
-    from psgd import wait
+    from psgd.mpi import wait
     calls = _record(monkeypatch)
     request = _Request(lambda r: len(calls["sleep"]) >= 3)
     wait.wait(request, "peer")
@@ -75,7 +75,7 @@ def test_waitall_starts_its_backoff_over_when_some_requests_complete(monkeypatch
     """A pull's payload lands right behind its header: after a completion, poll densely again."""
     from types import SimpleNamespace
 
-    from psgd import wait
+    from psgd.mpi import wait
     sleeps = []
     monkeypatch.setattr(wait.time, "sleep", sleeps.append)
     polls = {"n": 0}
@@ -100,7 +100,7 @@ def test_waitall_starts_its_backoff_over_when_some_requests_complete(monkeypatch
 
 
 def test_poller_waited_counts_from_the_start_of_the_wait():
-    from psgd import wait
+    from psgd.mpi import wait
     poller = wait.Poller("peer")
     assert 0 <= poller.waited() < 0.05
     time.sleep(0.02)

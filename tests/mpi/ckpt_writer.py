@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from psgd.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from psgd.run.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
 
 def main():

@@ -9,11 +9,11 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.errors import report_and_abort
-from psgd.optim import make_optimizer
-from psgd.protocols.config import ProtocolConfig
-from psgd.protocols.hogwild import HogwildWorker, serve_hogwild
-from psgd.roles import assign_roles
-from psgd.shardmap import ShardMap
+from psgd.nn.optim import make_optimizer
+from psgd.config import ProtocolConfig
+from psgd.hogwild.hogwild import HogwildWorker, serve_hogwild
+from psgd.mpi.roles import assign_roles
+from psgd.mpi.shardmap import ShardMap
 
 MOMENTUM = 0.5
 

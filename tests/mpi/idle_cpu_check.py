@@ -1,10 +1,10 @@
-"""A rank waiting in psgd.wait uses little CPU while another works (run with 2 ranks)."""
+"""A rank waiting in psgd.mpi.wait uses little CPU while another works (run with 2 ranks)."""
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait
+from psgd.mpi import wait
 from psgd.errors import report_and_abort
 
 

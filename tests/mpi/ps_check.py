@@ -13,13 +13,13 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.errors import report_and_abort
-from psgd.optim import make_optimizer
-from psgd.protocols.config import ProtocolConfig
-from psgd.ps_worker import make_ps_worker
-from psgd.pushpull import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH
-from psgd.roles import assign_roles
-from psgd.server import serve
-from psgd.shardmap import ShardMap
+from psgd.nn.optim import make_optimizer
+from psgd.config import ProtocolConfig
+from psgd.ps.worker import make_ps_worker
+from psgd.ps.messages import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH
+from psgd.mpi.roles import assign_roles
+from psgd.ps.server import serve
+from psgd.mpi.shardmap import ShardMap
 
 from reference import softmax_grad
 
@@ -244,7 +244,7 @@ def mode_cpu(args, comm):
 def mode_no_room(args, comm):
     """Rank 1 asks the push window for more than any address space holds (/dev/shm is
     sparse, so less may map): the job must end."""
-    from psgd.push_window import PushWindow
+    from psgd.ps.push_window import PushWindow
     PushWindow(comm, 10 ** 14 if comm.Get_rank() == 1 else 0)
     time.sleep(60)
 

@@ -1,4 +1,4 @@
-"""Checks ring_allreduce against comm.Allreduce for many lengths, dtypes, ops and algorithms."""
+"""Checks allreduce against comm.Allreduce for many lengths, dtypes, ops and algorithms."""
 
 import time
 
@@ -6,7 +6,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.errors import report_and_abort
-from psgd.ring import ring_allreduce
+from psgd.collectives.allreduce import allreduce
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -29,7 +29,7 @@ def check_case(n, dtype, op, algorithm, segment_bytes=None, small_bytes=None):
         expect /= size
         absum /= size
     got = x.copy()
-    out = ring_allreduce(comm, got, op, algorithm=algorithm, segment_bytes=segment_bytes,
+    out = allreduce(comm, got, op, algorithm=algorithm, segment_bytes=segment_bytes,
                          small_bytes=small_bytes)
     assert out is got
     eps = np.finfo(dtype).eps
@@ -58,7 +58,7 @@ def check_validation():
     cases.append((ro, "sum", "read-only"))
     for buf, op, words in cases:
         try:
-            ring_allreduce(comm, buf, op)
+            allreduce(comm, buf, op)
         except ValueError as exc:
             assert words in str(exc), f"message {exc!r} lacks {words!r}"
         else:
@@ -68,7 +68,7 @@ def check_validation():
 def check_plan_cache():
     """Schedules (persistent requests) are cached per buffer object: a buffer used again with
     new values, more buffers than the cache holds, and a fresh view each call all reduce right."""
-    from psgd import ring
+    from psgd.collectives import allreduce as ring
     bufs = [np.empty(n, np.float32) for n in (1, 3, 1000, 1000, 4099)]
     bufs += [np.empty(7, np.float64) for _ in range(ring._SCHEDULES)]
     base = np.empty(3000, np.float32)
@@ -78,7 +78,7 @@ def check_plan_cache():
             buf[:] = rng.standard_normal(buf.size)
             expect = buf.copy()
             comm.Allreduce(MPI.IN_PLACE, expect, op=MPI.SUM)
-            ring_allreduce(comm, buf, algorithm="doubling")
+            ring.allreduce(comm, buf, algorithm="doubling")
             err = np.abs(buf - expect).max(initial=0.0)
             assert err <= 1e-5 * size, f"cached plan, round {round_}, n={buf.size}: error {err}"
     cached = len(ring._state(comm).schedules)
@@ -90,7 +90,7 @@ def check_shared_rounds(rounds=300):
     with ranks delayed at random between calls: the window's two halves must keep a rank
     that runs ahead from writing where a slower one still reads.  Values are small integers,
     so every sum is exact and the expected result is known without another collective."""
-    from psgd import ring
+    from psgd.collectives import allreduce as ring
     order = np.random.default_rng(7)              # the same sequence of calls on every rank
     delay = np.random.default_rng(100 + rank)     # rank-specific timing
     bufs = {n: np.empty(n, np.float32) for n in (3, 100, 4096, 70_000, 300_000, 700_000)}
@@ -103,7 +103,7 @@ def check_shared_rounds(rounds=300):
         np.multiply(base, rank + 1, out=buf)
         if delay.random() < 0.3:
             time.sleep(delay.random() * 2e-3)
-        ring_allreduce(comm, buf, algorithm=algorithm, small_bytes=small)
+        ring.allreduce(comm, buf, algorithm=algorithm, small_bytes=small)
         expect = base * (size * (size + 1) // 2)
         assert np.array_equal(buf, expect), f"round {r}: n={n} {algorithm} small={small} wrong"
     state = ring._state(comm)
@@ -114,7 +114,7 @@ def check_shared_rounds(rounds=300):
             assert ring.auto_algorithm(comm, bufs[4096]) == "doubling"
             assert ring.auto_algorithm(comm, bufs[700_000]) == "ring"
             try:
-                ring_allreduce(comm, bufs[100], algorithm="shared")
+                ring.allreduce(comm, bufs[100], algorithm="shared")
             except ValueError as exc:
                 assert "one node" in str(exc), exc
             else:
@@ -152,7 +152,7 @@ def main():
     members = [r for r in range(size) if r % 2 == rank % 2]
     for algorithm in ("ring", "doubling", "shared"):
         x = np.full(5000, float(rank), np.float64)
-        ring_allreduce(sub, x, "sum", algorithm=algorithm)
+        allreduce(sub, x, "sum", algorithm=algorithm)
         assert np.all(x == sum(members)), f"sub-communicator {algorithm} sum wrong"
     sub.Free()
     if rank == 0:

@@ -1,13 +1,13 @@
-"""A rank waiting inside ring_allreduce for a late neighbour sleeps instead of burning its core,
+"""A rank waiting inside allreduce for a late neighbour sleeps instead of burning its core,
 and says whom it waits for (every algorithm, both schedules of the shared-memory one)."""
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait
+from psgd.mpi import wait
 from psgd.errors import report_and_abort
-from psgd.ring import ring_allreduce
+from psgd.collectives.allreduce import allreduce
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
@@ -19,12 +19,12 @@ def main():
     for n, algorithm in ((100, "doubling"), (1 << 20, "ring"),
                          (100, "shared"), (1 << 20, "shared")):
         buf = np.ones(n, np.float32)
-        ring_allreduce(comm, buf, algorithm=algorithm)   # first call: Dup, scratch, window
+        allreduce(comm, buf, algorithm=algorithm)   # first call: Dup, scratch, window
         comm.Barrier()
         if rank == 1:
             time.sleep(LATE_S)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        ring_allreduce(comm, buf, algorithm=algorithm)
+        allreduce(comm, buf, algorithm=algorithm)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         if rank == 0:
             assert wall > 0.8 * LATE_S, f"n={n}: rank 0 did not wait ({wall:.2f} s)"

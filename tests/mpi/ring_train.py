@@ -4,9 +4,9 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.errors import PsgdError, report_and_abort
-from psgd.optim import make_optimizer
-from psgd.protocols.allreduce import AllreduceWorker
-from psgd.ring import auto_algorithm
+from psgd.nn.optim import make_optimizer
+from psgd.collectives.allreduce_worker import AllreduceWorker
+from psgd.collectives.allreduce import auto_algorithm
 
 from reference import softmax_grad
 

@@ -6,11 +6,11 @@ from typing import Callable
 
 import numpy as np
 
-from psgd.model import Model
-from psgd.optim import Optimizer, make_optimizer
+from psgd.nn.model import Model
+from psgd.nn.optim import Optimizer, make_optimizer
 
 
-def train_local(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",
+def train_serial(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",
                 lr: float | Callable[[int], float] = 0.05, batch_size: int = 64, epochs: int = 1,
                 seed: int = 0, x_test=None, y_test=None, log: Callable | None = print) -> dict:
     """Train ``model`` in place with mini-batch steps over shuffled epochs of ``(x, y)``.
@@ -20,7 +20,7 @@ def train_local(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",
     model : Model
     x : (N, *model.input_shape) float32; y : (N,) integer class ids
     optimizer : str or Optimizer
-        A name for :func:`psgd.optim.make_optimizer` (``'sgd'``, ``'momentum'``,
+        A name for :func:`psgd.nn.optim.make_optimizer` (``'sgd'``, ``'momentum'``,
         ``'nesterov'``, ``'adam'``) or an optimizer already made for ``model.n_params``.
     lr : float or callable
         Learning rate, or a schedule ``lr(step)`` of the 0-based global step.

@@ -8,8 +8,8 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.env import env_int
-from psgd.ring_schedules import DoublingSchedule, RingSchedule, Schedule
-from psgd.ring_shared import SharedSchedule, SharedWindow
+from psgd.collectives.schedules import DoublingSchedule, RingSchedule, Schedule
+from psgd.collectives.shared_window import SharedSchedule, SharedWindow
 
 OPS = ("sum", "mean")
 ALGORITHMS = ("auto", "ring", "doubling", "shared")
@@ -27,13 +27,13 @@ DEFAULT_SMALL_BYTES = 256 * 1024
 # 512 KB and 1 MB were equal within noise, at 2 ranks too.
 DEFAULT_SEGMENT_BYTES = 1024 * 1024
 # On one node, buffers of up to this many bytes go through the shared-memory window
-# (psgd.ring_shared), larger ones round the ring.  Alternating runs on 2 cores: the
+# (psgd.collectives.shared_window), larger ones round the ring.  Alternating runs on 2 cores: the
 # window was 1.2-2.3x MPI_Allreduce from 16 KB to 4 MB at 2 and 4 ranks, where
 # doubling and the ring were 0.5-1.3x; at 8 and 16 MB with 2 ranks the ring was as
 # fast or faster (window 0.94-1.20x MPI, ring 1.09-1.18x).
 DEFAULT_SHARED_BYTES = 4 * 1024 * 1024
 
-# Cached schedules per communicator (each holds its buffer; see psgd.ring_schedules).
+# Cached schedules per communicator (each holds its buffer; see psgd.collectives.schedules).
 _SCHEDULES = 8
 
 
@@ -113,7 +113,7 @@ def _state(comm: MPI.Comm) -> _RingState:
     state = comm.Get_attr(_keyval)
     if state is None:
         if comm.Is_inter():
-            raise ValueError("ring_allreduce needs an intra-communicator, got an inter-communicator")
+            raise ValueError("allreduce needs an intra-communicator, got an inter-communicator")
         state = _RingState(comm)    # collective (Dup): every rank makes its first call together
         comm.Set_attr(_keyval, state)
     _last_comm, _last_state = comm, state
@@ -127,18 +127,18 @@ _shared_bytes = env_int("PSGD_ALLREDUCE_SHARED_BYTES", DEFAULT_SHARED_BYTES)
 
 def _check(buf, op: str, algorithm: str) -> None:
     if not isinstance(buf, np.ndarray):
-        raise ValueError(f"ring_allreduce needs a numpy array, got {type(buf).__name__}")
+        raise ValueError(f"allreduce needs a numpy array, got {type(buf).__name__}")
     if buf.ndim != 1:
-        raise ValueError(f"ring_allreduce needs a 1-D array, got shape {buf.shape}")
+        raise ValueError(f"allreduce needs a 1-D array, got shape {buf.shape}")
     dtype = buf.dtype
     if dtype.char not in "fd" or not dtype.isnative:
-        raise ValueError(f"ring_allreduce needs native float32 or float64, got {dtype.str}")
+        raise ValueError(f"allreduce needs native float32 or float64, got {dtype.str}")
     flags = buf.flags
     if not flags.c_contiguous:
-        raise ValueError("ring_allreduce needs a contiguous array (got a strided view); "
+        raise ValueError("allreduce needs a contiguous array (got a strided view); "
                          "pass np.ascontiguousarray(x) and copy the result back")
     if not flags.writeable:
-        raise ValueError("ring_allreduce works in place and got a read-only array")
+        raise ValueError("allreduce works in place and got a read-only array")
     if op != "sum" and op != "mean":
         raise ValueError(f"unknown all-reduce op {op!r}; choose one of {', '.join(OPS)}")
     if algorithm != "auto" and algorithm not in ALGORITHMS:
@@ -146,7 +146,7 @@ def _check(buf, op: str, algorithm: str) -> None:
                          f"choose one of {', '.join(ALGORITHMS)}")
 
 
-def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
+def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
                    algorithm: str = "auto", small_bytes: int | None = None,
                    segment_bytes: int | None = None, shared_bytes: int | None = None,
                    label: str = "") -> np.ndarray:
@@ -159,14 +159,14 @@ def ring_allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
     use recursive doubling, floor(log2 N) exchanges of the whole buffer (+2
     when N is not a power of two).  When every rank is on one node, buffers of
     up to ``shared_bytes`` bytes go through a shared-memory window instead
-    (:mod:`psgd.ring_shared`: a reduce-scatter and all-gather through memory,
+    (:mod:`psgd.collectives.shared_window`: a reduce-scatter and all-gather through memory,
     or below ``small_bytes`` every rank summing all contributions).  Every
     rank ends with bitwise identical values.  A wait polls with
     ``sched_yield`` for at most ``PSGD_ALLREDUCE_SPIN_US`` (default 5000)
-    microseconds, then sleeps with :mod:`psgd.wait`'s backoff and stall report.
+    microseconds, then sleeps with :mod:`psgd.mpi.wait`'s backoff and stall report.
 
     The messages of one call are built once per buffer object as persistent
-    requests (:mod:`psgd.ring_schedules`), or views of the window, and cached
+    requests (:mod:`psgd.collectives.schedules`), or views of the window, and cached
     on the communicator, the last ``_SCHEDULES`` (8) buffers used; a cached
     schedule keeps its buffer alive.  Reducing the same array every step (a
     gradient) costs no set-up.
@@ -250,7 +250,7 @@ def _auto(state: _RingState, buf: np.ndarray, small_bytes: int, shared_bytes: in
 
 def auto_algorithm(comm: MPI.Comm, buf: np.ndarray, small_bytes: int | None = None,
                    shared_bytes: int | None = None) -> str:
-    """The algorithm ``ring_allreduce(comm, buf)`` takes with ``algorithm="auto"`` (collective
+    """The algorithm ``allreduce(comm, buf)`` takes with ``algorithm="auto"`` (collective
     the first time on ``comm``, as that call is); for benchmarks and logs."""
     if comm.Get_size() == 1 or buf.size == 0:
         return "none"

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait
-from psgd.checkpoint import Checkpoint, load_checkpoint, resolve_resume
+from psgd.mpi import wait
+from psgd.run.checkpoint import Checkpoint, load_checkpoint, resolve_resume
 from psgd.errors import PsgdError
-from psgd.optim import make_schedule
-from psgd.protocols.config import ProtocolConfig
-from psgd.roles import Roles, assign_roles
-from psgd.shardmap import ShardMap
-from psgd.train_cli import TrainSettings, resolve
+from psgd.nn.optim import make_schedule
+from psgd.config import ProtocolConfig
+from psgd.mpi.roles import Roles, assign_roles
+from psgd.mpi.shardmap import ShardMap
+from psgd.run.settings import TrainSettings, resolve
 
 
 @dataclass
@@ -71,7 +71,7 @@ def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
 
 def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
     from psgd.data.reader import ShardReader, dataset_info
-    from psgd.model import build_model
+    from psgd.nn.model import build_model
 
     info = dataset_info(settings.data)
     model = build_model(settings.model, seed=settings.seed)
@@ -118,7 +118,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
         staleness=float(settings.staleness or 0), staleness_lr=settings.staleness_lr,
         snapshot_every=settings.checkpoint_every, skip_nonfinite=settings.skip_nonfinite)
     if settings.protocol == "hogwild":
-        from psgd.protocols.hogwild import check_hogwild_optimizer
+        from psgd.hogwild.hogwild import check_hogwild_optimizer
         check_hogwild_optimizer(settings.optimizer)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     reader = None
@@ -138,9 +138,9 @@ def train_main(args: argparse.Namespace) -> None:
     roles = assign_roles(comm, settings.servers)
     job = agree(comm, lambda: _build(settings, roles, debug), debug)
     if roles.is_server:
-        from psgd.server_role import run_server
+        from psgd.run.server import run_server
         run_server(job)
     else:
-        from psgd.worker_role import run_worker
+        from psgd.run.worker import run_worker
         run_worker(job)
     wait.barrier(comm, "the other ranks to finish")

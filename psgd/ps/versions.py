@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait as _wait
+from psgd.mpi import wait as _wait
 from psgd.kernels.step_into import adam_step_into, finite, momentum_step_into, sgd_step_into
-from psgd.optim import SGD, Adam, Momentum, Optimizer
+from psgd.nn.optim import SGD, Adam, Momentum, Optimizer
 
 SPARES = 2
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.errors import PsgdError
-from psgd.shardmap import ShardMap
+from psgd.mpi.shardmap import ShardMap
 
 
 class Assembly:

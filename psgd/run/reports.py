@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd import wait
-from psgd.checkpoint import Checkpoint, save_checkpoint
+from psgd.mpi import wait
+from psgd.run.checkpoint import Checkpoint, save_checkpoint
 
 TAG_FINAL_PARAMS = 31001
 

@@ -36,7 +36,7 @@ Server progress: with MPICH 5 on one node, RMA to ``shared``/``allocate``
 windows completes with the server making no MPI call at all (measured:
 a server asleep outside MPI did not slow 20 1M-element accumulate+get
 rounds), so an idle server polls its end-of-run barrier only every
-:data:`psgd.protocols.hogwild.SERVER_MAX_SLEEP` seconds. For ``create``
+:data:`psgd.hogwild.hogwild.SERVER_MAX_SLEEP` seconds. For ``create``
 windows and across nodes (where the network may not do accumulates in
 hardware) it polls with the usual backoff cap, ``PSGD_POLL_MAX_SLEEP``;
 lower that if remote updates are slow. Measured on 2 oversubscribed cores, 1M float32 parameters, 2 workers
@@ -56,8 +56,8 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from psgd.roles import Roles
-from psgd.shardmap import ShardMap
+from psgd.mpi.roles import Roles
+from psgd.mpi.shardmap import ShardMap
 
 WINDOW_KINDS = ("auto", "shared", "allocate", "create")
 

@@ -6,13 +6,15 @@ import time
 
 import numpy as np
 
-from psgd import faults, wait
+from psgd.mpi import faults
+
+from psgd.mpi import wait
 from psgd.errors import PsgdError
-from psgd.finite import all_finite
-from psgd.metrics import MetricsLog
-from psgd.optim import make_optimizer
-from psgd.progress import progress_bar
-from psgd.run_end import TAG_FINAL_PARAMS, gather_reports, merge_histograms, write_checkpoint
+from psgd.nn.finite import all_finite
+from psgd.run.metrics import MetricsLog
+from psgd.nn.optim import make_optimizer
+from psgd.run.progress import progress_bar
+from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports, merge_histograms, write_checkpoint
 
 TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s")
 
@@ -21,17 +23,17 @@ def _make_protocol(job):
     """The worker half of the job's protocol, and the optimizer it owns (or None)."""
     s, roles, cfg = job.settings, job.roles, job.config
     if s.protocol == "allreduce":
-        from psgd.protocols.allreduce import AllreduceWorker
+        from psgd.collectives.allreduce_worker import AllreduceWorker
         opt = make_optimizer(s.optimizer, job.model.n_params, **cfg.opt_hparams)
         if job.resume is not None:
             opt.load_state_dict(job.resume.opt_state)
         return AllreduceWorker(roles.worker_comm, opt, job.model.n_params,
                                skip_nonfinite=s.skip_nonfinite), opt
     if s.protocol == "hogwild":
-        from psgd.protocols.hogwild import HogwildWorker
+        from psgd.hogwild.hogwild import HogwildWorker
         worker = HogwildWorker(roles, job.shard_map, cfg)
         return worker, getattr(worker, "optimizer", None)
-    from psgd.ps_worker import make_ps_worker
+    from psgd.ps.worker import make_ps_worker
     return make_ps_worker(roles, job.shard_map, cfg, overlap=s.overlap), None
 
 
@@ -160,6 +162,6 @@ def run_worker(job) -> None:
     if s.log:
         print(f"psgd: log: {s.log}", flush=True)
     if s.checkpoint_dir:
-        from psgd.checkpoint import list_checkpoints
+        from psgd.run.checkpoint import list_checkpoints
         newest = final_ckpt or (list_checkpoints(s.checkpoint_dir) or [None])[-1]
         print(f"psgd: checkpoint: {newest}", flush=True)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from psgd import wait
-from psgd.run_end import TAG_FINAL_PARAMS, gather_reports, write_checkpoint
+from psgd.mpi import wait
+from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports, write_checkpoint
 
 
 def _shard_state(job, shard: int) -> dict | None:
@@ -22,10 +22,10 @@ def run_server(job) -> None:
     shard = roles.server_index
     init_shard = job.shard_map.view(job.model.params, shard).copy()
     if settings.protocol == "hogwild":
-        from psgd.protocols.hogwild import serve_hogwild
+        from psgd.hogwild.hogwild import serve_hogwild
         result = serve_hogwild(roles, job.shard_map, job.config, init_shard)
     else:
-        from psgd.server import serve
+        from psgd.ps.server import serve
         def save_snapshot(clock, params, opt_state):  # the state after step clock + 1
             write_checkpoint(job, clock + 1, params, opt_state)
 

@@ -8,10 +8,10 @@ from collections import Counter
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait as _wait
+from psgd.mpi import wait as _wait
 from psgd.errors import PsgdError
-from psgd.finite import all_finite
-from psgd.ring import ring_allreduce
+from psgd.nn.finite import all_finite
+from psgd.collectives.allreduce import allreduce
 
 
 class AllreduceWorker:
@@ -19,7 +19,7 @@ class AllreduceWorker:
 
     Every worker holds the full flat parameter vector and its own optimizer.
     Each step the flat gradient is averaged across workers with
-    :func:`psgd.ring.ring_allreduce` (``op="mean"``) and the optimizer updates
+    :func:`psgd.collectives.allreduce.allreduce` (``op="mean"``) and the optimizer updates
     the local replica; since every worker applies the same averaged gradient to
     the same parameters, the replicas stay bitwise identical, which is checked
     every ``check_every`` steps.
@@ -28,7 +28,7 @@ class AllreduceWorker:
     ----------
     worker_comm : MPI.Comm
         Communicator of the workers only (W ranks).
-    optimizer : psgd.optim.Optimizer
+    optimizer : psgd.nn.optim.Optimizer
         Made for ``n_params`` parameters, e.g. ``make_optimizer("sgd", n)``.
     n_params : int
         Length of the flat parameter and gradient vectors.
@@ -93,7 +93,7 @@ class AllreduceWorker:
         self._check_vector("grad", grad)
         self.clock = int(clock)
         self._params = params
-        ring_allreduce(self.comm, grad, "mean", label=f" of clock {clock}")
+        allreduce(self.comm, grad, "mean", label=f" of clock {clock}")
         t1 = time.perf_counter()
         # every worker holds the same mean, so all of them skip or fail alike
         if not all_finite(grad):

@@ -6,7 +6,7 @@ import re
 import numpy as np
 
 from psgd.kernels.loss import softmax_cross_entropy
-from psgd.layers import ChannelsLast, Conv2D, Dense, Flatten, Layer, MaxPool2D, ReLU
+from psgd.nn.layers import ChannelsLast, Conv2D, Dense, Flatten, Layer, MaxPool2D, ReLU
 
 SPEC_HELP = "expected 'mlp:N0-N1-...-NK' (at least two positive sizes, e.g. 'mlp:784-256-256-10') or 'lenet'"
 
@@ -29,7 +29,7 @@ class Model:
         An mlp also takes any per-sample shape with N0 values (e.g. (B, 1, 28, 28)) and
         flattens it; lenet also takes (B, 28, 28) and flat rows (B, 784).
     n_classes : int
-    layers : list of :class:`psgd.layers.Layer`
+    layers : list of :class:`psgd.nn.layers.Layer`
     param_ranges : list of (layer index, name, start, stop)
         Where each layer's parameter array lies in the flat vectors.
     """
@@ -80,7 +80,7 @@ class Model:
         """Compute gradients into ``buf`` from now on (None: a fresh buffer of the model's own).
 
         ``buf`` must be a contiguous (n_params,) array of the model's dtype, e.g.
-        a parameter-server worker's :attr:`psgd.ps_worker.PSWorker.grad_buffer`,
+        a parameter-server worker's :attr:`psgd.ps.worker.PSWorker.grad_buffer`,
         which the servers of its node read in place.  Its values are not kept.
         """
         if buf is None:

@@ -3,18 +3,18 @@
 Each push for clock c is applied at once with ``lr_schedule(c)`` (divided by
 1 + staleness when ``staleness_lr == "inverse"``).  A pull for clock c is
 answered only when the shard version v >= c - s (the pull rule in
-:mod:`psgd.server`), so a push's staleness c - v never exceeds s; s = 0 is a
+:mod:`psgd.ps.server`), so a push's staleness c - v never exceeds s; s = 0 is a
 barrier per clock.  ``asp`` is this module with s = inf: pulls never wait
 (Downpour SGD).  A worker may ask for clock c + 1 before it pushes clock c
-(``config.overlap``, :class:`psgd.ps_worker.PSWorker`): the same rule then
+(``config.overlap``, :class:`psgd.ps.worker.PSWorker`): the same rule then
 holds the pull until v >= c + 1 - s, so the bound is unchanged.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from psgd.protocols.config import ProtocolConfig
-from psgd.shard_versions import ShardVersions
+from psgd.config import ProtocolConfig
+from psgd.ps.versions import ShardVersions
 
 
 class SspUpdate:

@@ -22,9 +22,9 @@ class ProtocolConfig:
     n_params : int
         Length of the flat parameter vector.
     optimizer : str
-        Optimizer name for :func:`psgd.optim.make_optimizer`.
+        Optimizer name for :func:`psgd.nn.optim.make_optimizer`.
     opt_hparams : dict
-        Keyword arguments for :func:`psgd.optim.make_optimizer` (momentum, weight_decay, ...).
+        Keyword arguments for :func:`psgd.nn.optim.make_optimizer` (momentum, weight_decay, ...).
     lr_schedule : callable
         ``lr_schedule(clock) -> float``: the learning rate of an update computed at ``clock``.
     staleness : float
@@ -38,7 +38,7 @@ class ProtocolConfig:
         Skip (and count) pushes holding NaN/Inf instead of failing the job.
     push_window : bool
         bsp/ssp/asp: a worker's pushes to the servers of its own node go
-        through shared memory (:mod:`psgd.push_window`); False keeps them to
+        through shared memory (:mod:`psgd.ps.push_window`); False keeps them to
         messages.  Default: ``PSGD_PS_PUSH_WINDOW`` (unset = on).
     """
 

@@ -28,9 +28,9 @@ The servers read the segment between the worker's header and their answer
 to the worker's next pull: a server takes a worker's messages in order;
 asp/ssp step a push as they take it, and bsp reads it at the latest in the
 step that advances the version, before it answers a pull of the next clock
-(:class:`psgd.protocols.bsp.BspUpdate`'s lent pushes).  So once a worker
+(:class:`psgd.ps.bsp.BspUpdate`'s lent pushes).  So once a worker
 holds the replies to a pull sent after its push, no server reads its buffer
-any more: :meth:`psgd.ps_worker.PSWorker.step` returns then,
+any more: :meth:`psgd.ps.worker.PSWorker.step` returns then,
 and the buffer is free again, as with messages.  A pull posted ahead
 (``overlap``) is sent before the push and proves nothing, so a worker that
 overlaps pushes by messages.  ``MPI_Win_sync`` after the worker's last write
@@ -38,7 +38,7 @@ and before the server's first read orders the two on weakly ordered CPUs.
 
 Servers on another node still get the gradient as a message (the worker
 decides per server, the header says which).  ``PSGD_PS_PUSH_WINDOW=0`` keeps
-every push to messages (:class:`psgd.protocols.config.ProtocolConfig`'s
+every push to messages (:class:`psgd.config.ProtocolConfig`'s
 ``push_window``); it must be the same on every rank, since making the window
 is collective.
 """
@@ -47,8 +47,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait as _wait
-from psgd.shared_memory import allocate_shared
+from psgd.mpi import wait as _wait
+from psgd.mpi.shared_memory import allocate_shared
 
 
 class PushWindow:

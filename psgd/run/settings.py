@@ -8,8 +8,8 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from psgd.optim import OPTIMIZERS, SCHEDULES
-from psgd.protocols.config import PROTOCOLS
+from psgd.nn.optim import OPTIMIZERS, SCHEDULES
+from psgd.config import PROTOCOLS
 
 DESCRIPTION = """Train a model data-parallel over MPI. Launch one process per rank:
 
@@ -238,5 +238,5 @@ def validate(s: TrainSettings) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from psgd.trainer import train_main
+    from psgd.run.job import train_main
     train_main(args)

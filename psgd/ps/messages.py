@@ -1,6 +1,6 @@
 """Parameter-server messages: the worker and server halves of push and pull side by side.
 
-The worker that sends them is :mod:`psgd.ps_worker`; the server loop is :mod:`psgd.server`.
+The worker that sends them is :mod:`psgd.ps.worker`; the server loop is :mod:`psgd.ps.server`.
 
 Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
 
@@ -15,7 +15,7 @@ Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
   it, checks its length (``Get_count``) and receives it into its own buffer.
   A server on the worker's node gets a ``PUSH_WINDOW`` header instead and no
   payload: it reads the gradient slice in place from the worker's segment of
-  the push window (:mod:`psgd.push_window`).
+  the push window (:mod:`psgd.ps.push_window`).
 * pull reply, ``int64[4] = [REPLY, held_us, version, shard]`` on
   ``TAG_REPLY_HDR`` and ``float32[shard size]`` on ``TAG_REPLY``, received by
   the worker straight into its parameter slice.  ``held_us`` is how long the
@@ -37,10 +37,10 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait as _wait
-from psgd.protocols.config import ProtocolConfig
-from psgd.roles import Roles
-from psgd.shardmap import ShardMap
+from psgd.mpi import wait as _wait
+from psgd.config import ProtocolConfig
+from psgd.mpi.roles import Roles
+from psgd.mpi.shardmap import ShardMap
 
 PS_PROTOCOLS = ("bsp", "ssp", "asp")
 OVERLAP_PROTOCOLS = ("ssp", "asp")
@@ -208,7 +208,7 @@ def server_pull(comm: MPI.Comm, dest: int, header: np.ndarray, params: np.ndarra
         ``[REPLY, held_us, version, shard]``; must live until completion.
     params : ndarray, float32 (shard size,)
         Must not change until the returned requests complete (the server's
-        next step writes another buffer: :mod:`psgd.shard_versions`).
+        next step writes another buffer: :mod:`psgd.ps.versions`).
 
     Returns
     -------
@@ -251,7 +251,7 @@ def unpack_shard_state(buf: np.ndarray) -> tuple[int, int, np.ndarray]:
 
 
 def _mprobe(comm: MPI.Comm, source: int, tag: int, status: MPI.Status, what) -> MPI.Message:
-    """Matched probe that sleeps between polls (psgd.wait's backoff)."""
+    """Matched probe that sleeps between polls (psgd.mpi.wait's backoff)."""
     poller = _wait.Poller(what)
     while True:
         msg = comm.Improbe(source, tag, status)

@@ -1,11 +1,11 @@
-"""The two all-reduce schedules behind :func:`psgd.ring.ring_allreduce`, built once per buffer.
+"""The two all-reduce schedules behind :func:`psgd.collectives.allreduce.allreduce`, built once per buffer.
 
 A schedule is every message one rank sends and receives during an all-reduce of
 one buffer, made up front as MPI persistent requests with the slices they move
 and the adds they feed.  A call then only starts requests, tests them and adds:
 building the requests, slicing and the index arithmetic cost ~30 us per call in
 Python, 15 % of a 1 MB all-reduce at 2 ranks and most of a 4 KB one.  Training
-all-reduces the same gradient vector every step, so :mod:`psgd.ring` caches
+all-reduces the same gradient vector every step, so :mod:`psgd.collectives.allreduce` caches
 schedules per buffer object.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait as _wait
+from psgd.mpi import wait as _wait
 from psgd.env import env_float
 
 # Tags on the all-reduce's private communicator: recursive doubling uses the first
@@ -22,7 +22,7 @@ _TAG_FOLD, _TAG_DOUBLE, _TAG_UNFOLD = 3, 4, 5
 _TAG_RS, _TAG_AG = 16, 17
 
 # A wait polls a few times, then polls with sched_yield for up to this long before
-# psgd.wait's backoff sleeps.  The peer is inside the same call, so it is due within
+# psgd.mpi.wait's backoff sleeps.  The peer is inside the same call, so it is due within
 # microseconds; MPICH's shared-memory transport moves a message only while both
 # ends call into MPI, and a rank that sleeps wakes late.  sched_yield hands the core
 # straight to a rank that shares it (more ranks than cores): 4 ranks on 2 cores ran
@@ -35,7 +35,7 @@ POLLS = 4                                  # bare polls before the yield spin
 
 def complete_all(requests: list, what) -> None:
     """Complete all requests: a few bare polls (small messages land within microseconds),
-    a yield spin of up to ``SPIN_S``, then psgd.wait's backoff sleeps and stall report."""
+    a yield spin of up to ``SPIN_S``, then psgd.mpi.wait's backoff sleeps and stall report."""
     testall = MPI.Request.Testall
     for _ in range(POLLS):
         if testall(requests):

@@ -4,7 +4,7 @@ The server sums the gradients of the W workers for clock c, and when the last
 of them arrives (the shard version advances from c to c+1) applies one step
 with the mean (the sum times 1 / the number summed, so a step equals SGD on
 the union of equal batches) and ``lr_schedule(c)``.  Pulls for clock c+1 are
-answered only after that step (the pull rule of :mod:`psgd.server` with bound
+answered only after that step (the pull rule of :mod:`psgd.ps.server` with bound
 s = 0), so every push has staleness 0.  A worker that has finished no longer
 counts towards "all workers".  A worker gains nothing by asking for clock c+1
 before it pushes clock c: the pull waits for its own push too, so bsp does not
@@ -16,8 +16,8 @@ import numpy as np
 
 from psgd.errors import NonFinitePush
 from psgd.kernels.step_into import add_into, finite
-from psgd.protocols.config import ProtocolConfig
-from psgd.shard_versions import ShardVersions
+from psgd.config import ProtocolConfig
+from psgd.ps.versions import ShardVersions
 
 STALENESS_BOUND = 0
 
@@ -38,12 +38,12 @@ class BspUpdate:
     the sum intact; the step then checks the sum before it writes anything.
     Without it a push is checked in the first pass that reads it anyway (the
     add, or the step, which checks the sum), or, once the server has had
-    nothing else to do for ``psgd.server.IDLE_WORK_S``, in a pass of its own
+    nothing else to do for ``psgd.ps.server.IDLE_WORK_S``, in a pass of its own
     (:meth:`idle`); a non-finite one ends the job with
     :class:`psgd.errors.NonFinitePush` naming its sender.
 
     Lent pushes (``borrowed=True``: a worker's gradient read in place from
-    the push window, :mod:`psgd.push_window`).  The rule may read such a push
+    the push window, :mod:`psgd.ps.push_window`).  The rule may read such a push
     until the version advances (the worker gets no reply before), never
     write it.  The first two pushes of a clock, when both are lent, stay
     where they are, and the step reads them in its one pass: no copy at all

@@ -6,13 +6,13 @@ from typing import Sequence
 
 import numpy as np
 
-from psgd import wait as _wait
-from psgd.protocols.config import ProtocolConfig
-from psgd.push_window import PushWindow
-from psgd.pushpull import (DONE, HEADER_LEN, OVERLAP_PROTOCOLS, TAG_CTRL, check_ps_setup,
+from psgd.mpi import wait as _wait
+from psgd.config import ProtocolConfig
+from psgd.ps.push_window import PushWindow
+from psgd.ps.messages import (DONE, HEADER_LEN, OVERLAP_PROTOCOLS, TAG_CTRL, check_ps_setup,
                            worker_pull, worker_push)
-from psgd.roles import Roles
-from psgd.shardmap import ShardMap
+from psgd.mpi.roles import Roles
+from psgd.mpi.shardmap import ShardMap
 
 
 def _pending(requests: list, owners: Sequence[int]) -> list:
@@ -49,12 +49,12 @@ class PSWorker:
     step (for a clock nobody computes) is completed by :meth:`finish`; s >= 1
     is also what lets the servers answer it.
 
-    Push window (:mod:`psgd.push_window`, on unless ``config.push_window`` is
+    Push window (:mod:`psgd.ps.push_window`, on unless ``config.push_window`` is
     off): :meth:`start` makes the window with every rank of the job, and
     :attr:`grad_buffer` is then this worker's segment of it.  A gradient
     computed there goes to the servers of this node without a copy (only the
     header is sent); any other ``grad`` array is sent as messages.  Not with
-    overlap (see the module :mod:`psgd.push_window` for why).
+    overlap (see the module :mod:`psgd.ps.push_window` for why).
 
     Attributes
     ----------
@@ -155,7 +155,7 @@ class PSWorker:
         ``clock`` is the first clock this worker computes (0, or the resumed step).
         With overlap, the pull for the next clock is posted before this returns.
         Collective over the job communicator when ``config.push_window`` is on
-        (the servers' :func:`psgd.server.serve` makes the window with it).
+        (the servers' :func:`psgd.ps.server.serve` makes the window with it).
         """
         self._check("params", params)
         if self.config.push_window and self.window is None:

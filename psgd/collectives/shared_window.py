@@ -1,7 +1,7 @@
 """The all-reduce of ranks on one node: through a shared-memory window instead of messages.
 
 When every rank of the communicator is on one node (``MPI_COMM_TYPE_SHARED``),
-:func:`psgd.ring.ring_allreduce` can do without messages: each rank copies
+:func:`psgd.collectives.allreduce.allreduce` can do without messages: each rank copies
 its contribution into a window that all of them map
 (``MPI_Win_allocate_shared``) and reads the others' contributions straight
 from it.  A message between two ranks of a node is itself a copy through
@@ -28,7 +28,7 @@ Two schedules, chosen by size as recursive doubling and the ring are:
 The ranks meet through counters in the window, one per rank on a cache line
 of its own: a rank bumps its counter after its writes, then waits until every
 counter has caught up (polls, a yield spin of up to ``SPIN_S``, then
-:mod:`psgd.wait`'s backoff sleeps and stall report).  ``MPI_Win_sync`` on both
+:mod:`psgd.mpi.wait`'s backoff sleeps and stall report).  ``MPI_Win_sync`` on both
 sides of the counter orders the data around it on weakly ordered CPUs.
 
 The window has two halves, and each round (a gather call, or one piece of a
@@ -45,10 +45,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from psgd import wait as _wait
+from psgd.mpi import wait as _wait
 from psgd.env import env_int
-from psgd.ring_schedules import POLLS, SPIN_S
-from psgd.shared_memory import allocate_shared
+from psgd.collectives.schedules import POLLS, SPIN_S
+from psgd.mpi.shared_memory import allocate_shared
 
 # A reduce-scatter moves a buffer through the window in pieces of at most this many
 # bytes, two meetings each.  At 2 and 4 ranks on 2 cores, 1-16 MB, alternating runs:

@@ -41,7 +41,7 @@ What a reader may rely on:
   involved while training, so there is no consistent snapshot point);
   ``snapshot_every`` is ignored.
 
-Windows, memory and server progress: :mod:`psgd.protocols.hogwild_windows`.
+Windows, memory and server progress: :mod:`psgd.hogwild.windows`.
 """
 from __future__ import annotations
 
@@ -52,14 +52,16 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from psgd import faults, wait
+from psgd.mpi import faults
+
+from psgd.mpi import wait
 from psgd.errors import PsgdError
-from psgd.optim import make_optimizer
-from psgd.protocols.config import ProtocolConfig
-from psgd.protocols.hogwild_windows import Windows
-from psgd.roles import Roles
-from psgd.server import ServerResult
-from psgd.shardmap import ShardMap
+from psgd.nn.optim import make_optimizer
+from psgd.config import ProtocolConfig
+from psgd.hogwild.windows import Windows
+from psgd.mpi.roles import Roles
+from psgd.ps.server import ServerResult
+from psgd.mpi.shardmap import ShardMap
 
 HOGWILD_OPTIMIZERS = ("sgd", "momentum", "nesterov")
 SERVER_MAX_SLEEP = 0.01  # s: an idle server's longest backoff sleep (sees the end <= 10 ms late)
@@ -286,7 +288,7 @@ class HogwildWorker:
 class HogwildResult(ServerResult):
     """What one hogwild server rank reports after :func:`serve_hogwild`.
 
-    The fields of :class:`psgd.server.ServerResult` (a hogwild server takes no
+    The fields of :class:`psgd.ps.server.ServerResult` (a hogwild server takes no
     pushes and keeps no optimizer state: ``n_pushes``, ``opt_state``,
     ``n_snapshots`` and ``buffer_bytes`` stay empty), plus ``window``, the
     parameter window kind used.  ``params``, ``staleness_hist`` and

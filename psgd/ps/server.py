@@ -1,24 +1,24 @@
 """The parameter-server loop shared by bsp, ssp and asp: serve one shard until every worker is done.
 
-Each server rank s owns shard s of the flat vector (:class:`psgd.shardmap.ShardMap`)
+Each server rank s owns shard s of the flat vector (:class:`psgd.mpi.shardmap.ShardMap`)
 and its optimizer state.  It polls for control messages from any worker
-(:mod:`psgd.pushpull` has the layout) without spinning (``Improbe`` with
-:mod:`psgd.wait`'s backoff) and handles them in arrival order:
+(:mod:`psgd.ps.messages` has the layout) without spinning (``Improbe`` with
+:mod:`psgd.mpi.wait`'s backoff) and handles them in arrival order:
 
 * push for clock c read at version v: received (or, from a worker of this
   node, read in place from its segment of the push window,
-  :mod:`psgd.push_window`), validated (sender is a worker, shard id,
+  :mod:`psgd.ps.push_window`), validated (sender is a worker, shard id,
   payload length, clocks in order, v <= current version), staleness c - v
   recorded, then handed to the protocol's update rule
-  (:class:`psgd.protocols.bsp.BspUpdate`: sum, then one mean step when the
-  version advances; :class:`psgd.protocols.ssp.SspUpdate`: one step now),
+  (:class:`psgd.ps.bsp.BspUpdate`: sum, then one mean step when the
+  version advances; :class:`psgd.ps.ssp.SspUpdate`: one step now),
   which checks it for NaN/Inf in a pass that reads it anyway (bsp defers
   the check to the add or the step, or to when the server has idled 2 ms); a
   non-finite push ends the job naming its sender, or is skipped and counted
   with ``skip_nonfinite``.
 * the step updates the live shard in place, or writes the next version into
   a spare buffer while a pull reply still reads the live one
-  (:class:`psgd.shard_versions.ShardVersions`): pull replies are sent straight
+  (:class:`psgd.ps.versions.ShardVersions`): pull replies are sent straight
   from the live buffer, which is never written while replies read it.
 * pull for clock c: answered when the version v >= c - s (s = 0 for bsp, the
   bound for ssp, inf for asp); otherwise held until a push advances v.
@@ -31,7 +31,7 @@ read.  So bsp and ssp(0) never see staleness > 0, and ssp(s) never above s.
 Snapshots (``config.snapshot_every = k > 0``): when v passes clock c with
 (c + 1) % k == 0 (k, 2k, ... steps done), each server sends its shard params
 + per-element optimizer state (one buffer, non-blocking) to rank 0, which
-keeps serving while it assembles them (:mod:`psgd.shard_assembly`) and calls
+keeps serving while it assembles them (:mod:`psgd.ps.assembly`) and calls
 ``on_snapshot(clock=c, params=..., opt_state=...)`` when all S shards of c are
 in.  Under bsp that is exactly the state after the step of clock c.
 
@@ -57,22 +57,22 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from psgd import faults
-from psgd import wait as _wait
+from psgd.mpi import faults
+from psgd.mpi import wait as _wait
 from psgd.errors import NonFinitePush, PsgdError
-from psgd.optim import make_optimizer
-from psgd.protocols.bsp import BspUpdate
-from psgd.protocols.config import ProtocolConfig
-from psgd.protocols.ssp import SspUpdate
-from psgd.push_window import PushWindow
-from psgd.pushpull import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
+from psgd.nn.optim import make_optimizer
+from psgd.ps.bsp import BspUpdate
+from psgd.config import ProtocolConfig
+from psgd.ps.ssp import SspUpdate
+from psgd.ps.push_window import PushWindow
+from psgd.ps.messages import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
                            TAG_CTRL, TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup,
                            check_push_shard, pack_shard_state, server_pull, server_push,
                            unpack_shard_state)
-from psgd.roles import Roles
-from psgd.shard_assembly import Assembly
-from psgd.shard_versions import ShardVersions, step_into
-from psgd.shardmap import ShardMap
+from psgd.mpi.roles import Roles
+from psgd.ps.assembly import Assembly
+from psgd.ps.versions import ShardVersions, step_into
+from psgd.mpi.shardmap import ShardMap
 
 # Deferred work (the bsp rule's check of a push no pass has read yet) waits until the
 # loop has found nothing to do for this long.  One failed probe does not mean the next
@@ -93,7 +93,7 @@ class ServerResult:
     n_pushes, n_updates, n_skipped : int
         Pushes received, optimizer steps applied, non-finite pushes skipped.
     n_window_pushes : int
-        Pushes read from a worker's segment of the push window (:mod:`psgd.push_window`).
+        Pushes read from a worker's segment of the push window (:mod:`psgd.ps.push_window`).
     cpu_s, wall_s : float
         Process CPU time and wall time of the server loop.
     params : ndarray, float32 (n,) or None

@@ -192,7 +192,7 @@ class ReLU(Layer):
 
     With ``inplace=True`` forward overwrites its input and backward its ``dy``: right when
     the input is the output buffer of a Dense or Conv2D layer (whose backward does not read
-    it) and ``dy`` is the next layer's scratch, as in the models :func:`psgd.model.build_model`
+    it) and ``dy`` is the next layer's scratch, as in the models :func:`psgd.nn.model.build_model`
     makes; it saves a pass over memory and keeps the working set small.
     """
 

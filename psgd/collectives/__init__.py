@@ -1,0 +1,1 @@
+"""psgd's own all-reduce (ring, recursive doubling, a shared-memory window) and the allreduce protocol."""

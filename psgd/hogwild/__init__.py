@@ -1,0 +1,1 @@
+"""Hogwild: lock-free one-sided updates into the servers' RMA windows."""

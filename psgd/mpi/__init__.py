@@ -1,0 +1,1 @@
+"""The MPI job's plumbing: waiting without spinning, roles, the shard map, shared memory, fault injection."""

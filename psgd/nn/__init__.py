@@ -1,0 +1,1 @@
+"""Models, layers, optimizers and single-process training over flat float32 vectors; no MPI."""

@@ -1,0 +1,1 @@
+"""A rank's job in `psgd train`: settings, set-up, the worker and server roles, metrics, checkpoints."""

@@ -23,7 +23,7 @@ def child(args) -> None:
 
     from psgd.mpi import wait
     from psgd.errors import report_and_abort
-    from psgd.config import ProtocolConfig
+    from psgd.protocols import make_config
     from psgd.hogwild.hogwild import HogwildWorker, serve_hogwild
     from psgd.mpi.roles import assign_roles
     from psgd.mpi.shardmap import ShardMap
@@ -32,7 +32,7 @@ def child(args) -> None:
         comm = MPI.COMM_WORLD
         roles = assign_roles(comm, args.servers)
         shard_map = ShardMap(args.n_params, args.servers)
-        config = ProtocolConfig(protocol="hogwild", n_params=args.n_params, optimizer="sgd")
+        config = make_config("hogwild", args.n_params, optimizer="sgd")
         if roles.is_server:
             lo, hi = shard_map.range(roles.server_index)
             result = serve_hogwild(roles, shard_map, config,

@@ -76,15 +76,16 @@ def child_ps(args):
     import numpy as np
     from mpi4py import MPI
     from psgd.mpi import wait
-    from psgd.config import ProtocolConfig
-    from psgd.ps.worker import make_ps_worker
+    from psgd.protocols import get, make_config
+    from psgd.ps.worker import PSWorker
     from psgd.mpi.roles import assign_roles
     from psgd.ps.server import serve
     from psgd.mpi.shardmap import ShardMap
     comm = MPI.COMM_WORLD
     roles = assign_roles(comm, args.servers)
-    config = ProtocolConfig(args.protocol, args.n_params, staleness=1,
-                            lr_schedule=lambda c: 1e-3, push_window=not args.messages)
+    bound = 1 if get(args.protocol).bound is None else None   # ssp: s = 1
+    config = make_config(args.protocol, args.n_params, staleness=bound, overlap=args.overlap,
+                         lr_schedule=lambda c: 1e-3, push_window=not args.messages)
     smap = ShardMap(args.n_params, roles.n_servers)
     info = {}
     if roles.is_server:
@@ -93,7 +94,7 @@ def child_ps(args):
                 "window_pushes": res.n_window_pushes,
                 "buffer_mb": res.buffer_bytes / 1e6, "shard_mb": 4 * smap.size(roles.rank) / 1e6}
     else:
-        worker = make_ps_worker(roles, smap, config, overlap=args.overlap)
+        worker = PSWorker(roles, smap, config)
         params = np.zeros(args.n_params, np.float32)
         worker.start(params)
         # the gradient a worker computes in the push window's buffer (as psgd train does)

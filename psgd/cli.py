@@ -22,7 +22,7 @@ from psgd.errors import report_and_abort  # noqa: E402
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "train": ("psgd.run.settings", "train a model under mpiexec/srun (one process per rank)"),
+    "train": ("psgd.run.command", "train a model under mpiexec/srun (one process per rank)"),
     "data": ("psgd.data.cli", "make, convert and inspect HDF5 datasets"),
     "plot": ("psgd.plot", "draw PNG charts from JSON-lines training logs"),
 }

@@ -1,24 +1,22 @@
-"""What every protocol is told: the settings of one run that servers and workers share."""
+"""What every protocol family is told: the settings of one run that servers and workers share."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from psgd.env import env_int
 
-PS_PROTOCOLS = ("bsp", "ssp", "asp", "hogwild")
-PROTOCOLS = PS_PROTOCOLS + ("allreduce",)
+STALENESS_LR = ("none", "inverse")
 
 
 @dataclass
 class ProtocolConfig:
-    """Settings of one run, identical on every rank.
+    """Settings of one run, identical on every rank (made by :func:`psgd.protocols.make_config`).
 
     Attributes
     ----------
     protocol : str
-        One of :data:`PROTOCOLS`.
+        The protocol's name, for messages.
     n_params : int
         Length of the flat parameter vector.
     optimizer : str
@@ -28,18 +26,24 @@ class ProtocolConfig:
     lr_schedule : callable
         ``lr_schedule(clock) -> float``: the learning rate of an update computed at ``clock``.
     staleness : float
-        SSP bound s (0 for bsp, ``math.inf`` for asp).
+        The staleness bound in force, in clocks: a pull for clock c is answered
+        once every worker has pushed clock c - staleness (0 for bsp, inf for asp).
     staleness_lr : str
         ``"none"`` or ``"inverse"`` (divide each update's step by 1 + its staleness).
+    overlap : bool
+        Workers pull the next parameters during the computation (needs staleness >= 1).
+    update_rule : type or None
+        A parameter server's update rule (:class:`psgd.ps.bsp.BspUpdate`,
+        :class:`psgd.ps.ssp.SspUpdate`); None outside the parameter-server family.
     snapshot_every : int
         Servers snapshot their shard (params + optimizer state) every this many
         clocks for checkpoints; 0 = never.
     skip_nonfinite : bool
         Skip (and count) pushes holding NaN/Inf instead of failing the job.
     push_window : bool
-        bsp/ssp/asp: a worker's pushes to the servers of its own node go
-        through shared memory (:mod:`psgd.ps.push_window`); False keeps them to
-        messages.  Default: ``PSGD_PS_PUSH_WINDOW`` (unset = on).
+        A worker's pushes to the servers of its own node go through shared
+        memory (:mod:`psgd.ps.push_window`); False keeps them to messages.
+        Default: ``PSGD_PS_PUSH_WINDOW`` (unset = on).
     """
 
     protocol: str
@@ -49,18 +53,17 @@ class ProtocolConfig:
     lr_schedule: Callable[[int], float] = lambda clock: 0.01
     staleness: float = 0.0
     staleness_lr: str = "none"
+    overlap: bool = False
+    update_rule: type | None = None
     snapshot_every: int = 0
     skip_nonfinite: bool = False
     push_window: bool = field(default_factory=lambda: env_int("PSGD_PS_PUSH_WINDOW", 1) != 0)
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {self.protocol!r}; choose one of {', '.join(PROTOCOLS)}")
-        if self.protocol == "asp":
-            self.staleness = math.inf
-        elif self.protocol == "bsp":
-            self.staleness = 0.0
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
-        if self.staleness_lr not in ("none", "inverse"):
-            raise ValueError(f"unknown staleness-lr {self.staleness_lr!r}; choose none or inverse")
+        if self.overlap and self.staleness < 1:
+            raise ValueError(f"overlap needs a staleness bound >= 1, got {self.staleness:g}")
+        if self.staleness_lr not in STALENESS_LR:
+            raise ValueError(f"--staleness-lr {self.staleness_lr!r} is not one of "
+                             f"{', '.join(STALENESS_LR)}")

@@ -23,7 +23,7 @@ def _label(path: str, records: list[dict]) -> str:
     if config is None:
         return Path(path).stem
     proto = config.get("protocol", "?")
-    if proto == "ssp":
+    if config.get("staleness") is not None:   # a bound the user set (ssp)
         proto += f" s={config.get('staleness')}"
     return f"{Path(path).stem} ({proto}, W={config.get('n_workers')})"
 

@@ -5,7 +5,7 @@ import pytest
 from psgd.errors import NonFinitePush
 from psgd.nn.optim import make_optimizer
 from psgd.ps.bsp import BspUpdate
-from psgd.config import ProtocolConfig
+from psgd.protocols import make_config
 from psgd.ps.versions import ShardVersions, step_into
 
 NAMES = ["sgd", "momentum", "nesterov", "adam"]
@@ -56,7 +56,7 @@ def test_the_check_of_a_step_on_two_gradients_sees_nan_in_either_and_an_overflow
 
 
 def _rule(skip=False, name="sgd", n=1001):
-    config = ProtocolConfig("bsp", n, lr_schedule=lambda c: 0.5, skip_nonfinite=skip)
+    config = make_config("bsp", n, lr_schedule=lambda c: 0.5, skip_nonfinite=skip)
     versions = ShardVersions(np.ones(n, np.float32))
     return BspUpdate(config, make_optimizer(name, n, weight_decay=0.01), versions), versions
 

@@ -1,7 +1,7 @@
 """Hogwild: no update lost (1-3 workers, 1-2 servers), reads never corrupt, bad optimizers rejected."""
 import pytest
 
-from psgd.hogwild.hogwild import HOGWILD_HELP, HOGWILD_OPTIMIZERS, check_hogwild_optimizer
+from psgd.protocols import get
 
 SCRIPT = "hogwild_check.py"
 
@@ -30,15 +30,16 @@ def test_hogwild_rejects_adam_on_every_rank_with_reason(mpirun):
     assert "rejected: optimizer 'adam'" in out and "bias correction" in out
 
 
-def test_check_hogwild_optimizer_names_the_optimizer():
-    for name in HOGWILD_OPTIMIZERS:
-        check_hogwild_optimizer(name)
+def test_hogwild_optimizer_check_names_the_optimizer():
+    hogwild = get("hogwild")
+    for name in ("sgd", "momentum", "nesterov"):
+        hogwild.check(optimizer=name)
     with pytest.raises(ValueError, match="'adam'.*hogwild.*bias correction"):
-        check_hogwild_optimizer("adam")
-    with pytest.raises(ValueError, match="'lamb'.*sgd, momentum, nesterov"):
-        check_hogwild_optimizer("lamb")
+        hogwild.check(optimizer="adam")
+    with pytest.raises(ValueError, match="--optimizer 'lamb' is not one of sgd, momentum"):
+        hogwild.check(optimizer="lamb")
 
 
 def test_hogwild_help_states_the_consistency_rules():
     for words in ("torn", "atomic", "no update is ever lost", "adam"):
-        assert words in HOGWILD_HELP
+        assert words in get("hogwild").summary

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from psgd.config import ProtocolConfig
+from psgd.protocols import make_config
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 
@@ -97,12 +97,15 @@ def test_overlap_keeps_the_ssp_bound_tight_on_every_server(mpirun):
 
 
 def test_overlap_is_rejected_where_the_next_params_need_the_own_push():
-    from psgd.ps.worker import make_ps_worker
-    roles = Roles(comm=None, rank=1, size=3, n_servers=1, n_workers=2, worker_comm=None)
-    for config in (ProtocolConfig("bsp", 10), ProtocolConfig("ssp", 10, staleness=0)):
-        with pytest.raises(ValueError, match="overlap needs asp or ssp with staleness >= 1"):
-            make_ps_worker(roles, ShardMap(10, 1), config, overlap=True)
-    make_ps_worker(roles, ShardMap(10, 1), ProtocolConfig("ssp", 10, staleness=1), overlap=True)
+    from psgd.config import ProtocolConfig
+    for name, staleness in (("bsp", None), ("ssp", 0), ("hogwild", None), ("allreduce", None)):
+        with pytest.raises(ValueError, match="--overlap needs --protocol ssp or asp with a "
+                                             "staleness bound >= 1"):
+            make_config(name, 10, staleness=staleness, overlap=True)
+    assert make_config("ssp", 10, staleness=1, overlap=True).overlap
+    assert make_config("asp", 10, overlap=True).overlap
+    with pytest.raises(ValueError, match="overlap needs a staleness bound >= 1"):
+        ProtocolConfig("bsp", 10, overlap=True)
 
 
 @pytest.mark.parametrize("flags", [["--protocol", "bsp"], ["--protocol", "ssp", "--staleness", "0"],
@@ -113,7 +116,7 @@ def test_train_overlap_flag_is_rejected_outside_asp_and_ssp_with_slack(dataset, 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--data", dataset, "--overlap", *flags])
-    with pytest.raises(ValueError, match="--overlap needs --protocol asp"):
+    with pytest.raises(ValueError, match="--overlap needs --protocol ssp or asp"):
         resolve(args, environ={})
 
 
@@ -177,13 +180,16 @@ def test_server_uses_little_cpu_while_workers_compute(mpirun):
 
 @pytest.mark.parametrize("protocol", ["bsp", "ssp", "asp"])
 def test_ps_protocol_without_servers_is_rejected(protocol):
-    from psgd.ps.worker import make_ps_worker
+    from psgd.protocols import get
     from psgd.ps.server import serve
+    from psgd.ps.worker import PSWorker
+    with pytest.raises(ValueError, match=f"--protocol {protocol} needs at least one server"):
+        get(protocol).check(n_servers=0)
     roles = Roles(comm=None, rank=0, size=2, n_servers=0, n_workers=2, worker_comm=None)
-    config = ProtocolConfig(protocol, 10)
-    with pytest.raises(ValueError, match="at least one server"):
-        make_ps_worker(roles, ShardMap(10, 1), config)
-    with pytest.raises(ValueError, match="at least one server"):
+    config = make_config(protocol, 10)
+    with pytest.raises(ValueError, match="shard map has 1 shards but the job has 0 servers"):
+        PSWorker(roles, ShardMap(10, 1), config)
+    with pytest.raises(ValueError, match="shard map has 1 shards but the job has 0 servers"):
         serve(roles, ShardMap(10, 1), config)
 
 
@@ -341,7 +347,7 @@ def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of
     from psgd.nn.optim import make_optimizer
     from psgd.ps.bsp import BspUpdate
     from psgd.ps.versions import ShardVersions
-    config = ProtocolConfig("bsp", 5, lr_schedule=lambda c: 0.5, skip_nonfinite=True)
+    config = make_config("bsp", 5, lr_schedule=lambda c: 0.5, skip_nonfinite=True)
     versions = ShardVersions(np.zeros(5, np.float32))
     rule = BspUpdate(config, make_optimizer("sgd", 5), versions)
     for g, ok in ((1.0, True), (np.inf, False), (3.0, True)):
@@ -353,7 +359,7 @@ def test_bsp_rule_drops_a_nonfinite_push_from_the_sum_and_steps_with_the_mean_of
 
 
 def test_server_result_staleness_summary():
-    from psgd.ps.server import ServerResult
+    from psgd.mpi.report import ServerResult
     result = ServerResult(staleness_hist=np.array([2, 0, 1, 1], np.int64))
     assert result.max_staleness == 3
     assert result.mean_staleness == (0 * 2 + 2 * 1 + 3 * 1) / 4

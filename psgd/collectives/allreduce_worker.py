@@ -12,6 +12,10 @@ from psgd.mpi import wait as _wait
 from psgd.errors import PsgdError
 from psgd.nn.finite import all_finite
 from psgd.collectives.allreduce import allreduce
+from psgd.config import ProtocolConfig
+from psgd.mpi.roles import Roles
+from psgd.nn.optim import make_optimizer
+from psgd.nn.vectors import check_flat
 
 
 class AllreduceWorker:
@@ -26,52 +30,49 @@ class AllreduceWorker:
 
     Parameters
     ----------
-    worker_comm : MPI.Comm
-        Communicator of the workers only (W ranks).
-    optimizer : psgd.nn.optim.Optimizer
-        Made for ``n_params`` parameters, e.g. ``make_optimizer("sgd", n)``.
-    n_params : int
-        Length of the flat parameter and gradient vectors.
+    roles : Roles
+        This rank's roles (a worker; the job has no servers).
+    shard_map : None
+        The contract's shard map; there are no shards.
+    config : ProtocolConfig
+        The optimizer (made here, for the whole vector), ``n_params`` and
+        ``skip_nonfinite``: an averaged gradient holding NaN/Inf is skipped (on
+        every worker alike, counted in ``stats["skipped"]``) instead of
+        raising :class:`PsgdError`.
     check_every : int
         Compare a checksum of the replicas every this many steps; 0 disables.
-    skip_nonfinite : bool
-        An averaged gradient holding NaN/Inf is skipped (on every worker alike,
-        counted in ``stats["skipped"]``) instead of raising :class:`PsgdError`.
 
     Attributes
     ----------
+    optimizer : psgd.nn.optim.Optimizer
+        This worker's optimizer (the same state on every worker).
     stats : dict
         Cumulative seconds: ``allreduce_s`` (gradient averaging), ``optimizer_s``,
         ``check_s`` (replica checks) and ``step_s`` (all of :meth:`step`); and the
-        counts ``steps`` and ``checks``.
+        counts ``steps``, ``checks`` and ``skipped``.
     """
 
-    def __init__(self, worker_comm: MPI.Comm, optimizer, n_params: int,
-                 check_every: int = 100, skip_nonfinite: bool = False) -> None:
+    grad_buffer = None
+
+    def __init__(self, roles: Roles, shard_map, config: ProtocolConfig,
+                 check_every: int = 100) -> None:
         if check_every < 0:
             raise ValueError(f"check_every must be >= 0, got {check_every}")
-        self.comm = worker_comm
-        self.rank = worker_comm.Get_rank()
-        self.size = worker_comm.Get_size()
-        self.optimizer = optimizer
-        self.n_params = int(n_params)
+        self.comm = roles.worker_comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.n_params = int(config.n_params)
+        self.optimizer = make_optimizer(config.optimizer, self.n_params, **config.opt_hparams)
         self.check_every = int(check_every)
-        self.skip_nonfinite = bool(skip_nonfinite)
+        self.skip_nonfinite = bool(config.skip_nonfinite)
         self.clock = 0
         self._params: np.ndarray | None = None
         self.stats = {"allreduce_s": 0.0, "optimizer_s": 0.0, "check_s": 0.0, "step_s": 0.0,
                       "steps": 0, "checks": 0, "skipped": 0}
 
-    def _check_vector(self, name: str, x: np.ndarray) -> None:
-        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.shape != (self.n_params,) \
-                or not x.flags.c_contiguous:
-            desc = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
-            raise ValueError(f"allreduce worker: {name} must be a contiguous float32 vector of "
-                             f"shape ({self.n_params},), got {desc}")
-
-    def start(self, params: np.ndarray) -> None:
+    def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Overwrite ``params`` (float32, shape (n_params,)) on every worker with worker 0's (collective)."""
-        self._check_vector("params", params)
+        check_flat(params, self.n_params, "allreduce params")
         _wait.wait(self.comm.Ibcast(params, root=0), "worker 0 (broadcast of initial parameters)")
 
     def step(self, params: np.ndarray, grad: np.ndarray, clock: int, lr: float) -> None:
@@ -89,8 +90,8 @@ class AllreduceWorker:
             Learning rate of this step.
         """
         t0 = time.perf_counter()
-        self._check_vector("params", params)
-        self._check_vector("grad", grad)
+        check_flat(params, self.n_params, "allreduce params")
+        check_flat(grad, self.n_params, "allreduce grad")
         self.clock = int(clock)
         self._params = params
         allreduce(self.comm, grad, "mean", label=f" of clock {clock}")

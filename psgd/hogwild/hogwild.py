@@ -59,27 +59,14 @@ from psgd.errors import PsgdError
 from psgd.nn.optim import make_optimizer
 from psgd.config import ProtocolConfig
 from psgd.hogwild.windows import Windows
+from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
-from psgd.ps.server import ServerResult
 from psgd.mpi.shardmap import ShardMap
+from psgd.nn.vectors import check_flat
 
-HOGWILD_OPTIMIZERS = ("sgd", "momentum", "nesterov")
 SERVER_MAX_SLEEP = 0.01  # s: an idle server's longest backoff sleep (sees the end <= 10 ms late)
 STATS_TAG = 0x4807
 PARAMS_TAG = 0x4808
-
-HOGWILD_HELP = (
-    "hogwild: lock-free one-sided updates. Server shards are MPI RMA windows; each worker "
-    "steps its optimizer locally and adds the difference with MPI_Accumulate(SUM), reading "
-    "parameters with MPI_Get (direct loads from shared memory on one node), under a shared "
-    "lock_all epoch, with no server involvement. "
-    "Reads may be torn across elements (part before, part after another worker's update), "
-    "but each element's accumulate is atomic, so no update is ever lost. Optimizer state "
-    "stays on each worker: sgd, momentum and nesterov are allowed; adam is rejected (its "
-    "bias correction assumes one update stream to one copy). Staleness = updates counted "
-    "by others between a worker's read and its update (a global counter on server 0)."
-)
-
 
 @njit(cache=True)
 def _delta_is_finite(new, old, delta):
@@ -92,19 +79,6 @@ def _delta_is_finite(new, old, delta):
     return finite
 
 
-def check_hogwild_optimizer(name: str) -> None:
-    """Raise ValueError if optimizer ``name`` cannot run under hogwild."""
-    if name == "adam":
-        raise ValueError(
-            "optimizer 'adam' is not supported with --protocol hogwild: Adam's bias correction "
-            "and second-moment scaling assume one stream of its own updates to one copy of the "
-            "parameters, but under hogwild every worker adds to the same copy; use sgd, "
-            "momentum or nesterov, or --protocol asp (the server runs Adam there)")
-    if name not in HOGWILD_OPTIMIZERS:
-        raise ValueError(f"optimizer {name!r} is not supported with --protocol hogwild; "
-                         f"choose one of {', '.join(HOGWILD_OPTIMIZERS)}")
-
-
 class HogwildWorker:
     """Worker half: local optimizer step, Accumulate the delta, Get fresh parameters.
 
@@ -115,7 +89,7 @@ class HogwildWorker:
     shard_map : ShardMap
         How the ``config.n_params`` parameters are cut over the servers.
     config : ProtocolConfig
-        Run settings; ``config.optimizer`` must be one of :data:`HOGWILD_OPTIMIZERS`.
+        Run settings (``psgd.protocols.make_config("hogwild", ...)`` checks the optimizer).
     window : str, optional
         Parameter window kind (see the module docstring); default from
         ``PSGD_HOGWILD_WINDOW``, else ``auto``.
@@ -124,8 +98,9 @@ class HogwildWorker:
     ----------
     stats : dict
         Cumulative ``push_s``, ``pull_s``, ``wait_s`` (always 0: hogwild never
-        waits), ``n_updates``, ``skipped``, ``staleness_hist`` ({staleness:
-        count}), ``max_staleness``, ``mean_staleness``.
+        waits), ``n_updates``, ``skipped``.
+    histogram : StalenessHistogram
+        This worker's updates by staleness.
 
     Notes
     -----
@@ -136,7 +111,6 @@ class HogwildWorker:
 
     def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
                  window: str | None = None) -> None:
-        check_hogwild_optimizer(config.optimizer)
         if shard_map.n != config.n_params:
             raise ValueError(f"shard map covers {shard_map.n} parameters, config says "
                              f"{config.n_params}")
@@ -149,21 +123,22 @@ class HogwildWorker:
         self._one = np.ones(1, dtype=np.int64)
         self._fetched = np.zeros(1, dtype=np.int64)
         self._read_count = 0
-        self._hist = np.zeros(16, dtype=np.int64)
+        self.histogram = StalenessHistogram()
+        self.grad_buffer = None
         self._started = False
-        self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "n_updates": 0,
-                      "skipped": 0, "staleness_hist": {}, "max_staleness": 0,
-                      "mean_staleness": 0.0}
+        self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "n_updates": 0, "skipped": 0}
 
-    def start(self, params: np.ndarray) -> None:
+    def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Wait until the servers hold the initial parameters, then read them into ``params``.
 
         Parameters
         ----------
         params : ndarray, shape (n_params,), float32
             Filled in place.
+        clock : int
+            The first clock (unused: hogwild counts updates, not clocks).
         """
-        self._check_vector(params, "params")
+        check_flat(params, self.config.n_params, "hogwild params")
         wait.barrier(self.roles.comm, "the servers to publish the initial hogwild parameters")
         self.windows.params.Lock_all()
         self.windows.counter.Lock_all()
@@ -187,8 +162,8 @@ class HogwildWorker:
         """
         if not self._started:
             raise RuntimeError("HogwildWorker.step called before start()")
-        self._check_vector(params, "params")
-        self._check_vector(grad, "grad")
+        check_flat(params, self.config.n_params, "hogwild params")
+        check_flat(grad, self.config.n_params, "hogwild grad")
         t0 = time.perf_counter()
         new, delta = self._new, self._delta
         np.copyto(new, params)
@@ -226,10 +201,8 @@ class HogwildWorker:
         wait.wait(roles.comm.Ibarrier(), lambda: windows.describe_running(roles),
                   progress=windows.progress)
         self.windows.free()
-        hist = self._hist
-        top = int(np.flatnonzero(hist)[-1]) + 1 if hist.any() else 0
         message = np.concatenate([[self.stats["n_updates"], self.stats["skipped"]],
-                                  hist[:top]]).astype(np.int64)
+                                  self.histogram.counts]).astype(np.int64)
         wait.wait(self.roles.comm.Isend(message, 0, STATS_TAG),
                   "rank 0 to take the hogwild statistics")
 
@@ -238,16 +211,8 @@ class HogwildWorker:
         win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.SUM)
         win.Flush(0)
         staleness = int(self._fetched[0]) - self._read_count
-        if staleness >= len(self._hist):
-            grown = np.zeros(max(staleness + 1, 2 * len(self._hist)), dtype=np.int64)
-            grown[:len(self._hist)] = self._hist
-            self._hist = grown
-        self._hist[staleness] += 1
-        stats = self.stats
-        stats["n_updates"] += 1
-        stats["staleness_hist"][staleness] = stats["staleness_hist"].get(staleness, 0) + 1
-        stats["max_staleness"] = max(stats["max_staleness"], staleness)
-        stats["mean_staleness"] += (staleness - stats["mean_staleness"]) / stats["n_updates"]
+        self.histogram.add(staleness)
+        self.stats["n_updates"] += 1
         if self.config.staleness_lr == "inverse" and staleness > 0:
             delta *= np.float32(1.0 / (1.0 + staleness))
         params_win = self.windows.params
@@ -275,20 +240,12 @@ class HogwildWorker:
                 params_win.Get(piece, self.roles.server_rank(shard), (0, piece.size, MPI.FLOAT))
         params_win.Flush_all()
 
-    def _check_vector(self, vector: np.ndarray, label: str) -> None:
-        n = self.config.n_params
-        if (not isinstance(vector, np.ndarray) or vector.dtype != np.float32
-                or vector.shape != (n,) or not vector.flags.c_contiguous):
-            raise ValueError(f"hogwild {label} must be a contiguous float32 vector of length {n}, "
-                             f"got {getattr(vector, 'dtype', type(vector).__name__)} "
-                             f"{getattr(vector, 'shape', '')}")
-
 
 @dataclass
 class HogwildResult(ServerResult):
     """What one hogwild server rank reports after :func:`serve_hogwild`.
 
-    The fields of :class:`psgd.ps.server.ServerResult` (a hogwild server takes no
+    The fields of :class:`psgd.mpi.report.ServerResult` (a hogwild server takes no
     pushes and keeps no optimizer state: ``n_pushes``, ``opt_state``,
     ``n_snapshots`` and ``buffer_bytes`` stay empty), plus ``window``, the
     parameter window kind used.  ``params``, ``staleness_hist`` and
@@ -299,7 +256,9 @@ class HogwildResult(ServerResult):
 
 
 def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
-                  init_shard: np.ndarray, window: str | None = None) -> HogwildResult:
+                  init_shard: np.ndarray, init_opt_state: dict | None = None,
+                  on_snapshot=None, start_clock: int = 0,
+                  window: str | None = None) -> HogwildResult:
     """Server half: host this shard in an RMA window until every worker has finished.
 
     Parameters
@@ -309,9 +268,12 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
     shard_map : ShardMap
         How the parameters are cut; this server holds shard ``roles.server_index``.
     config : ProtocolConfig
-        Run settings (the optimizer is checked here too, so every rank fails alike).
+        Run settings.
     init_shard : ndarray, shape (shard_map.size(roles.server_index),), float32
         Initial parameters of this shard.
+    init_opt_state, on_snapshot, start_clock
+        The server contract's other arguments, unused: the optimizer state
+        lives on the workers, and there is no consistent snapshot point.
     window : str, optional
         Parameter window kind; must agree on every rank.
 
@@ -323,15 +285,32 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
         rank 0 also ``params`` (the final full vector gathered from all
         servers), ``staleness_hist`` (over all workers) and ``n_skipped``.
     """
-    check_hogwild_optimizer(config.optimizer)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    comm, shard = roles.comm, roles.server_index
+    comm, shard, rank = roles.comm, roles.server_index, roles.comm.Get_rank()
     init_shard = np.asarray(init_shard)
     if init_shard.dtype != np.float32 or init_shard.shape != (shard_map.size(shard),):
         raise ValueError(f"server {shard}: init shard must be float32 of shape "
                          f"({shard_map.size(shard)},), got {init_shard.dtype} {init_shard.shape}")
     windows = Windows(roles, shard_map, window)
-    rank = comm.Get_rank()
+    _publish(windows, init_shard, rank)
+    wait.barrier(comm, "the hogwild workers to attach their windows")
+    _idle_until_done(roles, windows, faults.for_rank(rank))
+    final, n_updates = _read_final(windows, rank)
+    result = HogwildResult(staleness_hist=np.zeros(0, np.int64), n_updates=n_updates,
+                           window=windows.kind)
+    windows.free()
+    if rank == 0:
+        result.params, result.staleness_hist, result.n_skipped = _gather_on_root(
+            roles, shard_map, final)
+    else:
+        wait.wait(comm.Isend(final, 0, PARAMS_TAG), "rank 0 to take the final hogwild shard")
+    result.cpu_s = time.process_time() - cpu0
+    result.wall_s = time.perf_counter() - wall0
+    return result
+
+
+def _publish(windows: Windows, init_shard: np.ndarray, rank: int) -> None:
+    """Put the initial shard into this server's window; rank 0 zeroes the counters."""
     windows.params.Lock(rank, MPI.LOCK_EXCLUSIVE)
     windows.local[:] = init_shard
     windows.params.Sync()
@@ -341,8 +320,10 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
         np.frombuffer(windows.counter.tomemory(), dtype=np.int64,
                       count=windows.n_counters)[:] = 0
         windows.counter.Unlock(0)
-    wait.barrier(comm, "the hogwild workers to attach their windows")
-    _idle_until_done(roles, windows, faults.for_rank(rank))
+
+
+def _read_final(windows: Windows, rank: int) -> tuple[np.ndarray, int]:
+    """A copy of this server's final shard, and the global update count."""
     windows.params.Lock(rank, MPI.LOCK_SHARED)
     windows.params.Sync()
     final = windows.local.copy()
@@ -351,18 +332,7 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
     windows.counter.Lock(0, MPI.LOCK_SHARED)
     windows.counter.Fetch_and_op(count, count, 0, 0, MPI.NO_OP)
     windows.counter.Unlock(0)
-    kind = windows.kind
-    windows.free()
-    result = HogwildResult(staleness_hist=np.zeros(0, np.int64), n_updates=int(count[0]),
-                           window=kind)
-    if rank == 0:
-        result.params, result.staleness_hist, result.n_skipped = _gather_on_root(
-            roles, shard_map, final)
-    else:
-        wait.wait(comm.Isend(final, 0, PARAMS_TAG), "rank 0 to take the final hogwild shard")
-    result.cpu_s = time.process_time() - cpu0
-    result.wall_s = time.perf_counter() - wall0
-    return result
+    return final, int(count[0])
 
 
 def _idle_until_done(roles: Roles, windows: Windows, fault) -> None:
@@ -394,7 +364,7 @@ def _gather_on_root(roles: Roles, shard_map: ShardMap,
     requests = [comm.Irecv(shard_map.view(params, s), roles.server_rank(s), PARAMS_TAG)
                 for s in range(1, shard_map.n_shards)]
     wait.waitall(requests, "the other servers' final hogwild shards")
-    hist = np.zeros(0, dtype=np.int64)
+    hist = StalenessHistogram()
     skipped = 0
     status = MPI.Status()
     for k in range(roles.n_workers):
@@ -403,8 +373,5 @@ def _gather_on_root(roles: Roles, shard_map: ShardMap,
         message = np.empty(status.Get_count(MPI.INT64_T), dtype=np.int64)
         comm.Recv(message, source, STATS_TAG)
         skipped += int(message[1])
-        counts = message[2:]
-        if len(counts) > len(hist):
-            hist = np.concatenate([hist, np.zeros(len(counts) - len(hist), np.int64)])
-        hist[:len(counts)] += counts
-    return params, hist, skipped
+        hist.merge(message[2:])
+    return params, hist.counts, skipped

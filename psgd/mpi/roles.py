@@ -60,6 +60,15 @@ class Roles:
         return self.n_servers + index
 
 
+def check_servers(n_servers: int, size: int) -> None:
+    """Raise ValueError unless 0 <= S < size (at least one worker is left)."""
+    if n_servers < 0:
+        raise ValueError(f"--servers must be >= 0, got {n_servers}")
+    if n_servers >= size:
+        raise ValueError(f"--servers {n_servers} leaves no worker: the job has {size} rank(s); "
+                         f"launch with mpiexec -n {n_servers + 1} or more")
+
+
 def assign_roles(comm: MPI.Comm, n_servers: int) -> Roles:
     """Split ``comm`` into S servers and W workers (collective over ``comm``).
 
@@ -69,11 +78,7 @@ def assign_roles(comm: MPI.Comm, n_servers: int) -> Roles:
         If S < 0 or S >= size (no worker would be left).
     """
     size, rank = comm.Get_size(), comm.Get_rank()
-    if n_servers < 0:
-        raise ValueError(f"--servers must be >= 0, got {n_servers}")
-    if n_servers >= size:
-        raise ValueError(f"--servers {n_servers} leaves no worker: the job has {size} rank(s); "
-                         f"launch with mpiexec -n {n_servers + 1} or more")
+    check_servers(n_servers, size)
     is_worker = rank >= n_servers
     worker_comm = comm.Split(1 if is_worker else MPI.UNDEFINED, rank)
     if worker_comm == MPI.COMM_NULL:

@@ -1,1 +1,202 @@
-"""Consistency protocols, one per module, each with its worker and server halves side by side."""
+"""The protocol registry: the one place that says what each protocol is.
+
+A protocol is one :class:`Protocol` entry in :data:`PROTOCOLS`; its worker and
+server halves live in their family's package and are named here by module
+path, imported only when a job runs them (so ``psgd train --help`` starts no
+MPI).  Adding a protocol is one module plus one entry.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+
+from psgd.config import ProtocolConfig
+from psgd.nn.optim import OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What the rest of psgd may ask about a protocol.
+
+    Attributes
+    ----------
+    name : str
+        The ``--protocol`` value.
+    summary : str
+        One paragraph for ``psgd train --help``.
+    servers : bool
+        True: ranks ``0..S-1`` are parameter servers (S >= 1); False: no servers (S = 0).
+    bound : float or None
+        The staleness bound in clocks (0 for bsp, inf for asp); None when the
+        user sets it with ``--staleness`` (default :attr:`default_staleness`).
+    default_staleness : int
+        The bound when ``--staleness`` is not given (only when ``bound`` is None).
+    optimizers : tuple of str
+        The optimizers the protocol runs.
+    optimizer_note : str
+        Why the others are refused (appended to the error).
+    overlap : bool
+        Whether ``--overlap`` (pull during the computation) may be used; it
+        also needs a bound >= 1.
+    server_snapshots : bool
+        Checkpoints are assembled from the servers' shards (else the lead
+        worker writes its own replica).
+    resumes_optimizer : bool
+        A checkpoint's optimizer state is loaded on resume (which then needs
+        the same ``--optimizer``).
+    worker : str
+        ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
+        config)`` with ``start(params, clock)``, ``step(params, grad, clock,
+        lr)``, ``finish()``, ``stats``, ``optimizer`` (None when the servers
+        own it) and ``grad_buffer`` (None, or where the gradient should be
+        computed).
+    server : str or None
+        ``"module:function"`` of the server half: ``serve(roles, shard_map,
+        config, init_shard, init_opt_state, on_snapshot, start_clock)``
+        returning a :class:`psgd.mpi.report.ServerResult`.
+    update_rule : str or None
+        ``"module:Class"`` of a parameter server's update rule.
+    """
+
+    name: str
+    summary: str
+    servers: bool
+    worker: str
+    server: str | None = None
+    update_rule: str | None = None
+    bound: float | None = 0.0
+    default_staleness: int = 2
+    optimizers: tuple[str, ...] = OPTIMIZERS
+    optimizer_note: str = ""
+    overlap: bool = False
+    server_snapshots: bool = False
+    resumes_optimizer: bool = True
+
+    def staleness_bound(self, staleness: int | None) -> float:
+        """The bound in force, given ``--staleness`` (None when not given).
+
+        Raises
+        ------
+        ValueError
+            ``--staleness`` given to a protocol whose bound is fixed, or negative.
+        """
+        if self.bound is not None:
+            if staleness is not None:
+                raise ValueError(f"--staleness applies to --protocol {_names(bound=None)} only, "
+                                 f"not {self.name}")
+            return self.bound
+        staleness = self.default_staleness if staleness is None else staleness
+        if staleness < 0:
+            raise ValueError(f"--staleness must be >= 0, got {staleness}")
+        return float(staleness)
+
+    def check(self, *, staleness: int | None = None, overlap: bool = False,
+              optimizer: str = "sgd", n_servers: int | None = None) -> float:
+        """Validate a run's protocol settings; return the staleness bound in force.
+
+        Raises
+        ------
+        ValueError
+            Naming the first setting the protocol cannot run with.
+        """
+        bound = self.staleness_bound(staleness)
+        if overlap and not (self.overlap and bound >= 1):
+            raise ValueError(f"--overlap needs --protocol {_names(overlap=True)} with a staleness "
+                             f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
+                             f"parameters wait for its own push")
+        if n_servers is not None and self.servers and n_servers < 1:
+            raise ValueError(f"--protocol {self.name} needs at least one server (--servers >= 1)")
+        if n_servers is not None and not self.servers and n_servers != 0:
+            raise ValueError(f"--protocol {self.name} has no servers: use --servers 0, "
+                             f"not {n_servers}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"--optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if optimizer not in self.optimizers:
+            raise ValueError(f"optimizer {optimizer!r} is not supported with --protocol "
+                             f"{self.name}{self.optimizer_note}; choose one of "
+                             f"{', '.join(self.optimizers)}")
+        return bound
+
+    def label(self, bound: float | None = None) -> str:
+        """The protocol as a run summary names it, e.g. ``ssp (s=2)``."""
+        if self.bound is None and bound is not None:
+            return f"{self.name} (s={bound:g})"
+        return self.name
+
+    def config(self, n_params: int, *, staleness: int | None = None, overlap: bool = False,
+               optimizer: str = "sgd", **settings) -> ProtocolConfig:
+        """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`)."""
+        bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer)
+        return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,
+                              staleness=bound, overlap=overlap,
+                              update_rule=_load(self.update_rule) if self.update_rule else None,
+                              **settings)
+
+    def make_worker(self, roles, shard_map, config: ProtocolConfig):
+        """The worker half of this protocol for this rank."""
+        return _load(self.worker)(roles, shard_map, config)
+
+    def serve(self, roles, shard_map, config: ProtocolConfig, **kwargs):
+        """Run the server half on this rank until every worker is done."""
+        if self.server is None:
+            raise ValueError(f"--protocol {self.name} has no server ranks")
+        return _load(self.server)(roles, shard_map, config, **kwargs)
+
+
+def _names(**match) -> str:
+    """The protocols whose attributes equal ``match``, as ``a or b``."""
+    return " or ".join(p.name for p in PROTOCOLS.values()
+                       if all(getattr(p, k) == v for k, v in match.items()))
+
+
+def _load(ref: str):
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def get(name: str) -> Protocol:
+    """The protocol called ``name``; ValueError naming the choices otherwise."""
+    try:
+        return PROTOCOLS[name]
+    except KeyError:
+        raise ValueError(f"--protocol {name!r} is not one of {', '.join(PROTOCOLS)}") from None
+
+
+def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
+    """``get(name).config(n_params, **settings)``: a validated config for protocol ``name``."""
+    return get(name).config(n_params, **settings)
+
+
+_PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
+           server_snapshots=True)
+
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
+    Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, summary=(
+        "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
+        "once; equals synchronous SGD on the union of the batches")),
+    Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS,
+             summary=(
+        "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
+        "pushed clock c-s (--staleness s, default 2); pushes are applied on arrival")),
+    Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
+             summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
+    Protocol(
+        "hogwild", servers=True, worker="psgd.hogwild.hogwild:HogwildWorker",
+        server="psgd.hogwild.hogwild:serve_hogwild", bound=math.inf,
+        optimizers=("sgd", "momentum", "nesterov"), resumes_optimizer=False,
+        optimizer_note=(": Adam's bias correction and second-moment scaling assume one stream "
+                        "of its own updates to one copy of the parameters, but under hogwild "
+                        "every worker adds to the same copy (use --protocol asp, whose server "
+                        "runs Adam)"),
+        summary=(
+            "lock-free one-sided MPI (Niu et al. 2011): workers step their optimizer locally, "
+            "MPI_Get the parameters and MPI_Accumulate the difference into the servers' RMA "
+            "windows, with no server involvement. Reads may be torn across elements, but each "
+            "element's accumulate is atomic, so no update is ever lost; optimizer state stays "
+            "on the workers (sgd, momentum, nesterov; adam is refused)")),
+    Protocol(
+        "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
+        summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "
+                 "every worker applies the same step to its replica")),
+)}

@@ -42,9 +42,6 @@ from psgd.config import ProtocolConfig
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 
-PS_PROTOCOLS = ("bsp", "ssp", "asp")
-OVERLAP_PROTOCOLS = ("ssp", "asp")
-
 TAG_CTRL = 7101
 TAG_PUSH = 7102
 TAG_REPLY_HDR = 7103
@@ -60,20 +57,17 @@ HEADER_BYTES = 8 * HEADER_LEN
 
 
 def check_ps_setup(roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
-    """Reject a PS protocol without servers, or a shard map that does not fit the job.
+    """Reject a config without an update rule, or a shard map that does not fit the job.
 
     Raises
     ------
     ValueError
-        If the protocol is not bsp/ssp/asp, S = 0, or the shard map disagrees
-        with S or ``config.n_params``.
+        If ``config.update_rule`` is None (not a parameter-server protocol), or
+        the shard map disagrees with S or ``config.n_params``.
     """
-    if config.protocol not in PS_PROTOCOLS:
+    if config.update_rule is None:
         raise ValueError(f"protocol {config.protocol!r} is not a parameter-server protocol "
-                         f"({', '.join(PS_PROTOCOLS)})")
-    if roles.n_servers < 1:
-        raise ValueError(f"protocol {config.protocol} needs at least one server rank "
-                         f"(--servers >= 1); got --servers {roles.n_servers}")
+                         f"(its config has no update rule)")
     if shard_map.n_shards != roles.n_servers:
         raise ValueError(f"shard map has {shard_map.n_shards} shards but the job has "
                          f"{roles.n_servers} servers")

@@ -52,8 +52,6 @@ reads are the workers' gradient buffers, allocated by the workers.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 import numpy as np
 from mpi4py import MPI
 
@@ -61,14 +59,13 @@ from psgd.mpi import faults
 from psgd.mpi import wait as _wait
 from psgd.errors import NonFinitePush, PsgdError
 from psgd.nn.optim import make_optimizer
-from psgd.ps.bsp import BspUpdate
 from psgd.config import ProtocolConfig
-from psgd.ps.ssp import SspUpdate
 from psgd.ps.push_window import PushWindow
 from psgd.ps.messages import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
                            TAG_CTRL, TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup,
                            check_push_shard, pack_shard_state, server_pull, server_push,
                            unpack_shard_state)
+from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.ps.assembly import Assembly
 from psgd.ps.versions import ShardVersions, step_into
@@ -80,61 +77,6 @@ from psgd.mpi.shardmap import ShardMap
 # run then delays it by a pass over the shard: bench_ps bsp, alternating with running
 # it at the first failed probe, +7-42 % with 1 server (6 pairs), +10-13 % with 2 (3).
 IDLE_WORK_S = 2e-3
-
-
-@dataclass
-class ServerResult:
-    """What one server rank reports after :func:`serve`.
-
-    Attributes
-    ----------
-    staleness_hist : ndarray, int64 (max staleness + 1,)
-        Number of pushes seen at each staleness.
-    n_pushes, n_updates, n_skipped : int
-        Pushes received, optimizer steps applied, non-finite pushes skipped.
-    n_window_pushes : int
-        Pushes read from a worker's segment of the push window (:mod:`psgd.ps.push_window`).
-    cpu_s, wall_s : float
-        Process CPU time and wall time of the server loop.
-    params : ndarray, float32 (n,) or None
-        Rank 0 only: the final full parameter vector.
-    opt_state : dict or None
-        Rank 0 only: the full optimizer state (per-element float32 (n,) arrays
-        concatenated in shard order; scalars from shard 0).
-    n_snapshots : int
-        Snapshots handed to ``on_snapshot`` (rank 0) or sent (other servers).
-    buffer_bytes : int
-        Bytes of the float32 shard-length buffers the server held: parameter
-        versions, receive/sum buffers, optimizer state (not the snapshot and
-        final-gather buffers); the same whatever the number of workers.
-    """
-
-    staleness_hist: np.ndarray
-    n_pushes: int = 0
-    n_updates: int = 0
-    n_skipped: int = 0
-    n_window_pushes: int = 0
-    cpu_s: float = 0.0
-    wall_s: float = 0.0
-    params: np.ndarray | None = None
-    opt_state: dict | None = None
-    n_snapshots: int = 0
-    buffer_bytes: int = 0
-
-    @property
-    def max_staleness(self) -> int:
-        nz = np.flatnonzero(self.staleness_hist)
-        return int(nz[-1]) if nz.size else 0
-
-    @property
-    def mean_staleness(self) -> float:
-        total = int(self.staleness_hist.sum())
-        weighted = (np.arange(self.staleness_hist.size) * self.staleness_hist).sum()
-        return float(weighted / total) if total else 0.0
-
-    @property
-    def cpu_fraction(self) -> float:
-        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
 class _Server:
@@ -157,7 +99,7 @@ class _Server:
                 key: shard_map.own(init_opt_state[key], self.shard, f"optimizer state {key!r}")
                 for key in self.state_keys}})
         # load the jitted kernels now, not inside the timed loop
-        rule = BspUpdate if config.protocol == "bsp" else SspUpdate
+        rule = config.update_rule
         warm_opt = make_optimizer(config.optimizer, 0, **config.opt_hparams)
         warm = rule(config, warm_opt, ShardVersions(np.zeros(0, np.float32)))
         for _ in range(3):  # bsp: the second push is added when the third arrives
@@ -168,7 +110,7 @@ class _Server:
         for grad2 in (None, empty):   # the step while a reply reads (bsp: on two pushes)
             step_into(warm_opt, empty, empty, empty.copy(), 0.0, grad2=grad2)
         self.rule = rule(config, self.optimizer, self.versions)
-        self.bound = 0.0 if config.protocol == "bsp" else float(config.staleness)
+        self.bound = float(config.staleness)
         self.pushes = np.full(self.W, int(start_clock), np.int64)
         self.done = np.zeros(self.W, bool)
         self.n_done = 0   # done.sum(), read on every poll of the loop
@@ -176,7 +118,7 @@ class _Server:
         self.pending: list[tuple[int, int, float]] = []    # (worker rank, clock, since)
         self.reply_hdr = np.zeros((self.W, HEADER_LEN), np.int64)
         self.hdr_reqs: list = [None] * self.W
-        self.hist = np.zeros(16, np.int64)
+        self.hist = StalenessHistogram()
         self.n_pushes = 0
         self.n_skipped = 0
         self.n_snapshots = 0
@@ -230,7 +172,7 @@ class _Server:
             outstanding.append(self.snap_req)
         _wait.waitall(outstanding, "workers and rank 0 to receive this server's last messages")
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        result = ServerResult(staleness_hist=self.hist[:self._hist_len()].copy(),
+        result = ServerResult(staleness_hist=self.hist.counts,
                               n_pushes=self.n_pushes, n_updates=self.rule.n_updates,
                               n_skipped=self.n_skipped, n_window_pushes=self.n_window_pushes,
                               cpu_s=cpu, wall_s=wall,
@@ -243,10 +185,6 @@ class _Server:
     def _buffer_bytes(self) -> int:
         arrays = self.versions.buffers + self.rule.buffers() + self._state_arrays()
         return sum(a.nbytes for a in arrays)
-
-    def _hist_len(self) -> int:
-        nz = np.flatnonzero(self.hist)
-        return int(nz[-1]) + 1 if nz.size else 1
 
     def _control(self, msg: MPI.Message, status: MPI.Status) -> None:
         source = status.Get_source()
@@ -299,9 +237,7 @@ class _Server:
             raise PsgdError(f"push from rank {source} for clock {clock} read version "
                             f"{read_version}, from its own future")
         self.n_pushes += 1
-        if staleness >= self.hist.shape[0]:
-            self.hist = np.concatenate([self.hist, np.zeros(staleness + 1, np.int64)])
-        self.hist[staleness] += 1
+        self.hist.add(staleness)
         if not self.rule.push(buf, clock, staleness, source, borrowed=in_window):
             if not self.config.skip_nonfinite:
                 raise NonFinitePush(source, clock)

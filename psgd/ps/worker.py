@@ -9,10 +9,11 @@ import numpy as np
 from psgd.mpi import wait as _wait
 from psgd.config import ProtocolConfig
 from psgd.ps.push_window import PushWindow
-from psgd.ps.messages import (DONE, HEADER_LEN, OVERLAP_PROTOCOLS, TAG_CTRL, check_ps_setup,
+from psgd.ps.messages import (DONE, HEADER_LEN, TAG_CTRL, check_ps_setup,
                            worker_pull, worker_push)
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
+from psgd.nn.vectors import check_flat
 
 
 def _pending(requests: list, owners: Sequence[int]) -> list:
@@ -31,8 +32,8 @@ class PSWorker:
     The protocol itself lives on the servers (they hold a pull back until the
     protocol allows it), so one class serves all three protocols.
 
-    Overlap (``overlap=True``, asp and ssp): the pull for clock c + 1 is posted
-    as soon as the parameters of clock c are in hand, so it travels (and the
+    Overlap (``config.overlap``, which needs a staleness bound >= 1): the
+    pull for clock c + 1 is posted as soon as the parameters of clock c are in hand, so it travels (and the
     server may answer it) while the worker computes clock c; :meth:`step`
     then pushes clock c and waits only for what is still missing.  The reply
     lands in a second buffer and is copied into ``params`` at the end of
@@ -45,7 +46,7 @@ class PSWorker:
     holds as before: a pull for clock c + 1 is answered only when the version
     is >= c + 1 - s.  Under bsp and ssp with s = 0 that version needs this
     worker's own push of clock c, so a pull cannot travel during the
-    computation: overlap is rejected there.  The pull posted ahead at the last
+    computation: the registry refuses overlap there.  The pull posted ahead at the last
     step (for a clock nobody computes) is completed by :meth:`finish`; s >= 1
     is also what lets the servers answer it.
 
@@ -67,20 +68,15 @@ class PSWorker:
         Version of each shard in the parameters the worker holds.
     """
 
-    def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
-                 overlap: bool = False) -> None:
+    def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
         check_ps_setup(roles, shard_map, config)
         if not roles.is_worker:
-            raise ValueError(f"rank {roles.rank} is a server; make_ps_worker runs on workers")
-        if overlap and (config.protocol not in OVERLAP_PROTOCOLS or config.staleness < 1):
-            raise ValueError(f"overlap needs asp or ssp with staleness >= 1, not "
-                             f"{config.protocol} (staleness {config.staleness:g}): otherwise "
-                             f"the next parameters need this worker's own push of the clock "
-                             f"it computes, so a pull cannot travel during the computation")
+            raise ValueError(f"rank {roles.rank} is a server; PSWorker runs on workers")
         self.comm = roles.comm
         self.shard_map = shard_map
         self.config = config
-        self.overlap = bool(overlap)
+        self.overlap = overlap = config.overlap
+        self.optimizer = None   # the servers own it
         S = shard_map.n_shards
         self.read_versions = np.zeros(S, np.int64)
         self._push_hdr = np.zeros((S, HEADER_LEN), np.int64)
@@ -112,13 +108,6 @@ class PSWorker:
     def read_version(self) -> int:
         """Oldest shard version in the parameters the worker holds."""
         return int(self.read_versions.min())
-
-    def _check(self, name: str, a: np.ndarray) -> None:
-        n = self.shard_map.n
-        if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (n,)
-                and a.flags.c_contiguous):
-            raise ValueError(f"{name} must be a contiguous float32 vector of length {n}, got "
-                             f"{getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')}")
 
     def _post_pull(self, into: np.ndarray, clock: int) -> None:
         self._pull_reqs = worker_pull(self.comm, self.shard_map, into, clock, self._pull_hdr,
@@ -157,7 +146,7 @@ class PSWorker:
         Collective over the job communicator when ``config.push_window`` is on
         (the servers' :func:`psgd.ps.server.serve` makes the window with it).
         """
-        self._check("params", params)
+        check_flat(params, self.shard_map.n, "params")
         if self.config.push_window and self.window is None:
             self.window = PushWindow(self.comm, 0 if self.overlap else self.shard_map.n)
             if not self.overlap:
@@ -188,8 +177,8 @@ class PSWorker:
         lr : float, optional
             Ignored: the servers use ``config.lr_schedule(clock)``.
         """
-        self._check("params", params)
-        self._check("grad", grad)
+        check_flat(params, self.shard_map.n, "params")
+        check_flat(grad, self.shard_map.n, "grad")
         clock = int(clock)
         if self.overlap and self._pull_clock != clock + 1:
             raise ValueError(f"step for clock {clock}, but the pull in flight is for clock "
@@ -233,18 +222,3 @@ class PSWorker:
             self.window.free()
             self.window = None
 
-
-def make_ps_worker(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
-                   overlap: bool = False) -> PSWorker:
-    """The worker half of bsp/ssp/asp (the protocol is enforced by the servers).
-
-    ``overlap``: post each pull one clock ahead, during the computation (asp
-    and ssp only; see :class:`PSWorker`).
-
-    Raises
-    ------
-    ValueError
-        S = 0, a non-PS protocol, a shard map that does not match, or overlap
-        under bsp.
-    """
-    return PSWorker(roles, shard_map, config, overlap)

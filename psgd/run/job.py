@@ -5,17 +5,19 @@ import argparse
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 from psgd.mpi import wait
-from psgd.run.checkpoint import Checkpoint, load_checkpoint, resolve_resume
+from psgd.run.checkpoint import Checkpoint, load_checkpoint, resolve_resume, save_checkpoint
 from psgd.errors import PsgdError
 from psgd.nn.optim import make_schedule
 from psgd.config import ProtocolConfig
-from psgd.mpi.roles import Roles, assign_roles
+from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
+from psgd.protocols import Protocol, get
 from psgd.run.settings import TrainSettings, resolve
 
 
@@ -25,6 +27,7 @@ class Job:
 
     settings: TrainSettings
     roles: Roles
+    protocol: Protocol
     model: object
     shard_map: ShardMap | None
     config: ProtocolConfig
@@ -33,6 +36,15 @@ class Job:
     resume: Checkpoint | None
     debug: bool
     reader: object = None  # the worker's ShardReader (None on servers)
+
+    def save_checkpoint(self, step: int, params: np.ndarray, opt_state: dict | None) -> Path:
+        """Save the run's state at ``step`` (absolute) into ``--checkpoint-dir``."""
+        s = self.settings
+        ckpt = Checkpoint(params=np.asarray(params, dtype=np.float32), model_spec=s.model,
+                          step=step, optimizer=s.optimizer, opt_state=dict(opt_state or {}),
+                          clocks=np.asarray([step] * self.roles.n_workers),
+                          protocol=s.protocol, seed=s.seed, config=s.as_dict())
+        return save_checkpoint(s.checkpoint_dir, ckpt)
 
 
 def agree(comm: MPI.Comm, fn, debug: bool):
@@ -62,10 +74,7 @@ def agree(comm: MPI.Comm, fn, debug: bool):
 
 def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
     settings = resolve(args)
-    if settings.servers >= comm.Get_size():
-        raise ValueError(f"--servers {settings.servers} leaves no worker: the job has "
-                         f"{comm.Get_size()} rank(s); launch with mpiexec -n {settings.servers + 1} "
-                         f"or more")
+    check_servers(settings.servers, comm.Get_size())
     return settings
 
 
@@ -75,6 +84,31 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
 
     info = dataset_info(settings.data)
     model = build_model(settings.model, seed=settings.seed)
+    total = _total_steps(settings, info, model, roles.n_workers)
+    protocol = get(settings.protocol)
+    resume = _resume(settings, model, total, protocol)
+    base = make_schedule(settings.lr_schedule, settings.lr, total, warmup=settings.warmup,
+                         step_every=settings.lr_step_every, gamma=settings.lr_gamma)
+    config = protocol.config(
+        model.n_params, staleness=settings.staleness, overlap=settings.overlap,
+        optimizer=settings.optimizer,
+        opt_hparams={"momentum": settings.momentum, "weight_decay": settings.weight_decay},
+        lr_schedule=base,  # clocks are the run's steps, also after a resume
+        staleness_lr=settings.staleness_lr, snapshot_every=settings.checkpoint_every,
+        skip_nonfinite=settings.skip_nonfinite)
+    shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
+    reader = None
+    if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
+        reader = ShardReader(settings.data, roles.worker_index, roles.n_workers,
+                             settings.batch_size, seed=settings.seed)
+    return Job(settings=settings, roles=roles, protocol=protocol, model=model,
+               shard_map=shard_map, config=config, total_steps=total,
+               start_step=resume.step if resume else 0, resume=resume, debug=debug,
+               reader=reader)
+
+
+def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> int:
+    """The run's steps per worker, once the dataset is known to fit the model."""
     if tuple(info["input_shape"]) != tuple(model.input_shape) and \
             int(np.prod(info["input_shape"])) != int(np.prod(model.input_shape)):
         raise ValueError(f"model {settings.model} takes inputs of shape {tuple(model.input_shape)}, "
@@ -82,51 +116,35 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
     if info["n_classes"] != model.n_classes:
         raise ValueError(f"model {settings.model} has {model.n_classes} outputs, "
                          f"but {settings.data} has {info['n_classes']} classes")
-    per_worker = info["train"]["n"] // roles.n_workers  # the smallest slice
+    per_worker = info["train"]["n"] // n_workers  # the smallest slice
     steps_per_epoch = per_worker // settings.batch_size
     if steps_per_epoch < 1:
-        raise ValueError(f"each of {roles.n_workers} workers gets {per_worker} training samples, "
+        raise ValueError(f"each of {n_workers} workers gets {per_worker} training samples, "
                          f"fewer than --batch-size {settings.batch_size}")
     if settings.steps is not None:
-        total = settings.steps
-    else:
-        total = max(1, int(round((settings.epochs or 1.0) * steps_per_epoch)))
-    resume = None
-    start = 0
-    if settings.resume:
-        resume = load_checkpoint(resolve_resume(settings.resume))
-        if resume.model_spec != settings.model:
-            raise ValueError(f"checkpoint {settings.resume} is of model {resume.model_spec!r}, "
-                             f"not --model {settings.model!r}")
-        if resume.params.shape != model.params.shape:
-            raise ValueError(f"checkpoint {settings.resume} holds {resume.params.size} parameters, "
-                             f"model {settings.model} has {model.params.size}")
-        if resume.optimizer != settings.optimizer and settings.protocol != "hogwild":
-            raise ValueError(f"checkpoint {settings.resume} was trained with optimizer "
-                             f"{resume.optimizer}; resume with --optimizer {resume.optimizer}")
-        if resume.step >= total:
-            raise ValueError(f"checkpoint {settings.resume} is at step {resume.step}, "
-                             f"at or past the run's {total} steps")
-        model.params[:] = resume.params
-        start = resume.step
-    base = make_schedule(settings.lr_schedule, settings.lr, total, warmup=settings.warmup,
-                         step_every=settings.lr_step_every, gamma=settings.lr_gamma)
-    config = ProtocolConfig(
-        protocol=settings.protocol, n_params=model.n_params, optimizer=settings.optimizer,
-        opt_hparams={"momentum": settings.momentum, "weight_decay": settings.weight_decay},
-        lr_schedule=base,  # clocks are the run's steps, also after a resume
-        staleness=float(settings.staleness or 0), staleness_lr=settings.staleness_lr,
-        snapshot_every=settings.checkpoint_every, skip_nonfinite=settings.skip_nonfinite)
-    if settings.protocol == "hogwild":
-        from psgd.hogwild.hogwild import check_hogwild_optimizer
-        check_hogwild_optimizer(settings.optimizer)
-    shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
-    reader = None
-    if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
-        reader = ShardReader(settings.data, roles.worker_index, roles.n_workers,
-                             settings.batch_size, seed=settings.seed)
-    return Job(settings=settings, roles=roles, model=model, shard_map=shard_map, config=config,
-               total_steps=total, start_step=start, resume=resume, debug=debug, reader=reader)
+        return settings.steps
+    return max(1, int(round((settings.epochs or 1.0) * steps_per_epoch)))
+
+
+def _resume(settings: TrainSettings, model, total: int, protocol: Protocol) -> Checkpoint | None:
+    """The checkpoint to resume from (its parameters loaded into ``model``), or None."""
+    if not settings.resume:
+        return None
+    resume = load_checkpoint(resolve_resume(settings.resume))
+    if resume.model_spec != settings.model:
+        raise ValueError(f"checkpoint {settings.resume} is of model {resume.model_spec!r}, "
+                         f"not --model {settings.model!r}")
+    if resume.params.shape != model.params.shape:
+        raise ValueError(f"checkpoint {settings.resume} holds {resume.params.size} parameters, "
+                         f"model {settings.model} has {model.params.size}")
+    if resume.optimizer != settings.optimizer and protocol.resumes_optimizer:
+        raise ValueError(f"checkpoint {settings.resume} was trained with optimizer "
+                         f"{resume.optimizer}; resume with --optimizer {resume.optimizer}")
+    if resume.step >= total:
+        raise ValueError(f"checkpoint {settings.resume} is at step {resume.step}, "
+                         f"at or past the run's {total} steps")
+    model.params[:] = resume.params
+    return resume
 
 
 def train_main(args: argparse.Namespace) -> None:

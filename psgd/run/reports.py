@@ -1,25 +1,10 @@
-"""The end of a training run, shared by server and worker ranks: checkpoints and the final reports."""
+"""The end of a training run, shared by server and worker ranks: every rank's report to the lead."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
-
 from psgd.mpi import wait
-from psgd.run.checkpoint import Checkpoint, save_checkpoint
+from psgd.mpi.report import StalenessHistogram
 
 TAG_FINAL_PARAMS = 31001
-
-
-def write_checkpoint(job, step: int, params: np.ndarray, opt_state: dict | None,
-                     clocks=None) -> Path:
-    """Save the run's state at ``step`` (absolute) into ``--checkpoint-dir``."""
-    s = job.settings
-    ckpt = Checkpoint(params=np.asarray(params, dtype=np.float32), model_spec=s.model, step=step,
-                      optimizer=s.optimizer, opt_state=dict(opt_state or {}),
-                      clocks=np.asarray(clocks if clocks is not None else [step] * job.roles.n_workers),
-                      protocol=s.protocol, seed=s.seed, config=s.as_dict())
-    return save_checkpoint(s.checkpoint_dir, ckpt)
 
 
 def gather_reports(job, report: dict) -> list[dict] | None:
@@ -31,10 +16,7 @@ def gather_reports(job, report: dict) -> list[dict] | None:
 
 def merge_histograms(reports: list[dict]) -> list[int]:
     """Sum the staleness histograms found in ``reports``."""
-    total: np.ndarray = np.zeros(0, np.int64)
+    total = StalenessHistogram()
     for report in reports:
-        hist = np.asarray(report.get("staleness_histogram") or [], dtype=np.int64)
-        if hist.size > total.size:
-            total = np.pad(total, (0, hist.size - total.size))
-        total[:hist.size] += hist
-    return total.tolist()
+        total.merge(report.get("staleness_histogram") or [])
+    return total.counts.tolist() if any(r.get("staleness_histogram") for r in reports) else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.mpi import wait
-from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports, write_checkpoint
+from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
 
 def _shard_state(job, shard: int) -> dict | None:
@@ -18,24 +18,20 @@ def _shard_state(job, shard: int) -> dict | None:
 
 def run_server(job) -> None:
     """Serve this rank's shard under the job's protocol until every worker is done."""
-    roles, settings = job.roles, job.settings
+    roles, settings, protocol = job.roles, job.settings, job.protocol
     shard = roles.server_index
-    init_shard = job.shard_map.view(job.model.params, shard).copy()
-    if settings.protocol == "hogwild":
-        from psgd.hogwild.hogwild import serve_hogwild
-        result = serve_hogwild(roles, job.shard_map, job.config, init_shard)
-    else:
-        from psgd.ps.server import serve
-        def save_snapshot(clock, params, opt_state):  # the state after step clock + 1
-            write_checkpoint(job, clock + 1, params, opt_state)
 
-        on_snapshot = save_snapshot if roles.rank == 0 and settings.checkpoint_dir else None
-        result = serve(roles, job.shard_map, job.config, init_shard=init_shard,
-                       init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
-                       start_clock=job.start_step)
+    def save_snapshot(clock, params, opt_state):  # the state after step clock + 1
+        job.save_checkpoint(clock + 1, params, opt_state)
+
+    on_snapshot = save_snapshot if roles.rank == 0 and settings.checkpoint_dir else None
+    result = protocol.serve(roles, job.shard_map, job.config,
+                            init_shard=job.shard_map.view(job.model.params, shard).copy(),
+                            init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
+                            start_clock=job.start_step)
     if roles.rank == 0:
-        if settings.checkpoint_dir and settings.protocol != "hogwild":
-            write_checkpoint(job, job.total_steps, result.params, result.opt_state or {})
+        if settings.checkpoint_dir and protocol.server_snapshots:
+            job.save_checkpoint(job.total_steps, result.params, result.opt_state or {})
         final_params = np.ascontiguousarray(result.params, dtype=np.float32)
         wait.wait(roles.comm.Isend(final_params, dest=roles.lead_worker, tag=TAG_FINAL_PARAMS),
                   f"worker rank {roles.lead_worker} to take the final parameters")
@@ -43,6 +39,6 @@ def run_server(job) -> None:
         "role": "server", "rank": roles.rank,
         "cpu_s": result.cpu_s, "wall_s": result.wall_s,
         "n_updates": result.n_updates, "n_skipped": result.n_skipped,
-        "n_window_pushes": getattr(result, "n_window_pushes", 0),
+        "n_window_pushes": result.n_window_pushes,
         "staleness_histogram": result.staleness_hist.tolist(),
     })

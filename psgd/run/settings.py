@@ -1,33 +1,34 @@
-"""`psgd train`: flags, TOML config and PSGD_* variables resolved into one validated settings object."""
+"""The settings of `psgd train`: flags, TOML config and PSGD_* variables resolved into one validated object."""
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import textwrap
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
-from psgd.config import PROTOCOLS
+from psgd.config import STALENESS_LR
+from psgd.protocols import PROTOCOLS, get
 
-DESCRIPTION = """Train a model data-parallel over MPI. Launch one process per rank:
+def _protocol_help() -> str:
+    lines = []
+    for p in PROTOCOLS.values():
+        lines += textwrap.wrap(p.summary, 66, initial_indent=f"  {p.name:<10} ",
+                               subsequent_indent=" " * 13)
+    return "\n".join(lines)
+
+
+DESCRIPTION = f"""Train a model data-parallel over MPI. Launch one process per rank:
 
   mpiexec -n 3 python -m psgd train --data data.h5 --protocol ssp --servers 1
   srun python -m psgd train --config jobs/configs/ssp.toml
 
 Ranks 0..S-1 are parameter servers (S = --servers), the rest are workers.
 Protocols:
-  bsp        bulk-synchronous: the server averages all workers' gradients of a
-             clock and steps once; equals synchronous SGD on the union of batches
-  ssp        stale-synchronous (Ho et al. 2013): a worker at clock c waits until
-             every worker has pushed clock c-s (--staleness s); pushes applied on arrival
-  asp        asynchronous (Downpour SGD): never wait; staleness unbounded
-  hogwild    lock-free one-sided MPI: workers Get params and Accumulate updates
-             in the servers' RMA windows; no server involvement, optimizer state
-             on the workers (sgd, momentum, nesterov)
-  allreduce  no servers (--servers 0): gradients averaged by psgd's ring
-             all-reduce, every worker applies the same step
+{_protocol_help()}
 With --overlap (asp, ssp with s >= 1) a worker asks for the next parameters as
 soon as it holds the current ones, so the pull travels during its computation;
 each update is then one clock staler (the bound s still holds).
@@ -43,8 +44,8 @@ class TrainSettings:
     data: str | None = None
     model: str = "lenet"
     protocol: str = "ssp"
-    servers: int | None = None        # default: 0 for allreduce, else 1
-    staleness: int | None = None      # default: 2 under ssp
+    servers: int | None = None        # default: 1, or 0 for a protocol without servers
+    staleness: int | None = None      # the bound, for protocols that take one (ssp: default 2)
     staleness_lr: str = "none"
     overlap: bool = False
     optimizer: str = "sgd"
@@ -186,30 +187,17 @@ def validate(s: TrainSettings) -> None:
         raise ValueError("no dataset: pass --data FILE (make one with `python -m psgd data synth -o FILE`)")
     if not os.path.exists(s.data):
         raise ValueError(f"--data {s.data}: no such file")
-    if s.protocol not in PROTOCOLS:
-        raise ValueError(f"--protocol {s.protocol!r} is not one of {', '.join(PROTOCOLS)}")
-    if s.staleness is not None and s.protocol != "ssp":
-        raise ValueError(f"--staleness applies to --protocol ssp only, not {s.protocol}")
-    if s.protocol == "ssp":
-        s.staleness = 2 if s.staleness is None else s.staleness
-        if s.staleness < 0:
-            raise ValueError(f"--staleness must be >= 0, got {s.staleness}")
-    if s.overlap and not (s.protocol == "asp" or s.protocol == "ssp" and s.staleness >= 1):
-        raise ValueError(f"--overlap needs --protocol asp, or ssp with --staleness >= 1 (not "
-                         f"{s.protocol}{' with staleness 0' if s.protocol == 'ssp' else ''}): "
-                         f"otherwise a worker's next parameters wait for its own push")
+    protocol = get(s.protocol)
     if s.servers is None:
-        s.servers = 0 if s.protocol == "allreduce" else 1
-    if s.protocol == "allreduce" and s.servers != 0:
-        raise ValueError(f"--protocol allreduce has no servers: use --servers 0, not {s.servers}")
-    if s.protocol != "allreduce" and s.servers < 1:
-        raise ValueError(f"--protocol {s.protocol} needs at least one server (--servers >= 1)")
-    if s.optimizer not in OPTIMIZERS:
-        raise ValueError(f"--optimizer {s.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        s.servers = 1 if protocol.servers else 0
+    bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
+                           n_servers=s.servers)
+    if protocol.bound is None:
+        s.staleness = int(bound)
     if s.lr_schedule not in SCHEDULES:
         raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if s.staleness_lr not in ("none", "inverse"):
-        raise ValueError(f"--staleness-lr {s.staleness_lr!r} is not none or inverse")
+    if s.staleness_lr not in STALENESS_LR:
+        raise ValueError(f"--staleness-lr {s.staleness_lr!r} is not one of {', '.join(STALENESS_LR)}")
     if not (math.isfinite(s.lr) and s.lr > 0):
         raise ValueError(f"--lr must be a positive number, got {s.lr}")
     if not 0 <= s.momentum < 1:
@@ -236,7 +224,3 @@ def validate(s: TrainSettings) -> None:
     if s.resume is not None and not os.path.exists(s.resume):
         raise ValueError(f"--resume {s.resume}: no such file or directory")
 
-
-def run(args: argparse.Namespace) -> None:
-    from psgd.run.job import train_main
-    train_main(args)

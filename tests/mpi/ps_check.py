@@ -4,6 +4,7 @@ Usage: ps_check.py MODE [options]; rank 0 prints one ``RESULT {json}`` line.
 The gradient is linear softmax regression on fixed random data (numpy only).
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -14,8 +15,8 @@ from mpi4py import MPI
 
 from psgd.errors import report_and_abort
 from psgd.nn.optim import make_optimizer
-from psgd.config import ProtocolConfig
-from psgd.ps.worker import make_ps_worker
+from psgd.protocols import get, make_config
+from psgd.ps.worker import PSWorker
 from psgd.ps.messages import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH
 from psgd.mpi.roles import assign_roles
 from psgd.ps.server import serve
@@ -27,6 +28,13 @@ D, K, B, N_BATCHES = 12, 4, 8, 5
 N_PARAMS = K * D + K
 LR = 0.3
 
+
+
+def ps_config(protocol, n, staleness=None, **kw):
+    """make_config, passing the bound only to a protocol that takes one (ssp)."""
+    if get(protocol).bound is not None:
+        staleness = None
+    return make_config(protocol, n, staleness=staleness, **kw)
 
 def data(n_workers):
     rng = np.random.default_rng(1234)
@@ -68,7 +76,7 @@ def run_ps(args, roles, config, step_hook=None, grad_fn=None):
     else:
         x, y = data(roles.n_workers)
         w = roles.worker_index
-        worker = make_ps_worker(roles, smap, config, overlap=args.overlap)
+        worker = PSWorker(roles, smap, dataclasses.replace(config, overlap=args.overlap))
         params = np.zeros(config.n_params, np.float32)
         worker.start(params, args.start_clock)
         for c in range(args.steps):
@@ -88,7 +96,7 @@ def run_ps(args, roles, config, step_hook=None, grad_fn=None):
 def mode_bsp(args, comm):
     roles = assign_roles(comm, args.servers)
     hp = {"momentum": 0.9} if args.optimizer == "momentum" else {}
-    config = ProtocolConfig("bsp", N_PARAMS, optimizer=args.optimizer, opt_hparams=hp,
+    config = ps_config("bsp", N_PARAMS, optimizer=args.optimizer, opt_hparams=hp,
                             lr_schedule=lambda c: LR, snapshot_every=args.snapshot_every)
     out = run_ps(args, roles, config)
     pulled = comm.gather(out["worker"]["params"] if roles.is_worker else None, root=0)
@@ -136,7 +144,7 @@ def mode_bsp(args, comm):
 def mode_stale(args, comm):
     roles = assign_roles(comm, args.servers)
     s = math.inf if args.protocol == "asp" else args.staleness
-    config = ProtocolConfig(args.protocol, N_PARAMS, staleness=s, lr_schedule=lambda c: 0.05)
+    config = ps_config(args.protocol, N_PARAMS, staleness=s, lr_schedule=lambda c: 0.05)
     slow = roles.n_workers - 1
 
     def hook(roles, c):
@@ -172,7 +180,7 @@ def mode_overlap(args, comm):
     """
     roles = assign_roles(comm, args.servers)
     assert roles.n_workers == 1
-    config = ProtocolConfig("asp", N_PARAMS, lr_schedule=lambda c: LR)
+    config = ps_config("asp", N_PARAMS, lr_schedule=lambda c: LR)
     out = run_ps(args, roles, config)
     hists = comm.gather(out["server"].staleness_hist.tolist() if roles.is_server else None, root=0)
     if comm.Get_rank() != 0:
@@ -195,14 +203,14 @@ def mode_overlap(args, comm):
 
 def mode_bad(args, comm):
     roles = assign_roles(comm, args.servers)
-    config = ProtocolConfig(args.protocol, N_PARAMS, staleness=1)
+    config = ps_config(args.protocol, N_PARAMS, staleness=1)
     smap = ShardMap(N_PARAMS, roles.n_servers)
     if roles.is_server:
         serve(roles, smap, config)
         raise AssertionError("server returned after a bad push")
     # worker 0 makes the push window with the others; with window-empty it offers no
     # segment there (an overlapping worker pushes by messages), yet claims a push in it
-    make_ps_worker(roles, smap, config, overlap=args.bad == "window-empty").start(
+    PSWorker(roles, smap, dataclasses.replace(config, overlap=args.bad == "window-empty")).start(
         np.zeros(N_PARAMS, np.float32))
     if roles.worker_index != 0:
         time.sleep(60)
@@ -226,7 +234,7 @@ def mode_bad(args, comm):
 
 def mode_cpu(args, comm):
     roles = assign_roles(comm, args.servers)
-    config = ProtocolConfig(args.protocol, N_PARAMS, staleness=1)
+    config = ps_config(args.protocol, N_PARAMS, staleness=1)
 
     def hook(roles, c):
         time.sleep(args.sleep)
@@ -235,7 +243,7 @@ def mode_cpu(args, comm):
     info = None
     if roles.is_server:
         r = out["server"]
-        info = {"cpu_s": r.cpu_s, "wall_s": r.wall_s, "fraction": r.cpu_fraction}
+        info = {"cpu_s": r.cpu_s, "wall_s": r.wall_s, "fraction": r.cpu_s / r.wall_s}
     infos = comm.gather(info, root=0)
     if comm.Get_rank() == 0:
         print("RESULT " + json.dumps([i for i in infos if i]), flush=True)

@@ -6,6 +6,8 @@ from mpi4py import MPI
 from psgd.errors import PsgdError, report_and_abort
 from psgd.nn.optim import make_optimizer
 from psgd.collectives.allreduce_worker import AllreduceWorker
+from psgd.mpi.roles import assign_roles
+from psgd.protocols import make_config
 from psgd.collectives.allreduce import auto_algorithm
 
 from reference import softmax_grad
@@ -25,7 +27,8 @@ def dataset(steps):
 
 def train_allreduce(name, x, y):
     params = np.random.default_rng(100 + rank).standard_normal(N).astype(np.float32)
-    worker = AllreduceWorker(comm, make_optimizer(name, N), N, check_every=7)
+    worker = AllreduceWorker(assign_roles(comm, 0), None, make_config("allreduce", N, optimizer=name),
+                             check_every=7)
     worker.start(params)                        # rank 0's random init wins everywhere
     mine = slice(rank * B, (rank + 1) * B)
     for step in range(len(x)):
@@ -46,7 +49,7 @@ def train_single(name, x, y):
 
 def check_divergence_is_named():
     params = np.ones(N, np.float32)
-    worker = AllreduceWorker(comm, make_optimizer("sgd", N), N)
+    worker = AllreduceWorker(assign_roles(comm, 0), None, make_config("allreduce", N))
     worker.check_replicas(params)
     if size < 2:
         return

@@ -1,0 +1,113 @@
+"""The lead worker's extra part: the metrics log, evaluation, the progress bar and the run summary."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from psgd.run.metrics import MetricsLog
+from psgd.run.progress import progress_bar
+from psgd.run.reports import merge_histograms
+
+TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s", "compute_s")
+
+
+class _Window:
+    """Sums over the steps between two log records."""
+
+    def __init__(self) -> None:
+        self.reset(time.perf_counter())
+
+    def reset(self, now: float) -> None:
+        self.start, self.steps, self.loss, self.correct, self.samples = now, 0, 0.0, 0, 0
+
+    def add(self, loss: float, correct: int, n: int) -> None:
+        self.steps += 1
+        self.loss += loss
+        self.correct += correct
+        self.samples += n
+
+
+class Lead:
+    """What the lead worker (rank S) does besides training: log, evaluate, show progress."""
+
+    def __init__(self, job) -> None:
+        s, roles = job.settings, job.roles
+        self.job, self.s, self.n_workers = job, s, roles.n_workers
+        self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None)
+        self.x_test, self.y_test = job.reader.test_set()
+        if s.eval_samples:
+            self.x_test, self.y_test = self.x_test[:s.eval_samples], self.y_test[:s.eval_samples]
+        self.log.write("config", **s.as_dict(), n_workers=roles.n_workers,
+                       n_servers=roles.n_servers, n_params=job.model.n_params,
+                       total_steps=job.total_steps, start_step=job.start_step)
+        self.bar = progress_bar(job.total_steps, job.start_step, enabled=not s.quiet)
+        self.window = _Window()
+        self.test_acc = float("nan")
+        self.last_timers: dict = {}
+
+    def after_step(self, clock: int, loss: float, correct: int, n: int, timers: dict,
+                   staleness) -> None:
+        """Count one step; write a step record and evaluate when it is time."""
+        s, step = self.s, clock + 1
+        self.window.add(loss, correct, n)
+        if step % s.log_every == 0 or step == self.job.total_steps:
+            self._log_step(clock, timers, staleness)
+        if s.eval_every and step % s.eval_every == 0 and step != self.job.total_steps:
+            test_loss, self.test_acc = self.job.model.evaluate(self.x_test, self.y_test)
+            self.log.write("eval", step=step, test_loss=test_loss, test_accuracy=self.test_acc)
+        self.bar.update(1)
+
+    def _log_step(self, clock: int, timers: dict, staleness) -> None:
+        w, now = self.window, time.perf_counter()
+        rate = w.samples / max(now - w.start, 1e-9)
+        lr = self.job.config.lr_schedule(clock)
+        self.log.write("step", step=clock + 1, clock=clock, loss=w.loss / w.steps,
+                       train_accuracy=w.correct / max(w.samples, 1), samples_per_s=rate,
+                       est_global_samples_per_s=rate * self.n_workers, lr=lr,
+                       staleness=staleness,
+                       **{k: timers[k] - self.last_timers.get(k, 0.0) for k in timers})
+        postfix = {"loss": f"{w.loss / w.steps:.3f}"}
+        if not math.isnan(self.test_acc):
+            postfix["test_acc"] = f"{self.test_acc:.3f}"
+        postfix["samples/s"] = f"{rate * self.n_workers:.0f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.last_timers = dict(timers)
+        w.reset(now)
+
+    def summary(self, reports: list[dict], wall: float, skipped: int) -> dict:
+        """Evaluate the final parameters and write the run's summary record."""
+        job = self.job
+        test_loss, test_acc = job.model.evaluate(self.x_test, self.y_test)
+        self.log.write("eval", step=job.total_steps, test_loss=test_loss, test_accuracy=test_acc)
+        workers = [r for r in reports if r["role"] == "worker"]
+        servers = [r for r in reports if r["role"] == "server"]
+        samples = sum(r["samples"] for r in workers)
+        summary = self.log.write(
+            "summary", steps=job.total_steps, start_step=job.start_step, wall_s=wall,
+            samples=samples, samples_per_s=samples / max(wall, 1e-9),
+            test_loss=test_loss, test_accuracy=test_acc,
+            staleness_histogram=merge_histograms(reports),
+            worker_time={k: float(np.mean([r[k] for r in workers])) for k in TIMERS},
+            server_cpu_fraction=[r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0
+                                 for r in servers],
+            window_pushes=sum(r["n_window_pushes"] for r in servers),
+            skipped_updates=sum(r["n_skipped"] for r in servers) + skipped)
+        self.log.close()
+        return summary
+
+    def print_summary(self, summary: dict, wall: float, final_ckpt) -> None:
+        """The run's closing lines on stdout."""
+        s, job, roles = self.s, self.job, self.job.roles
+        proto = job.protocol.label(job.config.staleness)
+        print(f"psgd: {s.model} with {proto}, {roles.n_servers} server(s) + {roles.n_workers} "
+              f"worker(s): {job.total_steps - job.start_step} steps in {wall:.1f} s, "
+              f"{summary['samples_per_s']:.0f} samples/s; final test accuracy "
+              f"{summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})", flush=True)
+        if s.log:
+            print(f"psgd: log: {s.log}", flush=True)
+        if s.checkpoint_dir:
+            from psgd.run.checkpoint import list_checkpoints
+            newest = final_ckpt or (list_checkpoints(s.checkpoint_dir) or [None])[-1]
+            print(f"psgd: checkpoint: {newest}", flush=True)

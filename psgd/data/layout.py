@@ -1,12 +1,13 @@
-"""The psgd HDF5 dataset layout: names, attributes, validation and the atomic writer."""
+"""The psgd HDF5 dataset layout: names, attributes, validation and the writer."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
+
+from psgd.atomic_file import atomic_output
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")
@@ -146,8 +147,22 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
         The written file.
     """
     out = check_output_path(path)
+    xs, ys, x_scale = _prepare_splits(out, {"train": (x_train, y_train), "test": (x_test, y_test)})
+    attrs = {"n_classes": _check_classes(out, ys, n_classes),
+             "scale": float(x_scale if scale is None else scale), "offset": float(offset),
+             "source": str(source), "format_version": FORMAT_VERSION}
+    if not (np.isfinite(attrs["scale"]) and attrs["scale"] != 0 and np.isfinite(attrs["offset"])):
+        raise ValueError(f"{out}: scale must be finite and non-zero and offset finite, "
+                         f"got scale={attrs['scale']} offset={attrs['offset']}")
+    with atomic_output(out) as tmp:
+        _write_file(tmp, attrs, xs, ys)
+    return out
+
+
+def _prepare_splits(out: Path, arrays: dict) -> tuple[dict, dict, float]:
+    """Stored x and y of each split, checked against each other, and the scale of x."""
     xs, ys, scales = {}, {}, []
-    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+    for split, (x, y) in arrays.items():
         xs[split], s, _ = prepare_x(x, f"{out}: {split} x")
         scales.append(s)
         ys[split] = prepare_y(y, f"{out}: {split} y")
@@ -159,6 +174,11 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
     if xs["train"].dtype != xs["test"].dtype:  # one scale for both splits
         xs = {k: v.astype(np.float32) * np.float32(s) for (k, v), s in zip(xs.items(), scales)}
         scales = [1.0, 1.0]
+    return xs, ys, scales[0]
+
+
+def _check_classes(out: Path, ys: dict, n_classes: int | None) -> int:
+    """``n_classes`` (default max label + 1), checked against every split's labels."""
     if n_classes is None:
         n_classes = int(max(ys["train"].max(), ys["test"].max())) + 1
     n_classes = int(n_classes)
@@ -166,22 +186,17 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
         raise ValueError(f"{out}: number of classes must be >= 1, got {n_classes}")
     for split in SPLITS:
         check_labels(ys[split], n_classes, f"{out}: {split} y")
-    scale = float(scales[0] if scale is None else scale)
-    offset = float(offset)
-    if not (np.isfinite(scale) and scale != 0 and np.isfinite(offset)):
-        raise ValueError(f"{out}: scale must be finite and non-zero and offset finite, "
-                         f"got scale={scale} offset={offset}")
-    attrs = {"n_classes": n_classes, "scale": scale, "offset": offset,
-             "source": str(source), "format_version": FORMAT_VERSION}
-    with atomic_output(out) as tmp:
-        with h5py.File(tmp, "w", track_order=True) as f:
-            for key, value in attrs.items():
-                f.attrs[key] = value
-            for split in SPLITS:
-                g = f.create_group(split, track_order=True)
-                _create(g, "x", xs[split])
-                _create(g, "y", ys[split])
-    return out
+    return n_classes
+
+
+def _write_file(path: Path, attrs: dict, xs: dict, ys: dict) -> None:
+    with h5py.File(path, "w", track_order=True) as f:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        for split in SPLITS:
+            g = f.create_group(split, track_order=True)
+            _create(g, "x", xs[split])
+            _create(g, "y", ys[split])
 
 
 def _create(group: h5py.Group, name: str, data: np.ndarray) -> None:
@@ -189,54 +204,6 @@ def _create(group: h5py.Group, name: str, data: np.ndarray) -> None:
     group.create_dataset(name, data=data, chunks=(rows, *data.shape[1:]),
                          compression=COMPRESSION, compression_opts=COMPRESSION_LEVEL,
                          shuffle=data.dtype.itemsize > 1, track_times=False)
-
-
-class atomic_output:  # noqa: N801 - used as a context manager, like open()
-    """Context manager yielding a temp path next to ``path``; on success fsync and rename it over ``path``.
-
-    On any exception the temp file is removed and ``path`` is left untouched.
-    """
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self.tmp: Path | None = None
-
-    def __enter__(self) -> Path:
-        directory = self.path.parent if str(self.path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
-        os.close(fd)
-        self.tmp = Path(tmp)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        tmp = self.tmp
-        if exc_type is not None:
-            tmp.unlink(missing_ok=True)
-            return False
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        try:
-            dfd = os.open(self.path.parent if str(self.path.parent) else ".", os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass
-        finally:
-            os.close(dfd)
-        return False
 
 
 def open_checked(path: str | os.PathLike) -> h5py.File:

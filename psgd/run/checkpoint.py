@@ -1,27 +1,9 @@
-"""HDF5 checkpoints: the full flat parameter vector, optimizer state, clocks, model spec and config.
-
-Layout (``format_version`` 1)::
-
-    /params                float32 (n,)    the flat parameter vector
-    /optimizer/<key>       float32 (n,)    per-element optimizer state (velocity, m, v)
-    /clocks                int64 (W,)      each worker's clock when the snapshot was taken
-    attrs: format_version, psgd_version, model_spec, n_params, step, protocol,
-           optimizer, optimizer_steps, seed, config (JSON of the run's settings)
-
-Nothing in it depends on the number of servers or workers that wrote it
-(``/clocks`` is informational), so a run may resume with other S and W.
-Files are written atomically: a temp file in the same directory, fsync,
-rename over the final name, fsync of the directory. A crash at any point
-leaves either the previous checkpoint or the new one, never half of one; the
-temp file a crash leaves behind (``.ckpt-*.h5.tmp``) is ignored by readers and
-removed by the next save into that directory.
-"""
+"""HDF5 checkpoints of a run, independent of its number of servers and workers: save, find, load."""
 from __future__ import annotations
 
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +11,7 @@ import h5py
 import numpy as np
 
 import psgd
+from psgd.atomic_file import atomic_output
 
 FORMAT_VERSION = 1
 NAME_RE = re.compile(r"^ckpt-(\d{8})\.h5$")
@@ -56,48 +39,52 @@ def checkpoint_name(step: int) -> str:
 def save_checkpoint(directory: str | os.PathLike, ckpt: Checkpoint, keep: int = 3) -> Path:
     """Write ``ckpt`` atomically as ``directory/ckpt-<step>.h5``; keep the newest ``keep`` files.
 
-    Returns the path written.
+    File layout (``format_version`` 1)::
+
+        /params           float32 (n,)   the flat parameter vector
+        /optimizer/<key>  float32 (n,)   per-element optimizer state (velocity, m, v)
+        /clocks           int64 (W,)     each worker's clock at the snapshot (informational)
+        attrs: format_version, psgd_version, model_spec, n_params, step, protocol,
+               optimizer, optimizer_steps, seed, config (JSON of the run's settings)
+
+    A crash leaves the previous checkpoint and a temp file ``.ckpt-*.h5.tmp``,
+    which readers ignore and the next save into ``directory`` removes.
+
+    Returns
+    -------
+    Path
+        The file written.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(ckpt.step)
     for stale in directory.glob(".ckpt-*.h5.tmp"):  # left by a writer killed mid-write
         stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".h5.tmp", dir=directory)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("params", data=np.asarray(ckpt.params, dtype=np.float32))
-            group = f.create_group("optimizer")
-            steps = 0
-            for key, value in ckpt.opt_state.items():
-                if np.ndim(value) == 0:
-                    steps = int(value)
-                else:
-                    group.create_dataset(key, data=np.asarray(value, dtype=np.float32))
-            f.create_dataset("clocks", data=np.asarray(ckpt.clocks, dtype=np.int64))
-            f.attrs.update({
-                "format_version": FORMAT_VERSION, "psgd_version": psgd.__version__,
-                "model_spec": ckpt.model_spec, "n_params": int(np.size(ckpt.params)),
-                "step": int(ckpt.step), "protocol": ckpt.protocol, "optimizer": ckpt.optimizer,
-                "optimizer_steps": steps, "seed": int(ckpt.seed),
-                "config": json.dumps(ckpt.config, sort_keys=True, default=str),
-            })
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_output(final, prefix=".ckpt-", suffix=".h5.tmp") as tmp:
+        _write_file(tmp, ckpt)
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return final
+
+
+def _write_file(path: Path, ckpt: Checkpoint) -> None:
+    with h5py.File(path, "w") as f:
+        f.create_dataset("params", data=np.asarray(ckpt.params, dtype=np.float32))
+        group = f.create_group("optimizer")
+        steps = 0
+        for key, value in ckpt.opt_state.items():
+            if np.ndim(value) == 0:
+                steps = int(value)
+            else:
+                group.create_dataset(key, data=np.asarray(value, dtype=np.float32))
+        f.create_dataset("clocks", data=np.asarray(ckpt.clocks, dtype=np.int64))
+        f.attrs.update({
+            "format_version": FORMAT_VERSION, "psgd_version": psgd.__version__,
+            "model_spec": ckpt.model_spec, "n_params": int(np.size(ckpt.params)),
+            "step": int(ckpt.step), "protocol": ckpt.protocol, "optimizer": ckpt.optimizer,
+            "optimizer_steps": steps, "seed": int(ckpt.seed),
+            "config": json.dumps(ckpt.config, sort_keys=True, default=str),
+        })
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:

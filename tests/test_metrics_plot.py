@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from psgd.run.metrics import MetricsLog, read_log, staleness_histogram
+from psgd.run.metrics import MetricsLog, read_log
 from psgd.plot import plot_logs
 
 
@@ -62,8 +62,3 @@ def test_read_log_rejects_non_records(tmp_path):
         read_log(bad)
     with pytest.raises(ValueError, match="cannot open"):
         read_log(tmp_path / "missing.jsonl")
-
-
-def test_staleness_histogram():
-    assert staleness_histogram([0, 2, 2, 1]) == [1, 1, 2]
-    assert staleness_histogram([]) == []

@@ -181,17 +181,6 @@ def waitall(requests: Sequence[MPI.Request], what: Describe, spin_s: float = 0.0
             poller.idle()
 
 
-def waitany(requests: Sequence[MPI.Request], what: Describe,
-            status: MPI.Status | None = None) -> int:
-    """Complete one of the requests and return its index."""
-    poller = Poller(what)
-    while True:
-        index, done = MPI.Request.Testany(requests, status)
-        if done:
-            return index
-        poller.idle()
-
-
 def probe(comm: MPI.Comm, source: int, tag: int, status: MPI.Status, what: Describe) -> None:
     """Block until a message matching (source, tag) is pending, sleeping between polls."""
     poller = Poller(what)

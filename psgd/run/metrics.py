@@ -75,10 +75,3 @@ def read_log(path: str | os.PathLike) -> list[dict]:
             records.append(record)
     return records
 
-
-def staleness_histogram(values: np.ndarray | list) -> list[int]:
-    """Counts by staleness 0..max of a list of per-update staleness values."""
-    values = np.asarray(values, dtype=np.int64)
-    if values.size == 0:
-        return []
-    return np.bincount(values).tolist()

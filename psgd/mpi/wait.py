@@ -1,26 +1,10 @@
 """Waiting on MPI without spinning a core: Test/Iprobe with a backoff sleep, and stall reports.
 
-MPICH's blocking calls busy-poll (a rank blocked in ``Recv`` burns a whole
-core), which on an oversubscribed node steals the core from the ranks doing
-work.  Every wait in psgd goes through this module instead: it polls with
-``Test``/``Iprobe``, spins a few times for latency, then sleeps with an
-exponential backoff capped at ``max_sleep`` (as ``mpi4py.futures`` does).  A
-wait on several requests polls with ``Testsome`` and starts its backoff over
-whenever some complete (measured on bench_ps's BSP, where a worker waits for a
-pull's header and then its payload: +12-33 % push+pull throughput).
-
-A wait that expects its partner within microseconds (inside a collective,
-where the peer is already in the same call) can ask for a *yield spin* of
-``spin_s`` seconds first: it polls with ``sched_yield`` between polls, which
-returns at once on an idle core and hands the core over at once to a rank that
-shares it (oversubscription), as MPICH's own progress loop does every 1000
-polls.  Only after that does it sleep, so a partner that is late by a whole
-computation still finds this rank asleep, not spinning.
-
-A wait that lasts longer than the stall timeout prints one line saying who
-this rank waits for and since when; past the abort limit it raises
-:class:`StallError`, which the launcher turns into an MPI_Abort of the job.
-Settings resolve as: :func:`configure` argument, then ``PSGD_STALL_TIMEOUT`` /
+MPICH's blocking calls busy-poll, so every wait in psgd polls here instead: a
+few bare polls (or, inside a collective, a ``sched_yield`` spin of ``spin_s``),
+then sleeps growing by ``GROWTH`` up to ``max_sleep``. A wait longer than the
+stall timeout prints who this rank waits for; past the abort limit it raises
+:class:`StallError`. Settings: :func:`configure`, then ``PSGD_STALL_TIMEOUT`` /
 ``PSGD_STALL_ABORT`` / ``PSGD_POLL_MAX_SLEEP``, then the defaults below.
 """
 from __future__ import annotations
@@ -36,11 +20,8 @@ from psgd.env import env_float
 
 SPIN = 64                 # polls before the first sleep
 MIN_SLEEP = 2e-5          # seconds
-# Each backoff sleep is this much longer than the one before.  1.5 rather than 2: a
-# sleep is then at most half the time already waited, so a rank wakes at most half
-# its wait late where doubling could make that the whole wait; bench_ps (1 server,
-# 2 workers, alternating runs) measured bsp +13-17 % and asp +3-24 %, and an idle
-# wait's CPU stayed at 3 % (its sleeps reach max_sleep after 10 instead of 6).
+# Each backoff sleep is this much longer than the one before: a sleep is then at most
+# half the time already waited, so a rank wakes at most half its wait late.
 GROWTH = 1.5
 DEFAULT_MAX_SLEEP = 1e-3  # seconds
 DEFAULT_STALL_TIMEOUT = 60.0

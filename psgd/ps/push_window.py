@@ -1,46 +1,11 @@
-"""Pushes within a node through shared memory: a worker's gradient buffer that its node's servers read in place.
+"""Pushes within a node through shared memory: worker gradient buffers that servers read in place.
 
-A push between two ranks of one node is a copy through shared memory either
-way: MPICH moves a large message with a receiver-side ``process_vm_readv``
-(CMA), so a server spends as long receiving a 4 MB push (0.4-0.6 ms) as
-stepping its shard with it (0.5 ms).  With the push window, each worker's
-gradient buffer is its segment of a window that every rank of the node maps
-(``MPI_Win_allocate_shared``); the worker computes its gradient there and
-sends only the push header, and the server steps straight from the worker's
-segment, with no copy at all.
-
-Measured with ``bench_ps.py --child ps`` (1M floats, 2 workers, no compute,
-window and ``--messages`` alternating, five pairs each, on the 2-core test
-VM), push + pull MB/s:
-
-* 1 server: bsp 3191-5655 through the window against 2147-3657 by messages
-  (medians 4566 / 2940), asp 3473-7900 against 3989-5555 (4526 / 4273);
-* 2 servers: bsp 4746-6257 against 4311-4732 (5981 / 4482), asp 5541-6300
-  against 3822-4855 (6122 / 4639).
-
-The server's CPU per update falls too (bench_ps's asp, 1 server: busy 0.69-0.72
-of the wall time against 0.88-0.90).  A worker that copies its gradient into
-the window first, instead of computing it there, was slower than messages in
-a prototype (4.9-5.6 against 6.5-7.2 GB/s), so only a gradient computed in the
-window goes through it.
-
-The servers read the segment between the worker's header and their answer
-to the worker's next pull: a server takes a worker's messages in order;
-asp/ssp step a push as they take it, and bsp reads it at the latest in the
-step that advances the version, before it answers a pull of the next clock
-(:class:`psgd.ps.bsp.BspUpdate`'s lent pushes).  So once a worker
-holds the replies to a pull sent after its push, no server reads its buffer
-any more: :meth:`psgd.ps.worker.PSWorker.step` returns then,
-and the buffer is free again, as with messages.  A pull posted ahead
-(``overlap``) is sent before the push and proves nothing, so a worker that
-overlaps pushes by messages.  ``MPI_Win_sync`` after the worker's last write
-and before the server's first read orders the two on weakly ordered CPUs.
-
-Servers on another node still get the gradient as a message (the worker
-decides per server, the header says which).  ``PSGD_PS_PUSH_WINDOW=0`` keeps
-every push to messages (:class:`psgd.config.ProtocolConfig`'s
-``push_window``); it must be the same on every rank, since making the window
-is collective.
+Each pushing worker's gradient buffer is its segment of a window that every rank
+of the node maps; it computes the gradient there and sends only the push header,
+and the server steps straight from that segment. Once the worker holds the replies
+to a pull sent after its push, no server reads the segment any more, so a worker
+that overlaps (pulls posted ahead) pushes by messages. Servers on other nodes get
+messages; ``PSGD_PS_PUSH_WINDOW=0`` keeps every push to messages (same on all ranks).
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""psgd's own all-reduce: a pipelined ring (reduce-scatter then all-gather), recursive doubling
-for small buffers, and a shared-memory window when every rank is on one node."""
+"""psgd's own all-reduce: picks the ring, recursive doubling or the shared-memory window per call."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -10,34 +9,26 @@ from mpi4py import MPI
 from psgd.env import env_int
 from psgd.collectives.schedules import DoublingSchedule, RingSchedule, Schedule
 from psgd.collectives.shared_window import SharedSchedule, SharedWindow
+from psgd.mpi.shared_memory import on_one_node
 
 OPS = ("sum", "mean")
 ALGORITHMS = ("auto", "ring", "doubling", "shared")
 
-# Buffers of fewer bytes than this use recursive doubling (log2 N exchanges of the
-# whole buffer); larger ones the ring (2(N-1) exchanges of 1/N of it each).  From
-# bench/bench_allreduce.py --algorithm doubling|ring on 2 cores: at 2 ranks doubling
-# was faster up to 256 KB, the ring from 1 MB; the alpha-beta model puts the 4-rank
-# crossover near 8 alpha/beta ~ 300 KB.  Environment variables (read at import)
-# override these defaults; keyword arguments override both.
+# Defaults chosen with bench/bench_allreduce.py (figures in the README's Architecture
+# section); PSGD_ALLREDUCE_* variables (read at import) override them, keyword arguments both.
+# Below this many bytes recursive doubling (log2 N exchanges of the whole buffer), from it
+# the ring (2(N-1) exchanges of 1/N of it).
 DEFAULT_SMALL_BYTES = 256 * 1024
-# Each chunk moves in segments of this many bytes, so that a segment is passed on
-# as soon as it is added in, and is still in cache when added.  At 4 ranks on 2
-# cores 256 KB segments were 2-6x slower at 4-64 MB (a context switch per message);
-# 512 KB and 1 MB were equal within noise, at 2 ranks too.
+# The ring moves each chunk in segments of this many bytes, passed on as soon as added in.
 DEFAULT_SEGMENT_BYTES = 1024 * 1024
-# On one node, buffers of up to this many bytes go through the shared-memory window
-# (psgd.collectives.shared_window), larger ones round the ring.  Alternating runs on 2 cores: the
-# window was 1.2-2.3x MPI_Allreduce from 16 KB to 4 MB at 2 and 4 ranks, where
-# doubling and the ring were 0.5-1.3x; at 8 and 16 MB with 2 ranks the ring was as
-# fast or faster (window 0.94-1.20x MPI, ring 1.09-1.18x).
+# On one node, buffers of up to this many bytes go through the shared-memory window.
 DEFAULT_SHARED_BYTES = 4 * 1024 * 1024
 
 # Cached schedules per communicator (each holds its buffer; see psgd.collectives.schedules).
 _SCHEDULES = 8
 
 
-class _RingState:
+class _CommState:
     """Per-communicator state: a private duplicate (its own tag space) and cached schedules.
 
     Cached as an MPI attribute of the caller's communicator, so it lives exactly
@@ -55,9 +46,7 @@ class _RingState:
         self.size = self.comm.Get_size()
         # (id(buf), algorithm, segment) -> schedule, least recently used first
         self.schedules: OrderedDict[tuple, Schedule | SharedSchedule] = OrderedDict()
-        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.one_node = node.Get_size() == self.size
-        node.Free()
+        self.one_node = on_one_node(self.comm)
         self.window: SharedWindow | None = None     # made by the first shared all-reduce
 
     def shared_window(self) -> SharedWindow:
@@ -95,10 +84,10 @@ class _RingState:
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)   # numpy's singletons: an `is` test
 _keyval: int | None = None
 _last_comm: MPI.Comm | None = None         # fast path in front of the attribute lookup
-_last_state: _RingState | None = None
+_last_state: _CommState | None = None
 
 
-def _free_state(comm: MPI.Comm, keyval: int, state: _RingState) -> None:
+def _free_state(comm: MPI.Comm, keyval: int, state: _CommState) -> None:
     """Attribute delete callback: the caller's communicator is being freed, so free our duplicate."""
     global _last_comm, _last_state
     _last_comm = _last_state = None
@@ -106,7 +95,7 @@ def _free_state(comm: MPI.Comm, keyval: int, state: _RingState) -> None:
         state.free()
 
 
-def _state(comm: MPI.Comm) -> _RingState:
+def _state(comm: MPI.Comm) -> _CommState:
     global _keyval, _last_comm, _last_state
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_free_state)
@@ -114,7 +103,7 @@ def _state(comm: MPI.Comm) -> _RingState:
     if state is None:
         if comm.Is_inter():
             raise ValueError("allreduce needs an intra-communicator, got an inter-communicator")
-        state = _RingState(comm)    # collective (Dup): every rank makes its first call together
+        state = _CommState(comm)    # collective (Dup): every rank makes its first call together
         comm.Set_attr(_keyval, state)
     _last_comm, _last_state = comm, state
     return state
@@ -147,56 +136,34 @@ def _check(buf, op: str, algorithm: str) -> None:
 
 
 def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
-                   algorithm: str = "auto", small_bytes: int | None = None,
-                   segment_bytes: int | None = None, shared_bytes: int | None = None,
-                   label: str = "") -> np.ndarray:
+              algorithm: str = "auto", small_bytes: int | None = None,
+              segment_bytes: int | None = None, shared_bytes: int | None = None,
+              label: str = "") -> np.ndarray:
     """All-reduce ``buf`` in place across the ranks of ``comm`` (collective).
 
-    Buffers of at least ``small_bytes`` bytes go round a bandwidth-optimal ring:
-    a reduce-scatter, then an all-gather, each rank sending 2(N-1)/N of the
-    buffer to its right neighbour in N-1 steps of each phase, both phases
-    pipelined in segments of ``segment_bytes`` across steps.  Smaller buffers
-    use recursive doubling, floor(log2 N) exchanges of the whole buffer (+2
-    when N is not a power of two).  When every rank is on one node, buffers of
-    up to ``shared_bytes`` bytes go through a shared-memory window instead
-    (:mod:`psgd.collectives.shared_window`: a reduce-scatter and all-gather through memory,
-    or below ``small_bytes`` every rank summing all contributions).  Every
-    rank ends with bitwise identical values.  A wait polls with
-    ``sched_yield`` for at most ``PSGD_ALLREDUCE_SPIN_US`` (default 5000)
-    microseconds, then sleeps with :mod:`psgd.mpi.wait`'s backoff and stall report.
-
-    The messages of one call are built once per buffer object as persistent
-    requests (:mod:`psgd.collectives.schedules`), or views of the window, and cached
-    on the communicator, the last ``_SCHEDULES`` (8) buffers used; a cached
-    schedule keeps its buffer alive.  Reducing the same array every step (a
-    gradient) costs no set-up.
+    ``auto`` takes the shared-memory window when every rank is on one node and
+    ``buf`` has at most ``shared_bytes``, else recursive doubling below
+    ``small_bytes`` and the ring from there. Every rank ends with bitwise
+    identical values. The messages are built once per buffer object and cached
+    on ``comm`` (the last ``_SCHEDULES`` buffers), so reducing the same
+    gradient every step costs no set-up.
 
     Parameters
     ----------
     comm : MPI.Comm
-        Intra-communicator; every rank calls with a buffer of the same length
-        and dtype.  The first call on a communicator duplicates it (collective)
-        to get a private tag space, and asks whether its ranks share a node;
-        the duplicate is cached on ``comm``.  The first shared-memory call
-        allocates the window (2 (N+1) MB).
+        Intra-communicator; every rank passes a buffer of the same length and
+        dtype. The first call duplicates it (collective) for a tag space of its own.
     buf : ndarray, shape (n,), float32 or float64, C-contiguous, writeable
-        This rank's contribution; overwritten with the reduction.  ``n`` may be
-        anything, 0 included.
+        This rank's contribution, overwritten with the reduction; ``n`` may be 0.
     op : {"sum", "mean"}
-        Elementwise sum over ranks, or the sum divided by the number of ranks.
+        Elementwise sum over ranks, or that sum divided by the number of ranks.
     algorithm : {"auto", "ring", "doubling", "shared"}
         ``auto`` picks by size and placement; the others force one (``shared``
         picks its small or large schedule by ``small_bytes``).
-    small_bytes : int, optional
-        Size threshold for ``auto``: default ``PSGD_ALLREDUCE_SMALL_BYTES``,
-        else ``DEFAULT_SMALL_BYTES``.
-    segment_bytes : int, optional
-        Reduce-scatter segment size: default ``PSGD_ALLREDUCE_SEGMENT_BYTES``,
-        else ``DEFAULT_SEGMENT_BYTES``.
-    shared_bytes : int, optional
-        Largest buffer ``auto`` sends through the window on one node: default
-        ``PSGD_ALLREDUCE_SHARED_BYTES``, else ``DEFAULT_SHARED_BYTES``; 0
-        keeps ``auto`` to messages.
+    small_bytes, segment_bytes, shared_bytes : int, optional
+        The doubling/ring threshold, the ring's segment size, and the largest
+        buffer ``auto`` sends through the window (0: never); by default
+        ``PSGD_ALLREDUCE_{SMALL,SEGMENT,SHARED}_BYTES``, else ``DEFAULT_*_BYTES``.
     label : str
         Appended to what a stalled wait says it waits for (e.g. " of clock 12").
 
@@ -216,31 +183,35 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
             and (op == "sum" or op == "mean") and algorithm in ALGORITHMS):
         _check(buf, op, algorithm)      # raises naming what is wrong (or passes a subclass)
     state = _last_state if comm is _last_comm else _state(comm)
-    size = state.size
-    n = buf.size
-    if n == 0 or size == 1:
+    if buf.size == 0 or state.size == 1:
         return buf
     if small_bytes is None:
         small_bytes = _small_bytes
     if algorithm == "auto":
         algorithm = _auto(state, buf, small_bytes, shared_bytes)
+    _run(state, buf, op == "mean", algorithm, small_bytes, segment_bytes or _segment_bytes, label)
+    return buf
+
+
+def _run(state: _CommState, buf: np.ndarray, mean: bool, algorithm: str, small_bytes: int,
+         segment_bytes: int, label: str) -> None:
+    """Run ``algorithm``'s cached schedule for ``buf`` (built on first use)."""
     comm = state.comm
     if algorithm == "shared":
         window = state.shared_window()
         state.schedule((id(buf), "shared", small_bytes),
-                       lambda: SharedSchedule(window, buf, small_bytes)).run(op == "mean", label)
+                       lambda: SharedSchedule(window, buf, small_bytes)).run(mean, label)
     elif algorithm == "doubling":
         state.schedule((id(buf), "doubling", 0), lambda: DoublingSchedule(comm, buf)).run(label)
-        if op == "mean":
-            np.divide(buf, size, out=buf)
+        if mean:
+            np.divide(buf, state.size, out=buf)
     else:
-        seg = max(1, (segment_bytes or _segment_bytes) // buf.itemsize)
+        seg = max(1, segment_bytes // buf.itemsize)
         state.schedule((id(buf), "ring", seg),
-                       lambda: RingSchedule(comm, buf, seg)).run(op == "mean", label)
-    return buf
+                       lambda: RingSchedule(comm, buf, seg)).run(mean, label)
 
 
-def _auto(state: _RingState, buf: np.ndarray, small_bytes: int, shared_bytes: int | None) -> str:
+def _auto(state: _CommState, buf: np.ndarray, small_bytes: int, shared_bytes: int | None) -> str:
     if shared_bytes is None:
         shared_bytes = _shared_bytes
     if state.one_node and buf.nbytes <= shared_bytes:

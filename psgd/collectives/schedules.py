@@ -1,12 +1,8 @@
-"""The two all-reduce schedules behind :func:`psgd.collectives.allreduce.allreduce`, built once per buffer.
+"""The all-reduce's message schedules, recursive doubling and the ring, built once per buffer.
 
-A schedule is every message one rank sends and receives during an all-reduce of
-one buffer, made up front as MPI persistent requests with the slices they move
-and the adds they feed.  A call then only starts requests, tests them and adds:
-building the requests, slicing and the index arithmetic cost ~30 us per call in
-Python, 15 % of a 1 MB all-reduce at 2 ranks and most of a 4 KB one.  Training
-all-reduces the same gradient vector every step, so :mod:`psgd.collectives.allreduce` caches
-schedules per buffer object.
+A schedule is every message one rank sends and receives in an all-reduce of one
+buffer, made up front as MPI persistent requests with the slices they move and the
+adds they feed; a call only starts requests, tests them and adds.
 """
 from __future__ import annotations
 
@@ -22,12 +18,8 @@ _TAG_FOLD, _TAG_DOUBLE, _TAG_UNFOLD = 3, 4, 5
 _TAG_RS, _TAG_AG = 16, 17
 
 # A wait polls a few times, then polls with sched_yield for up to this long before
-# psgd.mpi.wait's backoff sleeps.  The peer is inside the same call, so it is due within
-# microseconds; MPICH's shared-memory transport moves a message only while both
-# ends call into MPI, and a rank that sleeps wakes late.  sched_yield hands the core
-# straight to a rank that shares it (more ranks than cores): 4 ranks on 2 cores ran
-# 3-4x faster below 1 MB than with 100 us of polling and then sleeping.  A peer late
-# by a whole computation still finds this rank asleep.
+# psgd.mpi.wait's backoff sleeps: the peer is inside the same call, so due within
+# microseconds, and sched_yield hands the core straight to a rank that shares it.
 DEFAULT_SPIN_S = 5e-3
 SPIN_S = env_float("PSGD_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
 POLLS = 4                                  # bare polls before the yield spin
@@ -137,7 +129,7 @@ class RingSchedule(Schedule):
     right neighbour receives (one tag per step).  One reduce-scatter receive is
     posted at a time, into a one-segment scratch: MPICH copies a large message
     (CMA, by the receiver) when its receive matches, so the segment is still in
-    cache when added (two in flight measured no faster).  The all-gather
+    cache when added.  The all-gather
     forwards chunks the same way, received in place.  Each rank sends 2(N-1)/N
     of the buffer.
     """

@@ -1,44 +1,9 @@
-"""The all-reduce of ranks on one node: through a shared-memory window instead of messages.
+"""The all-reduce of ranks on one node, through a shared-memory window instead of messages.
 
-When every rank of the communicator is on one node (``MPI_COMM_TYPE_SHARED``),
-:func:`psgd.collectives.allreduce.allreduce` can do without messages: each rank copies
-its contribution into a window that all of them map
-(``MPI_Win_allocate_shared``) and reads the others' contributions straight
-from it.  A message between two ranks of a node is itself a copy through
-shared memory: MPICH moves a large one with a receiver-side
-``process_vm_readv`` (CMA), measured at about 40 us per 256 KB where a memcpy
-of it takes about 10.  The window saves that system call per message, and
-the ranks meet once or twice per call (per MB) instead of waiting on each
-other in a chain of 2(N-1) neighbour steps.  Across nodes psgd takes the ring.
-
-Two schedules, chosen by size as recursive doubling and the ring are:
-
-* **gather** (buffers of fewer than ``small_bytes``): every rank copies its
-  buffer into its row, the ranks meet, and every rank sums all N rows itself,
-  in rank order, so all end with the same bits.  One meeting, and N times the
-  adds, which costs nothing at these sizes.
-* **reduce-scatter** (larger ones, in pieces of at most ``PIECE_BYTES``):
-  every rank copies its piece into its row, all but chunk r (rank r's own,
-  which only rank r reads); the ranks meet; rank r sums chunk r of all rows
-  (its own from its buffer) into a result row and its buffer; the ranks meet;
-  every rank copies the other chunks of the result row out.  Per rank:
-  2(N-1)/N of the piece copied and (N-1)/N of it added, as on the ring, with
-  no system call and two meetings instead of 2(N-1) neighbour steps.
-
-The ranks meet through counters in the window, one per rank on a cache line
-of its own: a rank bumps its counter after its writes, then waits until every
-counter has caught up (polls, a yield spin of up to ``SPIN_S``, then
-:mod:`psgd.mpi.wait`'s backoff sleeps and stall report).  ``MPI_Win_sync`` on both
-sides of the counter orders the data around it on weakly ordered CPUs.
-
-The window has two halves, and each round (a gather call, or one piece of a
-reduce-scatter) uses the other half from the round before.  A rank may start
-round k+1 while a slower one still reads round k's half; it cannot reach
-round k+2, and write that half again, before every rank has arrived in round
-k+1, so before every rank is done reading it.  The window is allocated at
-the first shared call on a communicator: 2 (N+1) ``PIECE_BYTES`` plus a cache
-line per rank, with ``PIECE_BYTES`` = 1 MB, 10 MB at 4 ranks (MPICH keeps it
-in ``/dev/shm``).
+Two schedules, chosen by size: *gather* (below ``small_bytes``: every rank
+copies its buffer into its row and sums all rows itself, in rank order) and
+*reduce-scatter* (in pieces of ``PIECE_BYTES``: rank r sums chunk r of all
+rows, then every rank copies the other chunks out). Every rank ends with the same bits.
 """
 from __future__ import annotations
 
@@ -51,9 +16,7 @@ from psgd.collectives.schedules import POLLS, SPIN_S
 from psgd.mpi.shared_memory import allocate_shared
 
 # A reduce-scatter moves a buffer through the window in pieces of at most this many
-# bytes, two meetings each.  At 2 and 4 ranks on 2 cores, 1-16 MB, alternating runs:
-# 1 MB and 4 MB pieces were equal within noise (1 MB: 1.25-2.11x MPI_Allreduce),
-# 256 KB pieces slower (1.27-1.68x at 1 MB, 0.77-0.94x at 16 MB).
+# bytes, two meetings each (1 MB and 4 MB measured equal, 256 KB slower).
 PIECE_BYTES = env_int("PSGD_ALLREDUCE_PIECE_BYTES", 1024 * 1024)
 _LINE = 128                                 # bytes per counter: a cache line (pair) each
 
@@ -63,7 +26,11 @@ def _round_up(n: int) -> int:
 
 
 class SharedWindow:
-    """The window of one communicator whose ranks share a node (collective to make and free)."""
+    """The window of one communicator whose ranks share a node (collective to make and free).
+
+    A counter line per rank, then two halves of (N+1) ``PIECE_BYTES`` each,
+    allocated by rank 0 so it is one contiguous mapping on every rank.
+    """
 
     __slots__ = ("win", "rank", "size", "counters", "read", "halves", "seq", "half")
 
@@ -92,13 +59,23 @@ class SharedWindow:
         self.win.Sync()
 
     def next_half(self) -> int:
-        """The half this round uses (the other one from the round before)."""
+        """The half this round uses: the other one from the round before.
+
+        A rank may start round k+1 while a slower one still reads round k's
+        half; it cannot reach round k+2, and write that half again, before
+        every rank has arrived in round k+1, so before every rank is done reading it.
+        """
         half = self.half
         self.half = half ^ 1
         return half
 
     def meet(self, label: str) -> None:
-        """Wait until every rank has reached this meeting; this rank's writes before it are visible."""
+        """Wait until every rank has reached this meeting; this rank's writes before it are visible.
+
+        Each rank bumps its own counter (a cache line each) after its writes and
+        waits until every counter has caught up; ``MPI_Win_sync`` on both sides
+        orders the data around the counter on weakly ordered CPUs.
+        """
         self.seq = seq = self.seq + 1
         read = self.read
         self.win.Sync()

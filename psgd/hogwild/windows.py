@@ -1,53 +1,10 @@
-"""The RMA windows of a hogwild run: where the shards live, and the update counter.
+"""The RMA windows of a hogwild run: the parameter window over the server shards, and the update counter.
 
-Windows and memory
-------------------
-Two windows over the job's communicator, each created collectively by all
-ranks:
-
-1. the parameter window: server ``s`` holds ``4 * shard_map.size(s)`` bytes
-   (its shard), every worker attaches 0 bytes;
-2. the counter window: ``8 * (1 + W)`` bytes on rank 0 (int64: the update
-   counter, then one finished flag per worker, which stall reports read to
-   name the workers still running), 0 bytes elsewhere.
-
-Besides the window, a server keeps nothing during training (a copy of its
-shard is made at the end to gather the result on rank 0). A worker holds
-the caller's parameter vector plus three float32 work vectors of length
-``n_params`` (the updated copy, the delta and the local optimizer state:
-none for sgd, one velocity for momentum/nesterov).
-
-The parameter window is made by one of (``window=`` argument, then
-``PSGD_HOGWILD_WINDOW``, then ``auto``):
-
-- ``shared``: ``MPI_Win_allocate_shared``. Needs every rank on one node;
-  workers read the shards by direct loads from the mapped memory
-  (``MPI_Win_shared_query``) instead of ``MPI_Get``, and still update with
-  ``MPI_Accumulate``;
-- ``allocate``: ``MPI_Win_allocate`` (MPI allocates the memory; MPICH maps it
-  shared within a node), reads with ``MPI_Get``; the general path, also
-  across nodes;
-- ``create``: ``MPI_Win_create`` over a numpy array; correct everywhere but,
-  with MPICH 5 (ch4), each RMA call then waits on the server's progress
-  engine, i.e. on its poll interval: about 100x slower than ``allocate``;
-- ``auto``: ``shared`` when all ranks share a node, else ``allocate``.
-
-Server progress: with MPICH 5 on one node, RMA to ``shared``/``allocate``
-windows completes with the server making no MPI call at all (measured:
-a server asleep outside MPI did not slow 20 1M-element accumulate+get
-rounds), so an idle server polls its end-of-run barrier only every
-:data:`psgd.hogwild.hogwild.SERVER_MAX_SLEEP` seconds. For ``create``
-windows and across nodes (where the network may not do accumulates in
-hardware) it polls with the usual backoff cap, ``PSGD_POLL_MAX_SLEEP``;
-lower that if remote updates are slow. Measured on 2 oversubscribed cores, 1M float32 parameters, 2 workers
-without compute, 1 server (``bench/bench_hogwild.py``, a machine shared
-with other jobs, so +-30% run to run): 180-430 updates/s with ``shared`` and
-140-270 with ``allocate``; reading 1M parameters took 0.7-1.2 ms by direct
-loads against 1.1-2.2 ms by ``MPI_Get`` in every paired run, and the step is
-dominated by the push (a 4 MB accumulate is about 1.2 ms alone; the rest is
-the worker's local optimizer pass), so ``auto`` picks ``shared``. The server
-used 0.8-2.5% of one core over the run, window setup and final gather
-included; ``create`` managed 1.4 updates/s.
+The parameter window is one of (``window=``, then ``PSGD_HOGWILD_WINDOW``, then ``auto``):
+``shared`` (``MPI_Win_allocate_shared``, one node only: workers read the shards by
+plain loads), ``allocate`` (``MPI_Win_allocate``, read with ``MPI_Get``; also across
+nodes), ``create`` (``MPI_Win_create`` over a numpy array: correct but, with MPICH 5,
+about 100x slower), ``auto`` (``shared`` on one node, else ``allocate``).
 """
 from __future__ import annotations
 
@@ -58,6 +15,7 @@ from mpi4py import MPI
 
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
+from psgd.mpi.shared_memory import on_one_node
 
 WINDOW_KINDS = ("auto", "shared", "allocate", "create")
 
@@ -67,9 +25,7 @@ def _window_kind(comm: MPI.Intracomm, window: str | None) -> tuple[str, bool]:
     if kind not in WINDOW_KINDS:
         raise ValueError(f"unknown hogwild window kind {kind!r}; choose one of "
                          f"{', '.join(WINDOW_KINDS)}")
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    one_node = node.Get_size() == comm.Get_size()
-    node.Free()
+    one_node = on_one_node(comm)
     if kind == "auto":
         kind = "shared" if one_node else "allocate"
     if kind == "shared" and not one_node:
@@ -79,7 +35,14 @@ def _window_kind(comm: MPI.Intracomm, window: str | None) -> tuple[str, bool]:
 
 
 class Windows:
-    """The two windows of a hogwild run (collective over ``roles.comm``)."""
+    """The two windows of a hogwild run (collective over ``roles.comm``).
+
+    ``params``: server ``s`` holds its shard, ``4 * shard_map.size(s)`` bytes
+    (``local`` views it), workers 0 bytes. ``counter``: on rank 0, int64 ``(1 + W,)``:
+    the update count, then one finished flag per worker (stall reports name the
+    workers still running). ``shards``: on workers of a ``shared`` window, a float32
+    view of every shard.
+    """
 
     def __init__(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
         comm = roles.comm

@@ -1,4 +1,4 @@
-"""Allocating an MPI shared-memory window, with one clear error when ``/dev/shm`` has no room."""
+"""MPI shared memory: whether ranks share a node, and allocating a window with one clear error."""
 from __future__ import annotations
 
 from mpi4py import MPI
@@ -21,3 +21,12 @@ def allocate_shared(comm: MPI.Intracomm, nbytes: int, disp_unit: int, what: str,
         why = exc.Get_error_string().strip().splitlines()[-1].rsplit(":", 1)[-1].strip()
         raise RuntimeError(f"could not allocate {what} ({why}); free space in /dev/shm, or set "
                            f"{instead}") from exc
+
+
+def on_one_node(comm: MPI.Intracomm) -> bool:
+    """Whether every rank of ``comm`` shares one node (``MPI_COMM_TYPE_SHARED``; collective)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()

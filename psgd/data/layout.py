@@ -151,7 +151,7 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
     attrs = {"n_classes": _check_classes(out, ys, n_classes),
              "scale": float(x_scale if scale is None else scale), "offset": float(offset),
              "source": str(source), "format_version": FORMAT_VERSION}
-    if not (np.isfinite(attrs["scale"]) and attrs["scale"] != 0 and np.isfinite(attrs["offset"])):
+    if not _scaling_ok(attrs["scale"], attrs["offset"]):
         raise ValueError(f"{out}: scale must be finite and non-zero and offset finite, "
                          f"got scale={attrs['scale']} offset={attrs['offset']}")
     with atomic_output(out) as tmp:
@@ -197,6 +197,11 @@ def _write_file(path: Path, attrs: dict, xs: dict, ys: dict) -> None:
             g = f.create_group(split, track_order=True)
             _create(g, "x", xs[split])
             _create(g, "y", ys[split])
+
+
+def _scaling_ok(scale: float, offset: float) -> bool:
+    """Whether ``x * scale + offset`` is a usable input scaling: both finite, scale non-zero."""
+    return bool(np.isfinite(scale) and scale != 0 and np.isfinite(offset))
 
 
 def _create(group: h5py.Group, name: str, data: np.ndarray) -> None:
@@ -268,7 +273,7 @@ def check_layout(f: h5py.File, name: str | os.PathLike) -> dict:
                          f"(this psgd reads version {FORMAT_VERSION})")
     attrs["format_version"] = int(attrs["format_version"])
     attrs["scale"], attrs["offset"] = float(attrs["scale"]), float(attrs["offset"])
-    if not (np.isfinite(attrs["scale"]) and attrs["scale"] != 0 and np.isfinite(attrs["offset"])):
+    if not _scaling_ok(attrs["scale"], attrs["offset"]):
         raise ValueError(f"{name}: attributes scale={attrs['scale']} offset={attrs['offset']} "
                          f"must be finite with scale non-zero")
     source = f.attrs.get("source", "")

@@ -11,8 +11,9 @@ from psgd.nn.optim import Optimizer, make_optimizer
 
 
 def train_serial(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",
-                lr: float | Callable[[int], float] = 0.05, batch_size: int = 64, epochs: int = 1,
-                seed: int = 0, x_test=None, y_test=None, log: Callable | None = print) -> dict:
+                 lr: float | Callable[[int], float] = 0.05, batch_size: int = 64,
+                 epochs: int = 1, seed: int = 0, x_test=None, y_test=None,
+                 log: Callable | None = print) -> dict:
     """Train ``model`` in place with mini-batch steps over shuffled epochs of ``(x, y)``.
 
     Parameters
@@ -52,33 +53,41 @@ def train_serial(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",
     opt = make_optimizer(optimizer, model.n_params) if isinstance(optimizer, str) else optimizer
     schedule = lr if callable(lr) else (lambda step, _lr=float(lr): _lr)
     rng = np.random.default_rng(seed)
-    n = x.shape[0]
     history, step = [], 0
     for epoch in range(1, epochs + 1):
-        t0 = time.perf_counter()
-        order = rng.permutation(n)
-        loss_sum, correct = 0.0, 0
-        for s in range(0, n, batch_size):
-            idx = order[s:s + batch_size]
-            loss, c = model.loss_and_grad(x[idx], y[idx])
-            if not np.isfinite(loss):
-                raise ValueError(f"training diverged: loss {loss} at epoch {epoch}, step {step}; "
-                                 f"try a smaller learning rate")
-            opt.step(model.params, model.grad, schedule(step))
-            loss_sum += loss * len(idx)
-            correct += c
-            step += 1
-        seconds = time.perf_counter() - t0
-        rec = {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,
-               "test_loss": None, "test_acc": None, "seconds": seconds,
-               "samples_per_s": n / seconds if seconds > 0 else float("inf")}
+        rec, step = _epoch(model, opt, schedule, x, y, rng.permutation(x.shape[0]), batch_size,
+                           epoch, step)
         if x_test is not None:
             rec["test_loss"], rec["test_acc"] = model.evaluate(x_test, y_test)
         history.append(rec)
         if log is not None:
-            test = (f"  test loss {rec['test_loss']:.4f} acc {rec['test_acc']:.4f}"
-                    if x_test is not None else "")
-            log(f"epoch {epoch}/{epochs}  train loss {rec['train_loss']:.4f} "
-                f"acc {rec['train_acc']:.4f}{test}  ({seconds:.2f} s, "
-                f"{rec['samples_per_s']:.0f} samples/s)")
+            log(_describe(rec, epochs))
     return {"epochs": history, "steps": step, "final": history[-1] if history else None}
+
+
+def _epoch(model, opt, schedule, x, y, order, batch_size, epoch, step) -> tuple[dict, int]:
+    """One pass over ``x[order]`` in batches; returns the epoch's record and the next step."""
+    t0 = time.perf_counter()
+    n, loss_sum, correct = x.shape[0], 0.0, 0
+    for s in range(0, n, batch_size):
+        idx = order[s:s + batch_size]
+        loss, c = model.loss_and_grad(x[idx], y[idx])
+        if not np.isfinite(loss):
+            raise ValueError(f"training diverged: loss {loss} at epoch {epoch}, step {step}; "
+                             f"try a smaller learning rate")
+        opt.step(model.params, model.grad, schedule(step))
+        loss_sum += loss * len(idx)
+        correct += c
+        step += 1
+    seconds = time.perf_counter() - t0
+    return {"epoch": epoch, "train_loss": loss_sum / n, "train_acc": correct / n,
+            "test_loss": None, "test_acc": None, "seconds": seconds,
+            "samples_per_s": n / seconds if seconds > 0 else float("inf")}, step
+
+
+def _describe(rec: dict, epochs: int) -> str:
+    test = (f"  test loss {rec['test_loss']:.4f} acc {rec['test_acc']:.4f}"
+            if rec["test_loss"] is not None else "")
+    return (f"epoch {rec['epoch']}/{epochs}  train loss {rec['train_loss']:.4f} "
+            f"acc {rec['train_acc']:.4f}{test}  ({rec['seconds']:.2f} s, "
+            f"{rec['samples_per_s']:.0f} samples/s)")

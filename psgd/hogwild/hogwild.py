@@ -1,47 +1,10 @@
-"""Hogwild: workers add updates to server-hosted RMA windows with MPI_Accumulate, lock-free.
+"""Hogwild: workers step locally and MPI_Accumulate the difference into the servers' RMA windows.
 
-Semantics
----------
-Each server rank exposes its shard of the flat float32 parameter vector as
-memory in an MPI RMA window. Workers run the optimizer *locally* on a copy
-of the parameters they last read, and add the difference ``delta = new -
-old`` to every shard with ``MPI_Accumulate(op=SUM)``; they read fresh
-parameters with ``MPI_Get``. All of it happens in one passive-target epoch
-per worker (``MPI_Win_lock_all``, which is a shared lock: no worker ever
-excludes another), completed with ``MPI_Win_flush``. Servers take no part
-while training: they host memory and wait, without spinning, until every
-worker has finished (Niu et al. 2011, carried over to one-sided MPI).
-
-What a reader may rely on:
-
-- **No update is lost.** MPI guarantees that concurrent accumulates with the
-  same op on the same basic datatype are atomic per element, so the final
-  parameters are exactly ``init + sum of all deltas`` (up to float32
-  rounding of the additions, whose order is not fixed).
-- **Reads may be torn across elements.** A read may see some elements before
-  and some after another worker's update (and shards are read one after the
-  other), so the vector a worker computes on need not be a state that ever
-  existed as a whole. Each element, though, is always ``init`` plus some
-  subset of the deltas that reached it: never a corrupted value.
-- **Optimizer state lives on the worker.** ``sgd`` is stateless;
-  ``momentum``/``nesterov`` keep a local velocity per worker, so with W
-  workers the applied step is about W times one worker's. ``adam`` is
-  rejected: its bias correction and second-moment scaling assume that one
-  stream of its own steps moves one copy of the parameters, which is false
-  when W workers add to the same copy (use ``asp``, whose server runs Adam
-  on the single copy, instead).
-- **Staleness.** A global update counter (one int64 on server 0) is
-  incremented with ``MPI_Fetch_and_op`` once per update, just before the
-  update's accumulates. An update's staleness is the counter value fetched
-  then minus the value read just before the parameters it was computed from
-  were read: the number of other workers' updates counted in between. Each
-  worker keeps a histogram; they are summed on rank 0 at the end. With
-  ``staleness_lr="inverse"`` a worker scales its delta by 1/(1+staleness).
-- **Checkpoints** of the shared copy exist only at the end (servers are not
-  involved while training, so there is no consistent snapshot point);
-  ``snapshot_every`` is ignored.
-
-Windows, memory and server progress: :mod:`psgd.hogwild.windows`.
+The worker and server halves side by side.  No lock ever excludes a worker;
+a read may be torn across elements but no update is lost (per-element atomic
+accumulates).  Staleness counts the other workers' updates between a
+worker's read and its update (a global counter on server 0).  The README's
+"Hogwild's consistency" section states what a reader may rely on.
 """
 from __future__ import annotations
 

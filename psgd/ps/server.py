@@ -1,53 +1,10 @@
-"""The parameter-server loop shared by bsp, ssp and asp: serve one shard until every worker is done.
+"""The parameter-server loop of bsp, ssp and asp: serve one shard until every worker is done.
 
-Each server rank s owns shard s of the flat vector (:class:`psgd.mpi.shardmap.ShardMap`)
-and its optimizer state.  It polls for control messages from any worker
-(:mod:`psgd.ps.messages` has the layout) without spinning (``Improbe`` with
-:mod:`psgd.mpi.wait`'s backoff) and handles them in arrival order:
-
-* push for clock c read at version v: received (or, from a worker of this
-  node, read in place from its segment of the push window,
-  :mod:`psgd.ps.push_window`), validated (sender is a worker, shard id,
-  payload length, clocks in order, v <= current version), staleness c - v
-  recorded, then handed to the protocol's update rule
-  (:class:`psgd.ps.bsp.BspUpdate`: sum, then one mean step when the
-  version advances; :class:`psgd.ps.ssp.SspUpdate`: one step now),
-  which checks it for NaN/Inf in a pass that reads it anyway (bsp defers
-  the check to the add or the step, or to when the server has idled 2 ms); a
-  non-finite push ends the job naming its sender, or is skipped and counted
-  with ``skip_nonfinite``.
-* the step updates the live shard in place, or writes the next version into
-  a spare buffer while a pull reply still reads the live one
-  (:class:`psgd.ps.versions.ShardVersions`): pull replies are sent straight
-  from the live buffer, which is never written while replies read it.
-* pull for clock c: answered when the version v >= c - s (s = 0 for bsp, the
-  bound for ssp, inf for asp); otherwise held until a push advances v.
-* done: the worker no longer counts towards the version.
-
-Version v = min over unfinished workers of the pushes received from each (all
-have pushed clocks 0..v-1); staleness of a push = its clock - the version it
-read.  So bsp and ssp(0) never see staleness > 0, and ssp(s) never above s.
-
-Snapshots (``config.snapshot_every = k > 0``): when v passes clock c with
-(c + 1) % k == 0 (k, 2k, ... steps done), each server sends its shard params
-+ per-element optimizer state (one buffer, non-blocking) to rank 0, which
-keeps serving while it assembles them (:mod:`psgd.ps.assembly`) and calls
-``on_snapshot(clock=c, params=..., opt_state=...)`` when all S shards of c are
-in.  Under bsp that is exactly the state after the step of clock c.
-
-Memory bound per server, whatever W: the live shard params + optimizer state
-(k arrays) + ``shard_versions.SPARES`` (2) spare version buffers + one receive
-buffer + a second sum buffer (bsp only), all float32 of the shard's length:
-(4 + k) shard lengths under ssp/asp, (5 + k) under bsp (reported as
-``ServerResult.buffer_bytes``), plus one snapshot buffer of (1 + k) shard
-lengths when snapshots are on; plus O(W) integers (push counts, one pending
-pull and one 32-byte reply header per worker; a worker has at most one pull
-outstanding, with or without overlap).  Receive buffers do not grow with W:
-pushes are received one at a time into the one buffer, and a pull reply is
-sent from the live version (no copy per reply).  Rank 0 also holds the full
-vector and state ((1 + k) n floats) for each snapshot being assembled and for
-the final gather.  The push window adds nothing on a server: the segments it
-reads are the workers' gradient buffers, allocated by the workers.
+Control messages (push, pull, done; :mod:`psgd.ps.messages`) are handled in
+arrival order.  A push goes to the protocol's update rule; a pull for clock c
+is answered once the shard's version v >= c - s (the staleness bound); v is
+the fewest pushes any unfinished worker has made.  The README's Architecture
+section gives the message flow and the server's memory bound.
 """
 from __future__ import annotations
 
@@ -62,12 +19,11 @@ from psgd.nn.optim import make_optimizer
 from psgd.config import ProtocolConfig
 from psgd.ps.push_window import PushWindow
 from psgd.ps.messages import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
-                           TAG_CTRL, TAG_FINAL, TAG_SNAP, _mprobe, check_ps_setup,
-                           check_push_shard, pack_shard_state, server_pull, server_push,
-                           unpack_shard_state)
+                              TAG_CTRL, TAG_SNAP, check_ps_setup, check_push_shard, server_pull,
+                              server_push)
 from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
-from psgd.ps.assembly import Assembly
+from psgd.ps.snapshots import Snapshots
 from psgd.ps.versions import ShardVersions, step_into
 from psgd.mpi.shardmap import ShardMap
 
@@ -88,16 +44,14 @@ class _Server:
         self.shard = roles.server_index
         self.shard_map = shard_map
         self.config = config
-        self.on_snapshot = on_snapshot
         self.n = shard_map.size(self.shard)
         self.versions = ShardVersions(np.zeros(self.n, np.float32) if init_shard is None else
                                       shard_map.own(init_shard, self.shard, "initial shard").copy())
         self.optimizer = make_optimizer(config.optimizer, self.n, **config.opt_hparams)
-        self.state_keys = tuple(self.optimizer.state_keys)
         if init_opt_state is not None:
             self.optimizer.load_state_dict({**init_opt_state, **{
                 key: shard_map.own(init_opt_state[key], self.shard, f"optimizer state {key!r}")
-                for key in self.state_keys}})
+                for key in self.optimizer.state_keys}})
         # load the jitted kernels now, not inside the timed loop
         rule = config.update_rule
         warm_opt = make_optimizer(config.optimizer, 0, **config.opt_hparams)
@@ -121,10 +75,7 @@ class _Server:
         self.hist = StalenessHistogram()
         self.n_pushes = 0
         self.n_skipped = 0
-        self.n_snapshots = 0
-        self.snap_req = None
-        self.snap_buf = None
-        self.assembly: dict[int, Assembly] = {}   # rank 0: snapshots being put together
+        self.snapshots = Snapshots(self.comm, shard_map, self.shard, self.optimizer, on_snapshot)
         self.ctrl = np.zeros(HEADER_LEN, np.int64)
         self.status = MPI.Status()
         # collective with the workers' PSWorker.start (every rank of the job makes it)
@@ -139,19 +90,19 @@ class _Server:
         held = ", ".join(f"rank {r} clock {c}" for r, c, _ in self.pending) or "none"
         running = [w for w in range(self.W) if not self.done[w]]
         if not running:
-            return (f"the other servers' snapshots of clocks {sorted(self.assembly)} "
+            return (f"the other servers' snapshots of clocks {sorted(self.snapshots.assembling)} "
                     f"(shard {self.shard})")
         slowest = [self.S + w for w in running if self.pushes[w] == self.version]
         return (f"worker rank(s) {slowest} to push clock {self.version} of shard {self.shard} "
                 f"(held pulls: {held}; unfinished worker ranks {[self.S + w for w in running]}"
-                f"; snapshots assembling: {sorted(self.assembly)})")
+                f"; snapshots assembling: {sorted(self.snapshots.assembling)})")
 
     def run(self) -> ServerResult:
         comm, status = self.comm, self.status
         snapshots_in = self.rank == 0 and self.config.snapshot_every > 0 and self.S > 1
         wall0, cpu0 = time.perf_counter(), time.process_time()
         poller = _wait.Poller(self._describe)
-        while self.n_done < self.W or self.assembly:
+        while self.n_done < self.W or self.snapshots.assembling:
             msg = comm.Improbe(MPI.ANY_SOURCE, TAG_CTRL, status)
             if msg is not None:
                 self._control(msg, status)
@@ -160,7 +111,7 @@ class _Server:
             if snapshots_in:
                 msg = comm.Improbe(MPI.ANY_SOURCE, TAG_SNAP, status)
                 if msg is not None:
-                    self._snapshot_in(msg, status)
+                    self.snapshots.receive(msg, status)
                     poller = _wait.Poller(self._describe)
                     continue
             self.versions.reap()
@@ -168,22 +119,24 @@ class _Server:
                 self.rule.idle()
             poller.idle()
         outstanding = self.versions.all_requests() + [r for r in self.hdr_reqs if r is not None]
-        if self.snap_req is not None:
-            outstanding.append(self.snap_req)
+        if self.snapshots.request is not None:
+            outstanding.append(self.snapshots.request)
         _wait.waitall(outstanding, "workers and rank 0 to receive this server's last messages")
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         result = ServerResult(staleness_hist=self.hist.counts,
                               n_pushes=self.n_pushes, n_updates=self.rule.n_updates,
                               n_skipped=self.n_skipped, n_window_pushes=self.n_window_pushes,
                               cpu_s=cpu, wall_s=wall,
-                              n_snapshots=self.n_snapshots, buffer_bytes=self._buffer_bytes())
-        self._gather_final(result)
+                              n_snapshots=self.snapshots.n_snapshots,
+                              buffer_bytes=self._buffer_bytes())
+        result.params, result.opt_state = self.snapshots.gather_final(self.version,
+                                                                      self.versions.live)
         if self.window is not None:
             self.window.free()
         return result
 
     def _buffer_bytes(self) -> int:
-        arrays = self.versions.buffers + self.rule.buffers() + self._state_arrays()
+        arrays = self.versions.buffers + self.rule.buffers() + self.snapshots.state_arrays()
         return sum(a.nbytes for a in arrays)
 
     def _control(self, msg: MPI.Message, status: MPI.Status) -> None:
@@ -283,7 +236,7 @@ class _Server:
             if k > 0:
                 for c in range(old, new):
                     if (c + 1) % k == 0:  # after every k steps: clocks k-1, 2k-1, ...
-                        self._snapshot_out(c)
+                        self.snapshots.send(c, self.versions.live)
         self._answer_pulls()
 
     def _answer_pulls(self) -> None:
@@ -304,74 +257,6 @@ class _Server:
             self.hdr_reqs[w] = hdr_req
             self.versions.reply_sent(data_req)
         self.pending = keep
-
-    # ------------------------------------------------------------ snapshots and the end
-
-    def _state_arrays(self) -> list:
-        state = self.optimizer.state_dict()
-        return [np.asarray(state[key], np.float32) for key in self.state_keys]
-
-    def _scalars(self) -> dict:
-        return {k: v for k, v in self.optimizer.state_dict().items() if k not in self.state_keys}
-
-    def _entry(self, clock: int) -> Assembly:
-        if clock not in self.assembly:
-            self.assembly[clock] = Assembly(self.shard_map, self.state_keys)
-        return self.assembly[clock]
-
-    def _place_own(self, entry: Assembly) -> None:
-        """Rank 0: put its own shard and the optimizer's scalars into ``entry``."""
-        entry.scalars = self._scalars()
-        entry.place(0, np.stack([self.versions.live] + self._state_arrays()))
-
-    def _snapshot_out(self, clock: int) -> None:
-        self.n_snapshots += self.rank != 0
-        if self.rank == 0:
-            self._place_own(self._entry(clock))
-            self._snapshot_done(clock)
-            return
-        if self.snap_req is not None:
-            _wait.wait(self.snap_req, "rank 0 to take the previous snapshot")
-        self.snap_buf = pack_shard_state(clock, self.shard, self.versions.live,
-                                         self._state_arrays())
-        self.snap_req = self.comm.Isend(self.snap_buf, 0, TAG_SNAP)
-
-    def _snapshot_in(self, msg: MPI.Message, status: MPI.Status) -> None:
-        source = status.Get_source()
-        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-        _wait.wait(msg.Irecv(buf), f"the snapshot from server rank {source}")
-        clock, shard, rows = unpack_shard_state(buf)
-        if shard != source:
-            raise PsgdError(f"snapshot from rank {source} names shard {shard}")
-        self._entry(clock).place(shard, rows)
-        self._snapshot_done(clock)
-
-    def _snapshot_done(self, clock: int) -> None:
-        if not self.assembly[clock].complete:
-            return
-        entry = self.assembly.pop(clock)
-        self.n_snapshots += 1
-        if self.on_snapshot is not None:
-            params, opt_state = entry.full_state()
-            self.on_snapshot(clock=clock, params=params, opt_state=opt_state)
-
-    def _gather_final(self, result: ServerResult) -> None:
-        if self.rank != 0:
-            buf = pack_shard_state(self.version, self.shard, self.versions.live,
-                                   self._state_arrays())
-            _wait.wait(self.comm.Isend(buf, 0, TAG_FINAL), "rank 0 to take the final shard")
-            return
-        entry = Assembly(self.shard_map, self.state_keys)
-        self._place_own(entry)
-        status = MPI.Status()
-        for s in range(1, self.S):
-            msg = _mprobe(self.comm, s, TAG_FINAL, status,
-                          f"the final shard of server rank {s}")
-            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            _wait.wait(msg.Irecv(buf), f"the final shard of server rank {s}")
-            _, shard, srows = unpack_shard_state(buf)
-            entry.place(shard, srows)
-        result.params, result.opt_state = entry.full_state()
 
 
 def serve(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,

@@ -12,9 +12,8 @@ import os
 import sys
 
 # Each rank is one process on one core: pin BLAS (which numba's np.dot calls) to one
-# thread before any command imports numpy, unless the user chose otherwise.  With
-# BLAS's default of a thread per core, N ranks on N cores run N*N threads and train
-# 4-6x slower (measured: 226 vs 1060 samples/s, asp on 2 cores).
+# thread before any command imports numpy, unless the user chose otherwise (N ranks
+# with a BLAS thread per core each oversubscribe the node; the README has the cost).
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 

@@ -28,10 +28,8 @@ from psgd.ps.versions import ShardVersions, step_into
 from psgd.mpi.shardmap import ShardMap
 
 # Deferred work (the bsp rule's check of a push no pass has read yet) waits until the
-# loop has found nothing to do for this long.  One failed probe does not mean the next
-# push is not already here (MPICH may need several polls to surface it), and a check
-# run then delays it by a pass over the shard: bench_ps bsp, alternating with running
-# it at the first failed probe, +7-42 % with 1 server (6 pairs), +10-13 % with 2 (3).
+# loop has found nothing to do for this long: one failed probe does not mean the next
+# push is not already here (MPICH may need several polls to surface it).
 IDLE_WORK_S = 2e-3
 
 

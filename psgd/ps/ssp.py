@@ -1,13 +1,7 @@
-"""Stale synchronous parallel (and asp = ssp with s = inf): apply each push as it arrives, bound the staleness of reads.
+"""The ssp (and asp = ssp with s = inf) update rule: apply each push as it arrives.
 
-Each push for clock c is applied at once with ``lr_schedule(c)`` (divided by
-1 + staleness when ``staleness_lr == "inverse"``).  A pull for clock c is
-answered only when the shard version v >= c - s (the pull rule in
-:mod:`psgd.ps.server`), so a push's staleness c - v never exceeds s; s = 0 is a
-barrier per clock.  ``asp`` is this module with s = inf: pulls never wait
-(Downpour SGD).  A worker may ask for clock c + 1 before it pushes clock c
-(``config.overlap``, :class:`psgd.ps.worker.PSWorker`): the same rule then
-holds the pull until v >= c + 1 - s, so the bound is unchanged.
+The bound itself is the server's pull rule (:mod:`psgd.ps.server`): a pull for
+clock c waits until the shard's version v >= c - s, so no push is staler than s.
 """
 from __future__ import annotations
 

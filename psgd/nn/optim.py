@@ -1,8 +1,7 @@
-"""Optimizers as step functions over one flat float32 slice, and learning-rate schedules.
+"""Optimizers over one flat float32 slice (by increasing complexity), and learning-rate schedules.
 
 An optimizer owns the state of the slice it was made for (a server's shard, or
-the whole vector under all-reduce) and nothing else, so the same code runs on
-a parameter server and on a worker.  Ordered by increasing complexity.
+the whole vector under all-reduce), so the same code runs on a server and a worker.
 """
 from __future__ import annotations
 
@@ -11,22 +10,24 @@ from typing import Callable
 
 import numpy as np
 
-from psgd.kernels.optim import adam_update, momentum_update, sgd_update
+from psgd.kernels.optim import adam_step, momentum_step, sgd_step
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 
 
-def _check_slices(params: np.ndarray, grad: np.ndarray, n: int, grad2=None) -> None:
+def _check_slices(params: np.ndarray, grad: np.ndarray, n: int, grad2=None, dst=None) -> None:
     if params.shape != (n,) or grad.shape != (n,):
         raise ValueError(f"optimizer made for {n} parameters got params {params.shape} "
                          f"and grad {grad.shape}")
+    if dst is not None and dst.shape != (n,):
+        raise ValueError(f"optimizer made for {n} parameters got dst {dst.shape}")
     if grad2 is not None and grad2.shape != (n,):
         raise ValueError(f"optimizer made for {n} parameters got a second grad {grad2.shape}")
 
 
 class Optimizer:
-    """Base: ``step(params, grad, lr)`` updates ``params`` in place from ``grad``.
+    """Base: ``step`` updates parameters in place, ``step_into`` out of place; subclasses give ``_step``.
 
     ``state_dict()`` returns per-element state as float32 arrays of length ``n``
     (so shards concatenate into the full vector's state) and scalars as ints.
@@ -52,6 +53,25 @@ class Optimizer:
         found, and ``params`` and the state are then garbage (a caller that
         must keep them checks first).  Otherwise True.
         """
+        _check_slices(params, grad, self.n, grad2)
+        self.steps += 1
+        return self._step(params, grad, None, float(lr), float(scale), check, grad2, self.steps)
+
+    def step_into(self, src: np.ndarray, grad: np.ndarray, dst: np.ndarray, lr: float,
+                  scale: float = 1.0, grad2: np.ndarray | None = None) -> bool:
+        """One step from ``src`` into ``dst`` (``src`` is not written), checking ``grad`` in its pass.
+
+        The per-element state is updated in place; ``steps`` is not advanced
+        (the caller does, once the step is accepted; adam steps as
+        ``steps + 1``).  Returns False when the gradient (``grad + grad2`` with
+        ``grad2``) holds NaN/Inf; ``dst`` and the state are then garbage.
+        """
+        _check_slices(src, grad, self.n, grad2, dst)
+        dst = None if dst is src else dst   # the kernel's in-place form vectorizes
+        return self._step(src, grad, dst, float(lr), float(scale), True, grad2, self.steps + 1)
+
+    def _step(self, src, grad, dst, lr, scale, check, grad2, step) -> bool:
+        """The kernel call: read ``src``, write ``dst`` (``src`` when None); ``step`` is 1-based."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -74,10 +94,8 @@ class SGD(Optimizer):
 
     name = "sgd"
 
-    def step(self, params, grad, lr, scale=1.0, check=False, grad2=None):
-        _check_slices(params, grad, self.n, grad2)
-        self.steps += 1
-        return sgd_update(params, grad, float(lr), self.weight_decay, float(scale), check, grad2)
+    def _step(self, src, grad, dst, lr, scale, check, grad2, step):
+        return sgd_step(src, grad, dst, lr, self.weight_decay, scale, check, grad2)
 
 
 class Momentum(SGD):
@@ -95,11 +113,9 @@ class Momentum(SGD):
         self.name = "nesterov" if nesterov else "momentum"
         self.velocity = np.zeros(self.n, dtype=np.float32)
 
-    def step(self, params, grad, lr, scale=1.0, check=False, grad2=None):
-        _check_slices(params, grad, self.n, grad2)
-        self.steps += 1
-        return momentum_update(params, grad, self.velocity, float(lr), self.momentum,
-                               self.weight_decay, self.nesterov, float(scale), check, grad2)
+    def _step(self, src, grad, dst, lr, scale, check, grad2, step):
+        return momentum_step(src, grad, self.velocity, dst, lr, self.momentum, self.weight_decay,
+                             self.nesterov, scale, check, grad2)
 
 
 class Adam(Optimizer):
@@ -119,11 +135,9 @@ class Adam(Optimizer):
         self.m = np.zeros(self.n, dtype=np.float32)
         self.v = np.zeros(self.n, dtype=np.float32)
 
-    def step(self, params, grad, lr, scale=1.0, check=False, grad2=None):
-        _check_slices(params, grad, self.n, grad2)
-        self.steps += 1
-        return adam_update(params, grad, self.m, self.v, float(lr), self.beta1, self.beta2,
-                           self.eps, self.weight_decay, self.steps, float(scale), check, grad2)
+    def _step(self, src, grad, dst, lr, scale, check, grad2, step):
+        return adam_step(src, grad, self.m, self.v, dst, lr, self.beta1, self.beta2, self.eps,
+                         self.weight_decay, step, scale, check, grad2)
 
 
 def make_optimizer(name: str, n: int, *, momentum: float = 0.9, weight_decay: float = 0.0,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.errors import NonFinitePush
-from psgd.kernels.step_into import add_into, finite
+from psgd.kernels.finite import add_into, finite
 from psgd.config import ProtocolConfig
 from psgd.ps.versions import ShardVersions
 

@@ -23,8 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.mpi import wait as _wait
-from psgd.kernels.step_into import adam_step_into, finite, momentum_step_into, sgd_step_into
-from psgd.nn.optim import SGD, Adam, Momentum, Optimizer
+from psgd.kernels.finite import finite
+from psgd.nn.optim import Optimizer
 
 SPARES = 2
 
@@ -37,11 +37,10 @@ def step_into(optimizer: Optimizer, src: np.ndarray, grad: np.ndarray, dst: np.n
     Parameters
     ----------
     optimizer : Optimizer
-        Its per-element state is updated in place; its step count is not
-        advanced (the caller does, once the step is accepted; adam uses
-        ``optimizer.steps + 1``).
+        Steps with :meth:`Optimizer.step_into`: its per-element state is
+        updated in place, its step count is not advanced.
     src, grad, dst : ndarray, float32 (n,)
-        ``dst`` must not be ``src``.
+        ``src`` is only read (unless it is ``dst``).
     lr : float
     scale : float
         Multiplies ``grad`` before the step (1 / count for a mean of a sum).
@@ -62,20 +61,7 @@ def step_into(optimizer: Optimizer, src: np.ndarray, grad: np.ndarray, dst: np.n
     """
     if check_first and not finite(grad):
         return False
-    lr, scale, wd = float(lr), np.float32(scale), optimizer.weight_decay
-    kind = type(optimizer)
-    if kind is SGD:
-        ok = sgd_step_into(src, grad, dst, lr, wd, scale, grad2)
-    elif kind is Momentum:
-        ok = momentum_step_into(src, grad, optimizer.velocity, dst, lr, optimizer.momentum, wd,
-                                optimizer.nesterov, scale, grad2)
-    elif kind is Adam:
-        ok = adam_step_into(src, grad, optimizer.m, optimizer.v, dst, lr, optimizer.beta1,
-                            optimizer.beta2, optimizer.eps, wd, optimizer.steps + 1, scale,
-                            grad2)
-    else:
-        raise TypeError(f"no out-of-place step for optimizer {optimizer.name!r}")
-    return bool(ok)
+    return bool(optimizer.step_into(src, grad, dst, lr, scale, grad2))
 
 
 class ShardVersions:

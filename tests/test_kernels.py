@@ -6,6 +6,7 @@ from psgd.kernels.activation import relu_backward, relu_forward
 from psgd.kernels.conv import (col2im, conv2d_backward_input, conv2d_backward_params, conv2d_forward,
                                conv_out_size, im2col)
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
+from psgd.kernels.finite import add_into, finite
 from psgd.kernels.loss import softmax_cross_entropy
 from psgd.kernels.pool import maxpool2d_backward, maxpool2d_forward, pool_out_size
 
@@ -294,3 +295,33 @@ def test_kernel_agrees_with_its_py_func(name, kernel, args):
         np.testing.assert_allclose(np.array(r1, float), np.array(r2, float), rtol=1e-12, err_msg=name)
     elif r1 is not None:
         np.testing.assert_allclose(r1, r2, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_finite_catches_nan_and_inf_but_not_huge_finite_values(dtype):
+    x = np.ones(1000, dtype)
+    assert finite(x) and finite(np.zeros(0, dtype))
+    x[3] = np.finfo(dtype).max
+    assert finite(x)
+    for bad in (np.inf, -np.inf, np.nan):
+        for at in (0, 500, 999):
+            y = x.copy()
+            y[at] = bad
+            with np.errstate(invalid="ignore"):
+                assert not finite(y) and not finite.py_func(y)
+
+
+@pytest.mark.parametrize("check_total", [False, True])
+def test_add_into_sums_into_grad_leaves_total_and_checks_grad_or_both(check_total):
+    rng = np.random.default_rng(9)
+    total, grad = (rng.standard_normal(257).astype(np.float32) for _ in range(2))
+    keep, want = total.copy(), total + grad
+    assert add_into(total, grad, check_total)
+    np.testing.assert_array_equal(grad, want)
+    np.testing.assert_array_equal(total, keep)
+    bad = np.ones_like(grad)
+    bad[100] = np.nan
+    assert not add_into(total, bad.copy(), check_total)
+    np.testing.assert_array_equal(total, keep)
+    bad_total = np.full_like(total, np.inf)
+    assert add_into(bad_total, np.ones_like(grad), check_total) is not check_total

@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from psgd.mpi import wait as _wait
 from psgd.errors import PsgdError
-from psgd.nn.finite import all_finite
+from psgd.kernels.finite import finite
 from psgd.collectives.allreduce import allreduce
 from psgd.config import ProtocolConfig
 from psgd.mpi.roles import Roles
@@ -97,7 +97,7 @@ class AllreduceWorker:
         allreduce(self.comm, grad, "mean", label=f" of clock {clock}")
         t1 = time.perf_counter()
         # every worker holds the same mean, so all of them skip or fail alike
-        if not all_finite(grad):
+        if not finite(grad):
             if not self.skip_nonfinite:
                 if self.rank != 0:  # one message: worker 0 reports and ends the job
                     _wait.barrier(self.comm, "worker 0 to report the non-finite gradient")

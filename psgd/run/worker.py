@@ -5,8 +5,8 @@ import math
 import time
 
 from psgd.errors import PsgdError
+from psgd.kernels.finite import finite
 from psgd.mpi import faults, wait
-from psgd.nn.finite import all_finite
 from psgd.run.lead import TIMERS, Lead
 from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
@@ -27,7 +27,7 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     t0 = time.perf_counter()
     loss, correct = model.loss_and_grad(x, y)
     timers["compute_s"] += time.perf_counter() - t0
-    if not s.skip_nonfinite and not (math.isfinite(loss) and all_finite(model.grad)):
+    if not s.skip_nonfinite and not (math.isfinite(loss) and finite(model.grad)):
         raise PsgdError(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step "
                         f"{clock} on worker {job.roles.worker_index}; lower --lr or check the "
                         f"data (--skip-nonfinite skips such updates instead)")

@@ -1,14 +1,8 @@
 """Bulk-synchronous parallel: the server averages all workers' gradients of clock c into one optimizer step.
 
-The server sums the gradients of the W workers for clock c, and when the last
-of them arrives (the shard version advances from c to c+1) applies one step
-with the mean (the sum times 1 / the number summed, so a step equals SGD on
-the union of equal batches) and ``lr_schedule(c)``.  Pulls for clock c+1 are
-answered only after that step (the pull rule of :mod:`psgd.ps.server` with bound
-s = 0), so every push has staleness 0.  A worker that has finished no longer
-counts towards "all workers".  A worker gains nothing by asking for clock c+1
-before it pushes clock c: the pull waits for its own push too, so bsp does not
-overlap pulls with computation.
+When the last push of clock c arrives the server steps once with the mean
+(so bsp equals SGD on the union of the batches) and ``lr_schedule(c)``; pulls
+for clock c+1 are answered only after that step, so every push has staleness 0.
 """
 from __future__ import annotations
 
@@ -25,30 +19,16 @@ STALENESS_BOUND = 0
 class BspUpdate:
     """Accumulate the pushes of one clock; step when the version advances.
 
-    Memory: two float32 buffers of the shard's length, the sum and the receive
-    buffer.  The first push of a clock becomes the sum.  Each later push is
-    held in the receive buffer and added (``incoming = sum + incoming``, then
-    the two swap) only when the next push needs the buffer; the last push of
-    the clock is never added on its own, the step reads the sum and it in one
-    pass (``grad2``).  For W = 2 that is one pass per clock where a check, an
-    add and a step were three: 0.67-0.71 against 1.25-1.56 ms on 1M floats.
-
-    Checks.  With ``skip_nonfinite`` each push is checked as it arrives (on
-    its own, or in the pass that adds it) and a bad one is dropped, leaving
-    the sum intact; the step then checks the sum before it writes anything.
-    Without it a push is checked in the first pass that reads it anyway (the
-    add, or the step, which checks the sum), or, once the server has had
-    nothing else to do for ``psgd.ps.server.IDLE_WORK_S``, in a pass of its own
-    (:meth:`idle`); a non-finite one ends the job with
-    :class:`psgd.errors.NonFinitePush` naming its sender.
-
-    Lent pushes (``borrowed=True``: a worker's gradient read in place from
-    the push window, :mod:`psgd.ps.push_window`).  The rule may read such a push
-    until the version advances (the worker gets no reply before), never
-    write it.  The first two pushes of a clock, when both are lent, stay
-    where they are, and the step reads them in its one pass: no copy at all
-    for W = 2.  A third push, or one by message, first copies the lent ones
-    into the rule's buffers and the rule goes on as above.
+    Two float32 shard-length buffers: the sum and the receive buffer.  The
+    first push of a clock becomes the sum; a later one is held and added
+    (``incoming = sum + incoming``, then the two swap) only when the next push
+    needs the buffer, so the last push is never added on its own: the step
+    reads the sum and it in one pass (``grad2``).  Each push is checked for NaN/Inf in the
+    first pass that reads it (or on arrival with ``skip_nonfinite``, or in
+    :meth:`idle`); a bad one ends the job with :class:`psgd.errors.NonFinitePush`
+    naming its sender, or is dropped with ``skip_nonfinite``.  Up to two lent
+    pushes of a clock (``borrowed=True``, read in place from the push window)
+    are only read, never written, and never copied when they are all there is.
     """
 
     def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions) -> None:

@@ -1,21 +1,8 @@
 """A server's shard as a few parameter versions: replies read the live one while a step writes a spare.
 
-A pull reply is sent straight from the live parameter buffer (no copy).  When
-no reply is still reading the live buffer, the next optimizer step updates it
-in place: always under bsp, whose workers take their replies before they push
-again; rarely under asp (17 of 608 steps in bench_ps), where a worker is
-still copying its reply when the server steps the next push.  Otherwise the step reads the live buffer and writes a
-spare one, which then becomes live, so a reply in flight never sees a
-half-updated shard; the old buffer is reused once the replies reading it are
-complete.  With ``spares`` spare buffers the server only waits on a reply
-when every spare is still being read.  Either step checks the gradient for
-NaN/Inf in the same pass.
-
-Why in place first: the server's buffers do not stay in cache (on the 2-core
-test VM a 4 MB add slows from 306 to 531 us once the working set passes
-16 MB), and an out-of-place step also reads the buffer it overwrites.
-Receiving a 4 MB push and stepping a 1M-float shard took 553-678 + 442-553
-us in place against 762-774 + 980 us rotating three buffers (2 ranks, SGD).
+The step is in place when no pull reply is reading the live buffer, and out
+of place into a spare buffer otherwise, so a reply in flight never sees a
+half-updated shard.
 """
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class Optimizer:
 
     def step_into(self, src: np.ndarray, grad: np.ndarray, dst: np.ndarray, lr: float,
                   scale: float = 1.0, grad2: np.ndarray | None = None) -> bool:
-        """One step from ``src`` into ``dst`` (``src`` is not written), checking ``grad`` in its pass.
+        """One step from ``src`` into ``dst`` (``src`` is only read, unless it is ``dst``), checking ``grad``.
 
         The per-element state is updated in place; ``steps`` is not advanced
         (the caller does, once the step is accepted; adam steps as

@@ -1,4 +1,4 @@
-"""Optimizer step kernels (in place == out of place, bitwise) against plain numpy references; schedules; bad hyper-parameters."""
+"""Optimizer step kernels: in place == out of place == numpy float32, bitwise; float64 references; schedules."""
 import math
 
 import numpy as np
@@ -46,7 +46,7 @@ def test_optimizer_matches_numpy_reference(name, wd):
 
 
 def _kernel_case(name, n=1001, seed=1):
-    """(kernel, src, grad, grad2, state arrays, hyper-parameters before scale) for kernel ``name``."""
+    """(kernel, src, grad, grad2, state arrays, hyper-parameters before scale) for ``name``."""
     rng = np.random.default_rng(seed)
     src, grad, grad2 = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     if name == "sgd":

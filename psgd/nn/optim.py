@@ -27,7 +27,7 @@ def _check_slices(params: np.ndarray, grad: np.ndarray, n: int, grad2=None, dst=
 
 
 class Optimizer:
-    """Base: ``step`` updates parameters in place, ``step_into`` out of place; subclasses give ``_step``.
+    """Base: ``step`` in place, ``step_into`` out of place; each subclass gives its ``_step``.
 
     ``state_dict()`` returns per-element state as float32 arrays of length ``n``
     (so shards concatenate into the full vector's state) and scalars as ints.
@@ -59,7 +59,7 @@ class Optimizer:
 
     def step_into(self, src: np.ndarray, grad: np.ndarray, dst: np.ndarray, lr: float,
                   scale: float = 1.0, grad2: np.ndarray | None = None) -> bool:
-        """One step from ``src`` into ``dst`` (``src`` is only read, unless it is ``dst``), checking ``grad``.
+        """One step from ``src`` into ``dst`` (``src`` only read unless it is ``dst``); checks ``grad``.
 
         The per-element state is updated in place; ``steps`` is not advanced
         (the caller does, once the step is accepted; adam steps as
@@ -71,7 +71,7 @@ class Optimizer:
         return self._step(src, grad, dst, float(lr), float(scale), True, grad2, self.steps + 1)
 
     def _step(self, src, grad, dst, lr, scale, check, grad2, step) -> bool:
-        """The kernel call: read ``src``, write ``dst`` (``src`` when None); ``step`` is 1-based."""
+        """The kernel call: read ``src``, write ``dst`` (``src`` when None); ``step`` 1-based."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:

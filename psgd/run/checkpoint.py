@@ -12,7 +12,7 @@ import numpy as np
 
 import psgd
 from psgd.atomic_file import atomic_output
-from psgd.nn.finite import all_finite
+from psgd.kernels.finite import finite
 
 FORMAT_VERSION = 1
 NAME_RE = re.compile(r"^ckpt-(\d{8})\.h5$")
@@ -132,7 +132,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         if params.shape != (n,):
             raise ValueError(f"checkpoint {path}: /params has shape {params.shape}, "
                              f"attribute n_params says {n}")
-        if not all_finite(params):
+        if not finite(params):
             raise ValueError(f"checkpoint {path}: /params holds non-finite values")
         opt_state: dict = {}
         for key, ds in f.get("optimizer", {}).items():

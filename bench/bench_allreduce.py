@@ -69,7 +69,8 @@ def _sample(comm, fn, k: int) -> float:
 def worker(args) -> None:
     import numpy as np
     from mpi4py import MPI
-    from psgd.collectives.allreduce import auto_algorithm, allreduce
+
+    from psgd.collectives.allreduce import allreduce, auto_algorithm
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     kw = {}

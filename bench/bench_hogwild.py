@@ -21,12 +21,12 @@ def child(args) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from psgd.mpi import wait
     from psgd.errors import report_and_abort
-    from psgd.protocols import make_config
     from psgd.hogwild.hogwild import HogwildWorker, serve_hogwild
+    from psgd.mpi import wait
     from psgd.mpi.roles import assign_roles
     from psgd.mpi.shardmap import ShardMap
+    from psgd.protocols import make_config
 
     try:
         comm = MPI.COMM_WORLD

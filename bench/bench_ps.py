@@ -75,12 +75,13 @@ def child_raw(args):
 def child_ps(args):
     import numpy as np
     from mpi4py import MPI
+
     from psgd.mpi import wait
-    from psgd.protocols import get, make_config
-    from psgd.ps.worker import PSWorker
     from psgd.mpi.roles import assign_roles
-    from psgd.ps.server import serve
     from psgd.mpi.shardmap import ShardMap
+    from psgd.protocols import get, make_config
+    from psgd.ps.server import serve
+    from psgd.ps.worker import PSWorker
     comm = MPI.COMM_WORLD
     roles = assign_roles(comm, args.servers)
     bound = 1 if get(args.protocol).bound is None else None   # ssp: s = 1

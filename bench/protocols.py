@@ -194,9 +194,10 @@ def single_process(data: str, model_spec: str, optimizer: str, lr: float, batch_
     """
     import h5py
     import numpy as np
-    from psgd.nn.serial import train_serial
+
     from psgd.nn.model import build_model
     from psgd.nn.optim import make_optimizer
+    from psgd.nn.serial import train_serial
     with h5py.File(data, "r") as f:
         scale, offset = float(f.attrs["scale"]), float(f.attrs["offset"])
         x = f["train/x"][:].astype(np.float32) * scale + offset

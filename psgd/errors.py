@@ -39,6 +39,7 @@ def report_and_abort(exc: BaseException, *, debug: bool = False, code: int = 1) 
     sys.stdout.flush()
     if size > 1:
         from mpi4py import MPI
+
         # the launcher forwards our stderr through a pipe it stops reading once the abort
         # reaches it: seen on a loaded node, the line was lost; give it a moment first
         time.sleep(ABORT_GRACE_S)

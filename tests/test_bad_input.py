@@ -6,9 +6,9 @@ import h5py
 import numpy as np
 import pytest
 
-from psgd.run.checkpoint import Checkpoint, save_checkpoint
 from psgd.data import make_synthetic, write_dataset
 from psgd.nn.model import build_model
+from psgd.run.checkpoint import Checkpoint, save_checkpoint
 
 MLP = "mlp:784-16-10"
 TIMEOUT = 60

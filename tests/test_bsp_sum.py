@@ -4,8 +4,8 @@ import pytest
 
 from psgd.errors import NonFinitePush
 from psgd.nn.optim import make_optimizer
-from psgd.ps.bsp import BspUpdate
 from psgd.protocols import make_config
+from psgd.ps.bsp import BspUpdate
 from psgd.ps.versions import ShardVersions, step_into
 
 NAMES = ["sgd", "momentum", "nesterov", "adam"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from psgd.run.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resolve_resume,
-                             save_checkpoint)
+                                 save_checkpoint)
 
 
 def make(step=10, n=100):

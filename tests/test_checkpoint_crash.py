@@ -7,11 +7,10 @@ import time
 
 import numpy as np
 import pytest
-
-from psgd.run.checkpoint import list_checkpoints, load_checkpoint
-from psgd.nn.model import build_model
-
 from conftest import MPI_DIR, write_synth
+
+from psgd.nn.model import build_model
+from psgd.run.checkpoint import list_checkpoints, load_checkpoint
 
 BIG = "mlp:784-2048-2048-10"   # 5.8M parameters: a 23 MB file, about 0.1 s to write
 KILLS = 6

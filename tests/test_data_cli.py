@@ -71,6 +71,7 @@ def test_missing_npz_and_missing_output_dir_are_one_line_errors(tmp_path):
 
 def test_info_on_a_file_missing_a_dataset_is_one_line_error(tmp_path):
     import h5py
+
     from psgd.data import layout
     x, y = np.zeros((4, 3), np.float32), np.zeros(4, int)
     layout.write_dataset(tmp_path / "d.h5", x, y, x, y)

@@ -5,11 +5,10 @@ import time
 import uuid
 
 import pytest
+from conftest import marked_pids
 
 from psgd.mpi.faults import parse
 from psgd.run.metrics import read_log
-
-from conftest import marked_pids
 
 MLP = "mlp:784-32-10"
 BOUND_S = 30          # a failed job must be gone within this many seconds

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from psgd.kernels.activation import relu_backward, relu_forward
-from psgd.kernels.conv import (col2im, conv2d_backward_input, conv2d_backward_params, conv2d_forward,
-                               conv_out_size, im2col)
+from psgd.kernels.conv import (col2im, conv2d_backward_input, conv2d_backward_params,
+                               conv2d_forward, conv_out_size, im2col)
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
 from psgd.kernels.finite import add_into, finite
 from psgd.kernels.loss import softmax_cross_entropy

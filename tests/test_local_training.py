@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from psgd.nn.serial import train_serial
 from psgd.nn.model import build_model
 from psgd.nn.optim import make_optimizer
+from psgd.nn.serial import train_serial
 
 
 def template_data(n, seed, noise=1.5, classes=10):

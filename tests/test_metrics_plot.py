@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from psgd.run.metrics import MetricsLog, read_log
 from psgd.plot import plot_logs
+from psgd.run.metrics import MetricsLog, read_log
 
 
 def write_run(path, protocol, hist):

@@ -5,9 +5,9 @@ import time
 import numpy as np
 import pytest
 
-from psgd.protocols import make_config
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
+from psgd.protocols import make_config
 
 
 def result_of(proc):
@@ -112,6 +112,7 @@ def test_overlap_is_rejected_where_the_next_params_need_the_own_push():
                                    ["--protocol", "allreduce", "--servers", "0"]])
 def test_train_overlap_flag_is_rejected_outside_asp_and_ssp_with_slack(dataset, flags):
     import argparse
+
     from psgd.run.settings import add_arguments, resolve
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -245,6 +246,7 @@ def test_step_into_reports_a_nonfinite_gradient_and_sgd_source_is_untouched(bad)
 
 def test_shard_versions_never_write_a_buffer_a_reply_still_reads():
     from mpi4py import MPI
+
     from psgd.nn.optim import make_optimizer
     from psgd.ps.versions import ShardVersions
     comm = MPI.COMM_SELF
@@ -277,6 +279,7 @@ def test_shard_versions_never_write_a_buffer_a_reply_still_reads():
 @pytest.mark.parametrize("name", ["sgd", "momentum"])
 def test_skipped_nonfinite_push_leaves_params_and_optimizer_state_untouched(name, reply_in_flight):
     from mpi4py import MPI
+
     from psgd.nn.optim import make_optimizer
     from psgd.ps.versions import ShardVersions
     opt = make_optimizer(name, 6, momentum=0.9)

@@ -15,8 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-
 from conftest import marked_pids, mpiexec_path, write_synth
 
 RSS_BOUND_MB = 40.0

@@ -6,9 +6,9 @@ from collections import OrderedDict
 import numpy as np
 from mpi4py import MPI
 
-from psgd.env import env_int
 from psgd.collectives.schedules import DoublingSchedule, RingSchedule, Schedule
 from psgd.collectives.shared_window import SharedSchedule, SharedWindow
+from psgd.env import env_int
 from psgd.mpi.shared_memory import on_one_node
 
 OPS = ("sum", "mean")

@@ -8,11 +8,11 @@ from collections import Counter
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait as _wait
-from psgd.errors import PsgdError
-from psgd.kernels.finite import finite
 from psgd.collectives.allreduce import allreduce
 from psgd.config import ProtocolConfig
+from psgd.errors import PsgdError
+from psgd.kernels.finite import finite
+from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
 from psgd.nn.optim import make_optimizer
 from psgd.nn.vectors import check_flat

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait as _wait
 from psgd.env import env_float
+from psgd.mpi import wait as _wait
 
 # Tags on the all-reduce's private communicator: recursive doubling uses the first
 # three, the ring 16 + 2s (reduce-scatter step s) and 17 + 2s (all-gather step s).

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait as _wait
-from psgd.env import env_int
 from psgd.collectives.schedules import POLLS, SPIN_S
+from psgd.env import env_int
+from psgd.mpi import wait as _wait
 from psgd.mpi.shared_memory import allocate_shared
 
 # A reduce-scatter moves a buffer through the window in pieces of at most this many

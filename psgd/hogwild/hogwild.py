@@ -15,16 +15,14 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from psgd.mpi import faults
-
-from psgd.mpi import wait
-from psgd.errors import PsgdError
-from psgd.nn.optim import make_optimizer
 from psgd.config import ProtocolConfig
+from psgd.errors import PsgdError
 from psgd.hogwild.windows import Windows
+from psgd.mpi import faults, wait
 from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
+from psgd.nn.optim import make_optimizer
 from psgd.nn.vectors import check_flat
 
 SERVER_MAX_SLEEP = 0.01  # s: an idle server's longest backoff sleep (sees the end <= 10 ms late)

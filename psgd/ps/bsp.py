@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from psgd.config import ProtocolConfig
 from psgd.errors import NonFinitePush
 from psgd.kernels.finite import add_into, finite
-from psgd.config import ProtocolConfig
 from psgd.ps.versions import ShardVersions
 
 STALENESS_BOUND = 0

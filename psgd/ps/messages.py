@@ -37,8 +37,8 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait as _wait
 from psgd.config import ProtocolConfig
+from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 

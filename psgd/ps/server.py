@@ -9,23 +9,24 @@ section gives the message flow and the server's memory bound.
 from __future__ import annotations
 
 import time
+
 import numpy as np
 from mpi4py import MPI
 
+from psgd.config import ProtocolConfig
+from psgd.errors import NonFinitePush, PsgdError
 from psgd.mpi import faults
 from psgd.mpi import wait as _wait
-from psgd.errors import NonFinitePush, PsgdError
+from psgd.mpi.report import ServerResult, StalenessHistogram
+from psgd.mpi.roles import Roles
+from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
-from psgd.config import ProtocolConfig
-from psgd.ps.push_window import PushWindow
 from psgd.ps.messages import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
                               TAG_CTRL, TAG_SNAP, check_ps_setup, check_push_shard, server_pull,
                               server_push)
-from psgd.mpi.report import ServerResult, StalenessHistogram
-from psgd.mpi.roles import Roles
+from psgd.ps.push_window import PushWindow
 from psgd.ps.snapshots import Snapshots
 from psgd.ps.versions import ShardVersions, step_into
-from psgd.mpi.shardmap import ShardMap
 
 # Deferred work (the bsp rule's check of a push no pass has read yet) waits until the
 # loop has found nothing to do for this long: one failed probe does not mean the next

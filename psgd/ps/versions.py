@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait as _wait
 from psgd.kernels.finite import finite
+from psgd.mpi import wait as _wait
 from psgd.nn.optim import Optimizer
 
 SPARES = 2

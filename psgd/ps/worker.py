@@ -6,14 +6,13 @@ from typing import Sequence
 
 import numpy as np
 
-from psgd.mpi import wait as _wait
 from psgd.config import ProtocolConfig
-from psgd.ps.push_window import PushWindow
-from psgd.ps.messages import (DONE, HEADER_LEN, TAG_CTRL, check_ps_setup,
-                           worker_pull, worker_push)
+from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.vectors import check_flat
+from psgd.ps.messages import DONE, HEADER_LEN, TAG_CTRL, check_ps_setup, worker_pull, worker_push
+from psgd.ps.push_window import PushWindow
 
 
 def _pending(requests: list, owners: Sequence[int]) -> list:

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait
-from psgd.run.checkpoint import Checkpoint, load_checkpoint, resolve_resume, save_checkpoint
-from psgd.errors import PsgdError
-from psgd.nn.optim import make_schedule
 from psgd.config import ProtocolConfig
+from psgd.errors import PsgdError
+from psgd.mpi import wait
 from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
+from psgd.nn.optim import make_schedule
 from psgd.protocols import Protocol, get
+from psgd.run.checkpoint import Checkpoint, load_checkpoint, resolve_resume, save_checkpoint
 from psgd.run.settings import TrainSettings, resolve
 
 

@@ -9,9 +9,10 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.config import STALENESS_LR
+from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import PROTOCOLS, get
+
 
 def _protocol_help() -> str:
     lines = []

@@ -9,11 +9,11 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.errors import report_and_abort
-from psgd.nn.optim import make_optimizer
-from psgd.protocols import make_config
 from psgd.hogwild.hogwild import HogwildWorker, serve_hogwild
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
+from psgd.nn.optim import make_optimizer
+from psgd.protocols import make_config
 
 MOMENTUM = 0.5
 

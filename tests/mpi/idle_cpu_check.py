@@ -4,8 +4,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait
 from psgd.errors import report_and_abort
+from psgd.mpi import wait
 
 
 def main():

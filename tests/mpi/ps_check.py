@@ -12,17 +12,16 @@ import time
 
 import numpy as np
 from mpi4py import MPI
+from reference import softmax_grad
 
 from psgd.errors import report_and_abort
+from psgd.mpi.roles import assign_roles
+from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
 from psgd.protocols import get, make_config
-from psgd.ps.worker import PSWorker
 from psgd.ps.messages import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH
-from psgd.mpi.roles import assign_roles
 from psgd.ps.server import serve
-from psgd.mpi.shardmap import ShardMap
-
-from reference import softmax_grad
+from psgd.ps.worker import PSWorker
 
 D, K, B, N_BATCHES = 12, 4, 8, 5
 N_PARAMS = K * D + K

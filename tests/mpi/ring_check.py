@@ -5,8 +5,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from psgd.errors import report_and_abort
 from psgd.collectives.allreduce import allreduce
+from psgd.errors import report_and_abort
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

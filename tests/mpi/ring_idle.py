@@ -5,9 +5,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait
-from psgd.errors import report_and_abort
 from psgd.collectives.allreduce import allreduce
+from psgd.errors import report_and_abort
+from psgd.mpi import wait
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()

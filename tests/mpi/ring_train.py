@@ -2,15 +2,14 @@
 
 import numpy as np
 from mpi4py import MPI
-
-from psgd.errors import PsgdError, report_and_abort
-from psgd.nn.optim import make_optimizer
-from psgd.collectives.allreduce_worker import AllreduceWorker
-from psgd.mpi.roles import assign_roles
-from psgd.protocols import make_config
-from psgd.collectives.allreduce import auto_algorithm
-
 from reference import softmax_grad
+
+from psgd.collectives.allreduce import auto_algorithm
+from psgd.collectives.allreduce_worker import AllreduceWorker
+from psgd.errors import PsgdError, report_and_abort
+from psgd.mpi.roles import assign_roles
+from psgd.nn.optim import make_optimizer
+from psgd.protocols import make_config
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -1,8 +1,8 @@
 """Rank 1 waits for a message rank 0 never sends: a stall report, then the job ends (run with 2 ranks)."""
 from mpi4py import MPI
 
-from psgd.mpi import wait
 from psgd.errors import report_and_abort
+from psgd.mpi import wait
 
 
 def main():

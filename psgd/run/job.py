@@ -156,9 +156,9 @@ def train_main(args: argparse.Namespace) -> None:
     roles = assign_roles(comm, settings.servers)
     job = agree(comm, lambda: _build(settings, roles, debug), debug)
     if roles.is_server:
-        from psgd.run.server import run_server
+        from psgd.run.server_rank import run_server
         run_server(job)
     else:
-        from psgd.run.worker import run_worker
+        from psgd.run.worker_rank import run_worker
         run_worker(job)
     wait.barrier(comm, "the other ranks to finish")

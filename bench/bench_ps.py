@@ -92,7 +92,8 @@ def child_ps(args):
     if roles.is_server:
         res = serve(roles, smap, config, init_shard=np.zeros(smap.size(roles.rank), np.float32))
         info = {"cpu_s": res.cpu_s, "wall_s": res.wall_s, "updates": res.n_updates,
-                "window_pushes": res.n_window_pushes,
+                "window_pushes": res.n_window_pushes, "in_place_steps": res.n_in_place,
+                "version_waits": res.n_version_waits,
                 "buffer_mb": res.buffer_bytes / 1e6, "shard_mb": 4 * smap.size(roles.rank) / 1e6}
     else:
         worker = PSWorker(roles, smap, config)

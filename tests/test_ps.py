@@ -30,6 +30,8 @@ def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, work
     res = result_of(proc)
     assert res["n_updates"] == 50
     assert res["max_err"] < 1e-5
+    # bsp's workers take their replies before they push again: every step is in place
+    assert res["in_place"] == 50 and res["version_waits"] == 0, res
     # every push went the way asked: read in place from the window, or received
     ranks = range(servers, servers + workers)
     window = {"window": [50 * workers] * servers, "messages": [0] * servers,

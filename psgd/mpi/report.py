@@ -50,6 +50,9 @@ class ServerResult:
         Pushes received, optimizer steps applied, non-finite updates skipped.
     n_window_pushes : int
         Pushes read from a worker's segment of the push window (:mod:`psgd.ps.push_window`).
+    n_in_place, n_version_waits : int
+        Steps written over the live shard (no pull reply was reading it), and
+        steps that first waited for a reply to free a spare version.
     cpu_s, wall_s : float
         Process CPU time and wall time of the server loop.
     params : ndarray, float32 (n,) or None
@@ -70,6 +73,8 @@ class ServerResult:
     n_updates: int = 0
     n_skipped: int = 0
     n_window_pushes: int = 0
+    n_in_place: int = 0
+    n_version_waits: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
     params: np.ndarray | None = None

@@ -125,6 +125,8 @@ class _Server:
         result = ServerResult(staleness_hist=self.hist.counts,
                               n_pushes=self.n_pushes, n_updates=self.rule.n_updates,
                               n_skipped=self.n_skipped, n_window_pushes=self.n_window_pushes,
+                              n_in_place=self.versions.n_in_place,
+                              n_version_waits=self.versions.n_waits,
                               cpu_s=cpu, wall_s=wall,
                               n_snapshots=self.snapshots.n_snapshots,
                               buffer_bytes=self._buffer_bytes())

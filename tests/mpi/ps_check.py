@@ -135,6 +135,7 @@ def mode_bsp(args, comm):
                 if key != "steps":
                     assert np.allclose(st[key], ref_state[key], **tol), f"snapshot {c} {key}"
     print("RESULT " + json.dumps({"max_err": err, "n_updates": res.n_updates,
+                                  "in_place": res.n_in_place, "version_waits": res.n_version_waits,
                                   "snapshots": clocks, "buffer_bytes": want_bytes,
                                   "window_pushes": [v for v in via if v is not None]}),
           flush=True)

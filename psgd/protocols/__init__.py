@@ -83,7 +83,7 @@ class Protocol:
         """
         if self.bound is not None:
             if staleness is not None:
-                raise ValueError(f"--staleness applies to --protocol {_names(bound=None)} only, "
+                raise ValueError(f"--staleness applies to --protocol {names(bound=None)} only, "
                                  f"not {self.name}")
             return self.bound
         staleness = self.default_staleness if staleness is None else staleness
@@ -102,7 +102,7 @@ class Protocol:
         """
         bound = self.staleness_bound(staleness)
         if overlap and not (self.overlap and bound >= 1):
-            raise ValueError(f"--overlap needs --protocol {_names(overlap=True)} with a staleness "
+            raise ValueError(f"--overlap needs --protocol {names(overlap=True)} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
                              f"parameters wait for its own push")
         if n_servers is not None and self.servers and n_servers < 1:
@@ -144,8 +144,8 @@ class Protocol:
         return _load(self.server)(roles, shard_map, config, **kwargs)
 
 
-def _names(**match) -> str:
-    """The protocols whose attributes equal ``match``, as ``a or b``."""
+def names(**match) -> str:
+    """The protocols whose attributes equal ``match``, as ``a or b`` (e.g. ``names(servers=False)``)."""
     return " or ".join(p.name for p in PROTOCOLS.values()
                        if all(getattr(p, k) == v for k, v in match.items()))
 

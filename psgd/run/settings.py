@@ -11,13 +11,14 @@ from pathlib import Path
 
 from psgd.config import STALENESS_LR
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
-from psgd.protocols import PROTOCOLS, get
+from psgd.protocols import PROTOCOLS, get, names
 
 
 def _protocol_help() -> str:
     lines = []
     for p in PROTOCOLS.values():
-        lines += textwrap.wrap(p.summary, 66, initial_indent=f"  {p.name:<10} ",
+        lines += textwrap.wrap(p.summary, 79, break_on_hyphens=False,
+                               initial_indent=f"  {p.name:<10} ",
                                subsequent_indent=" " * 13)
     return "\n".join(lines)
 
@@ -30,7 +31,7 @@ DESCRIPTION = f"""Train a model data-parallel over MPI. Launch one process per r
 Ranks 0..S-1 are parameter servers (S = --servers), the rest are workers.
 Protocols:
 {_protocol_help()}
-With --overlap (asp, ssp with s >= 1) a worker asks for the next parameters as
+With --overlap ({names(overlap=True)}, with s >= 1) a worker asks for the next parameters as
 soon as it holds the current ones, so the pull travels during its computation;
 each update is then one clock staler (the bound s still holds).
 
@@ -82,11 +83,12 @@ FLAGS: dict[str, tuple[type, str]] = {
     "data": (str, "HDF5 dataset (make one with `psgd data synth`)"),
     "model": (str, "model spec: lenet, or mlp:784-256-256-10 (default lenet)"),
     "protocol": (str, "consistency protocol: " + ", ".join(PROTOCOLS) + " (default ssp)"),
-    "servers": (int, "number of parameter-server ranks S (default 1; 0 for allreduce)"),
-    "staleness": (int, "SSP staleness bound s >= 0 (ssp only; default 2)"),
+    "servers": (int, f"number of parameter-server ranks S (default 1; 0 for "
+                     f"{names(servers=False)})"),
+    "staleness": (int, f"staleness bound s >= 0 in clocks ({names(bound=None)} only; default 2)"),
     "staleness_lr": (str, "none, or inverse: divide each update's step by 1 + its staleness"),
-    "overlap": (bool, "asp, or ssp with staleness >= 1: pull the next parameters while "
-                        "computing (costs one clock of staleness; see the README)"),
+    "overlap": (bool, f"{names(overlap=True)} with a staleness bound >= 1: pull the next "
+                      f"parameters while computing (costs one clock of staleness; see the README)"),
     "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default sgd)"),
     "lr": (float, "learning rate (default 0.1)"),
     "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default constant)"),

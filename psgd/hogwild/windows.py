@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
-from psgd.mpi.shared_memory import on_one_node
+from psgd.mpi.shared_memory import allocate_shared, on_one_node
 
 WINDOW_KINDS = ("auto", "shared", "allocate", "create")
 
@@ -60,7 +60,8 @@ class Windows:
         elif self.kind == "allocate":
             self.params = MPI.Win.Allocate(nbytes, 4, comm=comm)
         else:
-            self.params = MPI.Win.Allocate_shared(nbytes, 4, comm=comm)
+            self.params = allocate_shared(comm, nbytes, 4, "the hogwild parameter window",
+                                          "PSGD_HOGWILD_WINDOW=allocate")
         if self.local is None:
             self.local = np.frombuffer(self.params.tomemory(), dtype=np.float32, count=n_local)
         self.n_counters = 1 + roles.n_workers  # updates, then a finished flag per worker

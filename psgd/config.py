@@ -6,9 +6,6 @@ from typing import Callable
 
 from psgd.env import env_int
 
-STALENESS_LR = ("none", "inverse")
-
-
 @dataclass
 class ProtocolConfig:
     """Settings of one run, identical on every rank (made by :func:`psgd.protocols.make_config`).
@@ -28,8 +25,11 @@ class ProtocolConfig:
     staleness : float
         The staleness bound in force, in clocks: a pull for clock c is answered
         once every worker has pushed clock c - staleness (0 for bsp, inf for asp).
-    staleness_lr : str
-        ``"none"`` or ``"inverse"`` (divide each update's step by 1 + its staleness).
+    staleness_comp : str
+        The staleness compensation the servers (or hogwild's workers) run:
+        ``none``, ``inverse``, ``dcasgd``, ``gap`` or ``amom`` (:mod:`psgd.ps.compensation`).
+    comp_lambda : float or None
+        DC-ASGD's lambda_0 (None: the method's default).
     overlap : bool
         Workers pull the next parameters during the computation (needs staleness >= 1).
     update_rule : type or None
@@ -52,7 +52,8 @@ class ProtocolConfig:
     opt_hparams: dict = field(default_factory=dict)
     lr_schedule: Callable[[int], float] = lambda clock: 0.01
     staleness: float = 0.0
-    staleness_lr: str = "none"
+    staleness_comp: str = "none"
+    comp_lambda: float | None = None
     overlap: bool = False
     update_rule: type | None = None
     snapshot_every: int = 0
@@ -64,6 +65,5 @@ class ProtocolConfig:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.overlap and self.staleness < 1:
             raise ValueError(f"overlap needs a staleness bound >= 1, got {self.staleness:g}")
-        if self.staleness_lr not in STALENESS_LR:
-            raise ValueError(f"--staleness-lr {self.staleness_lr!r} is not one of "
-                             f"{', '.join(STALENESS_LR)}")
+        if self.comp_lambda is not None and not self.comp_lambda >= 0:
+            raise ValueError(f"--comp-lambda must be >= 0, got {self.comp_lambda}")

@@ -24,6 +24,8 @@ from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
 from psgd.nn.vectors import check_flat
+from psgd.ps import compensation
+from psgd.ps.compensation.base import Summary
 
 SERVER_MAX_SLEEP = 0.01  # s: an idle server's longest backoff sleep (sees the end <= 10 ms late)
 STATS_TAG = 0x4807
@@ -85,6 +87,11 @@ class HogwildWorker:
         self._fetched = np.zeros(1, dtype=np.int64)
         self._read_count = 0
         self.histogram = StalenessHistogram()
+        # --staleness-comp: amom sets the local momentum, inverse scales each delta
+        self._amom = (compensation.make("amom", config, self.optimizer, n, roles.n_workers)
+                      if config.staleness_comp == "amom" else None)
+        self._last_delay = 0
+        self._inverse = Summary()
         self.grad_buffer = None
         self._started = False
         self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "n_updates": 0, "skipped": 0}
@@ -128,6 +135,8 @@ class HogwildWorker:
         t0 = time.perf_counter()
         new, delta = self._new, self._delta
         np.copyto(new, params)
+        if self._amom is not None:   # the local momentum lowered by the delay measured so far
+            _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
         self.optimizer.step(new, grad, lr)
         if not _delta_is_finite(new, params, delta):
             if not self.config.skip_nonfinite:
@@ -142,6 +151,15 @@ class HogwildWorker:
         t2 = time.perf_counter()
         self.stats["push_s"] += t1 - t0
         self.stats["pull_s"] += t2 - t1
+
+    @property
+    def compensation(self) -> dict | None:
+        """What ``--staleness-comp`` did on this worker (None: nothing)."""
+        if self._amom is not None:
+            return self._amom.summary()
+        if self.config.staleness_comp == "inverse":
+            return {"method": "inverse", "learning-rate factor": self._inverse.as_dict()}
+        return None
 
     def finish(self) -> None:
         """End the epoch, signal the servers, free the windows, send stats to rank 0."""
@@ -174,8 +192,12 @@ class HogwildWorker:
         staleness = int(self._fetched[0]) - self._read_count
         self.histogram.add(staleness)
         self.stats["n_updates"] += 1
-        if self.config.staleness_lr == "inverse" and staleness > 0:
-            delta *= np.float32(1.0 / (1.0 + staleness))
+        self._last_delay = staleness
+        if self.config.staleness_comp == "inverse":
+            factor = 1.0 / (1.0 + staleness)
+            self._inverse.add(factor)
+            if staleness > 0:
+                delta *= np.float32(factor)
         params_win = self.windows.params
         for shard in range(self.shard_map.n_shards):
             piece = self.shard_map.view(delta, shard)

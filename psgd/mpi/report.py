@@ -62,6 +62,8 @@ class ServerResult:
         concatenated in shard order; scalars from shard 0), when the servers own it.
     n_snapshots : int
         Snapshots handed to ``on_snapshot`` (rank 0) or sent (other servers).
+    compensation : dict or None
+        What the staleness compensation did on this shard (:mod:`psgd.ps.compensation`).
     buffer_bytes : int
         Bytes of the float32 shard-length buffers the server held (parameter
         versions, receive/sum buffers, optimizer state); the same whatever
@@ -80,6 +82,7 @@ class ServerResult:
     params: np.ndarray | None = None
     opt_state: dict | None = None
     n_snapshots: int = 0
+    compensation: dict | None = None
     buffer_bytes: int = 0
 
     @property

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from psgd.config import ProtocolConfig
 from psgd.nn.optim import OPTIMIZERS
+from psgd.ps import compensation
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Protocol:
     resumes_optimizer : bool
         A checkpoint's optimizer state is loaded on resume (which then needs
         the same ``--optimizer``).
+    compensations : tuple of str
+        The ``--staleness-comp`` methods it runs (:mod:`psgd.ps.compensation`);
+        the default is ``auto`` where it runs, else ``none``.
+    compensation_note : str
+        Why the others are refused.
     worker : str
         ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
         config)`` with ``start(params, clock)``, ``step(params, grad, clock,
@@ -72,6 +78,8 @@ class Protocol:
     overlap: bool = False
     server_snapshots: bool = False
     resumes_optimizer: bool = True
+    compensations: tuple[str, ...] = ("none",)
+    compensation_note: str = ": its steps are never stale"
 
     def staleness_bound(self, staleness: int | None) -> float:
         """The bound in force, given ``--staleness`` (None when not given).
@@ -90,6 +98,29 @@ class Protocol:
         if staleness < 0:
             raise ValueError(f"--staleness must be >= 0, got {staleness}")
         return float(staleness)
+
+    def compensation(self, method: str | None, optimizer: str,
+                     comp_lambda: float | None = None) -> str:
+        """The compensation method that runs, given ``--staleness-comp`` (None: the default).
+
+        Raises
+        ------
+        ValueError
+            An unknown method, one this protocol cannot run, or a lambda it does not take.
+        """
+        default = "auto" if "auto" in self.compensations else "none"
+        method = default if method is None else method
+        resolved = compensation.resolve(method, optimizer)
+        if method not in self.compensations:
+            raise ValueError(f"--staleness-comp {method} does not apply to --protocol "
+                             f"{self.name}{self.compensation_note}; choose one of "
+                             f"{', '.join(self.compensations)}")
+        if comp_lambda is not None and resolved != "dcasgd":
+            raise ValueError(f"--comp-lambda applies to --staleness-comp dcasgd only, "
+                             f"not {method}")
+        if comp_lambda is not None and not comp_lambda >= 0:
+            raise ValueError(f"--comp-lambda must be >= 0, got {comp_lambda}")
+        return resolved
 
     def check(self, *, staleness: int | None = None, overlap: bool = False,
               optimizer: str = "sgd", n_servers: int | None = None) -> float:
@@ -125,11 +156,14 @@ class Protocol:
         return self.name
 
     def config(self, n_params: int, *, staleness: int | None = None, overlap: bool = False,
-               optimizer: str = "sgd", **settings) -> ProtocolConfig:
+               optimizer: str = "sgd", staleness_comp: str | None = None,
+               comp_lambda: float | None = None, **settings) -> ProtocolConfig:
         """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`)."""
         bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer)
+        method = self.compensation(staleness_comp, optimizer, comp_lambda)
         return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,
-                              staleness=bound, overlap=overlap,
+                              staleness=bound, overlap=overlap, staleness_comp=method,
+                              comp_lambda=comp_lambda,
                               update_rule=_load(self.update_rule) if self.update_rule else None,
                               **settings)
 
@@ -170,21 +204,26 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
            server_snapshots=True)
+_STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
-    Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS,
+    Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
              summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
+             **_STALE,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.hogwild:HogwildWorker",
         server="psgd.hogwild.hogwild:serve_hogwild", bound=math.inf,
         optimizers=("sgd", "momentum", "nesterov"), resumes_optimizer=False,
+        compensations=("none", "inverse", "amom", "auto"),
+        compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
+                           "which dcasgd and gap need"),
         optimizer_note=(": Adam's bias correction and second-moment scaling assume one stream "
                         "of its own updates to one copy of the parameters, but under hogwild "
                         "every worker adds to the same copy (use --protocol asp, whose server "

@@ -31,7 +31,8 @@ class BspUpdate:
     are only read, never written, and never copied when they are all there is.
     """
 
-    def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions) -> None:
+    def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions,
+                 n_workers: int = 1) -> None:
         self.config = config
         self.optimizer = optimizer
         self.versions = versions
@@ -73,8 +74,14 @@ class BspUpdate:
             self.held, self.accum_src, self.held_src = False, None, None
         return self.incoming
 
+    def replied(self, worker: int, clock: int, live: np.ndarray) -> None:
+        """Nothing to remember of a reply: every push is computed on the version it waits for."""
+
+    def compensation(self) -> None:
+        """None: a bsp step has no stale push to compensate."""
+
     def push(self, grad: np.ndarray, clock: int, staleness: int, source: int,
-             borrowed: bool = False) -> bool:
+             borrowed: bool = False, worker: int = 0) -> bool:
         """Take one worker's gradient (float32 shard length) for ``clock``.
 
         ``grad`` is the receive buffer, or with ``borrowed`` a lent push the

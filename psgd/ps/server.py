@@ -62,7 +62,7 @@ class _Server:
         empty = np.zeros(0, np.float32)
         for grad2 in (None, empty):   # the step while a reply reads (bsp: on two pushes)
             step_into(warm_opt, empty, empty, empty.copy(), 0.0, grad2=grad2)
-        self.rule = rule(config, self.optimizer, self.versions)
+        self.rule = rule(config, self.optimizer, self.versions, n_workers=self.W)
         self.bound = float(config.staleness)
         self.pushes = np.full(self.W, int(start_clock), np.int64)
         self.done = np.zeros(self.W, bool)
@@ -129,6 +129,7 @@ class _Server:
                               n_version_waits=self.versions.n_waits,
                               cpu_s=cpu, wall_s=wall,
                               n_snapshots=self.snapshots.n_snapshots,
+                              compensation=self.rule.compensation(),
                               buffer_bytes=self._buffer_bytes())
         result.params, result.opt_state = self.snapshots.gather_final(self.version,
                                                                       self.versions.live)
@@ -192,7 +193,7 @@ class _Server:
                             f"{read_version}, from its own future")
         self.n_pushes += 1
         self.hist.add(staleness)
-        if not self.rule.push(buf, clock, staleness, source, borrowed=in_window):
+        if not self.rule.push(buf, clock, staleness, source, borrowed=in_window, worker=w):
             if not self.config.skip_nonfinite:
                 raise NonFinitePush(source, clock)
             self.n_skipped += 1
@@ -253,6 +254,7 @@ class _Server:
             if self.hdr_reqs[w] is not None:
                 _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
             self.reply_hdr[w] = (REPLY, int((now - since) * 1e6), self.version, self.shard)
+            self.rule.replied(w, clock, self.versions.live)
             hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w],
                                             self.versions.live)
             self.hdr_reqs[w] = hdr_req

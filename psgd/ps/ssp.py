@@ -2,54 +2,80 @@
 
 The bound itself is the server's pull rule (:mod:`psgd.ps.server`): a pull for
 clock c waits until the shard's version v >= c - s, so no push is staler than s.
+Each push passes through the run's staleness compensation (:mod:`psgd.ps.compensation`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from psgd.config import ProtocolConfig
+from psgd.kernels.finite import finite
+from psgd.ps import compensation
 from psgd.ps.versions import ShardVersions
 
 
 class SspUpdate:
     """One optimizer step per push, with the learning rate of the push's clock.
 
-    Memory: one float32 receive buffer of the shard's length.
+    Memory: one float32 receive buffer of the shard's length, the
+    compensation's own buffers, and, for a method that reads the parameters
+    a push was computed on, a copy of each worker's last reply (two with
+    overlap, whose next reply may come before the push).
     """
 
-    def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions) -> None:
+    def __init__(self, config: ProtocolConfig, optimizer, versions: ShardVersions,
+                 n_workers: int = 1) -> None:
         self.config = config
         self.optimizer = optimizer
         self.versions = versions
-        self.inverse = config.staleness_lr == "inverse"
+        n = versions.live.shape[0]
+        self.comp = compensation.make(config.staleness_comp, config, optimizer, n, n_workers)
+        self.slots = 2 if config.overlap else 1
+        self.read_count = np.zeros((n_workers, self.slots), np.int64)
+        self.reads = (np.zeros((n_workers, self.slots, n), np.float32)
+                      if self.comp.reads_params else None)
         self.incoming = np.empty_like(versions.live)
         self.n_updates = 0
 
     def buffers(self) -> list:
         """The shard-length buffers this rule holds."""
-        return [self.incoming]
+        reads = [] if self.reads is None else list(self.reads.reshape(-1, self.reads.shape[2]))
+        return [self.incoming] + self.comp.buffers() + reads
 
     def receive_buffer(self) -> np.ndarray:
         """Where the next push lands."""
         return self.incoming
 
+    def replied(self, worker: int, clock: int, live: np.ndarray) -> None:
+        """The server answered worker ``worker``'s pull for ``clock`` with ``live``."""
+        slot = clock % self.slots
+        self.read_count[worker, slot] = self.n_updates
+        if self.reads is not None:
+            np.copyto(self.reads[worker, slot], live)
+
     def push(self, grad: np.ndarray, clock: int, staleness: int, source: int,
-             borrowed: bool = False) -> bool:
+             borrowed: bool = False, worker: int = 0) -> bool:
         """Apply one worker's gradient (float32, shard length) now; False if it was not finite.
 
-        ``source`` (the worker's rank) is not needed: the check shares the
-        step's pass, so the server names the sender from the return value.
-        ``borrowed`` (a lent push, read in place from the push window) changes
-        nothing: the gradient is only read, and only while this runs.
+        ``grad`` is only read (``borrowed``: a worker's push-window segment).
+        ``worker`` (0..W-1) finds the reply this push was computed on.
         """
-        lr = self.config.lr_schedule(clock)
-        if self.inverse:
-            lr = lr / (1.0 + staleness)
+        slot = clock % self.slots
+        if self.config.skip_nonfinite and self.comp.name != "none" and not finite(grad):
+            return False   # before the method's running statistics see it
+        read = None if self.reads is None else self.reads[worker, slot]
+        grad, lr = self.comp.adjust(grad, self.config.lr_schedule(clock), staleness,
+                                    int(self.n_updates - self.read_count[worker, slot]),
+                                    self.versions.live, read)
         if not self.versions.step(self.optimizer, grad, lr,
                                   skip_nonfinite=self.config.skip_nonfinite):
             return False
         self.n_updates += 1
         return True
+
+    def compensation(self) -> dict:
+        """What the staleness compensation did, for the run's summary."""
+        return self.comp.summary()
 
     def idle(self) -> None:
         """Nothing is left unchecked between pushes."""

@@ -94,7 +94,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
         optimizer=settings.optimizer,
         opt_hparams={"momentum": settings.momentum, "weight_decay": settings.weight_decay},
         lr_schedule=base,  # clocks are the run's steps, also after a resume
-        staleness_lr=settings.staleness_lr, snapshot_every=settings.checkpoint_every,
+        staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
+        snapshot_every=settings.checkpoint_every,
         skip_nonfinite=settings.skip_nonfinite)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     reader = None

@@ -41,4 +41,5 @@ def run_server(job) -> None:
         "n_updates": result.n_updates, "n_skipped": result.n_skipped,
         "n_window_pushes": result.n_window_pushes,
         "staleness_histogram": result.staleness_hist.tolist(),
+        "compensation": result.compensation,
     })

@@ -9,7 +9,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from psgd.config import STALENESS_LR
+from psgd.ps import compensation
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import PROTOCOLS, get, names
 
@@ -48,7 +48,9 @@ class TrainSettings:
     protocol: str = "ssp"
     servers: int | None = None        # default: 1, or 0 for a protocol without servers
     staleness: int | None = None      # the bound, for protocols that take one (ssp: default 2)
-    staleness_lr: str = "none"
+    staleness_comp: str | None = None  # default: auto where updates are stale, else none
+    comp_lambda: float | None = None
+    staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
     overlap: bool = False
     optimizer: str = "sgd"
     lr: float = 0.1
@@ -86,7 +88,12 @@ FLAGS: dict[str, tuple[type, str]] = {
     "servers": (int, f"number of parameter-server ranks S (default 1; 0 for "
                      f"{names(servers=False)})"),
     "staleness": (int, f"staleness bound s >= 0 in clocks ({names(bound=None)} only; default 2)"),
-    "staleness_lr": (str, "none, or inverse: divide each update's step by 1 + its staleness"),
+    "staleness_comp": (str, "staleness compensation on the servers: " + "; ".join(
+        f"{name} ({text})" for name, text in compensation.HELP.items())
+        + f" (default auto for {names(compensations=compensation.CHOICES)} and hogwild, "
+          f"none where steps are never stale)"),
+    "comp_lambda": (float, f"dcasgd's lambda_0 >= 0 (default {compensation.DEFAULT_LAMBDA:g})"),
+    "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
     "overlap": (bool, f"{names(overlap=True)} with a staleness bound >= 1: pull the next "
                       f"parameters while computing (costs one clock of staleness; see the README)"),
     "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default sgd)"),
@@ -195,12 +202,11 @@ def validate(s: TrainSettings) -> None:
         s.servers = 1 if protocol.servers else 0
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers)
+    _staleness_comp(s, protocol)
     if protocol.bound is None:
         s.staleness = int(bound)
     if s.lr_schedule not in SCHEDULES:
         raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if s.staleness_lr not in STALENESS_LR:
-        raise ValueError(f"--staleness-lr {s.staleness_lr!r} is not one of {', '.join(STALENESS_LR)}")
     if not (math.isfinite(s.lr) and s.lr > 0):
         raise ValueError(f"--lr must be a positive number, got {s.lr}")
     if not 0 <= s.momentum < 1:
@@ -227,3 +233,16 @@ def validate(s: TrainSettings) -> None:
     if s.resume is not None and not os.path.exists(s.resume):
         raise ValueError(f"--resume {s.resume}: no such file or directory")
 
+
+def _staleness_comp(s: TrainSettings, protocol) -> None:
+    """Resolve --staleness-comp (and its older spelling --staleness-lr) against the protocol."""
+    if s.staleness_lr not in ("none", "inverse"):
+        raise ValueError(f"--staleness-lr {s.staleness_lr!r} is not none or inverse")
+    if s.staleness_lr == "inverse":
+        if s.staleness_comp not in (None, "inverse"):
+            raise ValueError(f"--staleness-lr inverse and --staleness-comp {s.staleness_comp} "
+                             f"disagree: give --staleness-comp only")
+        s.staleness_comp = "inverse"
+    protocol.compensation(s.staleness_comp, s.optimizer, s.comp_lambda)
+    if s.staleness_comp is None:
+        s.staleness_comp = "auto" if "auto" in protocol.compensations else "none"

@@ -75,6 +75,7 @@ def run_worker(job) -> None:
     final_ckpt = _replica_checkpoint(job, worker, job.total_steps) if own_checkpoints else None
     reports = gather_reports(job, {"role": "worker", "rank": roles.rank, "wall_s": wall,
                                    "samples": (job.total_steps - job.start_step) * s.batch_size,
+                                   "compensation": getattr(worker, "compensation", None),
                                    **timers})
     if lead is not None:
         skipped = 0 if roles.n_servers else int(worker.stats.get("skipped", 0))

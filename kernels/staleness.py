@@ -1,0 +1,66 @@
+"""Staleness compensation of one push: a gradient rewritten from where it was read and where it lands."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, error_model="numpy")
+def dcasgd_grad(grad, now, read, meansq, out, lam0, rho):
+    """DC-ASGD-a (Zheng et al. 2017): ``out = g + lam0 * g*g * (now - read) / sqrt(ms)``.
+
+    ``ms = rho * ms + (1 - rho) * g*g`` is updated in place first (elementwise
+    mean square of the gradient, the adaptive ``lambda_t = lam0 / sqrt(ms)``).
+
+    Parameters
+    ----------
+    grad, now, read, meansq, out : ndarray, float32 (n,)
+        ``out`` may not alias ``grad``; ``meansq`` is written.
+    lam0, rho : float
+
+    Returns
+    -------
+    float
+        ``|correction| / |g|`` over the slice (0 for a zero gradient).
+    """
+    lam, r, r1 = np.float32(lam0), np.float32(rho), np.float32(1.0 - rho)
+    tiny = np.float32(1e-20)
+    corr2 = 0.0
+    g2sum = 0.0
+    for i in range(grad.shape[0]):
+        g = grad[i]
+        gg = g * g
+        ms = r * meansq[i] + r1 * gg
+        meansq[i] = ms
+        c = lam * gg * (now[i] - read[i]) / np.sqrt(ms + tiny)
+        out[i] = g + c
+        corr2 += c * c
+        g2sum += gg
+    return np.sqrt(corr2 / g2sum) if g2sum > 0 else 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def gap_grad(grad, now, read, meansq, out, step_scale, rho):
+    """Gap-Aware (Barkai et al. 2020): ``out = g / (1 + |now - read| / (step_scale * sqrt(ms)))``.
+
+    ``ms`` (updated in place first, as in :func:`dcasgd_grad`) estimates the
+    gradient's scale, so ``step_scale * sqrt(ms)`` is one typical update of an
+    element and the gap counts how many such updates separate the read from now.
+
+    Returns
+    -------
+    float
+        The mean of the factor ``1 / (1 + gap)`` over the slice.
+    """
+    s, r, r1 = np.float32(step_scale), np.float32(rho), np.float32(1.0 - rho)
+    tiny = np.float32(1e-20)
+    total = 0.0
+    for i in range(grad.shape[0]):
+        g = grad[i]
+        ms = r * meansq[i] + r1 * g * g
+        meansq[i] = ms
+        f = np.float32(1.0) / (np.float32(1.0) + np.abs(now[i] - read[i]) / (s * np.sqrt(ms) + tiny))
+        out[i] = g * f
+        total += f
+    return total / grad.shape[0] if grad.shape[0] else 1.0
+

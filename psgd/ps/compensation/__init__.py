@@ -1,0 +1,42 @@
+"""Staleness compensation on the servers: each method, one module, rewrites a push before its step.
+
+Methods are named here by module path and loaded when a server makes one, so
+``psgd train --help`` and validation import none of them.
+"""
+from __future__ import annotations
+
+import importlib
+
+METHODS = {
+    "none": "psgd.ps.compensation.base:Compensation",
+    "inverse": "psgd.ps.compensation.inverse:Inverse",
+    "dcasgd": "psgd.ps.compensation.dcasgd:DcAsgd",
+    "gap": "psgd.ps.compensation.gap:GapAware",
+    "amom": "psgd.ps.compensation.amom:AsyncAwareMomentum",
+}
+HELP = {
+    "none": "step each push as it comes",
+    "inverse": "divide each step by 1 + its staleness",
+    "dcasgd": "DC-ASGD-a: add lambda * g*g*(w_now - w_read) / sqrt(meansquare(g))",
+    "gap": "Gap-Aware: divide g elementwise by 1 + |w_now - w_read| / (one typical step)",
+    "amom": "asynchrony-aware momentum: lower the server's momentum by the implicit "
+            "momentum of the measured delay",
+    "auto": "amom for momentum and nesterov, none for sgd and adam",
+}
+# what `auto` picks, by optimizer (README, "Staleness: what psgd does about it")
+AUTO = {"sgd": "none", "momentum": "amom", "nesterov": "amom", "adam": "none"}
+CHOICES = tuple(METHODS) + ("auto",)
+DEFAULT_LAMBDA = 2.0   # DC-ASGD-a's lambda_0 (Zheng et al. 2017)
+
+
+def resolve(method: str, optimizer: str) -> str:
+    """The method that runs: ``auto`` becomes :data:`AUTO`'s pick for ``optimizer``."""
+    if method not in CHOICES:
+        raise ValueError(f"--staleness-comp {method!r} is not one of {', '.join(CHOICES)}")
+    return AUTO.get(optimizer, "none") if method == "auto" else method
+
+
+def make(method: str, config, optimizer, n: int, n_workers: int = 1):
+    """The compensation ``method`` (resolved) for a server's shard of ``n`` parameters."""
+    module, _, name = METHODS[method].partition(":")
+    return getattr(importlib.import_module(module), name)(config, optimizer, n, n_workers)

@@ -1,0 +1,73 @@
+"""Asynchrony-aware momentum: the server's momentum lowered by the momentum asynchrony adds.
+
+Asynchrony with a mean delay of tau updates acts like momentum tau / (1 + tau)
+(Mitliagkas et al. 2016, "Asynchrony begets momentum").  Momentum mu's gain
+on a steady gradient is 1 / (1 - mu); two momenta in series multiply their
+gains, so the explicit momentum that keeps the total at the user's mu is
+``mu_e = 1 - (1 - mu) * (1 + tau)``.  Past tau = mu / (1 - mu) it would be
+negative: then mu_e = 0 and the learning rate is scaled by
+``1 / ((1 - mu) * (1 + tau))`` instead, which keeps the gain.  The learning
+rate also ramps up linearly over the first 50 W updates, while the delay's
+running mean is still young and the gradients are at their largest.
+"""
+from __future__ import annotations
+
+from psgd.ps.compensation.base import Compensation, Summary
+
+DELAY_DECAY = 0.99   # the running mean of the delay forgets over about 100 updates
+WARMUP_PER_WORKER = 50   # the learning rate ramps up over the first 50 W updates
+
+
+class AsyncAwareMomentum(Compensation):
+    """Momentum (or Adam's beta1) set each update from the running mean delay."""
+
+    name = "amom"
+    describes = "momentum in force"
+
+    def __init__(self, config, optimizer, n, n_workers=1):
+        super().__init__(config, optimizer, n, n_workers)
+        self.key = "beta1" if hasattr(optimizer, "beta1") else "momentum"
+        self.target = float(getattr(optimizer, self.key, 0.0))
+        self.delay = RunningMean()
+        self.lr_factor = Summary()
+        self.warmup = WARMUP_PER_WORKER * n_workers
+        self.updates = 0
+
+    def adjust(self, grad, lr, staleness, delay, now, read):
+        mu, scale = explicit_momentum(self.target, self.delay.add(delay))
+        self.updates += 1
+        scale *= min(1.0, self.updates / self.warmup)
+        if hasattr(self.optimizer, self.key):
+            setattr(self.optimizer, self.key, mu)
+        self.factor.add(mu)
+        self.lr_factor.add(scale)
+        return grad, lr * scale
+
+    def summary(self):
+        return {**super().summary(), "learning-rate factor": self.lr_factor.as_dict(),
+                "mean delay": self.delay.value}
+
+
+class RunningMean:
+    """An exponential running mean with Adam's bias correction, so the first values count fully."""
+
+    def __init__(self, decay: float = DELAY_DECAY) -> None:
+        self.decay, self.total, self.weight = decay, 0.0, 0.0
+
+    def add(self, value: float) -> float:
+        """Count ``value``; returns the mean so far."""
+        self.total = self.decay * self.total + (1.0 - self.decay) * value
+        self.weight = self.decay * self.weight + (1.0 - self.decay)
+        return self.value
+
+    @property
+    def value(self) -> float:
+        return self.total / self.weight if self.weight else 0.0
+
+
+def explicit_momentum(target: float, mean_delay: float) -> tuple[float, float]:
+    """``(mu_e, lr_scale)`` keeping the gain ``1 / (1 - target)`` at a mean delay of tau updates."""
+    residual = (1.0 - target) * (1.0 + mean_delay)
+    if residual <= 1.0:
+        return 1.0 - residual, 1.0
+    return 0.0, 1.0 / residual

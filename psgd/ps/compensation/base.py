@@ -1,0 +1,85 @@
+"""The staleness-compensation interface, and the method that changes nothing."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class Summary:
+    """Count, mean, min and max of one number per update (a factor, a gap)."""
+
+    def __init__(self) -> None:
+        self.count, self.total, self.low, self.high = 0, 0.0, math.inf, -math.inf
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.low = min(self.low, value)
+        self.high = max(self.high, value)
+
+    def as_dict(self) -> dict:
+        if not self.count:
+            return {"updates": 0}
+        return {"updates": self.count, "mean": self.total / self.count, "min": self.low,
+                "max": self.high}
+
+
+class Compensation:
+    """Step each push as it comes: the interface every method implements.
+
+    Parameters
+    ----------
+    config : ProtocolConfig
+    optimizer : psgd.nn.optim.Optimizer
+        The server's optimizer for this shard (a method may adjust its hyper-parameters).
+    n : int
+        The shard's length.
+    n_workers : int
+        W (a method may keep something per worker).
+
+    Attributes
+    ----------
+    reads_params : bool
+        The method needs ``read``, the parameters each push was computed on
+        (the server then keeps a copy of every worker's last pull reply).
+    factor : Summary
+        What the method did, one value per update (its ``describes`` says what).
+    """
+
+    name = "none"
+    reads_params = False
+    describes = "learning-rate factor"
+
+    def __init__(self, config, optimizer, n: int, n_workers: int = 1) -> None:
+        self.config, self.optimizer, self.n, self.n_workers = config, optimizer, n, n_workers
+        self.factor = Summary()
+
+    def buffers(self) -> list:
+        """The shard-length float32 arrays the method holds."""
+        return []
+
+    def adjust(self, grad: np.ndarray, lr: float, staleness: int, delay: int,
+               now: np.ndarray, read: np.ndarray | None) -> tuple[np.ndarray, float]:
+        """The gradient and learning rate to step with instead of ``grad`` and ``lr``.
+
+        Parameters
+        ----------
+        grad : ndarray, float32 (n,)
+            The push; never written (it may be a worker's push-window segment).
+        lr : float
+            The scheduled learning rate of the push's clock.
+        staleness : int
+            Clocks: the push's clock minus the version it read.
+        delay : int
+            Updates this shard took between the worker's read and this push.
+        now : ndarray, float32 (n,)
+            The shard's live parameters.
+        read : ndarray, float32 (n,) or None
+            The parameters the push was computed on (only with ``reads_params``).
+        """
+        return grad, lr
+
+    def summary(self) -> dict:
+        """What the method did over the run, for the metrics log."""
+        return {"method": self.name, self.describes: self.factor.as_dict()}

@@ -1,0 +1,190 @@
+"""Staleness compensation: each method's server update against a plain numpy reference for a
+scripted sequence of pulls and pushes with known staleness, what auto picks, and bad input."""
+import argparse
+import math
+
+import numpy as np
+import pytest
+
+from psgd.nn.optim import make_optimizer
+from psgd.protocols import get, make_config
+from psgd.ps import compensation
+from psgd.ps.compensation import amom
+from psgd.ps.ssp import SspUpdate
+from psgd.ps.versions import ShardVersions
+
+N, W, LR, MU = 37, 3, 0.05, 0.9
+# (event, worker, clock, staleness): a reply answers worker w's pull for clock c; a push is
+# w's gradient for clock c, computed on that reply (staleness in clocks, as the server sees it)
+SCRIPT = [("reply", 0, 0, 0), ("reply", 1, 0, 0), ("reply", 2, 0, 0),
+          ("push", 0, 0, 0), ("reply", 0, 1, 0), ("push", 1, 0, 0), ("push", 0, 1, 1),
+          ("reply", 1, 1, 0), ("reply", 0, 2, 0), ("push", 2, 0, 2), ("push", 1, 1, 1),
+          ("reply", 2, 1, 0), ("push", 0, 2, 2), ("push", 2, 1, 1)]
+
+
+def grad_for(w, clock):
+    rng = np.random.default_rng(100 * w + clock)
+    return (rng.standard_normal(N) * (1.0 + w)).astype(np.float32)
+
+
+class Reference:
+    """Momentum SGD in float32 numpy, with each method's rewrite written out plainly."""
+
+    def __init__(self, method, params, lam=compensation.DEFAULT_LAMBDA):
+        self.method, self.lam = method, lam
+        self.w = params.astype(np.float32).copy()
+        self.v = np.zeros(N, np.float32)
+        self.ms = np.zeros(N, np.float32)
+        self.updates, self.delays, self.read, self.count = 0, [], {}, {}
+
+    def reply(self, worker):
+        self.read[worker] = self.w.copy()
+        self.count[worker] = self.updates
+
+    def push(self, worker, g, staleness):
+        lr, mu = np.float32(LR), np.float32(MU)
+        delay = self.updates - self.count[worker]
+        f32 = np.float32
+        if self.method == "inverse":
+            lr = f32(LR / (1.0 + staleness))
+        elif self.method == "dcasgd":
+            self.ms = f32(0.95) * self.ms + f32(0.05) * g * g
+            g = g + f32(self.lam) * g * g * (self.w - self.read[worker]) / np.sqrt(self.ms + f32(1e-20))
+        elif self.method == "gap":
+            self.ms = f32(0.99) * self.ms + f32(0.01) * g * g
+            c = f32(LR / (1.0 - MU)) * np.sqrt(self.ms) + f32(1e-20)
+            g = g * (f32(1.0) / (f32(1.0) + np.abs(self.w - self.read[worker]) / c))
+        elif self.method == "amom":
+            self.delays.append(delay)
+            # bias-corrected running mean, written as a weighted sum
+            k = len(self.delays)
+            weights = [(1 - amom.DELAY_DECAY) * amom.DELAY_DECAY ** (k - 1 - i) for i in range(k)]
+            tau = sum(wt * d for wt, d in zip(weights, self.delays)) / sum(weights)
+            residual = (1.0 - MU) * (1.0 + tau)
+            mu_e, scale = (1.0 - residual, 1.0) if residual <= 1.0 else (0.0, 1.0 / residual)
+            scale *= min(1.0, (self.updates + 1) / (amom.WARMUP_PER_WORKER * W))
+            mu, lr = f32(mu_e), f32(LR * scale)
+        self.v = mu * self.v + g
+        self.w = self.w - lr * self.v
+        self.updates += 1
+
+
+@pytest.mark.parametrize("method", ["none", "inverse", "dcasgd", "gap", "amom"])
+def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
+    init = np.random.default_rng(7).standard_normal(N).astype(np.float32)
+    config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
+                         lr_schedule=lambda c: LR, staleness_comp=method)
+    versions = ShardVersions(init.copy())
+    rule = SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions, n_workers=W)
+    ref = Reference(method, init)
+    for event, w, clock, staleness in SCRIPT:
+        if event == "reply":
+            rule.replied(w, clock, versions.live)
+            ref.reply(w)
+            continue
+        g = grad_for(w, clock)
+        assert rule.push(g.copy(), clock, staleness, source=1 + w, worker=w)
+        ref.push(w, g, staleness)
+        np.testing.assert_allclose(versions.live, ref.w, rtol=2e-6, atol=2e-7,
+                                   err_msg=f"{method} after {w}'s push of clock {clock}")
+    summary = rule.compensation()
+    assert summary["method"] == method
+    if method != "none":
+        assert next(v for k, v in summary.items() if k != "method")["updates"] == 7
+
+
+def test_dcasgd_corrects_only_what_moved_since_the_read():
+    config = make_config("asp", N, optimizer="sgd", lr_schedule=lambda c: LR,
+                         staleness_comp="dcasgd", comp_lambda=0.5)
+    versions = ShardVersions(np.zeros(N, np.float32))
+    rule = SspUpdate(config, make_optimizer("sgd", N), versions, n_workers=1)
+    rule.replied(0, 0, versions.live)
+    g = np.ones(N, np.float32)
+    rule.push(g, 0, 0, source=1, worker=0)     # read == now: no correction
+    np.testing.assert_allclose(versions.live, -LR)
+    assert rule.comp.factor.low == 0.0
+
+
+def test_a_push_is_never_written_and_reads_follow_overlap_slots():
+    config = make_config("ssp", N, staleness=2, overlap=True, optimizer="momentum",
+                         lr_schedule=lambda c: LR, staleness_comp="gap")
+    versions = ShardVersions(np.ones(N, np.float32))
+    rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=2)
+    assert rule.reads.shape == (2, 2, N)           # two slots per worker with overlap
+    rule.replied(1, 4, versions.live)
+    rule.replied(1, 5, np.full(N, 3.0, np.float32))  # the next clock's reply, ahead of the push
+    g = grad_for(1, 4)
+    lent = g.copy()
+    lent.flags.writeable = False                    # as a worker's push-window segment
+    assert rule.push(lent, 4, 0, source=3, worker=1)
+    np.testing.assert_array_equal(lent, g)
+    np.testing.assert_array_equal(rule.reads[1, 0], 1.0)   # clock 4 read the first reply
+    assert rule.comp.factor.total == pytest.approx(1.0)      # nothing had moved since
+
+
+def test_explicit_momentum_keeps_the_gain_of_the_users_momentum():
+    for tau in (0.0, 0.5, 3.0, 8.9):
+        mu_e, scale = amom.explicit_momentum(0.9, tau)
+        assert scale == 1.0
+        # explicit times implicit gain, 1 / (1 - mu_e) * (1 + tau), stays 1 / (1 - 0.9)
+        assert (1.0 - mu_e) / (1.0 + tau) == pytest.approx(0.1)
+    mu_e, scale = amom.explicit_momentum(0.9, 19.0)
+    assert mu_e == 0.0 and scale == pytest.approx(0.5)              # the rest from the step
+    assert amom.explicit_momentum(0.0, 3.0) == (0.0, 0.25)
+
+
+def test_running_mean_counts_the_first_values_fully():
+    mean = amom.RunningMean()
+    assert mean.add(4.0) == pytest.approx(4.0)
+    assert mean.add(2.0) == pytest.approx((0.99 * 4 + 2) / 1.99)
+
+
+@pytest.mark.parametrize("optimizer, picked", [("sgd", "none"), ("momentum", "amom"),
+                                               ("nesterov", "amom"), ("adam", "none")])
+def test_auto_picks_what_the_readme_says(optimizer, picked):
+    assert compensation.resolve("auto", optimizer) == picked
+    assert make_config("asp", 4, optimizer=optimizer).staleness_comp == picked
+    assert make_config("ssp", 4, optimizer=optimizer).staleness_comp == picked
+
+
+def test_synchronous_protocols_run_no_compensation_by_default():
+    for name in ("bsp", "allreduce"):
+        assert make_config(name, 4, optimizer="momentum").staleness_comp == "none"
+    assert make_config("hogwild", 4, optimizer="momentum").staleness_comp == "amom"
+
+
+def settings_of(tmp_path, *flags):
+    from psgd.run import settings
+    data = tmp_path / "d.h5"
+    data.write_bytes(b"")
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    return settings.resolve(parser.parse_args(["--data", str(data), *flags]), environ={})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--staleness-comp", "magic"], "--staleness-comp 'magic' is not one of none, inverse"),
+    (["--protocol", "bsp", "--staleness-comp", "dcasgd"],
+     "--staleness-comp dcasgd does not apply to --protocol bsp: its steps are never stale"),
+    (["--protocol", "allreduce", "--staleness-comp", "auto"],
+     "does not apply to --protocol allreduce"),
+    (["--protocol", "hogwild", "--staleness-comp", "gap"],
+     "does not apply to --protocol hogwild: a hogwild worker never sees"),
+    (["--protocol", "asp", "--staleness-comp", "dcasgd", "--comp-lambda", "-1"],
+     "--comp-lambda must be >= 0, got -1"),
+    (["--protocol", "asp", "--staleness-comp", "gap", "--comp-lambda", "1"],
+     "--comp-lambda applies to --staleness-comp dcasgd only"),
+    (["--protocol", "asp", "--staleness-lr", "inverse", "--staleness-comp", "gap"],
+     "disagree"),
+])
+def test_bad_compensation_settings_are_one_clear_line(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=message):
+        settings_of(tmp_path, *flags)
+
+
+def test_settings_record_the_method_asked_for(tmp_path):
+    assert settings_of(tmp_path, "--protocol", "asp").staleness_comp == "auto"
+    assert settings_of(tmp_path, "--protocol", "bsp").staleness_comp == "none"
+    assert settings_of(tmp_path, "--protocol", "asp", "--staleness-lr",
+                       "inverse").staleness_comp == "inverse"
+    assert math.isinf(make_config("asp", 4).staleness)

@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all soak demo bench bench-quick bench-kernels bench-ps bench-allreduce clean
+.PHONY: install test test-all soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-async clean
 
 install: $(STAMP)
 
@@ -46,6 +46,10 @@ bench-ps: install
 
 bench-allreduce: install
 	$(PY) bench/bench_allreduce.py
+
+# staleness compensation x protocols x W x seeds, LeNet and MLP (tens of minutes; see bench_async.py)
+bench-async: install
+	$(PY) bench/bench_async.py $(ARGS)
 
 bench: install
 	$(PY) bench/run_all.py

@@ -90,3 +90,19 @@ def test_quick_bench_charts_are_png_files(quick_run):
     for name in ("accuracy_vs_time.png", "time_split.png", "scaling.png"):
         data = (quick_run / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000, name
+
+
+def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_async.py"), "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "async-quick.json").read_text())["rows"]
+    assert {(r["protocol"], r["method"]) for r in rows} == {("bsp", "none"), ("asp", "none"),
+                                                            ("asp", "amom")}
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["curve"] for r in rows), rows
+    amom = next(r for r in rows if r["method"] == "amom")
+    assert amom["compensation"]["method"] == "amom" and amom["comp_asked"] == "amom"
+    table = (tmp_path / "async-quick.md").read_text()
+    assert "| mlp | 2 | asp | amom |" in table and "| mlp | 2 | bsp | none |" in table
+    assert (tmp_path / "async-quick.png").read_bytes().startswith(PNG_MAGIC)

@@ -1,0 +1,208 @@
+"""`make bench-async`: staleness compensation under bsp, ssp and asp, as final accuracy at equal samples.
+
+    .venv/bin/python bench/bench_async.py [--quick] [--workers 2,4,8] [--seeds 0,1,2] ...
+
+Every cell is one ``mpiexec -n W+1 python -m psgd train`` (one server) on
+Fashion-MNIST (Debian's dataset-fashion-mnist; synthetic data, with a
+warning, when it is not installed), the same epochs, batch, optimizer and
+learning rate for every protocol and method, so every run sees the same
+samples.  bsp runs once per W and seed (it has nothing to compensate).
+Writes bench/results/async.{json,md} and async.png (test accuracy against
+samples, per method), adding to async.json run by run so a stopped
+benchmark keeps what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from protocols import run_bounded  # noqa: E402
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+METHODS = ("none", "inverse", "dcasgd", "gap", "amom", "auto")
+PROTOCOLS = {"bsp": [], "ssp": ["--staleness", "2"], "asp": []}
+MODELS = {"lenet": "lenet", "mlp": "mlp:784-256-256-10"}
+
+
+def dataset(tmp: Path, quick: bool) -> tuple[Path, str]:
+    """Fashion-MNIST converted to psgd's layout, or synthetic data with a printed warning."""
+    out = tmp / "data.h5"
+    if FMNIST.is_dir() and not quick:
+        files = {k: next(FMNIST.glob(f"{stem}*")) for k, stem in (
+            ("train-images", "train-images-idx3"), ("train-labels", "train-labels-idx1"),
+            ("test-images", "t10k-images-idx3"), ("test-labels", "t10k-labels-idx1"))}
+        cmd = ["convert", *(x for k, f in files.items() for x in (f"--idx-{k}", str(f)))]
+        name = "Fashion-MNIST"
+    else:
+        if not quick:
+            print("bench-async: WARNING: Fashion-MNIST is not installed (apt-get install "
+                  "dataset-fashion-mnist); using synthetic data", flush=True)
+        cmd = ["synth", "--train", "1536" if quick else "60000", "--test", "256"]
+        name = "synthetic"
+    run_bounded([sys.executable, "-m", "psgd", "data", *cmd, "-o", str(out)], 300,
+                cwd=ROOT).check_returncode()
+    return out, name
+
+
+def cells(args) -> list[dict]:
+    """Every run of the benchmark, bsp once per model, W and seed."""
+    out = []
+    for model in args.models:
+        for w in args.workers:
+            for seed in args.seeds:
+                for protocol in args.protocols:
+                    for method in (("none",) if protocol == "bsp" else args.methods):
+                        out.append({"model": model, "workers": w, "seed": seed,
+                                    "protocol": protocol, "method": method})
+    return out
+
+
+def train(cell: dict, data: Path, args, log: Path) -> dict:
+    """One run; its final accuracy, throughput, staleness and accuracy curve."""
+    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(cell["workers"] + 1), sys.executable, "-m",
+           "psgd", "train", "--data", str(data), "--model", MODELS[cell["model"]],
+           "--protocol", cell["protocol"], *PROTOCOLS[cell["protocol"]], "--servers", "1",
+           "--optimizer", args.optimizer, "--lr", str(args.lr), "--momentum", str(args.momentum),
+           "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+           "--seed", str(cell["seed"]), "--eval-every", str(args.eval_every),
+           "--eval-samples", str(args.eval_samples), "--quiet", "--log", str(log)]
+    if cell["protocol"] != "bsp":
+        cmd += ["--staleness-comp", cell["method"]]
+    t0 = time.perf_counter()
+    proc = run_bounded(cmd, args.timeout, cwd=ROOT)
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    summary = next((r for r in records if r["kind"] == "summary"), None)
+    config = next((r for r in records if r["kind"] == "config"), {})
+    row = {**cell, "wall_s": time.perf_counter() - t0, "ok": summary is not None}
+    if summary is None:   # a diverged run ends with one line on stderr
+        row["error"] = (proc.stderr.strip().splitlines() or ["no summary"])[-1][:200]
+        return row
+    hist = summary["staleness_histogram"] or [0]
+    total = max(sum(hist), 1)
+    per_step = args.batch_size * cell["workers"]
+    curve = [(r["step"] * per_step, r["test_accuracy"]) for r in records if r["kind"] == "eval"]
+    row.update(accuracy=summary["test_accuracy"], samples_per_s=summary["samples_per_s"],
+               mean_staleness=sum(i * c for i, c in enumerate(hist)) / total,
+               max_staleness=len(hist) - 1, curve=curve,
+               compensation=(summary.get("staleness_compensation") or [None])[0],
+               comp_asked=config.get("staleness_comp"),
+               time_to_target=next((r["time"] for r in records if r["kind"] == "eval"
+                                    and r["test_accuracy"] >= args.target), None))
+    return row
+
+
+def table(rows: list[dict], args) -> str:
+    """Markdown: one line per model, W, protocol and method, over the seeds."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["workers"], r["protocol"], r["method"]), []).append(r)
+    bsp = {(k[0], k[1]): [r.get("accuracy", 0.0) for r in v] for k, v in groups.items()
+           if k[2] == "bsp"}
+    lines = [f"| model | W | protocol | method | mean acc | worst seed | vs bsp (mean) | "
+             f"s to {args.target:g} | mean / max staleness | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (model, w, protocol, method), runs in sorted(groups.items()):
+        accs = [r.get("accuracy", 0.0) if r["ok"] else 0.0 for r in runs]
+        ref = bsp.get((model, w))
+        delta = f"{100 * (statistics.mean(accs) - statistics.mean(ref)):+.1f} pt" if ref else "-"
+        times = [r["time_to_target"] for r in runs if r.get("time_to_target") is not None]
+        reach = f"{statistics.mean(times):.1f} ({len(times)}/{len(runs)})" if times else "-"
+        stale = [r for r in runs if r["ok"]]
+        st = (f"{statistics.mean(r['mean_staleness'] for r in stale):.2f} / "
+              f"{max(r['max_staleness'] for r in stale)}") if stale else "-"
+        failed = sum(not r["ok"] for r in runs)
+        lines.append(f"| {model} | {w} | {protocol} | {method} | {statistics.mean(accs):.4f} | "
+                     f"{min(accs):.4f} | {delta} | {reach} | {st} | {len(runs)}"
+                     f"{f' ({failed} diverged)' if failed else ''} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Test accuracy against samples, one panel per W (asp, first model, seed 0)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ws = sorted({r["workers"] for r in rows})
+    fig, axes = plt.subplots(1, len(ws), figsize=(5 * len(ws), 4), squeeze=False)
+    model = rows[0]["model"]
+    for ax, w in zip(axes[0], ws):
+        for r in rows:
+            if r["workers"] == w and r["seed"] == rows[0]["seed"] and r["model"] == model \
+                    and r.get("curve") and r["protocol"] in ("asp", "bsp"):
+                x, y = zip(*r["curve"])
+                ax.plot(x, y, label=f"{r['protocol']} {r['method']}" if r["protocol"] != "bsp"
+                        else "bsp", lw=2.5 if r["protocol"] == "bsp" else 1.2)
+        ax.set(title=f"{model}, W={w}, asp", xlabel="samples", ylabel="test accuracy",
+               ylim=(0, 1))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a tiny subset on synthetic data")
+    ap.add_argument("--out", default=str(BENCH / "results"))
+    ap.add_argument("--protocols", default="bsp,ssp,asp")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--workers", default="2,4,8")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--models", default="lenet,mlp")
+    ap.add_argument("--optimizer", default="momentum")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-samples", type=int, default=2000)
+    ap.add_argument("--target", type=float, default=0.8)
+    ap.add_argument("--timeout", type=float, default=900)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.workers, args.seeds, args.models = "2", "0", "mlp"
+        args.methods, args.protocols, args.epochs, args.eval_every = "none,amom", "bsp,asp", 1, 8
+        args.eval_samples, args.target = 256, 0.2
+    for key in ("protocols", "methods", "models"):
+        setattr(args, key, getattr(args, key).split(","))
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "async-quick" if args.quick else "async"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="psgd-async-") as tmp:
+        data, data_name = dataset(Path(tmp), args.quick)
+        todo = cells(args)
+        for i, cell in enumerate(todo):
+            row = train(cell, data, args, Path(tmp) / f"run{i}.jsonl")
+            rows.append(row)
+            print(f"[{i + 1}/{len(todo)}] {cell['model']} W={cell['workers']} seed "
+                  f"{cell['seed']} {cell['protocol']} {cell['method']}: "
+                  f"{row.get('accuracy', row.get('error'))} ({row['wall_s']:.0f} s)", flush=True)
+            (out / f"{name}.json").write_text(json.dumps(
+                {"data": data_name, "settings": {k: v for k, v in vars(args).items()},
+                 "rows": rows}, indent=1))
+    text = (f"# Staleness compensation ({data_name}, {args.optimizer} lr {args.lr:g}"
+            f"{f' momentum {args.momentum:g}' if args.optimizer != 'sgd' else ''}, batch "
+            f"{args.batch_size} per worker, {args.epochs:g} epochs, 1 server)\n\n"
+            f"Each run is W + 1 ranks (one server) on {os.cpu_count()} cores: from W = "
+            f"{os.cpu_count()} on, the ranks are oversubscribed.\n\n" + table(rows, args) + "\n")
+    (out / f"{name}.md").write_text(text)
+    plot(rows, out / f"{name}.png")
+    print(text)
+    return 0 if rows and all(r["ok"] or r["method"] == "none" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

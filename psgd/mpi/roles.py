@@ -1,6 +1,7 @@
 """Rank roles: ranks 0..S-1 are parameter servers, the rest are workers sharing a sub-communicator."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -66,7 +67,16 @@ def check_servers(n_servers: int, size: int) -> None:
         raise ValueError(f"--servers must be >= 0, got {n_servers}")
     if n_servers >= size:
         raise ValueError(f"--servers {n_servers} leaves no worker: the job has {size} rank(s); "
-                         f"launch with mpiexec -n {n_servers + 1} or more")
+                         f"launch with mpiexec -n {n_servers + 1} or more{_singleton_hint(size)}")
+
+
+def _singleton_hint(size: int) -> str:
+    """Why srun may have started this task alone: MPI found no PMI it speaks."""
+    tasks = os.environ.get("SLURM_NTASKS", "")
+    if size != 1 or not tasks.isdigit() or int(tasks) <= 1:
+        return ""
+    return (f"; Slurm started {tasks} tasks but MPI sees each alone: srun found no PMI "
+            f"this MPI speaks, use srun --mpi=pmi2 (MPICH) or --mpi=pmix (Open MPI)")
 
 
 def assign_roles(comm: MPI.Comm, n_servers: int) -> Roles:

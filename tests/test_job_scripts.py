@@ -1,0 +1,85 @@
+"""The job scripts as a user runs them: Slurm batch files and mpirun scripts, with a stand-in launcher."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psgd.mpi.roles import check_servers
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTOCOLS = ("bsp", "ssp", "asp", "hogwild", "allreduce")
+
+
+def _fake(bin_dir: Path, name: str) -> None:
+    """A stand-in ``name`` that prints its arguments (and exits 0)."""
+    path = bin_dir / name
+    path.write_text('#!/bin/sh\necho "$(basename "$0") $*"\n')
+    path.chmod(0o755)
+
+
+def test_singleton_under_slurm_names_the_pmi_fix(monkeypatch):
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    with pytest.raises(ValueError, match=r"Slurm started 3 tasks.*srun --mpi=pmi2"):
+        check_servers(1, 1)
+    monkeypatch.delenv("SLURM_NTASKS")
+    with pytest.raises(ValueError, match="leaves no worker") as info:
+        check_servers(1, 1)
+    assert "Slurm" not in str(info.value)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_batch_file_sets_no_size_passes_flags_and_picks_the_pmi(tmp_path, protocol):
+    text = (ROOT / "jobs" / "slurm" / f"{protocol}.sbatch").read_text()
+    assert "--nodes" not in text.split("# ")[0] and "--servers" not in text.split("# ")[0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "srun")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(ROOT),
+               PY=sys.executable, SLURM_NTASKS="3", SLURM_JOB_NUM_NODES="2")
+    env.pop("SRUN_MPI", None)
+    out = subprocess.run(["bash", str(ROOT / "jobs" / "slurm" / f"{protocol}.sbatch"),
+                          "--epochs", "1"], env=env, capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout
+    srun = [line for line in out.splitlines() if line.startswith("srun ")]
+    assert len(srun) == 1, out
+    # this venv's MPI is the PyPI MPICH: pmi2 (Open MPI would get pmix)
+    assert srun[0].startswith("srun --mpi=pmi2 --distribution=cyclic ")
+    assert srun[0].endswith(f"--config jobs/configs/{protocol}.toml --resume auto --quiet --epochs 1")
+
+
+def test_batch_file_srun_mpi_can_be_chosen(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "srun")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(ROOT),
+               PY=sys.executable, SRUN_MPI="pmix", SLURM_JOB_NUM_NODES="1")
+    out = subprocess.run(["bash", str(ROOT / "jobs" / "slurm" / "bsp.sbatch")], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert f"srun --mpi=pmix {sys.executable} -m psgd train" in out
+
+
+def test_mpirun_script_takes_a_launcher_with_options_and_falls_back_to_path(tmp_path):
+    """In a tree without .venv (as after make install MPI=system elsewhere): mpiexec on PATH."""
+    bin_dir, tree = tmp_path / "bin", tmp_path / "tree"
+    bin_dir.mkdir()
+    _fake(bin_dir, "mpirun")
+    _fake(bin_dir, "mpiexec")
+    shutil.copytree(ROOT / "jobs" / "mpirun", tree / "jobs" / "mpirun")
+    (tree / "data").mkdir()
+    (tree / "data" / "synth.h5").touch()   # the script makes it when missing
+    script = str(tree / "jobs" / "mpirun" / "ssp.sh")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PY=sys.executable,
+               MPIEXEC="mpirun --oversubscribe")
+    out = subprocess.run([script, "--steps", "2"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("mpirun --oversubscribe -n 3 ")
+    assert out.strip().endswith("--config jobs/configs/ssp.toml --steps 2")
+    env.pop("MPIEXEC")
+    out = subprocess.run([script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("mpiexec -n 3 ")
+    env["MPIEXEC"] = "no-such-launcher -x"
+    proc = subprocess.run([script], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "no launcher no-such-launcher" in proc.stderr

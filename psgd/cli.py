@@ -78,6 +78,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if _chosen_command(argv) == "train":   # a stop signal from the first moment on
+        from psgd.run.signals import install
+        install()
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False))
@@ -85,7 +88,10 @@ def main(argv: list[str] | None = None) -> None:
         importlib.import_module(args._module).run(args)
     except SystemExit:
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C before `psgd train` catches it (or in another command): every rank got it
+        if launcher_rank() == 0:
+            print("psgd: interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
     except BaseException as exc:  # noqa: BLE001 - the failure rule: report, end every rank
-        if isinstance(exc, KeyboardInterrupt):
-            exc = RuntimeError("interrupted")
         report_and_abort(exc, debug=debug)

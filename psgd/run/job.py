@@ -17,8 +17,14 @@ from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule
 from psgd.protocols import Protocol, get
-from psgd.run.checkpoint import Checkpoint, load_checkpoint, resolve_resume, save_checkpoint
-from psgd.run.settings import TrainSettings, resolve
+from psgd.run.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resolve_resume,
+                                 save_checkpoint)
+from psgd.run.settings import AUTO, TrainSettings, resolve
+from psgd.run.signals import EXIT_STOPPED, install
+from psgd.run.stop import StopControl
+
+MESSAGE_BYTES = 4096   # a set-up error message, as sent to rank 0
+TAG_SETUP = 31003
 
 
 @dataclass
@@ -36,6 +42,8 @@ class Job:
     resume: Checkpoint | None
     debug: bool
     reader: object = None  # the worker's ShardReader (None on servers)
+    stop: StopControl | None = None
+    end_step: int = 0      # the step training ended at: total_steps, or where it was stopped
 
     def save_checkpoint(self, step: int, params: np.ndarray, opt_state: dict | None) -> Path:
         """Save the run's state at ``step`` (absolute) into ``--checkpoint-dir``."""
@@ -47,12 +55,14 @@ class Job:
         return save_checkpoint(s.checkpoint_dir, ckpt)
 
 
-def agree(comm: MPI.Comm, fn, debug: bool):
+def agree(comm: MPI.Comm, fn, debug: bool, doing: str):
     """Run ``fn`` on every rank; if it fails anywhere, rank 0 prints one line and all exit 1.
 
     Set-up errors are the same on every rank more often than not (a bad flag, a
     missing file); gathering them lets the job end with one clear message
     instead of N copies or an MPI_Abort.  ``fn`` must not call collectives.
+    The outcomes meet on rank 0 by non-blocking messages, so a rank that never
+    gets there is reported by name (``doing``: what the ranks are doing).
     """
     try:
         result, message = fn(), None
@@ -60,7 +70,7 @@ def agree(comm: MPI.Comm, fn, debug: bool):
         if debug:
             traceback.print_exc()
         result, message = None, str(exc)
-    messages = comm.allgather(message)  # pickled, once at set-up: not the training path
+    messages = _gather_outcomes(comm, message, doing)
     failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
     if failed:
         if comm.Get_rank() == 0:
@@ -70,6 +80,28 @@ def agree(comm: MPI.Comm, fn, debug: bool):
             print(f"psgd: error: {where}{m}", file=sys.stderr, flush=True)
         raise SystemExit(1)
     return result
+
+
+def _gather_outcomes(comm: MPI.Comm, message: str | None, doing: str) -> list:
+    """Every rank's error message (None: it succeeded) on rank 0; elsewhere [None] or [failed]."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    rows = np.zeros((size if rank == 0 else 1, MESSAGE_BYTES), np.uint8)
+    mine = rows[0]
+    if message is not None:
+        text = message.encode()[:MESSAGE_BYTES - 1]
+        mine[0], mine[1:len(text) + 1] = 1, np.frombuffer(text, np.uint8)
+    if rank == 0:
+        reqs = [comm.Irecv(rows[r], source=r, tag=TAG_SETUP) for r in range(1, size)]
+        wait.waitall(reqs, lambda: f"rank(s) {[r + 1 for r, q in enumerate(reqs) if q]} to {doing}")
+        failed = np.array([rows[:, 0].any()], np.int64)
+    else:
+        wait.wait(comm.Isend(mine, dest=0, tag=TAG_SETUP), f"rank 0 to hear that this rank could {doing}")
+        failed = np.zeros(1, np.int64)
+    wait.wait(comm.Ibcast(failed, root=0), f"rank 0 to hear from every rank that it could {doing}")
+    if rank != 0:
+        return [None] * size if not failed[0] else [None, "failed"]
+    return [bytes(row[1:]).rstrip(b"\0").decode(errors="replace") if row[0] else None
+            for row in rows]
 
 
 def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
@@ -105,7 +137,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
     return Job(settings=settings, roles=roles, protocol=protocol, model=model,
                shard_map=shard_map, config=config, total_steps=total,
                start_step=resume.step if resume else 0, resume=resume, debug=debug,
-               reader=reader)
+               reader=reader, end_step=total)
 
 
 def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> int:
@@ -127,35 +159,51 @@ def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> 
     return max(1, int(round((settings.epochs or 1.0) * steps_per_epoch)))
 
 
-def _resume(settings: TrainSettings, model, total: int, protocol: Protocol) -> Checkpoint | None:
-    """The checkpoint to resume from (its parameters loaded into ``model``), or None."""
+def _resume_path(settings: TrainSettings) -> Path | None:
+    """The checkpoint file ``--resume`` names; with ``auto`` the newest in --checkpoint-dir, if any."""
     if not settings.resume:
         return None
-    resume = load_checkpoint(resolve_resume(settings.resume))
+    if settings.resume == AUTO:
+        found = list_checkpoints(settings.checkpoint_dir)
+        return found[-1] if found else None
+    return resolve_resume(settings.resume)
+
+
+def _resume(settings: TrainSettings, model, total: int, protocol: Protocol) -> Checkpoint | None:
+    """The checkpoint to resume from (its parameters loaded into ``model``), or None."""
+    path = _resume_path(settings)
+    if path is None:
+        return None
+    resume = load_checkpoint(path)
     if resume.model_spec != settings.model:
-        raise ValueError(f"checkpoint {settings.resume} is of model {resume.model_spec!r}, "
+        raise ValueError(f"checkpoint {path} is of model {resume.model_spec!r}, "
                          f"not --model {settings.model!r}")
     if resume.params.shape != model.params.shape:
-        raise ValueError(f"checkpoint {settings.resume} holds {resume.params.size} parameters, "
+        raise ValueError(f"checkpoint {path} holds {resume.params.size} parameters, "
                          f"model {settings.model} has {model.params.size}")
     if resume.optimizer != settings.optimizer and protocol.resumes_optimizer:
-        raise ValueError(f"checkpoint {settings.resume} was trained with optimizer "
+        raise ValueError(f"checkpoint {path} was trained with optimizer "
                          f"{resume.optimizer}; resume with --optimizer {resume.optimizer}")
     if resume.step >= total:
-        raise ValueError(f"checkpoint {settings.resume} is at step {resume.step}, "
-                         f"at or past the run's {total} steps")
+        raise ValueError(f"checkpoint {path} is at step {resume.step}, at or past the run's "
+                         f"{total} steps: nothing left to train (give more --steps or --epochs"
+                         f"{', or another --checkpoint-dir' if settings.resume == AUTO else ''})")
     model.params[:] = resume.params
     return resume
 
 
 def train_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd train`` on every rank."""
+    install()
     comm = MPI.COMM_WORLD
     debug = bool(getattr(args, "debug", False))
-    settings = agree(comm, lambda: _local_setup(args, comm), debug)
+    settings = agree(comm, lambda: _local_setup(args, comm), debug, "check the settings")
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    wait.barrier(comm, "the other ranks to split into servers and workers")
     roles = assign_roles(comm, settings.servers)
-    job = agree(comm, lambda: _build(settings, roles, debug), debug)
+    job = agree(comm, lambda: _build(settings, roles, debug), debug,
+                "read the data, build the model and load the checkpoint")
+    job.stop = StopControl(roles, job.start_step, job.config.staleness)
     if roles.is_server:
         from psgd.run.server_rank import run_server
         run_server(job)
@@ -163,3 +211,5 @@ def train_main(args: argparse.Namespace) -> None:
         from psgd.run.worker_rank import run_worker
         run_worker(job)
     wait.barrier(comm, "the other ranks to finish")
+    if job.end_step < job.total_steps:
+        raise SystemExit(EXIT_STOPPED)

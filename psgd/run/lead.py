@@ -9,6 +9,7 @@ import numpy as np
 from psgd.run.metrics import MetricsLog
 from psgd.run.progress import progress_bar
 from psgd.run.reports import merge_histograms
+from psgd.run.signals import EXIT_STOPPED, signal_name
 
 TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s", "compute_s")
 
@@ -80,12 +81,13 @@ class Lead:
         """Evaluate the final parameters and write the run's summary record."""
         job = self.job
         test_loss, test_acc = job.model.evaluate(self.x_test, self.y_test)
-        self.log.write("eval", step=job.total_steps, test_loss=test_loss, test_accuracy=test_acc)
+        self.log.write("eval", step=job.end_step, test_loss=test_loss, test_accuracy=test_acc)
         workers = [r for r in reports if r["role"] == "worker"]
         servers = [r for r in reports if r["role"] == "server"]
         samples = sum(r["samples"] for r in workers)
         summary = self.log.write(
-            "summary", steps=job.total_steps, start_step=job.start_step, wall_s=wall,
+            "summary", steps=job.end_step, start_step=job.start_step, wall_s=wall,
+            stopped=signal_name(job.stop.signum) if job.end_step < job.total_steps else None,
             samples=samples, samples_per_s=samples / max(wall, 1e-9),
             test_loss=test_loss, test_accuracy=test_acc,
             staleness_histogram=merge_histograms(reports),
@@ -102,14 +104,22 @@ class Lead:
     def print_summary(self, summary: dict, wall: float, final_ckpt) -> None:
         """The run's closing lines on stdout."""
         s, job, roles = self.s, self.job, self.job.roles
+        newest = None
+        if s.checkpoint_dir:
+            from psgd.run.checkpoint import list_checkpoints
+            newest = final_ckpt or (list_checkpoints(s.checkpoint_dir) or [None])[-1]
+        if summary["stopped"]:
+            saved = f"checkpoint {newest}" if newest else "no checkpoint (no --checkpoint-dir)"
+            print(f"psgd: stopped by {summary['stopped']} at step {job.end_step} of "
+                  f"{job.total_steps} (test accuracy {summary['test_accuracy']:.4f}); {saved}; "
+                  f"exit {EXIT_STOPPED}, resume with --resume auto", flush=True)
+            return
         proto = job.protocol.label(job.config.staleness)
         print(f"psgd: {s.model} with {proto}, {roles.n_servers} server(s) + {roles.n_workers} "
-              f"worker(s): {job.total_steps - job.start_step} steps in {wall:.1f} s, "
+              f"worker(s): {job.end_step - job.start_step} steps in {wall:.1f} s, "
               f"{summary['samples_per_s']:.0f} samples/s; final test accuracy "
               f"{summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})", flush=True)
         if s.log:
             print(f"psgd: log: {s.log}", flush=True)
         if s.checkpoint_dir:
-            from psgd.run.checkpoint import list_checkpoints
-            newest = final_ckpt or (list_checkpoints(s.checkpoint_dir) or [None])[-1]
             print(f"psgd: checkpoint: {newest}", flush=True)

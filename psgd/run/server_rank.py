@@ -29,9 +29,11 @@ def run_server(job) -> None:
                             init_shard=job.shard_map.view(job.model.params, shard).copy(),
                             init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
                             start_clock=job.start_step)
+    job.stop.close()
+    job.end_step = job.stop.share_end(job.end_step)   # where the workers stopped
     if roles.rank == 0:
         if settings.checkpoint_dir and protocol.server_snapshots:
-            job.save_checkpoint(job.total_steps, result.params, result.opt_state or {})
+            job.save_checkpoint(job.end_step, result.params, result.opt_state or {})
         final_params = np.ascontiguousarray(result.params, dtype=np.float32)
         wait.wait(roles.comm.Isend(final_params, dest=roles.lead_worker, tag=TAG_FINAL_PARAMS),
                   f"worker rank {roles.lead_worker} to take the final parameters")

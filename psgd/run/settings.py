@@ -13,6 +13,8 @@ from psgd.ps import compensation
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import PROTOCOLS, get, names
 
+AUTO = "auto"   # --resume auto: the newest checkpoint in --checkpoint-dir, else a fresh start
+
 
 def _protocol_help() -> str:
     lines = []
@@ -113,7 +115,8 @@ FLAGS: dict[str, tuple[type, str]] = {
     "eval_samples": (int, "evaluate on the first N test samples (0: all)"),
     "checkpoint_dir": (str, "directory for HDF5 checkpoints"),
     "checkpoint_every": (int, "checkpoint every N steps (needs --checkpoint-dir)"),
-    "resume": (str, "resume from a checkpoint file, or the newest in a directory"),
+    "resume": (str, "resume from a checkpoint file, or the newest in a directory; auto: the "
+                    "newest in --checkpoint-dir, else start fresh"),
     "log": (str, "JSON-lines metrics file"),
     "quiet": (bool, "no progress bar"),
     "stall_timeout": (float, "report a rank waiting longer than this many seconds (default 60)"),
@@ -230,7 +233,9 @@ def validate(s: TrainSettings) -> None:
         raise ValueError("--checkpoint-every needs --checkpoint-dir")
     if s.stall_timeout <= 0 or s.stall_abort <= 0:
         raise ValueError("--stall-timeout and --stall-abort must be > 0")
-    if s.resume is not None and not os.path.exists(s.resume):
+    if s.resume == AUTO and not s.checkpoint_dir:
+        raise ValueError("--resume auto needs --checkpoint-dir")
+    if s.resume not in (None, AUTO) and not os.path.exists(s.resume):
         raise ValueError(f"--resume {s.resume}: no such file or directory")
 
 

@@ -55,7 +55,11 @@ def run_worker(job) -> None:
     t_start = time.perf_counter()
     _start_protocol(job, worker)
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
+    end = job.total_steps
     for clock in range(job.start_step, job.total_steps):
+        if job.stop.check(clock):
+            end = clock
+            break
         loss, correct, n = _train_step(job, worker, clock, timers, fault)
         step = clock + 1
         if lead is not None:
@@ -66,15 +70,17 @@ def run_worker(job) -> None:
     if worker.grad_buffer is not None:
         model.use_grad_buffer(None)   # finish() frees the window
     worker.finish()
+    job.end_step = job.stop.close(end)   # the slowest worker's
+    job.stop.share_end(job.end_step)
     wall = time.perf_counter() - t_start
     if lead is not None:
         lead.bar.close()
         if roles.n_servers:
             wait.wait(roles.comm.Irecv(model.params, source=0, tag=TAG_FINAL_PARAMS),
                       "rank 0 to send the final parameters")
-    final_ckpt = _replica_checkpoint(job, worker, job.total_steps) if own_checkpoints else None
+    final_ckpt = _replica_checkpoint(job, worker, job.end_step) if own_checkpoints else None
     reports = gather_reports(job, {"role": "worker", "rank": roles.rank, "wall_s": wall,
-                                   "samples": (job.total_steps - job.start_step) * s.batch_size,
+                                   "samples": (end - job.start_step) * s.batch_size,
                                    "compensation": getattr(worker, "compensation", None),
                                    **timers})
     if lead is not None:

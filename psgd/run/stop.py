@@ -1,0 +1,121 @@
+"""Stopping a run early: SIGTERM, SIGUSR1 or SIGINT on any rank stops every worker.
+
+A signalled rank sends a notice to every worker. Under a finite staleness
+bound (bsp, ssp, allreduce) every worker stops at one clock: every ``every``
+clocks the workers start a non-blocking all-reduce (MAX) of what they have
+heard and complete it ``every`` clocks later; when it says stop, all stop
+there. Its wait is for workers that are behind, like the protocols' own
+waits, so the two never wait on each other in a cycle. Without a bound (asp,
+hogwild) nothing waits: each worker stops at its next clock, and the run ends
+at the slowest worker's clock.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.env import env_int
+from psgd.mpi import wait
+from psgd.run.signals import received, set_notify
+
+TAG_NOTICE = 31002
+DEFAULT_EVERY = 32  # clocks between stop checks (PSGD_STOP_EVERY)
+
+
+def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
+    new, request = comm.Idup()
+    wait.wait(request, what)
+    return new
+
+
+class StopControl:
+    """This rank's part in agreeing on a stop (collective over the job to create).
+
+    Workers call :meth:`check` at every clock and stop when it is True; then
+    every rank calls :meth:`close` and :meth:`share_end`.
+    """
+
+    def __init__(self, roles, start_clock: int, bound: float, every: int | None = None) -> None:
+        every = every or env_int("PSGD_STOP_EVERY", DEFAULT_EVERY)
+        if every < 1:
+            raise ValueError(f"PSGD_STOP_EVERY must be >= 1, got {every}")
+        # a check more often than the bound would bound the workers' spread tighter
+        self.every = max(every, int(bound) + 1) if math.isfinite(bound) else 0
+        self.roles, self.start = roles, start_clock
+        self.comm = _dup(roles.comm, "the other ranks to set up the stop notices")
+        self.sent: list = []
+        self.heard = 0
+        self.signum = 0      # the agreed stop's signal (0: no stop)
+        self.round = None    # (request, clock) of the stop check in flight
+        self.mine, self.result = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        if roles.is_worker:
+            self.workers = _dup(roles.worker_comm, "the other workers to set up the stop checks")
+            self.notice = np.zeros(1, np.int64)
+            self.listen = self.comm.Irecv(self.notice, MPI.ANY_SOURCE, TAG_NOTICE)
+        set_notify(self._notify)
+
+    def _notify(self) -> None:
+        """Tell every worker that this rank was signalled (from the signal handler)."""
+        roles = self.roles
+        for k in range(roles.n_workers):
+            if roles.worker_rank(k) != roles.rank:
+                buf = np.array([received()], np.int64)
+                self.sent.append((buf, self.comm.Isend(buf, roles.worker_rank(k), TAG_NOTICE)))
+
+    def _hear(self) -> None:
+        while self.listen.Test():
+            self.heard = max(self.heard, int(self.notice[0]))
+            self.listen = self.comm.Irecv(self.notice, MPI.ANY_SOURCE, TAG_NOTICE)
+
+    def check(self, clock: int) -> bool:
+        """True when this worker is to stop before computing ``clock`` (workers only)."""
+        if not self.every:
+            self._hear()
+            self.signum = max(self.heard, received())
+            return self.signum != 0
+        if (clock - self.start) % self.every:
+            return False
+        if self._finish_round():
+            return True
+        self._hear()
+        self.mine[0] = max(self.heard, received())
+        self.round = (self.workers.Iallreduce(self.mine, self.result, op=MPI.MAX), clock)
+        return False
+
+    def _finish_round(self) -> bool:
+        if self.round is None:
+            return False
+        request, clock = self.round
+        wait.wait(request, f"the other workers to reach clock {clock} (the stop check)")
+        self.round = None
+        self.signum = int(self.result[0])
+        return self.signum != 0
+
+    def close(self, end_step: int = 0) -> int:
+        """End the notices and checks (signals from now on only end the run as it is).
+
+        On workers, returns the slowest worker's ``end_step`` (the clock it stopped at).
+        """
+        set_notify(None)
+        wait.waitall([req for _, req in self.sent], "the workers to take the stop notices")
+        if not self.roles.is_worker:
+            return end_step
+        self._finish_round()   # every worker reaches the same last clock
+        self.listen.Cancel()
+        wait.wait(self.listen, "this rank's stop notice receive to be cancelled")
+        mine, result = np.array([-end_step, self.signum], np.int64), np.zeros(2, np.int64)
+        wait.wait(self.workers.Iallreduce(mine, result, op=MPI.MAX),
+                  "the other workers to end their training")
+        self.signum = int(result[1])
+        return int(-result[0])
+
+    def share_end(self, end_step: int) -> int:
+        """Every rank learns the lead worker's last step (and the stop's signal); returns the step."""
+        roles = self.roles
+        buf = np.array([end_step, self.signum], np.int64)
+        wait.wait(self.comm.Ibcast(buf, root=roles.lead_worker),
+                  f"worker rank {roles.lead_worker} to say where training ended")
+        self.signum = int(buf[1])
+        return int(buf[0])

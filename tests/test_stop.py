@@ -1,0 +1,143 @@
+"""Stopping a run by a signal (Slurm's time-limit warning, scancel, preemption, Ctrl-C) and resuming it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import marked_pids, mpiexec_path
+
+from psgd.run.checkpoint import list_checkpoints, load_checkpoint
+from psgd.run.metrics import read_log
+from psgd.run.signals import EXIT_STOPPED
+
+MLP = "mlp:784-32-10"
+STEPS = 600
+EVERY = 8   # PSGD_STOP_EVERY in these tests
+
+
+def _common(protocol: str, servers: int) -> list[str]:
+    opt = "sgd" if protocol == "hogwild" else "momentum"
+    return ["--model", MLP, "--protocol", protocol, "--servers", str(servers), "--optimizer", opt,
+            "--lr", "0.05", "--batch-size", "16", "--steps", str(STEPS), "--seed", "3", "--quiet"]
+
+
+def _start(n: int, flags: list, marker: str) -> subprocess.Popen:
+    env = dict(os.environ, PSGD_TEST_MARK=marker, PSGD_STOP_EVERY=str(EVERY),
+               PYTHONUNBUFFERED="1", PSGD_STALL_ABORT="60")
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-m", "psgd", "train", *map(str, flags)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 120):
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timeout\n--- stdout\n{out}\n--- stderr\n{err}")
+
+
+def _rank_pid(marker: str, rank: int) -> int:
+    for pid in marked_pids(marker, ranks_only=True):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env:
+            return pid
+    raise AssertionError(f"no rank {rank} of job {marker}")
+
+
+def _wait_for_training(log: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the lead has logged a step record (the run is past set-up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and any(json.loads(line)["kind"] == "step"
+                                for line in log.read_text().splitlines() if line.endswith("}")):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step record in {log}")
+
+
+def _shm_left(before: set) -> list[str]:
+    """New /dev/shm entries that no live process maps (what a dead job left behind)."""
+    new = set(os.listdir("/dev/shm")) - before
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.rsplit("/dev/shm/", 1)[1].split()[0]
+                          for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+        except (OSError, IndexError):
+            continue
+    return sorted(new - mapped)
+
+
+def _signal_mid_run(dataset, tmp_path, protocol, n, servers, rank, sig, marker):
+    """Run, send ``sig`` to ``rank`` once training runs; returns (out, err, rc, ckdir)."""
+    ckdir, log = tmp_path / "part", tmp_path / "part.jsonl"
+    before = set(os.listdir("/dev/shm"))
+    proc = _start(n, ["--data", dataset, *_common(protocol, servers),
+                      "--checkpoint-dir", ckdir, "--resume", "auto", "--log", log], marker)
+    _wait_for_training(log, proc)
+    os.kill(_rank_pid(marker, rank), sig)
+    out, err = _finish(proc)
+    assert not _shm_left(before), _shm_left(before)
+    return out, err, proc.returncode, ckdir
+
+
+@pytest.mark.parametrize("protocol, n, servers, rank, sig, exact", [
+    ("bsp", 3, 1, 0, signal.SIGUSR1, True),       # a server signalled: it tells the workers
+    ("allreduce", 2, 0, 1, signal.SIGTERM, True),  # a worker that is not the lead
+    ("asp", 3, 1, 2, signal.SIGTERM, False),       # no bound: each worker stops at once
+    ("hogwild", 3, 1, 0, signal.SIGUSR1, False),
+])
+def test_signal_on_one_rank_stops_all_at_one_step_and_resume_auto_finishes(
+        mpirun, dataset, tmp_path, protocol, n, servers, rank, sig, exact):
+    out, err, rc, ckdir = _signal_mid_run(dataset, tmp_path, protocol, n, servers, rank, sig,
+                                          f"stop-{protocol}-{os.getpid()}")
+    assert rc == EXIT_STOPPED, (out, err)
+    lines = [line for line in out.splitlines() if line.startswith("psgd:")]
+    assert len(lines) == 1 and f"stopped by {signal.Signals(sig).name}" in lines[0], out
+    assert "Traceback" not in err and "error" not in err, err
+    stopped = load_checkpoint(list_checkpoints(ckdir)[-1])
+    assert 0 < stopped.step < STEPS, stopped.step
+    if exact:   # a finite bound: every worker stopped at one stop check
+        assert stopped.step % EVERY == 0, stopped.step
+    assert f"at step {stopped.step} of {STEPS}" in lines[0]
+    summary = read_log(tmp_path / "part.jsonl")[-1]
+    assert summary["stopped"] == signal.Signals(sig).name and summary["steps"] == stopped.step
+
+    # the requeued job: same command, --resume auto, here with another number of servers
+    more = 1 if servers else 0
+    mpirun(n + more, ["-m", "psgd", "train", "--data", dataset, *_common(protocol, servers + more),
+                      "--checkpoint-dir", ckdir, "--resume", "auto", "--log", tmp_path / "b.jsonl"])
+    resumed = read_log(tmp_path / "b.jsonl")[-1]
+    assert (resumed["start_step"], resumed["steps"], resumed["stopped"]) == (stopped.step, STEPS, None)
+    if exact:
+        full = tmp_path / "full"
+        mpirun(n, ["-m", "psgd", "train", "--data", dataset, *_common(protocol, servers),
+                   "--checkpoint-dir", full, "--resume", "auto"])
+        a, b = (load_checkpoint(d / f"ckpt-{STEPS:08d}.h5") for d in (full, ckdir))
+        np.testing.assert_array_equal(a.params, b.params)
+        np.testing.assert_array_equal(a.opt_state["velocity"], b.opt_state["velocity"])
+
+
+def test_ctrl_c_under_mpiexec_stops_with_one_line_and_no_traceback(tmp_path, dataset):
+    marker = f"ctrlc-{os.getpid()}"
+    log = tmp_path / "log.jsonl"
+    proc = _start(3, ["--data", dataset, *_common("ssp", 1), "--log", log], marker)
+    _wait_for_training(log, proc)
+    proc.send_signal(signal.SIGINT)   # mpiexec forwards it to every rank
+    out, err = _finish(proc)
+    assert proc.returncode == EXIT_STOPPED, (out, err)
+    assert "Traceback" not in err and "psgd: error" not in err, err
+    psgd_lines = [line for line in (out + err).splitlines() if line.startswith("psgd:")]
+    assert len(psgd_lines) == 1 and "stopped by SIGINT" in psgd_lines[0], (out, err)
+    assert "no checkpoint (no --checkpoint-dir)" in psgd_lines[0]
+    assert not marked_pids(marker)

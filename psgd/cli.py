@@ -17,7 +17,7 @@ import sys
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from psgd.errors import report_and_abort  # noqa: E402
+from psgd.errors import launcher_rank, report_and_abort  # noqa: E402
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -25,15 +25,6 @@ COMMANDS = {
     "data": ("psgd.data.cli", "make, convert and inspect HDF5 datasets"),
     "plot": ("psgd.plot", "draw PNG charts from JSON-lines training logs"),
 }
-
-
-def launcher_rank() -> int:
-    """This process's rank as the launcher set it (without initialising MPI); 0 if unknown."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var)
-        if value and value.isdigit():
-            return int(value)
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,6 +1,7 @@
 """The one error type users see as a plain message, and the rule that a failure ends the whole job."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -19,6 +20,15 @@ class NonFinitePush(PsgdError):
         super().__init__(f"push from rank {source} for clock {clock} holds non-finite values "
                          f"(NaN or Inf); lower the learning rate, or pass --skip-nonfinite")
         self.source, self.clock = source, clock
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher set it (without initialising MPI); 0 if unknown."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var)
+        if value and value.isdigit():
+            return int(value)
+    return 0
 
 
 def report_and_abort(exc: BaseException, *, debug: bool = False, code: int = 1) -> None:

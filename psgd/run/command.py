@@ -3,11 +3,20 @@ from __future__ import annotations
 
 import argparse
 
-from psgd.run.settings import DESCRIPTION, add_arguments
+from psgd.env import env_float
+from psgd.run.settings import DESCRIPTION, TrainSettings, add_arguments
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
 
 
 def run(args: argparse.Namespace) -> None:
+    from psgd.errors import launcher_rank
+    from psgd.run import init_watch
+
+    # the flags as given (the config file is read later); MPI_Init is the import of job
+    timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", TrainSettings.stall_timeout)
+    abort = args.stall_abort or env_float("PSGD_STALL_ABORT", TrainSettings.stall_abort)
+    initialised = init_watch.start(timeout, abort, launcher_rank())
     from psgd.run.job import train_main
+    initialised()
     train_main(args)

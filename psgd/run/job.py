@@ -106,6 +106,8 @@ def _gather_outcomes(comm: MPI.Comm, message: str | None, doing: str) -> list:
 
 def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
     settings = resolve(args)
+    # before the first wait on other ranks, so that it is reported as a stall too
+    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     check_servers(settings.servers, comm.Get_size())
     return settings
 
@@ -198,7 +200,6 @@ def train_main(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     debug = bool(getattr(args, "debug", False))
     settings = agree(comm, lambda: _local_setup(args, comm), debug, "check the settings")
-    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     wait.barrier(comm, "the other ranks to split into servers and workers")
     roles = assign_roles(comm, settings.servers)
     job = agree(comm, lambda: _build(settings, roles, debug), debug,

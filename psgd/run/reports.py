@@ -1,17 +1,45 @@
 """The end of a training run, shared by server and worker ranks: every rank's report to the lead."""
 from __future__ import annotations
 
+import json
+
+import numpy as np
+from mpi4py import MPI
+
 from psgd.mpi import wait
 from psgd.mpi.report import StalenessHistogram
 
 TAG_FINAL_PARAMS = 31001
+TAG_REPORT = 31004
 
 
 def gather_reports(job, report: dict) -> list[dict] | None:
-    """Collect every rank's end-of-run report on the lead worker (off the training path)."""
-    comm = job.roles.comm
-    wait.barrier(comm, "every rank to finish training")
-    return comm.gather(report, root=job.roles.lead_worker)
+    """Collect every rank's end-of-run report on the lead worker (off the training path).
+
+    By messages waited on without blocking, so a rank that never sends its
+    report is named; returns the reports by rank on the lead, None elsewhere.
+    """
+    comm, lead = job.roles.comm, job.roles.lead_worker
+    if comm.Get_rank() != lead:
+        data = np.frombuffer(json.dumps(report, default=_plain).encode(), np.uint8)
+        wait.wait(comm.Isend(data, dest=lead, tag=TAG_REPORT),
+                  f"worker rank {lead} to take this rank's end-of-run report")
+        return None
+    reports, status = [], MPI.Status()
+    for rank in range(comm.Get_size()):
+        if rank == lead:
+            reports.append(report)
+            continue
+        wait.probe(comm, rank, TAG_REPORT, status, f"rank {rank} to send its end-of-run report")
+        data = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        comm.Recv(data, source=rank, tag=TAG_REPORT)
+        reports.append(json.loads(data.tobytes()))
+    return reports
+
+
+def _plain(value):
+    """A numpy scalar as the Python number JSON takes."""
+    return value.item()
 
 
 def merge_histograms(reports: list[dict]) -> list[int]:

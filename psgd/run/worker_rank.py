@@ -79,6 +79,8 @@ def run_worker(job) -> None:
             wait.wait(roles.comm.Irecv(model.params, source=0, tag=TAG_FINAL_PARAMS),
                       "rank 0 to send the final parameters")
     final_ckpt = _replica_checkpoint(job, worker, job.end_step) if own_checkpoints else None
+    if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
+        fault.at(job.total_steps)
     reports = gather_reports(job, {"role": "worker", "rank": roles.rank, "wall_s": wall,
                                    "samples": (end - job.start_step) * s.batch_size,
                                    "compensation": getattr(worker, "compensation", None),

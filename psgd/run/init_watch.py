@@ -1,0 +1,56 @@
+"""A watchdog for MPI_Init, which blocks (holding the GIL) until every rank has started MPI.
+
+A rank stopped or stuck before MPI_Init leaves the others inside it, where no
+Python code runs. A forked child process watches instead: past the stall
+timeout it reports, past the abort limit it kills this rank, which makes the
+launcher end the job.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+
+
+def start(stall_timeout: float, stall_abort: float, rank: int):
+    """Fork the watchdog; call the returned function once MPI is initialised."""
+    if "mpi4py.MPI" in sys.modules:   # MPI is up already (psgd called in-process)
+        return lambda: None
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        os.close(write_end)
+        _watch(read_end, parent, rank, stall_timeout, stall_abort)
+        os._exit(0)
+    os.close(read_end)
+
+    def done() -> None:
+        os.close(write_end)   # EOF: the watchdog exits
+        os.waitpid(child, 0)
+
+    return done
+
+
+def _watch(read_end: int, parent: int, rank: int, stall_timeout: float, stall_abort: float) -> None:
+    start, reported = time.monotonic(), False
+    while True:
+        limit = stall_abort if reported else min(stall_timeout, stall_abort)
+        left = limit - (time.monotonic() - start)
+        if left > 0 and select.select([read_end], [], [], left)[0]:
+            return    # the rank initialised MPI, or ended
+        if left > 0:
+            continue
+        waited = time.monotonic() - start
+        what = "MPI_Init (the other ranks to start MPI; one may be stopped or stuck)"
+        if waited < stall_abort:
+            print(f"psgd: rank {rank} stalled: waiting {waited:.0f} s for {what}",
+                  file=sys.stderr, flush=True)
+            reported = True
+            continue
+        print(f"psgd: error: rank {rank}: waited {waited:.0f} s (> stall abort limit "
+              f"{stall_abort:g} s) for {what}", file=sys.stderr, flush=True)
+        os.kill(parent, signal.SIGKILL)
+        return

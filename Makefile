@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-async clean
+.PHONY: install test test-all test-slurm soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-async clean
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ endif
 
 test: install
 	$(PY) -m pytest -q tests
+
+# the batch files on a real one-node Slurm (root; installs slurm-wlm and munge when missing)
+test-slurm: install
+	$(PY) -m pytest -q -m slurm tests
 
 # the soak test (several minutes) is not part of the quick suite
 soak: install

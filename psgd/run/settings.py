@@ -189,9 +189,17 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> TrainSettings:
             values[f.name] = from_toml[f.name]
         elif env_value not in (None, ""):
             values[f.name] = _coerce(f.name, env_value, f"environment PSGD_{f.name.upper()}")
+    _flag_wins_run_length(values, args)
     settings = TrainSettings(**values)
     validate(settings)
     return settings
+
+
+def _flag_wins_run_length(values: dict, args: argparse.Namespace) -> None:
+    """--steps on the command line replaces a config's or variable's epochs, and the reverse."""
+    for given, other in (("steps", "epochs"), ("epochs", "steps")):
+        if getattr(args, given, None) is not None and getattr(args, other, None) is None:
+            values.pop(other, None)
 
 
 def validate(s: TrainSettings) -> None:

@@ -83,3 +83,33 @@ def test_mpirun_script_takes_a_launcher_with_options_and_falls_back_to_path(tmp_
     env["MPIEXEC"] = "no-such-launcher -x"
     proc = subprocess.run([script], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "no launcher no-such-launcher" in proc.stderr
+
+
+def test_run_length_flag_after_a_config_replaces_its_epochs(tmp_path):
+    """`sbatch jobs/slurm/ssp.sbatch --steps 20`: the config says epochs, the flag wins."""
+    import argparse
+
+    from psgd.run.settings import add_arguments, resolve
+    data = tmp_path / "d.h5"
+    data.touch()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = str(ROOT / "jobs" / "configs" / "ssp.toml")
+    s = resolve(parser.parse_args(["--config", config, "--data", str(data), "--steps", "20"]))
+    assert (s.steps, s.epochs) == (20, None)
+    s = resolve(parser.parse_args(["--config", config, "--data", str(data)]))
+    assert (s.steps, s.epochs) == (None, 3.0)
+    with pytest.raises(ValueError, match="not both"):
+        resolve(parser.parse_args(["--data", str(data), "--steps", "2", "--epochs", "1"]))
+
+
+def test_resume_auto_needs_a_checkpoint_dir(tmp_path):
+    import argparse
+
+    from psgd.run.settings import add_arguments, resolve
+    data = tmp_path / "d.h5"
+    data.touch()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError, match="--resume auto needs --checkpoint-dir"):
+        resolve(parser.parse_args(["--data", str(data), "--resume", "auto"]))

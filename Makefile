@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-async clean
+.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-async clean
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ test: install
 # the batch files on a real one-node Slurm (root; installs slurm-wlm and munge when missing)
 test-slurm: install
 	$(PY) -m pytest -q -m slurm tests
+
+# every protocol under Debian's Open MPI, mpi4py built against it in .venv-openmpi (MPI=system)
+test-openmpi:
+	tests/openmpi/check.sh
 
 # the soak test (several minutes) is not part of the quick suite
 soak: install

@@ -96,6 +96,15 @@ def test_every_batch_file_runs_as_submitted_to_a_final_accuracy(slurm, dataset, 
         assert (tmp_path / protocol / "ckpt-00000020.h5").exists()
 
 
+def test_srun_without_a_pmi_the_mpi_speaks_is_named_in_the_error(slurm, dataset, tmp_path):
+    jid = _submit(slurm, tmp_path, "ssp", "--data", dataset, *SMALL, "--steps", 5,
+                  env={"SRUN_MPI": "none"})
+    job = _wait(slurm, jid, _ended, 120, "finished")
+    out = _output(tmp_path, jid)
+    assert job["JobState"] == "FAILED", out
+    assert "Slurm started 3 tasks but MPI sees each alone" in out and "srun --mpi=pmi2" in out, out
+
+
 def test_scancel_stops_the_job_with_a_checkpoint_leaving_nothing_behind(slurm, dataset, tmp_path):
     marker, log = f"scancel-{os.getpid()}", tmp_path / "log.jsonl"
     shm_before = set(os.listdir("/dev/shm"))

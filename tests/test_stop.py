@@ -126,6 +126,9 @@ def test_signal_on_one_rank_stops_all_at_one_step_and_resume_auto_finishes(
         a, b = (load_checkpoint(d / f"ckpt-{STEPS:08d}.h5") for d in (full, ckdir))
         np.testing.assert_array_equal(a.params, b.params)
         np.testing.assert_array_equal(a.opt_state["velocity"], b.opt_state["velocity"])
+        again = mpirun(n, ["-m", "psgd", "train", "--data", dataset, *_common(protocol, servers),
+                           "--checkpoint-dir", full, "--resume", "auto"], check=False)
+        assert again.returncode == 1 and "nothing left to train" in again.stderr, again.stderr
 
 
 def test_ctrl_c_under_mpiexec_stops_with_one_line_and_no_traceback(tmp_path, dataset):

@@ -38,8 +38,10 @@ def gather_reports(job, report: dict) -> list[dict] | None:
 
 
 def _plain(value):
-    """A numpy scalar as the Python number JSON takes."""
-    return value.item()
+    """A numpy scalar or array as the Python numbers JSON takes."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"an end-of-run report holds a {type(value).__name__}, which JSON cannot")
 
 
 def merge_histograms(reports: list[dict]) -> list[int]:

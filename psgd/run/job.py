@@ -95,7 +95,8 @@ def _gather_outcomes(comm: MPI.Comm, message: str | None, doing: str) -> list:
         wait.waitall(reqs, lambda: f"rank(s) {[r + 1 for r, q in enumerate(reqs) if q]} to {doing}")
         failed = np.array([rows[:, 0].any()], np.int64)
     else:
-        wait.wait(comm.Isend(mine, dest=0, tag=TAG_SETUP), f"rank 0 to hear that this rank could {doing}")
+        wait.wait(comm.Isend(mine, dest=0, tag=TAG_SETUP),
+                  f"rank 0 to hear that this rank could {doing}")
         failed = np.zeros(1, np.int64)
     wait.wait(comm.Ibcast(failed, root=0), f"rank 0 to hear from every rank that it could {doing}")
     if rank != 0:
@@ -162,7 +163,7 @@ def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> 
 
 
 def _resume_path(settings: TrainSettings) -> Path | None:
-    """The checkpoint file ``--resume`` names; with ``auto`` the newest in --checkpoint-dir, if any."""
+    """The checkpoint ``--resume`` names (``auto``: the newest in --checkpoint-dir, if any)."""
     if not settings.resume:
         return None
     if settings.resume == AUTO:

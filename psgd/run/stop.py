@@ -112,7 +112,7 @@ class StopControl:
         return int(-result[0])
 
     def share_end(self, end_step: int) -> int:
-        """Every rank learns the lead worker's last step (and the stop's signal); returns the step."""
+        """Every rank learns the lead worker's last step and the stop's signal; returns the step."""
         roles = self.roles
         buf = np.array([end_step, self.signum], np.int64)
         wait.wait(self.comm.Ibcast(buf, root=roles.lead_worker),

@@ -144,3 +144,21 @@ def test_ctrl_c_under_mpiexec_stops_with_one_line_and_no_traceback(tmp_path, dat
     assert len(psgd_lines) == 1 and "stopped by SIGINT" in psgd_lines[0], (out, err)
     assert "no checkpoint (no --checkpoint-dir)" in psgd_lines[0]
     assert not marked_pids(marker)
+
+
+def test_signals_until_the_job_is_gone_still_end_it_as_stopped(tmp_path, dataset):
+    """The first signal stops the run; later ones, down to the ranks' shutdown, change nothing."""
+    marker, log = f"storm-{os.getpid()}", tmp_path / "log.jsonl"
+    proc = _start(3, ["--data", dataset, *_common("ssp", 1), "--log", log,
+                      "--checkpoint-dir", tmp_path / "ck"], marker)
+    _wait_for_training(log, proc)
+    while proc.poll() is None:
+        for pid in marked_pids(marker, ranks_only=True):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    out, err = _finish(proc)
+    assert proc.returncode == EXIT_STOPPED, (out, err)
+    assert "stopped by SIGUSR1" in out and "BAD TERMINATION" not in out + err, (out, err)

@@ -20,7 +20,7 @@ from psgd.protocols import Protocol, get
 from psgd.run.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resolve_resume,
                                  save_checkpoint)
 from psgd.run.settings import AUTO, TrainSettings, resolve
-from psgd.run.signals import EXIT_STOPPED, install
+from psgd.run.signals import EXIT_STOPPED, ignore, install
 from psgd.run.stop import StopControl
 
 MESSAGE_BYTES = 4096   # a set-up error message, as sent to rank 0
@@ -213,5 +213,6 @@ def train_main(args: argparse.Namespace) -> None:
         from psgd.run.worker_rank import run_worker
         run_worker(job)
     wait.barrier(comm, "the other ranks to finish")
+    ignore()
     if job.end_step < job.total_steps:
         raise SystemExit(EXIT_STOPPED)

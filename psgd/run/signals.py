@@ -29,6 +29,13 @@ def install() -> None:
         signal.signal(sig, _handler)
 
 
+def ignore() -> None:
+    """Ignore the stop signals from now on: the run is over (Python's shutdown would
+    otherwise restore their default action, and a late one would kill the rank)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def received() -> int:
     """The first stop signal this rank got (0: none)."""
     return _received.signum

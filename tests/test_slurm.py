@@ -136,8 +136,7 @@ def test_usr1_checkpoints_and_the_requeued_job_ends_where_an_uninterrupted_run_e
     # what Slurm sends 120 s before the time limit (#SBATCH --signal=USR1@120)
     subprocess.run(["scancel", "--signal=USR1", jid], env=slurm, check=True)
     _wait(slurm, jid, lambda job: "requeued" in _output(tmp_path, jid), 60, "requeued")
-    # a requeued job waits for its begin time; start it now
-    subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], env=slurm)
+    # Slurm starts it again once the old credential expires (cred_expire in cluster.sh)
     job = _wait(slurm, jid, lambda job: _ended(job) and "final test accuracy" in
                 _output(tmp_path, jid), 240, "finished after its requeue")
     out = _output(tmp_path, jid)

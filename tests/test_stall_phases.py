@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import marked_pids, mpiexec_path
+from test_stop import _shm_left
 
 STEPS = 40
 BOUND_S = 40   # the job must be over well before this (stall abort 4 s + start-up on a loaded VM)
@@ -39,6 +40,7 @@ def _logged(log: Path, kind: str) -> bool:
 def _run_and_freeze(dataset, tmp_path, when, env=None):
     """Start ssp on 3 ranks; SIGSTOP worker rank 2 once ``when(log)`` holds; returns the result."""
     marker, log = f"freeze-{os.getpid()}-{time.monotonic_ns()}", tmp_path / "log.jsonl"
+    shm_before = set(os.listdir("/dev/shm"))
     cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "psgd", "train", "--data", dataset,
            "--model", "mlp:784-32-10", "--protocol", "ssp", "--steps", str(STEPS), "--quiet",
            "--log", str(log), "--stall-timeout", "1", "--stall-abort", "4"]
@@ -64,6 +66,8 @@ def _run_and_freeze(dataset, tmp_path, when, env=None):
     while (left := marked_pids(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, "a rank was left behind"
+    for name in _shm_left(shm_before):   # an aborted MPICH job cannot free its segments
+        Path("/dev/shm", name).unlink(missing_ok=True)
     return proc.returncode, err, elapsed, frozen
 
 

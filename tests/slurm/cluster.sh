@@ -20,6 +20,7 @@ start() {
     dir=$(cd "$dir" && pwd)
     host=$(hostname -s)
     cpus=16   # more task slots than cores: the tests oversubscribe, as mpiexec does
+    # cred_expire: a requeued job waits this long (default 120 s) before it may start again
     # munge: its own key, socket and pid file in $dir (the daemon wants them private)
     dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
     chmod 700 "$dir/munge"; chmod 400 "$dir/munge/munge.key"
@@ -30,7 +31,7 @@ start() {
 ClusterName=psgdtest
 SlurmctldHost=$host
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/socket
+AuthInfo=socket=$dir/munge/socket,cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root

@@ -91,8 +91,8 @@ class Lead:
             samples=samples, samples_per_s=samples / max(wall, 1e-9),
             test_loss=test_loss, test_accuracy=test_acc,
             staleness_histogram=merge_histograms(reports),
-            staleness_compensation=[r["compensation"] for r in servers if r.get("compensation")]
-            or [r["compensation"] for r in workers if r.get("compensation")],
+            # the servers' (ssp, asp), else the workers' (hogwild)
+            staleness_compensation=[r["compensation"] for r in reports if r.get("compensation")],
             worker_time={k: float(np.mean([r[k] for r in workers])) for k in TIMERS},
             server_cpu_fraction=[r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0
                                  for r in servers],

@@ -55,7 +55,8 @@ bench-ps: install
 bench-allreduce: install
 	$(PY) bench/bench_allreduce.py
 
-# staleness compensation x protocols x W x seeds, LeNet and MLP (tens of minutes; see bench_async.py)
+# staleness compensation x protocols x W x seeds, LeNet and MLP: about two hours on 2 cores
+# (ARGS=--quick: a smoke run; ARGS="--models lenet --seeds 0,1": the README table, 35 min)
 bench-async: install
 	$(PY) bench/bench_async.py $(ARGS)
 

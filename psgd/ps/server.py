@@ -238,7 +238,7 @@ class _Server:
             if k > 0:
                 for c in range(old, new):
                     if (c + 1) % k == 0:  # after every k steps: clocks k-1, 2k-1, ...
-                        self.snapshots.send(c, self.versions.live)
+                        self.snapshots.capture(c, self.versions.live)
         self._answer_pulls()
 
     def _answer_pulls(self) -> None:

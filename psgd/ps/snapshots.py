@@ -91,7 +91,7 @@ class Snapshots:
         state = self.optimizer.state_dict()
         return [np.asarray(state[key], np.float32) for key in self.state_keys]
 
-    def send(self, clock: int, live: np.ndarray) -> None:
+    def capture(self, clock: int, live: np.ndarray) -> None:
         """Snapshot this shard as it is after clock ``clock`` (rank 0 places its own)."""
         if self.shard == 0:
             self._place_own(self._entry(clock), live)

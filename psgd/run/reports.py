@@ -46,7 +46,8 @@ def _plain(value):
 
 def merge_histograms(reports: list[dict]) -> list[int]:
     """Sum the staleness histograms found in ``reports``."""
+    found = [r["staleness_histogram"] for r in reports if r.get("staleness_histogram")]
     total = StalenessHistogram()
-    for report in reports:
-        total.merge(report.get("staleness_histogram") or [])
-    return total.counts.tolist() if any(r.get("staleness_histogram") for r in reports) else []
+    for counts in found:
+        total.merge(counts)
+    return total.counts.tolist() if found else []

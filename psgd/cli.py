@@ -17,6 +17,7 @@ import sys
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import psgd  # noqa: E402
 from psgd.errors import launcher_rank, report_and_abort  # noqa: E402
 
 # name -> (module, one-line help)
@@ -51,6 +52,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="psgd", description="psgd: an MPI parameter server, asynchronous and "
                      "synchronous SGD, and ring all-reduce")
     parser.add_argument("--debug", action="store_true", help="print full tracebacks on error")
+    parser.add_argument("--version", action="version", version=f"psgd {psgd.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
                                 required=True)
     for name, (module_name, help_text) in COMMANDS.items():
@@ -79,6 +81,11 @@ def main(argv: list[str] | None = None) -> None:
         importlib.import_module(args._module).run(args)
     except SystemExit:
         raise
+    except BrokenPipeError:
+        # the reader of stdout went away (`psgd data info F | head -1`): stop quietly, and keep
+        # Python's final flush from printing another BrokenPipeError
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except KeyboardInterrupt:
         # Ctrl-C before `psgd train` catches it (or in another command): every rank got it
         if launcher_rank() == 0:

@@ -26,7 +26,8 @@ def main() -> int:
     cmd = [_mpiexec(), "-n", "3", py, "-m", "psgd", "train", "--data", str(data),
            "--model", "lenet", "--protocol", "ssp", "--staleness", "2", "--servers", "1",
            "--optimizer", "sgd", "--lr", "0.1", "--epochs", "3", "--eval-every", "50",
-           "--log", str(log), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "100"]
+           "--log", str(log), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "100",
+           "--overwrite"]   # each `make demo` is a new run: it replaces the last one's files
     print("+ " + " ".join(cmd), flush=True)
     if subprocess.run(cmd).returncode != 0:
         print("psgd demo: training failed (see the message above)", file=sys.stderr)

@@ -9,36 +9,88 @@ from psgd.run.metrics import read_log
 DESCRIPTION = """Draw PNG charts from psgd JSON-lines logs (--log of `psgd train`).
 
 One line per run: training loss and test accuracy against wall time and
-against steps, and each run's staleness histogram (updates by staleness)."""
+against steps, and each run's staleness histogram (updates by staleness, in
+clocks for the parameter-server protocols and in updates for hogwild). Wall
+time counts from the moment the lead worker opened the log; its first steps
+include numba's compilation of the kernels. A resumed run's log holds every
+attempt: their times are laid end to end, a dotted line where one resumed
+(the time between attempts is not counted). The PNG goes beside the first log
+(LOG.png) unless -o names it."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", nargs="+", metavar="LOG", help="JSON-lines log files")
-    parser.add_argument("-o", "--output", default="psgd-plot.png", help="PNG file to write")
-    parser.add_argument("--title", default=None, help="figure title")
+    parser.add_argument("-o", "--output", default=None, metavar="PNG",
+                        help="PNG file to write (default: the first LOG with the suffix .png)")
+    parser.add_argument("--title", default=None,
+                        help="figure title (default: the model, and the run's settings for one log)")
+
+
+def _config(records: list[dict]) -> dict:
+    return next((r for r in records if r["kind"] == "config"), {})
+
+
+def _summary(records: list[dict]) -> dict:
+    return next((r for r in records if r["kind"] == "summary"), {})
 
 
 def _label(path: str, records: list[dict]) -> str:
-    config = next((r for r in records if r["kind"] == "config"), None)
-    if config is None:
-        return Path(path).stem
+    """``ssp (s=2, W=2)`` for runs/ssp.jsonl; the protocol is named when the file name does not."""
+    config, stem = _config(records), Path(path).stem
+    if not config:
+        return stem
     proto = config.get("protocol", "?")
+    setting = "" if proto in stem else proto
     if config.get("staleness") is not None:   # a bound the user set (ssp)
-        proto += f" s={config.get('staleness')}"
-    return f"{Path(path).stem} ({proto}, W={config.get('n_workers')})"
+        setting = f"{setting} s={config['staleness']}".strip()
+    parts = [p for p in (setting, f"W={config.get('n_workers', '?')}") if p]
+    return f"{stem} ({', '.join(parts)})"
 
 
-def plot_logs(paths: list[str], output: str, title: str | None = None) -> Path:
-    """Render the logs at ``paths`` into one PNG at ``output``; returns its path."""
+def _title(runs: list[tuple[str, list[dict]]]) -> str:
+    configs = [_config(r) for _, r in runs]
+    models = sorted({c.get("model", "?") for c in configs})
+    if len(runs) == 1 and configs[0]:
+        c = configs[0]
+        return (f"{c.get('model', '?')}: {c.get('protocol', '?')}, {c.get('n_servers', '?')} "
+                f"server(s) + {c.get('n_workers', '?')} worker(s), {c.get('optimizer', '?')} "
+                f"lr {c.get('lr', '?')}, batch {c.get('batch_size', '?')}")
+    return f"{', '.join(models)}: {len(runs)} runs"
+
+
+def _one_clock(records: list[dict]) -> tuple[list[dict], list[float]]:
+    """Records with the times of each resumed attempt (a later ``config`` record) carried on
+    from where the previous attempt's stopped, and the times where attempts begin."""
+    out, offset, last, resumes = [], 0.0, 0.0, []
+    for r in records:
+        if r["kind"] == "config" and out:
+            offset = last
+            resumes.append(offset)
+        last = r.get("time", 0.0) + offset
+        out.append({**r, "time": last})
+    return out, resumes
+
+
+def default_output(logs: list[str]) -> Path:
+    """Where the PNG goes without -o: beside the first log."""
+    return Path(logs[0]).with_suffix(".png")
+
+
+def draw(paths: list[str], title: str | None = None):
+    """The figure for the logs at ``paths`` (a matplotlib Figure; the caller saves or closes it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(p, read_log(p)) for p in paths]
-    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
-    (loss_t, loss_s, hist), (acc_t, acc_s, spare) = axes
-    width = 0.8 / max(len(runs), 1)
-    for k, (path, records) in enumerate(runs):
+    runs, resumed_at = [], {}
+    for p in paths:
+        records, resumed_at[p] = _one_clock(read_log(p))
+        runs.append((p, records))
+    fig = plt.figure(figsize=(16, 9))
+    grid = fig.add_gridspec(2, 3)
+    loss_t, loss_s = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    acc_t, acc_s = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    for path, records in runs:
         label = _label(path, records)
         steps = [r for r in records if r["kind"] == "step"]
         evals = [r for r in records if r["kind"] == "eval"]
@@ -46,44 +98,84 @@ def plot_logs(paths: list[str], output: str, title: str | None = None) -> Path:
             line, = loss_t.plot([r["time"] for r in steps], [r["loss"] for r in steps], label=label)
             loss_s.plot([r["step"] for r in steps], [r["loss"] for r in steps],
                         color=line.get_color(), label=label)
+            for t in resumed_at[path]:
+                loss_t.axvline(t, color=line.get_color(), linestyle=":", linewidth=1)
         if evals:
             acc_t.plot([r["time"] for r in evals], [r["test_accuracy"] for r in evals],
                        marker="o", label=label)
             acc_s.plot([r["step"] for r in evals], [r["test_accuracy"] for r in evals],
                        marker="o", label=label)
-        summary = next((r for r in records if r["kind"] == "summary"), None)
-        counts = (summary or {}).get("staleness_histogram") or []
-        if counts:
-            hist.bar([i + k * width for i in range(len(counts))], counts, width=width,
-                     alpha=0.7, label=label)
+    hists = _histograms(fig, grid[0, 2], runs)
     for ax, xlabel, ylabel in [(loss_t, "wall time (s)", "training loss"),
                                (loss_s, "step (clock)", "training loss"),
                                (acc_t, "wall time (s)", "test accuracy"),
                                (acc_s, "step (clock)", "test accuracy"),
-                               (hist, "staleness (clocks)", "updates")]:
+                               *[(h, f"staleness ({unit})", "updates") for unit, h in hists.items()]]:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8)
-    hist.set_title("staleness of applied updates")
+    spare = fig.add_subplot(grid[1, 2])
     spare.axis("off")
+    spare.text(0.0, 1.0, _summary_text(runs), va="top", family="monospace", fontsize=8)
+    fig.suptitle(title if title is not None else _title(runs))
+    fig.tight_layout()
+    return fig
+
+
+def _histograms(fig, cell, runs: list[tuple[str, list[dict]]]) -> dict:
+    """One staleness histogram per unit (clocks, hogwild's updates) in ``cell``, bars grouped
+    around whole-number ticks; returns unit -> axes."""
+    from matplotlib.ticker import MaxNLocator
+
+    by_unit: dict[str, list] = {}
+    for path, records in runs:
+        summary = _summary(records)
+        if summary.get("staleness_histogram"):
+            by_unit.setdefault(summary.get("staleness_unit", "clocks"), []).append(
+                (_label(path, records), summary["staleness_histogram"]))
+    cells = cell.subgridspec(max(len(by_unit), 1), 1, hspace=0.6)
+    hists = {}
+    for i, unit in enumerate(by_unit or {"clocks": []}):
+        ax = hists[unit] = fig.add_subplot(cells[i, 0])
+        group = by_unit.get(unit, [])
+        width = 0.8 / max(len(group), 1)
+        for k, (label, counts) in enumerate(group):
+            offset = (k - (len(group) - 1) / 2) * width
+            ax.bar([j + offset for j in range(len(counts))], counts, width=width, alpha=0.7,
+                   label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"staleness of applied updates ({unit})", fontsize=10)
+    return hists
+
+
+def _summary_text(runs: list[tuple[str, list[dict]]]) -> str:
     rows = []
     for path, records in runs:
-        summary = next((r for r in records if r["kind"] == "summary"), {})
+        summary = _summary(records)
         acc, rate = summary.get("test_accuracy"), summary.get("samples_per_s")
+        first = next((r["time"] for r in records if r["kind"] == "step"), None)
         rows.append(f"{_label(path, records)}\n  final test accuracy "
                     f"{'?' if acc is None else format(acc, '.4f')}, "
-                    f"{'?' if rate is None else format(rate, '.0f')} samples/s")
-    spare.text(0.0, 1.0, "\n".join(rows), va="top", family="monospace", fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(output)
-    if out.parent and not out.parent.exists():
-        raise ValueError(f"output directory {out.parent} does not exist")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+                    f"{'?' if rate is None else format(rate, '.0f')} samples/s"
+                    + ("" if first is None else f"\n  first logged step at {first:.1f} s "
+                                                f"(includes kernel compilation)"))
+    return "\n".join(rows)
+
+
+def plot_logs(paths: list[str], output: str | None = None, title: str | None = None) -> Path:
+    """Render the logs at ``paths`` into one PNG (default: beside the first log); returns its path."""
+    import matplotlib.pyplot as plt
+
+    out = Path(output) if output else default_output(paths)
+    fig = draw(paths, title)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    finally:
+        plt.close(fig)
     return out
 
 

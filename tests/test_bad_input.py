@@ -216,12 +216,15 @@ CASES = [
      "truncated.h5"),
     ("data-convert-nothing", 1, lambda f: ["-m", "psgd", "data", "convert", "-o",
                                            f["dir"] / "o.h5"], "give --npz F or the four"),
-    ("data-synth-bad-dir", 1, lambda f: ["-m", "psgd", "data", "synth", "-o",
-                                         f["dir"] / "nodir" / "o.h5"], "does not exist"),
+    ("data-synth-under-a-file", 1, lambda f: ["-m", "psgd", "data", "synth", "-o",
+                                              f["text"] / "sub" / "o.h5"], "is not a directory"),
+    ("log-exists", 1, lambda f: train(f, "--data", f["good"], "--protocol", "allreduce",
+                                      "--log", f["bad_log"]), "exists (another run's log)"),
     ("plot-missing-log", 1, lambda f: ["-m", "psgd", "plot", f["dir"] / "none.jsonl", "-o",
                                        f["dir"] / "p.png"], "none.jsonl"),
     ("plot-garbage-log", 1, lambda f: ["-m", "psgd", "plot", f["bad_log"], "-o",
                                        f["dir"] / "p.png"], "bad.jsonl"),
+    ("plot-an-hdf5-file", 1, lambda f: ["-m", "psgd", "plot", f["good"]], "good.h5: not a psgd"),
 ]
 
 

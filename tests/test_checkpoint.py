@@ -5,7 +5,7 @@ import h5py
 import numpy as np
 import pytest
 
-from psgd.run.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resolve_resume,
+from psgd.run.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resume_path,
                                  save_checkpoint)
 
 
@@ -35,7 +35,7 @@ def test_keeps_newest_and_resolves_directory(tmp_path):
         save_checkpoint(tmp_path, make(step), keep=2)
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["ckpt-00000015.h5", "ckpt-00000020.h5"]
-    assert resolve_resume(tmp_path).name == "ckpt-00000020.h5"
+    assert resume_path(str(tmp_path), None).name == "ckpt-00000020.h5"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
@@ -74,6 +74,6 @@ def test_nan_params_rejected(tmp_path):
 
 def test_resume_missing(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
-        resolve_resume(tmp_path / "nope.h5")
+        resume_path(str(tmp_path / "nope.h5"), None)
     with pytest.raises(ValueError, match="no checkpoint"):
-        resolve_resume(tmp_path)
+        resume_path(str(tmp_path), None)

@@ -64,9 +64,14 @@ def test_truncated_idx_is_one_line_error_and_no_output(tmp_path):
 def test_missing_npz_and_missing_output_dir_are_one_line_errors(tmp_path):
     r = _run("convert", "--npz", "nope.npz", "-o", "out.h5", cwd=tmp_path)
     _assert_one_line_error(r, "nope.npz: npz file does not exist")
-    r = _run("synth", "-o", tmp_path / "missing" / "s.h5", "--train", 10, "--test", 10, cwd=tmp_path)
-    _assert_one_line_error(r, "output directory", "missing does not exist")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_synth_makes_its_output_folder_on_a_fresh_clone(tmp_path):
+    """The Quick start's first step: `psgd data synth -o data/synth.h5` where data/ is missing."""
+    r = _run("synth", "-o", "data/synth.h5", "--train", 10, "--test", 10, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "data" / "synth.h5").is_file()
 
 
 def test_info_on_a_file_missing_a_dataset_is_one_line_error(tmp_path):

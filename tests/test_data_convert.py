@@ -215,11 +215,17 @@ def test_missing_input_file_is_rejected(tmp_path, idx_files):
     _assert_no_output(tmp_path)
 
 
-def test_missing_output_directory_is_rejected_before_reading(tmp_path, idx_files):
+def test_missing_output_directory_is_made(tmp_path, idx_files):
     paths, _ = idx_files
-    with pytest.raises(ValueError, match=r"output directory .*no-such-dir does not exist"):
-        _convert(paths, tmp_path / "no-such-dir" / "out.h5")
-    assert not (tmp_path / "no-such-dir").exists()
+    out = _convert(paths, tmp_path / "new" / "deeper" / "out.h5")
+    assert out.is_file()
+
+
+def test_output_under_a_file_is_rejected_before_reading(tmp_path, idx_files):
+    paths, _ = idx_files
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(ValueError, match=r"plain is not a directory"):
+        _convert(paths, tmp_path / "plain" / "sub" / "out.h5")
 
 
 def test_nan_in_float_npz_is_rejected_and_no_output_left(tmp_path):

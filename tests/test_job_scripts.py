@@ -113,3 +113,25 @@ def test_resume_auto_needs_a_checkpoint_dir(tmp_path):
     add_arguments(parser)
     with pytest.raises(ValueError, match="--resume auto needs --checkpoint-dir"):
         resolve(parser.parse_args(["--data", str(data), "--resume", "auto"]))
+
+
+def test_mpirun_script_trains_on_a_fresh_clone_and_a_rerun_keeps_the_first_runs_files(tmp_path):
+    """A fresh clone has jobs/ and no data/ or runs/; the second run must not clobber the first."""
+    from conftest import mpiexec_path
+    tree = tmp_path / "clone"
+    shutil.copytree(ROOT / "jobs", tree / "jobs")
+    script = [str(tree / "jobs" / "mpirun" / "ssp.sh"), "--steps", "4", "--eval-every", "0",
+              "--checkpoint-every", "2", "--quiet"]
+    env = dict(os.environ, PY=sys.executable, MPIEXEC=mpiexec_path(), PSGD_STALL_ABORT="60")
+    out = subprocess.run(script, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "final test accuracy" in out.stdout
+    log = tree / "runs" / "ssp.jsonl"
+    first = log.read_bytes()
+    assert (tree / "runs" / "ssp-ckpt" / "ckpt-00000004.h5").is_file()
+    again = subprocess.run(script, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines() == [
+        "psgd: error: --log runs/ssp.jsonl exists (another run's log): continue that run with "
+        "--resume, replace the log with --overwrite, or give another --log"]
+    assert log.read_bytes() == first

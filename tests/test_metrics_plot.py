@@ -62,3 +62,73 @@ def test_read_log_rejects_non_records(tmp_path):
         read_log(bad)
     with pytest.raises(ValueError, match="cannot open"):
         read_log(tmp_path / "missing.jsonl")
+
+
+def hogwild_run(path, hist):
+    log = MetricsLog(path)
+    log.write("config", protocol="hogwild", n_workers=3, model="lenet")
+    log.write("step", step=10, loss=1.0)
+    log.write("summary", test_accuracy=0.5, staleness_histogram=hist, staleness_unit="updates")
+    log.close()
+
+
+def test_plot_axes_read_back(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from psgd.plot import draw
+
+    write_run(tmp_path / "ssp.jsonl", "ssp", [5, 3, 1])
+    write_run(tmp_path / "run2.jsonl", "asp", [2, 2, 2, 2])
+    hogwild_run(tmp_path / "hw.jsonl", [4, 9, 7, 1, 1, 0, 2])
+    fig = draw([str(tmp_path / n) for n in ("ssp.jsonl", "run2.jsonl", "hw.jsonl")])
+    try:
+        hists = [ax for ax in fig.axes if ax.get_xlabel().startswith("staleness")]
+        # clocks and hogwild's updates on separate axes, each with whole-number ticks
+        assert [ax.get_xlabel() for ax in hists] == ["staleness (clocks)", "staleness (updates)"]
+        for ax in hists:
+            lo, hi = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+            assert ticks and all(float(t).is_integer() for t in ticks), ticks
+        labels = [t.get_text() for t in hists[0].get_legend().get_texts()]
+        assert labels == ["ssp (s=2, W=2)", "run2 (asp s=2, W=2)"]   # no "ssp (ssp ...)"
+        assert [t.get_text() for t in hists[1].get_legend().get_texts()] == ["hw (hogwild, W=3)"]
+        assert fig._suptitle is not None and "3 runs" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
+
+
+def test_plot_goes_beside_the_log_and_makes_its_folder(tmp_path):
+    write_run(tmp_path / "ssp.jsonl", "ssp", [5, 3, 1])
+    assert plot_logs([str(tmp_path / "ssp.jsonl")]) == tmp_path / "ssp.png"
+    assert (tmp_path / "ssp.png").read_bytes()[:4] == b"\x89PNG"
+    out = plot_logs([str(tmp_path / "ssp.jsonl")], str(tmp_path / "new" / "p.png"))
+    assert out.is_file()
+
+
+def test_plot_of_a_non_log_file_names_it(tmp_path):
+    h5 = tmp_path / "synth.h5"
+    h5.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)))
+    with pytest.raises(ValueError, match=r"log .*synth.h5: not a psgd JSON-lines log"):
+        plot_logs([str(h5)], str(tmp_path / "x.png"))
+
+
+def test_a_resumed_log_is_drawn_on_one_time_axis(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from psgd.plot import draw
+
+    path = tmp_path / "run.jsonl"
+    write_run(path, "ssp", [5, 3, 1])
+    first_end = read_log(path)[-1]["time"]
+    log = MetricsLog(path, append=True)       # the resumed attempt: its clock starts at 0 again
+    log.write("config", protocol="ssp", staleness=2, n_workers=2)
+    log.write("step", step=60, loss=0.3)
+    log.close()
+    fig = draw([str(path)])
+    try:
+        loss_t = next(ax for ax in fig.axes if ax.get_xlabel() == "wall time (s)")
+        times = loss_t.get_lines()[0].get_xdata()
+        assert list(times) == sorted(times) and times[-1] >= first_end
+        assert any(list(line.get_xdata()) == [first_end, first_end] for line in loss_t.get_lines())
+    finally:
+        plt.close(fig)

@@ -145,7 +145,8 @@ def test_usr1_checkpoints_and_the_requeued_job_ends_where_an_uninterrupted_run_e
     assert stop and 0 < int(stop.group(1)) < 600, out
     full = tmp_path / "full"
     run_mpi(3, ["-m", "psgd", "train", "--config", "jobs/configs/bsp.toml", "--quiet",
-                *map(str, flags), "--checkpoint-dir", str(full)], timeout=180)
+                *map(str, flags), "--checkpoint-dir", str(full),
+                "--log", str(tmp_path / "full.jsonl")], timeout=180)
     a, b = (load_checkpoint(d / "ckpt-00000600.h5") for d in (full, ck))
     np.testing.assert_array_equal(a.params, b.params)
     np.testing.assert_array_equal(a.opt_state["velocity"], b.opt_state["velocity"])

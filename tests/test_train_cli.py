@@ -94,3 +94,29 @@ def test_example_configs_parse():
     for cfg in sorted(Path(__file__).parent.parent.glob("jobs/configs/*.toml")):
         values = load_toml(str(cfg))
         assert values["protocol"] == cfg.stem
+
+
+def test_version_and_every_run_length_default_are_told(capsys):
+    import psgd
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"psgd {psgd.__version__}"
+    with pytest.raises(SystemExit):
+        parse("--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--steps; default 1)" in text and "(exclusive with --epochs; default 1 epoch)" in text
+    assert "--overwrite replace an existing --log" in text
+
+
+def test_a_closed_stdout_ends_a_command_quietly(tmp_path):
+    """`psgd data info F | head -0`: exit 1, and no BrokenPipeError on stderr."""
+    import subprocess
+    import sys
+    from conftest import write_synth
+    data = write_synth(tmp_path / "d.h5", 40, 20)
+    proc = subprocess.Popen([sys.executable, "-m", "psgd", "data", "info", data],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                     # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert err == ""

@@ -5,6 +5,8 @@
 # MPIEXEC and PY may be set in the environment. MPIEXEC is the launcher with any options
 # (MPIEXEC="mpirun --oversubscribe"); default the venv's mpiexec (the PyPI MPICH), else the
 # mpiexec on PATH (after `make install MPI=system`). Make the venv first: `make install`.
+# The config's log and checkpoint folder belong to the first run: run again with --resume
+# runs/PROTOCOL-ckpt to continue it (with more --steps), or with --overwrite to start afresh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 protocol=${1:?usage: jobs/mpirun/run.sh bsp|ssp|asp|hogwild|allreduce [flags...]}

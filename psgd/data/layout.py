@@ -31,14 +31,25 @@ def check_input_file(path: str | os.PathLike, what: str = "input file") -> Path:
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
-    """Return ``path`` as a Path, or raise ValueError if it cannot be written as a new file."""
+    """Return ``path`` as a Path, or raise ValueError if it cannot be written as a file.
+
+    A missing output directory is fine (the writer makes it); the nearest one
+    that exists must be a directory.
+    """
     p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"{p}: output directory {parent} does not exist")
     if p.is_dir():
         raise ValueError(f"{p}: output path is a directory")
+    existing = next(d for d in p.absolute().parents if d.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{p}: {existing} is not a directory")
     return p
+
+
+def _make_parent(p: Path) -> None:
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot make output directory {p.parent} ({exc.strerror})") from None
 
 
 def prepare_x(x: np.ndarray, name: str, *, nhwc: bool = False) -> tuple[np.ndarray, float, float]:
@@ -128,7 +139,7 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
     Parameters
     ----------
     path : path-like
-        Output file; its directory must exist. Written to a temporary file in
+        Output file; its directory is made if missing. Written to a temporary file in
         the same directory, fsynced and renamed, so no partial file remains on error.
     x_train, x_test : ndarray, shape (N, D), (N, H, W) or (N, C, H, W), uint8 or float
         Samples; (N, H, W) becomes (N, 1, H, W).
@@ -154,6 +165,7 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
     if not _scaling_ok(attrs["scale"], attrs["offset"]):
         raise ValueError(f"{out}: scale must be finite and non-zero and offset finite, "
                          f"got scale={attrs['scale']} offset={attrs['offset']}")
+    _make_parent(out)
     with atomic_output(out) as tmp:
         _write_file(tmp, attrs, xs, ys)
     return out

@@ -51,6 +51,9 @@ class Protocol:
         the default is ``auto`` where it runs, else ``none``.
     compensation_note : str
         Why the others are refused.
+    staleness_unit : str
+        What its staleness histogram counts: ``clocks`` (a server's version
+        minus the one a push was computed on) or ``updates`` (hogwild).
     worker : str
         ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
         config)`` with ``start(params, clock)``, ``step(params, grad, clock,
@@ -80,6 +83,7 @@ class Protocol:
     resumes_optimizer: bool = True
     compensations: tuple[str, ...] = ("none",)
     compensation_note: str = ": its steps are never stale"
+    staleness_unit: str = "clocks"
 
     def staleness_bound(self, staleness: int | None) -> float:
         """The bound in force, given ``--staleness`` (None when not given).
@@ -219,7 +223,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.hogwild:HogwildWorker",
-        server="psgd.hogwild.hogwild:serve_hogwild", bound=math.inf,
+        server="psgd.hogwild.hogwild:serve_hogwild", bound=math.inf, staleness_unit="updates",
         optimizers=("sgd", "momentum", "nesterov"), resumes_optimizer=False,
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "

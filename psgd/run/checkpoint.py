@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from psgd.kernels.finite import finite
 
 FORMAT_VERSION = 1
 NAME_RE = re.compile(r"^ckpt-(\d{8})\.h5$")
+AUTO = "auto"   # --resume auto: the newest checkpoint in --checkpoint-dir, else a fresh start
 
 
 @dataclass
@@ -31,14 +33,20 @@ class Checkpoint:
     protocol: str = ""
     seed: int = 0
     config: dict = field(default_factory=dict)
+    run_id: str = ""      # the run that wrote it ("" in checkpoints older than run ids)
 
 
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:08d}.h5"
 
 
+def new_run_id() -> str:
+    """A fresh run id: 12 hex digits."""
+    return uuid.uuid4().hex[:12]
+
+
 def save_checkpoint(directory: str | os.PathLike, ckpt: Checkpoint, keep: int = 3) -> Path:
-    """Write ``ckpt`` atomically as ``directory/ckpt-<step>.h5``; keep the newest ``keep`` files.
+    """Write ``ckpt`` atomically as ``directory/ckpt-<step>.h5``; keep its run's newest ``keep``.
 
     File layout (``format_version`` 1)::
 
@@ -46,7 +54,7 @@ def save_checkpoint(directory: str | os.PathLike, ckpt: Checkpoint, keep: int = 
         /optimizer/<key>  float32 (n,)   per-element optimizer state (velocity, m, v)
         /clocks           int64 (W,)     each worker's clock at the snapshot (informational)
         attrs: format_version, psgd_version, model_spec, n_params, step, protocol,
-               optimizer, optimizer_steps, seed, config (JSON of the run's settings)
+               optimizer, optimizer_steps, seed, run_id, config (JSON of the run's settings)
 
     A crash leaves the previous checkpoint and a temp file ``.ckpt-*.h5.tmp``,
     which readers ignore and the next save into ``directory`` removes.
@@ -63,7 +71,7 @@ def save_checkpoint(directory: str | os.PathLike, ckpt: Checkpoint, keep: int = 
         stale.unlink(missing_ok=True)
     with atomic_output(final, prefix=".ckpt-", suffix=".h5.tmp") as tmp:
         _write_file(tmp, ckpt)
-    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+    for old in list_checkpoints(directory, ckpt.run_id)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return final
 
@@ -83,23 +91,47 @@ def _write_file(path: Path, ckpt: Checkpoint) -> None:
             "format_version": FORMAT_VERSION, "psgd_version": psgd.__version__,
             "model_spec": ckpt.model_spec, "n_params": int(np.size(ckpt.params)),
             "step": int(ckpt.step), "protocol": ckpt.protocol, "optimizer": ckpt.optimizer,
-            "optimizer_steps": steps, "seed": int(ckpt.seed),
+            "optimizer_steps": steps, "seed": int(ckpt.seed), "run_id": ckpt.run_id,
             "config": json.dumps(ckpt.config, sort_keys=True, default=str),
         })
 
 
-def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints in ``directory``, oldest first (temp files are ignored)."""
+def list_checkpoints(directory: str | os.PathLike, run_id: str | None = None) -> list[Path]:
+    """Complete checkpoints in ``directory`` (of run ``run_id`` only, if given), oldest first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if NAME_RE.match(p.name)]
+    if run_id is not None:
+        found = [p for p in found if _run_id(p) == run_id]
     return sorted(found, key=lambda p: int(NAME_RE.match(p.name).group(1)))
 
 
-def resolve_resume(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or the newest one in a directory."""
-    path = Path(path)
+def _run_id(path: Path) -> str | None:
+    """The run id in a checkpoint's header ("" for one older than run ids; None if unreadable)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return str(f.attrs.get("run_id", ""))
+    except OSError:
+        return None
+
+
+def foreign_checkpoints(directory: str | os.PathLike, run_id: str) -> list[Path]:
+    """The checkpoints in ``directory`` that another run wrote."""
+    return [p for p in list_checkpoints(directory) if _run_id(p) != run_id]
+
+
+def resume_path(resume: str | None, checkpoint_dir: str | None) -> Path | None:
+    """The checkpoint ``--resume`` names: a file, the newest in a directory, or with ``auto``
+    the newest in ``checkpoint_dir`` (None when there is none yet, or no --resume)."""
+    if not resume:
+        return None
+    if resume == AUTO:
+        if not checkpoint_dir:
+            raise ValueError("--resume auto needs --checkpoint-dir")
+        found = list_checkpoints(checkpoint_dir)
+        return found[-1] if found else None
+    path = Path(resume)
     if path.is_dir():
         found = list_checkpoints(path)
         if not found:
@@ -108,6 +140,30 @@ def resolve_resume(path: str | os.PathLike) -> Path:
     if not path.exists():
         raise ValueError(f"--resume {path}: no such file or directory")
     return path
+
+
+def read_header(path: str | os.PathLike) -> dict:
+    """A checkpoint's step, run id and settings, without reading its arrays."""
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise ValueError(f"checkpoint {path}: not a readable HDF5 file ({exc})") from None
+    with f:
+        attrs = dict(f.attrs)
+    if "step" not in attrs or "model_spec" not in attrs:
+        raise ValueError(f"checkpoint {path}: missing attribute 'step' (not a psgd checkpoint?)")
+    return {"step": int(attrs["step"]), "run_id": str(attrs.get("run_id", "")),
+            "config": _config(path, attrs)}
+
+
+def _config(path, attrs: dict) -> dict:
+    try:
+        config = json.loads(attrs.get("config", "{}"))
+    except json.JSONDecodeError:
+        raise ValueError(f"checkpoint {path}: attribute 'config' is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"checkpoint {path}: attribute 'config' is not a JSON object")
+    return config
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -143,11 +199,9 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             opt_state[key] = value
         opt_state["steps"] = int(attrs.get("optimizer_steps", 0))
         clocks = np.asarray(f["clocks"][...], dtype=np.int64) if "clocks" in f else np.zeros(0, np.int64)
-        try:
-            config = json.loads(attrs.get("config", "{}"))
-        except json.JSONDecodeError:
-            raise ValueError(f"checkpoint {path}: attribute 'config' is not valid JSON") from None
+        config = _config(path, attrs)
     return Checkpoint(params=params, model_spec=str(attrs["model_spec"]), step=int(attrs["step"]),
                       optimizer=str(attrs.get("optimizer", "sgd")), opt_state=opt_state,
                       clocks=clocks, protocol=str(attrs.get("protocol", "")),
-                      seed=int(attrs.get("seed", 0)), config=config)
+                      seed=int(attrs.get("seed", 0)), config=config,
+                      run_id=str(attrs.get("run_id", "")))

@@ -17,13 +17,14 @@ from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule
 from psgd.protocols import Protocol, get
-from psgd.run.checkpoint import (Checkpoint, list_checkpoints, load_checkpoint, resolve_resume,
-                                 save_checkpoint)
-from psgd.run.settings import AUTO, TrainSettings, resolve
+from psgd.run.checkpoint import (AUTO, Checkpoint, foreign_checkpoints, load_checkpoint,
+                                 new_run_id, save_checkpoint)
+from psgd.run.settings import Resumed, TrainSettings, resolve_run
 from psgd.run.signals import EXIT_STOPPED, ignore, install
 from psgd.run.stop import StopControl
 
 MESSAGE_BYTES = 4096   # a set-up error message, as sent to rank 0
+RUN_ID_BYTES = 32
 TAG_SETUP = 31003
 
 
@@ -41,9 +42,11 @@ class Job:
     start_step: int
     resume: Checkpoint | None
     debug: bool
+    run_id: str = ""
     reader: object = None  # the worker's ShardReader (None on servers)
     stop: StopControl | None = None
     end_step: int = 0      # the step training ended at: total_steps, or where it was stopped
+    foreign: list = None   # another run's checkpoints in --checkpoint-dir, replaced (--overwrite)
 
     def save_checkpoint(self, step: int, params: np.ndarray, opt_state: dict | None) -> Path:
         """Save the run's state at ``step`` (absolute) into ``--checkpoint-dir``."""
@@ -51,7 +54,8 @@ class Job:
         ckpt = Checkpoint(params=np.asarray(params, dtype=np.float32), model_spec=s.model,
                           step=step, optimizer=s.optimizer, opt_state=dict(opt_state or {}),
                           clocks=np.asarray([step] * self.roles.n_workers),
-                          protocol=s.protocol, seed=s.seed, config=s.as_dict())
+                          protocol=s.protocol, seed=s.seed, config=s.as_dict(),
+                          run_id=self.run_id)
         return save_checkpoint(s.checkpoint_dir, ckpt)
 
 
@@ -106,14 +110,38 @@ def _gather_outcomes(comm: MPI.Comm, message: str | None, doing: str) -> list:
 
 
 def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
-    settings = resolve(args)
+    settings, resumed = resolve_run(args)
     # before the first wait on other ranks, so that it is reported as a stall too
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     check_servers(settings.servers, comm.Get_size())
-    return settings
+    return settings, resumed
 
 
-def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
+def _agreed_run_id(comm: MPI.Comm, resumed: Resumed | None) -> str:
+    """The resumed run's id, or a new one made on rank 0: the same string on every rank."""
+    buf = np.zeros(RUN_ID_BYTES, np.uint8)
+    if comm.Get_rank() == 0:
+        text = (resumed.run_id if resumed else new_run_id()).encode()[:RUN_ID_BYTES]
+        buf[:len(text)] = np.frombuffer(text, np.uint8)
+    wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the run id")
+    return bytes(buf).rstrip(b"\0").decode()
+
+
+def _check_checkpoint_dir(settings: TrainSettings, run_id: str) -> list[Path]:
+    """Another run's checkpoints in --checkpoint-dir: refused, or (--overwrite) returned to remove."""
+    if not settings.checkpoint_dir:
+        return []
+    foreign = foreign_checkpoints(settings.checkpoint_dir, run_id)
+    if foreign and not settings.overwrite:
+        d = settings.checkpoint_dir
+        raise ValueError(f"--checkpoint-dir {d} holds another run's checkpoints (newest "
+                         f"{foreign[-1].name}): continue that run with --resume {d}, replace "
+                         f"them with --overwrite, or give another --checkpoint-dir")
+    return foreign
+
+
+def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed | None,
+           run_id: str) -> Job:
     from psgd.data.reader import ShardReader, dataset_info
     from psgd.nn.model import build_model
 
@@ -121,7 +149,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
     model = build_model(settings.model, seed=settings.seed)
     total = _total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
-    resume = _resume(settings, model, total, protocol)
+    resume = _resume(settings, resumed, model, total, protocol)
+    foreign = _check_checkpoint_dir(settings, run_id)
     base = make_schedule(settings.lr_schedule, settings.lr, total, warmup=settings.warmup,
                          step_every=settings.lr_step_every, gamma=settings.lr_gamma)
     config = protocol.config(
@@ -140,7 +169,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool) -> Job:
     return Job(settings=settings, roles=roles, protocol=protocol, model=model,
                shard_map=shard_map, config=config, total_steps=total,
                start_step=resume.step if resume else 0, resume=resume, debug=debug,
-               reader=reader, end_step=total)
+               run_id=run_id, reader=reader, end_step=total, foreign=foreign)
 
 
 def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> int:
@@ -162,21 +191,12 @@ def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> 
     return max(1, int(round((settings.epochs or 1.0) * steps_per_epoch)))
 
 
-def _resume_path(settings: TrainSettings) -> Path | None:
-    """The checkpoint ``--resume`` names (``auto``: the newest in --checkpoint-dir, if any)."""
-    if not settings.resume:
-        return None
-    if settings.resume == AUTO:
-        found = list_checkpoints(settings.checkpoint_dir)
-        return found[-1] if found else None
-    return resolve_resume(settings.resume)
-
-
-def _resume(settings: TrainSettings, model, total: int, protocol: Protocol) -> Checkpoint | None:
+def _resume(settings: TrainSettings, resumed: Resumed | None, model, total: int,
+            protocol: Protocol) -> Checkpoint | None:
     """The checkpoint to resume from (its parameters loaded into ``model``), or None."""
-    path = _resume_path(settings)
-    if path is None:
+    if resumed is None:
         return None
+    path = resumed.path
     resume = load_checkpoint(path)
     if resume.model_spec != settings.model:
         raise ValueError(f"checkpoint {path} is of model {resume.model_spec!r}, "
@@ -195,16 +215,32 @@ def _resume(settings: TrainSettings, model, total: int, protocol: Protocol) -> C
     return resume
 
 
+def _announce(job: Job, resumed: Resumed | None) -> None:
+    """Rank 0: say what was resumed and changed, and remove another run's checkpoints (--overwrite)."""
+    if job.foreign:  # listed again: a file this run has written since carries its id
+        for path in foreign_checkpoints(job.settings.checkpoint_dir, job.run_id):
+            path.unlink(missing_ok=True)
+        print(f"psgd: --overwrite: removed {len(job.foreign)} checkpoint(s) of another run from "
+              f"{job.settings.checkpoint_dir}", flush=True)
+    if resumed is not None:
+        changed = f"; changed: {', '.join(resumed.changed)}" if resumed.changed else ""
+        print(f"psgd: resumed run {job.run_id or '(no id)'} from {resumed.path} at step "
+              f"{resumed.step}{changed}", flush=True)
+
+
 def train_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd train`` on every rank."""
     install()
     comm = MPI.COMM_WORLD
     debug = bool(getattr(args, "debug", False))
-    settings = agree(comm, lambda: _local_setup(args, comm), debug, "check the settings")
+    settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug, "check the settings")
+    run_id = _agreed_run_id(comm, resumed)
     wait.barrier(comm, "the other ranks to split into servers and workers")
     roles = assign_roles(comm, settings.servers)
-    job = agree(comm, lambda: _build(settings, roles, debug), debug,
+    job = agree(comm, lambda: _build(settings, roles, debug, resumed, run_id), debug,
                 "read the data, build the model and load the checkpoint")
+    if comm.Get_rank() == 0:
+        _announce(job, resumed)
     job.stop = StopControl(roles, job.start_step, job.config.staleness)
     if roles.is_server:
         from psgd.run.server_rank import run_server

@@ -40,7 +40,7 @@ class Lead:
         self.x_test, self.y_test = job.reader.test_set()
         if s.eval_samples:
             self.x_test, self.y_test = self.x_test[:s.eval_samples], self.y_test[:s.eval_samples]
-        self.log.write("config", **s.as_dict(), n_workers=roles.n_workers,
+        self.log.write("config", **s.as_dict(), run_id=job.run_id, n_workers=roles.n_workers,
                        n_servers=roles.n_servers, n_params=job.model.n_params,
                        total_steps=job.total_steps, start_step=job.start_step)
         self.bar = progress_bar(job.total_steps, job.start_step, enabled=not s.quiet)
@@ -91,6 +91,7 @@ class Lead:
             samples=samples, samples_per_s=samples / max(wall, 1e-9),
             test_loss=test_loss, test_accuracy=test_acc,
             staleness_histogram=merge_histograms(reports),
+            staleness_unit=job.protocol.staleness_unit,
             # the servers' (ssp, asp), else the workers' (hogwild)
             staleness_compensation=[r["compensation"] for r in reports if r.get("compensation")],
             worker_time={k: float(np.mean([r[k] for r in workers])) for k in TIMERS},
@@ -107,7 +108,7 @@ class Lead:
         newest = None
         if s.checkpoint_dir:
             from psgd.run.checkpoint import list_checkpoints
-            newest = final_ckpt or (list_checkpoints(s.checkpoint_dir) or [None])[-1]
+            newest = final_ckpt or (list_checkpoints(s.checkpoint_dir, job.run_id) or [None])[-1]
         if summary["stopped"]:
             saved = f"checkpoint {newest}" if newest else "no checkpoint (no --checkpoint-dir)"
             print(f"psgd: stopped by {summary['stopped']} at step {job.end_step} of "

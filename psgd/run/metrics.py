@@ -62,7 +62,12 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     except OSError as exc:
         raise ValueError(f"log {path}: cannot open ({exc.strerror})") from None
     with fh:
-        for lineno, line in enumerate(fh, 1):
+        try:
+            lines = fh.readlines()
+        except UnicodeDecodeError:
+            raise ValueError(f"log {path}: not a psgd JSON-lines log (not UTF-8 text; "
+                             f"`psgd plot` reads the --log of `psgd train`)") from None
+        for lineno, line in enumerate(lines, 1):
             line = line.strip()
             if not line:
                 continue

@@ -13,7 +13,6 @@ from psgd.ps import compensation
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import PROTOCOLS, get, names
 
-AUTO = "auto"   # --resume auto: the newest checkpoint in --checkpoint-dir, else a fresh start
 
 
 def _protocol_help() -> str:
@@ -73,6 +72,7 @@ class TrainSettings:
     checkpoint_every: int = 0
     resume: str | None = None
     log: str | None = None
+    overwrite: bool = False
     quiet: bool = False
     stall_timeout: float = 60.0
     stall_abort: float = 600.0
@@ -107,7 +107,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "momentum": (float, "momentum coefficient (default 0.9)"),
     "weight_decay": (float, "weight decay (default 0)"),
     "batch_size": (int, "batch size per worker (default 64)"),
-    "epochs": (float, "epochs over each worker's slice (exclusive with --steps)"),
+    "epochs": (float, "epochs over each worker's slice (exclusive with --steps; default 1)"),
     "steps": (int, "steps (clocks) per worker (exclusive with --epochs; default 1 epoch)"),
     "seed": (int, "seed of initialisation and shuffling (default 0)"),
     "eval_every": (int, "evaluate on the test split every N steps (0: only at the end)"),
@@ -116,8 +116,11 @@ FLAGS: dict[str, tuple[type, str]] = {
     "checkpoint_dir": (str, "directory for HDF5 checkpoints"),
     "checkpoint_every": (int, "checkpoint every N steps (needs --checkpoint-dir)"),
     "resume": (str, "resume from a checkpoint file, or the newest in a directory; auto: the "
-                    "newest in --checkpoint-dir, else start fresh"),
-    "log": (str, "JSON-lines metrics file"),
+                    "newest in --checkpoint-dir, else start fresh. The checkpoint's settings "
+                    "are restored; a flag given here overrides one"),
+    "log": (str, "JSON-lines metrics file (an existing one is appended to only on --resume)"),
+    "overwrite": (bool, "replace an existing --log and another run's checkpoints in "
+                        "--checkpoint-dir (refused without it)"),
     "quiet": (bool, "no progress bar"),
     "stall_timeout": (float, "report a rank waiting longer than this many seconds (default 60)"),
     "stall_abort": (float, "end the job when a rank waits longer than this (default 600)"),
@@ -176,23 +179,69 @@ def load_toml(path: str) -> dict:
     return out
 
 
+# Settings of a run that a resume does not take from its checkpoint: how this attempt runs
+NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort")
+# Settings a protocol resolves for itself: restored only when the protocol stays the same
+PER_PROTOCOL = ("servers", "staleness", "staleness_comp", "comp_lambda", "staleness_lr", "overlap")
+RUN_LENGTH = ("steps", "epochs")
+
+
+@dataclass
+class Resumed:
+    """The checkpoint a run resumes from, and what its command line changed."""
+
+    path: Path
+    step: int
+    run_id: str
+    changed: list[str]   # "lr 0.001 -> 0.01" for each setting given anew
+
+
 def resolve(args: argparse.Namespace, environ=os.environ) -> TrainSettings:
-    """Merge flag > TOML config > PSGD_* variable > default, then validate."""
+    """Merge flag > TOML config > PSGD_* variable > the resumed checkpoint's > default; validate."""
+    return resolve_run(args, environ)[0]
+
+
+def resolve_run(args: argparse.Namespace, environ=os.environ) -> tuple[TrainSettings, Resumed | None]:
+    """:func:`resolve`, and the checkpoint the run resumes from (None for a fresh start)."""
     from_toml = load_toml(args.config) if getattr(args, "config", None) else {}
-    values = {}
+    given = {}
     for f in fields(TrainSettings):
         flag_value = getattr(args, f.name, None)
         env_value = environ.get("PSGD_" + f.name.upper())
         if flag_value is not None:
-            values[f.name] = flag_value
+            given[f.name] = flag_value
         elif f.name in from_toml:
-            values[f.name] = from_toml[f.name]
+            given[f.name] = from_toml[f.name]
         elif env_value not in (None, ""):
-            values[f.name] = _coerce(f.name, env_value, f"environment PSGD_{f.name.upper()}")
-    _flag_wins_run_length(values, args)
-    settings = TrainSettings(**values)
+            given[f.name] = _coerce(f.name, env_value, f"environment PSGD_{f.name.upper()}")
+    _flag_wins_run_length(given, args)
+    resumed, stored = _from_checkpoint(given)
+    settings = TrainSettings(**{**_carried(stored, given), **given})
     validate(settings)
-    return settings
+    if resumed is not None:
+        resumed.changed = [f"{name} {stored[name]} -> {getattr(settings, name)}" for name in given
+                           if name in stored and stored[name] != getattr(settings, name)]
+    return settings, resumed
+
+
+def _from_checkpoint(given: dict) -> tuple[Resumed | None, dict]:
+    """The checkpoint that ``given``'s --resume names, and the settings stored in it."""
+    from psgd.run.checkpoint import read_header, resume_path
+    path = resume_path(given.get("resume"), given.get("checkpoint_dir"))
+    if path is None:
+        return None, {}
+    header = read_header(path)
+    stored = {k: v for k, v in header["config"].items() if k in FLAGS and k not in NOT_RESUMED}
+    return Resumed(path=path, step=header["step"], run_id=header["run_id"], changed=[]), stored
+
+
+def _carried(stored: dict, given: dict) -> dict:
+    """The stored settings a resumed run takes: those ``given`` neither sets nor invalidates."""
+    if given.get("protocol", stored.get("protocol")) != stored.get("protocol"):
+        stored = {k: v for k, v in stored.items() if k not in PER_PROTOCOL}
+    if any(k in given for k in RUN_LENGTH):
+        stored = {k: v for k, v in stored.items() if k not in RUN_LENGTH}
+    return stored
 
 
 def _flag_wins_run_length(values: dict, args: argparse.Namespace) -> None:
@@ -241,10 +290,9 @@ def validate(s: TrainSettings) -> None:
         raise ValueError("--checkpoint-every needs --checkpoint-dir")
     if s.stall_timeout <= 0 or s.stall_abort <= 0:
         raise ValueError("--stall-timeout and --stall-abort must be > 0")
-    if s.resume == AUTO and not s.checkpoint_dir:
-        raise ValueError("--resume auto needs --checkpoint-dir")
-    if s.resume not in (None, AUTO) and not os.path.exists(s.resume):
-        raise ValueError(f"--resume {s.resume}: no such file or directory")
+    if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
+        raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
+                         f"--resume, replace the log with --overwrite, or give another --log")
 
 
 def _staleness_comp(s: TrainSettings, protocol) -> None:

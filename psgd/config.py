@@ -44,6 +44,10 @@ class ProtocolConfig:
         A worker's pushes to the servers of its own node go through shared
         memory (:mod:`psgd.ps.push_window`); False keeps them to messages.
         Default: ``PSGD_PS_PUSH_WINDOW`` (unset = on).
+    record : bool
+        Servers write down the order of their events (``--record``, :mod:`psgd.ps.order`).
+    replay : tuple of ndarray or None
+        Each shard's recorded events, to handle in that order (``--replay``).
     """
 
     protocol: str
@@ -59,6 +63,8 @@ class ProtocolConfig:
     snapshot_every: int = 0
     skip_nonfinite: bool = False
     push_window: bool = field(default_factory=lambda: env_int("PSGD_PS_PUSH_WINDOW", 1) != 0)
+    record: bool = False
+    replay: tuple | None = None
 
     def __post_init__(self) -> None:
         if self.staleness < 0:

@@ -15,13 +15,22 @@ time counts from the moment the lead worker opened the log; its first steps
 include numba's compilation of the kernels. A resumed run's log holds every
 attempt: their times are laid end to end, a dotted line where one resumed
 (the time between attempts is not counted). The PNG goes beside the first log
-(LOG.png) unless -o names it."""
+(LOG.png) unless -o names it.
+
+With --timeline TRACE (the --timeline file of `psgd train`) it draws a Gantt
+chart of every rank's spans over --seconds from the first training step
+instead (TRACE.png)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("logs", nargs="+", metavar="LOG", help="JSON-lines log files")
+    parser.add_argument("logs", nargs="*", metavar="LOG", help="JSON-lines log files")
     parser.add_argument("-o", "--output", default=None, metavar="PNG",
-                        help="PNG file to write (default: the first LOG with the suffix .png)")
+                        help="PNG file to write (default: the first LOG, or TRACE, with the "
+                             "suffix .png)")
+    parser.add_argument("--timeline", metavar="TRACE",
+                        help="draw this Chrome trace (`psgd train --timeline`) as a Gantt chart")
+    parser.add_argument("--seconds", type=float, default=2.0, metavar="S",
+                        help="with --timeline: S seconds from the first training step (default 2)")
     parser.add_argument("--title", default=None,
                         help="figure title (default: the model, and the run's settings for one log)")
 
@@ -180,5 +189,13 @@ def plot_logs(paths: list[str], output: str | None = None, title: str | None = N
 
 
 def run(args: argparse.Namespace) -> None:
-    out = plot_logs(args.logs, args.output, args.title)
+    if args.timeline:
+        if args.logs:
+            raise ValueError("plot: give LOG files or --timeline TRACE, not both")
+        from psgd.plot_timeline import plot_timeline
+        out = plot_timeline(args.timeline, args.output, args.seconds, args.title)
+    elif args.logs:
+        out = plot_logs(args.logs, args.output, args.title)
+    else:
+        raise ValueError("plot: give one or more LOG files, or --timeline TRACE")
     print(f"wrote {out}")

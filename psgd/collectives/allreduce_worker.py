@@ -12,6 +12,7 @@ from psgd.collectives.allreduce import allreduce
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.kernels.finite import finite
+from psgd.mpi import timeline
 from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
 from psgd.nn.optim import make_optimizer
@@ -110,6 +111,9 @@ class AllreduceWorker:
         t2 = time.perf_counter()
         self.stats["allreduce_s"] += t1 - t0
         self.stats["optimizer_s"] += t2 - t1
+        if timeline.current is not None:
+            timeline.current.span("allreduce", t0, t1, clock)
+            timeline.current.span("optimizer", t1, t2, clock)
         self.stats["steps"] += 1
         if self.check_every and self.stats["steps"] % self.check_every == 0:
             self.check_replicas(params)

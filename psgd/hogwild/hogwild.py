@@ -18,7 +18,7 @@ from numba import njit
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.hogwild.windows import Windows
-from psgd.mpi import faults, wait
+from psgd.mpi import faults, timeline, wait
 from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
@@ -151,6 +151,9 @@ class HogwildWorker:
         t2 = time.perf_counter()
         self.stats["push_s"] += t1 - t0
         self.stats["pull_s"] += t2 - t1
+        if timeline.current is not None:
+            timeline.current.span("push", t0, t1, clock, self._last_delay)
+            timeline.current.span("pull", t1, t2, clock)
 
     @property
     def compensation(self) -> dict | None:

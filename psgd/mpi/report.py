@@ -68,6 +68,8 @@ class ServerResult:
         Bytes of the float32 shard-length buffers the server held (parameter
         versions, receive/sum buffers, optimizer state); the same whatever
         the number of workers.
+    events : ndarray, int32 (n, 3) or None
+        With ``config.record``: the shard's order of events (:mod:`psgd.ps.order`).
     """
 
     staleness_hist: np.ndarray
@@ -84,6 +86,7 @@ class ServerResult:
     n_snapshots: int = 0
     compensation: dict | None = None
     buffer_bytes: int = 0
+    events: np.ndarray | None = None
 
     @property
     def max_staleness(self) -> int:

@@ -54,6 +54,11 @@ class Protocol:
     staleness_unit : str
         What its staleness histogram counts: ``clocks`` (a server's version
         minus the one a push was computed on) or ``updates`` (hogwild).
+    replayable : bool
+        ``--record`` / ``--replay`` apply: its servers handle every push and
+        pull themselves, in an order they can write down (:mod:`psgd.ps.order`).
+    replay_note : str
+        Why not, where it cannot.
     worker : str
         ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
         config)`` with ``start(params, clock)``, ``step(params, grad, clock,
@@ -84,6 +89,8 @@ class Protocol:
     compensations: tuple[str, ...] = ("none",)
     compensation_note: str = ": its steps are never stale"
     staleness_unit: str = "clocks"
+    replayable: bool = False
+    replay_note: str = ": it has no servers whose order of pushes could be recorded"
 
     def staleness_bound(self, staleness: int | None) -> float:
         """The bound in force, given ``--staleness`` (None when not given).
@@ -127,7 +134,8 @@ class Protocol:
         return resolved
 
     def check(self, *, staleness: int | None = None, overlap: bool = False,
-              optimizer: str = "sgd", n_servers: int | None = None) -> float:
+              optimizer: str = "sgd", n_servers: int | None = None,
+              replay: str | None = None) -> float:
         """Validate a run's protocol settings; return the staleness bound in force.
 
         Raises
@@ -136,6 +144,9 @@ class Protocol:
             Naming the first setting the protocol cannot run with.
         """
         bound = self.staleness_bound(staleness)
+        if replay and not self.replayable:
+            raise ValueError(f"{replay} does not apply to --protocol {self.name}"
+                             f"{self.replay_note}")
         if overlap and not (self.overlap and bound >= 1):
             raise ValueError(f"--overlap needs --protocol {names(overlap=True)} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
@@ -207,7 +218,7 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 
 
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
-           server_snapshots=True)
+           server_snapshots=True, replayable=True)
 _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
@@ -228,6 +239,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
                            "which dcasgd and gap need"),
+        replay_note=(": its workers read and add to the servers' memory one-sided and "
+                     "lock-free, so no rank sees, or could impose, the order of updates"),
         optimizer_note=(": Adam's bias correction and second-moment scaling assume one stream "
                         "of its own updates to one copy of the parameters, but under hogwild "
                         "every worker adds to the same copy (use --protocol asp, whose server "

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from psgd.config import ProtocolConfig
 from psgd.errors import NonFinitePush, PsgdError
-from psgd.mpi import faults
+from psgd.mpi import faults, timeline
 from psgd.mpi import wait as _wait
 from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
@@ -24,6 +24,7 @@ from psgd.nn.optim import make_optimizer
 from psgd.ps.messages import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
                               TAG_CTRL, TAG_SNAP, check_ps_setup, check_push_shard, server_pull,
                               server_push)
+from psgd.ps.order import Order, Recorder, Replay
 from psgd.ps.push_window import PushWindow
 from psgd.ps.snapshots import Snapshots
 from psgd.ps.versions import ShardVersions, step_into
@@ -82,6 +83,8 @@ class _Server:
         self.segments: dict[int, np.ndarray] = {}   # worker rank -> its shard slice in the window
         self.n_window_pushes = 0
         self.fault = faults.for_rank(self.rank)  # None unless PSGD_FAULT names this rank (tests)
+        self.order = (Replay(config.replay[self.shard], self.shard) if config.replay is not None
+                      else Recorder() if config.record else Order())
 
     # ------------------------------------------------------------ the loop
 
@@ -91,6 +94,8 @@ class _Server:
         if not running:
             return (f"the other servers' snapshots of clocks {sorted(self.snapshots.assembling)} "
                     f"(shard {self.shard})")
+        if self.order.replaying:
+            return f"{self.order.describe()} (shard {self.shard}, held pulls: {held})"
         slowest = [self.S + w for w in running if self.pushes[w] == self.version]
         return (f"worker rank(s) {slowest} to push clock {self.version} of shard {self.shard} "
                 f"(held pulls: {held}; unfinished worker ranks {[self.S + w for w in running]}"
@@ -101,22 +106,31 @@ class _Server:
         snapshots_in = self.rank == 0 and self.config.snapshot_every > 0 and self.S > 1
         wall0, cpu0 = time.perf_counter(), time.process_time()
         poller = _wait.Poller(self._describe)
+        tl, idle_since = timeline.current, wall0
         while self.n_done < self.W or self.snapshots.assembling:
-            msg = comm.Improbe(MPI.ANY_SOURCE, TAG_CTRL, status)
+            msg = comm.Improbe(self.order.source(self.S), TAG_CTRL, status)
             if msg is not None:
+                t0 = time.perf_counter()
                 self._control(msg, status)
                 poller = _wait.Poller(self._describe)
+                if tl is not None:
+                    idle_since = self._span(tl, idle_since, t0)
                 continue
             if snapshots_in:
                 msg = comm.Improbe(MPI.ANY_SOURCE, TAG_SNAP, status)
                 if msg is not None:
+                    t0 = time.perf_counter()
                     self.snapshots.receive(msg, status)
                     poller = _wait.Poller(self._describe)
+                    if tl is not None:
+                        idle_since = self._span(tl, idle_since, t0, "snapshot")
                     continue
             self.versions.reap()
             if poller.waited() > IDLE_WORK_S:
                 self.rule.idle()
             poller.idle()
+        if tl is not None:
+            tl.span("idle", idle_since, time.perf_counter())
         outstanding = self.versions.all_requests() + [r for r in self.hdr_reqs if r is not None]
         if self.snapshots.request is not None:
             outstanding.append(self.snapshots.request)
@@ -130,12 +144,25 @@ class _Server:
                               cpu_s=cpu, wall_s=wall,
                               n_snapshots=self.snapshots.n_snapshots,
                               compensation=self.rule.compensation(),
-                              buffer_bytes=self._buffer_bytes())
+                              buffer_bytes=self._buffer_bytes(), events=self.order.events())
         result.params, result.opt_state = self.snapshots.gather_final(self.version,
                                                                       self.versions.live)
         if self.window is not None:
             self.window.free()
         return result
+
+    def _span(self, tl, idle_since: float, t0: float, kind: str | None = None) -> float:
+        """The message just handled (from ``t0``) and the idle gap before it, as timeline spans."""
+        t1 = time.perf_counter()
+        if t0 - idle_since > timeline.IDLE_MIN_S:
+            tl.span("idle", idle_since, t0)
+        if kind is not None:
+            tl.span(kind, t0, t1)
+        elif int(self.ctrl[0]) in (PUSH, PUSH_WINDOW):
+            tl.span("apply", t0, t1, int(self.ctrl[1]), int(self.ctrl[1] - self.ctrl[2]))
+        else:
+            tl.span("reply", t0, t1, int(self.ctrl[1]))
+        return t1
 
     def _buffer_bytes(self) -> int:
         arrays = self.versions.buffers + self.rule.buffers() + self.snapshots.state_arrays()
@@ -166,6 +193,7 @@ class _Server:
             self.pending.append((source, clock, time.perf_counter()))
             self._answer_pulls()
         elif kind == DONE:
+            self.order.done(w)
             self.done[w] = True
             self.n_done += 1
             self._update_version()
@@ -191,6 +219,7 @@ class _Server:
         if staleness < 0:
             raise PsgdError(f"push from rank {source} for clock {clock} read version "
                             f"{read_version}, from its own future")
+        self.order.pushed(w, clock)
         self.n_pushes += 1
         self.hist.add(staleness)
         if not self.rule.push(buf, clock, staleness, source, borrowed=in_window, worker=w):
@@ -242,24 +271,31 @@ class _Server:
         self._answer_pulls()
 
     def _answer_pulls(self) -> None:
-        if not self.pending:
-            return
-        keep = []
-        now = time.perf_counter()
-        for dest, clock, since in self.pending:
-            if self.version < clock - self.bound:
-                keep.append((dest, clock, since))
-                continue
-            w = dest - self.S
-            if self.hdr_reqs[w] is not None:
-                _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
-            self.reply_hdr[w] = (REPLY, int((now - since) * 1e6), self.version, self.shard)
-            self.rule.replied(w, clock, self.versions.live)
-            hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w],
-                                            self.versions.live)
-            self.hdr_reqs[w] = hdr_req
-            self.versions.reply_sent(data_req)
-        self.pending = keep
+        """Answer every held pull the bound (or the replayed order) lets through."""
+        answered = True
+        while answered and self.pending:   # again after an answer: a replay may allow the next
+            answered = False
+            keep = []
+            now = time.perf_counter()
+            for dest, clock, since in self.pending:
+                w = dest - self.S
+                if answered and self.order.replaying or not self.order.may_answer(
+                        w, clock, self.version >= clock - self.bound):
+                    keep.append((dest, clock, since))
+                    continue
+                self._reply(dest, w, clock, since, now)
+                answered = True
+            self.pending = keep
+
+    def _reply(self, dest: int, w: int, clock: int, since: float, now: float) -> None:
+        if self.hdr_reqs[w] is not None:
+            _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
+        self.order.replied(w, clock)
+        self.reply_hdr[w] = (REPLY, int((now - since) * 1e6), self.version, self.shard)
+        self.rule.replied(w, clock, self.versions.live)
+        hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w], self.versions.live)
+        self.hdr_reqs[w] = hdr_req
+        self.versions.reply_sent(data_req)
 
 
 def serve(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
@@ -302,6 +338,9 @@ def serve(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
     check_ps_setup(roles, shard_map, config)
     if not roles.is_server:
         raise ValueError(f"rank {roles.rank} is a worker; serve runs on server ranks")
+    t0 = time.perf_counter()
     server = _Server(roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                      start_clock)
+    if timeline.current is not None:
+        timeline.current.span("start", t0, time.perf_counter(), start_clock)
     return server.run()

@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from psgd.config import ProtocolConfig
+from psgd.mpi import timeline
 from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
@@ -118,7 +119,10 @@ class PSWorker:
         t0 = time.perf_counter()
         _wait.waitall(push, lambda: f"server rank(s) {_pending(push, owners)} to take the push "
                       f"of clock {clock} (shards = ranks)")
-        self.stats["push_s"] += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.stats["push_s"] += t1 - t0
+        if timeline.current is not None:
+            timeline.current.span("push", t0, t1, clock, self.stats["staleness"])
 
     def _wait_pull(self) -> None:
         """Complete the pull in flight; split the time blocked into protocol wait and transfer."""
@@ -135,6 +139,9 @@ class PSWorker:
         held = min(max(answered - t0, 0.0), t1 - t0)
         self.stats["wait_s"] += held
         self.stats["pull_s"] += t1 - t0 - held
+        if timeline.current is not None:   # the protocol's hold first, then the transfer
+            timeline.current.span("wait", t0, t0 + held, clock)
+            timeline.current.span("pull", t0 + held, t1, clock)
         self.read_versions[:] = self._reply_hdr[:, 2]
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:

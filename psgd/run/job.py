@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
-from psgd.mpi import wait
+from psgd.mpi import timeline, wait
 from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule
@@ -160,7 +160,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         lr_schedule=base,  # clocks are the run's steps, also after a resume
         staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
         snapshot_every=settings.checkpoint_every,
-        skip_nonfinite=settings.skip_nonfinite)
+        skip_nonfinite=settings.skip_nonfinite, record=settings.record is not None,
+        replay=_replay_events(settings, roles, resume, total))
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     reader = None
     if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
@@ -170,6 +171,16 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
                shard_map=shard_map, config=config, total_steps=total,
                start_step=resume.step if resume else 0, resume=resume, debug=debug,
                run_id=run_id, reader=reader, end_step=total, foreign=foreign)
+
+
+def _replay_events(settings: TrainSettings, roles: Roles, resume, total: int) -> tuple | None:
+    """--replay's events per shard, checked against this run on every rank (for one error)."""
+    if not settings.replay:
+        return None
+    from psgd.run.record import load_events
+    events = load_events(settings.replay, settings, roles.n_servers, roles.n_workers,
+                         resume.step if resume else 0, total)
+    return events if roles.is_server else None
 
 
 def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> int:
@@ -242,12 +253,18 @@ def train_main(args: argparse.Namespace) -> None:
     if comm.Get_rank() == 0:
         _announce(job, resumed)
     job.stop = StopControl(roles, job.start_step, job.config.staleness)
+    if settings.timeline:   # one zero for every rank's clock
+        wait.barrier(comm, "the other ranks to start the timeline")
+        timeline.start()
     if roles.is_server:
         from psgd.run.server_rank import run_server
         run_server(job)
     else:
         from psgd.run.worker_rank import run_worker
         run_worker(job)
+    if settings.timeline:
+        from psgd.run.trace import save_timeline
+        save_timeline(job)
     wait.barrier(comm, "the other ranks to finish")
     ignore()
     if job.end_step < job.total_steps:

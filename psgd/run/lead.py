@@ -122,5 +122,9 @@ class Lead:
               f"{summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})", flush=True)
         if s.log:
             print(f"psgd: log: {s.log}", flush=True)
+        if s.record:
+            print(f"psgd: record: {s.record} (replay with --replay {s.record})", flush=True)
+        if s.timeline:
+            print(f"psgd: timeline: {s.timeline} (open in ui.perfetto.dev)", flush=True)
         if s.checkpoint_dir:
             print(f"psgd: checkpoint: {newest}", flush=True)

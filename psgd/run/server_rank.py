@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from psgd.mpi import wait
+from psgd.mpi import timeline, wait
 from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
 
@@ -31,6 +31,11 @@ def run_server(job) -> None:
                             start_clock=job.start_step)
     job.stop.close()
     job.end_step = job.stop.share_end(job.end_step)   # where the workers stopped
+    if timeline.current is not None:
+        timeline.current.wall = result.wall_s
+    if settings.record:
+        from psgd.run.record import save_events
+        save_events(job, result.events)
     if roles.rank == 0:
         if settings.checkpoint_dir and protocol.server_snapshots:
             job.save_checkpoint(job.end_step, result.params, result.opt_state or {})

@@ -77,6 +77,9 @@ class TrainSettings:
     stall_timeout: float = 60.0
     stall_abort: float = 600.0
     skip_nonfinite: bool = False
+    record: str | None = None
+    replay: str | None = None
+    timeline: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -125,6 +128,12 @@ FLAGS: dict[str, tuple[type, str]] = {
     "stall_timeout": (float, "report a rank waiting longer than this many seconds (default 60)"),
     "stall_abort": (float, "end the job when a rank waits longer than this (default 600)"),
     "skip_nonfinite": (bool, "skip and count pushes holding NaN/Inf instead of failing"),
+    "record": (str, f"write the servers' order of pushes and pulls to this HDF5 file "
+                    f"({names(replayable=True)}; see --replay)"),
+    "replay": (str, "run again exactly as recorded: the same command with --replay FILE "
+                    "(and its own --log) gives bit-identical parameters and losses"),
+    "timeline": (str, "write every rank's compute, push, wait, pull, all-reduce and server "
+                      "spans to this Chrome trace JSON file (Perfetto, chrome://tracing)"),
 }
 
 
@@ -180,7 +189,8 @@ def load_toml(path: str) -> dict:
 
 
 # Settings of a run that a resume does not take from its checkpoint: how this attempt runs
-NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort")
+NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort", "record",
+               "replay", "timeline")
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
 PER_PROTOCOL = ("servers", "staleness", "staleness_comp", "comp_lambda", "staleness_lr", "overlap")
 RUN_LENGTH = ("steps", "epochs")
@@ -260,8 +270,11 @@ def validate(s: TrainSettings) -> None:
     protocol = get(s.protocol)
     if s.servers is None:
         s.servers = 1 if protocol.servers else 0
+    if s.record and s.replay:
+        raise ValueError("give --record or --replay, not both")
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
-                           n_servers=s.servers)
+                           n_servers=s.servers,
+                           replay="--record" if s.record else "--replay" if s.replay else None)
     _staleness_comp(s, protocol)
     if protocol.bound is None:
         s.staleness = int(bound)
@@ -290,6 +303,8 @@ def validate(s: TrainSettings) -> None:
         raise ValueError("--checkpoint-every needs --checkpoint-dir")
     if s.stall_timeout <= 0 or s.stall_abort <= 0:
         raise ValueError("--stall-timeout and --stall-abort must be > 0")
+    if s.replay and not os.path.exists(s.replay):
+        raise ValueError(f"--replay {s.replay}: no such file")
     if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
         raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
                          f"--resume, replace the log with --overwrite, or give another --log")

@@ -6,7 +6,7 @@ import time
 
 from psgd.errors import PsgdError
 from psgd.kernels.finite import finite
-from psgd.mpi import faults, wait
+from psgd.mpi import faults, timeline, wait
 from psgd.run.lead import TIMERS, Lead
 from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
@@ -23,10 +23,12 @@ def _start_protocol(job, worker) -> None:
 def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, int, int]:
     """One clock: a batch, its gradient, the protocol's step; returns (loss, correct, n)."""
     s, model = job.settings, job.model
+    t_data = time.perf_counter()
     x, y = job.reader.batch(clock)
     t0 = time.perf_counter()
     loss, correct = model.loss_and_grad(x, y)
-    timers["compute_s"] += time.perf_counter() - t0
+    t1 = time.perf_counter()
+    timers["compute_s"] += t1 - t0
     if not s.skip_nonfinite and not (math.isfinite(loss) and finite(model.grad)):
         raise PsgdError(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step "
                         f"{clock} on worker {job.roles.worker_index}; lower --lr or check the "
@@ -34,6 +36,11 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     if fault is not None:
         fault.at(clock, model.grad)
     worker.step(model.params, model.grad, clock, lr=job.config.lr_schedule(clock))
+    if timeline.current is not None:
+        tl = timeline.current
+        tl.span("data", t_data, t0, clock)
+        tl.span("compute", t0, t1, clock)
+        tl.span("step", t1, time.perf_counter(), clock, worker.stats.get("staleness", -1))
     for key in TIMERS[:-1]:
         timers[key] = float(worker.stats.get(key, 0.0))
     return loss, correct, len(y)
@@ -54,6 +61,9 @@ def run_worker(job) -> None:
     worker = job.protocol.make_worker(roles, job.shard_map, job.config)
     t_start = time.perf_counter()
     _start_protocol(job, worker)
+    tl = timeline.current
+    if tl is not None:
+        tl.span("start", t_start, time.perf_counter(), job.start_step)
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
     end = job.total_steps
     for clock in range(job.start_step, job.total_steps):
@@ -62,17 +72,24 @@ def run_worker(job) -> None:
             break
         loss, correct, n = _train_step(job, worker, clock, timers, fault)
         step = clock + 1
+        t_lead = time.perf_counter()
         if lead is not None:
             lead.after_step(clock, loss, correct, n, timers, worker.stats.get("staleness"))
         if own_checkpoints and s.checkpoint_every and step % s.checkpoint_every == 0 \
                 and step != job.total_steps:
             _replica_checkpoint(job, worker, step)
+        if lead is not None and tl is not None:
+            tl.span("lead", t_lead, time.perf_counter(), clock)
+    t_finish = time.perf_counter()
     if worker.grad_buffer is not None:
         model.use_grad_buffer(None)   # finish() frees the window
     worker.finish()
     job.end_step = job.stop.close(end)   # the slowest worker's
     job.stop.share_end(job.end_step)
     wall = time.perf_counter() - t_start
+    if tl is not None:
+        tl.span("finish", t_finish, t_start + wall, end)
+        tl.wall = wall
     if lead is not None:
         lead.bar.close()
         if roles.n_servers:

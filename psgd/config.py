@@ -48,6 +48,14 @@ class ProtocolConfig:
         Servers write down the order of their events (``--record``, :mod:`psgd.ps.order`).
     replay : tuple of ndarray or None
         Each shard's recorded events, to handle in that order (``--replay``).
+    compress : str
+        The pushes' compressor (``--compress``, :mod:`psgd.compress`); ``none``.
+    compress_bucket : int
+        Elements per bucket for qsgd's norms and sign's scales.
+    error_feedback : bool
+        Workers keep the compression residual and add it to the next push.
+    seed : int
+        The run's seed (workers' random rounding in qsgd).
     """
 
     protocol: str
@@ -65,6 +73,10 @@ class ProtocolConfig:
     push_window: bool = field(default_factory=lambda: env_int("PSGD_PS_PUSH_WINDOW", 1) != 0)
     record: bool = False
     replay: tuple | None = None
+    compress: str = "none"
+    compress_bucket: int = 512
+    error_feedback: bool = False
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.staleness < 0:

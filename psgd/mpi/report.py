@@ -70,6 +70,9 @@ class ServerResult:
         the number of workers.
     events : ndarray, int32 (n, 3) or None
         With ``config.record``: the shard's order of events (:mod:`psgd.ps.order`).
+    push_bytes : int
+        Bytes of every push this shard received (control header and payload, as
+        MPI delivered them; a push-window push counts its header and its slice).
     """
 
     staleness_hist: np.ndarray
@@ -87,6 +90,7 @@ class ServerResult:
     compensation: dict | None = None
     buffer_bytes: int = 0
     events: np.ndarray | None = None
+    push_bytes: int = 0
 
     @property
     def max_staleness(self) -> int:

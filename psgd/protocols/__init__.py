@@ -59,6 +59,8 @@ class Protocol:
         pull themselves, in an order they can write down (:mod:`psgd.ps.order`).
     replay_note : str
         Why not, where it cannot.
+    compresses : bool
+        ``--compress`` applies: its workers push through :mod:`psgd.compress`.
     worker : str
         ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
         config)`` with ``start(params, clock)``, ``step(params, grad, clock,
@@ -91,6 +93,7 @@ class Protocol:
     staleness_unit: str = "clocks"
     replayable: bool = False
     replay_note: str = ": it has no servers whose order of pushes could be recorded"
+    compresses: bool = False
 
     def staleness_bound(self, staleness: int | None) -> float:
         """The bound in force, given ``--staleness`` (None when not given).
@@ -135,7 +138,7 @@ class Protocol:
 
     def check(self, *, staleness: int | None = None, overlap: bool = False,
               optimizer: str = "sgd", n_servers: int | None = None,
-              replay: str | None = None) -> float:
+              replay: str | None = None, compress: str = "none") -> float:
         """Validate a run's protocol settings; return the staleness bound in force.
 
         Raises
@@ -147,6 +150,9 @@ class Protocol:
         if replay and not self.replayable:
             raise ValueError(f"{replay} does not apply to --protocol {self.name}"
                              f"{self.replay_note}")
+        if compress != "none" and not self.compresses:
+            raise ValueError(f"--compress {compress} applies to --protocol "
+                             f"{names(compresses=True)} (pushes to servers), not {self.name}")
         if overlap and not (self.overlap and bound >= 1):
             raise ValueError(f"--overlap needs --protocol {names(overlap=True)} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
@@ -174,7 +180,8 @@ class Protocol:
                optimizer: str = "sgd", staleness_comp: str | None = None,
                comp_lambda: float | None = None, **settings) -> ProtocolConfig:
         """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`)."""
-        bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer)
+        bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer,
+                           compress=settings.get("compress", "none"))
         method = self.compensation(staleness_comp, optimizer, comp_lambda)
         return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,
                               staleness=bound, overlap=overlap, staleness_comp=method,
@@ -218,7 +225,7 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 
 
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
-           server_snapshots=True, replayable=True)
+           server_snapshots=True, replayable=True, compresses=True)
 _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (

@@ -15,7 +15,9 @@ Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
   it, checks its length (``Get_count``) and receives it into its own buffer.
   A server on the worker's node gets a ``PUSH_WINDOW`` header instead and no
   payload: it reads the gradient slice in place from the worker's segment of
-  the push window (:mod:`psgd.ps.push_window`).
+  the push window (:mod:`psgd.ps.push_window`). A compressed push
+  (``--compress``) has a ``PUSH_CODED`` header and a ``uint8`` payload: the
+  shard's frame (:mod:`psgd.compress`), which the server decodes.
 * pull reply, ``int64[4] = [REPLY, held_us, version, shard]`` on
   ``TAG_REPLY_HDR`` and ``float32[shard size]`` on ``TAG_REPLY``, received by
   the worker straight into its parameter slice.  ``held_us`` is how long the
@@ -49,9 +51,9 @@ TAG_REPLY = 7104
 TAG_SNAP = 7105
 TAG_FINAL = 7106
 
-PUSH, PULL, DONE, REPLY, PUSH_WINDOW = 1, 2, 3, 4, 5
+PUSH, PULL, DONE, REPLY, PUSH_WINDOW, PUSH_CODED = 1, 2, 3, 4, 5, 6
 KIND_NAMES = {PUSH: "push", PULL: "pull", DONE: "done", REPLY: "reply",
-              PUSH_WINDOW: "push through the window"}
+              PUSH_WINDOW: "push through the window", PUSH_CODED: "compressed push"}
 HEADER_LEN = 4
 HEADER_BYTES = 8 * HEADER_LEN
 
@@ -81,7 +83,8 @@ def check_ps_setup(roles: Roles, shard_map: ShardMap, config: ProtocolConfig) ->
 
 def worker_push(comm: MPI.Comm, shard_map: ShardMap, grad: np.ndarray, clock: int,
                 read_versions: np.ndarray, headers: np.ndarray,
-                in_window: Sequence[bool] | None = None) -> list:
+                in_window: Sequence[bool] | None = None,
+                frames: Sequence[np.ndarray] | None = None) -> list:
     """Send the gradient for ``clock`` to every server: S headers and S payload slices.
 
     Parameters
@@ -100,6 +103,8 @@ def worker_push(comm: MPI.Comm, shard_map: ShardMap, grad: np.ndarray, clock: in
         True for the servers that read ``grad`` (the worker's segment of the
         push window, already synced) in place: they get a ``PUSH_WINDOW``
         header and no payload.
+    frames : sequence of ndarray, uint8, optional
+        The compressed frame of each shard, sent instead of ``grad``'s slices.
 
     Returns
     -------
@@ -109,10 +114,12 @@ def worker_push(comm: MPI.Comm, shard_map: ShardMap, grad: np.ndarray, clock: in
     reqs = []
     for s in range(shard_map.n_shards):
         window = in_window is not None and in_window[s]
-        headers[s] = (PUSH_WINDOW if window else PUSH, clock, read_versions[s], s)
+        kind = PUSH_WINDOW if window else PUSH if frames is None else PUSH_CODED
+        headers[s] = (kind, clock, read_versions[s], s)
         reqs.append(comm.Isend(headers[s], s, TAG_CTRL))
         if not window:
-            reqs.append(comm.Isend(shard_map.view(grad, s), s, TAG_PUSH))
+            payload = shard_map.view(grad, s) if frames is None else frames[s]
+            reqs.append(comm.Isend(payload, s, TAG_PUSH))
     return reqs
 
 
@@ -157,6 +164,32 @@ def server_push(comm: MPI.Comm, source: int, header: np.ndarray, shard: int, exp
                         f"{nbytes} bytes ({nbytes / 4:g} float32), shard {shard} expects "
                         f"{expected} float32")
     _wait.wait(msg.Irecv(buf), lambda: f"the gradient payload of rank {source} (clock {clock})")
+
+
+def server_push_coded(comm: MPI.Comm, source: int, header: np.ndarray, shard: int,
+                      buf: np.ndarray) -> int:
+    """Receive a compressed push's frame into ``buf`` (uint8, the largest frame's size).
+
+    Returns
+    -------
+    int
+        The frame's length in bytes, as MPI delivered it.
+    """
+    from psgd.errors import PsgdError
+    clock = int(header[1])
+    check_push_shard(comm, source, header, shard)
+    status = MPI.Status()
+    msg = _mprobe(comm, source, TAG_PUSH, status,
+                  lambda: f"the compressed payload of rank {source}'s push for clock {clock}")
+    nbytes = status.Get_count(MPI.BYTE)
+    if nbytes > buf.shape[0]:
+        msg.Recv(np.empty(nbytes, np.uint8))
+        raise PsgdError(f"compressed push from rank {source} for clock {clock} has {nbytes} "
+                        f"bytes, more than shard {shard}'s largest frame ({buf.shape[0]}): is "
+                        f"--compress the same on every rank?")
+    _wait.wait(msg.Irecv(buf[:nbytes]),
+               lambda: f"the compressed payload of rank {source} (clock {clock})")
+    return nbytes
 
 
 # ---------------------------------------------------------------- pull

@@ -13,6 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig
 from psgd.errors import NonFinitePush, PsgdError
 from psgd.mpi import faults, timeline
@@ -21,9 +22,9 @@ from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
-from psgd.ps.messages import (DONE, HEADER_LEN, KIND_NAMES, PULL, PUSH, PUSH_WINDOW, REPLY,
-                              TAG_CTRL, TAG_SNAP, check_ps_setup, check_push_shard, server_pull,
-                              server_push)
+from psgd.ps.messages import (DONE, HEADER_BYTES, HEADER_LEN, KIND_NAMES, PULL, PUSH,
+                              PUSH_CODED, PUSH_WINDOW, REPLY, TAG_CTRL, TAG_SNAP, check_ps_setup,
+                              check_push_shard, server_pull, server_push, server_push_coded)
 from psgd.ps.order import Order, Recorder, Replay
 from psgd.ps.push_window import PushWindow
 from psgd.ps.snapshots import Snapshots
@@ -85,6 +86,10 @@ class _Server:
         self.fault = faults.for_rank(self.rank)  # None unless PSGD_FAULT names this rank (tests)
         self.order = (Replay(config.replay[self.shard], self.shard) if config.replay is not None
                       else Recorder() if config.record else Order())
+        self.compressor = make_compressor(config.compress, config.compress_bucket)
+        self.frame = (np.zeros(self.compressor.max_bytes(self.n), np.uint8)
+                      if self.compressor is not None else None)
+        self.push_bytes = 0   # control header and payload of every push, as received
 
     # ------------------------------------------------------------ the loop
 
@@ -144,7 +149,8 @@ class _Server:
                               cpu_s=cpu, wall_s=wall,
                               n_snapshots=self.snapshots.n_snapshots,
                               compensation=self.rule.compensation(),
-                              buffer_bytes=self._buffer_bytes(), events=self.order.events())
+                              buffer_bytes=self._buffer_bytes(), events=self.order.events(),
+                              push_bytes=self.push_bytes)
         result.params, result.opt_state = self.snapshots.gather_final(self.version,
                                                                       self.versions.live)
         if self.window is not None:
@@ -158,7 +164,7 @@ class _Server:
             tl.span("idle", idle_since, t0)
         if kind is not None:
             tl.span(kind, t0, t1)
-        elif int(self.ctrl[0]) in (PUSH, PUSH_WINDOW):
+        elif int(self.ctrl[0]) in (PUSH, PUSH_WINDOW, PUSH_CODED):
             tl.span("apply", t0, t1, int(self.ctrl[1]), int(self.ctrl[1] - self.ctrl[2]))
         else:
             tl.span("reply", t0, t1, int(self.ctrl[1]))
@@ -184,8 +190,8 @@ class _Server:
         if self.done[w]:
             raise PsgdError(f"rank {source} sent a {KIND_NAMES.get(kind, kind)} message after "
                             f"saying it was done")
-        if kind in (PUSH, PUSH_WINDOW):
-            self._push(source, w, clock, int(self.ctrl[2]), kind == PUSH_WINDOW)
+        if kind in (PUSH, PUSH_WINDOW, PUSH_CODED):
+            self._push(source, w, clock, int(self.ctrl[2]), kind)
         elif kind == PULL:
             if int(self.ctrl[3]) != self.shard:
                 raise PsgdError(f"pull from rank {source} names shard {int(self.ctrl[3])}, but it "
@@ -200,13 +206,26 @@ class _Server:
         else:
             raise PsgdError(f"message of unknown kind {kind} from rank {source}")
 
-    def _push(self, source: int, w: int, clock: int, read_version: int, in_window: bool) -> None:
+    def _push(self, source: int, w: int, clock: int, read_version: int, kind: int) -> None:
+        in_window = kind == PUSH_WINDOW
         if in_window:   # lent: read in place, never written (it is the worker's memory)
             buf = self._window_slice(source, clock)
             self.n_window_pushes += 1
+            self.push_bytes += HEADER_BYTES + 4 * self.n
+        elif kind == PUSH_CODED:
+            if self.compressor is None:
+                raise PsgdError(f"compressed push from rank {source}, but this server runs "
+                                f"--compress none (it must be the same on every rank)")
+            nbytes = server_push_coded(self.comm, source, self.ctrl, self.shard, self.frame)
+            buf = self.rule.receive_buffer()
+            buf.fill(0.0)
+            self.compressor.decode_add(self.frame[:nbytes], buf,
+                                       f"rank {source}'s push for clock {clock}")
+            self.push_bytes += HEADER_BYTES + nbytes
         else:
             buf = self.rule.receive_buffer()
             server_push(self.comm, source, self.ctrl, self.shard, self.n, buf)
+            self.push_bytes += HEADER_BYTES + 4 * self.n
         if self.fault is not None:
             self.fault.at(self.n_pushes, buf)
         if clock != self.pushes[w]:

@@ -6,13 +6,17 @@ from typing import Sequence
 
 import numpy as np
 
+from psgd.compress import PushEncoder
+from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig
+from psgd.kernels.compress import seed as seed_kernels
 from psgd.mpi import timeline
 from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.vectors import check_flat
-from psgd.ps.messages import DONE, HEADER_LEN, TAG_CTRL, check_ps_setup, worker_pull, worker_push
+from psgd.ps.messages import (DONE, HEADER_BYTES, HEADER_LEN, TAG_CTRL, check_ps_setup,
+                              worker_pull, worker_push)
 from psgd.ps.push_window import PushWindow
 
 
@@ -94,13 +98,20 @@ class PSWorker:
         self._pull_posted = 0.0
         self._finished = False
         self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "steps": 0,
-                      "staleness": 0, "max_staleness": 0}
+                      "staleness": 0, "max_staleness": 0, "push_bytes": 0}
+        compressor = make_compressor(config.compress, config.compress_bucket)
+        self.encoder = (PushEncoder(compressor, shard_map, config.error_feedback)
+                        if compressor is not None else None)
+        if compressor is not None:   # qsgd's rounding: a stream of its own per worker, repeatable
+            seed_kernels(config.seed * 100_003 + roles.worker_index)
+        # a gradient pushed from the push window is sent as it is: not when overlapping or coded
+        self._window_push = not overlap and self.encoder is None
 
     @property
     def grad_buffer(self) -> np.ndarray | None:
         """After :meth:`start`: the float32 (n,) gradient buffer the servers of this node read
         in place (this worker's segment of the push window), or None without one."""
-        if self.window is None or self.overlap:
+        if self.window is None or not self._window_push:
             return None
         return self.window.own
 
@@ -154,8 +165,8 @@ class PSWorker:
         """
         check_flat(params, self.shard_map.n, "params")
         if self.config.push_window and self.window is None:
-            self.window = PushWindow(self.comm, 0 if self.overlap else self.shard_map.n)
-            if not self.overlap:
+            self.window = PushWindow(self.comm, self.shard_map.n if self._window_push else 0)
+            if self._window_push:
                 self._in_window = [self.window.node_rank(s) >= 0
                                    for s in range(self.shard_map.n_shards)]
                 self._owners[True] = [s for s, shared in enumerate(self._in_window)
@@ -197,8 +208,12 @@ class PSWorker:
                   and grad.ctypes.data == self.window.own.ctypes.data)
         if shared:
             self.window.sync()   # the gradient's writes before the headers that announce them
+        frames = self.encoder.encode(grad) if self.encoder is not None else None
         push = worker_push(self.comm, self.shard_map, grad, clock, self.read_versions,
-                           self._push_hdr, self._in_window if shared else None)
+                           self._push_hdr, self._in_window if shared else None, frames)
+        self.stats["push_bytes"] += HEADER_BYTES * self.shard_map.n_shards + (
+            sum(f.shape[0] for f in frames) if frames is not None else
+            4 * sum(self.shard_map.size(s) for s in range(self.shard_map.n_shards)))
         if not self.overlap:
             self._post_pull(params, clock + 1)
         self._wait_push(push, self._owners[shared], clock)

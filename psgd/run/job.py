@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
+from psgd.compress import feedback_on
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.mpi import timeline, wait
@@ -161,7 +162,10 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
         snapshot_every=settings.checkpoint_every,
         skip_nonfinite=settings.skip_nonfinite, record=settings.record is not None,
-        replay=_replay_events(settings, roles, resume, total))
+        replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
+        compress=settings.compress, compress_bucket=settings.compress_bucket,
+        error_feedback=feedback_on(settings.compress, settings.error_feedback,
+                                   settings.compress_bucket))
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     reader = None
     if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed

@@ -30,6 +30,15 @@ class _Window:
         self.samples += n
 
 
+def _push_bytes(servers: list[dict], n_params: int) -> dict:
+    """Bytes of one push over all shards as the servers received them, and float32's ratio."""
+    pushes = max((r["n_pushes"] for r in servers), default=0)
+    if not pushes:
+        return {}
+    per_push = sum(r["push_bytes"] for r in servers) / pushes
+    return {"push_bytes": per_push, "compression_ratio": 4 * n_params / per_push}
+
+
 class Lead:
     """What the lead worker (rank S) does besides training: log, evaluate, show progress."""
 
@@ -64,11 +73,13 @@ class Lead:
         w, now = self.window, time.perf_counter()
         rate = w.samples / max(now - w.start, 1e-9)
         lr = self.job.config.lr_schedule(clock)
+        deltas = {k: timers[k] - self.last_timers.get(k, 0.0) for k in timers}
+        pushed = deltas.pop("push_bytes", None)
         self.log.write("step", step=clock + 1, clock=clock, loss=w.loss / w.steps,
                        train_accuracy=w.correct / max(w.samples, 1), samples_per_s=rate,
                        est_global_samples_per_s=rate * self.n_workers, lr=lr,
-                       staleness=staleness,
-                       **{k: timers[k] - self.last_timers.get(k, 0.0) for k in timers})
+                       staleness=staleness, **deltas,
+                       **({} if pushed is None else {"push_bytes_per_step": pushed / w.steps}))
         postfix = {"loss": f"{w.loss / w.steps:.3f}"}
         if not math.isnan(self.test_acc):
             postfix["test_acc"] = f"{self.test_acc:.3f}"
@@ -98,6 +109,7 @@ class Lead:
             server_cpu_fraction=[r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0
                                  for r in servers],
             window_pushes=sum(r["n_window_pushes"] for r in servers),
+            **_push_bytes(servers, job.model.n_params),
             skipped_updates=sum(r["n_skipped"] for r in servers) + skipped)
         self.log.close()
         return summary
@@ -120,6 +132,9 @@ class Lead:
               f"worker(s): {job.end_step - job.start_step} steps in {wall:.1f} s, "
               f"{summary['samples_per_s']:.0f} samples/s; final test accuracy "
               f"{summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})", flush=True)
+        if s.compress != "none" and "push_bytes" in summary:
+            print(f"psgd: {s.compress} pushes: {summary['push_bytes']:.0f} bytes each, "
+                  f"{summary['compression_ratio']:.1f}x fewer than float32", flush=True)
         if s.log:
             print(f"psgd: log: {s.log}", flush=True)
         if s.record:

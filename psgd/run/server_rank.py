@@ -47,6 +47,7 @@ def run_server(job) -> None:
         "cpu_s": result.cpu_s, "wall_s": result.wall_s,
         "n_updates": result.n_updates, "n_skipped": result.n_skipped,
         "n_window_pushes": result.n_window_pushes,
+        "n_pushes": result.n_pushes, "push_bytes": result.push_bytes,
         "staleness_histogram": result.staleness_hist.tolist(),
         "compensation": result.compensation,
     })

@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from psgd import compress
 from psgd.ps import compensation
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import PROTOCOLS, get, names
@@ -80,6 +81,9 @@ class TrainSettings:
     record: str | None = None
     replay: str | None = None
     timeline: str | None = None
+    compress: str = "none"
+    compress_bucket: int = 512
+    error_feedback: str = "auto"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -134,6 +138,12 @@ FLAGS: dict[str, tuple[type, str]] = {
                     "(and its own --log) gives bit-identical parameters and losses"),
     "timeline": (str, "write every rank's compute, push, wait, pull, all-reduce and server "
                       "spans to this Chrome trace JSON file (Perfetto, chrome://tracing)"),
+    "compress": (str, "compress every push (" + names(compresses=True) + "): " + "; ".join(
+        f"{k} ({v})" for k, v in compress.HELP.items()) + " (default none)"),
+    "compress_bucket": (int, "elements per bucket of qsgd's norms and sign's scales (default "
+                             "512)"),
+    "error_feedback": (str, "auto, on or off: keep what compression dropped and add it to the "
+                            "next push (auto: on for topk and sign)"),
 }
 
 
@@ -274,7 +284,9 @@ def validate(s: TrainSettings) -> None:
         raise ValueError("give --record or --replay, not both")
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers,
-                           replay="--record" if s.record else "--replay" if s.replay else None)
+                           replay="--record" if s.record else "--replay" if s.replay else None,
+                           compress=s.compress)
+    compress.check(s.compress, s.compress_bucket, s.error_feedback)
     _staleness_comp(s, protocol)
     if protocol.bound is None:
         s.staleness = int(bound)

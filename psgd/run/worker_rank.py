@@ -43,6 +43,7 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
         tl.span("step", t1, time.perf_counter(), clock, worker.stats.get("staleness", -1))
     for key in TIMERS[:-1]:
         timers[key] = float(worker.stats.get(key, 0.0))
+    timers["push_bytes"] = worker.stats.get("push_bytes", 0)
     return loss, correct, len(y)
 
 

@@ -1,0 +1,70 @@
+"""Gradient compressors for pushes: ``--compress none|fp16|qsgd:BITS|topk:FRACTION|sign``.
+
+One module per compressor; :func:`make` parses a spec, :class:`PushEncoder`
+encodes a worker's gradient shard by shard with the error-feedback residual.
+"""
+from __future__ import annotations
+
+from psgd.compress.base import HEADER_BYTES, Compressor
+from psgd.compress.feedback import PushEncoder
+
+NONE = "none"
+DEFAULT_BUCKET = 512
+HELP = {"none": "float32 as computed",
+        "fp16": "half precision, 2 bytes per element",
+        "qsgd:BITS": "QSGD, BITS (2..8) bits per element: an unbiased signed level of "
+                     "2^BITS - 1, scaled by the bucket's norm",
+        "topk:FRACTION": "the largest FRACTION (0, 1] of magnitudes as index + value",
+        "sign": "one bit per element and the bucket's mean magnitude"}
+
+__all__ = ["HEADER_BYTES", "Compressor", "PushEncoder", "make", "check", "NONE", "HELP"]
+
+
+def make(spec: str, bucket: int = DEFAULT_BUCKET) -> Compressor | None:
+    """The compressor ``spec`` names (None for ``none``); ValueError naming what is wrong."""
+    from psgd.compress.fp16 import Fp16
+    from psgd.compress.qsgd import Qsgd
+    from psgd.compress.sign import Sign
+    from psgd.compress.topk import TopK
+    if not isinstance(bucket, int) or bucket < 1:
+        raise ValueError(f"--compress-bucket must be >= 1, got {bucket}")
+    name, _, arg = spec.partition(":")
+    if name == NONE and not arg:
+        return None
+    if name in ("fp16", "sign") and not arg:
+        return Fp16() if name == "fp16" else Sign(bucket)
+    if name == "qsgd":
+        try:
+            bits = int(arg)
+        except ValueError:
+            raise ValueError(f"--compress {spec}: qsgd takes the bits per element, "
+                             f"e.g. qsgd:4") from None
+        if not 2 <= bits <= 8:
+            raise ValueError(f"--compress {spec}: bits must be in 2..8 (qsgd:1 would have a "
+                             f"single level, zero; use sign for one bit per element)")
+        return Qsgd(bits, bucket)
+    if name == "topk":
+        try:
+            fraction = float(arg)
+        except ValueError:
+            raise ValueError(f"--compress {spec}: topk takes the fraction kept, "
+                             f"e.g. topk:0.01") from None
+        if not 0 < fraction <= 1:
+            raise ValueError(f"--compress {spec}: the fraction must be in (0, 1]")
+        return TopK(fraction)
+    raise ValueError(f"--compress {spec!r} is not one of {', '.join(HELP)}")
+
+
+def check(spec: str, bucket: int, feedback: str) -> None:
+    """Validate ``--compress``, ``--compress-bucket`` and ``--error-feedback`` together."""
+    comp = make(spec, bucket)
+    if feedback not in ("auto", "on", "off"):
+        raise ValueError(f"--error-feedback {feedback!r} is not auto, on or off")
+    if comp is None and feedback == "on":
+        raise ValueError("--error-feedback on needs a --compress other than none")
+
+
+def feedback_on(spec: str, feedback: str, bucket: int = DEFAULT_BUCKET) -> bool:
+    """Whether the residual is kept: ``auto`` keeps it for the biased compressors (topk, sign)."""
+    comp = make(spec, bucket)
+    return comp is not None and (feedback == "on" or feedback == "auto" and comp.biased)

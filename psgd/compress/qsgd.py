@@ -1,0 +1,26 @@
+"""qsgd:BITS (Alistarh et al. 2017): per bucket its norm, per element an unbiased signed level."""
+from __future__ import annotations
+
+import numpy as np
+
+from psgd.compress.base import Compressor
+from psgd.kernels.compress import qsgd_decode_add, qsgd_encode
+
+
+class Qsgd(Compressor):
+    """``2**bits - 1`` levels per element, ``{-s..s} * norm / s`` with s = 2**(bits-1) - 1."""
+
+    code, biased = 2, False
+
+    def __init__(self, bits: int, bucket: int) -> None:
+        self.bits, self.bucket = bits, bucket
+        self.name = f"qsgd:{bits}"
+
+    def max_body(self, n: int) -> int:
+        return 4 * ((n + self.bucket - 1) // self.bucket) + (n * self.bits + 7) // 8
+
+    def encode_body(self, grad: np.ndarray, out: np.ndarray) -> int:
+        return qsgd_encode(grad, self.bits, self.bucket, out)
+
+    def decode_add_body(self, body: np.ndarray, dst: np.ndarray) -> None:
+        qsgd_decode_add(body, self.bits, self.bucket, dst)

@@ -1,0 +1,193 @@
+"""Push compressors: round trips against plain numpy, qsgd's unbiasedness and variance bound,
+error feedback's invariant, compressed bsp, and the flags' errors."""
+import json
+
+import numpy as np
+import pytest
+
+from psgd.compress import PushEncoder, make
+from psgd.compress.base import HEADER_BYTES
+from psgd.errors import PsgdError
+from psgd.kernels.compress import seed
+from psgd.mpi.shardmap import ShardMap
+
+LENGTHS = [0, 1, 7, 8, 9, 511, 512, 513, 1000, 4099]
+BUCKET = 64
+
+
+def round_trip(spec, g, bucket=BUCKET):
+    comp = make(spec, bucket)
+    frame = np.zeros(comp.max_bytes(g.shape[0]), np.uint8)
+    length = comp.encode(g, frame)
+    assert HEADER_BYTES <= length <= frame.shape[0]
+    out = np.zeros_like(g)
+    comp.decode_add(frame[:length], out)
+    return out, length
+
+
+def grads(n, k=0):
+    return np.random.default_rng(n + 1000 * k).standard_normal(n).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_fp16_round_trips_as_numpy_rounds(n):
+    g = grads(n) * 100
+    out, length = round_trip("fp16", g)
+    np.testing.assert_array_equal(out, g.astype(np.float16).astype(np.float32))
+    assert length == HEADER_BYTES + 2 * n
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_sign_sends_signs_and_each_buckets_mean_magnitude(n):
+    g = grads(n)
+    g[::5] = 0.0
+    out, length = round_trip("sign", g)
+    scale = np.zeros(n, np.float32)
+    for lo in range(0, n, BUCKET):
+        scale[lo:lo + BUCKET] = np.abs(g[lo:lo + BUCKET]).mean(dtype=np.float64)
+    np.testing.assert_allclose(out, np.where(g >= 0, scale, -scale), rtol=1e-6)
+    assert length == HEADER_BYTES + 4 * -(-n // BUCKET) + -(-n // 8)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("fraction", [0.01, 0.3, 1.0])
+def test_topk_keeps_exactly_the_largest_magnitudes(n, fraction):
+    g = grads(n)
+    g[3::7] = g[0] if n else 0.0      # ties
+    out, length = round_trip(f"topk:{fraction}", g)
+    k = min(n, max(1, int(np.ceil(fraction * n)))) if n else 0
+    order = np.argsort(-np.abs(g), kind="stable")[:k]   # ties: the lowest indices first
+    want = np.zeros_like(g)
+    want[order] = g[order]
+    np.testing.assert_array_equal(out, want)
+    assert length == HEADER_BYTES + 4 + 8 * k
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+def test_qsgd_decodes_to_a_neighbouring_level_of_every_element(n, bits):
+    seed(n + bits)
+    g = grads(n)
+    out, length = round_trip(f"qsgd:{bits}", g)
+    s = 2 ** (bits - 1) - 1
+    for lo in range(0, n, BUCKET):
+        part, got = g[lo:lo + BUCKET], out[lo:lo + BUCKET]
+        norm = np.linalg.norm(part.astype(np.float64))
+        levels = got / norm * s
+        np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
+        np.testing.assert_array_less(np.abs(levels - part / norm * s), 1 + 1e-3)
+        assert np.all((np.sign(got) == np.sign(part)) | (got == 0))
+    assert length == HEADER_BYTES + 4 * -(-n // BUCKET) + -(-n * bits // 8)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_qsgd_is_unbiased_within_its_variance_bound(bits):
+    """The mean of many encodings converges to the vector; E||Q(g) - g||^2 obeys QSGD's
+    Lemma 3.1: at most min(n / s^2, sqrt(n) / s) ||g||^2 per bucket of n elements."""
+    seed(3)
+    g = grads(BUCKET, k=bits)
+    s = 2 ** (bits - 1) - 1
+    draws = np.array([round_trip(f"qsgd:{bits}", g)[0] for _ in range(4000)], np.float64)
+    err = draws.mean(axis=0) - g
+    sigma = draws.std(axis=0) / np.sqrt(len(draws))
+    assert np.all(np.abs(err) <= 5 * sigma + 1e-7)
+    variance = ((draws - g) ** 2).sum(axis=1).mean()
+    bound = min(BUCKET / s ** 2, np.sqrt(BUCKET) / s) * float(g.astype(np.float64) @ g)
+    assert variance <= bound
+    assert variance > 0.01 * bound          # it is a random rounding, not a deterministic one
+
+
+@pytest.mark.parametrize("spec", ["topk:0.05", "sign", "qsgd:3"])
+def test_error_feedback_sends_every_part_of_every_gradient_eventually(spec):
+    """sum of what was sent + the residual = the sum of the gradients: exact where the values
+    are dyadic (topk moves values unchanged), to float32 rounding otherwise."""
+    smap = ShardMap(300, 2)
+    comp = make(spec, 32)
+    enc = PushEncoder(comp, smap, feedback=True)
+    rng = np.random.default_rng(5)
+    sent, total = np.zeros(300, np.float64), np.zeros(300, np.float64)
+    for _ in range(40):
+        g = (rng.integers(-64, 65, 300) / 64).astype(np.float32)
+        total += g
+        for s, frame in enumerate(enc.encode(g)):
+            part = np.zeros(smap.size(s), np.float32)
+            comp.decode_add(frame, part)
+            lo, hi = smap.range(s)
+            sent[lo:hi] += part
+    if spec.startswith("topk"):
+        np.testing.assert_array_equal(sent + enc.residual, total)
+    else:
+        np.testing.assert_allclose(sent + enc.residual, total, atol=1e-4)
+    assert np.abs(enc.residual).max() > 0
+
+
+def test_without_feedback_topk_drops_what_it_does_not_send():
+    smap = ShardMap(300, 1)
+    enc = PushEncoder(make("topk:0.05"), smap, feedback=False)
+    g = grads(300)
+    (frame,) = enc.encode(g)
+    out = np.zeros(300, np.float32)
+    make("topk:0.05").decode_add(frame, out)
+    assert enc.residual is None and np.count_nonzero(out) == 15
+
+
+def test_a_frame_for_another_length_or_compressor_is_refused():
+    frame = np.zeros(200, np.uint8)
+    n = make("sign").encode(grads(100), frame)
+    with pytest.raises(PsgdError, match=r"the frame holds 100 elements coded 3, expected 99"):
+        make("sign").decode_add(frame[:n], np.zeros(99, np.float32))
+    with pytest.raises(PsgdError, match=r"coded 3, expected 100 coded 1 \(fp16\)"):
+        make("fp16").decode_add(frame[:n], np.zeros(100, np.float32))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--compress", "zip"], "--compress 'zip' is not one of none, fp16"),
+    (["--compress", "qsgd:9"], "bits must be in 2..8"),
+    (["--compress", "qsgd:1"], "bits must be in 2..8"),
+    (["--compress", "qsgd:x"], "qsgd takes the bits per element"),
+    (["--compress", "topk:0"], r"the fraction must be in \(0, 1\]"),
+    (["--compress", "topk:1.5"], r"the fraction must be in \(0, 1\]"),
+    (["--compress", "sign", "--compress-bucket", "0"], "--compress-bucket must be >= 1"),
+    (["--compress", "sign", "--protocol", "hogwild"], "--compress sign applies to --protocol bsp"),
+    (["--compress", "fp16", "--protocol", "allreduce"], "not allreduce"),
+    (["--error-feedback", "on"], "--error-feedback on needs a --compress"),
+    (["--compress", "sign", "--error-feedback", "yes"], "--error-feedback 'yes' is not auto"),
+])
+def test_bad_compression_flags_are_one_line(dataset, flags, message):
+    import argparse
+
+    from psgd.run import settings
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    with pytest.raises(ValueError, match=message):
+        settings.resolve(parser.parse_args(["--data", dataset, *flags]), environ={})
+
+
+def test_bsp_with_fp16_on_exactly_representable_gradients_equals_bsp(mpirun):
+    runs = {}
+    for compress in ("none", "fp16"):
+        out = mpirun(4, ["compress_check.py", compress, "--servers", "2"]).stdout
+        runs[compress] = json.loads(out.split("RESULT ", 1)[1])
+    assert runs["fp16"]["params"] == runs["none"]["params"]
+    assert runs["fp16"]["push_bytes"] < 0.6 * runs["none"]["push_bytes"]
+
+
+def test_compressed_training_measures_its_bytes_and_learns(mpirun, dataset, tmp_path):
+    from psgd.run.metrics import read_log
+    results = {}
+    for spec in ("none", "qsgd:4", "topk:0.01", "sign"):
+        log = tmp_path / f"{spec.replace(':', '')}.jsonl"
+        mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model",
+                   "mlp:784-64-10", "--protocol", "ssp", "--steps", 60, "--batch-size", 32,
+                   "--compress", spec, "--log", log, "--eval-every", 0])
+        records = read_log(log)
+        results[spec] = records[-1]
+        steps = [r for r in records if r["kind"] == "step"]
+        assert all(r["push_bytes_per_step"] > 0 for r in steps)
+    base = results["none"]["push_bytes"]
+    assert results["none"]["compression_ratio"] == pytest.approx(1.0, rel=0.01)
+    assert base / results["qsgd:4"]["push_bytes"] >= 7
+    assert base / results["topk:0.01"]["push_bytes"] >= 25
+    assert base / results["sign"]["push_bytes"] >= 25
+    for spec, summary in results.items():
+        assert summary["test_accuracy"] > 0.3, (spec, summary["test_accuracy"])

@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-async clean
+.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async clean
 
 install: $(STAMP)
 
@@ -54,6 +54,9 @@ bench-ps: install
 
 bench-allreduce: install
 	$(PY) bench/bench_allreduce.py
+
+bench-compress: install
+	$(PY) bench/bench_compress.py $(ARGS)
 
 # staleness compensation x protocols x W x seeds, LeNet and MLP: about two hours on 2 cores
 # (ARGS=--quick: a smoke run; ARGS="--models lenet --seeds 0,1": the README table, 35 min)

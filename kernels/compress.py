@@ -10,25 +10,80 @@ import numpy as np
 from numba import njit
 
 
+# ---------------------------------------------------------------- fp16
+
+_F16_MAX = (127 + 16) << 23          # the first float32 that rounds to infinity in half
+_F32_INF = 255 << 23
+_DENORM_MAGIC = ((127 - 15) + (23 - 10) + 1) << 23
+
+
 @njit(cache=True)
-def seed(value):
-    """Seed numba's generator of this process (qsgd's stochastic rounding)."""
-    np.random.seed(value)
+def fp16_encode(grad, out):
+    """IEEE half precision, round to nearest even (as numpy's ``astype(float16)``).
+
+    F. Giesen's branch-light float -> half conversion (public domain).
+    Layout: n uint16 (little-endian). Returns the bytes written.
+    """
+    n = grad.shape[0]
+    bits = grad.view(np.uint32)
+    half = out[:2 * n].view(np.uint16)
+    magic = np.array([_DENORM_MAGIC], np.uint32).view(np.float32)[0]
+    for i in range(n):
+        f = bits[i]
+        sign = f & np.uint32(0x80000000)
+        f ^= sign
+        if f >= _F16_MAX:
+            o = np.uint32(0x7E00) if f > _F32_INF else np.uint32(0x7C00)
+        elif f < (113 << 23):      # a half subnormal or zero: let float addition round it
+            v = np.array([f], np.uint32).view(np.float32)[0] + magic
+            o = np.array([v], np.float32).view(np.uint32)[0] - np.uint32(_DENORM_MAGIC)
+        else:
+            odd = (f >> 13) & np.uint32(1)
+            f += np.uint32(((15 - 127) << 23) + 0xFFF) + odd
+            o = f >> 13
+        half[i] = np.uint16(o | (sign >> 16))
+    return 2 * n
+
+
+def _half_table():
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(
+        np.float32)
+
+
+HALF_TO_FLOAT = _half_table()   # every half value as float32 (256 KB): decoding is a lookup
+
+
+@njit(cache=True)
+def fp16_decode_add(buf, table, dst):
+    """``dst += decode(buf)`` for :func:`fp16_encode`'s layout (``table``: :data:`HALF_TO_FLOAT`)."""
+    half = buf[:2 * dst.shape[0]].view(np.uint16)
+    for i in range(dst.shape[0]):
+        dst[i] += table[half[i]]
 
 
 # ---------------------------------------------------------------- qsgd
 
 
 @njit(cache=True)
-def qsgd_encode(grad, bits, bucket, out):
+def _uniform(state):
+    """The next float32 in [0, 1) of an xorshift64 stream held in ``state`` (uint64 (1,))."""
+    x = state[0]
+    x ^= x << np.uint64(13)
+    x ^= x >> np.uint64(7)
+    x ^= x << np.uint64(17)
+    state[0] = x
+    return np.float32(x >> np.uint64(40)) * np.float32(1.0 / (1 << 24))
+
+
+@njit(cache=True)
+def qsgd_encode(grad, bits, bucket, out, state):
     """QSGD: per bucket its L2 norm, per element a signed level in {-s..s}, s = 2**(bits-1) - 1.
 
     Layout: ``ceil(n / bucket)`` float32 norms, then the levels as ``bits``-bit
-    codes ``level + s``, packed little-end first into bytes. A level is
-    ``floor(|g| / norm * s + u)`` with u uniform in [0, 1), so the decoded
-    value ``norm * level / s`` is unbiased.
-
-    Returns the number of bytes written.
+    codes ``level + s``, packed from the low bits of each byte up (a code may
+    straddle two bytes). A level is ``floor(|g| / norm * s + u)`` with u
+    uniform in [0, 1) from the xorshift64 stream ``state``, so the decoded
+    value ``norm * level / s`` is unbiased. Returns the bytes written.
     """
     n = grad.shape[0]
     nb = (n + bucket - 1) // bucket
@@ -36,28 +91,30 @@ def qsgd_encode(grad, bits, bucket, out):
     s = (1 << (bits - 1)) - 1
     codes = out[4 * nb:]
     nbytes = (n * bits + 7) // 8
-    for i in range(nbytes):
-        codes[i] = 0
-    pos = 0
+    acc = np.uint64(0)      # bits not yet written, low first
+    held = 0
+    j = 0
     for b in range(nb):
         lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        sq = 0.0
+        sq = np.float32(0.0)
         for i in range(lo, hi):
-            sq += np.float64(grad[i]) * grad[i]
+            sq += grad[i] * grad[i]
         norm = np.float32(np.sqrt(sq))
         norms[b] = norm
-        scale = s / norm if norm > 0 else 0.0
+        scale = np.float32(s) / norm if norm > 0 else np.float32(0.0)
         for i in range(lo, hi):
             g = grad[i]
-            level = int(np.floor(abs(g) * scale + np.random.random()))
-            if level > s:
-                level = s
+            level = min(s, int(abs(g) * scale + _uniform(state)))
             code = s + level if g >= 0 else s - level
-            byte, shift = pos >> 3, pos & 7
-            codes[byte] |= (code << shift) & 0xFF
-            if shift + bits > 8:
-                codes[byte + 1] |= code >> (8 - shift)
-            pos += bits
+            acc |= np.uint64(code) << np.uint64(held)
+            held += bits
+            while held >= 8:
+                codes[j] = np.uint8(acc & np.uint64(0xFF))
+                acc >>= np.uint64(8)
+                held -= 8
+                j += 1
+    if held > 0:
+        codes[j] = np.uint8(acc & np.uint64(0xFF))
     return 4 * nb + nbytes
 
 
@@ -69,19 +126,24 @@ def qsgd_decode_add(buf, bits, bucket, dst):
     norms = buf[:4 * nb].view(np.float32)
     codes = buf[4 * nb:]
     s = (1 << (bits - 1)) - 1
-    mask = (1 << bits) - 1
-    pos = 0
+    mask = np.uint64((1 << bits) - 1)
+    table = np.empty(1 << bits, np.float32)
+    acc = np.uint64(0)
+    held = 0
+    j = 0
     for b in range(nb):
         lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        step = norms[b] / s
+        step = norms[b] / np.float32(s)
+        for c in range(1 << bits):
+            table[c] = np.float32(c - s) * step
         for i in range(lo, hi):
-            byte, shift = pos >> 3, pos & 7
-            word = np.int32(codes[byte])
-            if shift + bits > 8:
-                word |= np.int32(codes[byte + 1]) << 8
-            code = (word >> shift) & mask
-            dst[i] += np.float32((code - s) * step)
-            pos += bits
+            if held < bits:
+                acc |= np.uint64(codes[j]) << np.uint64(held)
+                held += 8
+                j += 1
+            dst[i] += table[acc & mask]
+            acc >>= np.uint64(bits)
+            held -= bits
 
 
 # ---------------------------------------------------------------- sign
@@ -100,16 +162,21 @@ def sign_encode(grad, bucket, out):
     bits = out[4 * nb:]
     for b in range(nb):
         lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        total = 0.0
+        total = np.float32(0.0)
         for i in range(lo, hi):
             total += abs(grad[i])
-        scales[b] = total / (hi - lo)
-    for j in range((n + 7) // 8):
+        scales[b] = total / np.float32(hi - lo)
+    full = n // 8
+    for j in range(full):
         byte = 0
-        for k in range(min(8, n - 8 * j)):
-            if grad[8 * j + k] >= 0:
-                byte |= 1 << k
+        for k in range(8):
+            byte |= (grad[8 * j + k] >= 0) << k
         bits[j] = byte
+    if n > 8 * full:
+        byte = 0
+        for k in range(n - 8 * full):
+            byte |= (grad[8 * full + k] >= 0) << k
+        bits[full] = byte
     return 4 * nb + (n + 7) // 8
 
 
@@ -120,12 +187,11 @@ def sign_decode_add(buf, bucket, dst):
     nb = (n + bucket - 1) // bucket
     scales = buf[:4 * nb].view(np.float32)
     bits = buf[4 * nb:]
-    for i in range(n):
-        scale = scales[i // bucket]
-        if (bits[i >> 3] >> (i & 7)) & 1:
-            dst[i] += scale
-        else:
-            dst[i] -= scale
+    for b in range(nb):
+        lo, hi = b * bucket, min(n, (b + 1) * bucket)
+        scale = scales[b]
+        for i in range(lo, hi):
+            dst[i] += scale * np.float32(2 * ((bits[i >> 3] >> (i & 7)) & 1) - 1)
 
 
 # ---------------------------------------------------------------- top-k

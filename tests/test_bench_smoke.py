@@ -106,3 +106,16 @@ def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
     table = (tmp_path / "async-quick.md").read_text()
     assert "| mlp | 2 | asp | amom |" in table and "| mlp | 2 | bsp | none |" in table
     assert (tmp_path / "async-quick.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_bench_compress_quick_writes_its_table_and_json(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_compress.py"), "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["compressor"]: r for r in json.loads((tmp_path / "compress-quick.json").read_text())}
+    assert set(rows) == {"fp16", "qsgd:4", "qsgd:8", "topk:0.01", "sign"}
+    assert rows["qsgd:4"]["ratio"] >= 7 and rows["sign"]["ratio"] >= 25
+    assert rows["topk:0.01"]["ratio"] >= 25 and rows["fp16"]["ratio"] == pytest.approx(2, rel=1e-3)
+    assert all(r["psgd_gb_s"] > 0 and r["numpy_gb_s"] > 0 for r in rows.values())
+    assert "| qsgd:4 |" in (tmp_path / "compress-quick.md").read_text()

@@ -20,8 +20,10 @@ HELP = {"none": "float32 as computed",
 __all__ = ["HEADER_BYTES", "Compressor", "PushEncoder", "make", "check", "NONE", "HELP"]
 
 
-def make(spec: str, bucket: int = DEFAULT_BUCKET) -> Compressor | None:
-    """The compressor ``spec`` names (None for ``none``); ValueError naming what is wrong."""
+def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor | None:
+    """The compressor ``spec`` names (None for ``none``); ValueError naming what is wrong.
+
+    ``seed`` starts qsgd's random rounding (a worker passes one of its own)."""
     from psgd.compress.fp16 import Fp16
     from psgd.compress.qsgd import Qsgd
     from psgd.compress.sign import Sign
@@ -42,7 +44,7 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET) -> Compressor | None:
         if not 2 <= bits <= 8:
             raise ValueError(f"--compress {spec}: bits must be in 2..8 (qsgd:1 would have a "
                              f"single level, zero; use sign for one bit per element)")
-        return Qsgd(bits, bucket)
+        return Qsgd(bits, bucket, seed)
     if name == "topk":
         try:
             fraction = float(arg)

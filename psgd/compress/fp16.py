@@ -1,9 +1,10 @@
-"""fp16: each element rounded to IEEE half precision (2 bytes); unbiased only up to rounding."""
+"""fp16: each element rounded to IEEE half precision (2 bytes), to nearest even."""
 from __future__ import annotations
 
 import numpy as np
 
 from psgd.compress.base import Compressor
+from psgd.kernels.compress import HALF_TO_FLOAT, fp16_decode_add, fp16_encode
 
 
 class Fp16(Compressor):
@@ -13,8 +14,7 @@ class Fp16(Compressor):
         return 2 * n
 
     def encode_body(self, grad: np.ndarray, out: np.ndarray) -> int:
-        out[:2 * grad.shape[0]].view(np.float16)[:] = grad
-        return 2 * grad.shape[0]
+        return fp16_encode(grad, out)
 
     def decode_add_body(self, body: np.ndarray, dst: np.ndarray) -> None:
-        np.add(dst, body[:2 * dst.shape[0]].view(np.float16), out=dst, casting="unsafe")
+        fp16_decode_add(body, HALF_TO_FLOAT, dst)

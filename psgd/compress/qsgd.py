@@ -12,15 +12,17 @@ class Qsgd(Compressor):
 
     code, biased = 2, False
 
-    def __init__(self, bits: int, bucket: int) -> None:
+    def __init__(self, bits: int, bucket: int, seed: int = 0) -> None:
         self.bits, self.bucket = bits, bucket
         self.name = f"qsgd:{bits}"
+        # the random rounding's xorshift64 stream (never 0), repeatable from the seed
+        self.state = np.array([(seed * 0x9E3779B97F4A7C15 + 1) % 2**64 or 1], np.uint64)
 
     def max_body(self, n: int) -> int:
         return 4 * ((n + self.bucket - 1) // self.bucket) + (n * self.bits + 7) // 8
 
     def encode_body(self, grad: np.ndarray, out: np.ndarray) -> int:
-        return qsgd_encode(grad, self.bits, self.bucket, out)
+        return qsgd_encode(grad, self.bits, self.bucket, out, self.state)
 
     def decode_add_body(self, body: np.ndarray, dst: np.ndarray) -> None:
         qsgd_decode_add(body, self.bits, self.bucket, dst)

@@ -9,7 +9,6 @@ import numpy as np
 from psgd.compress import PushEncoder
 from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig
-from psgd.kernels.compress import seed as seed_kernels
 from psgd.mpi import timeline
 from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
@@ -99,11 +98,11 @@ class PSWorker:
         self._finished = False
         self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "steps": 0,
                       "staleness": 0, "max_staleness": 0, "push_bytes": 0}
-        compressor = make_compressor(config.compress, config.compress_bucket)
+        # qsgd's rounding: a stream of its own per worker, repeatable from the run's seed
+        compressor = make_compressor(config.compress, config.compress_bucket,
+                                     seed=config.seed * 100_003 + roles.worker_index + 1)
         self.encoder = (PushEncoder(compressor, shard_map, config.error_feedback)
                         if compressor is not None else None)
-        if compressor is not None:   # qsgd's rounding: a stream of its own per worker, repeatable
-            seed_kernels(config.seed * 100_003 + roles.worker_index)
         # a gradient pushed from the push window is sent as it is: not when overlapping or coded
         self._window_push = not overlap and self.encoder is None
 

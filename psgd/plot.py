@@ -170,7 +170,10 @@ def _summary_text(runs: list[tuple[str, list[dict]]]) -> str:
                     f"{'?' if acc is None else format(acc, '.4f')}, "
                     f"{'?' if rate is None else format(rate, '.0f')} samples/s"
                     + ("" if first is None else f"\n  first logged step at {first:.1f} s "
-                                                f"(includes kernel compilation)"))
+                                                f"(includes kernel compilation)")
+                    + ("" if "push_bytes" not in summary else
+                       f"\n  pushes of {summary['push_bytes']:.0f} bytes "
+                       f"({summary['compression_ratio']:.1f}x fewer than float32)"))
     return "\n".join(rows)
 
 

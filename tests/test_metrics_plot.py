@@ -17,7 +17,8 @@ def write_run(path, protocol, hist):
         log.write("step", step=step * 10, loss=2.0 / step, samples_per_s=100.0)
         log.write("eval", step=step * 10, test_loss=2.0 / step, test_accuracy=0.1 * step)
     log.write("summary", test_accuracy=0.5, samples_per_s=np.float32(99.5),
-              staleness_histogram=np.array(hist), loss=float("nan"))
+              staleness_histogram=np.array(hist), loss=float("nan"), push_bytes=1010.0,
+              compression_ratio=7.9)
     log.close()
 
 
@@ -93,6 +94,8 @@ def test_plot_axes_read_back(tmp_path):
         assert labels == ["ssp (s=2, W=2)", "run2 (asp s=2, W=2)"]   # no "ssp (ssp ...)"
         assert [t.get_text() for t in hists[1].get_legend().get_texts()] == ["hw (hogwild, W=3)"]
         assert fig._suptitle is not None and "3 runs" in fig._suptitle.get_text()
+        text = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+        assert "pushes of 1010 bytes (7.9x fewer than float32)" in text
     finally:
         plt.close(fig)
 

@@ -179,10 +179,12 @@ def _summary_text(runs: list[tuple[str, list[dict]]]) -> str:
 
 def plot_logs(paths: list[str], output: str | None = None, title: str | None = None) -> Path:
     """Render the logs at ``paths`` into one PNG (default: beside the first log); returns its path."""
-    import matplotlib.pyplot as plt
+    return save_figure(draw(paths, title), Path(output) if output else default_output(paths))
 
-    out = Path(output) if output else default_output(paths)
-    fig = draw(paths, title)
+
+def save_figure(fig, out: Path) -> Path:
+    """Write ``fig`` as a PNG at ``out`` (its folder made if missing), then close it."""
+    import matplotlib.pyplot as plt
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from psgd.plot import save_figure
+
 COLOURS = {"compute": "tab:blue", "data": "tab:cyan", "step": "lightgrey", "lead": "tab:olive",
            "push": "tab:orange", "wait": "tab:red", "pull": "tab:green", "allreduce": "tab:purple",
            "optimizer": "tab:pink", "apply": "tab:brown", "reply": "yellowgreen",
@@ -61,10 +63,4 @@ def plot_timeline(path: str, output: str | None = None, seconds: float = 2.0,
               ncol=min(len(seen), 8), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     ax.set_title(title or f"{Path(path).name}: {seconds:g} s from the first training step")
     fig.tight_layout()
-    out = Path(output) if output else Path(path).with_suffix(".png")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    finally:
-        plt.close(fig)
-    return out
+    return save_figure(fig, Path(output) if output else Path(path).with_suffix(".png"))

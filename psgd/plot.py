@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from psgd.figure import pyplot, save_figure
 from psgd.run.metrics import read_log
 
 DESCRIPTION = """Draw PNG charts from psgd JSON-lines logs (--log of `psgd train`).
@@ -87,10 +88,7 @@ def default_output(logs: list[str]) -> Path:
 
 def draw(paths: list[str], title: str | None = None):
     """The figure for the logs at ``paths`` (a matplotlib Figure; the caller saves or closes it)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     runs, resumed_at = [], {}
     for p in paths:
         records, resumed_at[p] = _one_clock(read_log(p))
@@ -180,17 +178,6 @@ def _summary_text(runs: list[tuple[str, list[dict]]]) -> str:
 def plot_logs(paths: list[str], output: str | None = None, title: str | None = None) -> Path:
     """Render the logs at ``paths`` into one PNG (default: beside the first log); returns its path."""
     return save_figure(draw(paths, title), Path(output) if output else default_output(paths))
-
-
-def save_figure(fig, out: Path) -> Path:
-    """Write ``fig`` as a PNG at ``out`` (its folder made if missing), then close it."""
-    import matplotlib.pyplot as plt
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    finally:
-        plt.close(fig)
-    return out
 
 
 def run(args: argparse.Namespace) -> None:

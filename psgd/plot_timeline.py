@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from psgd.plot import save_figure
+from psgd.figure import pyplot, save_figure
 
 COLOURS = {"compute": "tab:blue", "data": "tab:cyan", "step": "lightgrey", "lead": "tab:olive",
            "push": "tab:orange", "wait": "tab:red", "pull": "tab:green", "allreduce": "tab:purple",
@@ -31,10 +31,9 @@ def plot_timeline(path: str, output: str | None = None, seconds: float = 2.0,
                   title: str | None = None) -> Path:
     """Draw ``seconds`` of the trace at ``path`` from its first training step, one bar row per
     rank and row (a worker's loop and its protocol's detail)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    plt = pyplot()
 
     if not seconds > 0:
         raise ValueError(f"--seconds must be > 0, got {seconds}")

@@ -40,6 +40,8 @@ class ProtocolConfig:
         clocks for checkpoints; 0 = never.
     skip_nonfinite : bool
         Skip (and count) pushes holding NaN/Inf instead of failing the job.
+    topology : str or None
+        The decentralized protocols' graph (:mod:`psgd.gossip.topology`); None elsewhere.
     push_window : bool
         A worker's pushes to the servers of its own node go through shared
         memory (:mod:`psgd.ps.push_window`); False keeps them to messages.
@@ -55,7 +57,7 @@ class ProtocolConfig:
     error_feedback : bool
         Workers keep the compression residual and add it to the next push.
     seed : int
-        The run's seed (workers' random rounding in qsgd).
+        The run's seed (workers' random rounding in qsgd; AD-PSGD's pairings).
     """
 
     protocol: str
@@ -70,6 +72,7 @@ class ProtocolConfig:
     update_rule: type | None = None
     snapshot_every: int = 0
     skip_nonfinite: bool = False
+    topology: str | None = None
     push_window: bool = field(default_factory=lambda: env_int("PSGD_PS_PUSH_WINDOW", 1) != 0)
     record: bool = False
     replay: tuple | None = None

@@ -65,9 +65,9 @@ def test_labels_name_the_bound_only_where_the_user_sets_it():
 
 
 def test_unknown_protocol_names_the_choices():
-    with pytest.raises(ValueError, match="--protocol 'gossip' is not one of bsp, ssp, asp, "
-                                         "hogwild, allreduce"):
-        get("gossip")
+    with pytest.raises(ValueError, match="--protocol 'gosip' is not one of bsp, ssp, asp, "
+                                         "hogwild, allreduce, gossip, adpsgd"):
+        get("gosip")
 
 
 def test_a_new_protocol_is_one_entry(monkeypatch, tmp_path):

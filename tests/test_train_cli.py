@@ -36,7 +36,7 @@ def test_defaults_fill_protocol_dependent_values(data):
 @pytest.mark.parametrize("argv, match", [
     (["--lr", "-1"], "--lr must be a positive"),
     (["--protocol", "bsp", "--staleness", "2"], "--staleness applies to --protocol ssp only"),
-    (["--protocol", "gossip"], "--protocol 'gossip'"),
+    (["--protocol", "gosip"], "--protocol 'gosip'"),
     (["--protocol", "allreduce", "--servers", "1"], "allreduce has no servers"),
     (["--protocol", "asp", "--servers", "0"], "needs at least one server"),
     (["--optimizer", "lbfgs"], "--optimizer 'lbfgs'"),

@@ -61,12 +61,18 @@ class Protocol:
         Why not, where it cannot.
     compresses : bool
         ``--compress`` applies: its workers push through :mod:`psgd.compress`.
+    graph : str or None
+        ``"module:function"`` of a decentralized protocol's graph,
+        ``function(topology, n_workers)``, which raises ValueError for a
+        topology it cannot run on (the protocol then takes ``--topology``);
+        None: no ``--topology``.
     worker : str
         ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
         config)`` with ``start(params, clock)``, ``step(params, grad, clock,
         lr)``, ``finish()``, ``stats``, ``optimizer`` (None when the servers
         own it) and ``grad_buffer`` (None, or where the gradient should be
-        computed).
+        computed); a decentralized worker also has ``average(params, out) ->
+        consensus distance`` (collective), its models differing per worker.
     server : str or None
         ``"module:function"`` of the server half: ``serve(roles, shard_map,
         config, init_shard, init_opt_state, on_snapshot, start_clock)``
@@ -94,6 +100,7 @@ class Protocol:
     replayable: bool = False
     replay_note: str = ": it has no servers whose order of pushes could be recorded"
     compresses: bool = False
+    graph: str | None = None
 
     def staleness_bound(self, staleness: int | None) -> float:
         """The bound in force, given ``--staleness`` (None when not given).
@@ -136,9 +143,38 @@ class Protocol:
             raise ValueError(f"--comp-lambda must be >= 0, got {comp_lambda}")
         return resolved
 
+    def topology(self, topology: str | None, n_workers: int | None = None) -> str | None:
+        """The topology in force, given ``--topology`` (None: the default), checked for
+        ``n_workers`` when given.
+
+        Raises
+        ------
+        ValueError
+            ``--topology`` given to a protocol without one, or a topology unknown or
+            impossible for ``n_workers``.
+        """
+        if self.graph is None:
+            if topology is not None:
+                raise ValueError(f"--topology applies to --protocol {names(decentralized=True)} "
+                                 f"only, not {self.name}")
+            return None
+        from psgd.gossip.topology import DEFAULT, TOPOLOGIES
+        topology = DEFAULT if topology is None else topology
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"--topology {topology!r} is not one of {', '.join(TOPOLOGIES)}")
+        if n_workers is not None:
+            _load(self.graph)(topology, n_workers)
+        return topology
+
+    @property
+    def decentralized(self) -> bool:
+        """Each worker keeps its own model (the protocol takes ``--topology``)."""
+        return self.graph is not None
+
     def check(self, *, staleness: int | None = None, overlap: bool = False,
               optimizer: str = "sgd", n_servers: int | None = None,
-              replay: str | None = None, compress: str = "none") -> float:
+              replay: str | None = None, compress: str = "none",
+              topology: str | None = None, n_workers: int | None = None) -> float:
         """Validate a run's protocol settings; return the staleness bound in force.
 
         Raises
@@ -168,6 +204,7 @@ class Protocol:
             raise ValueError(f"optimizer {optimizer!r} is not supported with --protocol "
                              f"{self.name}{self.optimizer_note}; choose one of "
                              f"{', '.join(self.optimizers)}")
+        self.topology(topology, n_workers)
         return bound
 
     def label(self, bound: float | None = None) -> str:
@@ -178,14 +215,17 @@ class Protocol:
 
     def config(self, n_params: int, *, staleness: int | None = None, overlap: bool = False,
                optimizer: str = "sgd", staleness_comp: str | None = None,
-               comp_lambda: float | None = None, **settings) -> ProtocolConfig:
+               comp_lambda: float | None = None, topology: str | None = None,
+               n_workers: int | None = None, **settings) -> ProtocolConfig:
         """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`)."""
         bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer,
-                           compress=settings.get("compress", "none"))
+                           compress=settings.get("compress", "none"), topology=topology,
+                           n_workers=n_workers)
         method = self.compensation(staleness_comp, optimizer, comp_lambda)
         return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,
                               staleness=bound, overlap=overlap, staleness_comp=method,
                               comp_lambda=comp_lambda,
+                              topology=self.topology(topology),
                               update_rule=_load(self.update_rule) if self.update_rule else None,
                               **settings)
 
@@ -262,4 +302,18 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "
                  "every worker applies the same step to its replica")),
+    Protocol(
+        "gossip", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
+        graph="psgd.gossip.topology:mixing_matrix",
+        summary=("decentralized synchronous gossip (D-PSGD, Lian et al. 2017; --servers 0): each "
+                 "worker keeps its own model and optimizer, and every step averages it with its "
+                 "neighbours on --topology ring, torus, exponential or complete (default ring), "
+                 "then steps with its own gradient")),
+    Protocol(
+        "adpsgd", servers=False, worker="psgd.gossip.adpsgd:AdpsgdWorker",
+        graph="psgd.gossip.adpsgd:partners", bound=math.inf,
+        summary=("asynchronous gossip (AD-PSGD, Lian et al. 2018; --servers 0): each worker "
+                 "keeps its own model and, whenever ready, averages it with one neighbour "
+                 "drawn at random (seeded) on --topology, with no global step; even workers "
+                 "start the averages, odd ones answer them")),
 )}

@@ -163,6 +163,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         snapshot_every=settings.checkpoint_every,
         skip_nonfinite=settings.skip_nonfinite, record=settings.record is not None,
         replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
+        topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
         error_feedback=feedback_on(settings.compress, settings.error_feedback,
                                    settings.compress_bucket))

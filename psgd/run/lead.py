@@ -58,18 +58,39 @@ class Lead:
         self.last_timers: dict = {}
 
     def after_step(self, clock: int, loss: float, correct: int, n: int, timers: dict,
-                   staleness) -> None:
-        """Count one step; write a step record and evaluate when it is time."""
+                   staleness, consensus: float | None = None, mean=None) -> None:
+        """Count one step; write a step record and evaluate when it is time.
+
+        ``mean``: the workers' mean model, where each worker keeps its own (it is then
+        evaluated, and this worker's own model beside it); ``consensus``: the mean
+        squared distance of the workers' models from it.
+        """
         s, step = self.s, clock + 1
         self.window.add(loss, correct, n)
         if step % s.log_every == 0 or step == self.job.total_steps:
-            self._log_step(clock, timers, staleness)
+            self._log_step(clock, timers, staleness, consensus)
         if s.eval_every and step % s.eval_every == 0 and step != self.job.total_steps:
-            test_loss, self.test_acc = self.job.model.evaluate(self.x_test, self.y_test)
-            self.log.write("eval", step=step, test_loss=test_loss, test_accuracy=self.test_acc)
+            record = self._evaluate(mean)
+            self.test_acc = record["test_accuracy"]
+            self.log.write("eval", step=step, **record)
         self.bar.update(1)
 
-    def _log_step(self, clock: int, timers: dict, staleness) -> None:
+    def _evaluate(self, mean=None) -> dict:
+        """Test loss and accuracy of the model, or of ``mean`` with this worker's own beside it."""
+        model = self.job.model
+        own_loss, own_acc = model.evaluate(self.x_test, self.y_test)
+        if mean is None:
+            return {"test_loss": own_loss, "test_accuracy": own_acc}
+        own = model.params.copy()
+        model.params[:] = mean
+        try:
+            test_loss, test_acc = model.evaluate(self.x_test, self.y_test)
+        finally:
+            model.params[:] = own
+        return {"test_loss": test_loss, "test_accuracy": test_acc,
+                "own_test_loss": own_loss, "own_test_accuracy": own_acc}
+
+    def _log_step(self, clock: int, timers: dict, staleness, consensus: float | None) -> None:
         w, now = self.window, time.perf_counter()
         rate = w.samples / max(now - w.start, 1e-9)
         lr = self.job.config.lr_schedule(clock)
@@ -79,6 +100,7 @@ class Lead:
                        train_accuracy=w.correct / max(w.samples, 1), samples_per_s=rate,
                        est_global_samples_per_s=rate * self.n_workers, lr=lr,
                        staleness=staleness, **deltas,
+                       **({} if consensus is None else {"consensus_distance": consensus}),
                        **({} if pushed is None else {"push_bytes_per_step": pushed / w.steps}))
         postfix = {"loss": f"{w.loss / w.steps:.3f}"}
         if not math.isnan(self.test_acc):
@@ -88,19 +110,28 @@ class Lead:
         self.last_timers = dict(timers)
         w.reset(now)
 
-    def summary(self, reports: list[dict], wall: float, skipped: int) -> dict:
-        """Evaluate the final parameters and write the run's summary record."""
+    def summary(self, reports: list[dict], wall: float, skipped: int, mean=None,
+                consensus: float | None = None) -> dict:
+        """Evaluate the final parameters (``mean``: the workers' mean model, and this worker's
+        own) and write the run's summary record."""
         job = self.job
-        test_loss, test_acc = job.model.evaluate(self.x_test, self.y_test)
-        self.log.write("eval", step=job.end_step, test_loss=test_loss, test_accuracy=test_acc)
+        record = self._evaluate(mean)
+        self.log.write("eval", step=job.end_step, **record)
         workers = [r for r in reports if r["role"] == "worker"]
+        sent = [r["bytes_sent"] for r in workers if r.get("bytes_sent") is not None]
+        steps = max(job.end_step - job.start_step, 1)
+        decentralized = {} if mean is None else {
+            "consensus_distance": consensus, "own_test_loss": record["own_test_loss"],
+            "own_test_accuracy": record["own_test_accuracy"],
+            "bytes_per_worker_step": float(np.mean(sent)) / steps if sent else None}
         servers = [r for r in reports if r["role"] == "server"]
         samples = sum(r["samples"] for r in workers)
         summary = self.log.write(
             "summary", steps=job.end_step, start_step=job.start_step, wall_s=wall,
             stopped=signal_name(job.stop.signum) if job.end_step < job.total_steps else None,
             samples=samples, samples_per_s=samples / max(wall, 1e-9),
-            test_loss=test_loss, test_accuracy=test_acc,
+            test_loss=record["test_loss"], test_accuracy=record["test_accuracy"],
+            **decentralized,
             staleness_histogram=merge_histograms(reports),
             staleness_unit=job.protocol.staleness_unit,
             # the servers' (ssp, asp), else the workers' (hogwild)
@@ -135,6 +166,13 @@ class Lead:
         if s.compress != "none" and "push_bytes" in summary:
             print(f"psgd: {s.compress} pushes: {summary['push_bytes']:.0f} bytes each, "
                   f"{summary['compression_ratio']:.1f}x fewer than float32", flush=True)
+        if summary.get("consensus_distance") is not None:
+            per_step = summary["bytes_per_worker_step"]
+            print(f"psgd: that is the workers' mean model; worker 0's own: test accuracy "
+                  f"{summary['own_test_accuracy']:.4f}; consensus distance "
+                  f"{summary['consensus_distance']:.3g}"
+                  + (f"; {per_step / 1e6:.3f} MB sent per worker per step" if per_step else ""),
+                  flush=True)
         if s.log:
             print(f"psgd: log: {s.log}", flush=True)
         if s.record:

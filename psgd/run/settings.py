@@ -54,6 +54,7 @@ class TrainSettings:
     comp_lambda: float | None = None
     staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
     overlap: bool = False
+    topology: str | None = None        # gossip, adpsgd: default ring
     optimizer: str = "sgd"
     lr: float = 0.1
     lr_schedule: str = "constant"
@@ -105,6 +106,8 @@ FLAGS: dict[str, tuple[type, str]] = {
     "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
     "overlap": (bool, f"{names(overlap=True)} with a staleness bound >= 1: pull the next "
                       f"parameters while computing (costs one clock of staleness; see the README)"),
+    "topology": (str, f"{names(decentralized=True)}: the workers' graph, one of ring, torus, "
+                      f"exponential, complete (default ring)"),
     "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default sgd)"),
     "lr": (float, "learning rate (default 0.1)"),
     "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default constant)"),
@@ -285,7 +288,7 @@ def validate(s: TrainSettings) -> None:
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers,
                            replay="--record" if s.record else "--replay" if s.replay else None,
-                           compress=s.compress)
+                           compress=s.compress, topology=s.topology)
     compress.check(s.compress, s.compress_bucket, s.error_feedback)
     _staleness_comp(s, protocol)
     if protocol.bound is None:

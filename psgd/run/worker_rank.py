@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
+
 from psgd.errors import PsgdError
 from psgd.kernels.finite import finite
 from psgd.mpi import faults, timeline, wait
@@ -47,10 +49,19 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     return loss, correct, len(y)
 
 
-def _replica_checkpoint(job, worker, step: int):
-    """The lead's checkpoint of its own replica, where the servers take none."""
+def _replica_checkpoint(job, worker, step: int, params=None):
+    """The lead's checkpoint of its own replica (``params``: the workers' mean model instead),
+    where the servers take none."""
     opt = worker.optimizer
-    return job.save_checkpoint(step, job.model.params, opt.state_dict() if opt else {})
+    params = job.model.params if params is None else params
+    return job.save_checkpoint(step, params, opt.state_dict() if opt else {})
+
+
+def _averages_at(s, step: int, total: int) -> bool:
+    """Whether the decentralized workers average their models after ``step``: for a log
+    record, an evaluation or a checkpoint (the same on every worker)."""
+    return (step % s.log_every == 0 or step == total or bool(s.eval_every and step % s.eval_every == 0)
+            or bool(s.checkpoint_dir and s.checkpoint_every and step % s.checkpoint_every == 0))
 
 
 def run_worker(job) -> None:
@@ -66,6 +77,9 @@ def run_worker(job) -> None:
     if tl is not None:
         tl.span("start", t_start, time.perf_counter(), job.start_step)
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
+    # decentralized protocols: the workers' models differ; their mean is logged and saved
+    mean = np.empty_like(model.params) if hasattr(worker, "average") else None
+    consensus = None
     end = job.total_steps
     for clock in range(job.start_step, job.total_steps):
         if job.stop.check(clock):
@@ -73,18 +87,23 @@ def run_worker(job) -> None:
             break
         loss, correct, n = _train_step(job, worker, clock, timers, fault)
         step = clock + 1
+        if mean is not None and _averages_at(s, step, job.total_steps):
+            consensus = worker.average(model.params, mean)
         t_lead = time.perf_counter()
         if lead is not None:
-            lead.after_step(clock, loss, correct, n, timers, worker.stats.get("staleness"))
+            lead.after_step(clock, loss, correct, n, timers, worker.stats.get("staleness"),
+                            consensus, mean)
         if own_checkpoints and s.checkpoint_every and step % s.checkpoint_every == 0 \
                 and step != job.total_steps:
-            _replica_checkpoint(job, worker, step)
+            _replica_checkpoint(job, worker, step, mean)
         if lead is not None and tl is not None:
             tl.span("lead", t_lead, time.perf_counter(), clock)
     t_finish = time.perf_counter()
     if worker.grad_buffer is not None:
         model.use_grad_buffer(None)   # finish() frees the window
     worker.finish()
+    if mean is not None:
+        consensus = worker.average(model.params, mean)
     job.end_step = job.stop.close(end)   # the slowest worker's
     job.stop.share_end(job.end_step)
     wall = time.perf_counter() - t_start
@@ -96,13 +115,15 @@ def run_worker(job) -> None:
         if roles.n_servers:
             wait.wait(roles.comm.Irecv(model.params, source=0, tag=TAG_FINAL_PARAMS),
                       "rank 0 to send the final parameters")
-    final_ckpt = _replica_checkpoint(job, worker, job.end_step) if own_checkpoints else None
+    final_ckpt = _replica_checkpoint(job, worker, job.end_step, mean) if own_checkpoints else None
     if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
         fault.at(job.total_steps)
     reports = gather_reports(job, {"role": "worker", "rank": roles.rank, "wall_s": wall,
                                    "samples": (end - job.start_step) * s.batch_size,
                                    "compensation": getattr(worker, "compensation", None),
+                                   "bytes_sent": worker.stats.get("bytes_sent"),
                                    **timers})
     if lead is not None:
         skipped = 0 if roles.n_servers else int(worker.stats.get("skipped", 0))
-        lead.print_summary(lead.summary(reports, wall, skipped), wall, final_ckpt)
+        lead.print_summary(lead.summary(reports, wall, skipped, mean, consensus), wall,
+                           final_ckpt)

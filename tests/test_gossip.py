@@ -1,10 +1,16 @@
 """Decentralized training: the topologies' mixing matrices, D-PSGD and AD-PSGD against numpy
 references under mpiexec, and the bad input they refuse."""
+import os
+import signal
+
 import numpy as np
 import pytest
 
 from psgd.gossip import adpsgd, topology
 from psgd.protocols import get
+from psgd.run.checkpoint import list_checkpoints, load_checkpoint
+from psgd.run.metrics import read_log
+from psgd.run.signals import EXIT_STOPPED
 
 
 @pytest.mark.parametrize("name", topology.TOPOLOGIES)
@@ -71,3 +77,62 @@ def test_dpsgd_and_adpsgd_match_their_numpy_references(mpirun, ranks):
     x <- W x - lr g in float64; AD-PSGD with its seeded pairing order equals a serial run."""
     out = mpirun(ranks, ["gossip_check.py"], timeout=120).stdout
     assert "gossip ok" in out, out
+
+
+MLP = "mlp:784-32-10"
+
+
+def _train(mpirun, ranks, dataset, tmp_path, *flags, name="run"):
+    log = tmp_path / f"{name}.jsonl"
+    mpirun(ranks, ["-m", "psgd", "train", "--data", dataset, "--model", MLP, "--quiet",
+                   "--batch-size", 16, "--lr", "0.01", "--log-every", 10, "--log", log, *flags],
+           timeout=120)
+    return read_log(log)
+
+
+@pytest.mark.parametrize("protocol, topo, ranks, optimizer", [
+    ("gossip", "ring", 3, "momentum"), ("adpsgd", "ring", 4, "adam")])
+def test_the_mean_model_is_evaluated_logged_and_checkpointed_and_resumes_elsewhere(
+        mpirun, dataset, tmp_path, protocol, topo, ranks, optimizer):
+    from psgd.nn.model import build_model
+    from psgd.data.reader import ShardReader
+    ckdir = tmp_path / "ck"
+    records = _train(mpirun, ranks, dataset, tmp_path, "--protocol", protocol, "--topology", topo,
+                     "--optimizer", optimizer, "--steps", 40, "--eval-every", 20,
+                     "--checkpoint-dir", ckdir, "--checkpoint-every", 20)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert len(steps) == 4 and all(r["consensus_distance"] >= 0 for r in steps), steps
+    assert any(r["consensus_distance"] > 0 for r in steps)   # the models do differ
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert len(evals) == 2 and all("own_test_accuracy" in r for r in evals), evals
+    summary = records[-1]
+    model = build_model(MLP)
+    # ring of 3: each worker sends its model to 2 neighbours a step; adpsgd on 4: each of the
+    # 2 active workers' averages moves 2 models a step, 4 models over 4 workers
+    per_step = 4 * model.n_params * (2 if protocol == "gossip" else 1)
+    assert summary["bytes_per_worker_step"] == per_step, summary
+    # the checkpoint holds the workers' mean model: the one the summary evaluated
+    ckpt = load_checkpoint(list_checkpoints(ckdir)[-1])
+    assert ckpt.step == 40 and ckpt.protocol == protocol
+    model.params[:] = ckpt.params
+    x, y = ShardReader(dataset, 0, 1, 16).test_set()
+    assert model.evaluate(x, y)[0] == pytest.approx(summary["test_loss"], rel=1e-6)
+    # and resumes under another protocol
+    more = _train(mpirun, 2, dataset, tmp_path, "--protocol", "allreduce", "--optimizer",
+                  optimizer, "--steps", 60, "--resume", list_checkpoints(ckdir)[-1], name="more")
+    assert (more[-1]["start_step"], more[-1]["steps"]) == (40, 60)
+    assert "consensus_distance" not in more[-1]
+
+
+def test_a_signal_stops_adpsgd_at_one_step_and_it_resumes(mpirun, dataset, tmp_path):
+    """AD-PSGD's passive workers answer while the stop checks wait: all stop at one check."""
+    from test_stop import EVERY, STEPS, _common, _signal_mid_run
+    out, err, rc, ckdir = _signal_mid_run(dataset, tmp_path, "adpsgd", 3, 0, 1, signal.SIGTERM,
+                                          f"stop-adpsgd-{os.getpid()}")
+    assert rc == EXIT_STOPPED, (out, err)
+    stopped = load_checkpoint(list_checkpoints(ckdir)[-1])
+    assert 0 < stopped.step < STEPS and stopped.step % EVERY == 0, stopped.step
+    mpirun(3, ["-m", "psgd", "train", "--data", dataset, *_common("adpsgd", 0),
+               "--checkpoint-dir", ckdir, "--resume", "auto", "--log", tmp_path / "b.jsonl"])
+    resumed = read_log(tmp_path / "b.jsonl")[-1]
+    assert (resumed["start_step"], resumed["steps"], resumed["stopped"]) == (stopped.step, STEPS, None)

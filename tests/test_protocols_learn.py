@@ -1,4 +1,4 @@
-"""The CNN (lenet) learns a synthetic 10-class problem under every protocol with 2 (and 3) workers."""
+"""The CNN (lenet) learns a synthetic 10-class problem under every protocol with 2 (and 3, 4) ranks."""
 import numpy as np
 import pytest
 
@@ -26,7 +26,7 @@ def dataset(tmp_path_factory):
 
 @pytest.mark.parametrize("protocol, ranks, servers", [
     ("bsp", 3, 1), ("ssp", 3, 1), ("asp", 3, 1), ("hogwild", 3, 1), ("hogwild", 4, 1),
-    ("allreduce", 2, 0),
+    ("allreduce", 2, 0), ("gossip", 3, 0), ("adpsgd", 2, 0),
 ])
 def test_lenet_learns_well_above_chance(mpirun, dataset, tmp_path, protocol, ranks, servers):
     log = tmp_path / "run.jsonl"

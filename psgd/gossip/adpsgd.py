@@ -4,8 +4,9 @@ Deadlock-free by the paper's bipartite split: even workers are active, odd
 ones passive, and only edges of the topology between an active and a passive
 worker are used. An active worker sends its model to a neighbour it draws
 (seeded) and waits for that neighbour's model; a passive one answers every
-request pending at each of its steps and while it waits on anything, and never
-waits on an active worker during training. So every wait is of an active on a
+request pending at each of its steps and while it waits on anything (its
+``serve``, which the run's stop checks call too), and never waits on an
+active worker during training. So every wait is of an active on a
 passive, which never waits back: no cycle. Both ends of a pair set their
 model to the pair's mean, which the active worker never changes meanwhile.
 """
@@ -166,13 +167,17 @@ class AdpsgdWorker:
             else:
                 self._answer(source)
 
+    @property
+    def serve(self):
+        """What a passive worker runs while it waits on anything (answer pending requests)."""
+        return None if self.active or self.ordered else self._serve
+
     def average(self, params: np.ndarray, out: np.ndarray) -> float:
         """The workers' mean model into ``out``; returns the consensus distance (collective).
 
         A passive worker keeps answering requests while it waits.
         """
-        serve = None if self.active or self.ordered else self._serve
-        return averaging.average(self.comm, params, out, serve)
+        return averaging.average(self.comm, params, out, self.serve)
 
     def finish(self) -> dict:
         """End the pairings: an active worker tells its partners, a passive one answers until

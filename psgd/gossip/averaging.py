@@ -9,15 +9,6 @@ from mpi4py import MPI
 from psgd.mpi import wait
 
 
-def wait_serving(request: MPI.Request, what: str, serve: Callable[[], None] | None) -> None:
-    """Complete ``request``, calling ``serve()`` between polls (a passive AD-PSGD worker answers)."""
-    poller = wait.Poller(what)
-    while not request.Test():
-        if serve is not None:
-            serve()
-        poller.idle()
-
-
 def average(comm: MPI.Comm, params: np.ndarray, out: np.ndarray,
             serve: Callable[[], None] | None = None) -> float:
     """Write the workers' mean model into ``out``; return the consensus distance (collective).
@@ -39,11 +30,11 @@ def average(comm: MPI.Comm, params: np.ndarray, out: np.ndarray,
         The mean over workers of ||x_i - mean||^2.
     """
     size = comm.Get_size()
-    wait_serving(comm.Iallreduce(params, out, op=MPI.SUM), "the other workers (model average)",
-                 serve)
+    wait.wait(comm.Iallreduce(params, out, op=MPI.SUM), "the other workers (model average)",
+              serve=serve)
     out /= np.float32(size)
     mine = np.array([np.sum((params.astype(np.float64) - out) ** 2)])
     total = np.zeros(1)
-    wait_serving(comm.Iallreduce(mine, total, op=MPI.SUM),
-                 "the other workers (consensus distance)", serve)
+    wait.wait(comm.Iallreduce(mine, total, op=MPI.SUM), "the other workers (consensus distance)",
+              serve=serve)
     return float(total[0]) / size

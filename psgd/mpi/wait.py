@@ -123,10 +123,14 @@ class Poller:
 
 
 def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None,
-         progress: Callable[[], object] | None = None, spin_s: float = 0.0) -> None:
-    """Complete one request, sleeping between polls (``progress``, ``spin_s``: see :class:`Poller`)."""
+         progress: Callable[[], object] | None = None, spin_s: float = 0.0,
+         serve: Callable[[], None] | None = None) -> None:
+    """Complete one request, sleeping between polls (``progress``, ``spin_s``: see :class:`Poller`);
+    ``serve()``, when given, runs between polls (a rank that others wait on keeps answering)."""
     poller = Poller(what, progress, spin_s)
     while not request.Test(status):
+        if serve is not None:
+            serve()
         poller.idle()
 
 

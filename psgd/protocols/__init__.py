@@ -72,7 +72,8 @@ class Protocol:
         lr)``, ``finish()``, ``stats``, ``optimizer`` (None when the servers
         own it) and ``grad_buffer`` (None, or where the gradient should be
         computed); a decentralized worker also has ``average(params, out) ->
-        consensus distance`` (collective), its models differing per worker.
+        consensus distance`` (collective), its models differing per worker, and may
+        have ``serve`` (None, or what to run while the run's stop checks wait).
     server : str or None
         ``"module:function"`` of the server half: ``serve(roles, shard_map,
         config, init_shard, init_opt_state, on_snapshot, start_clock)``
@@ -311,9 +312,10 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                  "then steps with its own gradient")),
     Protocol(
         "adpsgd", servers=False, worker="psgd.gossip.adpsgd:AdpsgdWorker",
-        graph="psgd.gossip.adpsgd:partners", bound=math.inf,
+        graph="psgd.gossip.adpsgd:partners",
         summary=("asynchronous gossip (AD-PSGD, Lian et al. 2018; --servers 0): each worker "
                  "keeps its own model and, whenever ready, averages it with one neighbour "
-                 "drawn at random (seeded) on --topology, with no global step; even workers "
-                 "start the averages, odd ones answer them")),
+                 "drawn at random (seeded) on --topology, with no global step (only the log "
+                 "records' model average and the stop checks meet); even workers start the "
+                 "averages, odd ones answer them")),
 )}

@@ -50,6 +50,7 @@ class StopControl:
         self.signum = 0      # the agreed stop's signal (0: no stop)
         self.round = None    # (request, clock) of the stop check in flight
         self.mine, self.result = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self.serve = None    # run while a stop check waits (a worker others wait on answers)
         if roles.is_worker:
             self.workers = _dup(roles.worker_comm, "the other workers to set up the stop checks")
             self.notice = np.zeros(1, np.int64)
@@ -88,7 +89,8 @@ class StopControl:
         if self.round is None:
             return False
         request, clock = self.round
-        wait.wait(request, f"the other workers to reach clock {clock} (the stop check)")
+        wait.wait(request, f"the other workers to reach clock {clock} (the stop check)",
+                  serve=self.serve)
         self.round = None
         self.signum = int(self.result[0])
         return self.signum != 0

@@ -71,6 +71,7 @@ def run_worker(job) -> None:
     own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.server_snapshots
     timers = dict.fromkeys(TIMERS, 0.0)
     worker = job.protocol.make_worker(roles, job.shard_map, job.config)
+    job.stop.serve = getattr(worker, "serve", None)
     t_start = time.perf_counter()
     _start_protocol(job, worker)
     tl = timeline.current

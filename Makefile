@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async clean
+.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async bench-gossip clean
 
 install: $(STAMP)
 
@@ -62,6 +62,11 @@ bench-compress: install
 # (ARGS=--quick: a smoke run; ARGS="--models lenet --seeds 0,1": the README table, 35 min)
 bench-async: install
 	$(PY) bench/bench_async.py $(ARGS)
+
+# gossip and adpsgd against allreduce, LeNet on Fashion-MNIST, W = 4, two seeds: about 20 min
+# on 2 cores (ARGS=--quick: a smoke run; ARGS="--workers 4,8": also W = 8)
+bench-gossip: install
+	$(PY) bench/bench_gossip.py $(ARGS)
 
 bench: install
 	$(PY) bench/run_all.py

@@ -119,3 +119,18 @@ def test_bench_compress_quick_writes_its_table_and_json(tmp_path):
     assert rows["topk:0.01"]["ratio"] >= 25 and rows["fp16"]["ratio"] == pytest.approx(2, rel=1e-3)
     assert all(r["psgd_gb_s"] > 0 and r["numpy_gb_s"] > 0 for r in rows.values())
     assert "| qsgd:4 |" in (tmp_path / "compress-quick.md").read_text()
+
+
+def test_bench_gossip_quick_writes_its_table_and_json(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gossip.py"), "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "gossip-quick.json").read_text())["rows"]
+    assert {r["run"] for r in rows} == {"allreduce", "gossip ring", "gossip exponential",
+                                        "adpsgd ring"}
+    for r in rows:
+        assert r["ok"] and 0.0 <= r["accuracy"] <= 1.0 and is_number(r["bytes_per_worker_step"])
+        assert r["bytes_measured"] == (r["run"] != "allreduce"), r
+    text = (tmp_path / "gossip-quick.md").read_text()
+    assert "| 2 | gossip ring |" in text and "vs allreduce" in text

@@ -205,7 +205,8 @@ def load_toml(path: str) -> dict:
 NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort", "record",
                "replay", "timeline")
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
-PER_PROTOCOL = ("servers", "staleness", "staleness_comp", "comp_lambda", "staleness_lr", "overlap")
+PER_PROTOCOL = ("servers", "staleness", "staleness_comp", "comp_lambda", "staleness_lr", "overlap",
+                "topology")
 RUN_LENGTH = ("steps", "epochs")
 
 

@@ -10,7 +10,7 @@ import pytest
 from psgd.mpi.roles import check_servers
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOCOLS = ("bsp", "ssp", "asp", "hogwild", "allreduce")
+PROTOCOLS = ("bsp", "ssp", "asp", "hogwild", "allreduce", "gossip", "adpsgd")
 
 
 def _fake(bin_dir: Path, name: str) -> None:

@@ -9,7 +9,7 @@
 # runs/PROTOCOL-ckpt to continue it (with more --steps), or with --overwrite to start afresh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-protocol=${1:?usage: jobs/mpirun/run.sh bsp|ssp|asp|hogwild|allreduce [flags...]}
+protocol=${1:?usage: jobs/mpirun/run.sh bsp|ssp|asp|hogwild|allreduce|gossip|adpsgd [flags...]}
 shift
 NP=${NP:-3}
 PY=${PY:-.venv/bin/python}

@@ -6,7 +6,7 @@
 # PY: the python of the venv (default .venv/bin/python). PSGD_REQUEUE=0: no requeue on a stop.
 set -uo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
-protocol=${1:?usage: jobs/slurm/run.sh bsp|ssp|asp|hogwild|allreduce [flags...]}
+protocol=${1:?usage: jobs/slurm/run.sh bsp|ssp|asp|hogwild|allreduce|gossip|adpsgd [flags...]}
 shift
 PY=${PY:-.venv/bin/python}
 if [ -z "${SRUN_MPI:-}" ]; then

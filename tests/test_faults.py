@@ -14,7 +14,7 @@ MLP = "mlp:784-32-10"
 BOUND_S = 30          # a failed job must be gone within this many seconds
 # protocol -> (ranks, servers, a non-lead worker rank)
 LAYOUT = {"bsp": (3, 1, 2), "ssp": (3, 1, 2), "asp": (3, 1, 2), "hogwild": (3, 1, 2),
-          "allreduce": (2, 0, 1)}
+          "allreduce": (2, 0, 1), "gossip": (3, 0, 1), "adpsgd": (2, 0, 1)}
 
 
 def run_job(mpirun, dataset, protocol, fault, *flags, timeout=90):
@@ -42,7 +42,7 @@ def _errors(stderr: str) -> list[str]:
 
 
 CASES = [(p, "worker", kind) for p in LAYOUT for kind in ("raise", "kill")]
-CASES += [(p, "server", "raise") for p in LAYOUT if p != "allreduce"]
+CASES += [(p, "server", "raise") for p in LAYOUT if LAYOUT[p][1]]
 
 
 @pytest.mark.parametrize("protocol, where, kind", CASES)
@@ -78,6 +78,8 @@ def test_nan_push_is_rejected_by_the_server(mpirun, dataset, protocol):
 @pytest.mark.parametrize("protocol, rank, message", [
     ("hogwild", 2, "rank 2: hogwild worker 1: the update at clock 5 holds NaN or Inf"),
     ("allreduce", 1, "the averaged gradient of clock 5 holds NaN or Inf"),
+    ("gossip", 1, "rank 1: the gradient of clock 5 on worker 1 holds NaN or Inf"),
+    ("adpsgd", 1, "rank 1: the gradient of clock 5 on worker 1 holds NaN or Inf"),
 ])
 def test_nan_update_is_rejected_without_servers_in_the_way(mpirun, dataset, protocol, rank,
                                                            message):
@@ -87,7 +89,7 @@ def test_nan_update_is_rejected_without_servers_in_the_way(mpirun, dataset, prot
     assert len(errors) == 1 and message in errors[0], proc.stderr
 
 
-@pytest.mark.parametrize("protocol", ["asp", "hogwild", "allreduce"])
+@pytest.mark.parametrize("protocol", ["asp", "hogwild", "allreduce", "gossip", "adpsgd"])
 def test_nan_is_skipped_and_counted_with_skip_nonfinite(mpirun, dataset, tmp_path, protocol):
     rank = LAYOUT[protocol][2]
     log = tmp_path / "log.jsonl"

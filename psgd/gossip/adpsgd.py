@@ -90,13 +90,14 @@ class AdpsgdWorker:
         self.seed, self.ordered = int(config.seed), bool(ordered)
         self.n_params = int(config.n_params)
         self.optimizer = make_optimizer(config.optimizer, self.n_params, **config.opt_hparams)
+        self.skip_nonfinite = bool(config.skip_nonfinite)
         self.buffer = np.zeros(self.n_params, np.float32)   # the partner's model
         self.reply = np.zeros(self.n_params, np.float32)    # a passive worker's answer
         self.params: np.ndarray | None = None
         self.done = 0                                        # active partners finished
         self.status = MPI.Status()
         self.stats = {"wait_s": 0.0, "serve_s": 0.0, "optimizer_s": 0.0, "step_s": 0.0,
-                      "steps": 0, "averages": 0, "bytes_sent": 0, "degree": len(self.mine)}
+                      "steps": 0, "skipped": 0, "averages": 0, "bytes_sent": 0, "degree": len(self.mine)}
         self.comm, request = comm.Idup()   # its own tag space
         wait.wait(request, "the other workers to set up the adpsgd communicator")
 
@@ -122,7 +123,7 @@ class AdpsgdWorker:
         else:
             self._serve()
         t1 = time.perf_counter()
-        self.optimizer.step(params, grad, lr)
+        averaging.local_step(self, params, grad, lr, clock)
         self.stats["steps"] += 1
         self.stats["optimizer_s"] += time.perf_counter() - t1
         self.stats["step_s"] += time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""What the decentralized workers share: the model average and the consensus distance (collective)."""
+"""What the decentralized workers share: the local optimizer step, the model average and the consensus distance."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,6 +6,8 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
+from psgd.errors import PsgdError
+from psgd.kernels.finite import finite
 from psgd.mpi import wait
 
 
@@ -38,3 +40,21 @@ def average(comm: MPI.Comm, params: np.ndarray, out: np.ndarray,
     wait.wait(comm.Iallreduce(mine, total, op=MPI.SUM), "the other workers (consensus distance)",
               serve=serve)
     return float(total[0]) / size
+
+
+def local_step(worker, params: np.ndarray, grad: np.ndarray, lr: float, clock: int) -> None:
+    """``worker.optimizer``'s step on its own model; a non-finite gradient is skipped (and
+    counted in ``worker.stats["skipped"]``) under --skip-nonfinite, else it ends the job.
+
+    Raises
+    ------
+    PsgdError
+        ``grad`` holds NaN or Inf and ``worker.skip_nonfinite`` is False.
+    """
+    if not finite(grad):
+        if not worker.skip_nonfinite:
+            raise PsgdError(f"the gradient of clock {clock} on worker {worker.rank} holds NaN or "
+                            f"Inf; lower the learning rate, or pass --skip-nonfinite")
+        worker.stats["skipped"] += 1
+        return
+    worker.optimizer.step(params, grad, lr)

@@ -53,11 +53,12 @@ class GossipWorker:
         self.weights = matrix[self.rank, self.near].astype(np.float32)
         self.graph = self.comm.Create_dist_graph_adjacent(self.near, self.near, reorder=False)
         self.optimizer = make_optimizer(config.optimizer, self.n_params, **config.opt_hparams)
+        self.skip_nonfinite = bool(config.skip_nonfinite)
         self.sent = np.zeros(self.n_params, np.float32)           # x_i of the exchange in flight
         self.received = np.zeros((len(self.near), self.n_params), np.float32)
         self.request: MPI.Request | None = None
         self.stats = {"wait_s": 0.0, "mix_s": 0.0, "optimizer_s": 0.0, "step_s": 0.0,
-                      "steps": 0, "bytes_sent": 0, "degree": len(self.near)}
+                      "steps": 0, "skipped": 0, "bytes_sent": 0, "degree": len(self.near)}
 
     def start(self, params: np.ndarray, clock: int = 0, same: bool = True) -> None:
         """Start every worker from worker 0's ``params`` (collective; ``same=False``: each from
@@ -86,7 +87,7 @@ class GossipWorker:
         t1 = time.perf_counter()
         mix(self.sent, self.self_weight, self.received, self.weights, out=params)
         t2 = time.perf_counter()
-        self.optimizer.step(params, grad, lr)
+        averaging.local_step(self, params, grad, lr, clock)
         t3 = time.perf_counter()
         self.stats["bytes_sent"] += len(self.near) * self.sent.nbytes
         self._post(params)

@@ -123,8 +123,11 @@ def run_worker(job) -> None:
                                    "samples": (end - job.start_step) * s.batch_size,
                                    "compensation": getattr(worker, "compensation", None),
                                    "bytes_sent": worker.stats.get("bytes_sent"),
+                                   "skipped": int(worker.stats.get("skipped", 0)),
                                    **timers})
     if lead is not None:
         skipped = 0 if roles.n_servers else int(worker.stats.get("skipped", 0))
+        if mean is not None:   # each worker skips its own gradients
+            skipped = sum(r["skipped"] for r in reports if r["role"] == "worker")
         lead.print_summary(lead.summary(reports, wall, skipped, mean, consensus), wall,
                            final_ckpt)

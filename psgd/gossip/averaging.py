@@ -24,7 +24,8 @@ def average(comm: MPI.Comm, params: np.ndarray, out: np.ndarray,
     out : ndarray, shape (n,), float32
         Receives the mean of the workers' models.
     serve : callable, optional
-        Called while waiting (so that a worker others wait on keeps answering).
+        Called while waiting (so that a worker others wait on keeps answering); the
+        average is then of ``params`` as they were at the call.
 
     Returns
     -------
@@ -32,6 +33,8 @@ def average(comm: MPI.Comm, params: np.ndarray, out: np.ndarray,
         The mean over workers of ||x_i - mean||^2.
     """
     size = comm.Get_size()
+    if serve is not None:   # serving changes params while the sum reads them: send a copy
+        params = params.copy()
     wait.wait(comm.Iallreduce(params, out, op=MPI.SUM), "the other workers (model average)",
               serve=serve)
     out /= np.float32(size)

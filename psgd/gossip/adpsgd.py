@@ -74,8 +74,8 @@ class AdpsgdWorker:
     ----------
     stats : dict
         Cumulative ``wait_s`` (an active worker waiting for its partner),
-        ``serve_s``, ``optimizer_s``, ``step_s``; ``steps``, ``averages`` (pairings
-        this worker took part in), ``bytes_sent`` and ``degree``.
+        ``serve_s``, ``optimizer_s``, ``step_s``; ``steps``, ``skipped``, ``averages``
+        (pairings this worker took part in), ``bytes_sent`` and ``degree``.
     """
 
     grad_buffer = None

@@ -37,8 +37,8 @@ class GossipWorker:
     ----------
     stats : dict
         Cumulative ``wait_s`` (waiting for the neighbours' models), ``mix_s``,
-        ``optimizer_s``, ``step_s``; ``steps``, ``bytes_sent`` (model bytes
-        this worker sent) and ``degree``.
+        ``optimizer_s``, ``step_s``; ``steps``, ``skipped`` (non-finite gradients
+        skipped), ``bytes_sent`` (model bytes this worker sent) and ``degree``.
     """
 
     grad_buffer = None

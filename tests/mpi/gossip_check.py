@@ -79,7 +79,6 @@ def check_consensus():
             topology.mixing_matrix(name, size)
         except ValueError:
             continue
-        first = every(start_models(len(name))[rank]).mean(0)
         distances = check_gossip(name, lr=0.0, steps=60)
         assert distances[-1] <= 1e-8 * distances[0], f"{name}: no consensus {distances[::10]}"
         if name == "complete":   # one step of the complete graph is the exact average
@@ -87,7 +86,6 @@ def check_consensus():
         if rank == 0:
             print(f"gossip {name} W={size} lr=0: distance {distances[0]:.3g} -> "
                   f"{distances[-1]:.3g}", flush=True)
-        del first
         check_gossip(name, lr=0.1, steps=10)
 
 

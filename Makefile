@@ -63,8 +63,8 @@ bench-compress: install
 bench-async: install
 	$(PY) bench/bench_async.py $(ARGS)
 
-# gossip and adpsgd against allreduce, LeNet on Fashion-MNIST, W = 4, two seeds: about 20 min
-# on 2 cores (ARGS=--quick: a smoke run; ARGS="--workers 4,8": also W = 8)
+# gossip and adpsgd against allreduce, LeNet on Fashion-MNIST, W = 4, two seeds: about 10 min
+# on 2 cores (W = 8: about 10 min more) (ARGS=--quick: a smoke run; ARGS="--workers 4,8": also W = 8)
 bench-gossip: install
 	$(PY) bench/bench_gossip.py $(ARGS)
 

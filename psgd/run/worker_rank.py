@@ -119,15 +119,19 @@ def run_worker(job) -> None:
     final_ckpt = _replica_checkpoint(job, worker, job.end_step, mean) if own_checkpoints else None
     if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
         fault.at(job.total_steps)
-    reports = gather_reports(job, {"role": "worker", "rank": roles.rank, "wall_s": wall,
-                                   "samples": (end - job.start_step) * s.batch_size,
+    _report(job, worker, lead, {"wall_s": wall, "samples": (end - job.start_step) * s.batch_size,
+                                **timers}, mean, consensus, final_ckpt)
+
+
+def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt) -> None:
+    """This worker's end-of-run report to the lead; on the lead, the run's summary."""
+    reports = gather_reports(job, {"role": "worker", "rank": job.roles.rank,
                                    "compensation": getattr(worker, "compensation", None),
                                    "bytes_sent": worker.stats.get("bytes_sent"),
-                                   "skipped": int(worker.stats.get("skipped", 0)),
-                                   **timers})
+                                   "skipped": int(worker.stats.get("skipped", 0)), **report})
     if lead is not None:
-        skipped = 0 if roles.n_servers else int(worker.stats.get("skipped", 0))
+        skipped = 0 if job.roles.n_servers else int(worker.stats.get("skipped", 0))
         if mean is not None:   # each worker skips its own gradients
             skipped = sum(r["skipped"] for r in reports if r["role"] == "worker")
-        lead.print_summary(lead.summary(reports, wall, skipped, mean, consensus), wall,
-                           final_ckpt)
+        lead.print_summary(lead.summary(reports, report["wall_s"], skipped, mean, consensus),
+                           report["wall_s"], final_ckpt)

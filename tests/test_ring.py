@@ -7,7 +7,7 @@ import pytest
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 def test_allreduce_matches_mpi_allreduce_and_ranks_agree(mpirun, n):
     result = mpirun(n, ["ring_check.py"], timeout=60)
-    assert f"passed on {n} ranks" in result.stdout
+    assert f"passed on {n} ranks, 1 node(s)" in result.stdout
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -51,3 +51,21 @@ def test_training_without_room_for_the_shared_window_ends_with_one_clear_error(m
     assert "shared-memory window (unable to allocate shared memory)" in proc.stderr, proc.stderr
     assert "PSGD_ALLREDUCE_SHARED_BYTES=0" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# Emulated nodes (no namespace needed): MPICH puts rank r on clique r mod K and goes between
+# cliques over TCP; ``auto`` then takes the hierarchical all-reduce, and ``shared`` is left out.
+CLIQUES = {"FI_PROVIDER": "tcp", "MPICH_CH4_NETMOD": "ofi"}
+
+
+@pytest.mark.parametrize("n, nodes", [(4, 2), (5, 3), (3, 3)])
+def test_allreduce_across_emulated_nodes_matches_mpi_allreduce(mpirun, n, nodes):
+    result = mpirun(n, ["ring_check.py"], timeout=120,
+                    env={**CLIQUES, "MPIR_CVAR_NUM_CLIQUES": str(nodes)})
+    assert f"passed on {n} ranks, {nodes} node(s)" in result.stdout
+
+
+def test_allreduce_training_across_emulated_nodes_takes_the_hierarchical_allreduce(mpirun):
+    result = mpirun(4, ["ring_train.py"], timeout=120,
+                    env={**CLIQUES, "MPIR_CVAR_NUM_CLIQUES": "2"})
+    assert "passed on 4 ranks, all-reduce hierarchical" in result.stdout

@@ -1,18 +1,20 @@
-"""psgd's own all-reduce: picks the ring, recursive doubling or the shared-memory window per call."""
+"""psgd's own all-reduce: picks the ring, recursive doubling, the shared-memory window or the
+hierarchical all-reduce (window, leaders' ring, window) per call."""
 from __future__ import annotations
 
+import atexit
 from collections import OrderedDict
 
 import numpy as np
 from mpi4py import MPI
 
+from psgd.collectives.hierarchical import NodeLayout, hierarchical_allreduce
 from psgd.collectives.schedules import DoublingSchedule, RingSchedule, Schedule
-from psgd.collectives.shared_window import SharedSchedule, SharedWindow
+from psgd.collectives.shared_window import SharedBroadcast, SharedSchedule, SharedWindow
 from psgd.env import env_int
-from psgd.mpi.shared_memory import on_one_node
 
 OPS = ("sum", "mean")
-ALGORITHMS = ("auto", "ring", "doubling", "shared")
+ALGORITHMS = ("auto", "ring", "doubling", "shared", "hierarchical")
 
 # Defaults chosen with bench/bench_allreduce.py (figures in the README's Architecture
 # section); PSGD_ALLREDUCE_* variables (read at import) override them, keyword arguments both.
@@ -38,7 +40,7 @@ class _CommState:
     ``ANY_TAG``/``ANY_SOURCE``, can match all-reduce traffic.
     """
 
-    __slots__ = ("comm", "rank", "size", "schedules", "one_node", "window")
+    __slots__ = ("comm", "rank", "size", "schedules", "layout", "one_node", "window")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm.Dup()
@@ -46,7 +48,8 @@ class _CommState:
         self.size = self.comm.Get_size()
         # (id(buf), algorithm, segment) -> schedule, least recently used first
         self.schedules: OrderedDict[tuple, Schedule | SharedSchedule] = OrderedDict()
-        self.one_node = on_one_node(self.comm)
+        self.layout = NodeLayout(self.comm)         # node and leaders' communicators
+        self.one_node = self.layout.nodes == 1
         self.window: SharedWindow | None = None     # made by the first shared all-reduce
 
     def shared_window(self) -> SharedWindow:
@@ -73,16 +76,22 @@ class _CommState:
         return schedule
 
     def free(self) -> None:
+        """Free everything (idempotent: finalising frees states before their communicators)."""
+        if self.comm is None:
+            return
         for schedule in self.schedules.values():
             schedule.free()
         self.schedules.clear()
         if self.window is not None:
             self.window.free()
+        self.layout.free()
         self.comm.Free()
+        self.comm = None
 
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)   # numpy's singletons: an `is` test
 _keyval: int | None = None
+_live: list[_CommState] = []               # in creation order, freed in reverse at MPI_Finalize
 _last_comm: MPI.Comm | None = None         # fast path in front of the attribute lookup
 _last_state: _CommState | None = None
 
@@ -93,18 +102,31 @@ def _free_state(comm: MPI.Comm, keyval: int, state: _CommState) -> None:
     _last_comm = _last_state = None
     if not MPI.Is_finalized():
         state.free()
+    if state in _live:
+        _live.remove(state)
+
+
+def _free_all() -> None:
+    """At exit, before mpi4py finalises MPI (which calls no Python delete callbacks then):
+    free every state, newest first (a shared window left open fails MPICH's OFI finalize)."""
+    while _live:
+        state = _live.pop()
+        if not MPI.Is_finalized():
+            state.free()
 
 
 def _state(comm: MPI.Comm) -> _CommState:
     global _keyval, _last_comm, _last_state
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_free_state)
+        atexit.register(_free_all)          # after mpi4py's own exit hook, so it runs before
     state = comm.Get_attr(_keyval)
     if state is None:
         if comm.Is_inter():
             raise ValueError("allreduce needs an intra-communicator, got an inter-communicator")
         state = _CommState(comm)    # collective (Dup): every rank makes its first call together
         comm.Set_attr(_keyval, state)
+        _live.append(state)
     _last_comm, _last_state = comm, state
     return state
 
@@ -142,8 +164,10 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
     """All-reduce ``buf`` in place across the ranks of ``comm`` (collective).
 
     ``auto`` takes the shared-memory window when every rank is on one node and
-    ``buf`` has at most ``shared_bytes``, else recursive doubling below
-    ``small_bytes`` and the ring from there. Every rank ends with bitwise
+    ``buf`` has at most ``shared_bytes``; the hierarchical all-reduce when the
+    ranks span nodes and some node holds more than one; else recursive doubling
+    below ``small_bytes`` and the ring from there (also the leaders' choice
+    within the hierarchical one). Every rank ends with bitwise
     identical values. The messages are built once per buffer object and cached
     on ``comm`` (the last ``_SCHEDULES`` buffers), so reducing the same
     gradient every step costs no set-up.
@@ -157,9 +181,10 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
         This rank's contribution, overwritten with the reduction; ``n`` may be 0.
     op : {"sum", "mean"}
         Elementwise sum over ranks, or that sum divided by the number of ranks.
-    algorithm : {"auto", "ring", "doubling", "shared"}
+    algorithm : {"auto", "ring", "doubling", "shared", "hierarchical"}
         ``auto`` picks by size and placement; the others force one (``shared``
-        picks its small or large schedule by ``small_bytes``).
+        picks its small or large schedule by ``small_bytes``; ``hierarchical``
+        works on any placement).
     small_bytes, segment_bytes, shared_bytes : int, optional
         The doubling/ring threshold, the ring's segment size, and the largest
         buffer ``auto`` sends through the window (0: never); by default
@@ -201,6 +226,20 @@ def _run(state: _CommState, buf: np.ndarray, mean: bool, algorithm: str, small_b
         window = state.shared_window()
         state.schedule((id(buf), "shared", small_bytes),
                        lambda: SharedSchedule(window, buf, small_bytes)).run(mean, label)
+    elif algorithm == "hierarchical":
+        layout = state.layout
+
+        def reduce(comm, part, algorithm):
+            _run(_state(comm), part, False, _auto(_state(comm), part, small_bytes, None)
+                 if algorithm == "auto" else algorithm, small_bytes, segment_bytes, label)
+
+        def broadcast(part):
+            node = _state(layout.node)
+            window = node.shared_window()
+            node.schedule((id(part), "broadcast", 0), lambda: SharedBroadcast(window, part)).run(
+                False, label)
+
+        hierarchical_allreduce(layout, buf, state.size, mean, reduce, broadcast)
     elif algorithm == "doubling":
         state.schedule((id(buf), "doubling", 0), lambda: DoublingSchedule(comm, buf)).run(label)
         if mean:
@@ -216,6 +255,8 @@ def _auto(state: _CommState, buf: np.ndarray, small_bytes: int, shared_bytes: in
         shared_bytes = _shared_bytes
     if state.one_node and buf.nbytes <= shared_bytes:
         return "shared"
+    if not state.one_node and state.layout.largest > 1:
+        return "hierarchical"
     return "doubling" if buf.nbytes < small_bytes or buf.size < state.size else "ring"
 
 

@@ -162,3 +162,31 @@ class SharedSchedule:
 
     def free(self) -> None:
         """Nothing of its own to free: the window belongs to the communicator's state."""
+
+
+class SharedBroadcast:
+    """Node rank 0's buffer copied to every rank through the window, a piece per meeting."""
+
+    __slots__ = ("window", "pieces")
+
+    def __init__(self, window: SharedWindow, buf: np.ndarray) -> None:
+        self.window = window
+        step = max(1, PIECE_BYTES // buf.itemsize)
+        # per piece: its slice of buf and its view in each half of the window
+        self.pieces = [(buf[a:a + step], [h[:buf[a:a + step].nbytes].view(buf.dtype)
+                                          for h in window.halves])
+                       for a in range(0, buf.size, step)]
+
+    def run(self, mean: bool, label: str) -> None:
+        """Copy rank 0's buffer to all (``mean`` is unused: the signature of a schedule's run)."""
+        window, root = self.window, self.window.rank == 0
+        for part, halves in self.pieces:
+            slot = halves[window.next_half()]
+            if root:
+                np.copyto(slot, part)
+            window.meet(label)
+            if not root:
+                np.copyto(part, slot)
+
+    def free(self) -> None:
+        """Nothing of its own to free: the window belongs to the communicator's state."""

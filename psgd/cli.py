@@ -25,6 +25,7 @@ COMMANDS = {
     "train": ("psgd.run.command", "train a model under mpiexec/srun (one process per rank)"),
     "data": ("psgd.data.cli", "make, convert and inspect HDF5 datasets"),
     "plot": ("psgd.plot", "draw PNG charts from JSON-lines training logs"),
+    "plan": ("psgd.plan.command", "predict each protocol's throughput on a cluster and pick one"),
     "net": ("psgd.run.net", "run a command on N emulated nodes behind a rate-limited network"),
 }
 

@@ -1,0 +1,125 @@
+"""`psgd plan`: predicted step time, throughput and scaling efficiency of each protocol, and a pick."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from psgd.errors import PsgdError
+from psgd.plan.cost import Job, Network, balanced_servers, predict, recommend
+
+DESCRIPTION = """\
+predict each protocol's step time, throughput and scaling efficiency from the model's
+size, its compute time per sample, the network and W, S (the README has the equations)
+
+  psgd plan --model mlp:784-1536-512-10 --workers 16,64,256 --bandwidth 10gbit
+  psgd plan --params 25e6 --compute-us 2000 --workers 256 --bandwidth 100gbit --per-node 8
+"""
+
+_UNITS = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second of ``10gbit``, ``100gbit``, ``500mbit`` (or a plain number of bits/s)."""
+    t = text.strip().lower()
+    scale = 1.0
+    if t.endswith("bit"):
+        t = t[:-3]
+        if t and t[-1] in _UNITS:
+            scale, t = _UNITS[t[-1]], t[:-1]
+    try:
+        bits = float(t) * scale
+    except ValueError:
+        raise PsgdError(f"--bandwidth {text!r} is not a bandwidth; give e.g. 10gbit") from None
+    if not bits > 0:
+        raise PsgdError(f"--bandwidth must be > 0, got {text!r}")
+    return bits / 8
+
+
+def measure_compute_s(spec: str, batch: int, seconds: float = 2.0) -> float:
+    """Seconds per sample of one forward and backward pass of ``spec`` on this core."""
+    import numpy as np
+
+    from psgd.nn.model import build_model
+    model = build_model(spec)
+    rng = np.random.default_rng(0)
+    x = rng.random((batch, *model.input_shape), dtype=np.float32)
+    y = rng.integers(0, model.n_classes, batch)
+    model.loss_and_grad(x, y)                        # compile
+    steps, start = 0, time.perf_counter()
+    while steps < 3 or time.perf_counter() - start < seconds:
+        model.loss_and_grad(x, y)
+        steps += 1
+    return (time.perf_counter() - start) / steps / batch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``plan`` parser's flags."""
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="a psgd model spec (lenet, mlp:...): its size, and its "
+                      "compute time measured here unless --compute-us is given")
+    what.add_argument("--params", type=float, help="parameters of a model psgd need not build")
+    parser.add_argument("--compute-us", type=float, help="compute time per sample, microseconds")
+    parser.add_argument("--batch-size", type=int, default=64, help="per worker (default 64)")
+    count = parser.add_mutually_exclusive_group()
+    count.add_argument("--workers", default="16,64,256,1024", help="comma-separated worker counts")
+    count.add_argument("--ranks", type=int, help="ranks in all, --servers of them servers")
+    parser.add_argument("--servers", type=int, default=None,
+                        help="parameter servers (default: as many as balance worker bandwidth)")
+    parser.add_argument("--bandwidth", default="10gbit", help="each node's link (default 10gbit)")
+    parser.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
+    parser.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
+    parser.add_argument("--shared-link", action="store_true",
+                        help="all nodes share one link (as psgd net emulates)")
+
+
+def _jobs(args, n_params: int, compute_s: float, bandwidth: float):
+    if args.ranks is not None:
+        if args.servers is None or not 0 <= args.servers < args.ranks:
+            raise PsgdError(f"--ranks {args.ranks} needs --servers S with 0 <= S < {args.ranks} "
+                            f"(at least one worker)")
+        counts = [(args.ranks - args.servers, args.servers)]
+    else:
+        try:
+            workers = [int(w) for w in args.workers.split(",")]
+        except ValueError:
+            raise PsgdError(f"--workers {args.workers!r} is not a list of counts") from None
+        counts = [(w, balanced_servers(w, bandwidth, bandwidth) if args.servers is None
+                   else args.servers) for w in workers]
+    for w, s in counts:
+        if w < 1 or s < 0:
+            raise PsgdError(f"need >= 1 worker and >= 0 servers, got {w} and {s}")
+        yield Job(n_params, compute_s, args.batch_size, w, s, args.per_node)
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.per_node < 1 or args.batch_size < 1:
+        raise PsgdError("--per-node and --batch-size must be >= 1")
+    if args.model:
+        from psgd.nn.model import build_model
+        n_params = build_model(args.model).n_params
+    else:
+        n_params = int(args.params)
+    if args.compute_us is not None:
+        compute_s = args.compute_us * 1e-6
+    elif args.model:
+        compute_s = measure_compute_s(args.model, args.batch_size)
+    else:
+        raise PsgdError("--params needs --compute-us (only a --model can be measured here)")
+    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
+    jobs = list(_jobs(args, n_params, compute_s, net.bandwidth))
+    print(f"{args.model or f'{n_params:.3g} parameters'}: {n_params} parameters "
+          f"({4 * n_params / 2**20:.1f} MB), {compute_s * 1e6:.0f} us per sample, batch "
+          f"{args.batch_size}; {args.bandwidth} {'shared link' if net.shared else 'per node'}, "
+          f"{args.latency_us:g} us, {args.per_node} rank(s) per node")
+    print(f"{'W':>5} {'S':>5} | {'protocol':<23} {'step ms':>9} {'samples/s':>11} "
+          f"{'efficiency':>10}")
+    for job in jobs:
+        try:
+            predicted = predict(job, net)
+        except ValueError as exc:
+            raise PsgdError(str(exc)) from None
+        pick = recommend(predicted)
+        for name, p in predicted.items():
+            mark = "  <- recommended" if name == pick else ""
+            print(f"{job.workers:>5} {job.servers:>5} | {name:<23} {p['step_s'] * 1e3:9.2f} "
+                  f"{p['samples_per_s']:11.0f} {p['efficiency']:9.0%}{mark}")

@@ -1,0 +1,260 @@
+"""The alpha-beta cost model of one training step under each protocol, as psgd runs them.
+
+Pure functions of a :class:`Job` (model size, compute time, W workers, S
+servers as ranks 0..S-1, their placement on nodes) and a :class:`Network`
+(bandwidth, latency, switched or one shared link). Each phase's time is the
+busiest link's bytes over its bandwidth, plus the busiest rank's copies within
+its node over the shared-memory bandwidth, plus latency per message.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+SMALL_BYTES = 256 * 1024      # psgd's all-reduce: recursive doubling below this, else the ring
+
+
+@dataclass(frozen=True)
+class Network:
+    """bandwidth: bytes/s of each node's link per direction (``shared``: of the one link all
+    traffic between nodes shares, both directions together, as ``psgd net`` emulates);
+    latency: seconds per message; shm_bandwidth: bytes/s of copies within a node."""
+
+    bandwidth: float
+    latency: float = 20e-6
+    shared: bool = False
+    shm_bandwidth: float = 4e9
+
+
+@dataclass(frozen=True)
+class Job:
+    """n_params float32 parameters; compute_s per sample on one core; W workers (ranks S..);
+    placement: ``per_node`` consecutive ranks per node (a cluster), or, with ``cliques`` K,
+    rank r on node r mod K (``psgd net``); ``cores``: cores all ranks share (None: one each)."""
+
+    n_params: int
+    compute_s: float
+    batch: int
+    workers: int
+    servers: int = 0
+    per_node: int = 1
+    cliques: int | None = None
+    cores: int | None = None
+
+    @property
+    def ranks(self) -> int:
+        return self.workers + self.servers
+
+    @property
+    def k(self) -> int:
+        return self.cliques or -(-self.ranks // self.per_node)
+
+    def node(self, rank: int) -> int:
+        return rank % self.cliques if self.cliques else rank // self.per_node
+
+    @property
+    def nbytes(self) -> float:
+        return 4.0 * self.n_params
+
+    @property
+    def compute_step_s(self) -> float:
+        """One worker's compute per step, slowed when the workers outnumber the cores."""
+        share = max(1.0, self.workers / self.cores) if self.cores else 1.0
+        return self.batch * self.compute_s * share
+
+    def without_servers(self) -> "Job":
+        """The same workers as an all-reduce job (no servers, the same placement rule)."""
+        return replace(self, servers=0, cliques=self.cliques and min(self.cliques, self.workers))
+
+
+def check(job: Job, net: Network) -> None:
+    """Raise ValueError (one line) for inputs no job can have."""
+    if job.workers < 1:
+        raise ValueError(f"need at least 1 worker, got {job.workers}")
+    if job.servers < 0:
+        raise ValueError(f"servers must be >= 0, got {job.servers}")
+    if job.n_params < 1 or job.batch < 1 or job.per_node < 1:
+        raise ValueError("the model needs >= 1 parameter, the batch and ranks per node >= 1")
+    if not job.compute_s > 0:
+        raise ValueError(f"compute time per sample must be > 0 s, got {job.compute_s}")
+    if not net.bandwidth > 0 or not net.shm_bandwidth > 0:
+        raise ValueError("bandwidth must be > 0")
+    if net.latency < 0:
+        raise ValueError(f"latency must be >= 0 s, got {net.latency}")
+    if job.cliques is not None and not 1 <= job.cliques <= job.ranks:
+        raise ValueError(f"nodes must be between 1 and the {job.ranks} ranks, got {job.cliques}")
+
+
+class Traffic:
+    """Bytes of one phase: per node sent and received across nodes, per rank copied in from
+    its own node."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.out, self.into = np.zeros(job.k), np.zeros(job.k)
+        self.local = np.zeros(job.ranks)
+
+    def send(self, a: int, b: int, nbytes: float) -> None:
+        na, nb = self.job.node(a), self.job.node(b)
+        if na == nb:
+            self.local[b] += nbytes          # one copy, by the receiver (CMA, the window)
+        else:
+            self.out[na] += nbytes
+            self.into[nb] += nbytes
+
+    def seconds(self, net: Network, messages: int) -> float:
+        """The busiest link's time (or the shared link's), the busiest rank's copies, latency."""
+        if net.shared:
+            wire = float(self.out.sum()) / net.bandwidth
+        else:
+            wire = float(np.maximum(self.out, self.into).max(initial=0.0)) / net.bandwidth
+        return wire + float(self.local.max(initial=0.0)) / net.shm_bandwidth + messages * net.latency
+
+
+def _ps_counts(job: Job) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Workers and servers per node, and each worker's and server's node."""
+    nodes = np.array([job.node(r) for r in range(job.ranks)])
+    sn, wn = nodes[:job.servers], nodes[job.servers:]
+    return np.bincount(wn, minlength=job.k), np.bincount(sn, minlength=job.k), wn, sn
+
+
+def ps_push(job: Job) -> Traffic:
+    """One push of every worker: B/S from each worker to each server (a pull: the reverse)."""
+    t = Traffic(job)
+    share = job.nbytes / job.servers
+    wc, sc, wn, sn = _ps_counts(job)
+    t.out = wc * (job.servers - sc) * share
+    t.into = sc * (job.workers - wc) * share
+    t.local = np.concatenate([wc[sn], np.zeros(job.workers)]) * share   # servers copy in
+    return t
+
+
+def bsp_step_s(job: Job, net: Network) -> float:
+    """One clock of bsp: compute, every worker's push, the servers' sum and step, every pull
+    (the pull's bytes are the push's, reversed: the same time)."""
+    push = ps_push(job).seconds(net, 1)
+    apply_s = (job.workers + 4) * job.nbytes / job.servers / net.shm_bandwidth
+    return job.compute_step_s + 2 * push + apply_s
+
+
+def async_rate(job: Job, net: Network) -> float:
+    """Worker steps per second under asp (and ssp, hogwild: the same bytes, no barrier).
+
+    Each worker cycles compute, push, pull on its own, its push and pull alone on
+    its link; the rate is capped where the busiest link (or the shared one) is full.
+    """
+    share = job.nbytes / job.servers
+    wc, sc, wn, sn = _ps_counts(job)
+    alone = 2 * ((job.servers - sc[wn]) * share / net.bandwidth
+                 + sc[wn] * share / net.shm_bandwidth + net.latency)
+    rate = float(np.sum(1.0 / (job.compute_step_s + alone)))
+    round_ = ps_push(job)
+    busiest = round_.out.sum() if net.shared else np.maximum(round_.out, round_.into).max()
+    if busiest > 0:
+        # one round (a step of every worker) puts 2 x busiest bytes on the busiest link
+        rate = min(rate, job.workers * net.bandwidth / (2 * busiest))
+    return rate
+
+
+def _ring(job: Job, ranks: list[int], nbytes: float) -> Traffic:
+    """A ring over ``ranks``: each sends 2(N-1)/N of the buffer to its right neighbour."""
+    t, n = Traffic(job), len(ranks)
+    for i, r in enumerate(ranks):
+        t.send(r, ranks[(i + 1) % n], 2 * (n - 1) / n * nbytes)
+    return t
+
+
+def _doubling(job: Job, ranks: list[int], nbytes: float) -> tuple[Traffic, int]:
+    """Recursive doubling over ``ranks`` (pairs folded first when N is no power of two)."""
+    t, n = Traffic(job), len(ranks)
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    for i in range(rem):                     # fold and unfold: rank 2i hands to 2i+1 and back
+        t.send(ranks[2 * i], ranks[2 * i + 1], nbytes)
+        t.send(ranks[2 * i + 1], ranks[2 * i], nbytes)
+    survivors = [ranks[2 * i + 1] for i in range(rem)] + ranks[2 * rem:]
+    stages, mask = 0, 1
+    while mask < p:
+        for v, r in enumerate(survivors):
+            t.send(r, survivors[v ^ mask], nbytes)
+        mask <<= 1
+        stages += 1
+    return t, stages + (2 if rem else 0)
+
+
+def flat_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
+    """psgd's all-reduce by messages over ``ranks``: doubling below SMALL_BYTES, else the ring."""
+    n = len(ranks)
+    if n == 1:
+        return 0.0
+    if job.nbytes < SMALL_BYTES:
+        t, messages = _doubling(job, ranks, job.nbytes)
+        return t.seconds(net, messages)
+    return _ring(job, ranks, job.nbytes).seconds(net, 2 * (n - 1))
+
+
+def ring_step_s(job: Job, net: Network) -> float:
+    """One step of the allreduce protocol by messages only (psgd's ring/doubling, flat)."""
+    return job.compute_step_s + flat_allreduce_s(job, list(range(job.servers, job.ranks)), net)
+
+
+def hierarchical_step_s(job: Job, net: Network) -> float:
+    """One step with the hierarchical all-reduce: the window, the leaders' ring, the window.
+
+    Within a node each rank copies B into the window and B out, twice (the sum,
+    then the broadcast); across, the lowest rank of each node runs the flat all-reduce.
+    """
+    ranks = range(job.servers, job.ranks)
+    leaders = sorted({job.node(r): r for r in reversed(ranks)}.values())
+    largest = max(np.bincount([job.node(r) for r in ranks]))
+    window = 4 * job.nbytes / net.shm_bandwidth + 2 * net.latency if largest > 1 else 0.0
+    return job.compute_step_s + window + flat_allreduce_s(job, leaders, net)
+
+
+def balanced_servers(workers: int, worker_bw: float, server_bw: float) -> int:
+    """The fewest servers whose links together carry what the workers' do (BytePS's rule:
+    total server bandwidth >= total worker bandwidth): W on equal links."""
+    return max(1, math.ceil(workers * worker_bw / server_bw - 1e-9))
+
+
+def predict(job: Job, net: Network) -> dict[str, dict]:
+    """Predicted step time, throughput and scaling efficiency of each protocol.
+
+    Returns
+    -------
+    dict
+        name -> {"step_s": seconds per worker step, "samples_per_s", "efficiency"
+        (throughput over W workers computing alone, without communication),
+        "sync": bool}. PS protocols need ``job.servers`` >= 1, the all-reduce ones
+        run on ``job.workers`` ranks without servers.
+    """
+    check(job, net)
+    ideal = job.workers * job.batch / (job.batch * job.compute_s)
+    out: dict[str, dict] = {}
+
+    def row(name, step_s, sync):
+        rate = job.workers / step_s                  # worker steps per second
+        out[name] = {"step_s": step_s, "samples_per_s": rate * job.batch,
+                     "efficiency": rate * job.batch / ideal, "sync": sync}
+
+    if job.servers:
+        row("bsp", bsp_step_s(job, net), True)
+        asp = job.workers / async_rate(job, net)
+        for name in ("ssp", "asp", "hogwild"):
+            row(name, asp, False)
+    flat = job.without_servers()
+    row("allreduce ring", ring_step_s(flat, net), True)
+    row("allreduce hierarchical", hierarchical_step_s(flat, net), True)
+    return out
+
+
+def recommend(predicted: dict[str, dict], async_gain: float = 1.2) -> str:
+    """The fastest synchronous protocol, unless an asynchronous one is ``async_gain`` times faster
+    (staleness costs accuracy per sample; see the README's staleness section)."""
+    best = max(predicted, key=lambda n: predicted[n]["samples_per_s"])
+    sync = max((n for n in predicted if predicted[n]["sync"]),
+               key=lambda n: predicted[n]["samples_per_s"])
+    gain = predicted[best]["samples_per_s"] / predicted[sync]["samples_per_s"]
+    return best if gain >= async_gain else sync

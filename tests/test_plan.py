@@ -1,0 +1,118 @@
+"""The cost model against hand-computed cases, and `psgd plan`'s refusals."""
+import subprocess
+import sys
+
+import pytest
+
+from psgd.plan.cost import (Job, Network, balanced_servers, bsp_step_s, async_rate,
+                            hierarchical_step_s, predict, recommend, ring_step_s)
+
+B = 4e6                    # bytes of a 1M-parameter model
+BW = 1e8                   # bytes/s
+SHM = 1e9
+TC = 64 * 1e-3             # compute per step: 64 samples at 1 ms
+
+
+def job(**kw):
+    return Job(**{"n_params": 1_000_000, "compute_s": 1e-3, "batch": 64, "workers": 4, **kw})
+
+
+def test_ring_one_rank_per_node_is_2_n_minus_1_over_n_bytes_on_each_link():
+    net = Network(BW, 1e-5)
+    assert ring_step_s(job(), net) == pytest.approx(TC + 2 * 3 / 4 * B / BW + 6 * 1e-5)
+
+
+def test_ring_on_one_shared_link_carries_every_ranks_bytes():
+    net = Network(BW, 0.0, shared=True)
+    assert ring_step_s(job(), net) == pytest.approx(TC + 4 * 2 * 3 / 4 * B / BW)
+
+
+def test_small_buffers_take_recursive_doubling_log2_n_exchanges():
+    net = Network(BW, 1e-5)
+    small = job(n_params=1000)                      # 4 KB < SMALL_BYTES
+    assert ring_step_s(small, net) == pytest.approx(TC + 2 * (4000 / BW + 1e-5))
+
+
+def test_hierarchical_on_2_cliques_moves_2b_over_the_shared_link_plus_the_window():
+    net = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
+    # ranks 0, 2 on node 0 and 1, 3 on node 1; leaders 0 and 1 ring: each sends B
+    assert hierarchical_step_s(job(cliques=2), net) == pytest.approx(TC + 2 * B / BW + 4 * B / SHM)
+    # the flat ring there: every hop crosses (0->1->2->3->0), 4 x 1.5 B
+    assert ring_step_s(job(cliques=2), net) == pytest.approx(TC + 6 * B / BW)
+
+
+def test_hierarchical_with_one_rank_per_node_is_the_flat_ring():
+    net = Network(BW, 1e-5)
+    assert hierarchical_step_s(job(), net) == pytest.approx(ring_step_s(job(), net))
+
+
+def test_bsp_one_server_on_2_cliques():
+    # server 0 and worker 2 on node 0, workers 1 and 3 on node 1: 2 B cross per push,
+    # B copied in by the server; a pull the same; the server sums 3 pushes and steps
+    net = Network(BW, 1e-5, shared=True, shm_bandwidth=SHM)
+    j = job(workers=3, servers=1, cliques=2)
+    push = 2 * B / BW + B / SHM + 1e-5
+    assert bsp_step_s(j, net) == pytest.approx(TC + 2 * push + 7 * B / SHM)
+
+
+def test_bsp_server_link_is_the_bottleneck_until_s_matches_w():
+    net = Network(BW, 0.0, shm_bandwidth=SHM)
+    one = bsp_step_s(job(workers=4, servers=1), net)
+    four = bsp_step_s(job(workers=4, servers=4), net)
+    assert one == pytest.approx(TC + 2 * 4 * B / BW + 8 * B / SHM)     # 4 pushes into one link
+    assert four == pytest.approx(TC + 2 * B / BW + 8 * B / 4 / SHM)
+
+
+def test_asp_rate_is_each_workers_cycle_until_the_link_is_full():
+    net = Network(BW, 0.0, shm_bandwidth=SHM)
+    fast = job(workers=2, servers=2, compute_s=1.0)               # compute-bound
+    assert async_rate(fast, net) == pytest.approx(2 / (64.0 + 2 * B / BW))
+    slow = job(workers=8, servers=1, compute_s=1e-6)              # the server's link is full
+    assert async_rate(slow, net) == pytest.approx(8 * BW / (2 * 8 * B))
+
+
+def test_cores_shared_by_more_workers_slow_the_compute():
+    assert job(workers=4, cores=2).compute_step_s == pytest.approx(2 * TC)
+    assert job(workers=1, cores=2).compute_step_s == pytest.approx(TC)
+
+
+def test_balanced_servers_match_total_worker_bandwidth():
+    assert balanced_servers(16, 10.0, 10.0) == 16
+    assert balanced_servers(16, 10.0, 40.0) == 4
+    assert balanced_servers(3, 10.0, 40.0) == 1
+
+
+def test_predict_rows_and_the_recommendation_prefers_sync_unless_async_is_much_faster():
+    p = predict(job(workers=4, servers=4), Network(BW, 1e-5))
+    assert set(p) == {"bsp", "ssp", "asp", "hogwild", "allreduce ring", "allreduce hierarchical"}
+    for row in p.values():
+        assert row["samples_per_s"] == pytest.approx(4 * 64 / row["step_s"])
+        assert 0 < row["efficiency"] <= 1
+    table = {"bsp": {"samples_per_s": 100, "sync": True}, "asp": {"samples_per_s": 110,
+                                                                  "sync": False}}
+    assert recommend(table) == "bsp"
+    table["asp"]["samples_per_s"] = 130
+    assert recommend(table) == "asp"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ranks", "4", "--servers", "4"], "--ranks 4 needs --servers S with 0 <= S < 4"),
+    (["--workers", "4", "--bandwidth", "0gbit"], "--bandwidth must be > 0"),
+    (["--workers", "4", "--bandwidth", "fast"], "is not a bandwidth"),
+    (["--workers", "4", "--servers", "-1"], "need >= 1 worker and >= 0 servers"),
+    (["--workers", "0"], "need >= 1 worker"),
+])
+def test_plan_rejects_impossible_inputs_with_one_line(args, words):
+    proc = subprocess.run([sys.executable, "-m", "psgd", "plan", "--params", "1e6",
+                           "--compute-us", "100", *args], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_plan_prints_every_protocol_and_one_recommendation():
+    proc = subprocess.run([sys.executable, "-m", "psgd", "plan", "--params", "2e6",
+                           "--compute-us", "300", "--workers", "16,64", "--bandwidth", "10gbit"],
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.count("<- recommended") == 2
+    assert proc.stdout.count("allreduce hierarchical") == 2

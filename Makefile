@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async bench-gossip clean
+.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async bench-gossip bench-net clean
 
 install: $(STAMP)
 
@@ -57,6 +57,11 @@ bench-allreduce: install
 
 bench-compress: install
 	$(PY) bench/bench_compress.py $(ARGS)
+
+# the protocols on 2 and 4 emulated nodes at 1 and 10 Gbit/s, measured beside psgd plan's
+# prediction, and the all-reduce's bus bandwidth there (root: psgd net; about 10 minutes)
+bench-net: install
+	$(PY) bench/bench_net.py $(ARGS)
 
 # staleness compensation x protocols x W x seeds, LeNet and MLP: about two hours on 2 cores
 # (ARGS=--quick: a smoke run; ARGS="--models lenet --seeds 0,1": the README table, 35 min)

@@ -68,7 +68,9 @@ def test_asp_rate_is_each_workers_cycle_until_the_link_is_full():
     fast = job(workers=2, servers=2, compute_s=1.0)               # compute-bound
     assert async_rate(fast, net) == pytest.approx(2 / (64.0 + 2 * B / BW))
     slow = job(workers=8, servers=1, compute_s=1e-6)              # the server's link is full
-    assert async_rate(slow, net) == pytest.approx(8 * BW / (2 * 8 * B))
+    assert async_rate(slow, net) == pytest.approx(8 * BW / (8 * B))
+    shared = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)      # push and pull share it
+    assert async_rate(slow, shared) == pytest.approx(8 * BW / (2 * 8 * B))
 
 
 def test_cores_shared_by_more_workers_slow_the_compute():

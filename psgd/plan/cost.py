@@ -151,10 +151,11 @@ def async_rate(job: Job, net: Network) -> float:
                  + sc[wn] * share / net.shm_bandwidth + net.latency)
     rate = float(np.sum(1.0 / (job.compute_step_s + alone)))
     round_ = ps_push(job)
-    busiest = round_.out.sum() if net.shared else np.maximum(round_.out, round_.into).max()
+    # a round (a step of every worker) pushes round_ and pulls it back: on one shared link
+    # twice its bytes; on a switch the busiest link carries it once each way
+    busiest = 2 * round_.out.sum() if net.shared else np.maximum(round_.out, round_.into).max()
     if busiest > 0:
-        # one round (a step of every worker) puts 2 x busiest bytes on the busiest link
-        rate = min(rate, job.workers * net.bandwidth / (2 * busiest))
+        rate = min(rate, job.workers * net.bandwidth / busiest)
     return rate
 
 

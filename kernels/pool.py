@@ -1,4 +1,5 @@
-"""Max pooling kernels on channels-last (B, H, W, C) arrays; backward routes to the arg-max."""
+"""Pooling kernels on channels-last (B, H, W, C) arrays: max (backward routes to the arg-max),
+average, and global average, forward beside backward."""
 from numba import njit
 
 
@@ -86,4 +87,120 @@ def maxpool2d_backward(dout, argmax, k, stride, dx):
                 for ch in range(c):
                     idx = argmax[b, oh, ow, ch]
                     dx[b, idx // w, idx % w, ch] += dout[b, oh, ow, ch]
+    return dx
+
+
+@njit(cache=True)
+def avgpool2d_forward(x, k, stride, out):
+    """Average pooling over ``k x k`` windows with the given stride, no padding.
+
+    Parameters
+    ----------
+    x : (B, H, W, C) float32 or float64
+    k, stride : int
+    out : (B, OH, OW, C) same dtype, overwritten; ``OH = (H - k) // stride + 1``
+
+    Returns
+    -------
+    out : the same array
+    """
+    nb, h, w, c = x.shape
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    inv = 1.0 / (k * k)
+    for b in range(nb):
+        for oh in range(oh_n):
+            for ow in range(ow_n):
+                o = out[b, oh, ow]
+                for ch in range(c):
+                    o[ch] = 0.0
+                for i in range(k):
+                    for j in range(k):
+                        src = x[b, oh * stride + i, ow * stride + j]
+                        for ch in range(c):
+                            o[ch] += src[ch]
+                for ch in range(c):
+                    o[ch] *= inv
+    return out
+
+
+@njit(cache=True)
+def avgpool2d_backward(dout, k, stride, dx):
+    """Spread each output gradient evenly over its ``k x k`` window (overlaps accumulate).
+
+    Parameters
+    ----------
+    dout : (B, OH, OW, C) gradient w.r.t. the pooled output
+    k, stride : int, as in the forward pass
+    dx : (B, H, W, C) overwritten (zero where no window reaches)
+
+    Returns
+    -------
+    dx : the same array
+    """
+    nb, oh_n, ow_n, c = dout.shape
+    inv = 1.0 / (k * k)
+    dx[:] = 0.0
+    for b in range(nb):
+        for oh in range(oh_n):
+            for ow in range(ow_n):
+                g = dout[b, oh, ow]
+                for i in range(k):
+                    for j in range(k):
+                        dst = dx[b, oh * stride + i, ow * stride + j]
+                        for ch in range(c):
+                            dst[ch] += g[ch] * inv
+    return dx
+
+
+@njit(cache=True)
+def global_avgpool_forward(x, out):
+    """Mean over all pixels of each channel: (B, H, W, C) -> (B, C).
+
+    Parameters
+    ----------
+    x : (B, H, W, C) float32 or float64
+    out : (B, C) same dtype, overwritten
+
+    Returns
+    -------
+    out : the same array
+    """
+    nb, h, w, c = x.shape
+    xf = x.reshape(nb, h * w, c)
+    inv = 1.0 / (h * w)
+    for b in range(nb):
+        o = out[b]
+        for ch in range(c):
+            o[ch] = 0.0
+        for p in range(h * w):
+            src = xf[b, p]
+            for ch in range(c):
+                o[ch] += src[ch]
+        for ch in range(c):
+            o[ch] *= inv
+    return out
+
+
+@njit(cache=True)
+def global_avgpool_backward(dout, dx):
+    """Each pixel of a channel gets ``1 / (H*W)`` of that channel's output gradient.
+
+    Parameters
+    ----------
+    dout : (B, C)
+    dx : (B, H, W, C) overwritten
+
+    Returns
+    -------
+    dx : the same array
+    """
+    nb, h, w, c = dx.shape
+    dxf = dx.reshape(nb, h * w, c)
+    inv = 1.0 / (h * w)
+    for b in range(nb):
+        g = dout[b]
+        for p in range(h * w):
+            dst = dxf[b, p]
+            for ch in range(c):
+                dst[ch] = g[ch] * inv
     return dx

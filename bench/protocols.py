@@ -204,7 +204,8 @@ def single_process(data: str, model_spec: str, optimizer: str, lr: float, batch_
         y = f["train/y"][:].astype(np.int64)
         xt = f["test/x"][:eval_samples].astype(np.float32) * scale + offset
         yt = f["test/y"][:eval_samples].astype(np.int64)
-    model = build_model(model_spec, seed=seed)
+    model = build_model(model_spec, seed=seed, input_shape=x.shape[1:], n_classes=int(y.max()) + 1)
+    model.set_calibration(x[:512])
     opt = make_optimizer(optimizer, model.n_params)
     chunk = max(batch_size, eval_every_samples // batch_size * batch_size)
     total = int(round(epochs * len(x)))

@@ -2,7 +2,10 @@
 import numpy as np
 import pytest
 
-from psgd.nn.layers import ChannelsLast, Conv2D, Dense, Flatten, MaxPool2D, ReLU
+from psgd.nn.elementwise import Dropout, LeakyReLU, Sigmoid, Tanh
+from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Dense, Flatten, GlobalAvgPool, MaxPool2D, ReLU
+from psgd.nn.norm import BatchNorm
+from psgd.nn.residual import Residual
 
 
 def bind_flat(layer, dtype=np.float64, seed=0):
@@ -31,7 +34,24 @@ LAYERS = [
     ("relu_inplace", lambda: ReLU((4, 5), inplace=True), (3, 4, 5)),
     ("flatten", lambda: Flatten((3, 2, 2)), (2, 3, 2, 2)),
     ("channels_last", lambda: ChannelsLast((2, 3, 4)), (2, 2, 3, 4)),
+    ("conv_rect", lambda: Conv2D((5, 6, 2), 3, k=(1, 3), stride=2, pad=1), (2, 5, 6, 2)),
+    ("avgpool", lambda: AvgPool2D((6, 5, 2), k=3, stride=2), (2, 6, 5, 2)),
+    ("gap", lambda: GlobalAvgPool((3, 4, 2)), (2, 3, 4, 2)),
+    ("lrelu", lambda: LeakyReLU((4, 5), alpha=0.2), (3, 4, 5)),
+    ("tanh", lambda: Tanh((6,)), (3, 6)),
+    ("sigmoid_inplace", lambda: Sigmoid((6,), inplace=True), (3, 6)),
+    ("dropout", lambda: Dropout((4, 5), p=0.3, seed=1), (3, 4, 5)),
+    ("bn_image", lambda: BatchNorm((3, 3, 2)), (2, 3, 3, 2)),
+    ("bn_vector", lambda: BatchNorm((4,)), (5, 4)),
+    ("res_identity", lambda: Residual((4, 4, 2), 2), (2, 4, 4, 2)),
+    ("res_projection", lambda: Residual((5, 5, 2), 3, stride=2), (2, 5, 5, 2)),
 ]
+
+
+def forward(layer, x):
+    if isinstance(layer, Dropout):  # the same mask on every call
+        layer.reseed(7)
+    return layer.forward(x)
 
 
 @pytest.mark.parametrize("name,make,xshape", LAYERS, ids=[c[0] for c in LAYERS])
@@ -43,16 +63,16 @@ def test_layer_backward_matches_finite_differences_float64(name, make, xshape):
         x = rng.permutation(int(np.prod(xshape))).reshape(xshape).astype(np.float64) / 10
     else:
         x = rng.standard_normal(xshape)
-        if name.startswith("relu"):
+        if name.startswith(("relu", "lrelu")):
             x[np.abs(x) < 1e-3] = 0.5
-    out = layer.forward(x.copy())
+    out = forward(layer, x.copy())
     assert out.shape == (xshape[0], *layer.out_shape)
     r = rng.standard_normal(out.shape)
     grad[:] = np.nan
     dx = layer.backward(r.copy(), need_dx=True).copy()
 
     def loss():
-        return float((layer.forward(x.copy()) * r).sum())  # copy: an in-place layer may overwrite x
+        return float((forward(layer, x.copy()) * r).sum())  # copy: an in-place layer may overwrite x
 
     eps = 1e-6
     for i in range(params.size):
@@ -124,3 +144,31 @@ def test_layers_reject_shapes_that_do_not_fit():
         Conv2D((3, 3, 1), 4, k=5)
     with pytest.raises(ValueError, match="does not fit"):
         MaxPool2D((1, 1, 4), k=2)
+
+
+def test_dropout_is_the_identity_outside_training_and_drops_about_p_in_training():
+    layer = Dropout((1000,), p=0.4, seed=0)
+    x = np.ones((2, 1000))
+    out = layer.forward(x)
+    assert 0.35 < (out == 0).mean() < 0.45 and np.allclose(out[out != 0], 1 / 0.6)
+    layer.set_mode("eval")
+    assert layer.forward(x) is x
+
+
+def test_batchnorm_calibration_gives_the_population_statistics():
+    bn = BatchNorm((2, 2, 3))
+    bind_flat(bn)
+    rng = np.random.default_rng(4)
+    batches = [rng.standard_normal((4, 2, 2, 3)) * 2 + 1 for _ in range(3)]
+    bn.set_mode("calibrate")
+    bn.begin_calibration()
+    for b in batches:
+        bn.forward(b)
+    bn.end_calibration()
+    every = np.concatenate(batches).reshape(-1, 3)
+    np.testing.assert_allclose(bn.mean, every.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(bn.var, every.var(axis=0), rtol=1e-10)
+    bn.set_mode("eval")
+    x = batches[0]
+    want = bn.gamma * (x - bn.mean) / np.sqrt(bn.var + bn.eps) + bn.beta
+    np.testing.assert_allclose(bn.forward(x), want, rtol=1e-12)

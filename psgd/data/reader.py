@@ -168,6 +168,10 @@ class ShardReader:
         e, i = divmod(int(step), self.steps_per_epoch)
         return self._batch_at(self.order(e), i)
 
+    def first_rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``min(n, n_local)`` rows of this worker's slice, in file order, as :meth:`epoch` yields."""
+        return _to_float(self.x[:n], self.scale, self.offset), self.y[:n]
+
     def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """This evaluator's contiguous slice of /test (near-equal split over ``n_workers``).
 

@@ -13,7 +13,9 @@ from psgd.kernels.activation import relu_backward, relu_forward
 from psgd.kernels.conv import (conv2d_backward_input, conv2d_backward_params, conv2d_forward,
                                conv_out_size)
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
-from psgd.kernels.pool import maxpool2d_backward, maxpool2d_forward, pool_out_size
+from psgd.kernels.pool import (avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
+                               global_avgpool_forward, maxpool2d_backward, maxpool2d_forward,
+                               pool_out_size)
 
 
 class Layer:
@@ -23,13 +25,22 @@ class Layer:
     ----------
     in_shape, out_shape : tuple of int
         Per-sample shapes of the input and the output (no batch axis).
+    mode : str
+        ``"train"`` (dropout on, batch statistics), ``"eval"`` (dropout off, stored
+        statistics) or ``"calibrate"`` (dropout off, batch statistics, which batch-norm
+        layers also accumulate); set by the model for all its layers.
     """
 
     in_shape: tuple
     out_shape: tuple
+    mode: str = "train"
 
     def __init__(self) -> None:
         self._bufs: dict[str, np.ndarray] = {}
+
+    def set_mode(self, mode: str) -> None:
+        """Switch between ``"train"``, ``"eval"`` and ``"calibrate"`` (see :attr:`mode`)."""
+        self.mode = mode
 
     def param_shapes(self) -> list[tuple[str, tuple]]:
         """The (name, shape) of each parameter array, in flat-vector order."""
@@ -109,22 +120,24 @@ class Dense(Layer):
 
 
 class Conv2D(Layer):
-    """2-D convolution on channels-last input (H, W, C) with F filters of size k x k.
+    """2-D convolution on channels-last input (H, W, C) with F filters of size kh x kw.
 
-    One parameter array ``wb`` of shape (k*k*C + 1, F): weights ``w`` (k, k, C, F) then bias
-    ``b`` (F,), both exposed as views (see :mod:`psgd.kernels.conv`).  Zero padding ``pad``
-    on all sides; He-normal init (std sqrt(2 / (k*k*C))), biases 0.
+    One parameter array ``wb`` of shape (kh*kw*C + 1, F): weights ``w`` (kh, kw, C, F) then
+    bias ``b`` (F,), both exposed as views (see :mod:`psgd.kernels.conv`).  ``k`` is an int
+    (square) or a pair (kh, kw).  Zero padding ``pad`` on all sides; He-normal init
+    (std sqrt(2 / (kh*kw*C))), biases 0.
     """
 
-    def __init__(self, in_shape: tuple, filters: int, k: int, stride: int = 1, pad: int = 0) -> None:
+    def __init__(self, in_shape: tuple, filters: int, k, stride: int = 1, pad: int = 0) -> None:
         super().__init__()
         h, w, c = in_shape
-        oh, ow = conv_out_size(h, k, stride, pad), conv_out_size(w, k, stride, pad)
+        kh, kw = (k, k) if isinstance(k, int) else tuple(k)
+        oh, ow = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
         if oh < 1 or ow < 1:
-            raise ValueError(f"Conv2D k={k} stride={stride} pad={pad} does not fit input {in_shape}")
+            raise ValueError(f"Conv2D k={kh}x{kw} stride={stride} pad={pad} does not fit input {in_shape}")
         self.in_shape, self.out_shape = tuple(in_shape), (oh, ow, filters)
-        self.k, self.stride, self.pad = k, stride, pad
-        self._k_rows = k * k * c
+        self.kh, self.kw, self.stride, self.pad = kh, kw, stride, pad
+        self._k_rows = kh * kw * c
         # samples per im2col + GEMM round: at most ~640 KiB of float32 cols, so the GEMM
         # reads what im2col just wrote from L2 cache (1.25 MiB per core here)
         self.chunk = max(1, (640 << 10) // (oh * ow * (self._k_rows + 1) * 4))
@@ -134,7 +147,7 @@ class Conv2D(Layer):
 
     def bind(self, params, grads):
         self.wb, self.dwb = params["wb"], grads["wb"]
-        wshape = (self.k, self.k, self.in_shape[2], self.out_shape[2])
+        wshape = (self.kh, self.kw, self.in_shape[2], self.out_shape[2])
         self.w, self.b = self.wb[:-1].reshape(wshape), self.wb[-1]
         self.dw, self.db = self.dwb[:-1].reshape(wshape), self.dwb[-1]
 
@@ -147,7 +160,7 @@ class Conv2D(Layer):
         oh, ow, f = self.out_shape
         self._cols = self._buf("cols", (n * oh * ow, self._k_rows + 1), x.dtype)
         out = self._buf("out", (n, oh, ow, f), x.dtype)
-        return conv2d_forward(x, self.wb, self.k, self.k, self.stride, self.pad, self._cols, out,
+        return conv2d_forward(x, self.wb, self.kh, self.kw, self.stride, self.pad, self._cols, out,
                               self.chunk)
 
     def backward(self, dy, need_dx=True):
@@ -158,7 +171,8 @@ class Conv2D(Layer):
         oh, ow, _ = self.out_shape
         dcols = self._buf("dcols", (min(n, self.chunk) * oh * ow, self._k_rows), dy.dtype)
         dx = self._buf("dx", (n, *self.in_shape), dy.dtype)
-        return conv2d_backward_input(self.wb[:-1], dy, self.k, self.k, self.stride, self.pad, dcols, dx)
+        return conv2d_backward_input(self.wb[:-1], dy, self.kh, self.kw, self.stride, self.pad,
+                                     dcols, dx)
 
 
 class MaxPool2D(Layer):
@@ -185,6 +199,48 @@ class MaxPool2D(Layer):
             return None
         dx = self._buf("dx", (dy.shape[0], *self.in_shape), dy.dtype)
         return maxpool2d_backward(dy, self._argmax, self.k, self.stride, dx)
+
+
+class AvgPool2D(Layer):
+    """Average pooling over k x k windows (no padding) on channels-last input (H, W, C)."""
+
+    def __init__(self, in_shape: tuple, k: int = 2, stride: int | None = None) -> None:
+        super().__init__()
+        stride = k if stride is None else stride
+        h, w, c = in_shape
+        oh, ow = pool_out_size(h, k, stride), pool_out_size(w, k, stride)
+        if oh < 1 or ow < 1:
+            raise ValueError(f"AvgPool2D k={k} stride={stride} does not fit input {in_shape}")
+        self.in_shape, self.out_shape = tuple(in_shape), (oh, ow, c)
+        self.k, self.stride = k, stride
+
+    def forward(self, x):
+        out = self._buf("out", (x.shape[0], *self.out_shape), x.dtype)
+        return avgpool2d_forward(x, self.k, self.stride, out)
+
+    def backward(self, dy, need_dx=True):
+        if not need_dx:
+            return None
+        dx = self._buf("dx", (dy.shape[0], *self.in_shape), dy.dtype)
+        return avgpool2d_backward(dy, self.k, self.stride, dx)
+
+
+class GlobalAvgPool(Layer):
+    """The mean of each channel over all pixels: (H, W, C) -> (C,)."""
+
+    def __init__(self, in_shape: tuple) -> None:
+        super().__init__()
+        self.in_shape, self.out_shape = tuple(in_shape), (in_shape[2],)
+
+    def forward(self, x):
+        out = self._buf("out", (x.shape[0], *self.out_shape), x.dtype)
+        return global_avgpool_forward(x, out)
+
+    def backward(self, dy, need_dx=True):
+        if not need_dx:
+            return None
+        dx = self._buf("dx", (dy.shape[0], *self.in_shape), dy.dtype)
+        return global_avgpool_backward(np.ascontiguousarray(dy), dx)
 
 
 class ReLU(Layer):

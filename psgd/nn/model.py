@@ -6,9 +6,14 @@ import re
 import numpy as np
 
 from psgd.kernels.loss import softmax_cross_entropy
-from psgd.nn.layers import ChannelsLast, Conv2D, Dense, Flatten, Layer, MaxPool2D, ReLU
+from psgd.nn.elementwise import Dropout
+from psgd.nn.layers import Dense, Layer, ReLU
+from psgd.nn.norm import BatchNorm
+from psgd.nn.spec import PRESETS, TOKEN_HELP, build_layers, expand_preset
 
-SPEC_HELP = "expected 'mlp:N0-N1-...-NK' (at least two positive sizes, e.g. 'mlp:784-256-256-10') or 'lenet'"
+SPEC_HELP = ("expected 'mlp:N0-N1-...-NK' (at least two positive sizes, e.g. 'mlp:784-256-256-10'), "
+             f"a preset ({', '.join(PRESETS)}) or layer tokens joined by '-': {TOKEN_HELP}")
+CALIBRATION_BATCH = 64
 
 
 class Model:
@@ -17,7 +22,8 @@ class Model:
     Attributes
     ----------
     spec : str
-        The spec it was built from (e.g. ``'mlp:784-256-256-10'``, ``'lenet'``).
+        The spec it was built from (e.g. ``'mlp:784-256-256-10'``, ``'lenet'``,
+        ``'conv:16x3:pad1-bn-relu-gap-dense:10'``).
     params : (n_params,) float32
         All weights and biases; every layer's arrays are views into it.  Assigning
         ``model.params = v`` copies ``v`` in (the vector itself is never replaced).
@@ -32,11 +38,18 @@ class Model:
     layers : list of :class:`psgd.nn.layers.Layer`
     param_ranges : list of (layer index, name, start, stop)
         Where each layer's parameter array lies in the flat vectors.
+    batchnorms : list of :class:`psgd.nn.norm.BatchNorm`
+        Every batch-norm layer (inside residual blocks too); their evaluation statistics
+        are recomputed from :meth:`set_calibration`'s samples by every :meth:`evaluate`
+        and :meth:`predict` (see :mod:`psgd.nn.norm`).
+    stochastic : bool
+        True when the model has dropout: :meth:`reseed` then picks its masks.
     """
 
     def __init__(self, spec: str, layers: list[Layer], input_shape: tuple, n_classes: int,
                  seed: int = 0, dtype=np.float32) -> None:
         self.spec = spec
+        self.seed = int(seed)
         self.layers = layers
         self.input_shape = tuple(input_shape)
         self.n_classes = int(n_classes)
@@ -60,6 +73,50 @@ class Model:
         for layer in layers:
             layer.init_params(rng)
         self._dlogits: np.ndarray | None = None
+        self.batchnorms = [p for p in _walk(layers) if isinstance(p, BatchNorm)]
+        self.stochastic = any(isinstance(p, Dropout) for p in _walk(layers))
+        self._calibration: np.ndarray | None = None
+
+    # -- modes, masks and statistics -------------------------------------------------------
+    def _set_mode(self, mode: str) -> None:
+        for layer in self.layers:
+            layer.set_mode(mode)
+
+    def reseed(self, *key: int) -> None:
+        """Seed the dropout masks of the following training steps from ``(seed, layer, *key)``.
+
+        Workers call it with (worker index, step) before each step, so masks differ between
+        workers and a resumed run draws the masks the uninterrupted one drew.
+        """
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, Dropout):
+                layer.reseed([self.seed, i, *map(int, key)])
+
+    def set_calibration(self, x) -> None:
+        """The training samples (N, *input_shape) that batch-norm statistics are computed from.
+
+        No effect on a model without batch norm.  :meth:`evaluate` and :meth:`predict`
+        run them through the model (batch statistics, no dropout) and use the population
+        mean and variance each batch-norm layer saw.
+        """
+        if self.batchnorms:
+            self._calibration = self._check_x(x).copy()
+
+    def calibrate(self) -> None:
+        """Recompute every batch-norm layer's evaluation statistics with the current parameters."""
+        if not self.batchnorms:
+            return
+        if self._calibration is None:
+            raise ValueError(f"model {self.spec!r} has batch norm: give it training samples with "
+                             f"set_calibration(x) before evaluating")
+        self._set_mode("calibrate")
+        for bn in self.batchnorms:
+            bn.begin_calibration()
+        x = self._calibration
+        for s in range(0, x.shape[0], CALIBRATION_BATCH):
+            self._forward(x[s:s + CALIBRATION_BATCH])
+        for bn in self.batchnorms:
+            bn.end_calibration()
 
     @property
     def params(self) -> np.ndarray:
@@ -189,6 +246,7 @@ class Model:
         """
         x = self._check_x(x)
         y = self._check_y(y, x.shape[0])
+        self._set_mode("train")
         loss, correct = self._loss(self._forward(x), y)
         dy = self._dlogits
         for i in range(len(self.layers) - 1, -1, -1):
@@ -198,6 +256,8 @@ class Model:
     def predict(self, x, batch_size: int = 256) -> np.ndarray:
         """Class ids (B,) int64 of the arg-max logit for each sample of ``x``."""
         x = self._check_x(x)
+        self.calibrate()
+        self._set_mode("eval")
         out = np.empty(x.shape[0], np.int64)
         for s in range(0, x.shape[0], batch_size):
             out[s:s + batch_size] = self._forward(x[s:s + batch_size]).argmax(axis=1)
@@ -220,6 +280,8 @@ class Model:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         x = self._check_x(x)
         y = self._check_y(y, x.shape[0])
+        self.calibrate()
+        self._set_mode("eval")
         total, correct = 0.0, 0
         for s in range(0, x.shape[0], batch_size):
             xb, yb = x[s:s + batch_size], y[s:s + batch_size]
@@ -228,6 +290,13 @@ class Model:
             correct += c
         n = x.shape[0]
         return total / n, correct / n
+
+
+def _walk(layers):
+    """Every layer, and the parts of composite layers (residual blocks)."""
+    for layer in layers:
+        yield layer
+        yield from _walk(getattr(layer, "parts", []))
 
 
 def _mlp(sizes: list[int]) -> tuple[list[Layer], tuple, int]:
@@ -240,53 +309,21 @@ def _mlp(sizes: list[int]) -> tuple[list[Layer], tuple, int]:
     return layers, (sizes[0],), sizes[-1]
 
 
-def _lenet() -> tuple[list[Layer], tuple, int]:
-    """conv5x5x16 (pad 2) - relu - pool2 - conv5x5x32 (pad 2) - relu - pool2 - dense128 - relu - dense10.
-
-    'Same' padding (2) keeps 28x28 through conv1 and 14x14 through conv2, so the pools give
-    14x14x16 then 7x7x32 = 1568 features into the dense layers.
-    """
-    layers: list[Layer] = [ChannelsLast((1, 28, 28))]
-    layers.append(Conv2D(layers[-1].out_shape, 16, k=5, stride=1, pad=2))
-    layers.append(ReLU(layers[-1].out_shape, inplace=True))
-    layers.append(MaxPool2D(layers[-1].out_shape, k=2))
-    layers.append(Conv2D(layers[-1].out_shape, 32, k=5, stride=1, pad=2))
-    layers.append(ReLU(layers[-1].out_shape, inplace=True))
-    layers.append(MaxPool2D(layers[-1].out_shape, k=2))
-    layers.append(Flatten(layers[-1].out_shape))
-    layers.append(Dense(layers[-1].out_shape[0], 128))
-    layers.append(ReLU((128,), inplace=True))
-    layers.append(Dense(128, 10, init="glorot"))
-    return layers, (1, 28, 28), 10
+def _mlp_sizes(spec: str) -> list[int]:
+    """``'mlp:784-10'`` -> ``[784, 10]``, or a ValueError naming what is wrong."""
+    body = spec.strip().lower()[4:]
+    if not re.fullmatch(r"\d+(-\d+)+", body):
+        raise ValueError(f"malformed mlp spec {spec!r}; {SPEC_HELP}")
+    sizes = [int(t) for t in body.split("-")]
+    if min(sizes) < 1:
+        raise ValueError(f"mlp spec {spec!r} has a zero size; {SPEC_HELP}")
+    if sizes[-1] < 2:
+        raise ValueError(f"mlp spec {spec!r} needs at least 2 classes in its last size")
+    return sizes
 
 
-def parse_spec(spec: str) -> tuple[str, list[int]]:
-    """Split a spec into its kind and sizes: ``'mlp:784-10'`` -> ``('mlp', [784, 10])``.
-
-    Raises
-    ------
-    ValueError
-        Unknown kind or malformed sizes, with the accepted forms in the message.
-    """
-    if not isinstance(spec, str):
-        raise ValueError(f"model spec must be a string, got {type(spec).__name__}; {SPEC_HELP}")
-    s = spec.strip().lower()
-    if s == "lenet":
-        return "lenet", []
-    if s.startswith("mlp:"):
-        body = s[4:]
-        if not re.fullmatch(r"\d+(-\d+)+", body):
-            raise ValueError(f"malformed mlp spec {spec!r}; {SPEC_HELP}")
-        sizes = [int(t) for t in body.split("-")]
-        if min(sizes) < 1:
-            raise ValueError(f"mlp spec {spec!r} has a zero size; {SPEC_HELP}")
-        if sizes[-1] < 2:
-            raise ValueError(f"mlp spec {spec!r} needs at least 2 classes in its last size")
-        return "mlp", sizes
-    raise ValueError(f"unknown model spec {spec!r}; {SPEC_HELP}")
-
-
-def build_model(spec: str, seed: int = 0, dtype=np.float32) -> Model:
+def build_model(spec: str, seed: int = 0, dtype=np.float32, input_shape: tuple | None = None,
+                n_classes: int | None = None) -> Model:
     """Build a model from its spec with deterministic initialisation.
 
     Parameters
@@ -294,11 +331,21 @@ def build_model(spec: str, seed: int = 0, dtype=np.float32) -> Model:
     spec : str
         ``'mlp:N0-N1-...-NK'``: dense layers N0 -> N1 -> ... -> NK with ReLU between
         (He-normal init, Glorot-uniform for the output layer); input (N0,), NK classes.
-        ``'lenet'``: see :func:`_lenet`; input (1, 28, 28), 10 classes.
+        ``'lenet'``: conv5x5x16 (pad 2) - relu - pool2 - conv5x5x32 (pad 2) - relu - pool2 -
+        dense128 - relu - dense10 on (1, 28, 28).
+        ``'cifar-cnn'``, ``'resnet8'``, ``'resnet20'``: presets on ``input_shape`` (default
+        (3, 32, 32)) with ``n_classes`` outputs (default 10); see :data:`psgd.nn.spec.PRESETS`.
+        Anything else: layer tokens joined by ``-`` (:func:`psgd.nn.spec.build_layers`) on
+        ``input_shape``, its last token ``dense:N`` giving the classes.
     seed : int
         Same seed -> bitwise identical parameters.
     dtype : numpy dtype
         float32 (the default, and what MPI training uses); float64 for gradient checks.
+    input_shape : tuple of int, optional
+        Per-sample input, (C, H, W) or (D,): a dataset's.  Required by token specs;
+        ignored by mlp and lenet, whose input is fixed.
+    n_classes : int, optional
+        The outputs of a preset other than lenet.
 
     Returns
     -------
@@ -307,10 +354,20 @@ def build_model(spec: str, seed: int = 0, dtype=np.float32) -> Model:
     Raises
     ------
     ValueError
-        Unknown or malformed spec.
+        Unknown or malformed spec (:class:`psgd.nn.spec.SpecError` names the token).
     """
-    kind, sizes = parse_spec(spec)
+    if not isinstance(spec, str):
+        raise ValueError(f"model spec must be a string, got {type(spec).__name__}; {SPEC_HELP}")
     if np.dtype(dtype) not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    layers, input_shape, n_classes = _mlp(sizes) if kind == "mlp" else _lenet()
-    return Model(spec.strip(), layers, input_shape, n_classes, seed=seed, dtype=dtype)
+    if spec.strip().lower().startswith("mlp:"):
+        layers, shape, classes = _mlp(_mlp_sizes(spec))
+        return Model(spec.strip(), layers, shape, classes, seed=seed, dtype=dtype)
+    fixed = spec.strip().lower() == "lenet"
+    text, default_shape = expand_preset(spec, None if fixed else n_classes)
+    shape = default_shape if fixed or input_shape is None else tuple(input_shape)
+    if shape is None:
+        raise ValueError(f"model spec {spec!r} takes its input shape from the data, and none was "
+                         f"given (input_shape=...)")
+    layers, classes = build_layers(text, shape, seed=seed)
+    return Model(spec.strip(), layers, shape, classes, seed=seed, dtype=dtype)

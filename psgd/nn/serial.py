@@ -9,6 +9,8 @@ import numpy as np
 from psgd.nn.model import Model
 from psgd.nn.optim import Optimizer, make_optimizer
 
+CALIBRATION_SAMPLES = 512
+
 
 def train_serial(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",
                  lr: float | Callable[[int], float] = 0.05, batch_size: int = 64,
@@ -53,6 +55,7 @@ def train_serial(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",
     opt = make_optimizer(optimizer, model.n_params) if isinstance(optimizer, str) else optimizer
     schedule = lr if callable(lr) else (lambda step, _lr=float(lr): _lr)
     rng = np.random.default_rng(seed)
+    model.set_calibration(x[:CALIBRATION_SAMPLES])   # batch-norm statistics for evaluation
     history, step = [], 0
     for epoch in range(1, epochs + 1):
         rec, step = _epoch(model, opt, schedule, x, y, rng.permutation(x.shape[0]), batch_size,
@@ -71,6 +74,7 @@ def _epoch(model, opt, schedule, x, y, order, batch_size, epoch, step) -> tuple[
     n, loss_sum, correct = x.shape[0], 0.0, 0
     for s in range(0, n, batch_size):
         idx = order[s:s + batch_size]
+        model.reseed(0, step)
         loss, c = model.loss_and_grad(x[idx], y[idx])
         if not np.isfinite(loss):
             raise ValueError(f"training diverged: loss {loss} at epoch {epoch}, step {step}; "

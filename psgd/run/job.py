@@ -147,7 +147,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     from psgd.nn.model import build_model
 
     info = dataset_info(settings.data)
-    model = build_model(settings.model, seed=settings.seed)
+    model = build_model(settings.model, seed=settings.seed, input_shape=info["input_shape"],
+                        n_classes=info["n_classes"])
     total = _total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
     resume = _resume(settings, resumed, model, total, protocol)

@@ -12,6 +12,7 @@ from psgd.run.reports import merge_histograms
 from psgd.run.signals import EXIT_STOPPED, signal_name
 
 TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s", "compute_s")
+CALIBRATION_SAMPLES = 512
 
 
 class _Window:
@@ -47,6 +48,8 @@ class Lead:
         self.job, self.s, self.n_workers = job, s, roles.n_workers
         self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None)
         self.x_test, self.y_test = job.reader.test_set()
+        # batch-norm statistics for evaluation: recomputed from the lead's first training rows
+        job.model.set_calibration(job.reader.first_rows(CALIBRATION_SAMPLES)[0])
         if s.eval_samples:
             self.x_test, self.y_test = self.x_test[:s.eval_samples], self.y_test[:s.eval_samples]
         self.log.write("config", **s.as_dict(), run_id=job.run_id, n_workers=roles.n_workers,

@@ -93,7 +93,10 @@ class TrainSettings:
 # flag name -> (type, help); bools are store_true flags
 FLAGS: dict[str, tuple[type, str]] = {
     "data": (str, "HDF5 dataset (make one with `psgd data synth`)"),
-    "model": (str, "model spec: lenet, or mlp:784-256-256-10 (default lenet)"),
+    "model": (str, "model spec: a preset (lenet, cifar-cnn, resnet8, resnet20), "
+                   "mlp:784-256-256-10, or layer tokens joined by '-' on the data's input shape, "
+                   "e.g. conv:32x3:pad1-bn-relu-pool:2-flatten-dense:10 (see the README; "
+                   "default lenet)"),
     "protocol": (str, "consistency protocol: " + ", ".join(PROTOCOLS) + " (default ssp)"),
     "servers": (int, f"number of parameter-server ranks S (default 1; 0 for "
                      f"{names(servers=False)})"),

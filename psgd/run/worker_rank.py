@@ -28,6 +28,8 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     t_data = time.perf_counter()
     x, y = job.reader.batch(clock)
     t0 = time.perf_counter()
+    if model.stochastic:   # dropout masks fixed by (seed, worker, step): a resume draws the same
+        model.reseed(job.roles.worker_index, clock)
     loss, correct = model.loss_and_grad(x, y)
     t1 = time.perf_counter()
     timers["compute_s"] += t1 - t0

@@ -23,6 +23,7 @@ setup(
     extras_require={
         "mpich": ["mpich"],          # an MPI from PyPI, for machines without one
         "plot": ["matplotlib>=3.6"],
+        "images": ["Pillow>=9"],   # psgd data convert of image-folder trees
         "test": ["pytest>=7"],
     },
     entry_points={"console_scripts": ["psgd=psgd.cli:main"]},

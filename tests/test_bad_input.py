@@ -224,7 +224,7 @@ CASES = [
     ("data-info-truncated", 1, lambda f: ["-m", "psgd", "data", "info", f["truncated"]],
      "truncated.h5"),
     ("data-convert-nothing", 1, lambda f: ["-m", "psgd", "data", "convert", "-o",
-                                           f["dir"] / "o.h5"], "give --npz F or the four"),
+                                           f["dir"] / "o.h5"], "give INPUT (an .npz or a folder), --npz F or the four"),
     ("data-synth-under-a-file", 1, lambda f: ["-m", "psgd", "data", "synth", "-o",
                                               f["text"] / "sub" / "o.h5"], "is not a directory"),
     ("log-exists", 1, lambda f: train(f, "--data", f["good"], "--protocol", "allreduce",

@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 DESCRIPTION = """\
 make, convert and inspect psgd HDF5 datasets (/train/x, /train/y, /test/x, /test/y)
 
   psgd data synth -o synth.h5                       deterministic synthetic 10-class 1x28x28
+  psgd data synth --channels 3 -o colour.h5         the same strokes in colour, 3x32x32
+  psgd data convert INPUT -o data.h5                INPUT: an .npz, a folder of IDX files,
+                                                    a CIFAR-10 batch folder (python or binary),
+                                                    or train/<class>/*.png and test/<class>/...
   psgd data convert --idx-train-images F --idx-train-labels F \\
                     --idx-test-images F --idx-test-labels F -o mnist.h5
   psgd data convert --npz data.npz -o data.h5       keys x_train, y_train, x_test, y_test
@@ -20,10 +25,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True,
                                 parser_class=type(parser))
 
-    p = sub.add_parser("convert", help="convert MNIST-style IDX files or an .npz into the HDF5 layout",
-                       description="Convert four IDX files (gzip or raw) or one .npz into a psgd "
-                                   "HDF5 dataset. uint8 stays uint8 with scale 1/255; floats become "
-                                   "float32 with scale 1.")
+    p = sub.add_parser("convert", help="convert an .npz, IDX files, CIFAR-10 batches or image "
+                                       "folders into the HDF5 layout",
+                       description="Convert INPUT (its kind detected: an .npz; a folder of four IDX "
+                                   "files, gzip or raw; a CIFAR-10 batch folder; an image tree "
+                                   "train/<class>/*.png|jpg and test/<class>/..., which needs "
+                                   "Pillow), or the files the flags name, into a psgd HDF5 dataset. "
+                                   "uint8 stays uint8 with scale 1/255; floats become float32 with "
+                                   "scale 1.")
+    p.add_argument("input", nargs="?", metavar="INPUT",
+                   help="an .npz file or a folder (IDX files, CIFAR-10 batches, or an image tree)")
     p.add_argument("--idx-train-images", metavar="F", help="IDX images file (idx3), train split")
     p.add_argument("--idx-train-labels", metavar="F", help="IDX labels file (idx1), train split")
     p.add_argument("--idx-test-images", metavar="F", help="IDX images file (idx3), test split")
@@ -32,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--nhwc", action="store_true",
                    help="4-d npz arrays are channels-last (N, H, W, C); store as NCHW")
     p.add_argument("--classes", type=int, metavar="N", help="number of classes (default: max label + 1)")
+    p.add_argument("--size", type=_size, metavar="HxW",
+                   help="resize every image of an image tree to H x W pixels (default: all must match)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="output HDF5 file")
 
     p = sub.add_parser("synth", help="write the deterministic synthetic 10-class 1x28x28 dataset",
@@ -42,9 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=int, default=12000, metavar="N", help="training samples (default 12000)")
     p.add_argument("--test", type=int, default=2000, metavar="N", help="test samples (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--channels", type=int, choices=(1, 3), default=1,
+                   help="1: greyscale 1x28x28 (default); 3: colour 3x32x32, each sample's strokes "
+                        "and background in random colours and placed at a random offset")
 
     p = sub.add_parser("info", help="print shapes, dtypes, class balance, scaling and storage of a dataset")
     p.add_argument("file", metavar="FILE", help="a psgd HDF5 dataset")
+
+
+def _size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", text.strip().lower())
+    if not m or min(int(m.group(1)), int(m.group(2))) < 1:
+        raise argparse.ArgumentTypeError(f"expected HxW with positive sizes (e.g. 32x32), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -53,12 +76,18 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
-    from psgd.data import idx, npz
+    from psgd.data import detect, idx, npz
     idx_files = [args.idx_train_images, args.idx_train_labels, args.idx_test_images, args.idx_test_labels]
     t0 = time.perf_counter()
+    if args.input and (args.npz or any(idx_files)):
+        raise ValueError(f"convert: give INPUT ({args.input}) or --npz / --idx-* files, not both")
     if args.npz and any(idx_files):
         raise ValueError("convert: give either --npz or the four --idx-* files, not both")
-    if args.npz:
+    if args.input:
+        kind, out = detect.convert_input(args.input, args.output, args.classes, nhwc=args.nhwc,
+                                         size=args.size)
+        print(f"{args.input}: {kind}")
+    elif args.npz:
         out = npz.convert_npz(args.npz, args.output, args.classes, nhwc=args.nhwc)
     elif all(idx_files):
         out = idx.convert_idx(*idx_files, args.output, args.classes)
@@ -67,7 +96,7 @@ def _convert(args: argparse.Namespace) -> None:
         missing = [n for n, f in zip(names, idx_files) if not f]
         raise ValueError(f"convert: IDX input also needs {', '.join(missing)}")
     else:
-        raise ValueError("convert: give --npz F or the four --idx-* files")
+        raise ValueError("convert: give INPUT (an .npz or a folder), --npz F or the four --idx-* files")
     print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
     _print_info(out)
 
@@ -75,7 +104,7 @@ def _convert(args: argparse.Namespace) -> None:
 def _synth(args: argparse.Namespace) -> None:
     from psgd.data import synth
     t0 = time.perf_counter()
-    out = synth.write_synthetic(args.output, args.train, args.test, args.seed)
+    out = synth.write_synthetic(args.output, args.train, args.test, args.seed, channels=args.channels)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
     _print_info(out)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -55,6 +56,11 @@ def convert_npz(path: str | os.PathLike, out: str | os.PathLike, n_classes: int 
     layout.check_output_path(out)
     a = read_npz(path)
     xs, scales, ys = {}, {}, {}
+    shape = a["x_train"].shape
+    if not nhwc and len(shape) == 4 and shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4):
+        print(f"psgd: warning: {path}: x_train has shape {shape}, which looks channels-last "
+              f"(N, H, W, C); it is stored as given, read as (N, C, H, W) = {shape}: pass --nhwc "
+              f"to transpose it", file=sys.stderr, flush=True)
     for split in layout.SPLITS:
         xs[split], scales[split], _ = layout.prepare_x(a[f"x_{split}"], f"{path}: x_{split}", nhwc=nhwc)
         ys[split] = layout.prepare_y(a[f"y_{split}"], f"{path}: y_{split}")

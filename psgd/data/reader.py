@@ -7,6 +7,7 @@ from typing import Iterator
 import numpy as np
 
 from psgd.data import layout
+from psgd.data.augment import crop_flip
 
 
 def slice_bounds(n: int, part: int, n_parts: int) -> tuple[int, int]:
@@ -96,6 +97,10 @@ class ShardReader:
         Rows per batch; the last partial batch of an epoch is dropped.
     seed : int
         With ``worker`` and the epoch, fixes the shuffle order.
+    augment : bool
+        :meth:`batch` crops each image from its zero padding of H // 8 pixels (at least 1;
+        4 for 32x32) and flips it left-right half the time, drawn from (seed, worker,
+        step), so a resumed run sees the batches an uninterrupted one saw.
 
     Attributes
     ----------
@@ -113,7 +118,7 @@ class ShardReader:
     """
 
     def __init__(self, path: str | os.PathLike, worker: int, n_workers: int, batch_size: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, augment: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         if seed < 0:
@@ -132,6 +137,10 @@ class ShardReader:
             raise ValueError(f"{path}: worker {self.worker} of {self.n_workers} has {self.n_local} "
                              f"training rows, fewer than batch size {self.batch_size}")
         self.steps_per_epoch = self.n_local // self.batch_size
+        if augment and len(self.input_shape) != 3:
+            raise ValueError(f"{path}: --augment needs images (N, C, H, W), but the samples have "
+                             f"shape {self.input_shape}")
+        self.augment = max(1, self.input_shape[1] // 8) if augment else 0
         self._order_epoch = -1
         self._order = np.arange(0)
 
@@ -166,7 +175,10 @@ class ShardReader:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         e, i = divmod(int(step), self.steps_per_epoch)
-        return self._batch_at(self.order(e), i)
+        x, y = self._batch_at(self.order(e), i)
+        if self.augment:
+            x = crop_flip(x, np.random.default_rng([self.seed, self.worker, int(step), 1]), self.augment)
+        return x, y
 
     def first_rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``min(n, n_local)`` rows of this worker's slice, in file order, as :meth:`epoch` yields."""

@@ -1,4 +1,4 @@
-"""A deterministic synthetic 10-class 1x28x28 image dataset that needs no download."""
+"""A deterministic synthetic 10-class image dataset that needs no download: 1x28x28, or 3x32x32 in colour."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,7 @@ MAX_JITTER = 1              # extra per-stroke shift, pixels
 NOISE = 0.10                # background noise (std, in [0, 1] intensity units)
 DISTRACTOR_P = 0.35         # chance of one extra faint stroke from the pool
 LABEL_NOISE = 0.0
+COLOUR_SIDE = 32            # colour images: the 28x28 strokes at a random offset on a 32x32 canvas
 # Each class is two alternative "styles", each a set of pool strokes.  Styles
 # share strokes across classes (and pairs of classes are mixtures of the same
 # strokes), so class means are nearly linearly dependent: a linear model cannot
@@ -97,7 +98,27 @@ def _sample(n: int, rng: np.random.Generator, pool: np.ndarray) -> tuple[np.ndar
     return x8.reshape(n, 1, SIDE, SIDE), y.astype(np.int32)
 
 
-def make_synthetic(n_train: int = 12000, n_test: int = 2000, seed: int = 0
+def _colourise(x8: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(n, 1, 28, 28) uint8 strokes -> (n, 3, 32, 32) uint8: random stroke and background
+    colours per sample (the class is in the shapes only), a random placement, colour noise."""
+    n = len(x8)
+    v = x8.astype(np.float32) / 255.0                               # (n, 1, 28, 28)
+    fg = rng.uniform(0.35, 1.0, size=(n, 3, 1, 1)).astype(np.float32)
+    bg = rng.uniform(0.0, 0.45, size=(n, 3, 1, 1)).astype(np.float32)
+    # a gentle left-to-right background gradient of its own colour
+    ramp = np.linspace(-1, 1, COLOUR_SIDE, dtype=np.float32)[None, None, None, :]
+    tilt = rng.uniform(-0.15, 0.15, size=(n, 3, 1, 1)).astype(np.float32)
+    canvas = np.broadcast_to(bg + tilt * ramp, (n, 3, COLOUR_SIDE, COLOUR_SIDE)).copy()
+    at = rng.integers(0, COLOUR_SIDE - SIDE + 1, size=(n, 2))
+    for i in range(n):
+        r, c = at[i]
+        patch = canvas[i, :, r:r + SIDE, c:c + SIDE]
+        canvas[i, :, r:r + SIDE, c:c + SIDE] = patch * (1 - v[i]) + fg[i] * v[i]
+    canvas += rng.normal(0.0, NOISE / 2, size=canvas.shape).astype(np.float32)
+    return np.rint(np.clip(canvas, 0.0, 1.0) * 255).astype(np.uint8)
+
+
+def make_synthetic(n_train: int = 12000, n_test: int = 2000, seed: int = 0, channels: int = 1
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Generate the synthetic dataset; the same ``seed`` gives identical arrays.
 
@@ -107,11 +128,15 @@ def make_synthetic(n_train: int = 12000, n_test: int = 2000, seed: int = 0
     Gaussian background noise. The train and test sets come from independent
     streams of ``seed``, so changing ``n_train`` does not change the test set.
 
+    With ``channels=3`` each sample is then coloured: a random stroke colour and a
+    random background colour with a slight gradient, placed at a random offset on a
+    32x32 canvas, with colour noise; the class is in the shapes only.
+
     Returns
     -------
-    x_train : ndarray, uint8, shape (n_train, 1, 28, 28)
+    x_train : ndarray, uint8, shape (n_train, 1, 28, 28) or (n_train, 3, 32, 32)
     y_train : ndarray, int32, shape (n_train,), values in [0, 10)
-    x_test : ndarray, uint8, shape (n_test, 1, 28, 28)
+    x_test : ndarray, uint8, shape (n_test, 1, 28, 28) or (n_test, 3, 32, 32)
     y_test : ndarray, int32, shape (n_test,)
     """
     if n_train < 1 or n_test < 1:
@@ -119,16 +144,22 @@ def make_synthetic(n_train: int = 12000, n_test: int = 2000, seed: int = 0
                          f"got train={n_train} test={n_test}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
+    if channels not in (1, 3):
+        raise ValueError(f"synthetic data has 1 or 3 channels, got {channels}")
     pool = prototypes()
     x_train, y_train = _sample(int(n_train), np.random.default_rng([int(seed), 0]), pool)
     x_test, y_test = _sample(int(n_test), np.random.default_rng([int(seed), 1]), pool)
+    if channels == 3:
+        x_train = _colourise(x_train, np.random.default_rng([int(seed), 2]))
+        x_test = _colourise(x_test, np.random.default_rng([int(seed), 3]))
     return x_train, y_train, x_test, y_test
 
 
 def write_synthetic(path: str | os.PathLike, n_train: int = 12000, n_test: int = 2000,
-                    seed: int = 0) -> Path:
+                    seed: int = 0, channels: int = 1) -> Path:
     """Generate the synthetic dataset and write it to ``path`` (uint8, scale 1/255)."""
     layout.check_output_path(path)
-    arrays = make_synthetic(n_train, n_test, seed)
+    arrays = make_synthetic(n_train, n_test, seed, channels)
+    colour = ",channels=3" if channels == 3 else ""
     return layout.write_dataset(path, *arrays, n_classes=N_CLASSES, scale=layout.UINT8_SCALE,
-                                offset=0.0, source=f"synth:seed={seed}")
+                                offset=0.0, source=f"synth:seed={seed}{colour}")

@@ -172,7 +172,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     reader = None
     if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
         reader = ShardReader(settings.data, roles.worker_index, roles.n_workers,
-                             settings.batch_size, seed=settings.seed)
+                             settings.batch_size, seed=settings.seed, augment=settings.augment)
     return Job(settings=settings, roles=roles, protocol=protocol, model=model,
                shard_map=shard_map, config=config, total_steps=total,
                start_step=resume.step if resume else 0, resume=resume, debug=debug,

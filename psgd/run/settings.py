@@ -85,6 +85,7 @@ class TrainSettings:
     compress: str = "none"
     compress_bucket: int = 512
     error_feedback: str = "auto"
+    augment: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -135,6 +136,9 @@ FLAGS: dict[str, tuple[type, str]] = {
     "overwrite": (bool, "replace an existing --log and another run's checkpoints in "
                         "--checkpoint-dir (refused without it)"),
     "quiet": (bool, "no progress bar"),
+    "augment": (bool, "augment image batches on the workers: a random crop of each image padded "
+                      "by H/8 pixels (4 for 32x32) and a horizontal flip half the time, seeded by "
+                      "(seed, worker, step)"),
     "stall_timeout": (float, "report a rank waiting longer than this many seconds (default 60)"),
     "stall_abort": (float, "end the job when a rank waits longer than this (default 600)"),
     "skip_nonfinite": (bool, "skip and count pushes holding NaN/Inf instead of failing"),

@@ -15,7 +15,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-MODELS = ("mlp:784-256-256-10", "lenet")
+MODELS = {"mlp:784-256-256-10": (1, 28, 28), "lenet": (1, 28, 28), "cifar-cnn": (3, 32, 32)}
 
 STARTUP_SCRIPT = """
 import time, sys
@@ -23,9 +23,10 @@ t0 = time.perf_counter()
 import numpy as np
 from psgd.nn.model import build_model
 from psgd.nn.optim import make_optimizer
-m = build_model(sys.argv[1], seed=0)
+shape = tuple(int(d) for d in sys.argv[2].split(","))
+m = build_model(sys.argv[1], seed=0, input_shape=shape)
 opt = make_optimizer("sgd", m.n_params)
-x = np.random.default_rng(0).random((64, 1, 28, 28), dtype=np.float32)
+x = np.random.default_rng(0).random((64, *shape), dtype=np.float32)
 y = np.arange(64) % 10
 m.loss_and_grad(x, y)
 opt.step(m.params, m.grad, 0.01)
@@ -36,13 +37,41 @@ print(time.perf_counter() - t0)
 def psgd_stepper(spec, x, y, lr=0.01):
     from psgd.nn.model import build_model
     from psgd.nn.optim import make_optimizer
-    model = build_model(spec, seed=0)
+    model = build_model(spec, seed=0, input_shape=x.shape[1:])
     opt = make_optimizer("sgd", model.n_params)
 
     def step():
         model.loss_and_grad(x, y)
         opt.step(model.params, model.grad, lr)
+    step.model = model
     return step
+
+
+def model_bytes(model):
+    """A worker's model memory after a step: parameters, gradient and every layer's buffers."""
+    seen, total = set(), model.params.nbytes + model.grad.nbytes
+
+    def walk(layers):
+        nonlocal total
+        for layer in layers:
+            for buf in layer._bufs.values():
+                if id(buf) not in seen:
+                    seen.add(id(buf))
+                    total += buf.nbytes
+            walk(getattr(layer, "parts", []))
+    walk(model.layers)
+    return total
+
+
+def torch_cifar_cnn(nn):
+    """cifar-cnn (psgd.nn.spec.PRESETS) in PyTorch, training mode."""
+    mods, c = [], 3
+    for f, pool in ((32, False), (32, True), (64, False), (64, True), (128, True)):
+        mods += [nn.Conv2d(c, f, 3, padding=1), nn.BatchNorm2d(f), nn.ReLU()]
+        mods += [nn.MaxPool2d(2)] if pool else []
+        c = f
+    return nn.Sequential(*mods, nn.Flatten(), nn.Linear(128 * 4 * 4, 128), nn.ReLU(),
+                         nn.Dropout(0.25), nn.Linear(128, 10))
 
 
 def torch_stepper(spec, x, y, lr=0.01):
@@ -50,7 +79,9 @@ def torch_stepper(spec, x, y, lr=0.01):
     import torch.nn as nn
     import torch.nn.functional as F
     torch.manual_seed(0)
-    if spec == "lenet":
+    if spec == "cifar-cnn":
+        net = torch_cifar_cnn(nn)
+    elif spec == "lenet":
         net = nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
                             nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
                             nn.Flatten(), nn.Linear(1568, 128), nn.ReLU(), nn.Linear(128, 10))
@@ -99,14 +130,15 @@ def throughput(steppers, batch, n_steps, repeats, warmup=3):
             for name, ts in times.items()}
 
 
-def startup_seconds(spec):
+def startup_seconds(spec, shape):
     """(cold, warm) seconds to import + build + first step in a fresh process, numba cache empty then warm."""
     with tempfile.TemporaryDirectory(prefix="psgd-numba-cache-") as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         out = []
         for _ in range(2):
             t0 = time.perf_counter()
-            res = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT, spec], env=env,
+            res = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT, spec,
+                                  ",".join(map(str, shape))], env=env,
                                  capture_output=True, text=True, check=True)
             out.append((time.perf_counter() - t0, float(res.stdout.split()[-1])))
         return out
@@ -120,6 +152,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=0.5, help="target seconds per timed repeat")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even if importable")
     ap.add_argument("--no-startup", action="store_true", help="skip the cold/warm start-up measurement")
+    ap.add_argument("--models", metavar="A,B", help=f"models to run (default all: {', '.join(MODELS)})")
     args = ap.parse_args(argv)
 
     torch = None
@@ -129,14 +162,15 @@ def main(argv=None):
             torch.set_num_threads(1)
         except ImportError:
             print("PyTorch not importable: psgd numbers only (pip install torch to compare)")
-    rng = np.random.default_rng(0)
-    x = rng.random((args.batch, 1, 28, 28), dtype=np.float32)
-    y = rng.integers(0, 10, args.batch)
+    ap_models = args.models.split(",") if args.models else list(MODELS)
 
     results = {"batch": args.batch, "repeats": args.repeats, "threads": 1,
                "torch_version": getattr(torch, "__version__", None), "python": platform.python_version(),
                "models": {}}
-    for spec in MODELS:
+    for spec in ap_models:
+        rng = np.random.default_rng(0)
+        x = rng.random((args.batch, *MODELS[spec]), dtype=np.float32)
+        y = rng.integers(0, 10, args.batch)
         steppers = {"psgd": psgd_stepper(spec, x, y)}
         if torch is not None:
             steppers["torch"] = torch_stepper(spec, x, y)
@@ -149,12 +183,13 @@ def main(argv=None):
                "ratio_psgd_over_torch": psgd_wall / torch_wall if torch_wall else None,
                "psgd_samples_per_cpu_s": psgd_cpu, "torch_samples_per_cpu_s": torch_cpu,
                "ratio_psgd_over_torch_cpu": psgd_cpu / torch_cpu if torch_cpu else None,
-               "steps_per_repeat": n_steps}
+               "steps_per_repeat": n_steps,
+               "psgd_model_mb": model_bytes(steppers["psgd"].model) / 2 ** 20}
         results["models"][spec] = rec
 
     if not args.no_startup:
-        for spec in MODELS:
-            (cold_wall, cold_in), (warm_wall, warm_in) = startup_seconds(spec)
+        for spec in ap_models:
+            (cold_wall, cold_in), (warm_wall, warm_in) = startup_seconds(spec, MODELS[spec])
             results["models"][spec].update(startup_cold_s=cold_wall, startup_warm_s=warm_wall,
                                            startup_cold_inproc_s=cold_in, startup_warm_inproc_s=warm_in)
 
@@ -167,6 +202,9 @@ def main(argv=None):
             t, r = rec[f"torch_{key}"], rec[f"ratio_psgd_over_torch{suffix}"]
             t_s, r_s = (f"{t:.0f}", f"{r:.2f}") if t else ("n/a", "n/a")
             print(f"{spec:<30}{rec[f'psgd_{key}']:>20.0f}{t_s:>21}{r_s:>12}")
+    print("\nmemory per worker (psgd model: parameters, gradient and layer buffers at this batch)")
+    for spec, rec in results["models"].items():
+        print(f"{spec:<30}{rec['psgd_model_mb']:>10.1f} MB")
     if not args.no_startup:
         print("\nstart-up: fresh process, import + build + first step (numba cache empty / warm)")
         print(f"{'model':<22}{'cold s':>10}{'warm s':>10}   (in-process part: cold / warm)")

@@ -89,7 +89,8 @@ def run_json(name: str, argv: list[str], timeout: float, tmp: Path):
 def micro_benchmarks(quick: bool, tmp: Path) -> dict:
     """The four existing benchmarks, tiny in quick mode."""
     if quick:
-        argvs = {"kernels": ["bench_kernels.py", "--repeats", "2", "--seconds", "0.05", "--no-startup"],
+        argvs = {"kernels": ["bench_kernels.py", "--repeats", "2", "--seconds", "0.05", "--no-startup",
+                               "--models", "mlp:784-256-256-10,lenet"],
                  "allreduce": ["bench_allreduce.py", "--ranks", "2", "--sizes", "4096,1048576",
                                "--seconds", "0.05"],
                  "ps": ["bench_ps.py", "--quick", "--n-params", "65536", "--server-counts", "1",

@@ -99,15 +99,15 @@ def _sample(n: int, rng: np.random.Generator, pool: np.ndarray) -> tuple[np.ndar
 
 
 def _colourise(x8: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """(n, 1, 28, 28) uint8 strokes -> (n, 3, 32, 32) uint8: random stroke and background
-    colours per sample (the class is in the shapes only), a random placement, colour noise."""
+    """(n, 1, 28, 28) uint8 strokes -> (n, 3, 32, 32) uint8: random background and (brighter)
+    stroke colours per sample (the class is in the shapes only), a random placement, colour noise."""
     n = len(x8)
     v = x8.astype(np.float32) / 255.0                               # (n, 1, 28, 28)
-    fg = rng.uniform(0.35, 1.0, size=(n, 3, 1, 1)).astype(np.float32)
-    bg = rng.uniform(0.0, 0.45, size=(n, 3, 1, 1)).astype(np.float32)
+    bg = rng.uniform(0.0, 0.2, size=(n, 3, 1, 1)).astype(np.float32)
+    fg = bg + rng.uniform(0.4, 0.8, size=(n, 3, 1, 1)).astype(np.float32)   # brighter in every channel
     # a gentle left-to-right background gradient of its own colour
     ramp = np.linspace(-1, 1, COLOUR_SIDE, dtype=np.float32)[None, None, None, :]
-    tilt = rng.uniform(-0.15, 0.15, size=(n, 3, 1, 1)).astype(np.float32)
+    tilt = rng.uniform(-0.05, 0.05, size=(n, 3, 1, 1)).astype(np.float32)
     canvas = np.broadcast_to(bg + tilt * ramp, (n, 3, COLOUR_SIDE, COLOUR_SIDE)).copy()
     at = rng.integers(0, COLOUR_SIDE - SIDE + 1, size=(n, 2))
     for i in range(n):

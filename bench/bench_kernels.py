@@ -1,15 +1,18 @@
-"""Kernel throughput (forward + backward + SGD step) of psgd models beside PyTorch CPU, one thread each."""
+"""Kernel throughput (forward + backward + SGD step) of psgd models beside PyTorch CPU, one thread each
+(or ``--threads N`` each: BLAS's threads for psgd, torch.set_num_threads for PyTorch)."""
 import os
+import sys
 
+# psgd ranks are single-core; pin BLAS before numpy loads it (--threads N: N threads each)
+THREADS = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"  # psgd ranks are single-core; pin BLAS before numpy loads it
+    os.environ[_var] = str(THREADS)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
@@ -152,6 +155,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=0.5, help="target seconds per timed repeat")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even if importable")
     ap.add_argument("--no-startup", action="store_true", help="skip the cold/warm start-up measurement")
+    ap.add_argument("--threads", type=int, default=1, help="threads for each of psgd and PyTorch")
     ap.add_argument("--models", metavar="A,B", help=f"models to run (default all: {', '.join(MODELS)})")
     args = ap.parse_args(argv)
 
@@ -159,12 +163,12 @@ def main(argv=None):
     if not args.no_torch:
         try:
             import torch
-            torch.set_num_threads(1)
+            torch.set_num_threads(THREADS)
         except ImportError:
             print("PyTorch not importable: psgd numbers only (pip install torch to compare)")
     ap_models = args.models.split(",") if args.models else list(MODELS)
 
-    results = {"batch": args.batch, "repeats": args.repeats, "threads": 1,
+    results = {"batch": args.batch, "repeats": args.repeats, "threads": THREADS,
                "torch_version": getattr(torch, "__version__", None), "python": platform.python_version(),
                "models": {}}
     for spec in ap_models:
@@ -193,7 +197,7 @@ def main(argv=None):
             results["models"][spec].update(startup_cold_s=cold_wall, startup_warm_s=warm_wall,
                                            startup_cold_inproc_s=cold_in, startup_warm_inproc_s=warm_in)
 
-    print(f"\nforward + backward + SGD step, batch {args.batch}, 1 thread, median of {args.repeats}")
+    print(f"\nforward + backward + SGD step, batch {args.batch}, {THREADS} thread(s), median of {args.repeats}")
     for clock, suffix in (("wall clock", ""), ("CPU time", "_cpu")):
         unit = "samples/s" if not suffix else "samples/CPU-s"
         print(f"{'model (' + clock + ')':<30}{'psgd ' + unit:>20}{'torch ' + unit:>21}{'psgd/torch':>12}")

@@ -6,38 +6,10 @@ import numpy as np
 from psgd.kernels.activation import (leaky_relu_backward, leaky_relu_forward, sigmoid_backward,
                                      sigmoid_forward, tanh_backward, tanh_forward)
 from psgd.kernels.dropout import dropout_backward, dropout_forward
-from psgd.nn.layers import Layer
+from psgd.nn.layers import Elementwise, Layer
 
 
-class _Elementwise(Layer):
-    """An activation whose backward needs only its output; in place as :class:`psgd.nn.layers.ReLU`."""
-
-    def __init__(self, shape: tuple, inplace: bool = False) -> None:
-        super().__init__()
-        self.in_shape = self.out_shape = tuple(shape)
-        self.inplace = inplace
-
-    def _fwd(self, x, out):
-        raise NotImplementedError
-
-    def _bwd(self, out, dy, dx):
-        raise NotImplementedError
-
-    def forward(self, x):
-        out = x if self.inplace and x.flags.c_contiguous else self._buf("out", x.shape, x.dtype)
-        self._fwd(x.reshape(-1), out.reshape(-1))
-        self._out = out
-        return out
-
-    def backward(self, dy, need_dx=True):
-        if not need_dx:
-            return None
-        dx = dy if self.inplace and dy.flags.c_contiguous else self._buf("dx", dy.shape, dy.dtype)
-        self._bwd(self._out.reshape(-1), dy.reshape(-1), dx.reshape(-1))
-        return dx
-
-
-class LeakyReLU(_Elementwise):
+class LeakyReLU(Elementwise):
     """``x if x > 0 else alpha * x`` (0 < alpha < 1)."""
 
     def __init__(self, shape: tuple, alpha: float = 0.01, inplace: bool = False) -> None:
@@ -51,7 +23,7 @@ class LeakyReLU(_Elementwise):
         leaky_relu_backward(out, self.alpha, dy, dx)
 
 
-class Tanh(_Elementwise):
+class Tanh(Elementwise):
     """``tanh(x)``."""
 
     def _fwd(self, x, out):
@@ -61,7 +33,7 @@ class Tanh(_Elementwise):
         tanh_backward(out, dy, dx)
 
 
-class Sigmoid(_Elementwise):
+class Sigmoid(Elementwise):
     """``1 / (1 + exp(-x))``."""
 
     def _fwd(self, x, out):

@@ -175,8 +175,8 @@ class Conv2D(Layer):
                                      dcols, dx)
 
 
-class MaxPool2D(Layer):
-    """Max pooling over k x k windows (no padding) on channels-last input (H, W, C)."""
+class _Pool2D(Layer):
+    """Pooling over k x k windows (no padding, stride k unless given) on channels-last input (H, W, C)."""
 
     def __init__(self, in_shape: tuple, k: int = 2, stride: int | None = None) -> None:
         super().__init__()
@@ -184,9 +184,16 @@ class MaxPool2D(Layer):
         h, w, c = in_shape
         oh, ow = pool_out_size(h, k, stride), pool_out_size(w, k, stride)
         if oh < 1 or ow < 1:
-            raise ValueError(f"MaxPool2D k={k} stride={stride} does not fit input {in_shape}")
+            raise ValueError(f"{type(self).__name__} k={k} stride={stride} does not fit input {in_shape}")
         self.in_shape, self.out_shape = tuple(in_shape), (oh, ow, c)
         self.k, self.stride = k, stride
+
+    def _dx(self, dy):
+        return self._buf("dx", (dy.shape[0], *self.in_shape), dy.dtype)
+
+
+class MaxPool2D(_Pool2D):
+    """Max pooling; backward routes each gradient to its window's arg-max."""
 
     def forward(self, x):
         n = x.shape[0]
@@ -195,34 +202,18 @@ class MaxPool2D(Layer):
         return maxpool2d_forward(x, self.k, self.stride, out, self._argmax)
 
     def backward(self, dy, need_dx=True):
-        if not need_dx:
-            return None
-        dx = self._buf("dx", (dy.shape[0], *self.in_shape), dy.dtype)
-        return maxpool2d_backward(dy, self._argmax, self.k, self.stride, dx)
+        return maxpool2d_backward(dy, self._argmax, self.k, self.stride, self._dx(dy)) if need_dx else None
 
 
-class AvgPool2D(Layer):
-    """Average pooling over k x k windows (no padding) on channels-last input (H, W, C)."""
-
-    def __init__(self, in_shape: tuple, k: int = 2, stride: int | None = None) -> None:
-        super().__init__()
-        stride = k if stride is None else stride
-        h, w, c = in_shape
-        oh, ow = pool_out_size(h, k, stride), pool_out_size(w, k, stride)
-        if oh < 1 or ow < 1:
-            raise ValueError(f"AvgPool2D k={k} stride={stride} does not fit input {in_shape}")
-        self.in_shape, self.out_shape = tuple(in_shape), (oh, ow, c)
-        self.k, self.stride = k, stride
+class AvgPool2D(_Pool2D):
+    """Average pooling; backward spreads each gradient evenly over its window."""
 
     def forward(self, x):
         out = self._buf("out", (x.shape[0], *self.out_shape), x.dtype)
         return avgpool2d_forward(x, self.k, self.stride, out)
 
     def backward(self, dy, need_dx=True):
-        if not need_dx:
-            return None
-        dx = self._buf("dx", (dy.shape[0], *self.in_shape), dy.dtype)
-        return avgpool2d_backward(dy, self.k, self.stride, dx)
+        return avgpool2d_backward(dy, self.k, self.stride, self._dx(dy)) if need_dx else None
 
 
 class GlobalAvgPool(Layer):
@@ -243,13 +234,14 @@ class GlobalAvgPool(Layer):
         return global_avgpool_backward(np.ascontiguousarray(dy), dx)
 
 
-class ReLU(Layer):
-    """Elementwise ``max(x, 0)``; any shape.
+class Elementwise(Layer):
+    """An elementwise activation whose backward needs only its output; any shape.
 
     With ``inplace=True`` forward overwrites its input and backward its ``dy``: right when
-    the input is the output buffer of a Dense or Conv2D layer (whose backward does not read
-    it) and ``dy`` is the next layer's scratch, as in the models :func:`psgd.nn.model.build_model`
-    makes; it saves a pass over memory and keeps the working set small.
+    the input is the output buffer of a Dense, Conv2D or BatchNorm layer (whose backward
+    does not read it) and ``dy`` is the next layer's scratch, as in the models
+    :func:`psgd.nn.model.build_model` makes; it saves a pass over memory and keeps the
+    working set small.  Subclasses give ``_fwd(x, out)`` and ``_bwd(out, dy, dx)`` on flat views.
     """
 
     def __init__(self, shape: tuple, inplace: bool = False) -> None:
@@ -257,9 +249,15 @@ class ReLU(Layer):
         self.in_shape = self.out_shape = tuple(shape)
         self.inplace = inplace
 
+    def _fwd(self, x, out):
+        raise NotImplementedError
+
+    def _bwd(self, out, dy, dx):
+        raise NotImplementedError
+
     def forward(self, x):
         out = x if self.inplace and x.flags.c_contiguous else self._buf("out", x.shape, x.dtype)
-        relu_forward(x.reshape(-1), out.reshape(-1))
+        self._fwd(x.reshape(-1), out.reshape(-1))
         self._out = out
         return out
 
@@ -267,8 +265,18 @@ class ReLU(Layer):
         if not need_dx:
             return None
         dx = dy if self.inplace and dy.flags.c_contiguous else self._buf("dx", dy.shape, dy.dtype)
-        relu_backward(self._out.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+        self._bwd(self._out.reshape(-1), dy.reshape(-1), dx.reshape(-1))
         return dx
+
+
+class ReLU(Elementwise):
+    """``max(x, 0)``."""
+
+    def _fwd(self, x, out):
+        relu_forward(x, out)
+
+    def _bwd(self, out, dy, dx):
+        relu_backward(out, dy, dx)
 
 
 class Flatten(Layer):

@@ -22,26 +22,31 @@ def batchnorm_forward_train(x, gamma, beta, eps, out, xhat, mean, invstd):
 
     Notes
     -----
-    Sums are accumulated in float64 (two passes: mean, then centred squares).
+    One pass sums ``x - x[0]`` and its square in float64 (shifting by the first row keeps
+    the variance accurate when the mean is large against the spread); a second writes.
     """
     n, c = x.shape
-    var = np.zeros(c, np.float64)
+    s1 = np.zeros(c, np.float64)
+    s2 = np.zeros(c, np.float64)
+    shift = np.empty(c, np.float64)
     for j in range(c):
-        mean[j] = 0.0
+        shift[j] = x[0, j]
     for i in range(n):
         for j in range(c):
-            mean[j] += x[i, j]
+            d = x[i, j] - shift[j]
+            s1[j] += d
+            s2[j] += d * d
+    a = np.empty(c, x.dtype)
+    b = np.empty(c, x.dtype)
     for j in range(c):
-        mean[j] /= n
+        m = s1[j] / n
+        mean[j] = shift[j] + m
+        invstd[j] = 1.0 / np.sqrt(max(s2[j] / n - m * m, 0.0) + eps)
+        a[j] = invstd[j]
+        b[j] = -mean[j] * invstd[j]
     for i in range(n):
         for j in range(c):
-            d = x[i, j] - mean[j]
-            var[j] += d * d
-    for j in range(c):
-        invstd[j] = 1.0 / np.sqrt(var[j] / n + eps)
-    for i in range(n):
-        for j in range(c):
-            h = (x[i, j] - mean[j]) * invstd[j]
+            h = x[i, j] * a[j] + b[j]
             xhat[i, j] = h
             out[i, j] = gamma[j] * h + beta[j]
     return out

@@ -24,6 +24,7 @@ TOKENS = {
     "res": "res:F[:sS] (residual block of two 3x3 convs with bn)",
 }
 TOKEN_HELP = "; ".join(TOKENS.values())
+MONOTONE = ("relu", "lrelu", "tanh", "sigmoid")
 
 _CIFAR_CNN = ("conv:32x3:pad1-bn-relu-conv:32x3:pad1-bn-relu-pool:2-"
               "conv:64x3:pad1-bn-relu-conv:64x3:pad1-bn-relu-pool:2-"
@@ -114,7 +115,7 @@ def _layer(t: _Token, shape: tuple, prev: Layer | None, seed: int, last: bool) -
     """The layer one token makes on input ``shape`` (per sample, channels-last for images)."""
     image = len(shape) == 3
     # whose output buffer an activation may overwrite: layers whose backward does not read it
-    inplace = isinstance(prev, (Conv2D, Dense, BatchNorm))
+    inplace = isinstance(prev, (Conv2D, Dense, BatchNorm, MaxPool2D, AvgPool2D, GlobalAvgPool))
     name = t.name
     if name not in TOKENS and name != "maxpool":
         raise t.fail(f"is not a layer; expected one of: {TOKEN_HELP}")
@@ -200,6 +201,11 @@ def build_layers(spec: str, input_shape: tuple, seed: int = 0) -> tuple[list[Lay
         if not t.text:
             raise SpecError(f"model spec {spec!r}: token {t.index + 1} is empty (two '-' in a row "
                             f"or one at an end)")
+    # max pooling commutes with these monotone activations, outputs and gradients alike:
+    # build 'relu-pool:2' as pool then relu, which then touches a quarter of the elements
+    for i in range(len(tokens) - 1):
+        if tokens[i].name in MONOTONE and tokens[i + 1].name in ("pool", "maxpool"):
+            tokens[i], tokens[i + 1] = tokens[i + 1], tokens[i]
     shape = tuple(int(d) for d in input_shape)
     layers: list[Layer] = []
     if len(shape) == 3:

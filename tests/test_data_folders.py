@@ -190,3 +190,20 @@ def test_the_reader_augments_each_step_the_same_way_and_refuses_vectors(tmp_path
     flat = layout.write_dataset(tmp_path / "v.h5", x.reshape(64, -1), y, xt.reshape(8, -1), yt)
     with pytest.raises(ValueError, match="--augment needs images"):
         ShardReader(flat, 0, 1, 16, augment=True)
+
+
+def test_colour_data_is_normalised_per_channel_by_the_train_statistics(tmp_path):
+    from psgd.data.synth import write_synthetic
+    path = write_synthetic(tmp_path / "c.h5", 300, 50, channels=3)
+    with h5py.File(path, "r") as f:
+        mean, std = f.attrs["channel_mean"], f.attrs["channel_std"]
+        raw = f["train/x"][:].astype(np.float64) / 255
+    np.testing.assert_allclose(mean, raw.mean(axis=(0, 2, 3)), rtol=1e-9)
+    np.testing.assert_allclose(std, raw.std(axis=(0, 2, 3)), rtol=1e-9)
+    x, _ = ShardReader(path, 0, 1, 16).first_rows(300)
+    np.testing.assert_allclose(x.mean(axis=(0, 2, 3)), 0.0, atol=1e-4)
+    np.testing.assert_allclose(x.std(axis=(0, 2, 3)), 1.0, atol=1e-4)
+    with h5py.File(path, "r+") as f:
+        f.attrs["channel_std"] = [1.0, 2.0]
+    with pytest.raises(ValueError, match="channel_std must hold 3 finite numbers"):
+        ShardReader(path, 0, 1, 16)

@@ -119,6 +119,10 @@ def _print_info(path) -> None:
     print(f"{info['path']}: format_version {info['format_version']}, source {info['source'] or '-'}")
     print(f"  input shape {info['input_shape']}, {info['n_classes']} classes, "
           f"x_float = x * {info['scale']:.6g} + {info['offset']:.6g}")
+    if info["channel_mean"] is not None:
+        print(f"  then per channel (x_float - mean) / std: mean "
+              f"{' '.join(f'{v:.4g}' for v in info['channel_mean'])}, std "
+              f"{' '.join(f'{v:.4g}' for v in info['channel_std'])}")
     for split in ("train", "test"):
         s = info[split]
         comp = f"{s['compression']}" + (f" {s['compression_opts']}" if s["compression_opts"] is not None else "")

@@ -64,7 +64,7 @@ def convert_image_tree(folder: str | os.PathLike, out: str | os.PathLike,
 
     Class ids follow the sorted names of ``train``'s class folders (``test`` may lack some
     but not add any).  Images become uint8 NCHW with scale 1/255: 1 channel when every
-    image is greyscale, else RGB (3).  All must share one size unless ``size`` (H, W)
+    image is greyscale, else RGB (3) with the train split's per-channel mean and std.  All must share one size unless ``size`` (H, W)
     is given, which resizes them.
     """
     Image = _pillow()
@@ -93,4 +93,4 @@ def convert_image_tree(folder: str | os.PathLike, out: str | os.PathLike,
         arrays[split] = (np.stack(xs), np.asarray(ys, np.int32))
     return layout.write_dataset(out, *arrays["train"], *arrays["test"], n_classes=len(names),
                                 scale=layout.UINT8_SCALE, offset=0.0,
-                                source=f"images:{folder.name}:" + ",".join(names))
+                                source=f"images:{folder.name}:" + ",".join(names), normalize=rgb)

@@ -133,7 +133,8 @@ def check_labels(y: np.ndarray, n_classes: int, name: str) -> None:
 
 def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndarray,
                   x_test: np.ndarray, y_test: np.ndarray, n_classes: int | None = None,
-                  scale: float | None = None, offset: float = 0.0, source: str = "") -> Path:
+                  scale: float | None = None, offset: float = 0.0, source: str = "",
+                  normalize: bool = False) -> Path:
     """Validate the four arrays and write them atomically as one psgd HDF5 dataset.
 
     Parameters
@@ -151,6 +152,10 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
         ``x_float = x * scale + offset``; ``scale`` defaults to 1/255 for uint8, 1 for float.
     source : str
         Where the data came from (stored as the ``source`` attribute).
+    normalize : bool
+        For (N, C, H, W) images: also store the train split's per-channel mean and
+        standard deviation of ``x * scale + offset`` as ``channel_mean`` and
+        ``channel_std``, which the reader subtracts and divides by.
 
     Returns
     -------
@@ -165,10 +170,30 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
     if not _scaling_ok(attrs["scale"], attrs["offset"]):
         raise ValueError(f"{out}: scale must be finite and non-zero and offset finite, "
                          f"got scale={attrs['scale']} offset={attrs['offset']}")
+    if normalize and xs["train"].ndim == 4:
+        attrs["channel_mean"], attrs["channel_std"] = channel_stats(xs["train"], attrs["scale"],
+                                                                    attrs["offset"])
     _make_parent(out)
     with atomic_output(out) as tmp:
         _write_file(tmp, attrs, xs, ys)
     return out
+
+
+def channel_stats(x: np.ndarray, scale: float, offset: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and standard deviation (float64 (C,)) of ``x * scale + offset``, x (N, C, H, W).
+
+    A channel that never varies gets std 1, so normalising leaves it centred, not infinite.
+    """
+    c = x.shape[1]
+    s1, s2, n = np.zeros(c), np.zeros(c), 0
+    for lo in range(0, len(x), 1024):   # bounded memory
+        v = x[lo:lo + 1024].astype(np.float64) * scale + offset
+        s1 += v.sum(axis=(0, 2, 3))
+        s2 += (v * v).sum(axis=(0, 2, 3))
+        n += v.shape[0] * v.shape[2] * v.shape[3]
+    mean = s1 / n
+    std = np.sqrt(np.maximum(s2 / n - mean ** 2, 0.0))
+    return mean, np.where(std > 0, std, 1.0)
 
 
 def _prepare_splits(out: Path, arrays: dict) -> tuple[dict, dict, float]:
@@ -290,4 +315,16 @@ def check_layout(f: h5py.File, name: str | os.PathLike) -> dict:
                          f"must be finite with scale non-zero")
     source = f.attrs.get("source", "")
     attrs["source"] = source.decode() if isinstance(source, bytes) else str(source)
+    attrs["channel_mean"] = attrs["channel_std"] = None
+    if "channel_mean" in f.attrs or "channel_std" in f.attrs:
+        c = f["train/x"].shape[1]
+        for key in ("channel_mean", "channel_std"):
+            value = np.asarray(f.attrs.get(key, []), dtype=np.float64)
+            if value.shape != (c,) or f["train/x"].ndim != 4 or not np.isfinite(value).all():
+                raise ValueError(f"{name}: attribute {key} must hold {c} finite numbers, one per "
+                                 f"channel of (N, C, H, W) images (and channel_mean and "
+                                 f"channel_std go together), got {f.attrs.get(key)!r}")
+            attrs[key] = value.tolist()
+        if min(attrs["channel_std"]) <= 0:
+            raise ValueError(f"{name}: attribute channel_std must be positive, got {attrs['channel_std']}")
     return attrs

@@ -30,7 +30,8 @@ def dataset_info(path: str | os.PathLike) -> dict:
     Returns
     -------
     dict
-        ``path``, ``n_classes``, ``scale``, ``offset``, ``source``, ``format_version``,
+        ``path``, ``n_classes``, ``scale``, ``offset``, ``channel_mean`` and ``channel_std``
+        (lists, or None), ``source``, ``format_version``,
         ``input_shape`` (tuple: (C, H, W) or (D,)), ``x_dtype`` (str) and per split
         (``"train"``, ``"test"``) a dict with ``n``, ``x_shape``, ``x_dtype``,
         ``y_dtype``, ``chunks``, ``compression`` and ``class_counts`` (list of
@@ -71,8 +72,16 @@ def _load_slice(path, split: str, part: int, n_parts: int) -> tuple[np.ndarray, 
     return x, y, attrs, n
 
 
-def _to_float(x: np.ndarray, scale: float, offset: float) -> np.ndarray:
+def _to_float(x: np.ndarray, attrs: dict) -> np.ndarray:
+    """``x * scale + offset`` as float32, then ``(. - channel_mean) / channel_std`` where the file has them."""
     out = x.astype(np.float32)
+    scale, offset = attrs["scale"], attrs["offset"]
+    if attrs.get("channel_mean") is not None:   # one multiply-add per channel
+        mean, std = np.asarray(attrs["channel_mean"]), np.asarray(attrs["channel_std"])
+        shape = (len(std),) + (1,) * (x.ndim - 2)
+        out *= (scale / std).astype(np.float32).reshape(shape)
+        out += ((offset - mean) / std).astype(np.float32).reshape(shape)
+        return out
     if scale != 1.0:
         out *= np.float32(scale)
     if offset != 0.0:
@@ -133,6 +142,7 @@ class ShardReader:
         self.input_shape = tuple(self.x.shape[1:])
         self.n_classes = attrs["n_classes"]
         self.scale, self.offset = attrs["scale"], attrs["offset"]
+        self._attrs = attrs
         if self.n_local < self.batch_size:
             raise ValueError(f"{path}: worker {self.worker} of {self.n_workers} has {self.n_local} "
                              f"training rows, fewer than batch size {self.batch_size}")
@@ -156,7 +166,7 @@ class ShardReader:
 
     def _batch_at(self, order: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
         rows = order[i * self.batch_size:(i + 1) * self.batch_size]
-        return _to_float(self.x[rows], self.scale, self.offset), self.y[rows]
+        return _to_float(self.x[rows], self._attrs), self.y[rows]
 
     def epoch(self, e: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield the ``steps_per_epoch`` batches of epoch ``e``.
@@ -182,7 +192,7 @@ class ShardReader:
 
     def first_rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``min(n, n_local)`` rows of this worker's slice, in file order, as :meth:`epoch` yields."""
-        return _to_float(self.x[:n], self.scale, self.offset), self.y[:n]
+        return _to_float(self.x[:n], self._attrs), self.y[:n]
 
     def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """This evaluator's contiguous slice of /test (near-equal split over ``n_workers``).
@@ -193,7 +203,7 @@ class ShardReader:
         y : ndarray, int64, shape (m,)
         """
         x, y, attrs, _ = _load_slice(self.path, "test", worker, n_workers)
-        return _to_float(x, attrs["scale"], attrs["offset"]), y
+        return _to_float(x, attrs), y
 
     def __repr__(self) -> str:
         return (f"ShardReader({self.path!r}, worker={self.worker}, n_workers={self.n_workers}, "

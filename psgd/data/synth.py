@@ -157,9 +157,11 @@ def make_synthetic(n_train: int = 12000, n_test: int = 2000, seed: int = 0, chan
 
 def write_synthetic(path: str | os.PathLike, n_train: int = 12000, n_test: int = 2000,
                     seed: int = 0, channels: int = 1) -> Path:
-    """Generate the synthetic dataset and write it to ``path`` (uint8, scale 1/255)."""
+    """Generate the synthetic dataset and write it to ``path`` (uint8, scale 1/255; colour
+    images also with per-channel normalisation)."""
     layout.check_output_path(path)
     arrays = make_synthetic(n_train, n_test, seed, channels)
     colour = ",channels=3" if channels == 3 else ""
     return layout.write_dataset(path, *arrays, n_classes=N_CLASSES, scale=layout.UINT8_SCALE,
-                                offset=0.0, source=f"synth:seed={seed}{colour}")
+                                offset=0.0, source=f"synth:seed={seed}{colour}",
+                                normalize=channels == 3)

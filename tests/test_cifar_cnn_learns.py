@@ -15,7 +15,7 @@ def test_cifar_cnn_with_augmentation_learns_the_colour_synthetic_set(tmp_path):
     x, y, xt, yt = make_synthetic(3000, 600, seed=0, channels=3)
     keep, keep_t = y < CLASSES, yt < CLASSES
     path = layout.write_dataset(tmp_path / "colour.h5", x[keep], y[keep], xt[keep_t], yt[keep_t],
-                                n_classes=CLASSES)
+                                n_classes=CLASSES, normalize=True)
     reader = ShardReader(path, 0, 1, 32, seed=0, augment=True)
     model = build_model("cifar-cnn", seed=0, input_shape=reader.input_shape, n_classes=CLASSES)
     model.set_calibration(reader.first_rows(128)[0])
@@ -28,4 +28,4 @@ def test_cifar_cnn_with_augmentation_learns_the_colour_synthetic_set(tmp_path):
         opt.step(model.params, model.grad, 0.01)
     loss, acc = model.evaluate(x_test, y_test)
     assert np.isfinite(loss) and loss < first
-    assert acc > 0.4, acc   # chance is 0.25; 0.55 seen
+    assert acc > 0.4, acc   # chance is 0.25; 0.55-0.56 seen

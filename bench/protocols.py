@@ -195,7 +195,7 @@ def single_process(data: str, model_spec: str, optimizer: str, lr: float, batch_
     import h5py
     import numpy as np
 
-    from psgd.nn.model import build_model
+    from psgd.nn.model import CALIBRATION_SAMPLES, build_model
     from psgd.nn.optim import make_optimizer
     from psgd.nn.serial import train_serial
     with h5py.File(data, "r") as f:
@@ -205,7 +205,7 @@ def single_process(data: str, model_spec: str, optimizer: str, lr: float, batch_
         xt = f["test/x"][:eval_samples].astype(np.float32) * scale + offset
         yt = f["test/y"][:eval_samples].astype(np.int64)
     model = build_model(model_spec, seed=seed, input_shape=x.shape[1:], n_classes=int(y.max()) + 1)
-    model.set_calibration(x[:512])
+    model.set_calibration(x[:CALIBRATION_SAMPLES])
     opt = make_optimizer(optimizer, model.n_params)
     chunk = max(batch_size, eval_every_samples // batch_size * batch_size)
     total = int(round(epochs * len(x)))

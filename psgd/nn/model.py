@@ -14,6 +14,7 @@ from psgd.nn.spec import PRESETS, TOKEN_HELP, build_layers, expand_preset
 SPEC_HELP = ("expected 'mlp:N0-N1-...-NK' (at least two positive sizes, e.g. 'mlp:784-256-256-10'), "
              f"a preset ({', '.join(PRESETS)}) or layer tokens joined by '-': {TOKEN_HELP}")
 CALIBRATION_BATCH = 64
+CALIBRATION_SAMPLES = 512   # training rows whose batch-norm statistics evaluation uses
 
 
 class Model:

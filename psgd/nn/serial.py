@@ -6,10 +6,8 @@ from typing import Callable
 
 import numpy as np
 
-from psgd.nn.model import Model
+from psgd.nn.model import CALIBRATION_SAMPLES, Model
 from psgd.nn.optim import Optimizer, make_optimizer
-
-CALIBRATION_SAMPLES = 512
 
 
 def train_serial(model: Model, x, y, *, optimizer: str | Optimizer = "sgd",

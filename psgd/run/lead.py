@@ -6,13 +6,13 @@ import time
 
 import numpy as np
 
+from psgd.nn.model import CALIBRATION_SAMPLES
 from psgd.run.metrics import MetricsLog
 from psgd.run.progress import progress_bar
 from psgd.run.reports import merge_histograms
 from psgd.run.signals import EXIT_STOPPED, signal_name
 
 TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s", "compute_s")
-CALIBRATION_SAMPLES = 512
 
 
 class _Window:

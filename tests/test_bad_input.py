@@ -174,6 +174,9 @@ CASES = [
      "--topology applies to --protocol gossip or adpsgd only"),
     ("adpsgd-one-worker", 1, flags("--protocol", "adpsgd"), "adpsgd needs at least 2 workers"),
     ("flag-model-spec", 1, flags("--model", "resnet", "--protocol", "allreduce"), "resnet"),
+    ("model-spec-shape", 2, lambda f: train(f, "--data", f["good"], "--protocol", "allreduce",
+                                            "--model", "conv:8x3-pool:2-dense:10"),
+     "token 3 'dense:10' follows a 13x13x8 image; put 'flatten' or 'gap' before it"),
     # missing files
     ("data-missing", 2, lambda f: train(f, "--data", f["dir"] / "none.h5"), "no such file"),
     ("data-none", 1, lambda f: train(f), "no dataset: pass --data"),

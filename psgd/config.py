@@ -25,6 +25,9 @@ class ProtocolConfig:
     staleness : float
         The staleness bound in force, in clocks: a pull for clock c is answered
         once every worker has pushed clock c - staleness (0 for bsp, inf for asp).
+    staleness_auto : bool
+        ``--staleness auto``: the servers set the bound online
+        (:mod:`psgd.ps.adaptive`) within [0, staleness] (1 with overlap).
     staleness_comp : str
         The staleness compensation the servers (or hogwild's workers) run:
         ``none``, ``inverse``, ``dcasgd``, ``gap`` or ``amom`` (:mod:`psgd.ps.compensation`).
@@ -66,6 +69,7 @@ class ProtocolConfig:
     opt_hparams: dict = field(default_factory=dict)
     lr_schedule: Callable[[int], float] = lambda clock: 0.01
     staleness: float = 0.0
+    staleness_auto: bool = False
     staleness_comp: str = "none"
     comp_lambda: float | None = None
     overlap: bool = False

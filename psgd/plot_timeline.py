@@ -6,7 +6,7 @@ from pathlib import Path
 
 from psgd.figure import pyplot, save_figure
 
-COLOURS = {"compute": "tab:blue", "data": "tab:cyan", "step": "lightgrey", "lead": "tab:olive",
+COLOURS = {"compute": "tab:blue", "data": "tab:cyan", "straggle": "black", "step": "lightgrey", "lead": "tab:olive",
            "push": "tab:orange", "wait": "tab:red", "pull": "tab:green", "allreduce": "tab:purple",
            "optimizer": "tab:pink", "apply": "tab:brown", "reply": "yellowgreen",
            "snapshot": "tab:gray", "idle": "whitesmoke", "start": "gold", "finish": "gold"}

@@ -64,6 +64,9 @@ class ServerResult:
         Snapshots handed to ``on_snapshot`` (rank 0) or sent (other servers).
     compensation : dict or None
         What the staleness compensation did on this shard (:mod:`psgd.ps.compensation`).
+    bound_history : list of (int, int) or None
+        ``--staleness auto``: ``(version, bound)`` at the start and at every
+        change of the bound (:mod:`psgd.ps.adaptive`).
     buffer_bytes : int
         Bytes of the float32 shard-length buffers the server held (parameter
         versions, receive/sum buffers, optimizer state); the same whatever
@@ -88,6 +91,7 @@ class ServerResult:
     opt_state: dict | None = None
     n_snapshots: int = 0
     compensation: dict | None = None
+    bound_history: list | None = None
     buffer_bytes: int = 0
     events: np.ndarray | None = None
     push_bytes: int = 0

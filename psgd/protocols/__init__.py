@@ -15,6 +15,9 @@ from psgd.config import ProtocolConfig
 from psgd.nn.optim import OPTIMIZERS
 from psgd.ps import compensation
 
+AUTO = "auto"                 # --staleness auto: the servers set the bound (psgd.ps.adaptive)
+DEFAULT_STALENESS_MAX = 16    # its largest value unless --staleness-max says otherwise
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -103,19 +106,30 @@ class Protocol:
     compresses: bool = False
     graph: str | None = None
 
-    def staleness_bound(self, staleness: int | None) -> float:
-        """The bound in force, given ``--staleness`` (None when not given).
+    def staleness_bound(self, staleness: int | str | None,
+                        staleness_max: int | None = None) -> float:
+        """The bound in force, given ``--staleness`` (None when not given; ``auto``: its maximum).
 
         Raises
         ------
         ValueError
-            ``--staleness`` given to a protocol whose bound is fixed, or negative.
+            ``--staleness`` given to a protocol whose bound is fixed, or negative;
+            ``--staleness-max`` without ``--staleness auto``, or below 1.
         """
         if self.bound is not None:
             if staleness is not None:
-                raise ValueError(f"--staleness applies to --protocol {names(bound=None)} only, "
-                                 f"not {self.name}")
+                given = " auto" if staleness == AUTO else ""
+                raise ValueError(f"--staleness{given} applies to --protocol "
+                                 f"{names(bound=None)} only, not {self.name}")
+        if staleness_max is not None and staleness != AUTO:
+            raise ValueError(f"--staleness-max applies to --staleness {AUTO} only")
+        if self.bound is not None:
             return self.bound
+        if staleness == AUTO:
+            staleness_max = DEFAULT_STALENESS_MAX if staleness_max is None else staleness_max
+            if staleness_max < 1:
+                raise ValueError(f"--staleness-max must be >= 1, got {staleness_max}")
+            return float(staleness_max)
         staleness = self.default_staleness if staleness is None else staleness
         if staleness < 0:
             raise ValueError(f"--staleness must be >= 0, got {staleness}")
@@ -172,18 +186,19 @@ class Protocol:
         """Each worker keeps its own model (the protocol takes ``--topology``)."""
         return self.graph is not None
 
-    def check(self, *, staleness: int | None = None, overlap: bool = False,
+    def check(self, *, staleness: int | str | None = None, overlap: bool = False,
               optimizer: str = "sgd", n_servers: int | None = None,
-              replay: str | None = None, compress: str = "none",
-              topology: str | None = None, n_workers: int | None = None) -> float:
-        """Validate a run's protocol settings; return the staleness bound in force.
+              staleness_max: int | None = None, replay: str | None = None,
+              compress: str = "none", topology: str | None = None,
+              n_workers: int | None = None) -> float:
+        """Validate a run's protocol settings; return the staleness bound in force (auto: its maximum).
 
         Raises
         ------
         ValueError
             Naming the first setting the protocol cannot run with.
         """
-        bound = self.staleness_bound(staleness)
+        bound = self.staleness_bound(staleness, staleness_max)
         if replay and not self.replayable:
             raise ValueError(f"{replay} does not apply to --protocol {self.name}"
                              f"{self.replay_note}")
@@ -208,23 +223,25 @@ class Protocol:
         self.topology(topology, n_workers)
         return bound
 
-    def label(self, bound: float | None = None) -> str:
-        """The protocol as a run summary names it, e.g. ``ssp (s=2)``."""
+    def label(self, bound: float | None = None, auto: bool = False) -> str:
+        """The protocol as a run summary names it, e.g. ``ssp (s=2)``, ``ssp (s=auto <= 16)``."""
         if self.bound is None and bound is not None:
-            return f"{self.name} (s={bound:g})"
+            return f"{self.name} (s={f'{AUTO} <= ' if auto else ''}{bound:g})"
         return self.name
 
-    def config(self, n_params: int, *, staleness: int | None = None, overlap: bool = False,
-               optimizer: str = "sgd", staleness_comp: str | None = None,
-               comp_lambda: float | None = None, topology: str | None = None,
-               n_workers: int | None = None, **settings) -> ProtocolConfig:
+    def config(self, n_params: int, *, staleness: int | str | None = None,
+               overlap: bool = False, optimizer: str = "sgd", staleness_comp: str | None = None,
+               comp_lambda: float | None = None, staleness_max: int | None = None,
+               topology: str | None = None, n_workers: int | None = None,
+               **settings) -> ProtocolConfig:
         """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`)."""
         bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer,
-                           compress=settings.get("compress", "none"), topology=topology,
-                           n_workers=n_workers)
+                           staleness_max=staleness_max, compress=settings.get("compress", "none"),
+                           topology=topology, n_workers=n_workers)
         method = self.compensation(staleness_comp, optimizer, comp_lambda)
         return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,
-                              staleness=bound, overlap=overlap, staleness_comp=method,
+                              staleness=bound, staleness_auto=staleness == AUTO,
+                              overlap=overlap, staleness_comp=method,
                               comp_lambda=comp_lambda,
                               topology=self.topology(topology),
                               update_rule=_load(self.update_rule) if self.update_rule else None,
@@ -276,7 +293,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
              summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
-        "pushed clock c-s (--staleness s, default 2); pushes are applied on arrival")),
+        "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
+        "online, up to --staleness-max); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
              **_STALE,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),

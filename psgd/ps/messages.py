@@ -18,10 +18,12 @@ Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
   the push window (:mod:`psgd.ps.push_window`). A compressed push
   (``--compress``) has a ``PUSH_CODED`` header and a ``uint8`` payload: the
   shard's frame (:mod:`psgd.compress`), which the server decodes.
-* pull reply, ``int64[4] = [REPLY, held_us, version, shard]`` on
+* pull reply, ``int64[4] = [bound, held_us, version, shard]`` on
   ``TAG_REPLY_HDR`` and ``float32[shard size]`` on ``TAG_REPLY``, received by
-  the worker straight into its parameter slice.  ``held_us`` is how long the
-  server held the pull back (the protocol's wait, in microseconds).
+  the worker straight into its parameter slice.  ``bound`` is the staleness
+  bound in force when the reply was sent (-1: none), which ``--staleness
+  auto`` changes during the run; ``held_us`` is how long the server held the
+  pull back (the protocol's wait, in microseconds).
 * snapshots and the final gather (server -> rank 0): one byte buffer, a
   ``int64[4] = [clock, shard, n_arrays, 0]`` header then ``float32`` params and
   per-element optimizer state of the shard (:func:`pack_shard_state`).
@@ -210,7 +212,7 @@ def worker_pull(comm: MPI.Comm, shard_map: ShardMap, params: np.ndarray, clock: 
         The clock the worker is about to compute.
     requests, replies : ndarray, int64 (S, 4)
         Scratch for the request headers and the reply headers
-        ``[REPLY, held_us, version, shard]``; must live until completion.
+        ``[bound, held_us, version, shard]``; must live until completion.
 
     Returns
     -------
@@ -232,7 +234,7 @@ def server_pull(comm: MPI.Comm, dest: int, header: np.ndarray, params: np.ndarra
     Parameters
     ----------
     header : ndarray, int64 (4,)
-        ``[REPLY, held_us, version, shard]``; must live until completion.
+        ``[bound, held_us, version, shard]``; must live until completion.
     params : ndarray, float32 (shard size,)
         Must not change until the returned requests complete (the server's
         next step writes another buffer: :mod:`psgd.ps.versions`).

@@ -8,6 +8,7 @@ section gives the message flow and the server's memory bound.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -22,8 +23,9 @@ from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
+from psgd.ps.adaptive import AdaptiveBound
 from psgd.ps.messages import (DONE, HEADER_BYTES, HEADER_LEN, KIND_NAMES, PULL, PUSH,
-                              PUSH_CODED, PUSH_WINDOW, REPLY, TAG_CTRL, TAG_SNAP, check_ps_setup,
+                              PUSH_CODED, PUSH_WINDOW, TAG_CTRL, TAG_SNAP, check_ps_setup,
                               check_push_shard, server_pull, server_push, server_push_coded)
 from psgd.ps.order import Order, Recorder, Replay
 from psgd.ps.push_window import PushWindow
@@ -66,6 +68,11 @@ class _Server:
             step_into(warm_opt, empty, empty, empty.copy(), 0.0, grad2=grad2)
         self.rule = rule(config, self.optimizer, self.versions, n_workers=self.W)
         self.bound = float(config.staleness)
+        self.adaptive = None   # --staleness auto: the bound in force is set online
+        if config.staleness_auto:
+            self.adaptive = AdaptiveBound(self.W, int(config.staleness),
+                                          floor=1 if config.overlap else 0)
+            self.bound = float(self.adaptive.bound)
         self.pushes = np.full(self.W, int(start_clock), np.int64)
         self.done = np.zeros(self.W, bool)
         self.n_done = 0   # done.sum(), read on every poll of the loop
@@ -149,6 +156,7 @@ class _Server:
                               cpu_s=cpu, wall_s=wall,
                               n_snapshots=self.snapshots.n_snapshots,
                               compensation=self.rule.compensation(),
+                              bound_history=(self.adaptive.history if self.adaptive else None),
                               buffer_bytes=self._buffer_bytes(), events=self.order.events(),
                               push_bytes=self.push_bytes)
         result.params, result.opt_state = self.snapshots.gather_final(self.version,
@@ -196,6 +204,8 @@ class _Server:
             if int(self.ctrl[3]) != self.shard:
                 raise PsgdError(f"pull from rank {source} names shard {int(self.ctrl[3])}, but it "
                                 f"reached server rank {self.rank} which holds shard {self.shard}")
+            if self.adaptive is not None:   # the bound changes here only, outside _answer_pulls
+                self.bound = float(self.adaptive.pulled(clock, self.version))
             self.pending.append((source, clock, time.perf_counter()))
             self._answer_pulls()
         elif kind == DONE:
@@ -246,6 +256,8 @@ class _Server:
                 raise NonFinitePush(source, clock)
             self.n_skipped += 1
         self.pushes[w] += 1
+        if self.adaptive is not None:
+            self.adaptive.pushed(w, time.perf_counter())
         self._update_version()
 
     def _window_slice(self, source: int, clock: int) -> np.ndarray:
@@ -310,7 +322,10 @@ class _Server:
         if self.hdr_reqs[w] is not None:
             _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
         self.order.replied(w, clock)
-        self.reply_hdr[w] = (REPLY, int((now - since) * 1e6), self.version, self.shard)
+        bound = int(self.bound) if math.isfinite(self.bound) else -1
+        self.reply_hdr[w] = (bound, int((now - since) * 1e6), self.version, self.shard)
+        if self.adaptive is not None:
+            self.adaptive.answered(w, now - since)
         self.rule.replied(w, clock, self.versions.live)
         hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w], self.versions.live)
         self.hdr_reqs[w] = hdr_req

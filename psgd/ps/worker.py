@@ -1,6 +1,7 @@
 """The worker side of bsp/ssp/asp: push a gradient, pull the next parameters (:class:`PSWorker`)."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Sequence
 
@@ -66,7 +67,8 @@ class PSWorker:
         Cumulative ``push_s``, ``pull_s`` (time blocked on pull transfers,
         excluding protocol waits), ``wait_s`` (time blocked while the servers
         held this worker's pull back), ``steps``; ``staleness`` (of the last
-        push, max over shards) and ``max_staleness``.
+        push, max over shards) and ``max_staleness``; ``bound``, the staleness
+        bound in force at the last reply (min over shards; inf: none).
     read_versions : ndarray, int64 (S,)
         Version of each shard in the parameters the worker holds.
     """
@@ -97,7 +99,8 @@ class PSWorker:
         self._pull_posted = 0.0
         self._finished = False
         self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "steps": 0,
-                      "staleness": 0, "max_staleness": 0, "push_bytes": 0}
+                      "staleness": 0, "max_staleness": 0, "push_bytes": 0,
+                      "bound": math.inf}
         # qsgd's rounding: a stream of its own per worker, repeatable from the run's seed
         compressor = make_compressor(config.compress, config.compress_bucket,
                                      seed=config.seed * 100_003 + roles.worker_index + 1)
@@ -153,6 +156,8 @@ class PSWorker:
             timeline.current.span("wait", t0, t0 + held, clock)
             timeline.current.span("pull", t0 + held, t1, clock)
         self.read_versions[:] = self._reply_hdr[:, 2]
+        bounds = self._reply_hdr[:, 0]
+        self.stats["bound"] = math.inf if (bounds < 0).any() else int(bounds.min())
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Pull the parameters for the first clock into ``params`` (float32 (n,)).

@@ -21,6 +21,7 @@ from psgd.protocols import Protocol, get
 from psgd.run.checkpoint import (AUTO, Checkpoint, foreign_checkpoints, load_checkpoint,
                                  new_run_id, save_checkpoint)
 from psgd.run.settings import Resumed, TrainSettings, resolve_run
+from psgd.run import straggler
 from psgd.run.signals import EXIT_STOPPED, ignore, install
 from psgd.run.stop import StopControl
 
@@ -48,6 +49,7 @@ class Job:
     stop: StopControl | None = None
     end_step: int = 0      # the step training ended at: total_steps, or where it was stopped
     foreign: list = None   # another run's checkpoints in --checkpoint-dir, replaced (--overwrite)
+    straggler: object = None  # this worker's psgd.run.straggler.Straggler (None: not slowed)
 
     def save_checkpoint(self, step: int, params: np.ndarray, opt_state: dict | None) -> Path:
         """Save the run's state at ``step`` (absolute) into ``--checkpoint-dir``."""
@@ -156,7 +158,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     base = make_schedule(settings.lr_schedule, settings.lr, total, warmup=settings.warmup,
                          step_every=settings.lr_step_every, gamma=settings.lr_gamma)
     config = protocol.config(
-        model.n_params, staleness=settings.staleness, overlap=settings.overlap,
+        model.n_params, staleness=settings.staleness, staleness_max=settings.staleness_max,
+        overlap=settings.overlap,
         optimizer=settings.optimizer,
         opt_hparams={"momentum": settings.momentum, "weight_decay": settings.weight_decay},
         lr_schedule=base,  # clocks are the run's steps, also after a resume
@@ -169,6 +172,9 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         error_feedback=feedback_on(settings.compress, settings.error_feedback,
                                    settings.compress_bucket))
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
+    # every rank checks the spec against the job's workers, so a bad one is one line
+    slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),
+                          roles.n_workers)
     reader = None
     if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
         reader = ShardReader(settings.data, roles.worker_index, roles.n_workers,
@@ -176,7 +182,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     return Job(settings=settings, roles=roles, protocol=protocol, model=model,
                shard_map=shard_map, config=config, total_steps=total,
                start_step=resume.step if resume else 0, resume=resume, debug=debug,
-               run_id=run_id, reader=reader, end_step=total, foreign=foreign)
+               run_id=run_id, reader=reader, end_step=total, foreign=foreign,
+               straggler=slow if roles.is_worker else None)
 
 
 def _replay_events(settings: TrainSettings, roles: Roles, resume, total: int) -> tuple | None:

@@ -12,7 +12,8 @@ from psgd.run.progress import progress_bar
 from psgd.run.reports import merge_histograms
 from psgd.run.signals import EXIT_STOPPED, signal_name
 
-TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s", "compute_s")
+PROTOCOL_TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s")   # the protocol's worker.stats
+TIMERS = PROTOCOL_TIMERS + ("compute_s", "straggle_s")   # straggle_s: --straggler's sleeps
 
 
 class _Window:
@@ -61,17 +62,19 @@ class Lead:
         self.last_timers: dict = {}
 
     def after_step(self, clock: int, loss: float, correct: int, n: int, timers: dict,
-                   staleness, consensus: float | None = None, mean=None) -> None:
+                   staleness, consensus: float | None = None, mean=None,
+                   bound=None) -> None:
         """Count one step; write a step record and evaluate when it is time.
 
         ``mean``: the workers' mean model, where each worker keeps its own (it is then
         evaluated, and this worker's own model beside it); ``consensus``: the mean
-        squared distance of the workers' models from it.
+        squared distance of the workers' models from it; ``bound``: the staleness bound
+        in force (``--staleness auto``).
         """
         s, step = self.s, clock + 1
         self.window.add(loss, correct, n)
         if step % s.log_every == 0 or step == self.job.total_steps:
-            self._log_step(clock, timers, staleness, consensus)
+            self._log_step(clock, timers, staleness, consensus, bound)
         if s.eval_every and step % s.eval_every == 0 and step != self.job.total_steps:
             record = self._evaluate(mean)
             self.test_acc = record["test_accuracy"]
@@ -93,7 +96,8 @@ class Lead:
         return {"test_loss": test_loss, "test_accuracy": test_acc,
                 "own_test_loss": own_loss, "own_test_accuracy": own_acc}
 
-    def _log_step(self, clock: int, timers: dict, staleness, consensus: float | None) -> None:
+    def _log_step(self, clock: int, timers: dict, staleness, consensus: float | None,
+                  bound=None) -> None:
         w, now = self.window, time.perf_counter()
         rate = w.samples / max(now - w.start, 1e-9)
         lr = self.job.config.lr_schedule(clock)
@@ -103,6 +107,7 @@ class Lead:
                        train_accuracy=w.correct / max(w.samples, 1), samples_per_s=rate,
                        est_global_samples_per_s=rate * self.n_workers, lr=lr,
                        staleness=staleness, **deltas,
+                       **({"staleness_bound": bound} if self.job.config.staleness_auto else {}),
                        **({} if consensus is None else {"consensus_distance": consensus}),
                        **({} if pushed is None else {"push_bytes_per_step": pushed / w.steps}))
         postfix = {"loss": f"{w.loss / w.steps:.3f}"}
@@ -139,7 +144,11 @@ class Lead:
             staleness_unit=job.protocol.staleness_unit,
             # the servers' (ssp, asp), else the workers' (hogwild)
             staleness_compensation=[r["compensation"] for r in reports if r.get("compensation")],
+            # --staleness auto: each server's (version, bound) at the start and at every change
+            staleness_bound=[r["bound_history"] for r in servers if r.get("bound_history")],
             worker_time={k: float(np.mean([r[k] for r in workers])) for k in TIMERS},
+            workers=[{k: r[k] for k in ("rank", "steps", "wall_s", "compute_s", "straggle_s",
+                                        "wait_s")} for r in workers],
             server_cpu_fraction=[r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0
                                  for r in servers],
             window_pushes=sum(r["n_window_pushes"] for r in servers),
@@ -161,7 +170,7 @@ class Lead:
                   f"{job.total_steps} (test accuracy {summary['test_accuracy']:.4f}); {saved}; "
                   f"exit {EXIT_STOPPED}, resume with --resume auto", flush=True)
             return
-        proto = job.protocol.label(job.config.staleness)
+        proto = job.protocol.label(job.config.staleness, job.config.staleness_auto)
         print(f"psgd: {s.model} with {proto}, {roles.n_servers} server(s) + {roles.n_workers} "
               f"worker(s): {job.end_step - job.start_step} steps in {wall:.1f} s, "
               f"{summary['samples_per_s']:.0f} samples/s; final test accuracy "

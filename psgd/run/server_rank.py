@@ -50,4 +50,5 @@ def run_server(job) -> None:
         "n_pushes": result.n_pushes, "push_bytes": result.push_bytes,
         "staleness_histogram": result.staleness_hist.tolist(),
         "compensation": result.compensation,
+        "bound_history": result.bound_history,
     })

@@ -10,10 +10,24 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from psgd import compress
-from psgd.ps import compensation
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
-from psgd.protocols import PROTOCOLS, get, names
+from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
+from psgd.ps import compensation
+from psgd.run import straggler
 
+# --staleness auto: the servers set the bound (--resume auto: psgd.run.checkpoint)
+
+
+def _staleness(value):
+    """--staleness: an integer, or auto."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    if isinstance(value, (bool, float)):
+        raise ValueError(value)
+    return int(value)
+
+
+_staleness.__name__ = f"an integer or {AUTO}"   # for the messages of argparse and _coerce
 
 
 def _protocol_help() -> str:
@@ -49,7 +63,9 @@ class TrainSettings:
     model: str = "lenet"
     protocol: str = "ssp"
     servers: int | None = None        # default: 1, or 0 for a protocol without servers
-    staleness: int | None = None      # the bound, for protocols that take one (ssp: default 2)
+    staleness: int | str | None = None  # the bound, for protocols that take one (ssp: default 2),
+                                        # or auto (psgd.ps.adaptive)
+    staleness_max: int | None = None  # --staleness auto's largest bound (default 16)
     staleness_comp: str | None = None  # default: auto where updates are stale, else none
     comp_lambda: float | None = None
     staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
@@ -86,6 +102,7 @@ class TrainSettings:
     compress_bucket: int = 512
     error_feedback: str = "auto"
     augment: bool = False
+    straggler: str | None = None      # straggler emulation spec (psgd.run.straggler)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,7 +118,12 @@ FLAGS: dict[str, tuple[type, str]] = {
     "protocol": (str, "consistency protocol: " + ", ".join(PROTOCOLS) + " (default ssp)"),
     "servers": (int, f"number of parameter-server ranks S (default 1; 0 for "
                      f"{names(servers=False)})"),
-    "staleness": (int, f"staleness bound s >= 0 in clocks ({names(bound=None)} only; default 2)"),
+    "staleness": (_staleness, f"staleness bound s >= 0 in clocks ({names(bound=None)} only; "
+                              f"default 2), or {AUTO}: the servers set s online from the "
+                              f"workers' clock lag and step times, within [0, "
+                              f"--staleness-max] (see the README)"),
+    "staleness_max": (int, f"the largest bound --staleness {AUTO} may set (default "
+                           f"{DEFAULT_STALENESS_MAX})"),
     "staleness_comp": (str, "staleness compensation on the servers: " + "; ".join(
         f"{name} ({text})" for name, text in compensation.HELP.items())
         + f" (default auto for {names(compensations=compensation.CHOICES)} and hogwild, "
@@ -154,6 +176,11 @@ FLAGS: dict[str, tuple[type, str]] = {
                              "512)"),
     "error_feedback": (str, "auto, on or off: keep what compression dropped and add it to the "
                             "next push (auto: on for topk and sign)"),
+    "straggler": (str, "emulate stragglers: " + straggler.FORMAT + "; slow=f: the worker's "
+                       "compute takes f times as long (it sleeps (f - 1) x its compute after "
+                       "each step), p=q,d=t: each step pauses t seconds (d=5x: 5 x its mean "
+                       "compute time) with probability q, seeded by --seed; e.g. "
+                       "'1:slow=3' or 'all:p=0.1,d=5x'"),
 }
 
 
@@ -212,8 +239,8 @@ def load_toml(path: str) -> dict:
 NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort", "record",
                "replay", "timeline")
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
-PER_PROTOCOL = ("servers", "staleness", "staleness_comp", "comp_lambda", "staleness_lr", "overlap",
-                "topology")
+PER_PROTOCOL = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
+                "staleness_lr", "overlap", "topology")
 RUN_LENGTH = ("steps", "epochs")
 
 
@@ -294,12 +321,14 @@ def validate(s: TrainSettings) -> None:
     if s.record and s.replay:
         raise ValueError("give --record or --replay, not both")
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
-                           n_servers=s.servers,
+                           n_servers=s.servers, staleness_max=s.staleness_max,
                            replay="--record" if s.record else "--replay" if s.replay else None,
                            compress=s.compress, topology=s.topology)
     compress.check(s.compress, s.compress_bucket, s.error_feedback)
     _staleness_comp(s, protocol)
-    if protocol.bound is None:
+    if s.staleness == AUTO:
+        s.staleness_max = int(bound)
+    elif protocol.bound is None:
         s.staleness = int(bound)
     if s.lr_schedule not in SCHEDULES:
         raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
@@ -326,6 +355,7 @@ def validate(s: TrainSettings) -> None:
         raise ValueError("--checkpoint-every needs --checkpoint-dir")
     if s.stall_timeout <= 0 or s.stall_abort <= 0:
         raise ValueError("--stall-timeout and --stall-abort must be > 0")
+    straggler.parse(s.straggler)   # the worker indices are checked against the job's workers
     if s.replay and not os.path.exists(s.replay):
         raise ValueError(f"--replay {s.replay}: no such file")
     if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):

@@ -9,7 +9,7 @@ import numpy as np
 from psgd.errors import PsgdError
 from psgd.kernels.finite import finite
 from psgd.mpi import faults, timeline, wait
-from psgd.run.lead import TIMERS, Lead
+from psgd.run.lead import PROTOCOL_TIMERS, TIMERS, Lead
 from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
 
@@ -33,6 +33,11 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     loss, correct = model.loss_and_grad(x, y)
     t1 = time.perf_counter()
     timers["compute_s"] += t1 - t0
+    t_step = t1
+    if job.straggler is not None:
+        job.straggler.after_compute(clock, t1 - t0)
+        timers["straggle_s"] = job.straggler.slept_s
+        t_step = time.perf_counter()
     if not s.skip_nonfinite and not (math.isfinite(loss) and finite(model.grad)):
         raise PsgdError(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step "
                         f"{clock} on worker {job.roles.worker_index}; lower --lr or check the "
@@ -44,8 +49,10 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
         tl = timeline.current
         tl.span("data", t_data, t0, clock)
         tl.span("compute", t0, t1, clock)
-        tl.span("step", t1, time.perf_counter(), clock, worker.stats.get("staleness", -1))
-    for key in TIMERS[:-1]:
+        if t_step > t1:
+            tl.span("straggle", t1, t_step, clock)
+        tl.span("step", t_step, time.perf_counter(), clock, worker.stats.get("staleness", -1))
+    for key in PROTOCOL_TIMERS:
         timers[key] = float(worker.stats.get(key, 0.0))
     timers["push_bytes"] = worker.stats.get("push_bytes", 0)
     return loss, correct, len(y)
@@ -95,7 +102,7 @@ def run_worker(job) -> None:
         t_lead = time.perf_counter()
         if lead is not None:
             lead.after_step(clock, loss, correct, n, timers, worker.stats.get("staleness"),
-                            consensus, mean)
+                            consensus, mean, worker.stats.get("bound"))
         if own_checkpoints and s.checkpoint_every and step % s.checkpoint_every == 0 \
                 and step != job.total_steps:
             _replica_checkpoint(job, worker, step, mean)
@@ -122,7 +129,8 @@ def run_worker(job) -> None:
     if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
         fault.at(job.total_steps)
     _report(job, worker, lead, {"wall_s": wall, "samples": (end - job.start_step) * s.batch_size,
-                                **timers}, mean, consensus, final_ckpt)
+                                "steps": end - job.start_step, **timers}, mean, consensus,
+            final_ckpt)
 
 
 def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt) -> None:

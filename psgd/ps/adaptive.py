@@ -1,0 +1,104 @@
+"""The adaptive staleness bound of ``--staleness auto``: a server sets s online within [floor, s_max].
+
+After DSSP (Zhao et al. 2019), which lets a fast worker run up to r_max
+clocks past the bound when the push times it has seen predict that the
+slowest worker's push is near.  Here the decision is taken once per window of
+pulls, for every worker alike: when more than ``HELD_MAX`` of the window's
+pulls were held, s grows by the median hold measured in the fastest worker's
+step times (the clocks it could have computed instead of waiting; its own
+waits excluded); when no pull of the window needed the bound's top clock, s
+shrinks by one, so staleness only stays where it buys throughput.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+HELD_MAX = 1 / 8      # more held pulls than this in a window grow the bound
+EWMA = 0.2            # weight of the newest step in a worker's step time
+DEFAULT_START = 2     # the bound before the first window closes
+
+
+class AdaptiveBound:
+    """The bound in force on one server shard, and what it is set from.
+
+    Parameters
+    ----------
+    n_workers : int
+    s_max : int
+        The largest bound (``--staleness-max``).
+    floor : int
+        The smallest (1 with ``--overlap``, whose pulls need s >= 1; else 0).
+    window : int, optional
+        Pulls per decision (default ``max(16, 4 * n_workers)``).
+
+    Attributes
+    ----------
+    bound : int
+        The bound in force: a pull for clock c is answered once the shard's
+        version v >= c - bound.
+    history : list of (int, int)
+        ``(version, bound)`` at the start and at every change.
+    """
+
+    def __init__(self, n_workers: int, s_max: int, floor: int = 0,
+                 window: int | None = None) -> None:
+        if not 0 <= floor <= s_max:
+            raise ValueError(f"adaptive bound: need 0 <= floor <= s_max, got {floor}, {s_max}")
+        self.s_max, self.floor = int(s_max), int(floor)
+        self.window = window or max(16, 4 * n_workers)
+        self.bound = min(max(DEFAULT_START, self.floor), self.s_max)
+        self.history: list[tuple[int, int]] = [(0, self.bound)]
+        self.step_s = np.full(n_workers, math.nan)     # EWMA of a step without its waits
+        self._last_push = np.full(n_workers, math.nan)
+        self._held_since_push = np.zeros(n_workers)
+        self._needs: list[int] = []
+        self._n_held = 0
+        self._holds: list[float] = []
+
+    def pulled(self, clock: int, version: int) -> int:
+        """A pull for ``clock`` arrived with the shard at ``version``; returns the bound in force.
+
+        The bound may change here (and only here), before the pull is weighed.
+        """
+        need = int(clock) - int(version)
+        self._needs.append(need)
+        self._n_held += need > self.bound
+        if len(self._needs) >= self.window:
+            self._decide(version)
+        return self.bound
+
+    def answered(self, worker: int, held_s: float) -> None:
+        """Worker ``worker``'s pull was answered after the server held it ``held_s`` seconds."""
+        self._held_since_push[worker] += held_s
+        if held_s > 0:
+            self._holds.append(held_s)
+
+    def pushed(self, worker: int, now: float) -> None:
+        """Worker ``worker`` pushed at ``now`` (seconds, any fixed origin)."""
+        last = self._last_push[worker]
+        if math.isfinite(last):
+            busy = max(now - last - self._held_since_push[worker], 0.0)
+            old = self.step_s[worker]
+            self.step_s[worker] = busy if math.isnan(old) else (1 - EWMA) * old + EWMA * busy
+        self._last_push[worker] = now
+        self._held_since_push[worker] = 0.0
+
+    def _decide(self, version: int) -> None:
+        held = self._n_held / len(self._needs)
+        known = self.step_s[np.isfinite(self.step_s) & (self.step_s > 0)]
+        if held > HELD_MAX:
+            clocks = (statistics.median(self._holds) / known.min()
+                      if self._holds and known.size else 1.0)
+            new = self.bound + max(1, int(round(clocks)))
+        elif max(self._needs) < self.bound:
+            new = self.bound - 1
+        else:
+            new = self.bound
+        new = min(max(new, self.floor), self.s_max)
+        if new != self.bound:
+            self.bound = new
+            self.history.append((int(version), new))
+        self._needs, self._n_held, self._holds = [], 0, []

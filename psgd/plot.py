@@ -16,7 +16,8 @@ time counts from the moment the lead worker opened the log; its first steps
 include numba's compilation of the kernels. A resumed run's log holds every
 attempt: their times are laid end to end, a dotted line where one resumed
 (the time between attempts is not counted). The PNG goes beside the first log
-(LOG.png) unless -o names it.
+(LOG.png) unless -o names it. Runs with --staleness auto also show the bound in
+force over time.
 
 With --timeline TRACE (the --timeline file of `psgd train`) it draws a Gantt
 chart of every rank's spans over --seconds from the first training step
@@ -126,6 +127,7 @@ def draw(paths: list[str], title: str | None = None):
     spare = fig.add_subplot(grid[1, 2])
     spare.axis("off")
     spare.text(0.0, 1.0, _summary_text(runs), va="top", family="monospace", fontsize=8)
+    _plot_bounds(spare, runs)
     fig.suptitle(title if title is not None else _title(runs))
     fig.tight_layout()
     return fig
@@ -178,6 +180,24 @@ def _summary_text(runs: list[tuple[str, list[dict]]]) -> str:
 def plot_logs(paths: list[str], output: str | None = None, title: str | None = None) -> Path:
     """Render the logs at ``paths`` into one PNG (default: beside the first log); returns its path."""
     return save_figure(draw(paths, title), Path(output) if output else default_output(paths))
+
+
+def _plot_bounds(spare, runs) -> None:
+    """--staleness auto: the bound in force against wall time, below the runs' text."""
+    bounds = [(path, records, [r for r in records if r["kind"] == "step"
+                               and r.get("staleness_bound") is not None]) for path, records in runs]
+    bounds = [b for b in bounds if b[2]]
+    if not bounds:
+        return
+    ax = spare.inset_axes([0.12, 0.08, 0.85, 0.4])
+    for path, records, steps in bounds:
+        ax.step([r["time"] for r in steps], [r["staleness_bound"] for r in steps], where="post",
+                label=_label(path, records))
+    ax.set_xlabel("wall time (s)", fontsize=8)
+    ax.set_ylabel("staleness bound", fontsize=8)
+    ax.set_title("--staleness auto: the bound in force", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
 
 
 def run(args: argparse.Namespace) -> None:

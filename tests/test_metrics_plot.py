@@ -46,6 +46,24 @@ def test_plot_writes_png(tmp_path):
     assert out.stat().st_size > 10_000
 
 
+def test_plot_draws_the_bound_of_staleness_auto(tmp_path):
+    path = tmp_path / "auto.jsonl"
+    log = MetricsLog(path)
+    log.write("config", protocol="ssp", staleness="auto", n_workers=2)
+    for step, bound in ((10, 2), (20, 5), (30, 3)):
+        log.write("step", step=step, loss=1.0, samples_per_s=1.0, staleness_bound=bound)
+    log.close()
+    plain, auto = tmp_path / "plain.png", tmp_path / "auto.png"
+    write_run(tmp_path / "ssp.jsonl", "ssp", [1])
+    plot_logs([str(tmp_path / "ssp.jsonl")], str(plain))
+    plot_logs([str(tmp_path / "ssp.jsonl"), str(path)], str(auto))
+    import matplotlib.image
+    # the bound's panel fills the lower part of the text panel, blank without it
+    corner = (slice(600, 850), slice(1150, 1550))
+    assert (matplotlib.image.imread(plain)[corner][..., :3] == 1).all()
+    assert not (matplotlib.image.imread(auto)[corner][..., :3] == 1).all()
+
+
 def test_plot_cli_bad_log_is_one_line_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"kind": "step"}\nnot json\n')

@@ -46,10 +46,23 @@ def test_defaults_fill_protocol_dependent_values(data):
     (["--staleness", "-1"], "--staleness must be >= 0"),
     (["--momentum", "1.0"], "--momentum"),
     (["--resume", "/nonexistent/ckpt.h5"], "no such file"),
+    (["--straggler", "0:slow=0.5"], "slow=f needs f >= 1"),
+    (["--straggler", "all:p=2,d=1"], r"p is a probability in \[0, 1\]"),
+    (["--protocol", "bsp", "--staleness", "auto"], "--staleness auto applies to --protocol ssp"),
+    (["--staleness", "4", "--staleness-max", "8"], "--staleness-max applies to --staleness auto"),
 ])
 def test_bad_values_are_named(data, argv, match):
     with pytest.raises(ValueError, match=match):
         resolve(parse("--data", data, *argv), environ={})
+
+
+def test_staleness_auto_resolves_to_its_maximum(data):
+    s = resolve(parse("--data", data, "--staleness", "auto"), environ={})
+    assert (s.staleness, s.staleness_max) == ("auto", 16)
+    s = resolve(parse("--data", data), environ={"PSGD_STALENESS": "AUTO", "PSGD_STALENESS_MAX": "5"})
+    assert (s.staleness, s.staleness_max) == ("auto", 5)
+    with pytest.raises(SystemExit):   # argparse: "invalid an integer or auto value"
+        parse("--staleness", "often")
 
 
 def test_missing_data_file():

@@ -87,6 +87,8 @@ def test_bsp_interrupted_and_resumed_equals_uninterrupted(mpirun, dataset, tmp_p
     (["--model", "mlp:784-abc"], "mlp"),
     (["--model", "mlp:100-10"], "inputs of shape"),
     (["--protocol", "hogwild", "--optimizer", "adam"], "adam"),
+    (["--straggler", "2:slow=3"], "--straggler names worker 2, but the job has 2 workers"),
+    (["--protocol", "asp", "--staleness", "auto"], "--staleness auto applies to --protocol ssp"),
 ])
 def test_bad_input_is_one_line_from_rank_0(mpirun, dataset, flags, message):
     proc = train(mpirun, 3, dataset, *flags, check=False, timeout=90)

@@ -3,11 +3,13 @@
 After DSSP (Zhao et al. 2019), which lets a fast worker run up to r_max
 clocks past the bound when the push times it has seen predict that the
 slowest worker's push is near.  Here the decision is taken once per window of
-pulls, for every worker alike: when more than ``HELD_MAX`` of the window's
-pulls were held, s grows by the median hold measured in the fastest worker's
-step times (the clocks it could have computed instead of waiting; its own
-waits excluded); when no pull of the window needed the bound's top clock, s
-shrinks by one, so staleness only stays where it buys throughput.
+pulls, for every worker alike: when the workers spent more than ``HELD_MAX``
+of the window's time held, s grows by the median hold measured in the
+fastest worker's step times (the clocks it could have computed instead of
+waiting; its own waits excluded); otherwise, when no pull of the window
+needed the bound's top clock or the workers' step times are even (a lag left
+from the past, which no wait of the future needs), s shrinks by one, so
+staleness only stays where it buys throughput.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import statistics
 
 import numpy as np
 
-HELD_MAX = 1 / 8      # more held pulls than this in a window grow the bound
+HELD_MAX = 1 / 8      # a larger share of the window's time held grows the bound
+EVEN = 1.5            # step times within this ratio are even
 EWMA = 0.2            # weight of the newest step in a worker's step time
 DEFAULT_START = 2     # the bound before the first window closes
 
@@ -54,20 +57,21 @@ class AdaptiveBound:
         self.step_s = np.full(n_workers, math.nan)     # EWMA of a step without its waits
         self._last_push = np.full(n_workers, math.nan)
         self._held_since_push = np.zeros(n_workers)
+        self.n_workers = n_workers
         self._needs: list[int] = []
-        self._n_held = 0
         self._holds: list[float] = []
+        self._since = math.nan
 
-    def pulled(self, clock: int, version: int) -> int:
-        """A pull for ``clock`` arrived with the shard at ``version``; returns the bound in force.
+    def pulled(self, clock: int, version: int, now: float) -> int:
+        """A pull for ``clock`` arrived at ``now`` with the shard at ``version``; the bound in force.
 
         The bound may change here (and only here), before the pull is weighed.
         """
-        need = int(clock) - int(version)
-        self._needs.append(need)
-        self._n_held += need > self.bound
+        if not self._needs:
+            self._since = now
+        self._needs.append(int(clock) - int(version))
         if len(self._needs) >= self.window:
-            self._decide(version)
+            self._decide(version, now)
         return self.bound
 
     def answered(self, worker: int, held_s: float) -> None:
@@ -86,14 +90,15 @@ class AdaptiveBound:
         self._last_push[worker] = now
         self._held_since_push[worker] = 0.0
 
-    def _decide(self, version: int) -> None:
-        held = self._n_held / len(self._needs)
+    def _decide(self, version: int, now: float) -> None:
+        held = sum(self._holds) / max(self.n_workers * (now - self._since), 1e-9)
         known = self.step_s[np.isfinite(self.step_s) & (self.step_s > 0)]
+        even = known.size == self.n_workers and known.max() < EVEN * known.min()
         if held > HELD_MAX:
             clocks = (statistics.median(self._holds) / known.min()
                       if self._holds and known.size else 1.0)
             new = self.bound + max(1, int(round(clocks)))
-        elif max(self._needs) < self.bound:
+        elif max(self._needs) < self.bound or even:
             new = self.bound - 1
         else:
             new = self.bound
@@ -101,4 +106,4 @@ class AdaptiveBound:
         if new != self.bound:
             self.bound = new
             self.history.append((int(version), new))
-        self._needs, self._n_held, self._holds = [], 0, []
+        self._needs, self._holds = [], []

@@ -204,9 +204,10 @@ class _Server:
             if int(self.ctrl[3]) != self.shard:
                 raise PsgdError(f"pull from rank {source} names shard {int(self.ctrl[3])}, but it "
                                 f"reached server rank {self.rank} which holds shard {self.shard}")
+            now = time.perf_counter()
             if self.adaptive is not None:   # the bound changes here only, outside _answer_pulls
-                self.bound = float(self.adaptive.pulled(clock, self.version))
-            self.pending.append((source, clock, time.perf_counter()))
+                self.bound = float(self.adaptive.pulled(clock, self.version, now))
+            self.pending.append((source, clock, now))
             self._answer_pulls()
         elif kind == DONE:
             self.order.done(w)

@@ -71,6 +71,9 @@ class PSWorker:
         bound in force at the last reply (min over shards; inf: none).
     read_versions : ndarray, int64 (S,)
         Version of each shard in the parameters the worker holds.
+    read_bounds : ndarray, float64 (S,)
+        The staleness bound each shard's server had in force when it sent them
+        (inf: none); ``read_versions >= clock - read_bounds`` for their clock.
     """
 
     def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
@@ -84,6 +87,7 @@ class PSWorker:
         self.optimizer = None   # the servers own it
         S = shard_map.n_shards
         self.read_versions = np.zeros(S, np.int64)
+        self.read_bounds = np.full(S, math.inf)
         self._push_hdr = np.zeros((S, HEADER_LEN), np.int64)
         self._pull_hdr = np.zeros((S, HEADER_LEN), np.int64)
         self._reply_hdr = np.zeros((S, HEADER_LEN), np.int64)
@@ -156,8 +160,8 @@ class PSWorker:
             timeline.current.span("wait", t0, t0 + held, clock)
             timeline.current.span("pull", t0 + held, t1, clock)
         self.read_versions[:] = self._reply_hdr[:, 2]
-        bounds = self._reply_hdr[:, 0]
-        self.stats["bound"] = math.inf if (bounds < 0).any() else int(bounds.min())
+        self.read_bounds[:] = np.where(self._reply_hdr[:, 0] < 0, math.inf, self._reply_hdr[:, 0])
+        self.stats["bound"] = float(self.read_bounds.min())
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Pull the parameters for the first clock into ``params`` (float32 (n,)).

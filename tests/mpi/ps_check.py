@@ -76,6 +76,8 @@ def run_ps(args, roles, config, step_hook=None, grad_fn=None):
         x, y = data(roles.n_workers)
         w = roles.worker_index
         worker = PSWorker(roles, smap, dataclasses.replace(config, overlap=args.overlap))
+        if step_hook is not None:
+            step_hook.worker = worker   # a hook may read the worker's state
         params = np.zeros(config.n_params, np.float32)
         worker.start(params, args.start_clock)
         for c in range(args.steps):
@@ -171,6 +173,31 @@ def mode_stale(args, comm):
           flush=True)
 
 
+def mode_adaptive(args, comm):
+    """--staleness auto: the last worker is slow for the first half; every reply within its bound."""
+    roles = assign_roles(comm, args.servers)
+    config = make_config("ssp", N_PARAMS, staleness="auto", staleness_max=args.staleness_max,
+                         overlap=args.overlap, lr_schedule=lambda c: 0.05)
+    slow, half = roles.n_workers - 1, args.steps // 2
+    checked = []
+
+    def hook(roles, c):   # before clock c: the parameters held are those pulled for clock c
+        if c > 0:
+            worker = hook.worker
+            assert (worker.read_versions >= c - worker.read_bounds).all(), \
+                f"clock {c}: versions {worker.read_versions} under bounds {worker.read_bounds}"
+            checked.append(float(worker.read_bounds.min()))
+        if roles.worker_index == slow and c < half:
+            time.sleep(args.sleep)
+
+    out = run_ps(args, roles, config, step_hook=hook)
+    history = out["server"].bound_history if roles.is_server else None
+    histories, seen = comm.gather(history, root=0), comm.gather(checked, root=0)
+    if comm.Get_rank() == 0:
+        print("RESULT " + json.dumps({"histories": [h for h in histories if h is not None],
+                                      "checked": sum(len(c) for c in seen if c)}), flush=True)
+
+
 def mode_overlap(args, comm):
     """One worker, asp, overlap: exactly SGD with a delay of one clock (deterministic).
 
@@ -259,7 +286,9 @@ def mode_no_room(args, comm):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["bsp", "stale", "overlap", "bad", "cpu", "no-room"])
+    ap.add_argument("mode", choices=["bsp", "stale", "adaptive", "overlap", "bad", "cpu",
+                                     "no-room"])
+    ap.add_argument("--staleness-max", type=int, default=6)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--optimizer", default="sgd")
@@ -275,7 +304,7 @@ def main():
     if args.messages:   # ProtocolConfig's push_window default, read on every rank
         os.environ["PSGD_PS_PUSH_WINDOW"] = "0"
     comm = MPI.COMM_WORLD
-    modes = {"bsp": mode_bsp, "stale": mode_stale, "overlap": mode_overlap, "bad": mode_bad,
+    modes = {"bsp": mode_bsp, "stale": mode_stale, "adaptive": mode_adaptive, "overlap": mode_overlap, "bad": mode_bad,
              "cpu": mode_cpu, "no-room": mode_no_room}
     modes[args.mode](args, comm)
 

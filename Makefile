@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async bench-gossip bench-net clean
+.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async bench-gossip bench-net bench-stragglers clean
 
 install: $(STAMP)
 
@@ -72,6 +72,12 @@ bench-async: install
 # on 2 cores (W = 8: about 10 min more) (ARGS=--quick: a smoke run; ARGS="--workers 4,8": also W = 8)
 bench-gossip: install
 	$(PY) bench/bench_gossip.py $(ARGS)
+
+# stragglers (none, one 3x slower, transient pauses) x bsp, ssp s=1,3,8, asp, ssp auto x W=2,4 x 3
+# seeds, LeNet on Fashion-MNIST: time to a target test accuracy (ARGS=--quick: a smoke run;
+# ARGS=--seeds 0,1: the README table)
+bench-stragglers: install
+	$(PY) bench/bench_stragglers.py $(ARGS)
 
 bench: install
 	$(PY) bench/run_all.py

@@ -21,42 +21,18 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from protocols import run_bounded  # noqa: E402
+from training import dataset, error_line, mean_staleness, train as run_train  # noqa: E402
 
-FMNIST = Path("/usr/share/datasets/fashion-mnist")
 METHODS = ("none", "inverse", "dcasgd", "gap", "amom", "auto")
 PROTOCOLS = {"bsp": [], "ssp": ["--staleness", "2"], "asp": []}
 MODELS = {"lenet": "lenet", "mlp": "mlp:784-256-256-10"}
-
-
-def dataset(tmp: Path, quick: bool) -> tuple[Path, str]:
-    """Fashion-MNIST converted to psgd's layout, or synthetic data with a printed warning."""
-    out = tmp / "data.h5"
-    if FMNIST.is_dir() and not quick:
-        files = {k: next(FMNIST.glob(f"{stem}*")) for k, stem in (
-            ("train-images", "train-images-idx3"), ("train-labels", "train-labels-idx1"),
-            ("test-images", "t10k-images-idx3"), ("test-labels", "t10k-labels-idx1"))}
-        cmd = ["convert", *(x for k, f in files.items() for x in (f"--idx-{k}", str(f)))]
-        name = "Fashion-MNIST"
-    else:
-        if not quick:
-            print("bench-async: WARNING: Fashion-MNIST is not installed (apt-get install "
-                  "dataset-fashion-mnist); using synthetic data", flush=True)
-        cmd = ["synth", "--train", "1536" if quick else "60000", "--test", "256"]
-        name = "synthetic"
-    run_bounded([sys.executable, "-m", "psgd", "data", *cmd, "-o", str(out)], 300,
-                cwd=ROOT).check_returncode()
-    return out, name
 
 
 def cells(args) -> list[dict]:
@@ -74,31 +50,26 @@ def cells(args) -> list[dict]:
 
 def train(cell: dict, data: Path, args, log: Path) -> dict:
     """One run; its final accuracy, throughput, staleness and accuracy curve."""
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(cell["workers"] + 1), sys.executable, "-m",
-           "psgd", "train", "--data", str(data), "--model", MODELS[cell["model"]],
-           "--protocol", cell["protocol"], *PROTOCOLS[cell["protocol"]], "--servers", "1",
-           "--optimizer", args.optimizer, "--lr", str(args.lr), "--momentum", str(args.momentum),
-           "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
-           "--seed", str(cell["seed"]), "--eval-every", str(args.eval_every),
-           "--eval-samples", str(args.eval_samples), "--quiet", "--log", str(log)]
+    flags = ["--data", data, "--model", MODELS[cell["model"]], "--protocol", cell["protocol"],
+             *PROTOCOLS[cell["protocol"]], "--optimizer", args.optimizer, "--lr", args.lr,
+             "--momentum", args.momentum, "--batch-size", args.batch_size,
+             "--epochs", args.epochs, "--seed", cell["seed"], "--eval-every", args.eval_every,
+             "--eval-samples", args.eval_samples]
     if cell["protocol"] != "bsp":
-        cmd += ["--staleness-comp", cell["method"]]
-    t0 = time.perf_counter()
-    proc = run_bounded(cmd, args.timeout, cwd=ROOT)
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        flags += ["--staleness-comp", cell["method"]]
+    proc, records, wall = run_train(cell["workers"], flags, log, args.timeout)
     summary = next((r for r in records if r["kind"] == "summary"), None)
     config = next((r for r in records if r["kind"] == "config"), {})
-    row = {**cell, "wall_s": time.perf_counter() - t0, "ok": summary is not None}
-    if summary is None:   # a diverged run ends with one line on stderr
-        row["error"] = (proc.stderr.strip().splitlines() or ["no summary"])[-1][:200]
+    row = {**cell, "wall_s": wall, "ok": summary is not None}
+    if summary is None:
+        row["error"] = error_line(proc)
         return row
     hist = summary["staleness_histogram"] or [0]
-    total = max(sum(hist), 1)
     per_step = args.batch_size * cell["workers"]
     steps = [r for r in records if r["kind"] == "step"]
     curve = [(r["step"] * per_step, r["train_accuracy"]) for r in steps]
     row.update(accuracy=summary["test_accuracy"], samples_per_s=summary["samples_per_s"],
-               mean_staleness=sum(i * c for i, c in enumerate(hist)) / total,
+               mean_staleness=mean_staleness(hist),
                max_staleness=len(hist) - 1, curve=curve,
                compensation=(summary.get("staleness_compensation") or [None])[0],
                comp_asked=config.get("staleness_comp"),
@@ -187,7 +158,7 @@ def main(argv=None) -> int:
     name = "async-quick" if args.quick else "async"
     rows = []
     with tempfile.TemporaryDirectory(prefix="psgd-async-") as tmp:
-        data, data_name = dataset(Path(tmp), args.quick)
+        data, data_name = dataset(Path(tmp), args.quick, "bench-async")
         todo = cells(args)
         for i, cell in enumerate(todo):
             row = train(cell, data, args, Path(tmp) / f"run{i}.jsonl")

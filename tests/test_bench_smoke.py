@@ -134,3 +134,21 @@ def test_bench_gossip_quick_writes_its_table_and_json(tmp_path):
         assert r["bytes_measured"] == (r["run"] != "allreduce"), r
     text = (tmp_path / "gossip-quick.md").read_text()
     assert "| 2 | gossip ring |" in text and "vs allreduce" in text
+
+
+def test_bench_stragglers_quick_writes_its_table_json_and_plot(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_stragglers.py"), "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "stragglers-quick.json").read_text())["rows"]
+    assert {(r["scenario"], r["protocol"]) for r in rows} == {
+        ("none", "bsp"), ("none", "ssp auto"), ("slow", "bsp"), ("slow", "ssp auto")}
+    for r in rows:
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["curve"], r
+        times = [t for t, _, _ in r["curve"]]
+        assert times == sorted(times) and all(0 <= a <= 1 for _, _, a in r["curve"])
+        assert bool(r["bound"]) == (r["protocol"] == "ssp auto")   # auto logs its bound
+    table = (tmp_path / "stragglers-quick.md").read_text()
+    assert "| slow | 2 | ssp auto |" in table and "| none | 2 | bsp |" in table
+    assert (tmp_path / "stragglers-quick.png").read_bytes().startswith(PNG_MAGIC)

@@ -1,0 +1,294 @@
+"""`make bench-stragglers`: where bounded staleness pays, as time to a target test accuracy under emulated stragglers.
+
+    .venv/bin/python bench/bench_stragglers.py [--quick] [--workers 2,4] [--seeds 0,1,2] ...
+
+Every cell is one ``mpiexec -n W+1 python -m psgd train`` (one server), LeNet
+on Fashion-MNIST (Debian's dataset-fashion-mnist; synthetic data, with a
+warning, when it is not installed), in one of three scenarios: no straggler,
+the last worker 3x slower (``--straggler W-1:slow=3``), and transient pauses
+(``--straggler all:p=0.1,d=5x``: each step, with probability 0.1, a pause of
+five times the worker's mean compute time), under bsp, ssp s = 1, 3, 8, asp
+and ssp with ``--staleness auto``, with the same samples per worker-set.
+The test accuracy over time comes from the servers' snapshots
+(``--checkpoint-every``), kept as they appear and evaluated after the run, so
+no worker evaluates mid-run (which would make it a straggler).  Writes
+bench/results/stragglers.{json,md,png}, adding to the json run by run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from training import dataset, error_line, mean_staleness, train as run_train  # noqa: E402
+
+SCENARIOS = {"none": None, "slow": "{last}:slow=3", "transient": "all:p=0.1,d=5x"}
+PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=1": ["--protocol", "ssp", "--staleness", "1"],
+             "ssp s=3": ["--protocol", "ssp", "--staleness", "3"],
+             "ssp s=8": ["--protocol", "ssp", "--staleness", "8"], "asp": ["--protocol", "asp"],
+             "ssp auto": ["--protocol", "ssp", "--staleness", "auto"]}
+FIXED = ("ssp s=1", "ssp s=3", "ssp s=8")
+
+
+class SnapshotKeeper(threading.Thread):
+    """Hard-links each checkpoint the run writes (the run keeps only its newest three) and
+    notes when it appeared, from when the run's log appeared."""
+
+    def __init__(self, ckpt_dir: Path, keep_dir: Path, log: Path) -> None:
+        super().__init__(daemon=True)
+        self.ckpt_dir, self.keep_dir, self.log = ckpt_dir, keep_dir, log
+        self.start_time: float | None = None
+        self.kept: dict[str, float] = {}      # name -> wall time (s) after the log appeared
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.poll()
+            time.sleep(0.02)
+        self.poll()
+
+    def poll(self) -> None:
+        if self.start_time is None and self.log.exists():
+            self.start_time = time.time()
+        for path in self.ckpt_dir.glob("ckpt-*.h5") if self.ckpt_dir.exists() else ():
+            if path.name in self.kept:
+                continue
+            try:
+                mtime = path.stat().st_mtime
+                os.link(path, self.keep_dir / path.name)
+            except FileNotFoundError:   # rotated away between the listing and the link
+                continue
+            self.kept[path.name] = mtime - (self.start_time or mtime)
+
+
+def evaluate(keeper: SnapshotKeeper, model_spec: str, test) -> list[tuple[float, int, float]]:
+    """``(seconds, step, test accuracy)`` of every kept snapshot, in time order."""
+    from psgd.nn.model import build_model
+    from psgd.run.checkpoint import load_checkpoint
+    model = build_model(model_spec)
+    out = []
+    for name, t in sorted(keeper.kept.items(), key=lambda kv: kv[1]):
+        ckpt = load_checkpoint(keeper.keep_dir / name)
+        model.params[:] = ckpt.params
+        out.append((round(t, 3), ckpt.step, model.evaluate(*test)[1]))
+    return out
+
+
+def train(cell: dict, data: Path, args, tmp: Path, test) -> dict:
+    """One run: its curve of test accuracy over time, final accuracy, staleness, bound."""
+    run_dir = tmp / f"run{cell['index']}"
+    (run_dir / "keep").mkdir(parents=True)
+    log = run_dir / "log.jsonl"
+    spec = SCENARIOS[cell["scenario"]]
+    flags = ["--data", data, "--model", args.model, *PROTOCOLS[cell["protocol"]],
+             "--optimizer", "momentum", "--lr", args.lr, "--momentum", 0.9,
+             "--batch-size", args.batch_size, "--steps", args.samples // cell["workers"],
+             "--seed", cell["seed"], "--log-every", 5,
+             "--checkpoint-dir", run_dir / "ckpt", "--checkpoint-every", args.every]
+    if spec:
+        flags += ["--straggler", spec.format(last=cell["workers"] - 1)]
+    keeper = SnapshotKeeper(run_dir / "ckpt", run_dir / "keep", log)
+    keeper.start()
+    try:
+        proc, records, wall = run_train(cell["workers"], flags, log, args.timeout)
+    finally:
+        keeper.stop.set()
+        keeper.join()
+    summary = next((r for r in records if r["kind"] == "summary"), None)
+    row = {**cell, "wall_s": wall, "ok": summary is not None}
+    if summary is None:
+        row["error"] = error_line(proc)
+        return row
+    curve = evaluate(keeper, args.model, test)
+    hist = summary["staleness_histogram"] or [0]
+    row.update(accuracy=summary["test_accuracy"], run_s=summary["wall_s"],
+               samples_per_s=summary["samples_per_s"], curve=curve,
+               mean_staleness=mean_staleness(hist), max_staleness=len(hist) - 1,
+               wait_s=summary["worker_time"]["wait_s"],
+               time_to_target=next((t for t, _, acc in curve if acc >= args.target), None),
+               step_to_target=next((c for _, c, acc in curve if acc >= args.target), None),
+               bound=[(r["time"], r["staleness_bound"]) for r in records
+                      if r["kind"] == "step" and "staleness_bound" in r])
+    return row
+
+
+def _mean_time(runs: list[dict]) -> float | None:
+    """Mean time to target over the seeds; None unless every seed reached it."""
+    times = [r.get("time_to_target") for r in runs]
+    return statistics.mean(times) if times and None not in times else None
+
+
+def table(rows: list[dict], args) -> str:
+    """Markdown: one line per scenario, W and protocol, over the seeds; then the verdicts."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["scenario"], r["workers"]), {}).setdefault(r["protocol"], []).append(r)
+    lines = [f"| scenario | W | protocol | s to test acc {args.target:g} (mean; range) | "
+             f"vs best fixed s | clocks to it | samples/s | final acc (mean) | mean / max "
+             f"staleness | worker wait s | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    verdicts, within = [], {p: 0 for p in FIXED + ("ssp auto",)}
+    order = list(SCENARIOS)
+    for (scenario, w), by_proto in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]),
+                                                                          kv[0][1])):
+        means = {p: _mean_time(runs) for p, runs in by_proto.items()}
+        fixed = {p: t for p, t in means.items() if p in FIXED and t is not None}
+        best = min(fixed.values()) if fixed else None
+        for p in PROTOCOLS:
+            runs = by_proto.get(p)
+            if not runs:
+                continue
+            ok = [r for r in runs if r["ok"]]
+            times = [r["time_to_target"] for r in ok if r.get("time_to_target") is not None]
+            reach = (f"{means[p]:.1f}; {min(times):.1f}-{max(times):.1f}" if means[p] is not None
+                     else f"- ({len(times)}/{len(runs)} reached)")
+            rel = f"{means[p] / best:.2f}x" if best and means[p] is not None else "-"
+            if best and means[p] is not None and means[p] <= 1.1 * best and p in within:
+                within[p] += 1
+            acc = statistics.mean(r["accuracy"] for r in ok) if ok else float("nan")
+            st = (f"{statistics.mean(r['mean_staleness'] for r in ok):.2f} / "
+                  f"{max(r['max_staleness'] for r in ok)}") if ok else "-"
+            wait = f"{statistics.mean(r['wait_s'] for r in ok):.1f}" if ok else "-"
+            clocks = [r["step_to_target"] for r in ok if r.get("step_to_target") is not None]
+            clocks = f"{statistics.mean(clocks):.0f}" if clocks else "-"
+            rate = f"{statistics.mean(r['samples_per_s'] for r in ok):.0f}" if ok else "-"
+            lines.append(f"| {scenario} | {w} | {p} | {reach} | {rel} | {clocks} | {rate} | "
+                         f"{acc:.4f} | {st} | "
+                         f"{wait} | {len(runs)}{f' ({len(runs) - len(ok)} failed)' if len(ok) < len(runs) else ''} |")
+        if best is not None:
+            best_p = min(fixed, key=fixed.get)
+            others = {p: means.get(p) for p in ("bsp", "asp")}
+            beats = all(t is None or best < t for t in others.values())
+            verdicts.append(
+                f"- {scenario}, W={w}: best fixed s is {best_p} ({best:.1f} s); "
+                f"bsp {_fmt(others['bsp'])}, asp {_fmt(others['asp'])}: ssp "
+                f"{'beats both' if beats else 'does not beat both'}; auto "
+                f"{_fmt(means.get('ssp auto'))} ({_ratio(means.get('ssp auto'), best)} of the best "
+                f"fixed s)")
+    n = len(groups)
+    verdicts.append(f"- within 10 % of the best fixed s, out of {n} scenario x W cells: "
+                    + ", ".join(f"{p} {k}" for p, k in within.items()))
+    return "\n".join(lines) + "\n\n" + "\n".join(verdicts)
+
+
+def _fmt(t: float | None) -> str:
+    return "did not reach it" if t is None else f"{t:.1f} s"
+
+
+def _ratio(t: float | None, best: float) -> str:
+    return "-" if t is None else f"{t / best:.2f}x"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Test accuracy against wall time per scenario and W (first seed); auto's bound below."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ws = sorted({r["workers"] for r in rows})
+    scenarios = [s for s in SCENARIOS if any(r["scenario"] == s for r in rows)]
+    seed = min(r["seed"] for r in rows)
+    fig, axes = plt.subplots(len(ws) + 1, len(scenarios), figsize=(5 * len(scenarios),
+                                                                   3.6 * (len(ws) + 1)),
+                             squeeze=False)
+    for j, scenario in enumerate(scenarios):
+        for i, w in enumerate(ws):
+            ax = axes[i][j]
+            for r in rows:
+                if (r["scenario"], r["workers"], r["seed"]) == (scenario, w, seed) and \
+                        r.get("curve"):
+                    t, _, acc = zip(*r["curve"])
+                    ax.plot(t, acc, label=r["protocol"],
+                            lw=2.2 if r["protocol"] == "ssp auto" else 1.2)
+            ax.set(title=f"{scenario}, W={w} (seed {seed})", xlabel="wall time (s)",
+                   ylabel="test accuracy", ylim=(0, 1))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        ax = axes[len(ws)][j]
+        for r in rows:
+            if (r["scenario"], r["seed"], r["protocol"]) == (scenario, seed, "ssp auto") and \
+                    r.get("bound"):
+                t, b = zip(*r["bound"])
+                ax.step(t, b, where="post", label=f"W={r['workers']}")
+        ax.set(title=f"{scenario}: --staleness auto's bound", xlabel="wall time (s)",
+               ylabel="bound in force (clocks)")
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a tiny subset on synthetic data")
+    ap.add_argument("--out", default=str(BENCH / "results"))
+    ap.add_argument("--workers", default="2,4")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS))
+    ap.add_argument("--model", default="lenet")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=400, help="steps of all workers together "
+                                                             "(each worker: samples / W)")
+    ap.add_argument("--every", type=int, default=10, help="clocks between snapshots")
+    ap.add_argument("--eval-samples", type=int, default=1000)
+    ap.add_argument("--target", type=float, default=0.8)
+    ap.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.workers, args.seeds, args.model, args.samples = "2", "0", "mlp:784-64-10", 60
+        args.scenarios, args.protocols, args.target = "none,slow", "bsp,ssp auto", 0.2
+    args.scenarios, args.protocols = args.scenarios.split(","), args.protocols.split(",")
+    bad = [x for x in args.scenarios if x not in SCENARIOS] + \
+          [x for x in args.protocols if x not in PROTOCOLS]
+    if bad:
+        ap.error(f"unknown scenario or protocol {bad[0]!r}: scenarios {', '.join(SCENARIOS)}; "
+                 f"protocols {', '.join(PROTOCOLS)}")
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "stragglers-quick" if args.quick else "stragglers"
+    todo = [{"scenario": sc, "workers": w, "seed": seed, "protocol": p}
+            for w in args.workers for seed in args.seeds for sc in args.scenarios
+            for p in args.protocols]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="psgd-stragglers-") as tmp:
+        data, data_name = dataset(Path(tmp), args.quick, "bench-stragglers")
+        from psgd.data.reader import ShardReader
+        x, y = ShardReader(data, 0, 1, args.batch_size).test_set()
+        test = (x[:args.eval_samples], y[:args.eval_samples])
+        for i, cell in enumerate(todo):
+            row = train({**cell, "index": i}, data, args, Path(tmp), test)
+            rows.append(row)
+            print(f"[{i + 1}/{len(todo)}] {cell['scenario']} W={cell['workers']} seed "
+                  f"{cell['seed']} {cell['protocol']}: to {args.target:g} in "
+                  f"{row.get('time_to_target')} s, final {row.get('accuracy', row.get('error'))} "
+                  f"({row['wall_s']:.0f} s)", flush=True)
+            (out / f"{name}.json").write_text(json.dumps(
+                {"data": data_name, "settings": vars(args), "rows": rows}, indent=1))
+    text = (f"# Stragglers ({data_name}, {args.model}, momentum 0.9 lr {args.lr:g}, batch "
+            f"{args.batch_size} per worker, {args.samples} steps of all workers together, 1 "
+            f"server)\n\nTime from the start of training to the first server snapshot "
+            f"(every {args.every} clocks) whose accuracy on the first {args.eval_samples} test "
+            f"samples reaches {args.target:g} (clocks to it: the snapshot's version, the clocks "
+            f"every worker had pushed); final accuracy on the whole test split. Each run "
+            f"is W + 1 ranks on {os.cpu_count()} cores (oversubscribed from W = "
+            f"{os.cpu_count()} on).\n\n" + table(rows, args) + "\n")
+    (out / f"{name}.md").write_text(text)
+    plot(rows, out / f"{name}.png")
+    print(text)
+    return 0 if rows and all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -114,6 +114,8 @@ def train(cell: dict, data: Path, args, tmp: Path, test) -> dict:
                samples_per_s=summary["samples_per_s"], curve=curve,
                mean_staleness=mean_staleness(hist), max_staleness=len(hist) - 1,
                wait_s=summary["worker_time"]["wait_s"],
+               # a step's real compute: the unit of the emulated stragglers and of the load
+               compute_step_s=summary["worker_time"]["compute_s"] / max(summary["steps"], 1),
                time_to_target=next((t for t, _, acc in curve if acc >= args.target), None),
                step_to_target=next((c for _, c, acc in curve if acc >= args.target), None),
                bound=[(r["time"], r["staleness_bound"]) for r in records
@@ -121,10 +123,16 @@ def train(cell: dict, data: Path, args, tmp: Path, test) -> dict:
     return row
 
 
-def _mean_time(runs: list[dict]) -> float | None:
-    """Mean time to target over the seeds; None unless every seed reached it."""
+def _mean_time(runs: list[dict], normalized: bool = False) -> float | None:
+    """Mean time to target over the seeds (``normalized``: in units of the run's mean compute
+    time of a step, which the load of the machine and the stragglers scale alike); None
+    unless every seed reached it."""
     times = [r.get("time_to_target") for r in runs]
-    return statistics.mean(times) if times and None not in times else None
+    if not times or None in times:
+        return None
+    if normalized:
+        times = [t / r["compute_step_s"] for t, r in zip(times, runs)]
+    return statistics.mean(times)
 
 
 def table(rows: list[dict], args) -> str:
@@ -133,15 +141,20 @@ def table(rows: list[dict], args) -> str:
     for r in rows:
         groups.setdefault((r["scenario"], r["workers"]), {}).setdefault(r["protocol"], []).append(r)
     lines = [f"| scenario | W | protocol | s to test acc {args.target:g} (mean; range) | "
-             f"vs best fixed s | clocks to it | samples/s | final acc (mean) | mean / max "
-             f"staleness | worker wait s | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"vs best fixed s | in compute steps (vs best fixed s) | clocks to it | samples/s | "
+             f"final acc (mean) | mean / max staleness | worker wait s | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts, within = [], {p: 0 for p in FIXED + ("ssp auto",)}
+    within_norm = dict(within)
     order = list(SCENARIOS)
     for (scenario, w), by_proto in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]),
                                                                           kv[0][1])):
         means = {p: _mean_time(runs) for p, runs in by_proto.items()}
         fixed = {p: t for p, t in means.items() if p in FIXED and t is not None}
         best = min(fixed.values()) if fixed else None
+        norms = {p: _mean_time(runs, normalized=True) for p, runs in by_proto.items()}
+        fixed_norm = {p: t for p, t in norms.items() if p in FIXED and t is not None}
+        best_norm = min(fixed_norm.values()) if fixed_norm else None
         for p in PROTOCOLS:
             runs = by_proto.get(p)
             if not runs:
@@ -157,12 +170,25 @@ def table(rows: list[dict], args) -> str:
             st = (f"{statistics.mean(r['mean_staleness'] for r in ok):.2f} / "
                   f"{max(r['max_staleness'] for r in ok)}") if ok else "-"
             wait = f"{statistics.mean(r['wait_s'] for r in ok):.1f}" if ok else "-"
+            norm = (f"{norms[p]:.0f} ({norms[p] / best_norm:.2f}x)"
+                    if norms.get(p) is not None and best_norm else "-")
+            if best_norm and norms.get(p) is not None and norms[p] <= 1.1 * best_norm \
+                    and p in within_norm:
+                within_norm[p] += 1
             clocks = [r["step_to_target"] for r in ok if r.get("step_to_target") is not None]
             clocks = f"{statistics.mean(clocks):.0f}" if clocks else "-"
             rate = f"{statistics.mean(r['samples_per_s'] for r in ok):.0f}" if ok else "-"
-            lines.append(f"| {scenario} | {w} | {p} | {reach} | {rel} | {clocks} | {rate} | "
+            lines.append(f"| {scenario} | {w} | {p} | {reach} | {rel} | {norm} | {clocks} | {rate} | "
                          f"{acc:.4f} | {st} | "
                          f"{wait} | {len(runs)}{f' ({len(runs) - len(ok)} failed)' if len(ok) < len(runs) else ''} |")
+        if best_norm is not None:
+            best_q = min(fixed_norm, key=fixed_norm.get)
+            verdicts.append(
+                f"- {scenario}, W={w}, in compute steps: best fixed s {best_q} "
+                f"({best_norm:.0f}); bsp {_fmt(norms.get('bsp'), '')}, asp "
+                f"{_fmt(norms.get('asp'), '')}: ssp "
+                f"{'beats both' if all(t is None or best_norm < t for t in (norms.get('bsp'), norms.get('asp'))) else 'does not beat both'}"
+                f"; auto {_fmt(norms.get('ssp auto'), '')} ({_ratio(norms.get('ssp auto'), best_norm)})")
         if best is not None:
             best_p = min(fixed, key=fixed.get)
             others = {p: means.get(p) for p in ("bsp", "asp")}
@@ -175,12 +201,14 @@ def table(rows: list[dict], args) -> str:
                 f"fixed s)")
     n = len(groups)
     verdicts.append(f"- within 10 % of the best fixed s, out of {n} scenario x W cells: "
-                    + ", ".join(f"{p} {k}" for p, k in within.items()))
+                    + ", ".join(f"{p} {k}" for p, k in within.items())
+                    + "; in compute steps: "
+                    + ", ".join(f"{p} {k}" for p, k in within_norm.items()))
     return "\n".join(lines) + "\n\n" + "\n".join(verdicts)
 
 
-def _fmt(t: float | None) -> str:
-    return "did not reach it" if t is None else f"{t:.1f} s"
+def _fmt(t: float | None, unit: str = " s") -> str:
+    return "did not reach it" if t is None else f"{t:.1f}{unit}"
 
 
 def _ratio(t: float | None, best: float) -> str:
@@ -237,13 +265,17 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="lenet")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--samples", type=int, default=400, help="steps of all workers together "
+    ap.add_argument("--samples", type=int, default=240, help="steps of all workers together "
                                                              "(each worker: samples / W)")
-    ap.add_argument("--every", type=int, default=10, help="clocks between snapshots")
+    ap.add_argument("--every", type=int, default=5, help="clocks between snapshots")
     ap.add_argument("--eval-samples", type=int, default=1000)
-    ap.add_argument("--target", type=float, default=0.8)
+    ap.add_argument("--target", type=float, default=0.75)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--report", metavar="JSON", help="only write the table and plot of the runs "
+                                                      "in JSON (e.g. a stopped benchmark's)")
     args = ap.parse_args(argv)
+    if args.report:
+        return report(Path(args.report))
     if args.quick:
         args.workers, args.seeds, args.model, args.samples = "2", "0", "mlp:784-64-10", 60
         args.scenarios, args.protocols, args.target = "none,slow", "bsp,ssp auto", 0.2
@@ -276,6 +308,20 @@ def main(argv=None) -> int:
                   f"({row['wall_s']:.0f} s)", flush=True)
             (out / f"{name}.json").write_text(json.dumps(
                 {"data": data_name, "settings": vars(args), "rows": rows}, indent=1))
+    write_report(out, name, data_name, rows, args)
+    return 0 if rows and all(r["ok"] for r in rows) else 1
+
+
+def report(path: Path) -> int:
+    """The table and plot of the runs recorded in ``path`` (written beside it)."""
+    saved = json.loads(path.read_text())
+    args = argparse.Namespace(**saved["settings"])
+    write_report(path.parent, path.stem, saved["data"], saved["rows"], args)
+    return 0
+
+
+def write_report(out: Path, name: str, data_name: str, rows: list[dict], args) -> None:
+    """``name``.md (the table and verdicts) and ``name``.png in ``out``."""
     text = (f"# Stragglers ({data_name}, {args.model}, momentum 0.9 lr {args.lr:g}, batch "
             f"{args.batch_size} per worker, {args.samples} steps of all workers together, 1 "
             f"server)\n\nTime from the start of training to the first server snapshot "
@@ -287,7 +333,6 @@ def main(argv=None) -> int:
     (out / f"{name}.md").write_text(text)
     plot(rows, out / f"{name}.png")
     print(text)
-    return 0 if rows and all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -26,11 +26,13 @@ def outcome(tmp_path, name):
             records[-1]["staleness_histogram"])
 
 
-def record_then_replay(mpirun, dataset, tmp_path, ranks, *flags):
+def record_then_replay(mpirun, dataset, tmp_path, ranks, *flags, recorded=(), replayed=()):
+    """Record a run (with ``recorded`` flags too), replay it (with ``replayed``), compare."""
     rec = tmp_path / "run.rec.h5"
-    for name, mode in (("a", "--record"), ("b", "--replay")):
-        out = train(mpirun, ranks, dataset, *flags, mode, rec, "--log", tmp_path / f"{name}.jsonl",
-                    "--checkpoint-dir", tmp_path / name, "--log-every", 5).stdout
+    for name, mode, extra in (("a", "--record", recorded), ("b", "--replay", replayed)):
+        out = train(mpirun, ranks, dataset, *flags, *extra, mode, rec, "--log",
+                    tmp_path / f"{name}.jsonl", "--checkpoint-dir", tmp_path / name,
+                    "--log-every", 5).stdout
     assert f"psgd: record: {rec}" not in out   # the replay writes no record of its own
     (pa, la, ha), (pb, lb, hb) = outcome(tmp_path, "a"), outcome(tmp_path, "b")
     assert len(ha) > 1, "every push was fresh: nothing asynchronous to replay"
@@ -39,9 +41,12 @@ def record_then_replay(mpirun, dataset, tmp_path, ranks, *flags):
     return rec
 
 
-def test_an_asp_run_replays_bit_for_bit(mpirun, dataset, tmp_path):
+def test_an_asp_run_with_a_slow_worker_replays_bit_for_bit_without_it(mpirun, dataset, tmp_path):
+    """Worker 1 computes 3x slower in the recorded run; the replay runs at full speed and still
+    applies every push in the recorded order."""
     rec = record_then_replay(mpirun, dataset, tmp_path, 4, "--protocol", "asp", "--optimizer",
-                             "momentum", "--lr", "0.05", "--steps", 40)
+                             "momentum", "--lr", "0.05", "--steps", 40,
+                             recorded=("--straggler", "1:slow=3"))
     with h5py.File(rec) as f:
         events = f["shard_0/events"][...]
         assert f.attrs["n_events"].tolist() == [len(events)]

@@ -26,7 +26,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from bench_async import dataset  # noqa: E402
+from training import dataset  # noqa: E402
 from protocols import run_bounded  # noqa: E402
 
 RUNS = {"allreduce": ["--protocol", "allreduce"],
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     name = "gossip-quick" if args.quick else "gossip"
     rows = []
     with tempfile.TemporaryDirectory(prefix="psgd-gossip-") as tmp:
-        data, data_name = dataset(Path(tmp), args.quick)
+        data, data_name = dataset(Path(tmp), args.quick, "bench-gossip")
         todo = [(w, s, r) for w in workers for s in seeds for r in runs]
         for i, (w, seed, run) in enumerate(todo):
             row = train(run, w, seed, data, args, Path(tmp) / f"run{i}.jsonl")

@@ -16,6 +16,8 @@ make, convert and inspect psgd HDF5 datasets (/train/x, /train/y, /test/x, /test
   psgd data convert --idx-train-images F --idx-train-labels F \\
                     --idx-test-images F --idx-test-labels F -o mnist.h5
   psgd data convert --npz data.npz -o data.h5       keys x_train, y_train, x_test, y_test
+  psgd data convert --svmlight TRAIN TEST -o s.h5   svmlight/libsvm text into the sparse CSR layout
+  psgd data synth --sparse -o sparse.h5             seeded sparse set, Zipf feature frequencies
   psgd data info FILE
 """
 
@@ -45,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--classes", type=int, metavar="N", help="number of classes (default: max label + 1)")
     p.add_argument("--size", type=_size, metavar="HxW",
                    help="resize every image of an image tree to H x W pixels (default: all must match)")
+    p.add_argument("--svmlight", nargs=2, metavar=("TRAIN", "TEST"),
+                   help="svmlight/libsvm text files, into the sparse CSR layout")
+    p.add_argument("--features", type=int, metavar="D",
+                   help="svmlight: declared number of features (default: largest index + 1)")
+    p.add_argument("--index-base", choices=("auto", "0", "1"), default="auto",
+                   help="svmlight: indices start at 0 or 1 (auto: 1 unless some index is 0)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="output HDF5 file")
 
     p = sub.add_parser("synth", help="write the deterministic synthetic 10-class 1x28x28 dataset",
@@ -58,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--channels", type=int, choices=(1, 3), default=1,
                    help="1: greyscale 1x28x28 (default); 3: colour 3x32x32, each sample's strokes "
                         "and background in random colours and placed at a random offset")
+    p.add_argument("--sparse", action="store_true",
+                   help="a sparse CSR set with Zipf feature frequencies instead of images")
+    p.add_argument("--features", type=int, default=20000, metavar="D", help="--sparse: features (default 20000)")
+    p.add_argument("--nnz", type=int, default=40, metavar="K", help="--sparse: nonzeros per row (default 40)")
+    p.add_argument("--classes", type=int, default=10, metavar="K", help="--sparse: classes (default 10)")
 
     p = sub.add_parser("info", help="print shapes, dtypes, class balance, scaling and storage of a dataset")
     p.add_argument("file", metavar="FILE", help="a psgd HDF5 dataset")
@@ -79,6 +92,11 @@ def _convert(args: argparse.Namespace) -> None:
     from psgd.data import detect, idx, npz
     idx_files = [args.idx_train_images, args.idx_train_labels, args.idx_test_images, args.idx_test_labels]
     t0 = time.perf_counter()
+    if args.svmlight:
+        from psgd.data.svmlight import convert_svmlight
+        out = convert_svmlight(*args.svmlight, args.output, args.features, args.index_base)
+        print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
+        return _print_info(out)
     if args.input and (args.npz or any(idx_files)):
         raise ValueError(f"convert: give INPUT ({args.input}) or --npz / --idx-* files, not both")
     if args.npz and any(idx_files):
@@ -104,7 +122,13 @@ def _convert(args: argparse.Namespace) -> None:
 def _synth(args: argparse.Namespace) -> None:
     from psgd.data import synth
     t0 = time.perf_counter()
-    out = synth.write_synthetic(args.output, args.train, args.test, args.seed, channels=args.channels)
+    if args.sparse:
+        from psgd.data.synth_sparse import write_sparse_synthetic
+        out = write_sparse_synthetic(args.output, args.train, args.test, args.features, args.classes,
+                                     args.nnz, args.seed)
+    else:
+        out = synth.write_synthetic(args.output, args.train, args.test, args.seed,
+                                   channels=args.channels)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
     _print_info(out)
 

@@ -42,6 +42,9 @@ def dataset_info(path: str | os.PathLike) -> dict:
     ValueError
         If the file is missing or does not follow the layout.
     """
+    from psgd.data import csr
+    if csr.is_sparse(path):
+        return csr.csr_info(path)
     with layout.open_checked(path) as f:
         attrs = layout.check_layout(f, path)
         info = {"path": str(path), **attrs, "input_shape": tuple(f["train/x"].shape[1:]),

@@ -145,12 +145,11 @@ def _check_checkpoint_dir(settings: TrainSettings, run_id: str) -> list[Path]:
 
 def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed | None,
            run_id: str) -> Job:
+    from psgd.data.csr import CSRShardReader
     from psgd.data.reader import ShardReader, dataset_info
-    from psgd.nn.model import build_model
 
     info = dataset_info(settings.data)
-    model = build_model(settings.model, seed=settings.seed, input_shape=info["input_shape"],
-                        n_classes=info["n_classes"])
+    model = _model(settings, info)
     total = _total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
     resume = _resume(settings, resumed, model, total, protocol)
@@ -177,13 +176,29 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
                           roles.n_workers)
     reader = None
     if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
-        reader = ShardReader(settings.data, roles.worker_index, roles.n_workers,
-                             settings.batch_size, seed=settings.seed, augment=settings.augment)
+        if info.get("sparse"):
+            reader = CSRShardReader(settings.data, roles.worker_index, roles.n_workers,
+                                    settings.batch_size, seed=settings.seed)
+        else:
+            reader = ShardReader(settings.data, roles.worker_index, roles.n_workers,
+                                 settings.batch_size, seed=settings.seed, augment=settings.augment)
     return Job(settings=settings, roles=roles, protocol=protocol, model=model,
                shard_map=shard_map, config=config, total_steps=total,
                start_step=resume.step if resume else 0, resume=resume, debug=debug,
                run_id=run_id, reader=reader, end_step=total, foreign=foreign,
                straggler=slow if roles.is_worker else None)
+
+
+def _model(settings: TrainSettings, info: dict):
+    """The model of --model, checked against the kind of data (sparse CSR or dense)."""
+    from psgd.nn import sparse
+    from psgd.nn.model import build_model
+    is_sparse = sparse.is_sparse_spec(settings.model)
+    sparse.check_data_kind(settings.model, is_sparse, bool(info.get("sparse")), settings.data)
+    if is_sparse:
+        return sparse.build_sparse_model(settings.model, info["input_shape"][0], info["n_classes"])
+    return build_model(settings.model, seed=settings.seed, input_shape=info["input_shape"],
+                       n_classes=info["n_classes"])
 
 
 def _replay_events(settings: TrainSettings, roles: Roles, resume, total: int) -> tuple | None:

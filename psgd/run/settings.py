@@ -114,7 +114,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "model": (str, "model spec: a preset (lenet, cifar-cnn, resnet8, resnet20), "
                    "mlp:784-256-256-10, or layer tokens joined by '-' on the data's input shape, "
                    "e.g. conv:32x3:pad1-bn-relu-pool:2-flatten-dense:10 (see the README; "
-                   "default lenet)"),
+                   "default lenet); on sparse data linear or svm"),
     "protocol": (str, "consistency protocol: " + ", ".join(PROTOCOLS) + " (default ssp)"),
     "servers": (int, f"number of parameter-server ranks S (default 1; 0 for "
                      f"{names(servers=False)})"),

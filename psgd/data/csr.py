@@ -1,0 +1,251 @@
+"""Sparse psgd datasets: CSR per split (indptr, indices, values, y), written, checked and read per worker."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import numpy as np
+
+from psgd.atomic_file import atomic_output
+from psgd.data import layout
+
+PARTS = ("indptr", "indices", "values", "y")
+DTYPES = {"indptr": np.int64, "indices": np.int32, "values": np.float32, "y": np.int32}
+CHUNK = 65536
+
+
+@dataclass
+class CSRBatch:
+    """Rows of a sparse matrix: ``indptr`` (B + 1,) int64 from 0, ``indices`` (nnz,) int32,
+    ``values`` (nnz,) float32, ``n_features`` columns."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    n_features: int
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self), self.n_features
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    def __getitem__(self, rows) -> "CSRBatch":
+        """The rows ``rows`` (a slice or an integer array), as a new batch."""
+        if isinstance(rows, slice):
+            lo, hi, step = rows.indices(len(self))
+            if step == 1:
+                a, b = self.indptr[lo], self.indptr[max(lo, hi)]
+                return CSRBatch(self.indptr[lo:max(lo, hi) + 1] - a, self.indices[a:b],
+                                self.values[a:b], self.n_features)
+            rows = np.arange(lo, hi, step)
+        return take_rows(self, np.asarray(rows, dtype=np.int64))
+
+    def toarray(self) -> np.ndarray:
+        """The dense (B, n_features) float32 matrix."""
+        out = np.zeros(self.shape, np.float32)
+        rows = np.repeat(np.arange(len(self)), np.diff(self.indptr))
+        np.add.at(out, (rows, self.indices), self.values)
+        return out
+
+
+def take_rows(x: CSRBatch, rows: np.ndarray) -> CSRBatch:
+    """The rows ``rows`` of ``x`` in that order."""
+    lengths = x.indptr[rows + 1] - x.indptr[rows]
+    indptr = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    pos = np.repeat(x.indptr[rows] - indptr[:-1], lengths) + np.arange(indptr[-1])
+    return CSRBatch(indptr, x.indices[pos], x.values[pos], x.n_features)
+
+
+def is_sparse(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an HDF5 file in the sparse (CSR) layout."""
+    p = Path(path)
+    if not (p.is_file() and h5py.is_hdf5(p)):
+        return False
+    with h5py.File(p, "r") as f:
+        return "train/indptr" in f
+
+
+def write_csr_dataset(path, splits: dict, n_features: int, n_classes: int | None = None,
+                      source: str = "") -> Path:
+    """Check and write a sparse dataset atomically.
+
+    Parameters
+    ----------
+    path : path-like
+        Output file.
+    splits : dict
+        ``{"train": (x, y), "test": (x, y)}`` with ``x`` a :class:`CSRBatch` and ``y`` (N,) integer labels.
+    n_features : int
+        Number of columns; every index must lie in ``[0, n_features)``.
+    n_classes : int, optional
+        Default max label + 1.
+    """
+    out = layout.check_output_path(path)
+    ys = {}
+    for split in layout.SPLITS:
+        x, y = splits[split]
+        check_csr(x, n_features, f"{out}: {split}")
+        ys[split] = layout.prepare_y(y, f"{out}: {split} y")
+        if len(ys[split]) != len(x):
+            raise ValueError(f"{out}: {split} has {len(x)} rows but {len(ys[split])} labels")
+        if len(x) == 0:
+            raise ValueError(f"{out}: {split} has no samples")
+    if n_classes is None:
+        n_classes = int(max(ys["train"].max(), ys["test"].max())) + 1
+    for split in layout.SPLITS:
+        layout.check_labels(ys[split], n_classes, f"{out}: {split} y")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out) as tmp, h5py.File(tmp, "w", track_order=True) as f:
+        f.attrs.update({"n_classes": int(n_classes), "n_features": int(n_features), "scale": 1.0,
+                        "offset": 0.0, "source": str(source), "format_version": layout.FORMAT_VERSION})
+        for split in layout.SPLITS:
+            x = splits[split][0]
+            g = f.create_group(split, track_order=True)
+            for name, data in zip(PARTS, (x.indptr, x.indices, x.values, ys[split])):
+                data = np.ascontiguousarray(data, DTYPES[name])
+                g.create_dataset(name, data=data, chunks=(max(1, min(CHUNK, len(data))),),
+                                 compression=layout.COMPRESSION,
+                                 compression_opts=layout.COMPRESSION_LEVEL, track_times=False)
+    return out
+
+
+def check_csr(x: CSRBatch, n_features: int, name: str) -> None:
+    """Raise ValueError unless ``x`` is a well-formed CSR matrix with ``n_features`` columns."""
+    p = np.asarray(x.indptr)
+    if p.ndim != 1 or len(p) < 1 or p[0] != 0 or (np.diff(p) < 0).any() or p[-1] != len(x.indices) \
+            or len(x.values) != len(x.indices):
+        raise ValueError(f"{name}: indptr must rise from 0 to nnz ({len(x.indices)}) with one value per index")
+    if len(x.indices) and (x.indices.min() < 0 or x.indices.max() >= n_features):
+        bad = int(np.flatnonzero((x.indices < 0) | (x.indices >= n_features))[0])
+        row = int(np.searchsorted(p, bad, side="right")) - 1
+        raise ValueError(f"{name}: feature index {int(x.indices[bad])} at row {row} is outside "
+                         f"[0, {n_features})")
+    if not np.isfinite(x.values).all():
+        raise ValueError(f"{name}: values contain NaN or Inf")
+
+
+def csr_info(path: str | os.PathLike) -> dict:
+    """:func:`psgd.data.reader.dataset_info` for a sparse file (``x_dtype`` is ``'csr float32'``)."""
+    with _open(path) as f:
+        attrs = _attrs(f, path)
+        d = attrs["n_features"]
+        info = {"path": str(path), **attrs, "input_shape": (d,), "x_dtype": "csr float32", "sparse": True}
+        for split in layout.SPLITS:
+            g = f[split]
+            labels = g["y"][()]
+            layout.check_labels(labels, attrs["n_classes"], f"{path}: /{split}/y")
+            n = len(labels)
+            info[split] = {"n": n, "x_shape": (n, d), "x_dtype": f"csr float32, nnz {g['values'].shape[0]}",
+                           "y_dtype": str(g["y"].dtype), "chunks": g["values"].chunks,
+                           "compression": g["values"].compression,
+                           "compression_opts": g["values"].compression_opts,
+                           "nnz": int(g["values"].shape[0]),
+                           "class_counts": np.bincount(labels, minlength=attrs["n_classes"]).tolist()}
+    return info
+
+
+def _open(path) -> h5py.File:
+    p = layout.check_input_file(path, "dataset file")
+    if not h5py.is_hdf5(p):
+        raise ValueError(f"{p}: not an HDF5 file")
+    f = h5py.File(p, "r")
+    for split in layout.SPLITS:
+        for part in PARTS:
+            if f"{split}/{part}" not in f:
+                f.close()
+                raise ValueError(f"{p}: missing dataset /{split}/{part} of the sparse layout")
+        if f[split]["indptr"].shape[0] != f[split]["y"].shape[0] + 1:
+            f.close()
+            raise ValueError(f"{p}: /{split}/indptr must have one entry more than /{split}/y")
+    return f
+
+
+def _attrs(f: h5py.File, path) -> dict:
+    for key in ("n_classes", "n_features"):
+        if key not in f.attrs or int(f.attrs[key]) < 1:
+            raise ValueError(f"{path}: sparse dataset needs a positive root attribute '{key}'")
+    source = f.attrs.get("source", "")
+    return {"n_classes": int(f.attrs["n_classes"]), "n_features": int(f.attrs["n_features"]),
+            "scale": 1.0, "offset": 0.0, "format_version": int(f.attrs.get("format_version", 1)),
+            "source": source.decode() if isinstance(source, bytes) else str(source)}
+
+
+def load_rows(path, split: str, lo: int, hi: int) -> tuple[CSRBatch, np.ndarray, dict]:
+    """Rows ``[lo, hi)`` of ``split``, read alone from the file: (x, y int64, attributes)."""
+    with _open(path) as f:
+        attrs = _attrs(f, path)
+        g = f[split]
+        indptr = g["indptr"][lo:hi + 1].astype(np.int64)
+        a, b = int(indptr[0]), int(indptr[-1])
+        x = CSRBatch(indptr - a, g["indices"][a:b].astype(np.int32), g["values"][a:b].astype(np.float32),
+                     attrs["n_features"])
+        y = g["y"][lo:hi].astype(np.int64)
+    check_csr(x, attrs["n_features"], f"{path}: /{split} rows [{lo}, {hi})")
+    return x, y, attrs
+
+
+class CSRShardReader:
+    """A worker's contiguous slice of a sparse /train, batched like :class:`psgd.data.reader.ShardReader`.
+
+    Same constructor, attributes and methods (``order``, ``epoch``, ``batch``, ``test_set``);
+    a batch's ``x`` is a :class:`CSRBatch`.
+    """
+
+    def __init__(self, path, worker: int, n_workers: int, batch_size: int, seed: int = 0) -> None:
+        from psgd.data.reader import slice_bounds
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        self.path, self.worker, self.n_workers = str(path), int(worker), int(n_workers)
+        self.batch_size, self.seed = int(batch_size), int(seed)
+        with _open(path) as f:
+            self.n_train = int(f["train/y"].shape[0])
+        self.lo, self.hi = slice_bounds(self.n_train, self.worker, self.n_workers)
+        self.x, self.y, attrs = load_rows(path, "train", self.lo, self.hi)
+        self.n_local = len(self.y)
+        self.n_classes, self.n_features = attrs["n_classes"], attrs["n_features"]
+        self.input_shape = (self.n_features,)
+        if self.n_local < self.batch_size:
+            raise ValueError(f"{path}: worker {self.worker} of {self.n_workers} has {self.n_local} "
+                             f"training rows, fewer than batch size {self.batch_size}")
+        self.steps_per_epoch = self.n_local // self.batch_size
+        self._order_epoch, self._order = -1, np.arange(0)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The shuffled local row order of ``epoch``, fixed by (seed, worker, epoch)."""
+        if epoch != self._order_epoch:
+            self._order = np.random.default_rng([self.seed, self.worker, int(epoch)]).permutation(self.n_local)
+            self._order_epoch = int(epoch)
+        return self._order
+
+    def batch(self, step: int) -> tuple[CSRBatch, np.ndarray]:
+        """The batch of global step ``step``: (CSRBatch of batch_size rows, y int64)."""
+        e, i = divmod(int(step), self.steps_per_epoch)
+        rows = self.order(e)[i * self.batch_size:(i + 1) * self.batch_size]
+        return take_rows(self.x, rows), self.y[rows]
+
+    def epoch(self, e: int) -> Iterator[tuple[CSRBatch, np.ndarray]]:
+        """The ``steps_per_epoch`` batches of epoch ``e``."""
+        for i in range(self.steps_per_epoch):
+            yield self.batch(e * self.steps_per_epoch + i)
+
+    def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[CSRBatch, np.ndarray]:
+        """This evaluator's contiguous slice of /test."""
+        from psgd.data.reader import slice_bounds
+        with _open(self.path) as f:
+            n = int(f["test/y"].shape[0])
+        x, y, _ = load_rows(self.path, "test", *slice_bounds(n, worker, n_workers))
+        return x, y
+
+    def __repr__(self) -> str:
+        return (f"CSRShardReader({self.path!r}, worker={self.worker}, n_workers={self.n_workers}, "
+                f"rows=[{self.lo}, {self.hi}), batch_size={self.batch_size})")

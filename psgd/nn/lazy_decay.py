@@ -1,0 +1,67 @@
+"""Sparse SGD steps with weight decay applied lazily: a row catches up on the decay it missed when touched.
+
+Eager SGD with decay ``lam`` scales every row by ``1 - lr_t * lam`` at every step t,
+touched or not. Lazily, row r remembers the step ``last[r]`` up to which it is decayed;
+when step t touches it, it is first scaled by ``prod_{s = last[r]}^{t-1} (1 - lr_s * lam)``
+(kept as a running sum of logs, so any learning-rate schedule is caught up exactly),
+then takes step t eagerly. :meth:`catch_up` brings every row to the present.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _sparse_step(w, g, rows, last, logs, t, lr, lam, delta):
+    """delta[rows] = (w[rows] caught up and stepped at t) - w[rows]; ``last[rows] = t + 1``."""
+    k = w.shape[1]
+    keep = 1.0 - lr * lam
+    for m in range(rows.size):
+        r = rows[m]
+        factor = np.exp(logs[t] - logs[last[r]]) * keep
+        for c in range(k):
+            new = factor * w[r, c] - lr * g[r, c]
+            delta[m, c] = new - w[r, c]
+        last[r] = t + 1
+
+
+class LazyDecaySGD:
+    """Plain SGD over the rows of a (n_rows, row_len) matrix, O(touched rows) per step.
+
+    Parameters
+    ----------
+    n_rows, row_len : int
+    weight_decay : float
+    """
+
+    def __init__(self, n_rows: int, row_len: int, weight_decay: float = 0.0) -> None:
+        if weight_decay < 0:
+            raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+        self.n_rows, self.row_len, self.weight_decay = int(n_rows), int(row_len), float(weight_decay)
+        self.t = 0
+        self._logs = np.zeros(1024, np.float64)     # logs[t] = sum_{s < t} log(1 - lr_s * lam)
+        self._last = np.zeros(self.n_rows, np.int64)
+
+    def step(self, w: np.ndarray, g: np.ndarray, rows: np.ndarray, lr: float) -> np.ndarray:
+        """The change (len(rows), row_len) that step ``t`` makes to ``w[rows]`` (not applied here).
+
+        ``w``, ``g``: (n_rows, row_len); ``rows``: distinct int64 row ids, the only rows where
+        ``g`` may be non-zero.
+        """
+        lam = self.weight_decay
+        if lr * lam >= 1:
+            raise ValueError(f"lr * weight_decay must be < 1 for a decay factor, got {lr * lam}")
+        if self.t + 1 >= len(self._logs):
+            self._logs = np.concatenate([self._logs, np.zeros(len(self._logs))])
+        delta = np.empty((len(rows), self.row_len), w.dtype)
+        _sparse_step(w, g, rows, self._last, self._logs, self.t, float(lr), lam, delta)
+        self._logs[self.t + 1] = self._logs[self.t] + np.log1p(-lr * lam)
+        self.t += 1
+        return delta
+
+    def catch_up(self, w: np.ndarray) -> np.ndarray:
+        """The change (n_rows, row_len) that brings every row of ``w`` to the present decay."""
+        factor = np.exp(self._logs[self.t] - self._logs[self._last])
+        self._last[:] = self.t
+        return ((factor[:, None] - 1.0) * w).astype(w.dtype)

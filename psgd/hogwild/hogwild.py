@@ -94,7 +94,17 @@ class HogwildWorker:
         self._inverse = Summary()
         self.grad_buffer = None
         self._started = False
-        self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "n_updates": 0, "skipped": 0}
+        self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "n_updates": 0, "skipped": 0,
+                      "push_bytes": 0}
+        self._sparse = None
+
+    def use_model(self, model) -> None:
+        """Push only the rows a sparse model's batch touched (plain SGD, weight decay lazily)."""
+        if getattr(model, "sparse", False) and self.config.optimizer == "sgd" and self._amom is None:
+            from psgd.hogwild.sparse import SparseUpdates
+            self._sparse = SparseUpdates(model, self.shard_map,
+                                         self.config.opt_hparams.get("weight_decay", 0.0))
+            self._last_params = None
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Wait until the servers hold the initial parameters, then read them into ``params``.
@@ -133,19 +143,24 @@ class HogwildWorker:
         check_flat(params, self.config.n_params, "hogwild params")
         check_flat(grad, self.config.n_params, "hogwild grad")
         t0 = time.perf_counter()
-        new, delta = self._new, self._delta
-        np.copyto(new, params)
-        if self._amom is not None:   # the local momentum lowered by the delay measured so far
-            _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
-        self.optimizer.step(new, grad, lr)
-        if not _delta_is_finite(new, params, delta):
+        if self._sparse is not None:
+            coords, delta = self._sparse.delta(params, grad, lr)
+            self._last_params = params
+        else:
+            coords, delta = None, self._delta
+            new = self._new
+            np.copyto(new, params)
+            if self._amom is not None:   # the local momentum lowered by the delay measured so far
+                _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
+            self.optimizer.step(new, grad, lr)
+        if not (_delta_is_finite(new, params, delta) if coords is None else np.isfinite(delta).all()):
             if not self.config.skip_nonfinite:
                 raise PsgdError(f"hogwild worker {self.roles.worker_index}: the update at clock "
                                 f"{clock} holds NaN or Inf (use --skip-nonfinite to drop such "
                                 f"updates)")
             self.stats["skipped"] += 1
         else:
-            self._push(delta)
+            self._push(delta, coords)
         t1 = time.perf_counter()
         self._pull(params)
         t2 = time.perf_counter()
@@ -166,6 +181,8 @@ class HogwildWorker:
 
     def finish(self) -> None:
         """End the epoch, signal the servers, free the windows, send stats to rank 0."""
+        if self._started and self._sparse is not None and self._last_params is not None:
+            self._accumulate(self._sparse.catch_up(self._last_params), None)  # pending decay
         if self._started:
             # the finished flag first: with MPICH 5 on one node, Unlock_all of the parameter
             # window can block while another worker (hung) holds its lock_all; the flag lets
@@ -188,7 +205,7 @@ class HogwildWorker:
         wait.wait(self.roles.comm.Isend(message, 0, STATS_TAG),
                   "rank 0 to take the hogwild statistics")
 
-    def _push(self, delta: np.ndarray) -> None:
+    def _push(self, delta: np.ndarray, coords: np.ndarray | None = None) -> None:
         win = self.windows.counter
         win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.SUM)
         win.Flush(0)
@@ -201,7 +218,16 @@ class HogwildWorker:
             self._inverse.add(factor)
             if staleness > 0:
                 delta *= np.float32(factor)
+        self._accumulate(delta, coords)
+
+    def _accumulate(self, delta: np.ndarray, coords: np.ndarray | None) -> None:
+        """Add ``delta`` (dense, or the values at sorted ``coords``) into the servers' windows."""
         params_win = self.windows.params
+        if coords is not None:
+            self.stats["push_bytes"] += self._sparse.accumulate(params_win, self.roles.server_rank,
+                                                                coords, delta)
+            return
+        self.stats["push_bytes"] += delta.nbytes
         for shard in range(self.shard_map.n_shards):
             piece = self.shard_map.view(delta, shard)
             if piece.size:

@@ -17,6 +17,8 @@ def _start_protocol(job, worker) -> None:
     """Start the worker half of the protocol on the model's parameters."""
     if job.resume is not None and worker.optimizer is not None and job.protocol.resumes_optimizer:
         worker.optimizer.load_state_dict(job.resume.opt_state)
+    if hasattr(worker, "use_model"):   # hogwild pushes a sparse model's touched rows only
+        worker.use_model(job.model)
     worker.start(job.model.params, clock=job.start_step)
     if worker.grad_buffer is not None:   # the servers of this node read the gradient there
         job.model.use_grad_buffer(worker.grad_buffer)

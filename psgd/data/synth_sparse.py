@@ -9,7 +9,7 @@ import numpy as np
 from psgd.data import csr
 
 ZIPF_S = 1.1            # feature frequency ~ rank^-s
-INFORMATIVE = 0.2       # share of a row's features drawn from its class's own features
+INFORMATIVE = 0.05      # share of a row's features drawn from its class's own features
 CLASS_FEATURES = 200    # features that belong to each class
 TASK_SEED = 20240602    # fixes the task (class features, weights); `seed` fixes the samples
 
@@ -20,7 +20,7 @@ def make_sparse(n_train: int, n_test: int, n_features: int = 20000, n_classes: i
 
     Each row has ``nnz_per_row`` distinct features (fewer after collisions): most
     are drawn from a Zipf(1.1) distribution over all features shared by the classes,
-    a fifth from the row's class's own features (themselves Zipf-ranked); values are
+    a twentieth from the row's class's own features (themselves Zipf-ranked); values are
     tf-idf-like, positive and normalised to unit length per row.
     """
     if min(n_train, n_test) < 1 or n_classes < 2 or n_features < n_classes or nnz_per_row < 1:

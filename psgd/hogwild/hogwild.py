@@ -8,6 +8,7 @@ worker's read and its update (a global counter on server 0).  The README's
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -99,8 +100,10 @@ class HogwildWorker:
         self._sparse = None
 
     def use_model(self, model) -> None:
-        """Push only the rows a sparse model's batch touched (plain SGD, weight decay lazily)."""
-        if getattr(model, "sparse", False) and self.config.optimizer == "sgd" and self._amom is None:
+        """Push only the rows a sparse model's batch touched (plain SGD, weight decay lazily;
+        ``PSGD_HOGWILD_SPARSE=off`` pushes the whole vector, as for a dense model)."""
+        if getattr(model, "sparse", False) and self.config.optimizer == "sgd" and self._amom is None \
+                and os.environ.get("PSGD_HOGWILD_SPARSE", "on") != "off":
             from psgd.hogwild.sparse import SparseUpdates
             self._sparse = SparseUpdates(model, self.shard_map,
                                          self.config.opt_hparams.get("weight_decay", 0.0))

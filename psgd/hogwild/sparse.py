@@ -1,4 +1,4 @@
-"""Sparse hogwild updates: a worker Accumulates only the rows its batch touched, through an indexed datatype.
+"""Sparse hogwild updates: a worker Accumulates only the rows its batch touched, one indexed datatype per shard.
 
 Used by :class:`psgd.hogwild.hogwild.HogwildWorker` for a sparse model (``model.sparse``,
 ``model.touched``, ``model.row_len``) under plain SGD; the step is a
@@ -46,15 +46,23 @@ class SparseUpdates:
         return self.sgd.catch_up(params.reshape(self.n_rows, self.row_len)).ravel()
 
     def accumulate(self, win: MPI.Win, server_rank, coords: np.ndarray, values: np.ndarray) -> int:
-        """MPI_Accumulate ``values`` into ``coords`` of the shards (then Flush_all); bytes sent."""
+        """MPI_Accumulate ``values`` into ``coords`` of the shards (then Flush_all); bytes sent.
+
+        One indexed datatype per shard with a block per touched row (clipped at the shard's
+        ends): far cheaper for MPI than a datatype of single elements.
+        """
         cuts = np.searchsorted(coords, self._bounds)
+        starts = self.model.touched * self.row_len
         types = []
         for shard in range(self.shard_map.n_shards):
             a, b = int(cuts[shard]), int(cuts[shard + 1])
             if a == b:
                 continue
-            disp = (coords[a:b] - self._bounds[shard]).astype(np.int32)
-            dtype = MPI.FLOAT.Create_indexed_block(1, disp).Commit()
+            lo, hi = self._bounds[shard], self._bounds[shard + 1]
+            inside = (starts < hi) & (starts + self.row_len > lo)
+            first = np.maximum(starts[inside], lo)
+            lengths = np.minimum(starts[inside] + self.row_len, hi) - first
+            dtype = MPI.FLOAT.Create_indexed(lengths.astype(np.int32), (first - lo).astype(np.int32)).Commit()
             types.append(dtype)
             win.Accumulate([values[a:b], MPI.FLOAT], server_rank(shard), (0, 1, dtype), MPI.SUM)
         win.Flush_all()

@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async bench-gossip bench-net bench-stragglers clean
+.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
 
 install: $(STAMP)
 
@@ -78,6 +78,11 @@ bench-gossip: install
 # ARGS=--seeds 0,1: the README table)
 bench-stragglers: install
 	$(PY) bench/bench_stragglers.py $(ARGS)
+
+# sparse hogwild against dense hogwild (bytes per update, 1 vs 2 workers) and scikit-learn's
+# SGDClassifier (needs `.venv/bin/pip install scikit-learn`): about 2 min on 2 cores (ARGS=--quick)
+bench-sparse: install
+	$(PY) bench/bench_sparse.py $(ARGS)
 
 bench: install
 	$(PY) bench/run_all.py

@@ -111,3 +111,41 @@ def multiclass_hinge(scores, labels, dscores):
             dscores[i, rival] = inv_n
             dscores[i, y] = -inv_n
     return total * inv_n, correct
+
+
+@njit(cache=True)
+def nonzero_encode(grad, out):
+    """``grad``'s nonzeros as int32 count m, m int32 indices, m float32 values, when that is smaller
+    than the slice; else int32 -1 and the n float32 values. Returns the bytes written."""
+    n = grad.shape[0]
+    m = 0
+    for i in range(n):
+        if grad[i] != 0:
+            m += 1
+    if 8 * m >= 4 * n:
+        out[:4].view(np.int32)[0] = -1
+        out[4:4 + 4 * n].view(np.float32)[:] = grad
+        return 4 + 4 * n
+    out[:4].view(np.int32)[0] = m
+    idx = out[4:4 + 4 * m].view(np.int32)
+    vals = out[4 + 4 * m:4 + 8 * m].view(np.float32)
+    c = 0
+    for i in range(n):
+        if grad[i] != 0:
+            idx[c] = i
+            vals[c] = grad[i]
+            c += 1
+    return 4 + 8 * m
+
+
+@njit(cache=True)
+def nonzero_decode_add(buf, dst):
+    """``dst += decode(buf)`` for :func:`nonzero_encode`'s layout."""
+    m = buf[:4].view(np.int32)[0]
+    if m < 0:
+        dst += buf[4:4 + 4 * dst.shape[0]].view(np.float32)
+        return
+    idx = buf[4:4 + 4 * m].view(np.int32)
+    vals = buf[4 + 4 * m:4 + 8 * m].view(np.float32)
+    for j in range(m):
+        dst[idx[j]] += vals[j]

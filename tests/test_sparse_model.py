@@ -93,3 +93,18 @@ def test_lazy_weight_decay_equals_eager_after_sparse_steps():
     lazy += opt.catch_up(lazy)
     np.testing.assert_allclose(lazy, eager, rtol=1e-9, atol=1e-12)
     assert not np.allclose(w0, eager)
+
+
+@pytest.mark.parametrize("nonzeros", [0, 5, 400, 1000])
+def test_sparse_push_frame_round_trips_and_is_never_larger_than_float32(nonzeros):
+    from psgd.compress import make
+    comp = make("sparse")
+    rng = np.random.default_rng(nonzeros)
+    grad = np.zeros(1000, np.float32)
+    grad[rng.choice(1000, nonzeros, replace=False)] = rng.normal(size=nonzeros)
+    out = np.zeros(comp.max_bytes(1000), np.uint8)
+    size = comp.encode(grad, out)
+    assert size == 8 + 4 + (8 * nonzeros if nonzeros < 500 else 4000)
+    dst = np.ones(1000, np.float32)
+    comp.decode_add(out[:size], dst)
+    np.testing.assert_array_equal(dst, grad + 1)

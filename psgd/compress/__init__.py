@@ -1,4 +1,4 @@
-"""Gradient compressors for pushes: ``--compress none|fp16|qsgd:BITS|topk:FRACTION|sign``.
+"""Gradient compressors for pushes: ``--compress none|fp16|qsgd:BITS|topk:FRACTION|sign|sparse``.
 
 One module per compressor; :func:`make` parses a spec, :class:`PushEncoder`
 encodes a worker's gradient shard by shard with the error-feedback residual.
@@ -15,7 +15,8 @@ HELP = {"none": "float32 as computed",
         "qsgd:BITS": "QSGD, BITS (2..8) bits per element: an unbiased signed level of "
                      "2^BITS - 1, scaled by the bucket's norm",
         "topk:FRACTION": "the largest FRACTION (0, 1] of magnitudes as index + value",
-        "sign": "one bit per element and the bucket's mean magnitude"}
+        "sign": "one bit per element and the bucket's mean magnitude",
+        "sparse": "the nonzeros as index + value where that is smaller (lossless; sparse models)"}
 
 __all__ = ["HEADER_BYTES", "Compressor", "PushEncoder", "make", "check", "NONE", "HELP"]
 
@@ -33,6 +34,9 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
     name, _, arg = spec.partition(":")
     if name == NONE and not arg:
         return None
+    if name == "sparse" and not arg:
+        from psgd.compress.sparse import Sparse
+        return Sparse()
     if name in ("fp16", "sign") and not arg:
         return Fp16() if name == "fp16" else Sign(bucket)
     if name == "qsgd":

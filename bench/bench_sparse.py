@@ -1,0 +1,169 @@
+"""`make bench-sparse`: sparse hogwild against dense hogwild and scikit-learn's SGDClassifier.
+
+    .venv/bin/python bench/bench_sparse.py [--quick] [--repeats 2] [--epochs 3] ...
+
+On one `psgd data synth --sparse` set (about 1% density): `psgd train --protocol
+hogwild --model linear` with 1 and 2 workers (one server), pushing the touched
+rows (sparse) or the whole vector (``PSGD_HOGWILD_SPARSE=off``, today's dense
+hogwild); bytes per update are the lead worker's pushed bytes per step.
+scikit-learn's SGDClassifier (log loss, one-vs-rest, constant learning rate
+lr / batch per sample, the same epochs, no regularisation) trains on the same
+file in its own process. Times are whole-process wall times. Writes
+bench/results/sparse.{json,md}. scikit-learn is needed only here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from protocols import run_bounded  # noqa: E402
+
+SKLEARN = """
+import sys, time, h5py, numpy as np, scipy.sparse as sp
+from sklearn.linear_model import SGDClassifier
+path, epochs, eta0, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+def load(split):
+    with h5py.File(path, "r") as f:
+        g, d = f[split], int(f.attrs["n_features"])
+        return (sp.csr_matrix((g["values"][()], g["indices"][()], g["indptr"][()]),
+                              shape=(len(g["y"]), d)), g["y"][()])
+(x, y), (xt, yt) = load("train"), load("test")
+clf = SGDClassifier(loss="log_loss", penalty=None, learning_rate="constant", eta0=eta0,
+                    max_iter=epochs, tol=None, shuffle=True, random_state=seed, n_jobs=2)
+t0 = time.perf_counter()
+clf.fit(x, y)
+print(clf.score(xt, yt), time.perf_counter() - t0)
+"""
+
+
+def make_data(tmp: Path, args) -> Path:
+    out = tmp / "sparse.h5"
+    run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--sparse", "-o", str(out),
+                 "--train", str(args.train), "--test", str(args.test), "--features",
+                 str(args.features), "--nnz", str(args.nnz)], 300, cwd=ROOT).check_returncode()
+    return out
+
+
+def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
+    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers + 1), sys.executable, "-m", "psgd",
+           "train", "--data", str(data), "--model", "linear", "--protocol", "hogwild",
+           "--servers", "1", "--lr", str(args.lr), "--batch-size", str(args.batch_size),
+           "--epochs", str(args.epochs), "--log-every", "50", "--quiet", "--log", str(log),
+           "--overwrite"]
+    env = {**os.environ, "PSGD_HOGWILD_SPARSE": "on" if sparse else "off"}
+    t0 = time.perf_counter()
+    proc = run_bounded(cmd, args.timeout, cwd=ROOT, env=env)
+    wall = time.perf_counter() - t0
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    summary = next((r for r in records if r["kind"] == "summary"), None)
+    if summary is None:
+        raise SystemExit(f"bench-sparse: psgd run failed: {proc.stderr.strip()[-400:]}")
+    pushed = [r["push_bytes_per_step"] for r in records
+              if r["kind"] == "step" and "push_bytes_per_step" in r]
+    n_params = next(r for r in records if r["kind"] == "config")["n_params"]
+    return {"run": f"psgd hogwild {'sparse' if sparse else 'dense'}", "workers": workers,
+            "process_s": wall, "train_s": summary["wall_s"],
+            "updates_per_s": summary["samples_per_s"] / args.batch_size,
+            "bytes_per_update": statistics.mean(pushed), "dense_bytes": 4 * n_params,
+            "accuracy": summary["test_accuracy"]}
+
+
+def sklearn_run(data: Path, args) -> dict:
+    t0 = time.perf_counter()
+    proc = run_bounded([sys.executable, "-c", SKLEARN, str(data), str(args.epochs),
+                        str(args.lr / args.batch_size), "0"], args.timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"bench-sparse: sklearn run failed (pip install scikit-learn): "
+                         f"{proc.stderr.strip()[-400:]}")
+    acc, fit_s = map(float, proc.stdout.split())
+    return {"run": "sklearn SGDClassifier", "workers": 2, "process_s": wall, "train_s": fit_s,
+            "accuracy": acc}
+
+
+def table(rows: list[dict], args, density: float) -> str:
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["run"], r["workers"]), []).append(r)
+
+    def span(key, runs, fmt):
+        vals = [r[key] for r in runs if key in r]
+        if not vals:
+            return "-"
+        lo, hi = min(vals), max(vals)
+        return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}..{fmt.format(hi)}"
+
+    lines = [f"Sparse synthetic set: {args.train} train / {args.test} test rows, {args.features} "
+             f"features, density {density:.2%}; linear model, 10 classes; batch {args.batch_size}, "
+             f"lr {args.lr}, {args.epochs} epochs; {args.repeats} repeats (ranges).", "",
+             "| run | workers | updates/s | bytes/update | test acc | train s | process s |",
+             "|---|---|---|---|---|---|---|"]
+    for (run, w), runs in groups.items():
+        lines.append(f"| {run} | {w} | {span('updates_per_s', runs, '{:.0f}')} | "
+                     f"{span('bytes_per_update', runs, '{:.0f}')} | {span('accuracy', runs, '{:.4f}')} | "
+                     f"{span('train_s', runs, '{:.2f}')} | {span('process_s', runs, '{:.2f}')} |")
+    med = {k: statistics.median([r.get("updates_per_s", 0) for r in v]) for k, v in groups.items()}
+    byt = {k: statistics.median([r.get("bytes_per_update", 0) for r in v]) for k, v in groups.items()}
+    proc = {k: statistics.median([r["process_s"] for r in v]) for k, v in groups.items()}
+    acc = {k: statistics.median([r["accuracy"] for r in v]) for k, v in groups.items()}
+    sp1, sp2 = ("psgd hogwild sparse", 1), ("psgd hogwild sparse", 2)
+    dn1, sk = ("psgd hogwild dense", 1), ("sklearn SGDClassifier", 2)
+    lines += ["", f"- bytes per update, dense / sparse: {byt[dn1] / byt[sp1]:.1f}x",
+              f"- updates/s, sparse 2 workers / 1: {med[sp2] / med[sp1]:.2f}x; sparse / dense at 1 "
+              f"worker: {med[sp1] / med[dn1]:.2f}x",
+              f"- test accuracy, psgd sparse 2 workers - sklearn: {100 * (acc[sp2] - acc[sk]):+.2f} points",
+              f"- process time, psgd sparse 2 workers / sklearn (n_jobs=2): {proc[sp2] / proc[sk]:.2f}x"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a small smoke run")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--train", type=int, default=40000)
+    p.add_argument("--test", type=int, default=8000)
+    p.add_argument("--features", type=int, default=5000)
+    p.add_argument("--nnz", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--out", type=Path, default=BENCH / "results")
+    args = p.parse_args()
+    if args.quick:
+        args.train, args.test, args.repeats, args.epochs = 2000, 400, 1, 1
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = make_data(Path(tmp), args)
+        from psgd.data.reader import dataset_info
+        info = dataset_info(data)
+        density = info["train"]["nnz"] / (info["train"]["n"] * args.features)
+        for rep in range(args.repeats):
+            for sparse in (True, False):
+                for w in (1, 2):
+                    rows.append(psgd_run(data, w, sparse, args, Path(tmp) / "log.jsonl"))
+                    print(json.dumps(rows[-1]), flush=True)
+            rows.append(sklearn_run(data, args))
+            print(json.dumps(rows[-1]), flush=True)
+    md = table(rows, args, density)
+    print(md)
+    if not args.quick:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "sparse.json").write_text(json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "density": density, "rows": rows},
+            indent=1) + "\n")
+        (args.out / "sparse.md").write_text("# make bench-sparse\n\n" + md)
+
+
+if __name__ == "__main__":
+    main()

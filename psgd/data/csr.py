@@ -11,6 +11,7 @@ import numpy as np
 
 from psgd.atomic_file import atomic_output
 from psgd.data import layout
+from psgd.data.slices import slice_bounds
 
 PARTS = ("indptr", "indices", "values", "y")
 DTYPES = {"indptr": np.int64, "indices": np.int32, "values": np.float32, "y": np.int32}
@@ -202,7 +203,6 @@ class CSRShardReader:
     """
 
     def __init__(self, path, worker: int, n_workers: int, batch_size: int, seed: int = 0) -> None:
-        from psgd.data.reader import slice_bounds
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         self.path, self.worker, self.n_workers = str(path), int(worker), int(n_workers)
@@ -240,7 +240,6 @@ class CSRShardReader:
 
     def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[CSRBatch, np.ndarray]:
         """This evaluator's contiguous slice of /test."""
-        from psgd.data.reader import slice_bounds
         with _open(self.path) as f:
             n = int(f["test/y"].shape[0])
         x, y, _ = load_rows(self.path, "test", *slice_bounds(n, worker, n_workers))

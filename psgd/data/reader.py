@@ -6,22 +6,9 @@ from typing import Iterator
 
 import numpy as np
 
-from psgd.data import layout
+from psgd.data import csr, layout
 from psgd.data.augment import crop_flip
-
-
-def slice_bounds(n: int, part: int, n_parts: int) -> tuple[int, int]:
-    """``[lo, hi)`` of part ``part`` of ``n`` rows cut into ``n_parts`` near-equal contiguous slices.
-
-    The first ``n % n_parts`` slices are one row longer than the rest.
-    """
-    if n_parts < 1:
-        raise ValueError(f"number of workers must be >= 1, got {n_parts}")
-    if not 0 <= part < n_parts:
-        raise ValueError(f"worker {part} is outside [0, {n_parts})")
-    base, extra = divmod(int(n), int(n_parts))
-    lo = part * base + min(part, extra)
-    return lo, lo + base + (1 if part < extra else 0)
+from psgd.data.slices import slice_bounds
 
 
 def dataset_info(path: str | os.PathLike) -> dict:
@@ -42,7 +29,6 @@ def dataset_info(path: str | os.PathLike) -> dict:
     ValueError
         If the file is missing or does not follow the layout.
     """
-    from psgd.data import csr
     if csr.is_sparse(path):
         return csr.csr_info(path)
     with layout.open_checked(path) as f:

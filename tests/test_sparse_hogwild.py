@@ -13,3 +13,28 @@ def test_sparse_hogwild_loses_no_update(mpirun, servers, workers):
 def test_sparse_hogwild_lazy_decay_equals_eager(mpirun):
     out = mpirun(3, [SCRIPT, 2, 40, 50, 4, "--decay", "0.1"], timeout=60).stdout
     assert "sparse hogwild ok: S=2 W=1 decay=0.1" in out
+
+
+@pytest.fixture(scope="module")
+def sparse_data(tmp_path_factory):
+    from psgd.data.synth_sparse import write_sparse_synthetic
+    return str(write_sparse_synthetic(tmp_path_factory.mktemp("sparse") / "s.h5", 4000, 500,
+                                      n_features=3000, nnz_per_row=60))
+
+
+@pytest.mark.parametrize("model, protocol, extra", [
+    ("linear", "hogwild", []), ("svm", "hogwild", ["--weight-decay", "1e-4"]),
+    ("linear", "asp", ["--compress", "sparse"])])
+def test_linear_models_learn_sparse_data_and_push_fewer_bytes(mpirun, sparse_data, tmp_path, model,
+                                                              protocol, extra):
+    from psgd.run.metrics import read_log
+    log = tmp_path / "run.jsonl"
+    mpirun(3, ["-m", "psgd", "train", "--data", sparse_data, "--model", model, "--quiet",
+               "--protocol", protocol, "--servers", 1, "--lr", 4 if model == "linear" else 0.5,
+               "--batch-size", 8, "--epochs", 3, "--log", log, *extra], timeout=180)
+    records = read_log(log)
+    summary = next(r for r in records if r["kind"] == "summary")
+    assert summary["test_accuracy"] > 0.6, summary["test_accuracy"]   # chance: 0.1
+    pushed = [r["push_bytes_per_step"] for r in records if r.get("push_bytes_per_step")]
+    dense = 4 * 3001 * 10
+    assert pushed and max(pushed) < dense / 3, (max(pushed), dense)

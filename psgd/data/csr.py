@@ -238,6 +238,10 @@ class CSRShardReader:
         for i in range(self.steps_per_epoch):
             yield self.batch(e * self.steps_per_epoch + i)
 
+    def first_rows(self, n: int) -> tuple[CSRBatch, np.ndarray]:
+        """The first ``min(n, n_local)`` rows of this worker's slice, in file order."""
+        return self.x[:n], self.y[:n]
+
     def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[CSRBatch, np.ndarray]:
         """This evaluator's contiguous slice of /test."""
         with _open(self.path) as f:

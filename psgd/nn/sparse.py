@@ -45,6 +45,7 @@ class SparseLinear:
     """
 
     sparse = True
+    stochastic = False   # no dropout
 
     def __init__(self, kind: str, n_features: int, n_classes: int, spec: str, dtype=np.float32) -> None:
         self.kind, self.spec = kind, spec
@@ -58,6 +59,9 @@ class SparseLinear:
         self._mark = np.zeros(self.n_features + 1, np.bool_)
         self.touched = np.zeros(0, np.int64)
         self._loss_fn = softmax_cross_entropy if kind == "linear" else multiclass_hinge
+
+    def set_calibration(self, x) -> None:
+        """No effect: a linear model has no batch norm."""
 
     @property
     def params(self) -> np.ndarray:

@@ -177,7 +177,8 @@ def _attrs(f: h5py.File, path) -> dict:
             raise ValueError(f"{path}: sparse dataset needs a positive root attribute '{key}'")
     source = f.attrs.get("source", "")
     return {"n_classes": int(f.attrs["n_classes"]), "n_features": int(f.attrs["n_features"]),
-            "scale": 1.0, "offset": 0.0, "format_version": int(f.attrs.get("format_version", 1)),
+            "scale": 1.0, "offset": 0.0, "channel_mean": None, "channel_std": None,
+            "format_version": int(f.attrs.get("format_version", 1)),
             "source": source.decode() if isinstance(source, bytes) else str(source)}
 
 

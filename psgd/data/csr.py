@@ -72,7 +72,11 @@ def is_sparse(path: str | os.PathLike) -> bool:
     p = Path(path)
     if not (p.is_file() and h5py.is_hdf5(p)):
         return False
-    with h5py.File(p, "r") as f:
+    try:
+        f = h5py.File(p, "r")
+    except OSError:
+        return False   # unreadable: the dense path's checks name the file and the cause
+    with f:
         return "train/indptr" in f
 
 

@@ -1,5 +1,5 @@
 """Push compressors: round trips against plain numpy, qsgd's unbiasedness and variance bound,
-error feedback's invariant, compressed bsp, and the flags' errors."""
+error feedback's invariant, compressed bsp and all-reduce, and the flags' errors."""
 import json
 
 import numpy as np
@@ -168,7 +168,9 @@ def test_a_frame_for_another_length_or_compressor_is_refused():
     (["--compress", "topk:1.5"], r"the fraction must be in \(0, 1\]"),
     (["--compress", "sign", "--compress-bucket", "0"], "--compress-bucket must be >= 1"),
     (["--compress", "sign", "--protocol", "hogwild"], "--compress sign applies to --protocol bsp"),
-    (["--compress", "fp16", "--protocol", "allreduce"], "not allreduce"),
+    (["--compress", "fp16", "--protocol", "gossip"], "not gossip"),
+    (["--compress", "fp16", "--protocol", "allreduce", "--error-feedback", "on"],
+     "--error-feedback on does not apply to --compress fp16 under --protocol allreduce"),
     (["--error-feedback", "on"], "--error-feedback on needs a --compress"),
     (["--compress", "sign", "--error-feedback", "yes"], "--error-feedback 'yes' is not auto"),
 ])
@@ -189,6 +191,25 @@ def test_bsp_with_fp16_on_exactly_representable_gradients_equals_bsp(mpirun):
         runs[compress] = json.loads(out.split("RESULT ", 1)[1])
     assert runs["fp16"]["params"] == runs["none"]["params"]
     assert runs["fp16"]["push_bytes"] < 0.6 * runs["none"]["push_bytes"]
+
+
+@pytest.mark.parametrize("workers", [4, 3])
+def test_compressed_allreduce_keeps_replicas_identical_and_fp16_exact_as_the_ring(mpirun,
+                                                                                   workers):
+    specs = ["none", "fp16", "topk:1.0", "qsgd:4", "topk:0.01", "sign"]
+    out = mpirun(workers, ["compress_ring_check.py", *specs]).stdout
+    runs = json.loads(out.split("RESULT ", 1)[1])
+    assert all(runs[spec]["same"] for spec in specs)
+    base = np.array(runs["none"]["params"])
+    if workers == 4:     # every partial sum and the mean exact in half precision
+        assert runs["fp16"]["params"] == runs["none"]["params"]
+    else:                # the mean of 3 is not: fp16's rounding, and no more
+        assert 0 < np.abs(np.array(runs["fp16"]["params"]) - base).max() < 0.05 * np.abs(base).max()
+    # the all-gather of every element as index + value adds in rank order: the ring's sum
+    assert runs["topk:1.0"]["params"] == runs["none"]["params"]
+    for spec in ("qsgd:4", "topk:0.01", "sign"):
+        assert runs[spec]["params"] != runs["none"]["params"]
+        assert runs[spec]["push_bytes"] < runs["fp16"]["push_bytes"]
 
 
 def test_compressed_training_measures_its_bytes_and_learns(mpirun, dataset, tmp_path):

@@ -8,7 +8,9 @@ from collections import Counter
 import numpy as np
 from mpi4py import MPI
 
+from psgd.collectives import compressed
 from psgd.collectives.allreduce import allreduce
+from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.kernels.finite import finite
@@ -27,7 +29,8 @@ class AllreduceWorker:
     :func:`psgd.collectives.allreduce.allreduce` (``op="mean"``) and the optimizer updates
     the local replica; since every worker applies the same averaged gradient to
     the same parameters, the replicas stay bitwise identical, which is checked
-    every ``check_every`` steps.
+    every ``check_every`` steps. With ``config.compress`` the average goes through
+    :mod:`psgd.collectives.compressed` instead (its bytes in ``stats["push_bytes"]``).
 
     Parameters
     ----------
@@ -70,6 +73,13 @@ class AllreduceWorker:
         self._params: np.ndarray | None = None
         self.stats = {"allreduce_s": 0.0, "optimizer_s": 0.0, "check_s": 0.0, "step_s": 0.0,
                       "steps": 0, "checks": 0, "skipped": 0}
+        # --compress: qsgd's rounding takes a stream of its own per worker, as a PS worker's
+        compressor = make_compressor(config.compress, config.compress_bucket,
+                                     seed=config.seed * 100_003 + roles.worker_index + 1)
+        self.coded = None if compressor is None else compressed.make(
+            self.comm.Dup(), compressor, self.n_params, config.error_feedback)
+        if self.coded is not None:
+            self.stats["push_bytes"] = 0
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Overwrite ``params`` (float32, shape (n_params,)) on every worker with worker 0's (collective)."""
@@ -95,7 +105,11 @@ class AllreduceWorker:
         check_flat(grad, self.n_params, "allreduce grad")
         self.clock = int(clock)
         self._params = params
-        allreduce(self.comm, grad, "mean", label=f" of clock {clock}")
+        if self.coded is None:
+            allreduce(self.comm, grad, "mean", label=f" of clock {clock}")
+        else:
+            self.coded.run(grad, True, f" of clock {clock}")
+            self.stats["push_bytes"] = self.coded.bytes_sent
         t1 = time.perf_counter()
         # every worker holds the same mean, so all of them skip or fail alike
         if not finite(grad):

@@ -63,7 +63,9 @@ class Protocol:
     replay_note : str
         Why not, where it cannot.
     compresses : bool
-        ``--compress`` applies: its workers push through :mod:`psgd.compress`.
+        ``--compress`` applies: its workers push, or all-reduce, through :mod:`psgd.compress`.
+    feedback_refused : tuple of str
+        Compressors (by name) it runs without ``--error-feedback on``, and why (``feedback_note``).
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -104,6 +106,8 @@ class Protocol:
     replayable: bool = False
     replay_note: str = ": it has no servers whose order of pushes could be recorded"
     compresses: bool = False
+    feedback_refused: tuple[str, ...] = ()
+    feedback_note: str = ""
     graph: str | None = None
 
     def staleness_bound(self, staleness: int | str | None,
@@ -189,8 +193,8 @@ class Protocol:
     def check(self, *, staleness: int | str | None = None, overlap: bool = False,
               optimizer: str = "sgd", n_servers: int | None = None,
               staleness_max: int | None = None, replay: str | None = None,
-              compress: str = "none", topology: str | None = None,
-              n_workers: int | None = None) -> float:
+              compress: str = "none", error_feedback: str = "auto",
+              topology: str | None = None, n_workers: int | None = None) -> float:
         """Validate a run's protocol settings; return the staleness bound in force (auto: its maximum).
 
         Raises
@@ -204,7 +208,11 @@ class Protocol:
                              f"{self.replay_note}")
         if compress != "none" and not self.compresses:
             raise ValueError(f"--compress {compress} applies to --protocol "
-                             f"{names(compresses=True)} (pushes to servers), not {self.name}")
+                             f"{names(compresses=True)} (pushes to servers, the all-reduce), not "
+                             f"{self.name}")
+        if error_feedback == "on" and compress.partition(":")[0] in self.feedback_refused:
+            raise ValueError(f"--error-feedback on does not apply to --compress {compress} under "
+                             f"--protocol {self.name}{self.feedback_note}")
         if overlap and not (self.overlap and bound >= 1):
             raise ValueError(f"--overlap needs --protocol {names(overlap=True)} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
@@ -319,8 +327,12 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
             "on the workers (sgd, momentum, nesterov; adam is refused)")),
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
+        compresses=True, feedback_refused=("fp16",),
+        feedback_note=(": its ring rounds every partial sum to half precision, which no "
+                       "worker's residual could hold"),
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "
-                 "every worker applies the same step to its replica")),
+                 "every worker applies the same step to its replica (--compress fp16: a ring "
+                 "of half-precision messages; qsgd, topk, sign: an all-gather of encodings)")),
     Protocol(
         "gossip", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
         graph="psgd.gossip.topology:mixing_matrix",

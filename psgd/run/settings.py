@@ -323,7 +323,8 @@ def validate(s: TrainSettings) -> None:
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers, staleness_max=s.staleness_max,
                            replay="--record" if s.record else "--replay" if s.replay else None,
-                           compress=s.compress, topology=s.topology)
+                           compress=s.compress, topology=s.topology,
+                           error_feedback=s.error_feedback)
     compress.check(s.compress, s.compress_bucket, s.error_feedback)
     _staleness_comp(s, protocol)
     if s.staleness == AUTO:

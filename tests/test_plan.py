@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from psgd.plan.cost import (Job, Network, balanced_servers, bsp_step_s, async_rate,
+from psgd.plan.cost import (Compression, Job, Network, balanced_servers, bsp_step_s, async_rate,
                             hierarchical_step_s, predict, recommend, ring_step_s)
 
 B = 4e6                    # bytes of a 1M-parameter model
@@ -97,7 +97,64 @@ def test_predict_rows_and_the_recommendation_prefers_sync_unless_async_is_much_f
     assert recommend(table) == "asp"
 
 
+ENC, DEC = 1e-10, 2e-10          # seconds per float32 byte
+
+
+def test_bsp_compressed_pushes_shrink_by_the_ratio_pulls_stay_float32_plus_the_codec():
+    net = Network(BW, 0.0, shm_bandwidth=SHM)
+    j = job(workers=2, servers=1, compression=Compression(8.0, ENC, DEC))
+    # the server's link takes 2 pushes of B/8 in, sends 2 pulls of B out; it encodes
+    # once per worker step and decodes both workers' pushes
+    expected = TC + 2 * B / 8 / BW + 2 * B / BW + 6 * B / SHM + (ENC + 2 * DEC) * B
+    assert bsp_step_s(j, net) == pytest.approx(expected)
+    assert bsp_step_s(job(workers=2, servers=1), net) == pytest.approx(TC + 4 * B / BW + 6 * B / SHM)
+
+
+def test_asp_compressed_cycle_and_shared_link_cap():
+    c = Compression(10.0, ENC, DEC)
+    net = Network(BW, 0.0, shm_bandwidth=SHM)
+    one = job(workers=1, servers=1, compression=c)
+    assert async_rate(one, net) == pytest.approx(1 / (TC + B / 10 / BW + B / BW + (ENC + DEC) * B))
+    shared = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
+    fast = job(workers=4, servers=1, compute_s=1e-9, compression=Compression(10.0))
+    # 4 pushes of B/10 and 4 pulls of B share the one link per round
+    assert async_rate(fast, shared) == pytest.approx(4 * BW / (4 * B / 10 + 4 * B))
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_compressed_allreduce_fp16_ring_or_all_gather(ring):
+    net = Network(BW, 0.0)
+    j = job(workers=4, compression=Compression(2.0 if ring else 32.0, ENC, DEC, ring=ring))
+    if ring:    # 2(N-1)/N of B/2 on each link; encode B, decode (2N-1)/N of B
+        expected = TC + 1.5 * B / 2 / BW + (ENC + DEC * 7 / 4) * B
+    else:       # N-1 encodings of B/32 to the right neighbour; encode B, decode N of B
+        expected = TC + 3 * B / 32 / BW + (ENC + 4 * DEC) * B
+    assert ring_step_s(j, net) == pytest.approx(expected)
+    # a ring of ratio 1 and free coding is the plain ring
+    assert ring_step_s(job(workers=4, compression=Compression(1.0, 0.0, 0.0)), net) == \
+        pytest.approx(ring_step_s(job(workers=4), net))
+
+
+def test_predict_under_compression_names_the_gather_and_leaves_hogwild_alone():
+    net = Network(BW, 1e-5)
+    plain = predict(job(workers=4, servers=4), net)
+    coded = predict(job(workers=4, servers=4, compression=Compression(32.0, ring=False)), net)
+    assert "allreduce gather" in coded and "allreduce hierarchical" not in coded
+    assert coded["hogwild"] == plain["hogwild"]
+    assert coded["asp"]["step_s"] < plain["asp"]["step_s"]
+    assert coded["allreduce gather"]["step_s"] < plain["allreduce ring"]["step_s"]
+
+
+def test_plan_measures_the_compressor_it_is_given():
+    proc = subprocess.run([sys.executable, "-m", "psgd", "plan", "--params", "1e6",
+                           "--compute-us", "100", "--workers", "4", "--compress", "topk:0.01"],
+                          capture_output=True, text=True, check=True)
+    assert "--compress topk:0.01: 50.0x fewer bytes per push" in proc.stdout
+    assert proc.stdout.count("allreduce gather") == 1
+
+
 @pytest.mark.parametrize("args, words", [
+    (["--workers", "4", "--compress", "zip"], "--compress 'zip' is not one of"),
     (["--ranks", "4", "--servers", "4"], "--ranks 4 needs --servers S with 0 <= S < 4"),
     (["--workers", "4", "--bandwidth", "0gbit"], "--bandwidth must be > 0"),
     (["--workers", "4", "--bandwidth", "fast"], "is not a bandwidth"),

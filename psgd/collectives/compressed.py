@@ -12,7 +12,6 @@ from mpi4py import MPI
 
 from psgd.collectives.schedules import complete, complete_all
 from psgd.compress import Compressor, PushEncoder
-from psgd.compress.fp16 import Fp16
 from psgd.kernels.compress import HALF_TO_FLOAT, fp16_decode_add, fp16_encode
 
 _TAG_RS, _TAG_AG, _TAG_LEN, _TAG_GATHER = 30, 31, 32, 33
@@ -123,6 +122,6 @@ def make(comm: MPI.Comm, compressor: Compressor | None, n: int, feedback: bool):
     """The compressed all-reduce for ``compressor`` (None: none, use the plain all-reduce)."""
     if compressor is None:
         return None
-    if isinstance(compressor, Fp16):     # the registry refuses feedback for it
+    if compressor.summable:     # fp16; the registry refuses feedback for it
         return Fp16Ring(comm, n)
     return GatherAllreduce(comm, compressor, n, feedback)

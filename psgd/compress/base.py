@@ -12,13 +12,15 @@ class Compressor:
     """Encode a float32 slice into bytes; decode bytes and add them into a float32 slice.
 
     Subclasses set ``name``, ``code`` (the id in every frame), ``biased``
-    (error feedback on by default) and implement :meth:`max_body` /
+    (error feedback on by default), ``summable`` (a running sum may be re-encoded
+    hop by hop, as the all-reduce's ring does) and implement :meth:`max_body` /
     :meth:`encode_body` / :meth:`decode_add_body`.
     """
 
     name = "none"
     code = 0
     biased = False
+    summable = False
 
     def max_body(self, n: int) -> int:
         """Bytes the body of an ``n``-element slice may take."""

@@ -5,7 +5,7 @@ import argparse
 import time
 
 from psgd.errors import PsgdError
-from psgd.plan.cost import Job, Network, balanced_servers, predict, recommend
+from psgd.plan.cost import NONE, Compression, Job, Network, balanced_servers, predict, recommend
 
 DESCRIPTION = """\
 predict each protocol's step time, throughput and scaling efficiency from the model's
@@ -13,6 +13,7 @@ size, its compute time per sample, the network and W, S (the README has the equa
 
   psgd plan --model mlp:784-1536-512-10 --workers 16,64,256 --bandwidth 10gbit
   psgd plan --params 25e6 --compute-us 2000 --workers 256 --bandwidth 100gbit --per-node 8
+  psgd plan --model mlp:784-2048-256-10 --workers 2 --servers 1 --bandwidth 1gbit --compress sign
 """
 
 _UNITS = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -52,6 +53,37 @@ def measure_compute_s(spec: str, batch: int, seconds: float = 2.0) -> float:
     return (time.perf_counter() - start) / steps / batch
 
 
+def measure_compression(spec: str, bucket: int, n_params: int,
+                        seconds: float = 0.5) -> Compression:
+    """``spec``'s ratio and encode and decode seconds per float32 byte, measured on this core
+    on a normal gradient of ``n_params`` elements (at most 2M)."""
+    import numpy as np
+
+    from psgd.compress import make
+    try:
+        comp = make(spec, bucket, seed=1)
+    except ValueError as exc:
+        raise PsgdError(str(exc)) from None
+    if comp is None:
+        return NONE
+    n = min(n_params, 1 << 21)
+    g = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    frame, dst = np.zeros(comp.max_bytes(n), np.uint8), np.zeros(n, np.float32)
+    length = comp.encode(g, frame)
+    comp.decode_add(frame[:length], dst)                 # compile
+
+    def per_byte(fn):
+        steps, start = 0, time.perf_counter()
+        while steps < 3 or time.perf_counter() - start < seconds / 2:
+            fn()
+            steps += 1
+        return (time.perf_counter() - start) / steps / (4 * n)
+
+    encode_s = per_byte(lambda: comp.encode(g, frame))
+    decode_s = per_byte(lambda: comp.decode_add(frame[:length], dst))
+    return Compression(4 * n / length, encode_s, decode_s, ring=comp.summable)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``plan`` parser's flags."""
     what = parser.add_mutually_exclusive_group(required=True)
@@ -70,9 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
     parser.add_argument("--shared-link", action="store_true",
                         help="all nodes share one link (as psgd net emulates)")
+    parser.add_argument("--compress", default="none", help="a psgd train --compress spec: "
+                        "pushes and the all-reduce scaled by its ratio, plus its encode and "
+                        "decode time, both measured here (default none)")
+    parser.add_argument("--compress-bucket", type=int, default=512,
+                        help="as psgd train's (default 512)")
 
 
-def _jobs(args, n_params: int, compute_s: float, bandwidth: float):
+def _jobs(args, n_params: int, compute_s: float, bandwidth: float,
+          compression: Compression = NONE):
     if args.ranks is not None:
         if args.servers is None or not 0 <= args.servers < args.ranks:
             raise PsgdError(f"--ranks {args.ranks} needs --servers S with 0 <= S < {args.ranks} "
@@ -88,7 +126,8 @@ def _jobs(args, n_params: int, compute_s: float, bandwidth: float):
     for w, s in counts:
         if w < 1 or s < 0:
             raise PsgdError(f"need >= 1 worker and >= 0 servers, got {w} and {s}")
-        yield Job(n_params, compute_s, args.batch_size, w, s, args.per_node)
+        yield Job(n_params, compute_s, args.batch_size, w, s, args.per_node,
+                  compression=compression)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -106,11 +145,17 @@ def run(args: argparse.Namespace) -> None:
     else:
         raise PsgdError("--params needs --compute-us (only a --model can be measured here)")
     net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
-    jobs = list(_jobs(args, n_params, compute_s, net.bandwidth))
+    compression = measure_compression(args.compress, args.compress_bucket, n_params)
+    jobs = list(_jobs(args, n_params, compute_s, net.bandwidth, compression))
     print(f"{args.model or f'{n_params:.3g} parameters'}: {n_params} parameters "
           f"({4 * n_params / 2**20:.1f} MB), {compute_s * 1e6:.0f} us per sample, batch "
           f"{args.batch_size}; {args.bandwidth} {'shared link' if net.shared else 'per node'}, "
           f"{args.latency_us:g} us, {args.per_node} rank(s) per node")
+    if compression != NONE:
+        c = compression
+        print(f"--compress {args.compress}: {c.ratio:.1f}x fewer bytes per push (pulls float32), "
+              f"encode {4e-9 / c.encode_s:.2f} GB/s, decode {4e-9 / c.decode_s:.2f} GB/s of "
+              f"float32 (measured here)")
     print(f"{'W':>5} {'S':>5} | {'protocol':<23} {'step ms':>9} {'samples/s':>11} "
           f"{'efficiency':>10}")
     for job in jobs:

@@ -29,6 +29,22 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Compression:
+    """What ``--compress`` does to a step: pushes (and the all-reduce) carry float32's bytes
+    over ``ratio``; encoding costs ``encode_s`` and decoding ``decode_s`` seconds per byte of
+    float32 input (both measured); ``ring``: the all-reduce sums it in a ring (fp16), else
+    every worker's encoding is all-gathered and decoded by each. Pulls stay float32."""
+
+    ratio: float = 1.0
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    ring: bool = True
+
+
+NONE = Compression()
+
+
+@dataclass(frozen=True)
 class Job:
     """n_params float32 parameters; compute_s per sample on one core; W workers (ranks S..);
     placement: ``per_node`` consecutive ranks per node (a cluster), or, with ``cliques`` K,
@@ -42,6 +58,7 @@ class Job:
     per_node: int = 1
     cliques: int | None = None
     cores: int | None = None
+    compression: Compression = NONE
 
     @property
     def ranks(self) -> int:
@@ -57,6 +74,11 @@ class Job:
     @property
     def nbytes(self) -> float:
         return 4.0 * self.n_params
+
+    @property
+    def coded_bytes(self) -> float:
+        """Bytes of one worker's whole push (float32's over the compression ratio)."""
+        return self.nbytes / self.compression.ratio
 
     @property
     def compute_step_s(self) -> float:
@@ -83,6 +105,9 @@ def check(job: Job, net: Network) -> None:
         raise ValueError("bandwidth must be > 0")
     if net.latency < 0:
         raise ValueError(f"latency must be >= 0 s, got {net.latency}")
+    c = job.compression
+    if not c.ratio > 0 or c.encode_s < 0 or c.decode_s < 0:
+        raise ValueError("the compression ratio must be > 0 and its codec times >= 0")
     if job.cliques is not None and not 1 <= job.cliques <= job.ranks:
         raise ValueError(f"nodes must be between 1 and the {job.ranks} ranks, got {job.cliques}")
 
@@ -120,10 +145,11 @@ def _ps_counts(job: Job) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     return np.bincount(wn, minlength=job.k), np.bincount(sn, minlength=job.k), wn, sn
 
 
-def ps_push(job: Job) -> Traffic:
-    """One push of every worker: B/S from each worker to each server (a pull: the reverse)."""
+def ps_push(job: Job, nbytes: float | None = None) -> Traffic:
+    """One push of every worker: B/S from each worker to each server (a pull: the reverse);
+    ``nbytes``: a worker's whole push (default float32's)."""
     t = Traffic(job)
-    share = job.nbytes / job.servers
+    share = (job.nbytes if nbytes is None else nbytes) / job.servers
     wc, sc, wn, sn = _ps_counts(job)
     t.out = wc * (job.servers - sc) * share
     t.into = sc * (job.workers - wc) * share
@@ -132,11 +158,14 @@ def ps_push(job: Job) -> Traffic:
 
 
 def bsp_step_s(job: Job, net: Network) -> float:
-    """One clock of bsp: compute, every worker's push, the servers' sum and step, every pull
-    (the pull's bytes are the push's, reversed: the same time)."""
-    push = ps_push(job).seconds(net, 1)
+    """One clock of bsp: compute, encode, every worker's push, the servers' decode, sum and
+    step, every pull (float32: the push's bytes reversed)."""
+    c = job.compression
+    push = ps_push(job, job.coded_bytes).seconds(net, 1)
+    pull = ps_push(job).seconds(net, 1)
     apply_s = (job.workers + 4) * job.nbytes / job.servers / net.shm_bandwidth
-    return job.compute_step_s + 2 * push + apply_s
+    codec_s = (c.encode_s + job.workers * c.decode_s / job.servers) * job.nbytes
+    return job.compute_step_s + push + pull + apply_s + codec_s
 
 
 def async_rate(job: Job, net: Network) -> float:
@@ -145,15 +174,21 @@ def async_rate(job: Job, net: Network) -> float:
     Each worker cycles compute, push, pull on its own, its push and pull alone on
     its link; the rate is capped where the busiest link (or the shared one) is full.
     """
-    share = job.nbytes / job.servers
+    c = job.compression
     wc, sc, wn, sn = _ps_counts(job)
-    alone = 2 * ((job.servers - sc[wn]) * share / net.bandwidth
-                 + sc[wn] * share / net.shm_bandwidth + net.latency)
+    alone = 2 * net.latency + (c.encode_s + c.decode_s) * job.nbytes
+    for nbytes in (job.coded_bytes, job.nbytes):           # the push, the pull
+        share = nbytes / job.servers
+        alone = alone + ((job.servers - sc[wn]) * share / net.bandwidth
+                         + sc[wn] * share / net.shm_bandwidth)
     rate = float(np.sum(1.0 / (job.compute_step_s + alone)))
-    round_ = ps_push(job)
-    # a round (a step of every worker) pushes round_ and pulls it back: on one shared link
-    # twice its bytes; on a switch the busiest link carries it once each way
-    busiest = 2 * round_.out.sum() if net.shared else np.maximum(round_.out, round_.into).max()
+    push, pull = ps_push(job, job.coded_bytes), ps_push(job)
+    # a round (a step of every worker) pushes and pulls: on one shared link all of both;
+    # on a switch the busiest link carries the pushes one way and the pulls the other
+    if net.shared:
+        busiest = push.out.sum() + pull.out.sum()
+    else:
+        busiest = np.maximum(push.out + pull.into, push.into + pull.out).max()
     if busiest > 0:
         rate = min(rate, job.workers * net.bandwidth / busiest)
     return rate
@@ -196,9 +231,31 @@ def flat_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
     return _ring(job, ranks, job.nbytes).seconds(net, 2 * (n - 1))
 
 
+def compressed_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
+    """The compressed all-reduce (psgd.collectives.compressed): the fp16 ring, or the
+    all-gather of each rank's encoding (N-1 frames to the right neighbour, MPI's ring)."""
+    n, c = len(ranks), job.compression
+    if n == 1:
+        return 0.0
+    t = Traffic(job)
+    if c.ring:      # N-1 chunks encoded and decoded, then the own chunk encoded and all decoded
+        for i, r in enumerate(ranks):
+            t.send(r, ranks[(i + 1) % n], 2 * (n - 1) / n * job.coded_bytes)
+        codec_s = (c.encode_s + c.decode_s * (2 * n - 1) / n) * job.nbytes
+    else:           # one encoding, every rank's decoded
+        for i, r in enumerate(ranks):
+            t.send(r, ranks[(i + 1) % n], (n - 1) * job.coded_bytes)
+        codec_s = (c.encode_s + n * c.decode_s) * job.nbytes
+    return t.seconds(net, 2 * (n - 1) if c.ring else n) + codec_s
+
+
 def ring_step_s(job: Job, net: Network) -> float:
-    """One step of the allreduce protocol by messages only (psgd's ring/doubling, flat)."""
-    return job.compute_step_s + flat_allreduce_s(job, list(range(job.servers, job.ranks)), net)
+    """One step of the allreduce protocol by messages only (psgd's ring/doubling, flat; the
+    compressed all-reduce under compression)."""
+    ranks = list(range(job.servers, job.ranks))
+    if job.compression != NONE:
+        return job.compute_step_s + compressed_allreduce_s(job, ranks, net)
+    return job.compute_step_s + flat_allreduce_s(job, ranks, net)
 
 
 def hierarchical_step_s(job: Job, net: Network) -> float:
@@ -243,11 +300,17 @@ def predict(job: Job, net: Network) -> dict[str, dict]:
     if job.servers:
         row("bsp", bsp_step_s(job, net), True)
         asp = job.workers / async_rate(job, net)
-        for name in ("ssp", "asp", "hogwild"):
+        for name in ("ssp", "asp"):
             row(name, asp, False)
+        # hogwild's one-sided accumulates are never compressed
+        row("hogwild", job.workers / async_rate(replace(job, compression=NONE), net), False)
     flat = job.without_servers()
-    row("allreduce ring", ring_step_s(flat, net), True)
-    row("allreduce hierarchical", hierarchical_step_s(flat, net), True)
+    if job.compression == NONE:
+        row("allreduce ring", ring_step_s(flat, net), True)
+        row("allreduce hierarchical", hierarchical_step_s(flat, net), True)
+    else:           # psgd compresses through one flat schedule
+        row("allreduce ring" if job.compression.ring else "allreduce gather",
+            ring_step_s(flat, net), True)
     return out
 
 

@@ -121,6 +121,19 @@ def test_bench_compress_quick_writes_its_table_and_json(tmp_path):
     assert "| qsgd:4 |" in (tmp_path / "compress-quick.md").read_text()
 
 
+def test_bench_compress_accuracy_quick_writes_its_table_and_json(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_compress_accuracy.py"),
+                           "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["compressor"]: r for r in
+            json.loads((tmp_path / "compress-accuracy-quick.json").read_text())["rows"]}
+    assert set(rows) == {"none", "sign"} and all(0 <= r["accuracy"] <= 1 for r in rows.values())
+    assert rows["none"]["compression_ratio"] == pytest.approx(1.0, rel=0.01)
+    assert rows["sign"]["compression_ratio"] > 25
+    assert "| 2 | asp | sign |" in (tmp_path / "compress-accuracy-quick.md").read_text()
+
+
 def test_bench_gossip_quick_writes_its_table_and_json(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gossip.py"), "--quick",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,

@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
+.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
 
 install: $(STAMP)
 
@@ -60,6 +60,9 @@ bench-compress: install
 
 bench-compress-accuracy: install
 	$(PY) bench/bench_compress_accuracy.py $(ARGS)
+
+bench-compress-time: install
+	$(PY) bench/bench_compress_time.py $(ARGS)
 
 # the protocols on 2 and 4 emulated nodes at 1 and 10 Gbit/s, measured beside psgd plan's
 # prediction, and the all-reduce's bus bandwidth there (root: psgd net; about 10 minutes)

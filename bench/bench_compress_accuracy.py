@@ -103,7 +103,20 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--report", metavar="JSON", help="only write the table of the runs in JSON "
+                                                      "(e.g. a stopped benchmark's), beside it")
     args = ap.parse_args(argv)
+    if args.report:
+        saved, out = json.loads(Path(args.report).read_text()), args.out
+        for key, value in saved["settings"].items():
+            setattr(args, key, value)
+        args.out = out
+        rows = saved["rows"]
+        seeds = sorted({r["seed"] for r in rows})
+        args.seeds, args.report = seeds, None
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_report(Path(out), "compress-accuracy", saved["data"], rows, args)
+        return 0
     if args.quick:
         args.workers, args.seeds, args.model, args.epochs = "2", "0", "mlp:784-64-10", 2.0
         args.protocols, args.compressors = "asp", "none,sign"

@@ -231,3 +231,15 @@ def test_compressed_training_measures_its_bytes_and_learns(mpirun, dataset, tmp_
     assert base / results["sign"]["push_bytes"] >= 25
     for spec, summary in results.items():
         assert summary["test_accuracy"] > 0.3, (spec, summary["test_accuracy"])
+
+
+def test_compressed_allreduce_training_reports_its_bytes_per_step(mpirun, dataset, tmp_path):
+    from psgd.run.metrics import read_log
+    log = tmp_path / "sign.jsonl"
+    mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", "mlp:784-64-10",
+               "--protocol", "allreduce", "--servers", 0, "--steps", 60, "--batch-size", 32,
+               "--compress", "sign", "--log", log, "--eval-every", 0])
+    summary = read_log(log)[-1]
+    # against the float32 ring's 2(W-1)/W x 4 bytes per parameter
+    assert summary["compression_ratio"] > 25 and summary["push_bytes"] > 0
+    assert summary["test_accuracy"] > 0.3

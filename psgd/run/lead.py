@@ -41,6 +41,17 @@ def _push_bytes(servers: list[dict], n_params: int) -> dict:
     return {"push_bytes": per_push, "compression_ratio": 4 * n_params / per_push}
 
 
+def _allreduce_bytes(workers: list[dict], steps: int, n_params: int) -> dict:
+    """Without servers: bytes a worker handed to MPI per step (the compressed all-reduce counts
+    them), and the ratio to the float32 ring's 2(W-1)/W x 4 bytes per parameter."""
+    sent = [r["push_bytes"] for r in workers if r.get("push_bytes")]
+    if not sent or len(workers) < 2:
+        return {}
+    per_step = float(np.mean(sent)) / steps
+    ring = 2 * (len(workers) - 1) / len(workers) * 4 * n_params
+    return {"push_bytes": per_step, "compression_ratio": ring / per_step}
+
+
 class Lead:
     """What the lead worker (rank S) does besides training: log, evaluate, show progress."""
 
@@ -152,7 +163,8 @@ class Lead:
             server_cpu_fraction=[r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0
                                  for r in servers],
             window_pushes=sum(r["n_window_pushes"] for r in servers),
-            **_push_bytes(servers, job.model.n_params),
+            **(_push_bytes(servers, job.model.n_params) if servers else
+               _allreduce_bytes(workers, steps, job.model.n_params)),
             skipped_updates=sum(r["n_skipped"] for r in servers) + skipped)
         self.log.close()
         return summary

@@ -140,6 +140,7 @@ def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt) -> Non
     reports = gather_reports(job, {"role": "worker", "rank": job.roles.rank,
                                    "compensation": getattr(worker, "compensation", None),
                                    "bytes_sent": worker.stats.get("bytes_sent"),
+                                   "push_bytes": worker.stats.get("push_bytes"),
                                    "skipped": int(worker.stats.get("skipped", 0)), **report})
     if lead is not None:
         skipped = 0 if job.roles.n_servers else int(worker.stats.get("skipped", 0))

@@ -121,7 +121,7 @@ class Traffic:
         self.out, self.into = np.zeros(job.k), np.zeros(job.k)
         self.local = np.zeros(job.ranks)
 
-    def send(self, a: int, b: int, nbytes: float) -> None:
+    def carry(self, a: int, b: int, nbytes: float) -> None:
         na, nb = self.job.node(a), self.job.node(b)
         if na == nb:
             self.local[b] += nbytes          # one copy, by the receiver (CMA, the window)
@@ -198,7 +198,7 @@ def _ring(job: Job, ranks: list[int], nbytes: float) -> Traffic:
     """A ring over ``ranks``: each sends 2(N-1)/N of the buffer to its right neighbour."""
     t, n = Traffic(job), len(ranks)
     for i, r in enumerate(ranks):
-        t.send(r, ranks[(i + 1) % n], 2 * (n - 1) / n * nbytes)
+        t.carry(r, ranks[(i + 1) % n], 2 * (n - 1) / n * nbytes)
     return t
 
 
@@ -208,13 +208,13 @@ def _doubling(job: Job, ranks: list[int], nbytes: float) -> tuple[Traffic, int]:
     p = 1 << (n.bit_length() - 1)
     rem = n - p
     for i in range(rem):                     # fold and unfold: rank 2i hands to 2i+1 and back
-        t.send(ranks[2 * i], ranks[2 * i + 1], nbytes)
-        t.send(ranks[2 * i + 1], ranks[2 * i], nbytes)
+        t.carry(ranks[2 * i], ranks[2 * i + 1], nbytes)
+        t.carry(ranks[2 * i + 1], ranks[2 * i], nbytes)
     survivors = [ranks[2 * i + 1] for i in range(rem)] + ranks[2 * rem:]
     stages, mask = 0, 1
     while mask < p:
         for v, r in enumerate(survivors):
-            t.send(r, survivors[v ^ mask], nbytes)
+            t.carry(r, survivors[v ^ mask], nbytes)
         mask <<= 1
         stages += 1
     return t, stages + (2 if rem else 0)
@@ -240,11 +240,11 @@ def compressed_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
     t = Traffic(job)
     if c.ring:      # N-1 chunks encoded and decoded, then the own chunk encoded and all decoded
         for i, r in enumerate(ranks):
-            t.send(r, ranks[(i + 1) % n], 2 * (n - 1) / n * job.coded_bytes)
+            t.carry(r, ranks[(i + 1) % n], 2 * (n - 1) / n * job.coded_bytes)
         codec_s = (c.encode_s + c.decode_s * (2 * n - 1) / n) * job.nbytes
     else:           # one encoding, every rank's decoded
         for i, r in enumerate(ranks):
-            t.send(r, ranks[(i + 1) % n], (n - 1) * job.coded_bytes)
+            t.carry(r, ranks[(i + 1) % n], (n - 1) * job.coded_bytes)
         codec_s = (c.encode_s + n * c.decode_s) * job.nbytes
     return t.seconds(net, 2 * (n - 1) if c.ring else n) + codec_s
 

@@ -71,6 +71,33 @@ def dataset(tmp_path_factory):
     return write_synth(tmp_path_factory.mktemp("data") / "synth.h5")
 
 
+def shm_left(before: set) -> list[str]:
+    """New /dev/shm entries that no live process maps (what a dead job left behind)."""
+    new = set(os.listdir("/dev/shm")) - before
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.rsplit("/dev/shm/", 1)[1].split()[0]
+                          for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+        except (OSError, IndexError):
+            continue
+    return sorted(new - mapped)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_shm():
+    """Remove the MPICH and UCX segments that ranks the tests killed could not free.
+
+    MPICH names a node's segment after the job (a hash of its PMI name), so one
+    left behind makes a later job of the same name wait forever in MPI_Init.
+    """
+    before = set(os.listdir("/dev/shm"))
+    yield
+    for name in shm_left(before):
+        if name.startswith(("mpich_", "ucx_")):
+            Path("/dev/shm", name).unlink(missing_ok=True)
+
+
 def marked_pids(marker: str, ranks_only: bool = False) -> list[int]:
     """Processes whose environment holds ``PSGD_TEST_MARK=marker`` (the jobs a test started).
 

@@ -2,6 +2,7 @@
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, marked_pids, run_mpi
+from conftest import ROOT, marked_pids, run_mpi, shm_left
 
 from psgd.run.checkpoint import load_checkpoint
 
@@ -47,9 +48,9 @@ def slurm(tmp_path_factory):
     assert not alive, f"daemons left running: {alive}"
 
 
-def _submit(slurm, out_dir, name, *flags, env=None) -> str:
-    cmd = ["sbatch", "--parsable", f"--output={out_dir}/%x-%j.out", f"jobs/slurm/{name}.sbatch",
-           *map(str, flags)]
+def _submit(slurm, out_dir, name, *flags, env=None, options=()) -> str:
+    cmd = ["sbatch", "--parsable", f"--output={out_dir}/%x-%j.out", *options,
+           f"jobs/slurm/{name}.sbatch", *map(str, flags)]
     done = subprocess.run(cmd, cwd=ROOT, env={**slurm, **(env or {})}, capture_output=True,
                           text=True, check=True)
     return done.stdout.strip().split(";")[0]
@@ -121,8 +122,34 @@ def test_scancel_stops_the_job_with_a_checkpoint_leaving_nothing_behind(slurm, d
     while marked_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not marked_pids(marker)
-    from test_stop import _shm_left
-    assert not _shm_left(shm_before)
+    assert not shm_left(shm_before)
+
+
+def test_a_segment_a_killed_step_left_is_named_when_its_requeued_job_stalls_in_mpi_init(
+        slurm, dataset, tmp_path):
+    marker, log = f"segment-{os.getpid()}", tmp_path / "log.jsonl"
+    jid = _submit(slurm, tmp_path, "asp", "--data", dataset, *SMALL, "--steps", 100000,
+                  "--log", log, env={"PSGD_TEST_MARK": marker, "PSGD_STALL_TIMEOUT": "3",
+                                     "PSGD_STALL_ABORT": "20", "PSGD_REQUEUE": "0"})
+    _wait(slurm, jid, lambda job: _logged_a_step(log) or _ended(job), 120, "training")
+    for pid in marked_pids(marker, ranks_only=True):   # a node's OOM killer, say
+        os.kill(pid, signal.SIGKILL)
+    _wait(slurm, jid, _ended, 60, "failed")
+    h = 2166136261    # MPICH's name for the step's segment: FNV-1a of its PMI name, JOBID.0
+    for byte in f"{jid}.0".encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    stale = Path(f"/dev/shm/mpich_shm_{h:x}_0")
+    try:
+        assert stale.exists(), sorted(os.listdir("/dev/shm"))
+        subprocess.run(["scontrol", "requeue", jid], env=slurm, check=True)
+        job = _wait(slurm, jid, lambda job: _ended(job) and int(job["Restarts"]) == 1, 180,
+                    "stopped by its MPI_Init watchdog")
+    finally:
+        stale.unlink(missing_ok=True)
+    out = _output(tmp_path, jid)
+    assert job["JobState"] == "FAILED", out
+    said = rf"rank \d stalled: waiting \d+ s for MPI_Init: {stale} existed.*remove it"
+    assert re.search(said, out), out
 
 
 def test_usr1_checkpoints_and_the_requeued_job_ends_where_an_uninterrupted_run_ends(

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import marked_pids, mpiexec_path
-from test_stop import _shm_left
+from conftest import marked_pids, mpiexec_path, shm_left
 
 STEPS = 40
 BOUND_S = 40   # the job must be over well before this (stall abort 4 s + start-up on a loaded VM)
@@ -66,7 +65,7 @@ def _run_and_freeze(dataset, tmp_path, when, env=None):
     while (left := marked_pids(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, "a rank was left behind"
-    for name in _shm_left(shm_before):   # an aborted MPICH job cannot free its segments
+    for name in shm_left(shm_before):   # an aborted MPICH job cannot free its segments
         Path("/dev/shm", name).unlink(missing_ok=True)
     return proc.returncode, err, elapsed, frozen
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import marked_pids, mpiexec_path
+from conftest import marked_pids, mpiexec_path, shm_left
 
 from psgd.run.checkpoint import list_checkpoints, load_checkpoint
 from psgd.run.metrics import read_log
@@ -65,19 +65,6 @@ def _wait_for_training(log: Path, proc: subprocess.Popen, timeout: float = 60) -
     raise AssertionError(f"no step record in {log}")
 
 
-def _shm_left(before: set) -> list[str]:
-    """New /dev/shm entries that no live process maps (what a dead job left behind)."""
-    new = set(os.listdir("/dev/shm")) - before
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(line.rsplit("/dev/shm/", 1)[1].split()[0]
-                          for line in maps.read_text().splitlines() if "/dev/shm/" in line)
-        except (OSError, IndexError):
-            continue
-    return sorted(new - mapped)
-
-
 def _signal_mid_run(dataset, tmp_path, protocol, n, servers, rank, sig, marker):
     """Run, send ``sig`` to ``rank`` once training runs; returns (out, err, rc, ckdir)."""
     ckdir, log = tmp_path / "part", tmp_path / "part.jsonl"
@@ -87,7 +74,7 @@ def _signal_mid_run(dataset, tmp_path, protocol, n, servers, rank, sig, marker):
     _wait_for_training(log, proc)
     os.kill(_rank_pid(marker, rank), sig)
     out, err = _finish(proc)
-    assert not _shm_left(before), _shm_left(before)
+    assert not shm_left(before), shm_left(before)
     return out, err, proc.returncode, ckdir
 
 

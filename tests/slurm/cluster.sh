@@ -21,6 +21,8 @@ start() {
     host=$(hostname -s)
     cpus=16   # more task slots than cores: the tests oversubscribe, as mpiexec does
     # cred_expire: a requeued job waits this long (default 120 s) before it may start again
+    # FirstJobId: job ids unlike any earlier cluster's; MPICH names a node's shared memory after
+    # JOBID.STEPID, and a segment a killed job left would stall every later job of that id
     # munge: its own key, socket and pid file in $dir (the daemon wants them private)
     dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
     chmod 700 "$dir/munge"; chmod 400 "$dir/munge/munge.key"
@@ -29,6 +31,7 @@ start() {
         --seed-file="$dir/munge/seed" -f
     cat > "$dir/slurm.conf" <<CONF
 ClusterName=psgdtest
+FirstJobId=$(( (RANDOM << 15 | RANDOM) % 60000000 + 1000 ))
 SlurmctldHost=$host
 AuthType=auth/munge
 AuthInfo=socket=$dir/munge/socket,cred_expire=10

@@ -26,8 +26,8 @@ def _common(protocol: str, servers: int) -> list[str]:
             "--lr", "0.05", "--batch-size", "16", "--steps", str(STEPS), "--seed", "3", "--quiet"]
 
 
-def _start(n: int, flags: list, marker: str) -> subprocess.Popen:
-    env = dict(os.environ, PSGD_TEST_MARK=marker, PSGD_STOP_EVERY=str(EVERY),
+def _start(n: int, flags: list, marker: str, every: int = EVERY) -> subprocess.Popen:
+    env = dict(os.environ, PSGD_TEST_MARK=marker, PSGD_STOP_EVERY=str(every),
                PYTHONUNBUFFERED="1", PSGD_STALL_ABORT="60")
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-m", "psgd", "train", *map(str, flags)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -116,6 +116,22 @@ def test_signal_on_one_rank_stops_all_at_one_step_and_resume_auto_finishes(
         again = mpirun(n, ["-m", "psgd", "train", "--data", dataset, *_common(protocol, servers),
                            "--checkpoint-dir", full, "--resume", "auto"], check=False)
         assert again.returncode == 1 and "nothing left to train" in again.stderr, again.stderr
+
+
+def test_the_stop_check_follows_the_step_time_so_slow_steps_stop_within_a_few(tmp_path, dataset):
+    # 0.2 s a step: checks about every 3 clocks, where a fixed 32 would stop at clock 64
+    log, marker = tmp_path / "slow.jsonl", f"slow-{os.getpid()}"
+    flags = ["--data", dataset, *_common("bsp", 1), "--straggler", "all:p=1,d=0.2",
+             "--checkpoint-dir", tmp_path / "ck", "--log", log]
+    proc = _start(3, [f if f != str(STEPS) else "300" for f in map(str, flags)], marker, every=0)
+    _wait_for_training(log, proc)
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
+    signalled = max(r["step"] for r in records if r["kind"] == "step")
+    os.kill(_rank_pid(marker, 1), signal.SIGTERM)
+    out, err = _finish(proc)
+    assert proc.returncode == EXIT_STOPPED, (out, err)
+    stopped = load_checkpoint(list_checkpoints(tmp_path / "ck")[-1])
+    assert signalled <= stopped.step < 32, (signalled, stopped.step)
 
 
 def test_ctrl_c_under_mpiexec_stops_with_one_line_and_no_traceback(tmp_path, dataset):

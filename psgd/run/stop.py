@@ -3,8 +3,10 @@
 A signalled rank sends a notice to every worker. Under a finite staleness
 bound (bsp, ssp, allreduce) every worker stops at one clock: every ``every``
 clocks the workers start a non-blocking all-reduce (MAX) of what they have
-heard and complete it ``every`` clocks later; when it says stop, all stop
-there. Its wait is for workers that are behind, like the protocols' own
+heard and of their time per clock, and complete it ``every`` clocks later;
+when it says stop, all stop there. ``every`` follows the slowest worker's
+time per clock (about CHECK_S of training, from bound + 1 to DEFAULT_EVERY
+clocks) unless PSGD_STOP_EVERY fixes it. Its wait is for workers that are behind, like the protocols' own
 waits, so the two never wait on each other in a cycle. Without a bound (asp,
 hogwild) nothing waits: each worker stops at its next clock, and the run ends
 at the slowest worker's clock.
@@ -12,6 +14,7 @@ at the slowest worker's clock.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -21,7 +24,8 @@ from psgd.mpi import wait
 from psgd.run.signals import received, set_notify
 
 TAG_NOTICE = 31002
-DEFAULT_EVERY = 32  # clocks between stop checks (PSGD_STOP_EVERY)
+DEFAULT_EVERY = 32  # the most clocks between stop checks (PSGD_STOP_EVERY=N: always N)
+CHECK_S = 0.5       # the training time between stop checks the cadence aims at
 
 
 def _dup(comm: MPI.Comm, what: str) -> MPI.Comm:
@@ -38,18 +42,22 @@ class StopControl:
     """
 
     def __init__(self, roles, start_clock: int, bound: float, every: int | None = None) -> None:
-        every = every or env_int("PSGD_STOP_EVERY", DEFAULT_EVERY)
-        if every < 1:
-            raise ValueError(f"PSGD_STOP_EVERY must be >= 1, got {every}")
+        fixed = every or env_int("PSGD_STOP_EVERY", 0)   # 0: follow the time per clock
+        if fixed < 0:
+            raise ValueError(f"PSGD_STOP_EVERY must be >= 0 (0: adaptive), got {fixed}")
         # a check more often than the bound would bound the workers' spread tighter
-        self.every = max(every, int(bound) + 1) if math.isfinite(bound) else 0
-        self.roles, self.start = roles, start_clock
+        self.least = int(bound) + 1 if math.isfinite(bound) else 0
+        self.most = max(fixed or DEFAULT_EVERY, self.least)
+        self.fixed = bool(fixed)
+        self.every = (self.most if fixed else self.least) if self.least else 0
+        self.next_check, self.timer = start_clock, (time.perf_counter(), start_clock)
+        self.roles = roles
         self.comm = _dup(roles.comm, "the other ranks to set up the stop notices")
         self.sent: list = []
         self.heard = 0
         self.signum = 0      # the agreed stop's signal (0: no stop)
         self.round = None    # (request, clock) of the stop check in flight
-        self.mine, self.result = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self.mine, self.result = np.zeros(2, np.int64), np.zeros(2, np.int64)   # signal, us/clock
         self.serve = None    # run while a stop check waits (a worker others wait on answers)
         if roles.is_worker:
             self.workers = _dup(roles.worker_comm, "the other workers to set up the stop checks")
@@ -76,13 +84,17 @@ class StopControl:
             self._hear()
             self.signum = max(self.heard, received())
             return self.signum != 0
-        if (clock - self.start) % self.every:
+        if clock < self.next_check:
             return False
         if self._finish_round():
             return True
         self._hear()
-        self.mine[0] = max(self.heard, received())
+        now, (then, since) = time.perf_counter(), self.timer
+        per_clock = 1e6 * (now - then) / (clock - since) if clock > since else 0
+        self.mine[:] = max(self.heard, received()), per_clock
+        self.timer = (now, clock)
         self.round = (self.workers.Iallreduce(self.mine, self.result, op=MPI.MAX), clock)
+        self.next_check = clock + self.every
         return False
 
     def _finish_round(self) -> bool:
@@ -92,7 +104,9 @@ class StopControl:
         wait.wait(request, f"the other workers to reach clock {clock} (the stop check)",
                   serve=self.serve)
         self.round = None
-        self.signum = int(self.result[0])
+        self.signum, per_clock = int(self.result[0]), int(self.result[1])
+        if not self.fixed and per_clock:   # the same on every worker: the same next check
+            self.every = min(max(math.ceil(CHECK_S * 1e6 / per_clock), self.least), self.most)
         return self.signum != 0
 
     def close(self, end_step: int = 0) -> int:

@@ -17,7 +17,8 @@ include numba's compilation of the kernels. A resumed run's log holds every
 attempt: their times are laid end to end, a dotted line where one resumed
 (the time between attempts is not counted). The PNG goes beside the first log
 (LOG.png) unless -o names it. Runs with --staleness auto also show the bound in
-force over time.
+force over time; gossip and adpsgd runs, their consensus distance (the mean
+squared distance of the workers' models from their mean) against steps.
 
 With --timeline TRACE (the --timeline file of `psgd train`) it draws a Gantt
 chart of every rank's spans over --seconds from the first training step
@@ -94,8 +95,9 @@ def draw(paths: list[str], title: str | None = None):
     for p in paths:
         records, resumed_at[p] = _one_clock(read_log(p))
         runs.append((p, records))
-    fig = plt.figure(figsize=(16, 9))
-    grid = fig.add_gridspec(2, 3)
+    decentralized = any(_consensus(records) for _, records in runs)
+    fig = plt.figure(figsize=(21, 9) if decentralized else (16, 9))
+    grid = fig.add_gridspec(2, 4 if decentralized else 3)
     loss_t, loss_s = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     acc_t, acc_s = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     for path, records in runs:
@@ -114,17 +116,19 @@ def draw(paths: list[str], title: str | None = None):
             acc_s.plot([r["step"] for r in evals], [r["test_accuracy"] for r in evals],
                        marker="o", label=label)
     hists = _histograms(fig, grid[0, 2], runs)
+    consensus = [_plot_consensus(fig.add_subplot(grid[0, 3]), runs)] if decentralized else []
     for ax, xlabel, ylabel in [(loss_t, "wall time (s)", "training loss"),
                                (loss_s, "step (clock)", "training loss"),
                                (acc_t, "wall time (s)", "test accuracy"),
                                (acc_s, "step (clock)", "test accuracy"),
+                               *[(c, "step (clock)", "consensus distance") for c in consensus],
                                *[(h, f"staleness ({unit})", "updates") for unit, h in hists.items()]]:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8)
-    spare = fig.add_subplot(grid[1, 2])
+    spare = fig.add_subplot(grid[1, 2:] if decentralized else grid[1, 2])
     spare.axis("off")
     spare.text(0.0, 1.0, _summary_text(runs), va="top", family="monospace", fontsize=8)
     _plot_bounds(spare, runs)
@@ -158,6 +162,24 @@ def _histograms(fig, cell, runs: list[tuple[str, list[dict]]]) -> dict:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"staleness of applied updates ({unit})", fontsize=10)
     return hists
+
+
+def _consensus(records: list[dict]) -> list[dict]:
+    """The step records that carry the consensus distance (gossip, adpsgd)."""
+    return [r for r in records if r["kind"] == "step"
+            and isinstance(r.get("consensus_distance"), (int, float))]   # not "nan"
+
+
+def _plot_consensus(ax, runs: list[tuple[str, list[dict]]]):
+    """Each decentralized run's consensus distance against step, on a log scale; returns ``ax``."""
+    for path, records in runs:
+        steps = _consensus(records)
+        if steps:
+            ax.plot([r["step"] for r in steps], [r["consensus_distance"] for r in steps],
+                    label=_label(path, records))
+    ax.set_yscale("log")
+    ax.set_title("consensus distance: mean over workers of ||x_i - x_mean||^2", fontsize=10)
+    return ax
 
 
 def _summary_text(runs: list[tuple[str, list[dict]]]) -> str:

@@ -153,3 +153,40 @@ def test_a_resumed_log_is_drawn_on_one_time_axis(tmp_path):
         assert any(list(line.get_xdata()) == [first_end, first_end] for line in loss_t.get_lines())
     finally:
         plt.close(fig)
+
+
+def gossip_run(path, distances):
+    log = MetricsLog(path)
+    log.write("config", protocol="gossip", topology="ring", n_workers=4, model="lenet")
+    for i, d in enumerate(distances):
+        log.write("step", step=10 * (i + 1), loss=1.0 / (i + 1), consensus_distance=d)
+    log.write("summary", test_accuracy=0.5, consensus_distance=distances[-1])
+    log.close()
+
+
+def test_plot_draws_the_consensus_distance_of_a_gossip_log_only(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from psgd.plot import draw
+
+    distances = [3e-2, 4e-3, 5e-4, float("nan"), 2e-5]
+    gossip_run(tmp_path / "gossip.jsonl", distances)
+    write_run(tmp_path / "bsp.jsonl", "bsp", [9])
+    consensus = lambda fig: [ax for ax in fig.axes if ax.get_ylabel() == "consensus distance"]
+    fig = draw([str(tmp_path / "bsp.jsonl")])
+    try:
+        assert consensus(fig) == []
+        assert len(fig.axes) == 6            # the figure without gossip is as it was
+    finally:
+        plt.close(fig)
+    fig = draw([str(tmp_path / "bsp.jsonl"), str(tmp_path / "gossip.jsonl")])
+    try:
+        [ax] = consensus(fig)
+        assert ax.get_yscale() == "log" and ax.get_xlabel() == "step (clock)"
+        [line] = ax.get_lines()              # the bsp run has none to draw
+        # the log's values as written, the non-finite record ("nan" in JSON) left out
+        assert list(line.get_xdata()) == [10, 20, 30, 50]
+        assert list(line.get_ydata()) == [3e-2, 4e-3, 5e-4, 2e-5]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["gossip (W=4)"]
+    finally:
+        plt.close(fig)

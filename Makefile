@@ -76,6 +76,8 @@ bench-async: install
 
 # gossip and adpsgd against allreduce, LeNet on Fashion-MNIST, W = 4, two seeds: about 10 min
 # on 2 cores (W = 8: about 10 min more) (ARGS=--quick: a smoke run; ARGS="--workers 4,8": also W = 8)
+# (ARGS="--net 1gbit --straggler 1,3 --seeds 0,1,2 --epochs 1 --log-every 10": on 4 emulated
+# nodes at 1 Gbit/s, with and without a 3x straggler, root: about 17 min)
 bench-gossip: install
 	$(PY) bench/bench_gossip.py $(ARGS)
 

@@ -21,32 +21,29 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from protocols import ROOT, run_bounded  # noqa: E402
-from training import dataset  # noqa: E402
+from training import dataset, error_line, on_nodes, time_to_target  # noqa: E402
 
 PY = sys.executable
 
 
 def run(args, data: Path, spec: str, log: Path) -> dict:
-    cmd = [PY, "-m", "psgd", "net", "--nodes", "2", "--rate", args.rate, "--",
-           str(ROOT / ".venv/bin/mpiexec"), "-n", str(args.workers), PY, "-m", "psgd", "train",
-           "--data", str(data), "--model", args.model, "--protocol", "allreduce", "--servers",
-           "0", "--compress", spec, "--optimizer", "momentum", "--lr", str(args.lr),
-           "--momentum", "0.9", "--batch-size", str(args.batch_size), "--epochs",
-           str(args.epochs), "--seed", "0", "--eval-every", "0", "--log-every", "5", "--quiet",
-           "--log", str(log)]
+    cmd = [*on_nodes(2, args.rate), str(ROOT / ".venv/bin/mpiexec"), "-n", str(args.workers),
+           PY, "-m", "psgd", "train", "--data", str(data), "--model", args.model,
+           "--protocol", "allreduce", "--servers", "0", "--compress", spec,
+           "--optimizer", "momentum", "--lr", str(args.lr), "--momentum", "0.9",
+           "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--seed", "0",
+           "--eval-every", "0", "--log-every", "5", "--quiet", "--log", str(log)]
     proc = run_bounded(cmd, args.timeout, cwd=ROOT)
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     summary = next((r for r in records if r["kind"] == "summary"), None)
     if summary is None:
-        return {"compressor": spec, "ok": False,
-                "error": (proc.stderr.strip().splitlines() or ["no summary"])[-1][:200]}
+        return {"compressor": spec, "ok": False, "error": error_line(proc)}
     steps = [r for r in records if r["kind"] == "step"]
     return {"compressor": spec, "ok": True, "accuracy": summary["test_accuracy"],
             "wall_s": summary["wall_s"], "steps": summary["steps"],
             "step_ms": 1e3 * summary["wall_s"] / max(summary["steps"], 1),
             "bytes_per_step": steps[-1].get("push_bytes_per_step") if steps else None,
-            "time_to_target": next((r["time"] for r in steps
-                                    if r["train_accuracy"] >= args.target), None)}
+            "time_to_target": time_to_target(records, args.target)}
 
 
 def markdown(rows: list[dict], args, data_name: str) -> str:

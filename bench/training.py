@@ -1,4 +1,4 @@
-"""Helpers of the training benchmarks (bench_async, bench_stragglers): the dataset and one ``psgd train`` run."""
+"""Helpers of the training benchmarks: the dataset, one ``psgd train`` run, emulated nodes."""
 from __future__ import annotations
 
 import json
@@ -43,6 +43,19 @@ def train(workers: int, flags: list, log: Path, timeout: float):
     proc = run_bounded(cmd, timeout, cwd=ROOT)
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return proc, records, time.perf_counter() - t0
+
+
+def on_nodes(nodes: int, rate: str) -> list[str]:
+    """The ``psgd net`` prefix that runs a command on ``nodes`` emulated nodes behind one link
+    of ``rate`` (needs root)."""
+    return [sys.executable, "-m", "psgd", "net", "--nodes", str(nodes), "--rate", rate, "--"]
+
+
+def time_to_target(records: list[dict], target: float) -> float | None:
+    """Seconds (the log's clock) to the first step record whose running training accuracy
+    reaches ``target``; None when none does."""
+    return next((r["time"] for r in records
+                 if r["kind"] == "step" and r["train_accuracy"] >= target), None)
 
 
 def error_line(proc) -> str:

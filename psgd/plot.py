@@ -121,7 +121,7 @@ def draw(paths: list[str], title: str | None = None):
                                (loss_s, "step (clock)", "training loss"),
                                (acc_t, "wall time (s)", "test accuracy"),
                                (acc_s, "step (clock)", "test accuracy"),
-                               *[(c, "step (clock)", "consensus distance") for c in consensus],
+                               *[(ax, "step (clock)", "consensus distance") for ax in consensus],
                                *[(h, f"staleness ({unit})", "updates") for unit, h in hists.items()]]:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)

@@ -4,8 +4,9 @@
 
 On one `psgd data synth --sparse` set (about 1% density): `psgd train --protocol
 hogwild --model linear` with 1 and 2 workers (one server), pushing the touched
-rows (sparse) or the whole vector (``PSGD_HOGWILD_SPARSE=off``, today's dense
-hogwild); bytes per update are the lead worker's pushed bytes per step.
+rows and reading the next batch's rows (sparse) or moving the whole vector
+(``PSGD_HOGWILD_SPARSE=off``, dense hogwild); bytes per update are the lead worker's
+pushed and read bytes per step.
 scikit-learn's SGDClassifier (log loss, one-vs-rest, constant learning rate
 lr / batch per sample, the same epochs, no regularisation) trains on the same
 file in its own process. Times are whole-process wall times. Writes
@@ -70,11 +71,14 @@ def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
         raise SystemExit(f"bench-sparse: psgd run failed: {proc.stderr.strip()[-400:]}")
     pushed = [r["push_bytes_per_step"] for r in records
               if r["kind"] == "step" and "push_bytes_per_step" in r]
+    pulled = [r["pull_bytes_per_step"] for r in records
+              if r["kind"] == "step" and "pull_bytes_per_step" in r]
     n_params = next(r for r in records if r["kind"] == "config")["n_params"]
     return {"run": f"psgd hogwild {'sparse' if sparse else 'dense'}", "workers": workers,
             "process_s": wall, "train_s": summary["wall_s"],
             "updates_per_s": summary["samples_per_s"] / args.batch_size,
-            "bytes_per_update": statistics.mean(pushed), "dense_bytes": 4 * n_params,
+            "bytes_per_update": statistics.mean(pushed), "read_bytes_per_update": statistics.mean(pulled),
+            "dense_bytes": 4 * n_params,
             "accuracy": summary["test_accuracy"]}
 
 
@@ -106,19 +110,22 @@ def table(rows: list[dict], args, density: float) -> str:
     lines = [f"Sparse synthetic set: {args.train} train / {args.test} test rows, {args.features} "
              f"features, density {density:.2%}; linear model, 10 classes; batch {args.batch_size}, "
              f"lr {args.lr}, {args.epochs} epochs; {args.repeats} repeats (ranges).", "",
-             "| run | workers | updates/s | bytes/update | test acc | train s | process s |",
-             "|---|---|---|---|---|---|---|"]
+             "| run | workers | updates/s | bytes pushed/update | bytes read/update | test acc | train s "
+             "| process s |", "|---|---|---|---|---|---|---|---|"]
     for (run, w), runs in groups.items():
         lines.append(f"| {run} | {w} | {span('updates_per_s', runs, '{:.0f}')} | "
-                     f"{span('bytes_per_update', runs, '{:.0f}')} | {span('accuracy', runs, '{:.4f}')} | "
+                     f"{span('bytes_per_update', runs, '{:.0f}')} | "
+                     f"{span('read_bytes_per_update', runs, '{:.0f}')} | {span('accuracy', runs, '{:.4f}')} | "
                      f"{span('train_s', runs, '{:.2f}')} | {span('process_s', runs, '{:.2f}')} |")
     med = {k: statistics.median([r.get("updates_per_s", 0) for r in v]) for k, v in groups.items()}
     byt = {k: statistics.median([r.get("bytes_per_update", 0) for r in v]) for k, v in groups.items()}
+    read = {k: statistics.median([r.get("read_bytes_per_update", 0) for r in v]) for k, v in groups.items()}
     proc = {k: statistics.median([r["process_s"] for r in v]) for k, v in groups.items()}
     acc = {k: statistics.median([r["accuracy"] for r in v]) for k, v in groups.items()}
     sp1, sp2 = ("psgd hogwild sparse", 1), ("psgd hogwild sparse", 2)
     dn1, sk = ("psgd hogwild dense", 1), ("sklearn SGDClassifier", 2)
-    lines += ["", f"- bytes per update, dense / sparse: {byt[dn1] / byt[sp1]:.1f}x",
+    lines += ["", f"- bytes per update, dense / sparse: pushed {byt[dn1] / byt[sp1]:.1f}x, read "
+              f"{read[dn1] / read[sp1]:.1f}x",
               f"- updates/s, sparse 2 workers / 1: {med[sp2] / med[sp1]:.2f}x; sparse / dense at 1 "
               f"worker: {med[sp1] / med[dn1]:.2f}x",
               f"- test accuracy, psgd sparse 2 workers - sklearn: {100 * (acc[sp2] - acc[sk]):+.2f} points",

@@ -1,4 +1,4 @@
-"""Sparse hogwild: only touched rows are accumulated, no update lost, lazy decay equal to eager."""
+"""Sparse hogwild: only touched rows are accumulated and read, no update lost, lazy decay equal to eager."""
 import pytest
 
 SCRIPT = "sparse_hogwild_check.py"
@@ -7,6 +7,16 @@ SCRIPT = "sparse_hogwild_check.py"
 @pytest.mark.parametrize("servers, workers", [(1, 1), (1, 2), (2, 3)])
 def test_sparse_hogwild_loses_no_update(mpirun, servers, workers):
     out = mpirun(servers + workers, [SCRIPT, servers, 30, 101, 3], timeout=60).stdout
+    assert f"sparse hogwild ok: S={servers} W={workers}" in out
+
+
+@pytest.mark.parametrize("window, servers, workers", [("shared", 2, 1), ("allocate", 2, 1),
+                                                      ("allocate", 1, 2)])
+def test_sparse_hogwild_reads_only_its_rows_as_the_servers_hold_them(mpirun, window, servers, workers):
+    # two shards of 101 rows of 3 cut mid-row; the check asserts bytes read per step and,
+    # with one worker, that the rows read equal the servers' values
+    out = mpirun(servers + workers, [SCRIPT, servers, 30, 101, 3], timeout=60,
+                 env={"PSGD_HOGWILD_WINDOW": window}).stdout
     assert f"sparse hogwild ok: S={servers} W={workers}" in out
 
 
@@ -25,7 +35,7 @@ def sparse_data(tmp_path_factory):
 @pytest.mark.parametrize("model, protocol, extra", [
     ("linear", "hogwild", []), ("svm", "hogwild", ["--weight-decay", "1e-4"]),
     ("linear", "asp", ["--compress", "sparse"])])
-def test_linear_models_learn_sparse_data_and_push_fewer_bytes(mpirun, sparse_data, tmp_path, model,
+def test_linear_models_learn_sparse_data_and_move_fewer_bytes(mpirun, sparse_data, tmp_path, model,
                                                               protocol, extra):
     from psgd.run.metrics import read_log
     log = tmp_path / "run.jsonl"
@@ -38,3 +48,6 @@ def test_linear_models_learn_sparse_data_and_push_fewer_bytes(mpirun, sparse_dat
     pushed = [r["push_bytes_per_step"] for r in records if r.get("push_bytes_per_step")]
     dense = 4 * 3001 * 10
     assert pushed and max(pushed) < dense / 3, (max(pushed), dense)
+    if protocol == "hogwild":   # each step reads its batch's rows only
+        pulled = [r["pull_bytes_per_step"] for r in records if r.get("pull_bytes_per_step")]
+        assert pulled and max(pulled) < dense / 3, (max(pulled), dense)

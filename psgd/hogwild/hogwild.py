@@ -96,12 +96,13 @@ class HogwildWorker:
         self.grad_buffer = None
         self._started = False
         self.stats = {"push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0, "n_updates": 0, "skipped": 0,
-                      "push_bytes": 0}
+                      "push_bytes": 0, "pull_bytes": 0}
         self._sparse = None
 
     def use_model(self, model) -> None:
-        """Push only the rows a sparse model's batch touched (plain SGD, weight decay lazily;
-        ``PSGD_HOGWILD_SPARSE=off`` pushes the whole vector, as for a dense model)."""
+        """Push only the rows a sparse model's batch touched and read only the rows of the next
+        batch (see :meth:`before_batch`; plain SGD, weight decay lazily;
+        ``PSGD_HOGWILD_SPARSE=off`` moves the whole vector, as for a dense model)."""
         if getattr(model, "sparse", False) and self.config.optimizer == "sgd" and self._amom is None \
                 and os.environ.get("PSGD_HOGWILD_SPARSE", "on") != "off":
             from psgd.hogwild.sparse import SparseUpdates
@@ -126,8 +127,29 @@ class HogwildWorker:
         self._started = True
         self._pull(params)
 
+    def before_batch(self, params: np.ndarray, x) -> None:
+        """Sparse model: read into ``params`` the servers' values of the rows batch ``x`` touches
+        (``model.rows_of(x)``), leaving the other rows as they were; dense: nothing (:meth:`step`
+        has read the whole vector)."""
+        if self._sparse is None:
+            return
+        t0 = time.perf_counter()
+        self._read_clock()
+        self.stats["pull_bytes"] += self._sparse.read(self.windows, self.roles.server_rank, params,
+                                                      self._sparse.model.rows_of(x))
+        t1 = time.perf_counter()
+        self.stats["pull_s"] += t1 - t0
+        if timeline.current is not None:
+            timeline.current.span("pull", t0, t1, -1)
+
+    def read_all(self, params: np.ndarray) -> None:
+        """Read the whole parameter vector into ``params`` (before it is evaluated or saved,
+        where :meth:`before_batch` reads only rows)."""
+        self._pull(params)
+
     def step(self, params: np.ndarray, grad: np.ndarray, clock: int, lr: float) -> None:
-        """Apply one update computed from ``grad`` at ``params`` and read fresh parameters.
+        """Apply one update computed from ``grad`` at ``params`` and read fresh parameters
+        (a sparse model's: none; :meth:`before_batch` reads the next batch's rows).
 
         Parameters
         ----------
@@ -165,13 +187,15 @@ class HogwildWorker:
         else:
             self._push(delta, coords)
         t1 = time.perf_counter()
-        self._pull(params)
+        if self._sparse is None:
+            self._pull(params)
         t2 = time.perf_counter()
         self.stats["push_s"] += t1 - t0
         self.stats["pull_s"] += t2 - t1
         if timeline.current is not None:
             timeline.current.span("push", t0, t1, clock, self._last_delay)
-            timeline.current.span("pull", t1, t2, clock)
+            if t2 > t1:
+                timeline.current.span("pull", t1, t2, clock)
 
     @property
     def compensation(self) -> dict | None:
@@ -184,8 +208,10 @@ class HogwildWorker:
 
     def finish(self) -> None:
         """End the epoch, signal the servers, free the windows, send stats to rank 0."""
-        if self._started and self._sparse is not None and self._last_params is not None:
-            self._accumulate(self._sparse.catch_up(self._last_params), None)  # pending decay
+        if self._started and self._sparse is not None and self._last_params is not None \
+                and self._sparse.sgd.weight_decay:   # every row's pending decay, at its present value
+            self._pull(self._last_params)
+            self._accumulate(self._sparse.catch_up(self._last_params), None)
         if self._started:
             # the finished flag first: with MPICH 5 on one node, Unlock_all of the parameter
             # window can block while another worker (hung) holds its lock_all; the flag lets
@@ -238,11 +264,15 @@ class HogwildWorker:
                                       (0, piece.size, MPI.FLOAT), MPI.SUM)
         params_win.Flush_all()
 
-    def _pull(self, params: np.ndarray) -> None:
+    def _read_clock(self) -> None:
         win = self.windows.counter
         win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.NO_OP)
         win.Flush(0)
         self._read_count = int(self._fetched[0])
+
+    def _pull(self, params: np.ndarray) -> None:
+        self._read_clock()
+        self.stats["pull_bytes"] += params.nbytes
         params_win = self.windows.params
         if self.windows.shards is not None:
             params_win.Sync()

@@ -1,13 +1,14 @@
-"""Sparse hogwild updates: a worker Accumulates only the rows its batch touched, one indexed datatype per shard.
+"""Sparse hogwild: a worker Accumulates and reads only the rows its batches touch, one indexed datatype per shard.
 
 Used by :class:`psgd.hogwild.hogwild.HogwildWorker` for a sparse model (``model.sparse``,
-``model.touched``, ``model.row_len``) under plain SGD; the step is a
+``model.touched``, ``model.rows_of``, ``model.row_len``) under plain SGD; the step is a
 :class:`psgd.nn.lazy_decay.LazyDecaySGD` step, so weight decay stays O(touched rows).
 """
 from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
+from numba import njit
 
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.lazy_decay import LazyDecaySGD
@@ -15,8 +16,24 @@ from psgd.nn.lazy_decay import LazyDecaySGD
 INDEX_BYTES = 4  # what a coordinate costs beside its float32 value
 
 
+@njit(cache=True)
+def _copy_rows(dst, src, rows, k, lo, hi):
+    """``dst[c] = src[c - lo]`` for the coordinates c in [lo, hi) of the k-long ``rows``."""
+    for r in rows:
+        for c in range(max(r * k, lo), min(r * k + k, hi)):
+            dst[c] = src[c - lo]
+
+
+@njit(cache=True)
+def _scatter_rows(dst, values, rows, k):
+    """``dst`` at the coordinates of the k-long ``rows``, in order, = ``values``."""
+    for m in range(rows.size):
+        for c in range(k):
+            dst[rows[m] * k + c] = values[m * k + c]
+
+
 class SparseUpdates:
-    """The touched-rows step of one worker and its push of index + value.
+    """The touched-rows step of one worker, its push and its read of index + value.
 
     Parameters
     ----------
@@ -33,27 +50,30 @@ class SparseUpdates:
         self._bounds = np.array([shard_map.range(s)[0] for s in range(shard_map.n_shards)]
                                 + [shard_map.n], np.int64)
 
+    def coords(self, rows: np.ndarray) -> np.ndarray:
+        """The sorted int64 coordinates of sorted distinct ``rows``."""
+        return (rows[:, None] * self.row_len + np.arange(self.row_len)).ravel()
+
     def delta(self, params: np.ndarray, grad: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
         """(coordinates int64 sorted, float32 changes) of one SGD step on the touched rows."""
         rows = self.model.touched
         k = self.row_len
         change = self.sgd.step(params.reshape(self.n_rows, k), grad.reshape(self.n_rows, k), rows, lr)
-        coords = (rows[:, None] * k + np.arange(k)).ravel()
-        return coords, np.ascontiguousarray(change.ravel(), np.float32)
+        return self.coords(rows), np.ascontiguousarray(change.ravel(), np.float32)
 
     def catch_up(self, params: np.ndarray) -> np.ndarray:
         """The dense change that applies every row's pending weight decay (zeros without decay)."""
         return self.sgd.catch_up(params.reshape(self.n_rows, self.row_len)).ravel()
 
-    def accumulate(self, win: MPI.Win, server_rank, coords: np.ndarray, values: np.ndarray) -> int:
-        """MPI_Accumulate ``values`` into ``coords`` of the shards (then Flush_all); bytes sent.
+    def _shard_types(self, rows: np.ndarray, coords: np.ndarray):
+        """Per shard that ``rows`` touch: (shard, a, b, datatype) with ``coords[a:b]`` in it.
 
-        One indexed datatype per shard with a block per touched row (clipped at the shard's
-        ends): far cheaper for MPI than a datatype of single elements.
+        One indexed datatype with a block per row (clipped at the shard's ends; of equal
+        blocks where none is clipped): far cheaper for MPI than a datatype of single
+        elements. The caller frees the datatypes.
         """
         cuts = np.searchsorted(coords, self._bounds)
-        starts = self.model.touched * self.row_len
-        types = []
+        starts = rows * self.row_len
         for shard in range(self.shard_map.n_shards):
             a, b = int(cuts[shard]), int(cuts[shard + 1])
             if a == b:
@@ -62,10 +82,46 @@ class SparseUpdates:
             inside = (starts < hi) & (starts + self.row_len > lo)
             first = np.maximum(starts[inside], lo)
             lengths = np.minimum(starts[inside] + self.row_len, hi) - first
-            dtype = MPI.FLOAT.Create_indexed(lengths.astype(np.int32), (first - lo).astype(np.int32)).Commit()
+            displacements = (first - lo).tolist()   # lists: mpi4py reads arrays element by element
+            if (lengths == self.row_len).all():
+                dtype = MPI.FLOAT.Create_indexed_block(self.row_len, displacements)
+            else:
+                dtype = MPI.FLOAT.Create_indexed(lengths.tolist(), displacements)
+            yield shard, a, b, dtype.Commit()
+
+    def accumulate(self, win: MPI.Win, server_rank, coords: np.ndarray, values: np.ndarray) -> int:
+        """MPI_Accumulate ``values`` into ``coords`` (of the last batch's rows), then Flush_all;
+        bytes sent."""
+        types = []
+        for shard, a, b, dtype in self._shard_types(self.model.touched, coords):
             types.append(dtype)
             win.Accumulate([values[a:b], MPI.FLOAT], server_rank(shard), (0, 1, dtype), MPI.SUM)
         win.Flush_all()
         for dtype in types:
             dtype.Free()
         return int(coords.size) * (values.itemsize + INDEX_BYTES)
+
+    def read(self, windows, server_rank, params: np.ndarray, rows: np.ndarray) -> int:
+        """Read the servers' values of sorted distinct ``rows`` into ``params``; bytes read.
+
+        A ``shared`` window is read by plain loads of those coordinates; otherwise one
+        MPI_Get per shard with the indexed datatype of :meth:`accumulate`, then Flush_all.
+        Other coordinates of ``params`` are left as they are.
+        """
+        k = self.row_len
+        if windows.shards is not None:
+            windows.params.Sync()
+            for shard, memory in enumerate(windows.shards):
+                _copy_rows(params, memory, rows, k, self._bounds[shard], self._bounds[shard + 1])
+            return int(rows.size) * k * (4 + INDEX_BYTES)
+        coords = self.coords(rows)
+        values = np.empty(coords.size, np.float32)
+        types = []
+        for shard, a, b, dtype in self._shard_types(rows, coords):
+            types.append(dtype)
+            windows.params.Get([values[a:b], MPI.FLOAT], server_rank(shard), (0, 1, dtype))
+        windows.params.Flush_all()
+        for dtype in types:
+            dtype.Free()
+        _scatter_rows(params, values, rows, k)
+        return int(coords.size) * (4 + INDEX_BYTES)

@@ -125,8 +125,12 @@ class SparseLinear:
         zero_rows(g, self.touched)
         gw, gb = self._matrices(self._grad)
         csr_linear_backward(x.indptr, x.indices, x.values, dscores, gw, gb)
-        self.touched = np.append(touched_rows(x.indices, self.n_features + 1, self._mark), self.n_features)
+        self.touched = self.rows_of(x)
         return float(loss), int(correct)
+
+    def rows_of(self, x) -> np.ndarray:
+        """The sorted int64 rows a CSR batch ``x`` touches: its features' and the bias row D."""
+        return np.append(touched_rows(x.indices, self.n_features + 1, self._mark), self.n_features)
 
     def predict(self, x, batch_size: int = 4096) -> np.ndarray:
         """Class ids (B,) int64 of the arg-max score."""

@@ -86,11 +86,16 @@ class Lead:
         self.window.add(loss, correct, n)
         if step % s.log_every == 0 or step == self.job.total_steps:
             self._log_step(clock, timers, staleness, consensus, bound)
-        if s.eval_every and step % s.eval_every == 0 and step != self.job.total_steps:
+        if self.evaluates_at(step):
             record = self._evaluate(mean)
             self.test_acc = record["test_accuracy"]
             self.log.write("eval", step=step, **record)
         self.bar.update(1)
+
+    def evaluates_at(self, step: int) -> bool:
+        """Whether the model is evaluated after ``step`` (``--eval-every``; the last step's
+        evaluation is the summary's)."""
+        return bool(self.s.eval_every and step % self.s.eval_every == 0 and step != self.job.total_steps)
 
     def _evaluate(self, mean=None) -> dict:
         """Test loss and accuracy of the model, or of ``mean`` with this worker's own beside it."""
@@ -114,13 +119,15 @@ class Lead:
         lr = self.job.config.lr_schedule(clock)
         deltas = {k: timers[k] - self.last_timers.get(k, 0.0) for k in timers}
         pushed = deltas.pop("push_bytes", None)
+        pulled = deltas.pop("pull_bytes", None)
         self.log.write("step", step=clock + 1, clock=clock, loss=w.loss / w.steps,
                        train_accuracy=w.correct / max(w.samples, 1), samples_per_s=rate,
                        est_global_samples_per_s=rate * self.n_workers, lr=lr,
                        staleness=staleness, **deltas,
                        **({"staleness_bound": bound} if self.job.config.staleness_auto else {}),
                        **({} if consensus is None else {"consensus_distance": consensus}),
-                       **({} if pushed is None else {"push_bytes_per_step": pushed / w.steps}))
+                       **({} if pushed is None else {"push_bytes_per_step": pushed / w.steps}),
+                       **({} if pulled is None else {"pull_bytes_per_step": pulled / w.steps}))
         postfix = {"loss": f"{w.loss / w.steps:.3f}"}
         if not math.isnan(self.test_acc):
             postfix["test_acc"] = f"{self.test_acc:.3f}"

@@ -29,6 +29,8 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     s, model = job.settings, job.model
     t_data = time.perf_counter()
     x, y = job.reader.batch(clock)
+    if hasattr(worker, "before_batch"):   # hogwild reads a sparse model's rows of this batch
+        worker.before_batch(model.params, x)
     t0 = time.perf_counter()
     if model.stochastic:   # dropout masks fixed by (seed, worker, step): a resume draws the same
         model.reseed(job.roles.worker_index, clock)
@@ -57,6 +59,8 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     for key in PROTOCOL_TIMERS:
         timers[key] = float(worker.stats.get(key, 0.0))
     timers["push_bytes"] = worker.stats.get("push_bytes", 0)
+    if "pull_bytes" in worker.stats:
+        timers["pull_bytes"] = worker.stats["pull_bytes"]
     return loss, correct, len(y)
 
 
@@ -66,6 +70,11 @@ def _replica_checkpoint(job, worker, step: int, params=None):
     opt = worker.optimizer
     params = job.model.params if params is None else params
     return job.save_checkpoint(step, params, opt.state_dict() if opt else {})
+
+
+def _saves_at(s, step: int, total: int) -> bool:
+    """Whether a checkpoint is written after ``step`` (the last one is written after the loop)."""
+    return bool(s.checkpoint_every and step % s.checkpoint_every == 0 and step != total)
 
 
 def _averages_at(s, step: int, total: int) -> bool:
@@ -102,11 +111,13 @@ def run_worker(job) -> None:
         if mean is not None and _averages_at(s, step, job.total_steps):
             consensus = worker.average(model.params, mean)
         t_lead = time.perf_counter()
+        saves = own_checkpoints and _saves_at(s, step, job.total_steps)
+        if lead is not None and hasattr(worker, "read_all") and (saves or lead.evaluates_at(step)):
+            worker.read_all(model.params)   # a worker that reads only its batches' rows
         if lead is not None:
             lead.after_step(clock, loss, correct, n, timers, worker.stats.get("staleness"),
                             consensus, mean, worker.stats.get("bound"))
-        if own_checkpoints and s.checkpoint_every and step % s.checkpoint_every == 0 \
-                and step != job.total_steps:
+        if saves:
             _replica_checkpoint(job, worker, step, mean)
         if lead is not None and tl is not None:
             tl.span("lead", t_lead, time.perf_counter(), clock)

@@ -1,5 +1,8 @@
 """Sparse hogwild under mpiexec: only touched rows move, no update lost, lazy decay equals eager (W = 1).
 
+Each step the worker reads only its batch's rows (the rest of its vector stays NaN), at
+index + value bytes each; with one worker and no decay the rows read equal the servers' values.
+
 Usage: sparse_hogwild_check.py SERVERS STEPS N_ROWS ROW_LEN [--decay LAMBDA]
 """
 import argparse
@@ -17,11 +20,15 @@ from psgd.protocols import make_config
 
 
 class RowsModel:
-    """What the sparse hogwild path reads of a model: the touched rows and their length."""
+    """What the sparse hogwild path reads of a model: the touched rows and their length; a
+    batch here is its rows."""
     sparse = True
 
     def __init__(self, row_len):
         self.row_len, self.touched = row_len, np.zeros(0, np.int64)
+
+    def rows_of(self, batch):
+        return batch
 
 
 def rows_of(worker, step, n_rows):
@@ -74,15 +81,32 @@ def main():
     params = np.zeros(n, np.float32)
     grad = np.zeros(n, np.float32)
     worker.start(params)
-    sent = 0
+    window = initial(n).astype(np.float64)   # the servers' values while this is the only worker
     for step in range(args.steps):
+        rows = rows_of(roles.worker_index, step, args.n_rows)
+        params[:] = np.nan
+        read = worker.stats["pull_bytes"]
+        worker.before_batch(params, rows)
+        assert worker.stats["pull_bytes"] - read == len(rows) * k * (4 + INDEX_BYTES)
+        mine = np.zeros((args.n_rows, k), bool)
+        mine[rows] = True
+        mine = mine.ravel()
+        assert np.isfinite(params[mine]).all() and np.isnan(params[~mine]).all(), \
+            f"step {step}: read other coordinates than rows {rows}"
+        if roles.n_workers == 1 and not args.decay:
+            assert np.array_equal(params[mine], window[mine].astype(np.float32)), \
+                f"step {step}: rows {rows} read {params[mine]}, the servers hold {window[mine]}"
         grad.reshape(-1, k)[model.touched] = 0
-        model.touched = rows_of(roles.worker_index, step, args.n_rows)
-        grad.reshape(-1, k)[model.touched] = roles.worker_index + 1
+        model.touched = rows
+        grad.reshape(-1, k)[rows] = roles.worker_index + 1
+        window -= lr * grad
         before = worker.stats["push_bytes"]
         worker.step(params, grad, step, lr)
-        assert worker.stats["push_bytes"] - before == len(model.touched) * k * (4 + INDEX_BYTES)
-        sent += len(model.touched)
+        assert worker.stats["push_bytes"] - before == len(rows) * k * (4 + INDEX_BYTES)
+    params[:] = np.nan
+    worker.read_all(params)
+    if roles.n_workers == 1 and not args.decay:
+        assert np.array_equal(params, window.astype(np.float32)), "read_all differs from the servers"
     worker.finish()
     assert worker.stats["n_updates"] == args.steps
 

@@ -29,6 +29,7 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     s, model = job.settings, job.model
     t_data = time.perf_counter()
     x, y = job.reader.batch(clock)
+    t_read = time.perf_counter()
     if hasattr(worker, "before_batch"):   # hogwild reads a sparse model's rows of this batch
         worker.before_batch(model.params, x)
     t0 = time.perf_counter()
@@ -51,7 +52,7 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     worker.step(model.params, model.grad, clock, lr=job.config.lr_schedule(clock))
     if timeline.current is not None:
         tl = timeline.current
-        tl.span("data", t_data, t0, clock)
+        tl.span("data", t_data, t_read, clock)
         tl.span("compute", t0, t1, clock)
         if t_step > t1:
             tl.span("straggle", t1, t_step, clock)

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from psgd.plan.cost import (Compression, Job, Network, balanced_servers, bsp_step_s, async_rate,
-                            hierarchical_step_s, predict, recommend, ring_step_s)
+from psgd.plan.cost import (Compression, Job, Network, async_rate, balanced_servers, bsp_step_s,
+                            expected_touched, hierarchical_step_s, predict, recommend, ring_step_s)
 
 B = 4e6                    # bytes of a 1M-parameter model
 BW = 1e8                   # bytes/s
@@ -175,3 +175,45 @@ def test_plan_prints_every_protocol_and_one_recommendation():
                           capture_output=True, text=True, check=True)
     assert proc.stdout.count("<- recommended") == 2
     assert proc.stdout.count("allreduce hierarchical") == 2
+
+
+def test_expected_touched_rows_of_a_sparse_batch():
+    # one draw touches one feature row and the bias row; every feature once at most D rows
+    assert expected_touched(1000, 10, 1, 1) == pytest.approx(20)
+    assert expected_touched(4, 3, 2, 1) == pytest.approx(3 * (1 + 4 * (1 - 0.75 ** 2)))
+    assert expected_touched(50, 10, 1000, 64) == pytest.approx(10 * 51)
+
+
+def test_sparse_hogwild_moves_index_and_value_per_touched_coordinate_both_ways():
+    net = Network(BW, 0.0, shm_bandwidth=SHM)
+    sparse = job(workers=1, servers=1, touched=1000.0)
+    assert sparse.update_bytes == 8000
+    p = predict(sparse, net)
+    assert p["hogwild"]["step_s"] == pytest.approx(TC + 2 * 8000 / BW)
+    dense = predict(job(workers=1, servers=1), net)
+    assert dense["hogwild"]["step_s"] == pytest.approx(TC + 2 * B / BW)
+    assert p["asp"] == dense["asp"]              # a PS push is float32 without --compress sparse
+    with pytest.raises(ValueError, match="must touch between 1 and"):
+        predict(job(workers=1, servers=1, touched=2e6), net)
+
+
+def test_plan_models_a_sparse_linear_model_from_its_nonzeros():
+    proc = subprocess.run([sys.executable, "-m", "psgd", "plan", "--model", "linear:1000-10",
+                           "--nnz", "1", "--batch-size", "1", "--compute-us", "10", "--workers",
+                           "2", "--servers", "1", "--compress", "sparse"],
+                          capture_output=True, text=True, check=True)
+    assert "touches about 20 coordinates (0.20%); a hogwild update and read move 160 bytes" \
+        in proc.stdout, proc.stdout
+    assert "fewer bytes per push" in proc.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "linear:1000-10"], "needs --nnz N > 0"),
+    (["--model", "svm"], "give the sizes"),
+    (["--params", "1e6", "--nnz", "5"], "--nnz describes sparse data"),
+])
+def test_plan_refuses_sparse_inputs_that_do_not_fit_with_one_line(args, words):
+    proc = subprocess.run([sys.executable, "-m", "psgd", "plan", "--compute-us", "10",
+                           "--workers", "2", *args], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -5,7 +5,8 @@ import argparse
 import time
 
 from psgd.errors import PsgdError
-from psgd.plan.cost import NONE, Compression, Job, Network, balanced_servers, predict, recommend
+from psgd.plan.cost import (NONE, Compression, Job, Network, balanced_servers, expected_touched,
+                             predict, recommend)
 
 DESCRIPTION = """\
 predict each protocol's step time, throughput and scaling efficiency from the model's
@@ -14,6 +15,7 @@ size, its compute time per sample, the network and W, S (the README has the equa
   psgd plan --model mlp:784-1536-512-10 --workers 16,64,256 --bandwidth 10gbit
   psgd plan --params 25e6 --compute-us 2000 --workers 256 --bandwidth 100gbit --per-node 8
   psgd plan --model mlp:784-2048-256-10 --workers 2 --servers 1 --bandwidth 1gbit --compress sign
+  psgd plan --model linear:20000-10 --nnz 40 --batch-size 4 --workers 2,8 --compress sparse
 """
 
 _UNITS = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -36,14 +38,47 @@ def parse_bandwidth(text: str) -> float:
     return bits / 8
 
 
-def measure_compute_s(spec: str, batch: int, seconds: float = 2.0) -> float:
-    """Seconds per sample of one forward and backward pass of ``spec`` on this core."""
+def _sparse_sizes(spec: str) -> tuple[int, int]:
+    """(D, K) of a ``linear:D-K`` / ``svm:D-K`` spec; PsgdError without the sizes."""
+    from psgd.nn.sparse import SPEC_HELP
+    try:
+        d, k = spec.split(":")[1].split("-")
+        return int(d), int(k)
+    except (IndexError, ValueError):
+        raise PsgdError(f"psgd plan --model {spec}: give the sizes, {SPEC_HELP}") from None
+
+
+def _build(spec: str):
+    from psgd.nn.model import build_model
+    from psgd.nn.sparse import build_sparse_model, is_sparse_spec
+    try:
+        return build_sparse_model(spec, *_sparse_sizes(spec)) if is_sparse_spec(spec) \
+            else build_model(spec)
+    except ValueError as exc:
+        raise PsgdError(str(exc)) from None
+
+
+def _batch(model, batch: int, nnz: float | None, rng):
+    """A random batch for ``model``: dense, or CSR rows of ``nnz`` uniform features."""
+    import numpy as np
+    if not getattr(model, "sparse", False):
+        return rng.random((batch, *model.input_shape), dtype=np.float32)
+    from psgd.data.csr import CSRBatch
+    m = max(1, min(int(round(nnz)), model.n_features))
+    indices = np.sort(np.stack([rng.choice(model.n_features, m, replace=False)
+                                for _ in range(batch)]), axis=1).ravel().astype(np.int32)
+    return CSRBatch(np.arange(batch + 1, dtype=np.int64) * m, indices,
+                    rng.random(batch * m, dtype=np.float32), model.n_features)
+
+
+def measure_compute_s(spec: str, batch: int, seconds: float = 2.0, nnz: float | None = None) -> float:
+    """Seconds per sample of one forward and backward pass of ``spec`` on this core
+    (``nnz``: nonzeros per sample of a sparse model's batch)."""
     import numpy as np
 
-    from psgd.nn.model import build_model
-    model = build_model(spec)
+    model = _build(spec)
     rng = np.random.default_rng(0)
-    x = rng.random((batch, *model.input_shape), dtype=np.float32)
+    x = _batch(model, batch, nnz, rng)
     y = rng.integers(0, model.n_classes, batch)
     model.loss_and_grad(x, y)                        # compile
     steps, start = 0, time.perf_counter()
@@ -53,10 +88,11 @@ def measure_compute_s(spec: str, batch: int, seconds: float = 2.0) -> float:
     return (time.perf_counter() - start) / steps / batch
 
 
-def measure_compression(spec: str, bucket: int, n_params: int,
-                        seconds: float = 0.5) -> Compression:
+def measure_compression(spec: str, bucket: int, n_params: int, seconds: float = 0.5,
+                        touched: float | None = None) -> Compression:
     """``spec``'s ratio and encode and decode seconds per float32 byte, measured on this core
-    on a normal gradient of ``n_params`` elements (at most 2M)."""
+    on a normal gradient of ``n_params`` elements (at most 2M; ``touched``: a sparse model's
+    gradient, nonzero on that many coordinates, in proportion)."""
     import numpy as np
 
     from psgd.compress import make
@@ -67,7 +103,10 @@ def measure_compression(spec: str, bucket: int, n_params: int,
     if comp is None:
         return NONE
     n = min(n_params, 1 << 21)
-    g = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(n).astype(np.float32)
+    if touched is not None:
+        g[rng.permutation(n)[max(1, round(touched * n / n_params)):]] = 0.0
     frame, dst = np.zeros(comp.max_bytes(n), np.uint8), np.zeros(n, np.float32)
     length = comp.encode(g, frame)
     comp.decode_add(frame[:length], dst)                 # compile
@@ -91,6 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "compute time measured here unless --compute-us is given")
     what.add_argument("--params", type=float, help="parameters of a model psgd need not build")
     parser.add_argument("--compute-us", type=float, help="compute time per sample, microseconds")
+    parser.add_argument("--nnz", type=float, help="nonzero features per sample, for a sparse "
+                        "--model linear:D-K or svm:D-K (its batches touch only their rows)")
     parser.add_argument("--batch-size", type=int, default=64, help="per worker (default 64)")
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--workers", default="16,64,256,1024", help="comma-separated worker counts")
@@ -110,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _jobs(args, n_params: int, compute_s: float, bandwidth: float,
-          compression: Compression = NONE):
+          compression: Compression = NONE, touched: float | None = None):
     if args.ranks is not None:
         if args.servers is None or not 0 <= args.servers < args.ranks:
             raise PsgdError(f"--ranks {args.ranks} needs --servers S with 0 <= S < {args.ranks} "
@@ -127,30 +168,44 @@ def _jobs(args, n_params: int, compute_s: float, bandwidth: float,
         if w < 1 or s < 0:
             raise PsgdError(f"need >= 1 worker and >= 0 servers, got {w} and {s}")
         yield Job(n_params, compute_s, args.batch_size, w, s, args.per_node,
-                  compression=compression)
+                  compression=compression, touched=touched)
+
+
+def _touched(args, model) -> float | None:
+    """Coordinates a sparse model's batch touches; None for a dense one."""
+    if not getattr(model, "sparse", False):
+        if args.nnz is not None:
+            raise PsgdError("--nnz describes sparse data: give --model linear:D-K or svm:D-K")
+        return None
+    if args.nnz is None or not args.nnz > 0:
+        raise PsgdError(f"--model {args.model} needs --nnz N > 0, the nonzero features per sample")
+    return expected_touched(model.n_features, model.n_classes, args.nnz, args.batch_size)
 
 
 def run(args: argparse.Namespace) -> None:
     if args.per_node < 1 or args.batch_size < 1:
         raise PsgdError("--per-node and --batch-size must be >= 1")
-    if args.model:
-        from psgd.nn.model import build_model
-        n_params = build_model(args.model).n_params
-    else:
-        n_params = int(args.params)
+    model = _build(args.model) if args.model else None
+    n_params = model.n_params if model else int(args.params)
+    touched = _touched(args, model)
     if args.compute_us is not None:
         compute_s = args.compute_us * 1e-6
     elif args.model:
-        compute_s = measure_compute_s(args.model, args.batch_size)
+        compute_s = measure_compute_s(args.model, args.batch_size, nnz=args.nnz)
     else:
         raise PsgdError("--params needs --compute-us (only a --model can be measured here)")
     net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
-    compression = measure_compression(args.compress, args.compress_bucket, n_params)
-    jobs = list(_jobs(args, n_params, compute_s, net.bandwidth, compression))
+    compression = measure_compression(args.compress, args.compress_bucket, n_params,
+                                      touched=touched)
+    jobs = list(_jobs(args, n_params, compute_s, net.bandwidth, compression, touched))
     print(f"{args.model or f'{n_params:.3g} parameters'}: {n_params} parameters "
           f"({4 * n_params / 2**20:.1f} MB), {compute_s * 1e6:.0f} us per sample, batch "
           f"{args.batch_size}; {args.bandwidth} {'shared link' if net.shared else 'per node'}, "
           f"{args.latency_us:g} us, {args.per_node} rank(s) per node")
+    if touched is not None:
+        print(f"sparse: a batch of {args.batch_size} x {args.nnz:g} nonzeros touches about "
+              f"{touched:.0f} coordinates ({touched / n_params:.2%}); a hogwild update and read "
+              f"move {jobs[0].update_bytes:.0f} bytes (index + value) each")
     if compression != NONE:
         c = compression
         print(f"--compress {args.compress}: {c.ratio:.1f}x fewer bytes per push (pulls float32), "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 SMALL_BYTES = 256 * 1024      # psgd's all-reduce: recursive doubling below this, else the ring
+COORDINATE_BYTES = 8          # a sparse update's int32 index + float32 value per coordinate
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ NONE = Compression()
 class Job:
     """n_params float32 parameters; compute_s per sample on one core; W workers (ranks S..);
     placement: ``per_node`` consecutive ranks per node (a cluster), or, with ``cliques`` K,
-    rank r on node r mod K (``psgd net``); ``cores``: cores all ranks share (None: one each)."""
+    rank r on node r mod K (``psgd net``); ``cores``: cores all ranks share (None: one each);
+    ``touched``: coordinates a worker step touches (a sparse model; None: dense)."""
 
     n_params: int
     compute_s: float
@@ -59,6 +61,7 @@ class Job:
     cliques: int | None = None
     cores: int | None = None
     compression: Compression = NONE
+    touched: float | None = None
 
     @property
     def ranks(self) -> int:
@@ -79,6 +82,12 @@ class Job:
     def coded_bytes(self) -> float:
         """Bytes of one worker's whole push (float32's over the compression ratio)."""
         return self.nbytes / self.compression.ratio
+
+    @property
+    def update_bytes(self) -> float:
+        """Bytes of a hogwild worker's update, and of its read: float32's (dense), or index +
+        value per touched coordinate (a sparse model)."""
+        return self.nbytes if self.touched is None else COORDINATE_BYTES * self.touched
 
     @property
     def compute_step_s(self) -> float:
@@ -110,6 +119,18 @@ def check(job: Job, net: Network) -> None:
         raise ValueError("the compression ratio must be > 0 and its codec times >= 0")
     if job.cliques is not None and not 1 <= job.cliques <= job.ranks:
         raise ValueError(f"nodes must be between 1 and the {job.ranks} ranks, got {job.cliques}")
+    if job.touched is not None and not 0 < job.touched <= job.n_params:
+        raise ValueError(f"a step must touch between 1 and the {job.n_params} parameters, got "
+                         f"{job.touched}")
+
+
+def expected_touched(n_features: int, n_classes: int, nnz: float, batch: int) -> float:
+    """Coordinates a batch of ``linear``/``svm`` touches: K-long rows, one per distinct feature
+    among ``batch x nnz`` draws (uniform features: an upper bound for skewed ones, as Zipf's
+    repeat more) plus the bias row."""
+    distinct = n_features * -math.expm1(batch * nnz * math.log1p(-1.0 / n_features)) \
+        if n_features > 1 else 1.0
+    return n_classes * (1.0 + distinct)
 
 
 class Traffic:
@@ -168,21 +189,26 @@ def bsp_step_s(job: Job, net: Network) -> float:
     return job.compute_step_s + push + pull + apply_s + codec_s
 
 
-def async_rate(job: Job, net: Network) -> float:
-    """Worker steps per second under asp (and ssp, hogwild: the same bytes, no barrier).
+def async_rate(job: Job, net: Network, push_bytes: float | None = None,
+               pull_bytes: float | None = None) -> float:
+    """Worker steps per second under asp (and ssp, hogwild: no barrier).
 
     Each worker cycles compute, push, pull on its own, its push and pull alone on
     its link; the rate is capped where the busiest link (or the shared one) is full.
+    A push carries ``push_bytes`` (default: the coded bytes), a pull ``pull_bytes``
+    (default: float32's).
     """
     c = job.compression
+    push_bytes = job.coded_bytes if push_bytes is None else push_bytes
+    pull_bytes = job.nbytes if pull_bytes is None else pull_bytes
     wc, sc, wn, sn = _ps_counts(job)
     alone = 2 * net.latency + (c.encode_s + c.decode_s) * job.nbytes
-    for nbytes in (job.coded_bytes, job.nbytes):           # the push, the pull
+    for nbytes in (push_bytes, pull_bytes):
         share = nbytes / job.servers
         alone = alone + ((job.servers - sc[wn]) * share / net.bandwidth
                          + sc[wn] * share / net.shm_bandwidth)
     rate = float(np.sum(1.0 / (job.compute_step_s + alone)))
-    push, pull = ps_push(job, job.coded_bytes), ps_push(job)
+    push, pull = ps_push(job, push_bytes), ps_push(job, pull_bytes)
     # a round (a step of every worker) pushes and pulls: on one shared link all of both;
     # on a switch the busiest link carries the pushes one way and the pulls the other
     if net.shared:
@@ -302,8 +328,11 @@ def predict(job: Job, net: Network) -> dict[str, dict]:
         asp = job.workers / async_rate(job, net)
         for name in ("ssp", "asp"):
             row(name, asp, False)
-        # hogwild's one-sided accumulates are never compressed
-        row("hogwild", job.workers / async_rate(replace(job, compression=NONE), net), False)
+        # hogwild's one-sided accumulates are never compressed; a sparse model's update and
+        # read move index + value of the touched coordinates
+        hogwild = replace(job, compression=NONE)
+        row("hogwild", job.workers / async_rate(hogwild, net, job.update_bytes, job.update_bytes),
+            False)
     flat = job.without_servers()
     if job.compression == NONE:
         row("allreduce ring", ring_step_s(flat, net), True)

@@ -10,7 +10,9 @@ pushed and read bytes per step.
 scikit-learn's SGDClassifier (log loss, one-vs-rest, constant learning rate
 lr / batch per sample, the same epochs, no regularisation) trains on the same
 file in its own process. Times are whole-process wall times. Writes
-bench/results/sparse.{json,md}. scikit-learn is needed only here.
+bench/results/sparse.{json,md}; with ``--net RATE`` (root) the psgd runs go through
+``psgd net --nodes 2 --rate RATE`` (the server and the second worker on node 0, the
+first worker on node 1) and write sparse-net.{json,md}. scikit-learn is needed only here.
 """
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ def make_data(tmp: Path, args) -> Path:
 
 
 def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers + 1), sys.executable, "-m", "psgd",
+    net = [sys.executable, "-m", "psgd", "net", "--nodes", "2", "--rate", args.net, "--"] \
+        if args.net else []
+    cmd = [*net, str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers + 1), sys.executable, "-m", "psgd",
            "train", "--data", str(data), "--model", "linear", "--protocol", "hogwild",
            "--servers", "1", "--lr", str(args.lr), "--batch-size", str(args.batch_size),
            "--epochs", str(args.epochs), "--log-every", "50", "--quiet", "--log", str(log),
@@ -107,9 +111,11 @@ def table(rows: list[dict], args, density: float) -> str:
         lo, hi = min(vals), max(vals)
         return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}..{fmt.format(hi)}"
 
+    where = (f"psgd on `psgd net`'s 2 nodes at {args.net} (server and worker 2 on node 0, "
+             f"worker 1 on node 1)" if args.net else "one node")
     lines = [f"Sparse synthetic set: {args.train} train / {args.test} test rows, {args.features} "
              f"features, density {density:.2%}; linear model, 10 classes; batch {args.batch_size}, "
-             f"lr {args.lr}, {args.epochs} epochs; {args.repeats} repeats (ranges).", "",
+             f"lr {args.lr}, {args.epochs} epochs; {where}; {args.repeats} repeats (ranges).", "",
              "| run | workers | updates/s | bytes pushed/update | bytes read/update | test acc | train s "
              "| process s |", "|---|---|---|---|---|---|---|---|"]
     for (run, w), runs in groups.items():
@@ -146,6 +152,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", type=Path, default=BENCH / "results")
+    p.add_argument("--net", help="run psgd on psgd net's 2 emulated nodes at this rate (root)")
     args = p.parse_args()
     if args.quick:
         args.train, args.test, args.repeats, args.epochs = 2000, 400, 1, 1
@@ -166,10 +173,12 @@ def main() -> None:
     print(md)
     if not args.quick:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "sparse.json").write_text(json.dumps(
+        name = "sparse-net" if args.net else "sparse"
+        (args.out / f"{name}.json").write_text(json.dumps(
             {"args": {k: str(v) for k, v in vars(args).items()}, "density": density, "rows": rows},
             indent=1) + "\n")
-        (args.out / "sparse.md").write_text("# make bench-sparse\n\n" + md)
+        command = "make bench-sparse" + (f" ARGS=\"{' '.join(sys.argv[1:])}\"" if sys.argv[1:] else "")
+        (args.out / f"{name}.md").write_text(f"# {command}\n\n" + md)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,18 @@ def test_linear_models_learn_sparse_data_and_move_fewer_bytes(mpirun, sparse_dat
     if protocol == "hogwild":   # each step reads its batch's rows only
         pulled = [r["pull_bytes_per_step"] for r in records if r.get("pull_bytes_per_step")]
         assert pulled and max(pulled) < dense / 3, (max(pulled), dense)
+
+
+def test_sparse_hogwild_checkpoint_mid_run_holds_the_servers_parameters(mpirun, sparse_data, tmp_path):
+    # one worker is deterministic: its checkpoint after 60 of 120 steps must equal the final
+    # parameters of a 60-step run, though its own copy reads only its batches' rows
+    import h5py
+    import numpy as np
+    common = ["-m", "psgd", "train", "--data", sparse_data, "--model", "linear", "--quiet",
+              "--protocol", "hogwild", "--servers", 1, "--lr", 4, "--batch-size", 8]
+    mpirun(2, [*common, "--steps", 120, "--checkpoint-dir", tmp_path / "a", "--checkpoint-every", 60],
+           timeout=120)
+    mpirun(2, [*common, "--steps", 60, "--checkpoint-dir", tmp_path / "b"], timeout=120)
+    with h5py.File(tmp_path / "a" / "ckpt-00000060.h5") as a, \
+            h5py.File(tmp_path / "b" / "ckpt-00000060.h5") as b:
+        assert np.array_equal(a["params"][()], b["params"][()])

@@ -4,12 +4,12 @@ A signalled rank sends a notice to every worker. Under a finite staleness
 bound (bsp, ssp, allreduce) every worker stops at one clock: every ``every``
 clocks the workers start a non-blocking all-reduce (MAX) of what they have
 heard and of their time per clock, and complete it ``every`` clocks later;
-when it says stop, all stop there. ``every`` follows the slowest worker's
-time per clock (about CHECK_S of training, from bound + 1 to DEFAULT_EVERY
-clocks) unless PSGD_STOP_EVERY fixes it. Its wait is for workers that are behind, like the protocols' own
-waits, so the two never wait on each other in a cycle. Without a bound (asp,
-hogwild) nothing waits: each worker stops at its next clock, and the run ends
-at the slowest worker's clock.
+when it says stop, all stop there. ``every`` follows the slowest worker's time
+per clock (about CHECK_S of training, bound + 1 to DEFAULT_EVERY clocks)
+unless PSGD_STOP_EVERY fixes it. Its wait is for workers that are behind, like
+the protocols' own waits, so the two never wait on each other in a cycle.
+Without a bound (asp, hogwild) nothing waits: each worker stops at its next
+clock, and the run ends at the slowest worker's clock.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from training import dataset, error_line, train as run_train  # noqa: E402
+from training import dataset, error_line, grid_options, train as run_train  # noqa: E402
 
 PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--staleness", "2"],
              "asp": ["--protocol", "asp"]}
@@ -120,14 +120,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.workers, args.seeds, args.model, args.epochs = "2", "0", "mlp:784-64-10", 2.0
         args.protocols, args.compressors = "asp", "none,sign"
-    args.protocols, args.compressors = args.protocols.split(","), args.compressors.split(",")
-    bad = [x for x in args.protocols if x not in PROTOCOLS] + \
-          [x for x in args.compressors if x not in COMPRESSORS]
-    if bad:
-        ap.error(f"unknown protocol or compressor {bad[0]!r}: protocols "
-                 f"{', '.join(PROTOCOLS)}; compressors {', '.join(COMPRESSORS)}")
-    args.workers = [int(w) for w in args.workers.split(",")]
-    args.seeds = [int(s) for s in args.seeds.split(",")]
+    grid_options(ap, args, protocols=PROTOCOLS, compressors=COMPRESSORS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "compress-accuracy-quick" if args.quick else "compress-accuracy"

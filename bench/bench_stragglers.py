@@ -29,7 +29,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from training import dataset, error_line, mean_staleness, train as run_train  # noqa: E402
+from training import (dataset, error_line, grid_options, mean_staleness,  # noqa: E402
+                      train as run_train)
 
 SCENARIOS = {"none": None, "slow": "{last}:slow=3", "transient": "all:p=0.1,d=5x"}
 PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=1": ["--protocol", "ssp", "--staleness", "1"],
@@ -279,14 +280,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.workers, args.seeds, args.model, args.samples = "2", "0", "mlp:784-64-10", 60
         args.scenarios, args.protocols, args.target = "none,slow", "bsp,ssp auto", 0.2
-    args.scenarios, args.protocols = args.scenarios.split(","), args.protocols.split(",")
-    bad = [x for x in args.scenarios if x not in SCENARIOS] + \
-          [x for x in args.protocols if x not in PROTOCOLS]
-    if bad:
-        ap.error(f"unknown scenario or protocol {bad[0]!r}: scenarios {', '.join(SCENARIOS)}; "
-                 f"protocols {', '.join(PROTOCOLS)}")
-    args.workers = [int(w) for w in args.workers.split(",")]
-    args.seeds = [int(s) for s in args.seeds.split(",")]
+    grid_options(ap, args, scenarios=SCENARIOS, protocols=PROTOCOLS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "stragglers-quick" if args.quick else "stragglers"

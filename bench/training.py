@@ -11,6 +11,19 @@ from protocols import ROOT, run_bounded
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
+def grid_options(ap, args, **allowed) -> None:
+    """Split the grid's comma lists in place: each option named in ``allowed`` (refusing a
+    name not among its choices, with ``ap.error``), and ``workers`` and ``seeds`` as ints."""
+    for key, names in allowed.items():
+        values = getattr(args, key).split(",")
+        bad = [v for v in values if v not in names]
+        if bad:
+            ap.error(f"unknown {key.rstrip('s')} {bad[0]!r}: {key} {', '.join(names)}")
+        setattr(args, key, values)
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+
+
 def dataset(tmp: Path, quick: bool, bench: str) -> tuple[Path, str]:
     """Fashion-MNIST converted to psgd's layout, or synthetic data with a printed warning."""
     out = tmp / "data.h5"

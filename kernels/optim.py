@@ -97,6 +97,22 @@ def momentum_step(src, grad, velocity, dst, lr, momentum, weight_decay, nesterov
 
 
 @njit(cache=True)
+def momentum_direction(grad, params, velocity, out, momentum, weight_decay, nesterov):
+    """The direction of a momentum step, for a step applied elsewhere; ``velocity`` in place.
+
+    ``v = mu * v + g'`` with ``g' = g + wd * params``; ``out = v`` or, with
+    Nesterov, ``out = g' + mu * v``, so that ``params - lr * out`` is
+    :func:`momentum_step`'s result.  ``out`` may be ``grad``.
+    """
+    mu32, wd32 = np.float32(momentum), np.float32(weight_decay)
+    for i in range(grad.shape[0]):
+        g = grad[i] + wd32 * params[i]
+        v = mu32 * velocity[i] + g
+        velocity[i] = v
+        out[i] = g + mu32 * v if nesterov else v
+
+
+@njit(cache=True)
 def adam_constants(lr, beta1, beta2, eps, weight_decay, step):
     """The float32 scalars of one Adam step, worked out in float64 and rounded once.
 

@@ -59,6 +59,10 @@ class ProtocolConfig:
         Elements per bucket for qsgd's norms and sign's scales.
     error_feedback : bool
         Workers keep the compression residual and add it to the next push.
+    worker_momentum : dict or None
+        Momentum correction (:mod:`psgd.compress.momentum`): each worker's
+        ``WorkerMomentum(n, **worker_momentum)`` turns its gradient into what it
+        sends, and ``opt_hparams`` then hold momentum and weight decay 0.
     seed : int
         The run's seed (workers' random rounding in qsgd; AD-PSGD's pairings).
     """
@@ -83,6 +87,7 @@ class ProtocolConfig:
     compress: str = "none"
     compress_bucket: int = 512
     error_feedback: bool = False
+    worker_momentum: dict | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:

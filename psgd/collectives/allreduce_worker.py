@@ -11,6 +11,7 @@ from mpi4py import MPI
 from psgd.collectives import compressed
 from psgd.collectives.allreduce import allreduce
 from psgd.compress import make as make_compressor
+from psgd.compress.momentum import WorkerMomentum
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.kernels.finite import finite
@@ -80,6 +81,9 @@ class AllreduceWorker:
             self.comm.Dup(), compressor, self.n_params, config.error_feedback)
         if self.coded is not None:
             self.stats["push_bytes"] = 0
+        # --momentum-correction: the velocity is averaged, and the optimizer steps without momentum
+        self.momentum = (WorkerMomentum(self.n_params, **config.worker_momentum)
+                         if config.worker_momentum else None)
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Overwrite ``params`` (float32, shape (n_params,)) on every worker with worker 0's (collective)."""
@@ -94,7 +98,8 @@ class AllreduceWorker:
         params : ndarray, shape (n_params,), float32
             This worker's replica; updated in place.
         grad : ndarray, shape (n_params,), float32
-            This worker's gradient; overwritten with the mean over workers.
+            This worker's gradient; overwritten with the mean over workers (of
+            the velocities, with momentum correction).
         clock : int
             The step number (same on every worker); kept for reporting.
         lr : float
@@ -105,6 +110,8 @@ class AllreduceWorker:
         check_flat(grad, self.n_params, "allreduce grad")
         self.clock = int(clock)
         self._params = params
+        if self.momentum is not None:
+            self.momentum.apply(grad, params, out=grad)
         if self.coded is None:
             allreduce(self.comm, grad, "mean", label=f" of clock {clock}")
         else:

@@ -66,6 +66,10 @@ class Protocol:
         ``--compress`` applies: its workers push, or all-reduce, through :mod:`psgd.compress`.
     feedback_refused : tuple of str
         Compressors (by name) it runs without ``--error-feedback on``, and why (``feedback_note``).
+    momentum_correction : bool
+        ``--momentum-correction`` applies (:mod:`psgd.compress.momentum`): one
+        step averages every worker's push of a clock, so the mean of the
+        workers' velocities is the momentum step.
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -108,6 +112,7 @@ class Protocol:
     compresses: bool = False
     feedback_refused: tuple[str, ...] = ()
     feedback_note: str = ""
+    momentum_correction: bool = False
     graph: str | None = None
 
     def staleness_bound(self, staleness: int | str | None,
@@ -194,6 +199,7 @@ class Protocol:
               optimizer: str = "sgd", n_servers: int | None = None,
               staleness_max: int | None = None, replay: str | None = None,
               compress: str = "none", error_feedback: str = "auto",
+              momentum_correction: str = "auto",
               topology: str | None = None, n_workers: int | None = None) -> float:
         """Validate a run's protocol settings; return the staleness bound in force (auto: its maximum).
 
@@ -213,6 +219,10 @@ class Protocol:
         if error_feedback == "on" and compress.partition(":")[0] in self.feedback_refused:
             raise ValueError(f"--error-feedback on does not apply to --compress {compress} under "
                              f"--protocol {self.name}{self.feedback_note}")
+        if momentum_correction == "on" and not self.momentum_correction:
+            raise ValueError(f"--momentum-correction on applies to --protocol "
+                             f"{names(momentum_correction=True)}, whose step averages every "
+                             f"worker's push of a clock, not {self.name}")
         if overlap and not (self.overlap and bound >= 1):
             raise ValueError(f"--overlap needs --protocol {names(overlap=True)} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
@@ -295,7 +305,8 @@ _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.serve
 _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
-    Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, summary=(
+    Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS,
+             momentum_correction=True, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
@@ -327,7 +338,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
             "on the workers (sgd, momentum, nesterov; adam is refused)")),
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
-        compresses=True, feedback_refused=("fp16",),
+        compresses=True, feedback_refused=("fp16",), momentum_correction=True,
         feedback_note=(": its ring rounds every partial sum to half precision, which no "
                        "worker's residual could hold"),
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "

@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from psgd.compress import PushEncoder
+from psgd.compress.momentum import WorkerMomentum
 from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig
 from psgd.mpi import timeline
@@ -110,8 +111,11 @@ class PSWorker:
                                      seed=config.seed * 100_003 + roles.worker_index + 1)
         self.encoder = (PushEncoder(compressor, shard_map, config.error_feedback)
                         if compressor is not None else None)
+        # --momentum-correction: the worker pushes its velocity, not the gradient
+        self.momentum = (WorkerMomentum(shard_map.n, **config.worker_momentum)
+                         if config.worker_momentum else None)
         # a gradient pushed from the push window is sent as it is: not when overlapping or coded
-        self._window_push = not overlap and self.encoder is None
+        self._window_push = not overlap and self.encoder is None and self.momentum is None
 
     @property
     def grad_buffer(self) -> np.ndarray | None:
@@ -216,6 +220,8 @@ class PSWorker:
                   and grad.ctypes.data == self.window.own.ctypes.data)
         if shared:
             self.window.sync()   # the gradient's writes before the headers that announce them
+        if self.momentum is not None:
+            grad = self.momentum.apply(grad, params)
         frames = self.encoder.encode(grad) if self.encoder is not None else None
         push = worker_push(self.comm, self.shard_map, grad, clock, self.read_versions,
                            self._push_hdr, self._in_window if shared else None, frames)

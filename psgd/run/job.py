@@ -11,6 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.compress import feedback_on
+from psgd.compress.momentum import resolve as momentum_correction
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.mpi import timeline, wait
@@ -156,11 +157,18 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     foreign = _check_checkpoint_dir(settings, run_id)
     base = make_schedule(settings.lr_schedule, settings.lr, total, warmup=settings.warmup,
                          step_every=settings.lr_step_every, gamma=settings.lr_gamma)
+    feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
+    opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
+    worker_momentum = None
+    if momentum_correction(settings.momentum_correction, applies=protocol.momentum_correction,
+                        optimizer=settings.optimizer, feedback=feedback):
+        worker_momentum = {**opt_hparams, "nesterov": settings.optimizer == "nesterov"}
+        opt_hparams = {"momentum": 0.0, "weight_decay": 0.0}   # the workers apply both
     config = protocol.config(
         model.n_params, staleness=settings.staleness, staleness_max=settings.staleness_max,
         overlap=settings.overlap,
         optimizer=settings.optimizer,
-        opt_hparams={"momentum": settings.momentum, "weight_decay": settings.weight_decay},
+        opt_hparams=opt_hparams,
         lr_schedule=base,  # clocks are the run's steps, also after a resume
         staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
         snapshot_every=settings.checkpoint_every,
@@ -168,8 +176,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
         topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
-        error_feedback=feedback_on(settings.compress, settings.error_feedback,
-                                   settings.compress_bucket))
+        error_feedback=feedback, worker_momentum=worker_momentum)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),

@@ -29,7 +29,8 @@ TAG_RECORD = 31005
 SETTINGS = ("data", "model", "protocol", "staleness", "staleness_comp", "comp_lambda",
             "staleness_lr", "overlap", "optimizer", "lr", "lr_schedule", "warmup",
             "lr_step_every", "lr_gamma", "momentum", "weight_decay", "batch_size", "epochs",
-            "steps", "seed", "skip_nonfinite", "compress", "compress_bucket", "error_feedback")
+            "steps", "seed", "skip_nonfinite", "compress", "compress_bucket", "error_feedback",
+            "momentum_correction")
 
 
 def _shape(settings, n_servers: int, n_workers: int, start_step: int) -> dict:

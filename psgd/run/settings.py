@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from psgd import compress
+from psgd.compress.momentum import resolve as momentum_correction
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
 from psgd.ps import compensation
@@ -101,6 +102,7 @@ class TrainSettings:
     compress: str = "none"
     compress_bucket: int = 512
     error_feedback: str = "auto"
+    momentum_correction: str = "auto"
     augment: bool = False
     straggler: str | None = None      # straggler emulation spec (psgd.run.straggler)
 
@@ -176,6 +178,12 @@ FLAGS: dict[str, tuple[type, str]] = {
                              "512)"),
     "error_feedback": (str, "auto, on or off: keep what compression dropped and add it to the "
                             "next push (auto: on for topk and sign)"),
+    "momentum_correction": (str, "auto, on or off: each worker keeps the momentum of its own "
+                                 "gradients and pushes that velocity; the average then takes "
+                                 "a plain step (Deep Gradient Compression's momentum "
+                                 "correction; " + names(momentum_correction=True) + " with "
+                                 "--optimizer momentum or nesterov; auto: on where error "
+                                 "feedback runs)"),
     "straggler": (str, "emulate stragglers: " + straggler.FORMAT + "; slow=f: the worker's "
                        "compute takes f times as long (it sleeps (f - 1) x its compute after "
                        "each step), p=q,d=t: each step pauses t seconds (d=5x: 5 x its mean "
@@ -324,8 +332,11 @@ def validate(s: TrainSettings) -> None:
                            n_servers=s.servers, staleness_max=s.staleness_max,
                            replay="--record" if s.record else "--replay" if s.replay else None,
                            compress=s.compress, topology=s.topology,
-                           error_feedback=s.error_feedback)
+                           error_feedback=s.error_feedback,
+                           momentum_correction=s.momentum_correction)
     compress.check(s.compress, s.compress_bucket, s.error_feedback)
+    momentum_correction(s.momentum_correction, applies=protocol.momentum_correction,
+                     optimizer=s.optimizer, feedback=False)
     _staleness_comp(s, protocol)
     if s.staleness == AUTO:
         s.staleness_max = int(bound)

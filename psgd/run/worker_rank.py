@@ -17,6 +17,10 @@ def _start_protocol(job, worker) -> None:
     """Start the worker half of the protocol on the model's parameters."""
     if job.resume is not None and worker.optimizer is not None and job.protocol.resumes_optimizer:
         worker.optimizer.load_state_dict(job.resume.opt_state)
+    velocity = job.resume.opt_state.get("velocity") if job.resume is not None else None
+    if getattr(worker, "momentum", None) is not None and velocity is not None:
+        # momentum correction: the step's velocity is the mean of the workers' last pushes
+        worker.momentum.velocity[:] = velocity
     if hasattr(worker, "use_model"):   # hogwild pushes a sparse model's touched rows only
         worker.use_model(job.model)
     worker.start(job.model.params, clock=job.start_step)

@@ -1,0 +1,65 @@
+"""Momentum correction (Lin et al. 2018, Deep Gradient Compression): ``--momentum-correction``.
+
+A worker keeps the momentum velocity of its own gradients and pushes it; the
+servers (or the all-reduce's step) then take a plain SGD step on the mean of
+the velocities, which is the momentum step on the mean gradient (the step is
+linear).  What error feedback holds back then re-enters one velocity instead
+of a server's momentum, which would repeat every late part of it
+1 / (1 - momentum) times.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from psgd.kernels.optim import momentum_direction
+
+SETTINGS = ("auto", "on", "off")
+
+
+class WorkerMomentum:
+    """One worker's velocity; :meth:`apply` turns a gradient into what the worker sends.
+
+    Parameters
+    ----------
+    n : int
+    momentum : float
+    nesterov : bool
+    weight_decay : float
+        Added to the gradient as ``wd * params`` before the velocity (the
+        servers then step without weight decay).
+    """
+
+    def __init__(self, n: int, momentum: float, nesterov: bool, weight_decay: float) -> None:
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.weight_decay = float(weight_decay)
+        self.velocity = np.zeros(n, np.float32)
+        self.out = np.zeros(n, np.float32)
+
+    def apply(self, grad: np.ndarray, params: np.ndarray, out: np.ndarray | None = None
+              ) -> np.ndarray:
+        """The direction to send for ``grad`` computed on ``params``, in ``out`` (default: own)."""
+        out = self.out if out is None else out
+        momentum_direction(grad, params, self.velocity, out, self.momentum, self.weight_decay,
+                           self.nesterov)
+        return out
+
+
+def resolve(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> bool:
+    """Whether momentum moves to the workers: ``auto`` does where error feedback runs.
+
+    ``applies``: the protocol averages every worker's push of a clock in one
+    step (its registry entry's ``momentum_correction``, which refuses ``on``
+    elsewhere).
+
+    Raises
+    ------
+    ValueError
+        An unknown setting; ``on`` without momentum.
+    """
+    if setting not in SETTINGS:
+        raise ValueError(f"--momentum-correction {setting!r} is not auto, on or off")
+    has_momentum = optimizer in ("momentum", "nesterov")
+    if setting == "on" and not has_momentum:
+        raise ValueError(f"--momentum-correction on needs --optimizer momentum or nesterov, "
+                         f"not {optimizer}")
+    return applies and has_momentum and (setting == "on" or setting == "auto" and feedback)

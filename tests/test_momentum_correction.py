@@ -1,0 +1,103 @@
+"""--momentum-correction: the workers push their velocities and the average takes a plain step."""
+import shutil
+
+import numpy as np
+import pytest
+
+from psgd.compress.momentum import WorkerMomentum, resolve
+from psgd.kernels.optim import momentum_step
+from psgd.run.checkpoint import list_checkpoints, load_checkpoint
+
+MLP = "mlp:784-32-10"
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_a_step_along_the_workers_direction_is_the_momentum_step(nesterov):
+    """params - lr * direction equals the server's momentum step bit for bit, step after step,
+    and the direction follows a float64 reference."""
+    rng = np.random.default_rng(0)
+    n, lr, mu, wd = 1001, 0.05, 0.9, 1e-3
+    params = rng.standard_normal(n).astype(np.float32)
+    server_params, server_velocity = params.copy(), np.zeros(n, np.float32)
+    worker = WorkerMomentum(n, mu, nesterov, wd)
+    ref_v = np.zeros(n)
+    for _ in range(5):
+        grad = rng.standard_normal(n).astype(np.float32)
+        g = grad + np.float64(np.float32(wd)) * params
+        ref_v = np.float64(np.float32(mu)) * ref_v + g
+        ref = g + np.float64(np.float32(mu)) * ref_v if nesterov else ref_v
+        direction = worker.apply(grad, params)
+        np.testing.assert_allclose(direction, ref, rtol=1e-5, atol=1e-6)
+        momentum_step(server_params, grad, server_velocity, None, lr, mu, wd, nesterov)
+        # the step that takes the direction: momentum 0, no weight decay (what the servers run)
+        momentum_step(params, direction, np.zeros(n, np.float32), None, lr, 0.0, 0.0, False)
+        np.testing.assert_array_equal(params, server_params)
+
+
+def test_auto_moves_momentum_where_error_feedback_runs_and_on_needs_momentum():
+    assert resolve("auto", applies=True, optimizer="momentum", feedback=True)
+    assert not resolve("auto", applies=True, optimizer="momentum", feedback=False)
+    assert not resolve("auto", applies=False, optimizer="nesterov", feedback=True)
+    assert not resolve("auto", applies=True, optimizer="sgd", feedback=True)
+    assert resolve("on", applies=True, optimizer="nesterov", feedback=False)
+    assert not resolve("off", applies=True, optimizer="momentum", feedback=True)
+    with pytest.raises(ValueError, match="needs --optimizer momentum or nesterov, not adam"):
+        resolve("on", applies=True, optimizer="adam", feedback=True)
+    with pytest.raises(ValueError, match="'yes' is not auto, on or off"):
+        resolve("yes", applies=True, optimizer="momentum", feedback=True)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--protocol", "asp", "--optimizer", "momentum", "--momentum-correction", "on"],
+     "--momentum-correction on applies to --protocol bsp or allreduce, whose step averages "
+     "every worker's push of a clock, not asp"),
+    (["--protocol", "bsp", "--optimizer", "sgd", "--momentum-correction", "on"],
+     "needs --optimizer momentum or nesterov, not sgd"),
+])
+def test_momentum_correction_bad_input_is_one_line(dataset, flags, message):
+    import argparse
+
+    from psgd.run import settings
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    with pytest.raises(ValueError, match=message):
+        settings.resolve(parser.parse_args(["--data", dataset, *flags]), environ={})
+
+
+def train(mpirun, n, data, tmp_path, name, *flags):
+    ckdir = tmp_path / name
+    mpirun(n, ["-m", "psgd", "train", "--data", data, "--quiet", "--model", MLP,
+               "--batch-size", 16, "--optimizer", "momentum", "--lr", "0.05",
+               "--weight-decay", "0.001", "--checkpoint-dir", ckdir, *map(str, flags)],
+           timeout=180)
+    return ckdir
+
+
+@pytest.mark.parametrize("protocol, ranks", [("bsp", 2), ("allreduce", 1)])
+def test_one_worker_with_its_momentum_moved_ends_where_the_servers_momentum_ends(
+        mpirun, dataset, tmp_path, protocol, ranks):
+    common = ("--protocol", protocol, "--steps", 12, "--compress", "none")
+    a = train(mpirun, ranks, dataset, tmp_path, "server", *common, "--momentum-correction", "off")
+    b = train(mpirun, ranks, dataset, tmp_path, "worker", *common, "--momentum-correction", "on")
+    pa, pb = (load_checkpoint(list_checkpoints(d)[-1]).params for d in (a, b))
+    np.testing.assert_array_equal(pa, pb)
+
+
+def test_two_workers_moved_match_the_server_and_resume_where_they_left_off(mpirun, dataset,
+                                                                         tmp_path):
+    """W = 2: the mean of two velocities is the momentum of the mean up to float32 rounding;
+    and a run resumed from its step-10 checkpoint starts every worker's velocity from it."""
+    common = ("--protocol", "bsp", "--steps", 20, "--checkpoint-every", 10)
+    a = train(mpirun, 3, dataset, tmp_path, "server", *common, "--momentum-correction", "off")
+    b = train(mpirun, 3, dataset, tmp_path, "worker", *common, "--momentum-correction", "on")
+    end_a, end_b = (load_checkpoint(d / "ckpt-00000020.h5") for d in (a, b))
+    start = load_checkpoint(a / "ckpt-00000010.h5").params
+    np.testing.assert_allclose(end_b.params, end_a.params, rtol=0, atol=1e-6)
+    assert np.abs(end_a.params - start).max() > 1e-3     # the runs moved far past that
+    part = tmp_path / "part"
+    part.mkdir()
+    shutil.copy(b / "ckpt-00000010.h5", part)
+    mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--resume", part,
+               "--checkpoint-dir", part], timeout=180)
+    resumed = load_checkpoint(part / "ckpt-00000020.h5")
+    np.testing.assert_allclose(resumed.params, end_b.params, rtol=0, atol=1e-6)

@@ -101,3 +101,13 @@ def test_two_workers_moved_match_the_server_and_resume_where_they_left_off(mpiru
                "--checkpoint-dir", part], timeout=180)
     resumed = load_checkpoint(part / "ckpt-00000020.h5")
     np.testing.assert_allclose(resumed.params, end_b.params, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("protocol, moved", [("bsp", True), ("asp", False)])
+def test_the_closing_line_says_where_momentum_ran(mpirun, dataset, tmp_path, protocol, moved):
+    out = mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", MLP,
+                     "--batch-size", 16, "--optimizer", "momentum", "--lr", "0.05", "--steps", 4,
+                     "--protocol", protocol, "--compress", "sign"], timeout=120).stdout
+    line = next(text for text in out.splitlines() if text.startswith("psgd: sign pushes:"))
+    assert line.endswith("; error feedback on" + ("; momentum on the workers "
+                                                  "(--momentum-correction)" if moved else ""))

@@ -195,8 +195,13 @@ class Lead:
               f"{summary['samples_per_s']:.0f} samples/s; final test accuracy "
               f"{summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})", flush=True)
         if s.compress != "none" and "push_bytes" in summary:
+            notes = [text for on, text in (
+                (job.config.error_feedback, "error feedback on"),
+                (job.config.worker_momentum, "momentum on the workers (--momentum-correction)"))
+                if on]
             print(f"psgd: {s.compress} pushes: {summary['push_bytes']:.0f} bytes each, "
-                  f"{summary['compression_ratio']:.1f}x fewer than float32", flush=True)
+                  f"{summary['compression_ratio']:.1f}x fewer than float32"
+                  + "".join(f"; {text}" for text in notes), flush=True)
         if summary.get("consensus_distance") is not None:
             per_step = summary["bytes_per_worker_step"]
             print(f"psgd: that is the workers' mean model; worker 0's own: test accuracy "

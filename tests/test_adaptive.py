@@ -5,34 +5,67 @@ import json
 import pytest
 
 from psgd.protocols import get
-from psgd.ps.adaptive import DEFAULT_START, AdaptiveBound
+from psgd.ps.adaptive import DEFAULT_START, QUIET, AdaptiveBound
 
 
-def test_bound_grows_by_the_median_hold_in_fast_steps_and_shrinks_when_unused():
-    a = AdaptiveBound(n_workers=2, s_max=10, window=4)
-    assert a.bound == DEFAULT_START
-    for w in (0, 1):          # step times: 0.1 s (worker 0), 0.3 s (worker 1): uneven
+def uneven_steps(a):
+    """Step times 0.1 s (worker 0) and 0.3 s (worker 1), both pushed by t = 0.3."""
+    for w in (0, 1):
         a.pushed(w, 0.0)
     a.pushed(0, 0.1)
     a.pushed(1, 0.3)
-    for held in (0.3, 0.3):   # 0.6 s held of 2 workers x 1 s: 30 %; 0.3 s = 3 fast steps
-        a.answered(0, held)
-    for i, need in enumerate((3, 3, 0, 1)):
-        a.pulled(clock=need, version=0, now=i / 3)
-    assert a.bound == DEFAULT_START + 3
-    for i, need in enumerate((1, 2, 0, 4)):     # top clock (5) unused: one down
-        a.pulled(clock=need, version=0, now=1 + i / 3)
-    assert a.bound == DEFAULT_START + 2
-    a.answered(0, 0.2)                          # 10 % held: not enough to grow
-    for i, need in enumerate((4, 1, 0, 1)):     # top clock used: kept
-        a.pulled(clock=need, version=0, now=2 + i / 3)
-    assert a.bound == DEFAULT_START + 2
-    for k in range(1, 9):                       # worker 1 now steps in 0.1 s, too: even
+
+
+def window(a, needs, start):
+    """One window of pulls, one every 1/3 s from ``start``, each ``need`` clocks past v = 0."""
+    for i, need in enumerate(needs):
+        a.pulled(clock=need, version=0, now=start + i / 3)
+
+
+def test_bound_grows_by_the_longest_hold_in_fast_steps():
+    a = AdaptiveBound(n_workers=2, s_max=10, window=4)
+    uneven_steps(a)
+    for held in (0.1, 0.4):   # 0.5 s held of 2 workers x 1 s: 25 %; the longest, 0.4 s, is 4
+        a.answered(0, held)   # fast steps (the median, 2.5)
+    window(a, (3, 3, 0, 1), 0)
+    assert a.bound == DEFAULT_START + 4
+    a.answered(0, 0.2)        # 10 % held: not enough to grow
+    window(a, (6, 1, 0, 1), 1)
+    assert a.history == [(0, DEFAULT_START), (0, DEFAULT_START + 4)]
+
+
+def test_bound_shrinks_only_after_quiet_windows_in_a_row():
+    a = AdaptiveBound(n_workers=2, s_max=10, window=4)
+    uneven_steps(a)
+    a.answered(0, 0.6)
+    window(a, (3, 3, 0, 1), 0)
+    top = a.bound                                 # 2 + 6
+    for k in range(QUIET - 1):                    # the top clock unused: not yet
+        window(a, (1, 2, 0, 4), 1 + k)
+        assert a.bound == top
+    a.pushed(1, 0.6)                              # uneven still, and the top clock needed:
+    window(a, (top, 1, 0, 1), QUIET)              # the count starts again
+    for k in range(QUIET - 1):
+        window(a, (1, 2, 0, 4), QUIET + 1 + k)
+        assert a.bound == top
+    for k in range(3):                            # then one down at each quiet window
+        window(a, (1, 2, 0, 4), 2 * QUIET + k)
+        assert a.bound == top - 1 - k
+
+
+def test_even_steps_throughout_shrink_a_lag_left_from_the_past():
+    a = AdaptiveBound(n_workers=2, s_max=10, window=4)
+    uneven_steps(a)
+    a.answered(0, 0.6)
+    window(a, (3, 3, 0, 1), 0)
+    top = a.bound
+    for k in range(1, 9):                         # worker 1 now steps in 0.1 s, too
         a.pushed(1, 0.3 + k / 10)
-    for i, need in enumerate((4, 1, 0, 1)):     # the lag is the past's: one down
-        a.pulled(clock=need, version=0, now=3 + i / 3)
-    assert a.bound == DEFAULT_START + 1
-    assert a.history == [(0, 2), (0, 5), (0, 4), (0, 3)]
+    window(a, (top,) * 4, 1)                      # uneven at the window's first pushes: kept
+    for k in range(QUIET):                        # even throughout, the top clock needed
+        a.pushed(1, 1.2 + k / 10)
+        window(a, (top,) * 4, 2 + k)
+    assert a.bound == top - 1
 
 
 def test_bound_stays_within_floor_and_max():
@@ -48,10 +81,10 @@ def test_bound_stays_within_floor_and_max():
         AdaptiveBound(n_workers=1, s_max=2, floor=3)
 
 
-def simulate(step_times, W, clocks=300, s_max=16):
+def simulate(step_times, W, clocks=300, s_max=16, floor=0):
     """A discrete-event SSP run of W workers (the step time of worker w at clock c:
     step_times(w, c)) under an adaptive bound; returns the bound at each version reached."""
-    a = AdaptiveBound(W, s_max)
+    a = AdaptiveBound(W, s_max, floor=floor)
     pushes, pending, bounds = [0] * W, [], {}
     events = [(step_times(w, 0), w) for w in range(W)]   # (time its push arrives, worker)
     heapq.heapify(events)
@@ -87,6 +120,22 @@ def test_bound_rises_when_one_worker_is_made_slow_and_falls_when_it_recovers():
     assert even <= DEFAULT_START + 1
     assert slow == 16          # no bound ends the wait for a 3x slower worker: s_max
     assert after[-1] < slow    # it comes back down once nobody waits
+
+
+def test_bound_absorbs_intermittent_pauses_and_keeps_it_between_them():
+    def times(w, c):          # each worker pauses for 5 steps every 20, in turn: the other
+        return 0.6 if c > 0 and c % 20 == 10 * w else 0.1   # runs 4-5 clocks past v
+
+    bounds = simulate(times, W=2)
+    settled = {b for v, b in bounds.items() if 60 <= v < 240}
+    assert len(settled) == 1 and min(settled) >= 4   # one bound, no ups and downs
+
+
+@pytest.mark.parametrize("floor", [0, 1])
+def test_bound_comes_down_to_the_floor_on_even_workers(floor):
+    bounds = simulate(lambda w, c: 0.1 + 0.01 * ((w + c) % 3), W=3, floor=floor)
+    assert bounds[max(bounds)] == floor
+    assert max(b for v, b in bounds.items() if v > 50) == floor
 
 
 @pytest.mark.parametrize("servers, overlap", [(1, False), (2, False), (2, True)])

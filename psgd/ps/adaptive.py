@@ -4,17 +4,18 @@ After DSSP (Zhao et al. 2019), which lets a fast worker run up to r_max
 clocks past the bound when the push times it has seen predict that the
 slowest worker's push is near.  Here the decision is taken once per window of
 pulls, for every worker alike: when the workers spent more than ``HELD_MAX``
-of the window's time held, s grows by the median hold measured in the
+of the window's time held, s grows by the longest hold measured in the
 fastest worker's step times (the clocks it could have computed instead of
-waiting; its own waits excluded); otherwise, when no pull of the window
-needed the bound's top clock or the workers' step times are even (a lag left
-from the past, which no wait of the future needs), s shrinks by one, so
-staleness only stays where it buys throughput.
+waiting; its own waits excluded), so one window covers a pause.  s shrinks
+by one only at the end of ``QUIET`` windows in a row that could do with less:
+no pull needed the bound's top clock, or the step times stayed even
+throughout (a lag left from the past, which no wait of the future needs).
+So a bound that absorbs intermittent pauses is kept through the quiet
+stretches between them, and even workers bring it down to the floor.
 """
 from __future__ import annotations
 
 import math
-import statistics
 
 import numpy as np
 
@@ -22,6 +23,7 @@ HELD_MAX = 1 / 8      # a larger share of the window's time held grows the bound
 EVEN = 1.5            # step times within this ratio are even
 EWMA = 0.2            # weight of the newest step in a worker's step time
 DEFAULT_START = 2     # the bound before the first window closes
+QUIET = 3             # windows in a row that could do with less, before the bound shrinks
 
 
 class AdaptiveBound:
@@ -61,6 +63,8 @@ class AdaptiveBound:
         self._needs: list[int] = []
         self._holds: list[float] = []
         self._since = math.nan
+        self._uneven = False   # step times were uneven at some push of the window
+        self._quiet = 0        # windows in a row that could do with a smaller bound
 
     def pulled(self, clock: int, version: int, now: float) -> int:
         """A pull for ``clock`` arrived at ``now`` with the shard at ``version``; the bound in force.
@@ -89,21 +93,25 @@ class AdaptiveBound:
             self.step_s[worker] = busy if math.isnan(old) else (1 - EWMA) * old + EWMA * busy
         self._last_push[worker] = now
         self._held_since_push[worker] = 0.0
+        self._uneven = self._uneven or not self._even()
+
+    def _even(self) -> bool:
+        known = self.step_s[np.isfinite(self.step_s) & (self.step_s > 0)]
+        return known.size == self.n_workers and known.max() < EVEN * known.min()
 
     def _decide(self, version: int, now: float) -> None:
         held = sum(self._holds) / max(self.n_workers * (now - self._since), 1e-9)
         known = self.step_s[np.isfinite(self.step_s) & (self.step_s > 0)]
-        even = known.size == self.n_workers and known.max() < EVEN * known.min()
-        if held > HELD_MAX:
-            clocks = (statistics.median(self._holds) / known.min()
-                      if self._holds and known.size else 1.0)
-            new = self.bound + max(1, int(round(clocks)))
-        elif max(self._needs) < self.bound or even:
-            new = self.bound - 1
+        if held > HELD_MAX:       # grow so that the longest hold would have been computed
+            clocks = max(self._holds) / known.min() if self._holds and known.size else 1.0
+            new = self.bound + max(1, math.ceil(round(clocks, 1)))
+            self._quiet = 0
         else:
-            new = self.bound
+            could_shrink = max(self._needs) < self.bound or not self._uneven
+            self._quiet = self._quiet + 1 if could_shrink else 0
+            new = self.bound - 1 if self._quiet >= QUIET else self.bound
         new = min(max(new, self.floor), self.s_max)
         if new != self.bound:
             self.bound = new
             self.history.append((int(version), new))
-        self._needs, self._holds = [], []
+        self._needs, self._holds, self._uneven = [], [], False

@@ -141,7 +141,8 @@ def test_bound_comes_down_to_the_floor_on_even_workers(floor):
 @pytest.mark.parametrize("servers, overlap", [(1, False), (2, False), (2, True)])
 def test_no_reply_is_staler_than_the_bound_in_force(mpirun, servers, overlap):
     proc = mpirun(servers + 2, ["ps_check.py", "adaptive", "--servers", servers, "--steps", 160,
-                                "--sleep", 0.01, *(["--overlap"] if overlap else [])], timeout=120)
+                                "--sleep", 0.01, "--base-sleep", 0.004,
+                                *(["--overlap"] if overlap else [])], timeout=120)
     result = json.loads(next(line for line in proc.stdout.splitlines()
                              if line.startswith("RESULT "))[7:])
     assert result["checked"] == 2 * 159       # every reply of every worker was checked

@@ -174,7 +174,11 @@ def mode_stale(args, comm):
 
 
 def mode_adaptive(args, comm):
-    """--staleness auto: the last worker is slow for the first half; every reply within its bound."""
+    """--staleness auto: the last worker is slow for the first half; every reply within its bound.
+
+    Every worker sleeps ``--base-sleep`` a step, so that a step is more than the
+    machine's jitter and even workers have even step times.
+    """
     roles = assign_roles(comm, args.servers)
     config = make_config("ssp", N_PARAMS, staleness="auto", staleness_max=args.staleness_max,
                          overlap=args.overlap, lr_schedule=lambda c: 0.05)
@@ -187,8 +191,8 @@ def mode_adaptive(args, comm):
             assert (worker.read_versions >= c - worker.read_bounds).all(), \
                 f"clock {c}: versions {worker.read_versions} under bounds {worker.read_bounds}"
             checked.append(float(worker.read_bounds.min()))
-        if roles.worker_index == slow and c < half:
-            time.sleep(args.sleep)
+        time.sleep(args.base_sleep + (args.sleep if roles.worker_index == slow and c < half
+                                      else 0.0))
 
     out = run_ps(args, roles, config, step_hook=hook)
     history = out["server"].bound_history if roles.is_server else None
@@ -297,6 +301,7 @@ def main():
     ap.add_argument("--protocol", default="ssp")
     ap.add_argument("--staleness", type=float, default=1)
     ap.add_argument("--sleep", type=float, default=0.02)
+    ap.add_argument("--base-sleep", type=float, default=0.0)
     ap.add_argument("--bad", default="length")
     ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--messages", action="store_true", help="no push window: pushes by messages")

@@ -26,5 +26,5 @@ setup(
         "images": ["Pillow>=9"],   # psgd data convert of image-folder trees
         "test": ["pytest>=7"],
     },
-    entry_points={"console_scripts": ["psgd=psgd.cli:main"]},
+    entry_points={"console_scripts": ["psgd=psgd.cli:main_and_exit"]},
 )

@@ -71,6 +71,30 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def main_and_exit() -> None:
+    """:func:`main` as a process's entry point (``python -m psgd``, the ``psgd`` script).
+
+    After ``psgd train`` returns, the exit handlers run and MPI is finalized as at any
+    exit, stdout and stderr are flushed, and the process ends without tearing down its
+    modules one by one (with numba, h5py and MPI loaded that takes a while; the run has
+    closed its files by then). Other commands, and a run that exits otherwise, exit as usual.
+    """
+    main()
+    if _chosen_command(sys.argv[1:]) != "train":
+        return
+    import atexit
+    atexit._run_exitfuncs()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a closed pipe: Python's own exit would say nothing either
+            os._exit(1)
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if _chosen_command(argv) == "train":   # a stop signal from the first moment on

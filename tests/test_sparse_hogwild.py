@@ -66,3 +66,43 @@ def test_sparse_hogwild_checkpoint_mid_run_holds_the_servers_parameters(mpirun, 
     with h5py.File(tmp_path / "a" / "ckpt-00000060.h5") as a, \
             h5py.File(tmp_path / "b" / "ckpt-00000060.h5") as b:
         assert np.array_equal(a["params"][()], b["params"][()])
+
+
+@pytest.mark.parametrize("model, extra", [("linear", ["--weight-decay", "1e-3", "--eval-every", 70]),
+                                          ("svm", ["--lr-schedule", "cosine"])])
+def test_runs_of_fused_steps_equal_the_step_by_step_path_bit_for_bit(mpirun, sparse_data, tmp_path,
+                                                                     model, extra):
+    # one worker on a shared window is deterministic: the runs of steps in one compiled call
+    # (psgd/hogwild/fused.py) must log the same losses, bytes and evaluations and leave the
+    # same parameters, mid-run and at the end, as the step-by-step path
+    import h5py
+    import numpy as np
+    from psgd.run.metrics import read_log
+    logs = {}
+    for fused in ("on", "off"):
+        out = tmp_path / fused
+        mpirun(2, ["-m", "psgd", "train", "--data", sparse_data, "--model", model, "--quiet",
+                   "--protocol", "hogwild", "--servers", 1, "--lr", 2 if model == "linear" else 0.5,
+                   "--batch-size", 8, "--steps", 300, "--log-every", 25, "--log", out / "run.jsonl",
+                   "--checkpoint-dir", out, "--checkpoint-every", 100, *extra], timeout=120,
+               env={"PSGD_HOGWILD_FUSED": fused})
+        logs[fused] = [{k: v for k, v in r.items() if k not in ("samples_per_s", "wall_s", "time")
+                        and not k.endswith("_s") and k != "est_global_samples_per_s"}
+                       for r in read_log(out / "run.jsonl") if r["kind"] in ("step", "eval")]
+    assert logs["on"] == logs["off"]
+    assert len([r for r in logs["on"] if r["kind"] == "eval"]) == (5 if "--eval-every" in extra else 1)
+    for step in (100, 200, 300):
+        name = f"ckpt-{step:08d}.h5"
+        with h5py.File(tmp_path / "on" / name) as a, h5py.File(tmp_path / "off" / name) as b:
+            assert np.array_equal(a["params"][()], b["params"][()]), name
+
+
+def test_fused_runs_count_every_update_of_every_worker(mpirun, sparse_data, tmp_path):
+    from psgd.run.metrics import read_log
+    log = tmp_path / "run.jsonl"
+    mpirun(4, ["-m", "psgd", "train", "--data", sparse_data, "--model", "linear", "--quiet",
+               "--protocol", "hogwild", "--servers", 1, "--lr", 2, "--batch-size", 8,
+               "--steps", 200, "--log", log], timeout=120)
+    summary = next(r for r in read_log(log) if r["kind"] == "summary")
+    assert sum(summary["staleness_histogram"]) == 3 * 200
+    assert summary["test_accuracy"] > 0.3, summary["test_accuracy"]

@@ -234,9 +234,13 @@ class CSRShardReader:
 
     def batch(self, step: int) -> tuple[CSRBatch, np.ndarray]:
         """The batch of global step ``step``: (CSRBatch of batch_size rows, y int64)."""
-        e, i = divmod(int(step), self.steps_per_epoch)
-        rows = self.order(e)[i * self.batch_size:(i + 1) * self.batch_size]
+        rows = self.batch_rows(step)
         return take_rows(self.x, rows), self.y[rows]
+
+    def batch_rows(self, step: int) -> np.ndarray:
+        """The rows of :attr:`x` that make the batch of global step ``step`` (int64, in order)."""
+        e, i = divmod(int(step), self.steps_per_epoch)
+        return self.order(e)[i * self.batch_size:(i + 1) * self.batch_size]
 
     def epoch(self, e: int) -> Iterator[tuple[CSRBatch, np.ndarray]]:
         """The ``steps_per_epoch`` batches of epoch ``e``."""

@@ -18,6 +18,8 @@ from numba import njit
 
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
+from psgd.hogwild import fused
+from psgd.hogwild.sparse import SparseUpdates, add_dense, fetch_add, load
 from psgd.hogwild.windows import Windows
 from psgd.mpi import faults, timeline, wait
 from psgd.mpi.report import ServerResult, StalenessHistogram
@@ -105,7 +107,6 @@ class HogwildWorker:
         ``PSGD_HOGWILD_SPARSE=off`` moves the whole vector, as for a dense model)."""
         if getattr(model, "sparse", False) and self.config.optimizer == "sgd" and self._amom is None \
                 and os.environ.get("PSGD_HOGWILD_SPARSE", "on") != "off":
-            from psgd.hogwild.sparse import SparseUpdates
             self._sparse = SparseUpdates(model, self.shard_map,
                                          self.config.opt_hparams.get("weight_decay", 0.0))
             self._last_params = None
@@ -141,6 +142,20 @@ class HogwildWorker:
         self.stats["pull_s"] += t1 - t0
         if timeline.current is not None:
             timeline.current.span("pull", t0, t1, -1)
+
+    def runs_steps(self) -> bool:
+        """Whether :meth:`run_steps` can take this run's steps: a sparse model's updates on a
+        ``shared`` window without ``--staleness-comp`` (``PSGD_HOGWILD_FUSED=off``: never)."""
+        return (os.environ.get("PSGD_HOGWILD_FUSED", "on") != "off" and self._sparse is not None
+                and self.windows.shards is not None and self.config.staleness_comp == "none")
+
+    def run_steps(self, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
+                  lrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """Take ``len(lrs)`` steps from ``clock`` on in one compiled call: :func:`psgd.hogwild.fused.run`
+        (batch i: the rows ``rows[i*B:(i+1)*B]`` of the worker's CSR slice ``x``, labels ``y``).
+        Returns (losses, corrects, steps done, status); status: see :mod:`psgd.hogwild.fused`."""
+        self._last_params = params
+        return fused.run(self, params, x, y, rows, clock, lrs)
 
     def read_all(self, params: np.ndarray) -> None:
         """Read the whole parameter vector into ``params`` (before it is evaluated or saved,
@@ -235,10 +250,14 @@ class HogwildWorker:
                   "rank 0 to take the hogwild statistics")
 
     def _push(self, delta: np.ndarray, coords: np.ndarray | None = None) -> None:
-        win = self.windows.counter
-        win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.SUM)
-        win.Flush(0)
-        staleness = int(self._fetched[0]) - self._read_count
+        if self.windows.count is not None:   # shared: a CPU atomic on the counter itself
+            fetched = int(fetch_add(self.windows.count, 0, 1))
+        else:
+            win = self.windows.counter
+            win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.SUM)
+            win.Flush(0)
+            fetched = int(self._fetched[0])
+        staleness = fetched - self._read_count
         self.histogram.add(staleness)
         self.stats["n_updates"] += 1
         self._last_delay = staleness
@@ -253,10 +272,14 @@ class HogwildWorker:
         """Add ``delta`` (dense, or the values at sorted ``coords``) into the servers' windows."""
         params_win = self.windows.params
         if coords is not None:
-            self.stats["push_bytes"] += self._sparse.accumulate(params_win, self.roles.server_rank,
+            self.stats["push_bytes"] += self._sparse.accumulate(self.windows, self.roles.server_rank,
                                                                 coords, delta)
             return
         self.stats["push_bytes"] += delta.nbytes
+        if self._sparse is not None and self.windows.shards is not None:
+            # the other workers add by CPU atomics, which an MPI_Accumulate may not respect
+            add_dense(tuple(self.windows.shards), self._sparse.bounds, delta)
+            return
         for shard in range(self.shard_map.n_shards):
             piece = self.shard_map.view(delta, shard)
             if piece.size:
@@ -265,6 +288,9 @@ class HogwildWorker:
         params_win.Flush_all()
 
     def _read_clock(self) -> None:
+        if self.windows.count is not None:
+            self._read_count = int(load(self.windows.count, 0))
+            return
         win = self.windows.counter
         win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.NO_OP)
         win.Flush(0)

@@ -1,4 +1,7 @@
-"""Sparse hogwild: a worker Accumulates and reads only the rows its batches touch, one indexed datatype per shard.
+"""Sparse hogwild: a worker adds and reads only the rows its batches touch.
+
+On a ``shared`` window by CPU atomics and plain loads; otherwise by MPI_Accumulate and
+MPI_Get with one indexed datatype per shard.
 
 Used by :class:`psgd.hogwild.hogwild.HogwildWorker` for a sparse model (``model.sparse``,
 ``model.touched``, ``model.rows_of``, ``model.row_len``) under plain SGD; the step is a
@@ -10,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
+from psgd.kernels.atomic import atomic_add, atomic_add_pair, atomic_load
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.lazy_decay import LazyDecaySGD
 
@@ -22,6 +26,55 @@ def _copy_rows(dst, src, rows, k, lo, hi):
     for r in rows:
         for c in range(max(r * k, lo), min(r * k + k, hi)):
             dst[c] = src[c - lo]
+
+
+@njit(cache=True)
+def add_rows(shards, bounds, rows, k, values):
+    """Atomically add ``values`` (the k-long ``rows`` in order, flat) into the shared ``shards``
+    (a tuple of float32 arrays; shard s holds the coordinates ``[bounds[s], bounds[s + 1])``)."""
+    for m in range(rows.size):
+        c = rows[m] * k
+        s = 0
+        while bounds[s + 1] <= c:
+            s += 1
+        if c + k <= bounds[s + 1]:   # the row lies in one shard: two elements per atomic
+            shard, at, v = shards[s], c - bounds[s], m * k
+            j = 0
+            if (shard.ctypes.data + 4 * at) % 8:
+                atomic_add(shard, at, values[v])
+                j = 1
+            while j + 1 < k:
+                atomic_add_pair(shard, at + j, values[v + j], values[v + j + 1])
+                j += 2
+            if j < k:
+                atomic_add(shard, at + j, values[v + j])
+            continue
+        for j in range(k):
+            t = s
+            while bounds[t + 1] <= c + j:
+                t += 1
+            atomic_add(shards[t], c + j - bounds[t], values[m * k + j])
+
+
+@njit(cache=True)
+def add_dense(shards, bounds, values):
+    """Atomically add the whole vector ``values`` into the shared ``shards``."""
+    for s in range(len(shards)):
+        lo = bounds[s]
+        for c in range(bounds[s + 1] - lo):
+            atomic_add(shards[s], c, values[lo + c])
+
+
+@njit(cache=True)
+def fetch_add(count, i, v):
+    """``count[i] += v`` atomically; the value before."""
+    return atomic_add(count, i, v)
+
+
+@njit(cache=True)
+def load(count, i):
+    """``count[i]``, read whole."""
+    return atomic_load(count, i)
 
 
 @njit(cache=True)
@@ -47,7 +100,7 @@ class SparseUpdates:
         self.row_len = int(model.row_len)
         self.n_rows = shard_map.n // self.row_len
         self.sgd = LazyDecaySGD(self.n_rows, self.row_len, weight_decay)
-        self._bounds = np.array([shard_map.range(s)[0] for s in range(shard_map.n_shards)]
+        self.bounds = np.array([shard_map.range(s)[0] for s in range(shard_map.n_shards)]
                                 + [shard_map.n], np.int64)
 
     def coords(self, rows: np.ndarray) -> np.ndarray:
@@ -72,13 +125,13 @@ class SparseUpdates:
         blocks where none is clipped): far cheaper for MPI than a datatype of single
         elements. The caller frees the datatypes.
         """
-        cuts = np.searchsorted(coords, self._bounds)
+        cuts = np.searchsorted(coords, self.bounds)
         starts = rows * self.row_len
         for shard in range(self.shard_map.n_shards):
             a, b = int(cuts[shard]), int(cuts[shard + 1])
             if a == b:
                 continue
-            lo, hi = self._bounds[shard], self._bounds[shard + 1]
+            lo, hi = self.bounds[shard], self.bounds[shard + 1]
             inside = (starts < hi) & (starts + self.row_len > lo)
             first = np.maximum(starts[inside], lo)
             lengths = np.minimum(starts[inside] + self.row_len, hi) - first
@@ -89,9 +142,16 @@ class SparseUpdates:
                 dtype = MPI.FLOAT.Create_indexed(lengths.tolist(), displacements)
             yield shard, a, b, dtype.Commit()
 
-    def accumulate(self, win: MPI.Win, server_rank, coords: np.ndarray, values: np.ndarray) -> int:
-        """MPI_Accumulate ``values`` into ``coords`` (of the last batch's rows), then Flush_all;
-        bytes sent."""
+    def accumulate(self, windows, server_rank, coords: np.ndarray, values: np.ndarray) -> int:
+        """Add ``values`` into ``coords`` (of the last batch's rows); bytes sent.
+
+        A ``shared`` window takes CPU atomic adds (:func:`add_rows`); otherwise one
+        MPI_Accumulate per shard with an indexed datatype, then Flush_all.
+        """
+        if windows.shards is not None:
+            add_rows(tuple(windows.shards), self.bounds, self.model.touched, self.row_len, values)
+            return int(coords.size) * (values.itemsize + INDEX_BYTES)
+        win = windows.params
         types = []
         for shard, a, b, dtype in self._shard_types(self.model.touched, coords):
             types.append(dtype)
@@ -112,7 +172,7 @@ class SparseUpdates:
         if windows.shards is not None:
             windows.params.Sync()
             for shard, memory in enumerate(windows.shards):
-                _copy_rows(params, memory, rows, k, self._bounds[shard], self._bounds[shard + 1])
+                _copy_rows(params, memory, rows, k, self.bounds[shard], self.bounds[shard + 1])
             return int(rows.size) * k * (4 + INDEX_BYTES)
         coords = self.coords(rows)
         values = np.empty(coords.size, np.float32)

@@ -40,8 +40,9 @@ class Windows:
     ``params``: server ``s`` holds its shard, ``4 * shard_map.size(s)`` bytes
     (``local`` views it), workers 0 bytes. ``counter``: on rank 0, int64 ``(1 + W,)``:
     the update count, then one finished flag per worker (stall reports name the
-    workers still running). ``shards``: on workers of a ``shared`` window, a float32
-    view of every shard.
+    workers still running); a shared window too where ``params`` is. ``shards``, ``count``:
+    on workers of a ``shared`` window, a float32 view of every shard and an int64 view of
+    the counters.
     """
 
     def __init__(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
@@ -65,16 +66,23 @@ class Windows:
         if self.local is None:
             self.local = np.frombuffer(self.params.tomemory(), dtype=np.float32, count=n_local)
         self.n_counters = 1 + roles.n_workers  # updates, then a finished flag per worker
-        self.counter = MPI.Win.Allocate(8 * self.n_counters if comm.Get_rank() == 0 else 0, 8,
-                                        comm=comm)
-        # Direct views of every shard (shared windows only): reads are plain loads.
-        self.shards = None
+        counter_bytes = 8 * self.n_counters if comm.Get_rank() == 0 else 0
+        if self.kind == "shared":
+            self.counter = allocate_shared(comm, counter_bytes, 8, "the hogwild update counter",
+                                           "PSGD_HOGWILD_WINDOW=allocate")
+        else:
+            self.counter = MPI.Win.Allocate(counter_bytes, 8, comm=comm)
+        # Direct views of every shard and of the counters (shared windows only, on workers):
+        # reads are plain loads, a sparse model's updates CPU atomics (kernels/atomic.py).
+        self.shards = self.count = None
         if self.kind == "shared" and roles.is_worker:
             self.shards = []
             for shard in range(shard_map.n_shards):
                 buf, _ = self.params.Shared_query(roles.server_rank(shard))
                 self.shards.append(np.frombuffer(buf, dtype=np.float32,
                                                  count=shard_map.size(shard)))
+            self.count = np.frombuffer(self.counter.Shared_query(0)[0], dtype=np.int64,
+                                       count=self.n_counters)
 
     def read_counters(self) -> np.ndarray:
         """The update counter and the workers' finished flags (outside a lock_all epoch)."""
@@ -94,7 +102,7 @@ class Windows:
         return tuple(self.read_counters().tolist())
 
     def free(self) -> None:
-        self.shards = None
+        self.shards = self.count = None
         self.local = None
         self.params.Free()
         self.counter.Free()

@@ -13,17 +13,24 @@ from numba import njit
 
 
 @njit(cache=True)
-def _sparse_step(w, g, rows, last, logs, t, lr, lam, delta):
-    """delta[rows] = (w[rows] caught up and stepped at t) - w[rows]; ``last[rows] = t + 1``."""
+def sparse_step(w, g, rows, last, logs, t, lr, lam, delta):
+    """delta[rows] = (w[rows] caught up and stepped at t) - w[rows]; ``last[rows] = t + 1``.
+
+    Returns whether every value of ``delta`` is finite.
+    """
     k = w.shape[1]
     keep = 1.0 - lr * lam
+    bad = False
     for m in range(rows.size):
         r = rows[m]
-        factor = np.exp(logs[t] - logs[last[r]]) * keep
+        factor = np.exp(logs[t] - logs[last[r]]) * keep if lam != 0.0 else 1.0
         for c in range(k):
             new = factor * w[r, c] - lr * g[r, c]
             delta[m, c] = new - w[r, c]
+            x = delta[m, c]
+            bad |= x - x != 0
         last[r] = t + 1
+    return not bad
 
 
 class LazyDecaySGD:
@@ -40,8 +47,17 @@ class LazyDecaySGD:
             raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
         self.n_rows, self.row_len, self.weight_decay = int(n_rows), int(row_len), float(weight_decay)
         self.t = 0
-        self._logs = np.zeros(1024, np.float64)     # logs[t] = sum_{s < t} log(1 - lr_s * lam)
-        self._last = np.zeros(self.n_rows, np.int64)
+        self.logs = np.zeros(1024, np.float64)     # logs[t] = sum_{s < t} log(1 - lr_s * lam)
+        self.last = np.zeros(self.n_rows, np.int64)
+
+    def reserve(self, steps: int, max_lr: float) -> None:
+        """Check and make room for ``steps`` more steps at learning rates up to ``max_lr``
+        (for code that takes them itself, with :func:`sparse_step` and :attr:`logs`)."""
+        if max_lr * self.weight_decay >= 1:
+            raise ValueError(f"lr * weight_decay must be < 1 for a decay factor, got "
+                             f"{max_lr * self.weight_decay}")
+        if self.t + steps + 1 >= len(self.logs):
+            self.logs = np.concatenate([self.logs, np.zeros(max(len(self.logs), steps + 1))])
 
     def step(self, w: np.ndarray, g: np.ndarray, rows: np.ndarray, lr: float) -> np.ndarray:
         """The change (len(rows), row_len) that step ``t`` makes to ``w[rows]`` (not applied here).
@@ -50,18 +66,15 @@ class LazyDecaySGD:
         ``g`` may be non-zero.
         """
         lam = self.weight_decay
-        if lr * lam >= 1:
-            raise ValueError(f"lr * weight_decay must be < 1 for a decay factor, got {lr * lam}")
-        if self.t + 1 >= len(self._logs):
-            self._logs = np.concatenate([self._logs, np.zeros(len(self._logs))])
+        self.reserve(1, lr)
         delta = np.empty((len(rows), self.row_len), w.dtype)
-        _sparse_step(w, g, rows, self._last, self._logs, self.t, float(lr), lam, delta)
-        self._logs[self.t + 1] = self._logs[self.t] + np.log1p(-lr * lam)
+        sparse_step(w, g, rows, self.last, self.logs, self.t, float(lr), lam, delta)
+        self.logs[self.t + 1] = self.logs[self.t] + np.log1p(-lr * lam)
         self.t += 1
         return delta
 
     def catch_up(self, w: np.ndarray) -> np.ndarray:
         """The change (n_rows, row_len) that brings every row of ``w`` to the present decay."""
-        factor = np.exp(self._logs[self.t] - self._logs[self._last])
-        self._last[:] = self.t
+        factor = np.exp(self.logs[self.t] - self.logs[self.last])
+        self.last[:] = self.t
         return ((factor[:, None] - 1.0) * w).astype(w.dtype)

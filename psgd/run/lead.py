@@ -82,15 +82,22 @@ class Lead:
         squared distance of the workers' models from it; ``bound``: the staleness bound
         in force (``--staleness auto``).
         """
+        self.after_steps(clock, (loss,), (correct,), n, timers, staleness, consensus, mean, bound)
+
+    def after_steps(self, clock: int, losses, corrects, n: int, timers: dict, staleness,
+                    consensus: float | None = None, mean=None, bound=None) -> None:
+        """:meth:`after_step` for a run of steps ending at ``clock`` (their losses and correct
+        counts, ``n`` samples each), between which nothing is logged or evaluated."""
         s, step = self.s, clock + 1
-        self.window.add(loss, correct, n)
+        for loss, correct in zip(losses, corrects):
+            self.window.add(float(loss), int(correct), n)
         if step % s.log_every == 0 or step == self.job.total_steps:
             self._log_step(clock, timers, staleness, consensus, bound)
         if self.evaluates_at(step):
             record = self._evaluate(mean)
             self.test_acc = record["test_accuracy"]
             self.log.write("eval", step=step, **record)
-        self.bar.update(1)
+        self.bar.update(len(losses))
 
     def evaluates_at(self, step: int) -> bool:
         """Whether the model is evaluated after ``step`` (``--eval-every``; the last step's

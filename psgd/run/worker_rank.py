@@ -12,9 +12,12 @@ from psgd.mpi import faults, timeline, wait
 from psgd.run.lead import PROTOCOL_TIMERS, TIMERS, Lead
 from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
+MAX_RUN = 1024   # the most steps a worker takes in one run between stop checks
+
 
 def _start_protocol(job, worker) -> None:
     """Start the worker half of the protocol on the model's parameters."""
+    t_start = time.perf_counter()
     if job.resume is not None and worker.optimizer is not None and job.protocol.resumes_optimizer:
         worker.optimizer.load_state_dict(job.resume.opt_state)
     velocity = job.resume.opt_state.get("velocity") if job.resume is not None else None
@@ -26,6 +29,8 @@ def _start_protocol(job, worker) -> None:
     worker.start(job.model.params, clock=job.start_step)
     if worker.grad_buffer is not None:   # the servers of this node read the gradient there
         job.model.use_grad_buffer(worker.grad_buffer)
+    if timeline.current is not None:
+        timeline.current.span("start", t_start, time.perf_counter(), job.start_step)
 
 
 def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, int, int]:
@@ -48,9 +53,7 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
         timers["straggle_s"] = job.straggler.slept_s
         t_step = time.perf_counter()
     if not s.skip_nonfinite and not (math.isfinite(loss) and finite(model.grad)):
-        raise PsgdError(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'} at step "
-                        f"{clock} on worker {job.roles.worker_index}; lower --lr or check the "
-                        f"data (--skip-nonfinite skips such updates instead)")
+        raise _nonfinite(job, "loss" if not math.isfinite(loss) else "gradient", clock)
     if fault is not None:
         fault.at(clock, model.grad)
     worker.step(model.params, model.grad, clock, lr=job.config.lr_schedule(clock))
@@ -67,6 +70,61 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     if "pull_bytes" in worker.stats:
         timers["pull_bytes"] = worker.stats["pull_bytes"]
     return loss, correct, len(y)
+
+
+def _nonfinite(job, what: str, clock: int) -> PsgdError:
+    return PsgdError(f"non-finite {what} at step {clock} on worker {job.roles.worker_index}; lower "
+                     f"--lr or check the data (--skip-nonfinite skips such updates instead)")
+
+
+def _runs_steps(job, worker, fault) -> bool:
+    """Whether this worker takes its steps in runs (hogwild's :meth:`run_steps`) rather than
+    one by one: nothing per step needs Python (no --straggler, dropout or PSGD_FAULT)."""
+    return (hasattr(worker, "runs_steps") and worker.runs_steps() and job.straggler is None
+            and fault is None and not job.model.stochastic and hasattr(job.reader, "batch_rows"))
+
+
+def _run_length(s, clock: int, total: int) -> int:
+    """Steps from ``clock`` up to the next one after which the loop has work (a log record, an
+    evaluation, a checkpoint, the end), at most MAX_RUN."""
+    end = min(total, clock + MAX_RUN)
+    for every in (s.log_every, s.eval_every, s.checkpoint_every):
+        if every:
+            end = min(end, (clock // every + 1) * every)
+    return end - clock
+
+
+def _train_run(job, worker, clock: int, steps: int, timers: dict) -> tuple:
+    """``steps`` clocks from ``clock`` in one call of the worker; returns (losses, corrects, n)."""
+    reader, model = job.reader, job.model
+    t_data = time.perf_counter()
+    rows = np.concatenate([reader.batch_rows(c) for c in range(clock, clock + steps)])
+    lrs = np.array([job.config.lr_schedule(c) for c in range(clock, clock + steps)], np.float64)
+    t0 = time.perf_counter()
+    losses, corrects, done, status = worker.run_steps(model.params, reader.x, reader.y, rows, clock, lrs)
+    t1 = time.perf_counter()
+    if status:
+        raise _nonfinite(job, "loss" if not math.isfinite(losses[done]) else "gradient", clock + done)
+    timers["compute_s"] += t1 - t0   # the reads and adds are inside the one call
+    if timeline.current is not None:
+        timeline.current.span("data", t_data, t0, clock)
+        timeline.current.span("compute", t0, t1, clock)
+    for key in PROTOCOL_TIMERS:
+        timers[key] = float(worker.stats.get(key, 0.0))
+    timers["push_bytes"] = worker.stats["push_bytes"]
+    timers["pull_bytes"] = worker.stats["pull_bytes"]
+    return losses, corrects, reader.batch_size
+
+
+def _advance(job, worker, clock: int, runs: bool, timers: dict, fault) -> tuple:
+    """The step at ``clock``, or (``runs``) a run of steps from it; returns (the last clock
+    taken, their losses, their correct counts, samples per step)."""
+    if not runs:
+        loss, correct, n = _train_step(job, worker, clock, timers, fault)
+        return clock, (loss,), (correct,), n
+    steps = _run_length(job.settings, clock, job.total_steps)
+    losses, corrects, n = _train_run(job, worker, clock, steps, timers)
+    return clock + steps - 1, losses, corrects, n
 
 
 def _replica_checkpoint(job, worker, step: int, params=None):
@@ -100,18 +158,16 @@ def run_worker(job) -> None:
     t_start = time.perf_counter()
     _start_protocol(job, worker)
     tl = timeline.current
-    if tl is not None:
-        tl.span("start", t_start, time.perf_counter(), job.start_step)
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
     # decentralized protocols: the workers' models differ; their mean is logged and saved
     mean = np.empty_like(model.params) if hasattr(worker, "average") else None
     consensus = None
-    end = job.total_steps
-    for clock in range(job.start_step, job.total_steps):
+    end, clock, runs = job.total_steps, job.start_step, _runs_steps(job, worker, fault)
+    while clock < job.total_steps:
         if job.stop.check(clock):
             end = clock
             break
-        loss, correct, n = _train_step(job, worker, clock, timers, fault)
+        clock, losses, corrects, n = _advance(job, worker, clock, runs, timers, fault)
         step = clock + 1
         if mean is not None and _averages_at(s, step, job.total_steps):
             consensus = worker.average(model.params, mean)
@@ -120,12 +176,13 @@ def run_worker(job) -> None:
         if lead is not None and hasattr(worker, "read_all") and (saves or lead.evaluates_at(step)):
             worker.read_all(model.params)   # a worker that reads only its batches' rows
         if lead is not None:
-            lead.after_step(clock, loss, correct, n, timers, worker.stats.get("staleness"),
-                            consensus, mean, worker.stats.get("bound"))
+            lead.after_steps(clock, losses, corrects, n, timers, worker.stats.get("staleness"),
+                             consensus, mean, worker.stats.get("bound"))
         if saves:
             _replica_checkpoint(job, worker, step, mean)
         if lead is not None and tl is not None:
             tl.span("lead", t_lead, time.perf_counter(), clock)
+        clock += 1
     t_finish = time.perf_counter()
     if worker.grad_buffer is not None:
         model.use_grad_buffer(None)   # finish() frees the window

@@ -1,0 +1,200 @@
+"""Sparse hogwild on a shared window, a run of steps in one compiled call.
+
+For each step: read the update counter, copy the batch's rows from the shared shards,
+forward and backward of the linear model (``linear`` or ``svm``), the lazily decayed SGD
+step, then a CPU-atomic fetch-and-add of the counter (staleness = its value minus the
+value read) and CPU-atomic adds of the change into the shards. The arithmetic is that of
+the step-by-step path (:mod:`psgd.nn.sparse`, :mod:`psgd.nn.lazy_decay`,
+:mod:`psgd.hogwild.sparse`), in the same order.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from psgd.errors import PsgdError
+from psgd.hogwild.sparse import INDEX_BYTES, add_rows
+from psgd.kernels.atomic import atomic_add, atomic_load
+from psgd.kernels.loss import softmax_cross_entropy
+from psgd.kernels.sparse import multiclass_hinge, touched_rows
+from psgd.nn.lazy_decay import sparse_step
+
+OK, BAD_LOSS, BAD_GRAD, BAD_UPDATE = 0, 1, 2, 3   # status of a run (which check failed)
+
+
+@njit(cache=True)
+def _finite_rows(a, rows):
+    bad = False
+    for r in rows:
+        for c in range(a.shape[1]):
+            x = a[r, c]
+            bad |= x - x != 0
+    return not bad
+
+
+@njit(cache=True)
+def _copy_in(params, shards, bounds, rows, k):
+    """``params`` at the coordinates of the k-long ``rows`` = the shards' values there."""
+    for r in rows:
+        c = r * k
+        s = 0
+        while bounds[s + 1] <= c:
+            s += 1
+        if c + k <= bounds[s + 1]:   # the row lies in one shard
+            shard, at = shards[s], c - bounds[s]
+            for j in range(k):
+                params[c + j] = shard[at + j]
+            continue
+        for j in range(k):
+            t = s
+            while bounds[t + 1] <= c + j:
+                t += 1
+            params[c + j] = shards[t][c + j - bounds[t]]
+
+
+@njit(cache=True)
+def _touched(indptr, indices, batch_rows, bias, mark, out):
+    """The distinct features of the batch's rows in first-seen order, then ``bias``, into
+    ``out``; their count. ``mark`` (bool scratch) is left all False."""
+    m = 0
+    for r in batch_rows:
+        for p in range(indptr[r], indptr[r + 1]):
+            f = indices[p]
+            if not mark[f]:
+                mark[f] = True
+                out[m] = f
+                m += 1
+    for j in range(m):
+        mark[out[j]] = False
+    out[m] = bias
+    return m + 1
+
+
+@njit(cache=True)
+def _forward(indptr, indices, values, y, batch_rows, w, scores, labels):
+    """csr_linear_forward of the batch's rows into ``scores`` (w's last row is the bias); labels."""
+    d, k = w.shape[0] - 1, w.shape[1]
+    for i in range(batch_rows.size):
+        r = batch_rows[i]
+        labels[i] = y[r]
+        for c in range(k):
+            scores[i, c] = w[d, c]
+        for p in range(indptr[r], indptr[r + 1]):
+            f, v = indices[p], values[p]
+            for c in range(k):
+                scores[i, c] += v * w[f, c]
+
+
+@njit(cache=True)
+def _backward(indptr, indices, values, batch_rows, dscores, prev, g):
+    """zero_rows(g, prev) then csr_linear_backward of the batch's rows (g's last row: the bias)."""
+    d, k = g.shape[0] - 1, g.shape[1]
+    for r in prev:
+        for c in range(k):
+            g[r, c] = 0.0
+    for c in range(k):
+        g[d, c] = 0.0
+    for i in range(batch_rows.size):
+        for c in range(k):
+            g[d, c] += dscores[i, c]
+        for p in range(indptr[batch_rows[i]], indptr[batch_rows[i] + 1]):
+            f, v = indices[p], values[p]
+            for c in range(k):
+                g[f, c] += v * dscores[i, c]
+
+
+@njit(cache=True)
+def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, values, y, rows,
+                 batch, lrs, hinge, last, logs, t, lam, check, skip_nonfinite, losses, corrects,
+                 staleness):
+    """Run ``len(lrs)`` hogwild steps; step i takes the rows ``rows[i*batch:(i+1)*batch]`` of the
+    worker's CSR slice (``indptr``, ``indices``, ``values``, labels ``y``) at learning rate ``lrs[i]``.
+
+    ``params``, ``grad``: the worker's (D + 1) * K vectors (``grad`` non-zero only on the rows
+    ``prev``, as :class:`psgd.nn.sparse.SparseLinear` leaves it); ``last``, ``logs``, ``t``, ``lam``:
+    the :class:`psgd.nn.lazy_decay.LazyDecaySGD` state (``logs`` long enough for ``t + len(lrs)``);
+    ``check``: stop on a non-finite loss or gradient; ``skip_nonfinite``: drop a non-finite update
+    (else stop). Fills ``losses``, ``corrects`` and ``staleness`` (-1: dropped) per step.
+
+    Returns (steps done, status, dropped, rows read, rows pushed, the last step's touched rows,
+    sorted).
+    """
+    n_rows, k = last.size, bounds[-1] // last.size
+    d = n_rows - 1
+    w = params.reshape(n_rows, k)
+    g = grad.reshape(n_rows, k)
+    scores, dscores = np.empty((batch, k), params.dtype), np.empty((batch, k), params.dtype)
+    labels = np.empty(batch, np.int64)
+    mark = np.zeros(n_rows, np.bool_)
+    change = np.empty((n_rows, k), params.dtype)
+    buffers = np.empty((2, n_rows), np.int64)
+    touched = prev
+    dropped, read, pushed, done, status = 0, 0, 0, lrs.size, OK
+    for step in range(lrs.size):
+        batch_rows = rows[step * batch:(step + 1) * batch]
+        prev = touched
+        touched = buffers[step % 2, :_touched(indptr, indices, batch_rows, d, mark, buffers[step % 2])]
+        seen = atomic_load(count, 0)   # read: the counter, then the rows
+        _copy_in(params, shards, bounds, touched, k)
+        read += touched.size
+        _forward(indptr, indices, values, y, batch_rows, w, scores, labels)
+        if hinge:
+            loss, correct = multiclass_hinge(scores, labels, dscores)
+        else:
+            loss, correct = softmax_cross_entropy(scores, labels, dscores)
+        losses[step], corrects[step] = loss, correct
+        _backward(indptr, indices, values, batch_rows, dscores, prev, g)
+        if check and not (np.isfinite(loss) and _finite_rows(g, touched)):
+            done, status = step, BAD_LOSS if not np.isfinite(loss) else BAD_GRAD
+            break
+        # the SGD step (LazyDecaySGD.step) and the push
+        lr = lrs[step]
+        finite = sparse_step(w, g, touched, last, logs, t + step, lr, lam, change)
+        logs[t + step + 1] = logs[t + step] + np.log1p(-lr * lam)
+        if not finite:
+            if not skip_nonfinite:
+                done, status = step, BAD_UPDATE
+                break
+            dropped += 1
+            staleness[step] = -1
+            continue
+        staleness[step] = atomic_add(count, 0, np.int64(1)) - seen
+        add_rows(shards, bounds, touched, k, change[:touched.size].ravel())
+        pushed += touched.size
+    out = touched.copy()
+    out.sort()
+    return done, status, dropped, read, pushed, out
+
+
+
+def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
+        lrs: np.ndarray) -> tuple:
+    """:func:`sparse_steps` for a :class:`psgd.hogwild.hogwild.HogwildWorker` of a sparse model on
+    a shared window: its model's ``grad``, ``touched`` and lazy-decay state, its counts, bytes
+    and staleness histogram follow as after as many steps one by one.
+
+    Returns (losses, corrects, steps done, status); raises at a non-finite update (unless
+    ``--skip-nonfinite``), as the step would.
+    """
+    updates, windows, stats = worker._sparse, worker.windows, worker.stats
+    model, sgd, n = updates.model, updates.sgd, lrs.size
+    sgd.reserve(n, float(lrs.max()) if n else 0.0)
+    losses, corrects = np.zeros(n, np.float64), np.zeros(n, np.int64)
+    staleness = np.full(n, -1, np.int64)
+    skip = worker.config.skip_nonfinite
+    done, status, dropped, read, pushed, model.touched = sparse_steps(
+        tuple(windows.shards), updates.bounds, windows.count, params, model.grad, model.touched,
+        x.indptr, x.indices, x.values, y, rows, len(rows) // max(n, 1), lrs, model.kind == "svm",
+        sgd.last, sgd.logs, sgd.t, sgd.weight_decay, not skip, skip, losses, corrects, staleness)
+    sgd.t += done + (status == BAD_UPDATE)   # that step's decay was taken
+    ok = staleness[:done][staleness[:done] >= 0]
+    worker.histogram.merge(np.bincount(ok))
+    stats["n_updates"] += int(ok.size)
+    stats["skipped"] += dropped
+    per_row = updates.row_len * (4 + INDEX_BYTES)
+    stats["pull_bytes"] += read * per_row
+    stats["push_bytes"] += pushed * per_row
+    if status == BAD_UPDATE:
+        raise PsgdError(f"hogwild worker {worker.roles.worker_index}: the update at clock "
+                        f"{clock + done} holds NaN or Inf (use --skip-nonfinite to drop such updates)")
+    return losses, corrects, done, status

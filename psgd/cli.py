@@ -7,6 +7,7 @@ initialises MPI and ``--help`` is fast.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import os
 import sys
@@ -74,10 +75,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def main_and_exit() -> None:
     """:func:`main` as a process's entry point (``python -m psgd``, the ``psgd`` script).
 
-    After ``psgd train`` returns, the exit handlers run and MPI is finalized as at any
-    exit, stdout and stderr are flushed, and the process ends without tearing down its
-    modules one by one (with numba, h5py and MPI loaded that takes a while; the run has
-    closed its files by then). Other commands, and a run that exits otherwise, exit as usual.
+    After ``psgd train`` returns, Python's exit handlers run and MPI is finalized as at any
+    exit, stdout and stderr are flushed, and the C library's ``exit`` ends the process (its
+    handlers run: HDF5's, MPICH's) without Python tearing down its modules one by one (with
+    numba, h5py and MPI loaded that takes a while; the run has closed its files by then).
+    ``os._exit`` instead skipped those C handlers, and then mpiexec killed an ssp run's rank
+    (signal 9) now and then. Other commands, and a run that exits otherwise, exit as usual.
     """
     main()
     if _chosen_command(sys.argv[1:]) != "train":
@@ -92,7 +95,7 @@ def main_and_exit() -> None:
             stream.flush()
         except (OSError, ValueError):   # a closed pipe: Python's own exit would say nothing either
             os._exit(1)
-    os._exit(0)
+    ctypes.CDLL(None).exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:

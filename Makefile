@@ -88,8 +88,10 @@ bench-stragglers: install
 	$(PY) bench/bench_stragglers.py $(ARGS)
 
 # sparse hogwild against dense hogwild (bytes per update, 1 vs 2 workers) and scikit-learn's
-# SGDClassifier (needs `.venv/bin/pip install scikit-learn`): about 2 min on 2 cores (ARGS=--quick)
+# SGDClassifier (the peer, installed into the venv here; psgd never needs it): about 2 min on 2
+# cores (ARGS=--quick)
 bench-sparse: install
+	$(PY) -c "import sklearn" 2>/dev/null || $(PY) -m pip install -q scikit-learn
 	$(PY) bench/bench_sparse.py $(ARGS)
 
 bench: install

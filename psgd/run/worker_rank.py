@@ -24,8 +24,6 @@ def _start_protocol(job, worker) -> None:
     if getattr(worker, "momentum", None) is not None and velocity is not None:
         # momentum correction: the step's velocity is the mean of the workers' last pushes
         worker.momentum.velocity[:] = velocity
-    if hasattr(worker, "use_model"):   # hogwild pushes a sparse model's touched rows only
-        worker.use_model(job.model)
     worker.start(job.model.params, clock=job.start_step)
     if worker.grad_buffer is not None:   # the servers of this node read the gradient there
         job.model.use_grad_buffer(worker.grad_buffer)
@@ -155,14 +153,20 @@ def run_worker(job) -> None:
     timers = dict.fromkeys(TIMERS, 0.0)
     worker = job.protocol.make_worker(roles, job.shard_map, job.config)
     job.stop.serve = getattr(worker, "serve", None)
+    if hasattr(worker, "use_model"):   # hogwild pushes a sparse model's touched rows only
+        worker.use_model(job.model)
+    fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
+    runs = _runs_steps(job, worker, fault)
+    if runs:   # numba's first call of the run kernel is set-up, not training: take none
+        worker.run_steps(model.params, job.reader.x, job.reader.y, np.zeros(0, np.int64),
+                         job.start_step, np.zeros(0))
     t_start = time.perf_counter()
     _start_protocol(job, worker)
     tl = timeline.current
-    fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
     # decentralized protocols: the workers' models differ; their mean is logged and saved
     mean = np.empty_like(model.params) if hasattr(worker, "average") else None
     consensus = None
-    end, clock, runs = job.total_steps, job.start_step, _runs_steps(job, worker, fault)
+    end, clock = job.total_steps, job.start_step
     while clock < job.total_steps:
         if job.stop.check(clock):
             end = clock

@@ -64,15 +64,23 @@ def fp16_decode_add(buf, table, dst):
 # ---------------------------------------------------------------- qsgd
 
 
-@njit(cache=True)
-def _uniform(state):
-    """The next float32 in [0, 1) of an xorshift64 stream held in ``state`` (uint64 (1,))."""
-    x = state[0]
+LANES = 4   # qsgd's xorshift64 streams: element i of a bucket draws from stream i % LANES
+
+
+@njit(cache=True, inline="always")
+def _xorshift(x):
     x ^= x << np.uint64(13)
     x ^= x >> np.uint64(7)
     x ^= x << np.uint64(17)
-    state[0] = x
-    return np.float32(x >> np.uint64(40)) * np.float32(1.0 / (1 << 24))
+    return x
+
+
+@njit(cache=True, inline="always")
+def _qsgd_code(g, scale, s, x):
+    """The code ``level + s`` (or ``s - level``) of ``g``, rounded up with probability from ``x``."""
+    u = np.float32(x >> np.uint64(40)) * np.float32(1.0 / (1 << 24))
+    level = min(s, int(abs(g) * scale + u))
+    return s + level if g >= 0 else s - level
 
 
 @njit(cache=True)
@@ -82,7 +90,9 @@ def qsgd_encode(grad, bits, bucket, out, state):
     Layout: ``ceil(n / bucket)`` float32 norms, then the levels as ``bits``-bit
     codes ``level + s``, packed from the low bits of each byte up (a code may
     straddle two bytes). A level is ``floor(|g| / norm * s + u)`` with u
-    uniform in [0, 1) from the xorshift64 stream ``state``, so the decoded
+    uniform in [0, 1) (the top 24 bits of a draw), element i of a bucket
+    drawing from xorshift64 stream ``state[i % LANES]`` (uint64 (LANES,); the
+    streams are independent chains the CPU runs side by side), so the decoded
     value ``norm * level / s`` is unbiased. Returns the bytes written.
     """
     n = grad.shape[0]
@@ -91,30 +101,59 @@ def qsgd_encode(grad, bits, bucket, out, state):
     s = (1 << (bits - 1)) - 1
     codes = out[4 * nb:]
     nbytes = (n * bits + 7) // 8
-    acc = np.uint64(0)      # bits not yet written, low first
+    level = np.empty(min(bucket, n), np.uint8)
+    q = np.zeros(LANES, np.float32)   # a bucket's sum of squares in LANES partial sums
+    x0, x1, x2, x3 = state[0], state[1], state[2], state[3]
+    acc = np.uint64(0)      # bits not yet written, low first; fewer than 8 between codes
     held = 0
     j = 0
     for b in range(nb):
         lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        sq = np.float32(0.0)
-        for i in range(lo, hi):
-            sq += grad[i] * grad[i]
-        norm = np.float32(np.sqrt(sq))
+        m = hi - lo
+        q[:] = 0.0
+        i = 0
+        while i + LANES <= m:
+            for k in range(LANES):
+                q[k] += grad[lo + i + k] * grad[lo + i + k]
+            i += LANES
+        for k in range(m - i):
+            q[k] += grad[lo + i + k] * grad[lo + i + k]
+        norm = np.float32(np.sqrt((q[0] + q[1]) + (q[2] + q[3])))
         norms[b] = norm
         scale = np.float32(s) / norm if norm > 0 else np.float32(0.0)
-        for i in range(lo, hi):
-            g = grad[i]
-            level = min(s, int(abs(g) * scale + _uniform(state)))
-            code = s + level if g >= 0 else s - level
-            acc |= np.uint64(code) << np.uint64(held)
+        i = 0
+        while i + LANES <= m:
+            x0, x1, x2, x3 = _xorshift(x0), _xorshift(x1), _xorshift(x2), _xorshift(x3)
+            level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
+            level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
+            level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
+            level[i + 3] = _qsgd_code(grad[lo + i + 3], scale, s, x3)
+            i += LANES
+        if i < m:
+            x0 = _xorshift(x0)
+            level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
+        if i + 1 < m:
+            x1 = _xorshift(x1)
+            level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
+        if i + 2 < m:
+            x2 = _xorshift(x2)
+            level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
+        if bits == 4 and held == 0 and m % 2 == 0:   # two codes a byte, from a byte's start
+            for i in range(0, m, 2):
+                codes[j] = level[i] | (level[i + 1] << 4)
+                j += 1
+            continue
+        for i in range(m):
+            acc |= np.uint64(level[i]) << np.uint64(held)
             held += bits
-            while held >= 8:
+            if held >= 8:
                 codes[j] = np.uint8(acc & np.uint64(0xFF))
                 acc >>= np.uint64(8)
                 held -= 8
                 j += 1
     if held > 0:
         codes[j] = np.uint8(acc & np.uint64(0xFF))
+    state[0], state[1], state[2], state[3] = x0, x1, x2, x3
     return 4 * nb + nbytes
 
 
@@ -136,6 +175,13 @@ def qsgd_decode_add(buf, bits, bucket, dst):
         step = norms[b] / np.float32(s)
         for c in range(1 << bits):
             table[c] = np.float32(c - s) * step
+        if bits == 4 and held == 0 and (hi - lo) % 2 == 0:   # two codes a byte
+            for i in range(lo, hi, 2):
+                byte = codes[j]
+                dst[i] += table[byte & 15]
+                dst[i + 1] += table[byte >> 4]
+                j += 1
+            continue
         for i in range(lo, hi):
             if held < bits:
                 acc |= np.uint64(codes[j]) << np.uint64(held)

@@ -80,20 +80,21 @@ def test_topk_keeps_exactly_the_largest_magnitudes(n, fraction):
     assert length == HEADER_BYTES + 4 + 8 * k
 
 
-@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("n, bucket", [(n, BUCKET) for n in LENGTHS] + [(1000, 63), (9, 3)])
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
-def test_qsgd_decodes_to_a_neighbouring_level_of_every_element(n, bits):
+def test_qsgd_decodes_to_a_neighbouring_level_of_every_element(n, bucket, bits):
+    """Odd buckets start mid-byte (4 bits: off the two-codes-a-byte path)."""
     g = grads(n)
-    out, length = round_trip(f"qsgd:{bits}", g, comp=make(f"qsgd:{bits}", BUCKET, seed=n))
+    out, length = round_trip(f"qsgd:{bits}", g, comp=make(f"qsgd:{bits}", bucket, seed=n))
     s = 2 ** (bits - 1) - 1
-    for lo in range(0, n, BUCKET):
-        part, got = g[lo:lo + BUCKET], out[lo:lo + BUCKET]
+    for lo in range(0, n, bucket):
+        part, got = g[lo:lo + bucket], out[lo:lo + bucket]
         norm = np.linalg.norm(part.astype(np.float64))
         levels = got / norm * s
         np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
         np.testing.assert_array_less(np.abs(levels - part / norm * s), 1 + 1e-3)
         assert np.all((np.sign(got) == np.sign(part)) | (got == 0))
-    assert length == HEADER_BYTES + 4 * -(-n // BUCKET) + -(-n * bits // 8)
+    assert length == HEADER_BYTES + 4 * -(-n // bucket) + -(-n * bits // 8)
 
 
 @pytest.mark.parametrize("bits", [2, 4])

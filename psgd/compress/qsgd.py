@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.compress.base import Compressor
-from psgd.kernels.compress import qsgd_decode_add, qsgd_encode
+from psgd.kernels.compress import LANES, qsgd_decode_add, qsgd_encode
 
 
 class Qsgd(Compressor):
@@ -15,8 +15,9 @@ class Qsgd(Compressor):
     def __init__(self, bits: int, bucket: int, seed: int = 0) -> None:
         self.bits, self.bucket = bits, bucket
         self.name = f"qsgd:{bits}"
-        # the random rounding's xorshift64 stream (never 0), repeatable from the seed
-        self.state = np.array([(seed * 0x9E3779B97F4A7C15 + 1) % 2**64 or 1], np.uint64)
+        # the random rounding's xorshift64 streams (never 0), repeatable from the seed
+        self.state = np.array([((seed * LANES + k) * 0x9E3779B97F4A7C15 + 1) % 2**64 or 1
+                               for k in range(LANES)], np.uint64)
 
     def max_body(self, n: int) -> int:
         return 4 * ((n + self.bucket - 1) // self.bucket) + (n * self.bits + 7) // 8

@@ -84,6 +84,47 @@ def _qsgd_code(g, scale, s, x):
 
 
 @njit(cache=True)
+def _sum_squares(grad, lo, hi, q):
+    """The sum of squares of ``grad[lo:hi]``, added in LANES partial sums (``q``: scratch)."""
+    q[:] = 0.0
+    m = hi - lo
+    i = 0
+    while i + LANES <= m:
+        for k in range(LANES):
+            q[k] += grad[lo + i + k] * grad[lo + i + k]
+        i += LANES
+    for k in range(m - i):
+        q[k] += grad[lo + i + k] * grad[lo + i + k]
+    return (q[0] + q[1]) + (q[2] + q[3])
+
+
+@njit(cache=True)
+def _codes(grad, lo, hi, scale, s, streams, level):
+    """``level[:hi - lo]`` = the codes of ``grad[lo:hi]``, element i drawing from
+    ``streams[i % LANES]`` (advanced in place)."""
+    x0, x1, x2, x3 = streams[0], streams[1], streams[2], streams[3]
+    m = hi - lo
+    i = 0
+    while i + LANES <= m:
+        x0, x1, x2, x3 = _xorshift(x0), _xorshift(x1), _xorshift(x2), _xorshift(x3)
+        level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
+        level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
+        level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
+        level[i + 3] = _qsgd_code(grad[lo + i + 3], scale, s, x3)
+        i += LANES
+    if i < m:
+        x0 = _xorshift(x0)
+        level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
+    if i + 1 < m:
+        x1 = _xorshift(x1)
+        level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
+    if i + 2 < m:
+        x2 = _xorshift(x2)
+        level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
+    streams[0], streams[1], streams[2], streams[3] = x0, x1, x2, x3
+
+
+@njit(cache=True)
 def qsgd_encode(grad, bits, bucket, out, state):
     """QSGD: per bucket its L2 norm, per element a signed level in {-s..s}, s = 2**(bits-1) - 1.
 
@@ -102,48 +143,22 @@ def qsgd_encode(grad, bits, bucket, out, state):
     codes = out[4 * nb:]
     nbytes = (n * bits + 7) // 8
     level = np.empty(min(bucket, n), np.uint8)
-    q = np.zeros(LANES, np.float32)   # a bucket's sum of squares in LANES partial sums
-    x0, x1, x2, x3 = state[0], state[1], state[2], state[3]
+    q = np.zeros(LANES, np.float32)
     acc = np.uint64(0)      # bits not yet written, low first; fewer than 8 between codes
     held = 0
     j = 0
     for b in range(nb):
         lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        m = hi - lo
-        q[:] = 0.0
-        i = 0
-        while i + LANES <= m:
-            for k in range(LANES):
-                q[k] += grad[lo + i + k] * grad[lo + i + k]
-            i += LANES
-        for k in range(m - i):
-            q[k] += grad[lo + i + k] * grad[lo + i + k]
-        norm = np.float32(np.sqrt((q[0] + q[1]) + (q[2] + q[3])))
+        norm = np.float32(np.sqrt(_sum_squares(grad, lo, hi, q)))
         norms[b] = norm
         scale = np.float32(s) / norm if norm > 0 else np.float32(0.0)
-        i = 0
-        while i + LANES <= m:
-            x0, x1, x2, x3 = _xorshift(x0), _xorshift(x1), _xorshift(x2), _xorshift(x3)
-            level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
-            level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
-            level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
-            level[i + 3] = _qsgd_code(grad[lo + i + 3], scale, s, x3)
-            i += LANES
-        if i < m:
-            x0 = _xorshift(x0)
-            level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
-        if i + 1 < m:
-            x1 = _xorshift(x1)
-            level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
-        if i + 2 < m:
-            x2 = _xorshift(x2)
-            level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
-        if bits == 4 and held == 0 and m % 2 == 0:   # two codes a byte, from a byte's start
-            for i in range(0, m, 2):
+        _codes(grad, lo, hi, scale, s, state, level)
+        if bits == 4 and held == 0 and (hi - lo) % 2 == 0:   # two codes a byte, from its start
+            for i in range(0, hi - lo, 2):
                 codes[j] = level[i] | (level[i + 1] << 4)
                 j += 1
             continue
-        for i in range(m):
+        for i in range(hi - lo):
             acc |= np.uint64(level[i]) << np.uint64(held)
             held += bits
             if held >= 8:
@@ -153,7 +168,6 @@ def qsgd_encode(grad, bits, bucket, out, state):
                 j += 1
     if held > 0:
         codes[j] = np.uint8(acc & np.uint64(0xFF))
-    state[0], state[1], state[2], state[3] = x0, x1, x2, x3
     return 4 * nb + nbytes
 
 

@@ -82,6 +82,17 @@ def _runs_steps(job, worker, fault) -> bool:
             and fault is None and not job.model.stochastic and hasattr(job.reader, "batch_rows"))
 
 
+def _prepare(job, worker, fault) -> bool:
+    """Set-up before the training clock starts; returns :func:`_runs_steps`."""
+    if hasattr(worker, "use_model"):   # hogwild pushes a sparse model's touched rows only
+        worker.use_model(job.model)
+    runs = _runs_steps(job, worker, fault)
+    if runs:   # numba's first call of the run kernel is set-up, not training: take none
+        worker.run_steps(job.model.params, job.reader.x, job.reader.y, np.zeros(0, np.int64),
+                         job.start_step, np.zeros(0))
+    return runs
+
+
 def _run_length(s, clock: int, total: int) -> int:
     """Steps from ``clock`` up to the next one after which the loop has work (a log record, an
     evaluation, a checkpoint, the end), at most MAX_RUN."""
@@ -153,13 +164,8 @@ def run_worker(job) -> None:
     timers = dict.fromkeys(TIMERS, 0.0)
     worker = job.protocol.make_worker(roles, job.shard_map, job.config)
     job.stop.serve = getattr(worker, "serve", None)
-    if hasattr(worker, "use_model"):   # hogwild pushes a sparse model's touched rows only
-        worker.use_model(job.model)
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
-    runs = _runs_steps(job, worker, fault)
-    if runs:   # numba's first call of the run kernel is set-up, not training: take none
-        worker.run_steps(model.params, job.reader.x, job.reader.y, np.zeros(0, np.int64),
-                         job.start_step, np.zeros(0))
+    runs = _prepare(job, worker, fault)
     t_start = time.perf_counter()
     _start_protocol(job, worker)
     tl = timeline.current

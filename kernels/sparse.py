@@ -4,8 +4,8 @@ from numba import njit
 
 
 @njit(cache=True)
-def csr_linear_forward(indptr, indices, values, w, b, out):
-    """``out = x @ w + b`` for a CSR batch ``x``.
+def csr_linear_forward(indptr, indices, values, w, b, out, rows=None):
+    """``out = x @ w + b`` for a CSR batch ``x`` (``rows``: sample i is CSR row ``rows[i]``).
 
     Parameters
     ----------
@@ -18,17 +18,19 @@ def csr_linear_forward(indptr, indices, values, w, b, out):
     """
     n, k = out.shape
     for i in range(n):
+        r = i if rows is None else rows[i]
         for c in range(k):
             out[i, c] = b[c]
-        for p in range(indptr[i], indptr[i + 1]):
+        for p in range(indptr[r], indptr[r + 1]):
             row, v = indices[p], values[p]
             for c in range(k):
                 out[i, c] += v * w[row, c]
 
 
 @njit(cache=True)
-def csr_linear_backward(indptr, indices, values, dout, gw, gb):
-    """Add ``x.T @ dout`` into the rows of ``gw`` that ``x`` touches and set ``gb = dout.sum(0)``.
+def csr_linear_backward(indptr, indices, values, dout, gw, gb, rows=None):
+    """Add ``x.T @ dout`` into the rows of ``gw`` that ``x`` touches and set ``gb = dout.sum(0)``
+    (``rows``: sample i is CSR row ``rows[i]``).
 
     ``gw`` (D, K) must be zero on the touched rows beforehand (see :func:`zero_rows`);
     rows no sample touches are left as they are.
@@ -37,9 +39,10 @@ def csr_linear_backward(indptr, indices, values, dout, gw, gb):
     for c in range(k):
         gb[c] = 0.0
     for i in range(n):
+        r = i if rows is None else rows[i]
         for c in range(k):
             gb[c] += dout[i, c]
-        for p in range(indptr[i], indptr[i + 1]):
+        for p in range(indptr[r], indptr[r + 1]):
             row, v = indices[p], values[p]
             for c in range(k):
                 gw[row, c] += v * dout[i, c]

@@ -16,7 +16,8 @@ from psgd.errors import PsgdError
 from psgd.hogwild.sparse import INDEX_BYTES, add_rows
 from psgd.kernels.atomic import atomic_add, atomic_load
 from psgd.kernels.loss import softmax_cross_entropy
-from psgd.kernels.sparse import multiclass_hinge, touched_rows
+from psgd.kernels.sparse import (csr_linear_backward, csr_linear_forward, multiclass_hinge,
+                                 zero_rows)
 from psgd.nn.lazy_decay import sparse_step
 
 OK, BAD_LOSS, BAD_GRAD, BAD_UPDATE = 0, 1, 2, 3   # status of a run (which check failed)
@@ -71,39 +72,6 @@ def _touched(indptr, indices, batch_rows, bias, mark, out):
 
 
 @njit(cache=True)
-def _forward(indptr, indices, values, y, batch_rows, w, scores, labels):
-    """csr_linear_forward of the batch's rows into ``scores`` (w's last row is the bias); labels."""
-    d, k = w.shape[0] - 1, w.shape[1]
-    for i in range(batch_rows.size):
-        r = batch_rows[i]
-        labels[i] = y[r]
-        for c in range(k):
-            scores[i, c] = w[d, c]
-        for p in range(indptr[r], indptr[r + 1]):
-            f, v = indices[p], values[p]
-            for c in range(k):
-                scores[i, c] += v * w[f, c]
-
-
-@njit(cache=True)
-def _backward(indptr, indices, values, batch_rows, dscores, prev, g):
-    """zero_rows(g, prev) then csr_linear_backward of the batch's rows (g's last row: the bias)."""
-    d, k = g.shape[0] - 1, g.shape[1]
-    for r in prev:
-        for c in range(k):
-            g[r, c] = 0.0
-    for c in range(k):
-        g[d, c] = 0.0
-    for i in range(batch_rows.size):
-        for c in range(k):
-            g[d, c] += dscores[i, c]
-        for p in range(indptr[batch_rows[i]], indptr[batch_rows[i] + 1]):
-            f, v = indices[p], values[p]
-            for c in range(k):
-                g[f, c] += v * dscores[i, c]
-
-
-@njit(cache=True)
 def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, values, y, rows,
                  batch, lrs, hinge, last, logs, t, lam, check, skip_nonfinite, losses, corrects,
                  staleness):
@@ -137,13 +105,16 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
         seen = atomic_load(count, 0)   # read: the counter, then the rows
         _copy_in(params, shards, bounds, touched, k)
         read += touched.size
-        _forward(indptr, indices, values, y, batch_rows, w, scores, labels)
+        csr_linear_forward(indptr, indices, values, w[:d], w[d], scores, batch_rows)
+        for i in range(batch_rows.size):
+            labels[i] = y[batch_rows[i]]
         if hinge:
             loss, correct = multiclass_hinge(scores, labels, dscores)
         else:
             loss, correct = softmax_cross_entropy(scores, labels, dscores)
         losses[step], corrects[step] = loss, correct
-        _backward(indptr, indices, values, batch_rows, dscores, prev, g)
+        zero_rows(g, prev)
+        csr_linear_backward(indptr, indices, values, dscores, g[:d], g[d], batch_rows)
         if check and not (np.isfinite(loss) and _finite_rows(g, touched)):
             done, status = step, BAD_LOSS if not np.isfinite(loss) else BAD_GRAD
             break
@@ -164,7 +135,6 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     out = touched.copy()
     out.sort()
     return done, status, dropped, read, pushed, out
-
 
 
 def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,

@@ -87,27 +87,24 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     Returns (steps done, status, dropped, rows read, rows pushed, the last step's touched rows,
     sorted).
     """
-    n_rows, k = last.size, bounds[-1] // last.size
-    d = n_rows - 1
-    w = params.reshape(n_rows, k)
-    g = grad.reshape(n_rows, k)
+    n_rows, k, d = last.size, bounds[-1] // last.size, last.size - 1   # d: the bias row
+    w, g = params.reshape(n_rows, k), grad.reshape(n_rows, k)
     scores, dscores = np.empty((batch, k), params.dtype), np.empty((batch, k), params.dtype)
-    labels = np.empty(batch, np.int64)
+    all_labels = y[rows]
     mark = np.zeros(n_rows, np.bool_)
     change = np.empty((n_rows, k), params.dtype)
     buffers = np.empty((2, n_rows), np.int64)
     touched = prev
     dropped, read, pushed, done, status = 0, 0, 0, lrs.size, OK
     for step in range(lrs.size):
-        batch_rows = rows[step * batch:(step + 1) * batch]
+        lo, hi = step * batch, (step + 1) * batch
+        batch_rows, labels = rows[lo:hi], all_labels[lo:hi]
         prev = touched
         touched = buffers[step % 2, :_touched(indptr, indices, batch_rows, d, mark, buffers[step % 2])]
         seen = atomic_load(count, 0)   # read: the counter, then the rows
         _copy_in(params, shards, bounds, touched, k)
         read += touched.size
         csr_linear_forward(indptr, indices, values, w[:d], w[d], scores, batch_rows)
-        for i in range(batch_rows.size):
-            labels[i] = y[batch_rows[i]]
         if hinge:
             loss, correct = multiclass_hinge(scores, labels, dscores)
         else:

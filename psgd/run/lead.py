@@ -72,22 +72,17 @@ class Lead:
         self.test_acc = float("nan")
         self.last_timers: dict = {}
 
-    def after_step(self, clock: int, loss: float, correct: int, n: int, timers: dict,
-                   staleness, consensus: float | None = None, mean=None,
-                   bound=None) -> None:
-        """Count one step; write a step record and evaluate when it is time.
+    def after_steps(self, clock: int, losses, corrects, n: int, timers: dict, staleness,
+                    consensus: float | None = None, mean=None, bound=None) -> None:
+        """Count a run of steps ending at ``clock`` (their losses and correct counts, ``n``
+        samples each; nothing is logged or evaluated between them); write a step record and
+        evaluate when it is time.
 
         ``mean``: the workers' mean model, where each worker keeps its own (it is then
         evaluated, and this worker's own model beside it); ``consensus``: the mean
         squared distance of the workers' models from it; ``bound``: the staleness bound
         in force (``--staleness auto``).
         """
-        self.after_steps(clock, (loss,), (correct,), n, timers, staleness, consensus, mean, bound)
-
-    def after_steps(self, clock: int, losses, corrects, n: int, timers: dict, staleness,
-                    consensus: float | None = None, mean=None, bound=None) -> None:
-        """:meth:`after_step` for a run of steps ending at ``clock`` (their losses and correct
-        counts, ``n`` samples each), between which nothing is logged or evaluated."""
         s, step = self.s, clock + 1
         for loss, correct in zip(losses, corrects):
             self.window.add(float(loss), int(correct), n)

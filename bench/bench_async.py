@@ -1,6 +1,6 @@
 """`make bench-async`: staleness compensation under bsp, ssp and asp, as final accuracy at equal samples.
 
-    .venv/bin/python bench/bench_async.py [--quick] [--workers 2,4,8] [--seeds 0,1,2] ...
+    .venv/bin/python bench/bench_async.py [--quick] [--workers 2,4,8] [--seeds 0,1,2] [--add] ...
 
 Every cell is one ``mpiexec -n W+1 python -m psgd train`` (one server) on
 Fashion-MNIST (Debian's dataset-fashion-mnist; synthetic data, with a
@@ -83,15 +83,16 @@ def table(rows: list[dict], args) -> str:
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["model"], r["workers"], r["protocol"], r["method"]), []).append(r)
-    bsp = {(k[0], k[1]): [r.get("accuracy", 0.0) for r in v] for k, v in groups.items()
-           if k[2] == "bsp"}
-    lines = [f"| model | W | protocol | method | mean acc | worst seed | vs bsp (mean) | "
-             f"s to train acc {args.target:g} | mean / max staleness | seeds |",
+    bsp = {(r["model"], r["workers"], r["seed"]): r.get("accuracy", 0.0) for r in rows
+           if r["protocol"] == "bsp"}
+    lines = [f"| model | W | protocol | method | mean acc | worst seed | vs bsp, same seed: "
+             f"mean / worst | s to train acc {args.target:g} | mean / max staleness | seeds |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for (model, w, protocol, method), runs in sorted(groups.items()):
         accs = [r.get("accuracy", 0.0) if r["ok"] else 0.0 for r in runs]
-        ref = bsp.get((model, w))
-        delta = f"{100 * (statistics.mean(accs) - statistics.mean(ref)):+.1f} pt" if ref else "-"
+        gaps = [100 * (a - bsp[model, w, r["seed"]]) for a, r in zip(accs, runs)
+                if (model, w, r["seed"]) in bsp]
+        delta = f"{statistics.mean(gaps):+.1f} / {min(gaps):+.1f} pt" if gaps else "-"
         times = [r["time_to_target"] for r in runs if r.get("time_to_target") is not None]
         reach = f"{statistics.mean(times):.1f} ({len(times)}/{len(runs)})" if times else "-"
         stale = [r for r in runs if r["ok"]]
@@ -102,6 +103,24 @@ def table(rows: list[dict], args) -> str:
                      f"{min(accs):.4f} | {delta} | {reach} | {st} | {len(runs)}"
                      f"{f' ({failed} diverged)' if failed else ''} |")
     return "\n".join(lines)
+
+
+SAME = ("optimizer", "lr", "momentum", "batch_size", "epochs", "eval_every", "eval_samples")
+
+
+def previous_rows(path: Path, todo: list[dict], args) -> list[dict]:
+    """The rows of an earlier run of the grid at ``path``, less the cells about to run again."""
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    settings = earlier["settings"]
+    differ = [f"{k} {settings.get(k)}" for k in SAME if settings.get(k) != getattr(args, k)]
+    if differ:
+        raise SystemExit(f"bench_async: --add: {path} was run with other settings "
+                         f"({', '.join(differ)})")
+    again = {tuple(cell.values()) for cell in todo}
+    return [r for r in earlier["rows"]
+            if (r["model"], r["workers"], r["seed"], r["protocol"], r["method"]) not in again]
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -145,6 +164,9 @@ def main(argv=None) -> int:
                                                                  "(0: all)")
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--add", action="store_true",
+                    help="add these runs to the grid already in OUT's JSON (a run of the same "
+                         "cell replaces the old one) and rewrite its table and plot")
     args = ap.parse_args(argv)
     if args.quick:
         args.workers, args.seeds, args.models = "2", "0", "mlp"
@@ -156,6 +178,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "async-quick" if args.quick else "async"
+    kept = previous_rows(out / f"{name}.json", cells(args), args) if args.add else []
     rows = []
     with tempfile.TemporaryDirectory(prefix="psgd-async-") as tmp:
         data, data_name = dataset(Path(tmp), args.quick, "bench-async")
@@ -168,9 +191,10 @@ def main(argv=None) -> int:
                   f"{row.get('accuracy', row.get('error'))} ({row['wall_s']:.0f} s)", flush=True)
             (out / f"{name}.json").write_text(json.dumps(
                 {"data": data_name, "settings": {k: v for k, v in vars(args).items()},
-                 "rows": rows}, indent=1))
+                 "rows": kept + rows}, indent=1))
+    rows = kept + rows
     text = (f"# Staleness compensation ({data_name}, {args.optimizer} lr {args.lr:g}"
-            f"{f' momentum {args.momentum:g}' if args.optimizer != 'sgd' else ''}, batch "
+            f"{f' momentum {args.momentum:g}' if args.optimizer in ('momentum', 'nesterov') else ''}, batch "
             f"{args.batch_size} per worker, {args.epochs:g} epochs, 1 server)\n\n"
             f"Each run is W + 1 ranks (one server) on {os.cpu_count()} cores: from W = "
             f"{os.cpu_count()} on, the ranks are oversubscribed.\n\n" + table(rows, args) + "\n")

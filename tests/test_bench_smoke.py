@@ -1,4 +1,5 @@
 """`bench/run_all.py --quick` produces a well-formed report, results.json and PNG charts (no timings checked)."""
+import argparse
 import json
 import os
 import signal
@@ -106,6 +107,27 @@ def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
     table = (tmp_path / "async-quick.md").read_text()
     assert "| mlp | 2 | asp | amom |" in table and "| mlp | 2 | bsp | none |" in table
     assert (tmp_path / "async-quick.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_bench_async_add_keeps_the_earlier_grid_and_refuses_other_settings(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_async
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    args = argparse.Namespace(
+        optimizer="momentum", lr=0.05, momentum=0.9, batch_size=64, epochs=2.0, eval_every=0,
+        eval_samples=0, models=["lenet"], workers=[2], seeds=[2], protocols=["asp"],
+        methods=["amom"])
+    cell = {"model": "lenet", "workers": 2, "protocol": "asp", "method": "amom"}
+    earlier = [{**cell, "seed": 0}, {**cell, "seed": 2}]
+    path = tmp_path / "async.json"
+    path.write_text(json.dumps({"settings": {k: getattr(args, k) for k in bench_async.SAME},
+                                "rows": earlier}))
+    assert bench_async.previous_rows(path, bench_async.cells(args), args) == [earlier[0]]
+    args.lr = 0.1
+    with pytest.raises(SystemExit, match="other settings .*lr 0.05"):
+        bench_async.previous_rows(path, bench_async.cells(args), args)
 
 
 def test_bench_compress_quick_writes_its_table_and_json(tmp_path):

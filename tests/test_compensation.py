@@ -63,6 +63,7 @@ class Reference:
             residual = (1.0 - MU) * (1.0 + tau)
             mu_e, scale = (1.0 - residual, 1.0) if residual <= 1.0 else (0.0, 1.0 / residual)
             scale *= min(1.0, (self.updates + 1) / (amom.WARMUP_PER_WORKER * W))
+            scale *= min(1.0, (1.0 + tau) / (1.0 + delay))   # a push staler than the mean
             mu, lr = f32(mu_e), f32(LR * scale)
         self.v = mu * self.v + g
         self.w = self.w - lr * self.v
@@ -120,6 +121,20 @@ def test_a_push_is_never_written_and_reads_follow_overlap_slots():
     np.testing.assert_array_equal(lent, g)
     np.testing.assert_array_equal(rule.reads[1, 0], 1.0)   # clock 4 read the first reply
     assert rule.comp.factor.total == pytest.approx(1.0)      # nothing had moved since
+
+
+def test_amom_scales_a_push_staler_than_the_mean_by_its_own_delay():
+    config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
+                         lr_schedule=lambda c: LR, staleness_comp="amom")
+    method = amom.AsyncAwareMomentum(config, make_optimizer("momentum", N, momentum=MU), N, 1)
+    for _ in range(200):                                  # past the warm-up, mean delay 1
+        _, lr = method.adjust(None, LR, 0, 1, None, None)
+    assert lr == pytest.approx(LR)
+    _, lr = method.adjust(None, LR, 0, 21, None, None)   # a straggler's push
+    mean = method.delay.value
+    assert 1.1 < mean < 1.3 and lr == pytest.approx(LR * (1 + mean) / 22)
+    _, lr = method.adjust(None, LR, 0, 0, None, None)    # fresher than the mean: full step
+    assert lr == pytest.approx(LR)
 
 
 def test_explicit_momentum_keeps_the_gain_of_the_users_momentum():

@@ -6,9 +6,13 @@ on a steady gradient is 1 / (1 - mu); two momenta in series multiply their
 gains, so the explicit momentum that keeps the total at the user's mu is
 ``mu_e = 1 - (1 - mu) * (1 + tau)``.  Past tau = mu / (1 - mu) it would be
 negative: then mu_e = 0 and the learning rate is scaled by
-``1 / ((1 - mu) * (1 + tau))`` instead, which keeps the gain.  The learning
-rate also ramps up linearly over the first 50 W updates, while the delay's
-running mean is still young and the gradients are at their largest.
+``1 / ((1 - mu) * (1 + tau))`` instead, which keeps the gain.  A push staler
+than the mean, delay d > tau, is scaled by ``(1 + tau) / (1 + d)`` as well
+(AdaDelay's step that follows the push's own delay, Sra et al. 2016), so a
+straggler's pushes do not land at full step on momentum set for the fast
+workers.  The learning rate also ramps up linearly over the first 50 W
+updates, while the delay's running mean is still young and the gradients are
+at their largest.
 """
 from __future__ import annotations
 
@@ -34,9 +38,10 @@ class AsyncAwareMomentum(Compensation):
         self.updates = 0
 
     def adjust(self, grad, lr, staleness, delay, now, read):
-        mu, scale = explicit_momentum(self.target, self.delay.add(delay))
+        mean = self.delay.add(delay)
+        mu, scale = explicit_momentum(self.target, mean)
         self.updates += 1
-        scale *= min(1.0, self.updates / self.warmup)
+        scale *= min(1.0, self.updates / self.warmup) * min(1.0, (1.0 + mean) / (1.0 + delay))
         if hasattr(self.optimizer, self.key):
             setattr(self.optimizer, self.key, mu)
         self.factor.add(mu)

@@ -116,73 +116,83 @@ def col2im(dcols, kh, kw, stride, pad, dx):
 
 
 @njit(cache=True)
-def conv2d_forward(x, wb, kh, kw, stride, pad, cols, out, chunk=1):
-    """Convolution (cross-correlation, as in every DL framework) plus bias: ``out = im2col(x) @ wb``.
+def conv2d_forward(x, wb, kh, kw, stride, pad, cols, out):
+    """Convolution (cross-correlation, as in every DL framework) plus bias: ``out = im2col(x) @ wb``,
+    a chunk of samples at a time.
 
     Parameters
     ----------
     x : (B, H, W, C) float32 or float64, C-contiguous
     wb : (KH*KW*C + 1, F) same dtype, C-contiguous: weights in (kh, kw, c) row order, bias last
     kh, kw, stride, pad : int (zero padding ``pad`` on all four sides)
-    cols : (B*OH*OW, KH*KW*C + 1) scratch, overwritten with the im2col matrix; keep it
-        for :func:`conv2d_backward_params`
+    cols : (chunk*OH*OW, KH*KW*C + 1) scratch, overwritten; its length sets the samples per
+        im2col + GEMM round: small enough to stay in L2 cache, so the GEMM reads what
+        im2col just wrote from there (the result does not depend on it)
     out : (B, OH, OW, F) overwritten
-    chunk : int
-        Samples per im2col + GEMM round; pick it so a chunk of ``cols`` fits in L2 cache,
-        and the GEMM reads what im2col just wrote from cache (the result does not depend on it).
 
     Returns
     -------
     out : the same array
     """
-    nb = x.shape[0]
-    rows = cols.shape[0] // nb
-    om = out.reshape(cols.shape[0], wb.shape[1])
+    nb, oh, ow, f = out.shape
+    rows = oh * ow
+    chunk = max(1, cols.shape[0] // rows)
+    om = out.reshape(nb * rows, f)
     for s in range(0, nb, chunk):
         e = min(nb, s + chunk)
-        c = cols[s * rows:e * rows]
+        c = cols[:(e - s) * rows]
         im2col(x[s:e], kh, kw, stride, pad, c)
         np.dot(c, wb, om[s * rows:e * rows])
     return out
 
 
 @njit(cache=True)
-def conv2d_backward_params(cols, dout, dwb):
-    """Weight and bias gradients in one GEMM: ``dwb = cols.T @ dout`` (the last row is the bias gradient).
+def conv2d_backward(x, wb, dout, kh, kw, stride, pad, cols, dwb, dx):
+    """Gradients of :func:`conv2d_forward`, a chunk of samples at a time: im2col again,
+    ``dwb += cols.T @ dout`` (its last row is the bias gradient), then ``dcols = dout @ w.T``
+    folded back with :func:`col2im`.
 
     Parameters
     ----------
-    cols : (B*OH*OW, KH*KW*C + 1) the im2col matrix of the forward pass
-    dout : (B, OH, OW, F) C-contiguous
-    dwb : (KH*KW*C + 1, F) overwritten
-    """
-    np.dot(cols.T, dout.reshape(cols.shape[0], dwb.shape[1]), dwb)
-
-
-@njit(cache=True)
-def conv2d_backward_input(w, dout, kh, kw, stride, pad, dcols, dx):
-    """Input gradient: ``dcols = dout @ w.T``, folded back with :func:`col2im`, a chunk of samples at a time.
-
-    Parameters
-    ----------
-    w : (KH*KW*C, F) C-contiguous: ``wb`` without its bias row (``wb[:-1]``)
+    x : (B, H, W, C) the forward input, C-contiguous
+    wb : (KH*KW*C + 1, F) C-contiguous, the forward's weights and bias
     dout : (B, OH, OW, F) C-contiguous
     kh, kw, stride, pad : int
-    dcols : (chunk*OH*OW, KH*KW*C) scratch, overwritten; its length sets the chunk of samples
-        per GEMM + col2im round (small enough to stay in L2 cache)
-    dx : (B, H, W, C) overwritten
+    cols : (chunk*OH*OW, KH*KW*C + 1) scratch as in :func:`conv2d_forward` (it also holds
+        each chunk's ``dcols``)
+    dwb : (KH*KW*C + 1, F) overwritten
+    dx : (B, H, W, C) overwritten, or an empty (0, 0, 0, 0) array when the input gradient
+        is not needed (the first layer)
 
     Returns
     -------
-    dx : the same array
+    dwb : the same array
+
+    Notes
+    -----
+    Recomputing im2col into an L2-sized chunk costs less than writing and rereading the
+    whole batch's im2col matrix, and keeps only a chunk of it in memory.
     """
     nb, oh, ow, f = dout.shape
     rows = oh * ow
-    chunk = max(1, dcols.shape[0] // rows)
+    k = wb.shape[0] - 1
+    chunk = max(1, cols.shape[0] // rows)
     dm = dout.reshape(nb * rows, f)
+    w = wb[:k]
+    part = np.empty_like(dwb)
+    flat = cols.reshape(cols.size)
     for s in range(0, nb, chunk):
         e = min(nb, s + chunk)
-        c = dcols[:(e - s) * rows]
-        np.dot(dm[s * rows:e * rows], w.T, c)
-        col2im(c, kh, kw, stride, pad, dx[s:e])
-    return dx
+        c = cols[:(e - s) * rows]
+        d = dm[s * rows:e * rows]
+        im2col(x[s:e], kh, kw, stride, pad, c)
+        if s == 0:
+            np.dot(c.T, d, dwb)
+        else:
+            np.dot(c.T, d, part)
+            dwb += part
+        if dx.shape[0] != 0:
+            dc = flat[:(e - s) * rows * k].reshape((e - s) * rows, k)
+            np.dot(d, w.T, dc)
+            col2im(dc, kh, kw, stride, pad, dx[s:e])
+    return dwb

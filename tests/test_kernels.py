@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 
 from psgd.kernels.activation import relu_backward, relu_forward
-from psgd.kernels.conv import (col2im, conv2d_backward_input, conv2d_backward_params,
-                               conv2d_forward, conv_out_size, im2col)
+from psgd.kernels.conv import col2im, conv2d_backward, conv2d_forward, conv_out_size, im2col
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
 from psgd.kernels.finite import add_into, finite
 from psgd.kernels.loss import softmax_cross_entropy
@@ -118,12 +117,11 @@ def pack(w, b):
     return np.concatenate([w.reshape(-1, w.shape[-1]), b[None, :]])
 
 
-def conv_buffers(case, dtype=np.float64, chunk=None):
+def conv_buffers(case, dtype=np.float64, chunk=1):
+    """(cols scratch for ``chunk`` samples, out) of a conv case."""
     nb, h, w_, c, f, k, s, p = case
     oh, ow = conv_out_size(h, k, s, p), conv_out_size(w_, k, s, p)
-    rows = (chunk or nb) * oh * ow
-    return (np.empty((nb * oh * ow, k * k * c + 1), dtype), np.empty((nb, oh, ow, f), dtype),
-            np.empty((rows, k * k * c), dtype))
+    return np.empty((min(chunk, nb) * oh * ow, k * k * c + 1), dtype), np.empty((nb, oh, ow, f), dtype)
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
@@ -133,8 +131,8 @@ def test_conv_forward_matches_numpy(case, dtype, chunk):
     nb, h, w_, c, f, k, s, p = case
     rng = np.random.default_rng(3)
     x, w, b = rand(rng, nb, h, w_, c, dtype=dtype), rand(rng, k, k, c, f, dtype=dtype), rand(rng, f, dtype=dtype)
-    cols, out, _ = conv_buffers(case, dtype)
-    out = conv2d_forward(x, pack(w, b), k, k, s, p, cols, out, chunk)
+    cols, out = conv_buffers(case, dtype, chunk)
+    out = conv2d_forward(x, pack(w, b), k, k, s, p, cols, out)
     np.testing.assert_allclose(out, ref_conv(x, w, b, s, p), rtol=1e-5, atol=1e-5)
     assert np.all(cols[:, -1] == 1.0)
 
@@ -145,17 +143,19 @@ def test_conv_backward_matches_finite_differences_float64(case, chunk):
     nb, h, w_, c, f, k, s, p = case
     rng = np.random.default_rng(4)
     x, w, b = rand(rng, nb, h, w_, c), rand(rng, k, k, c, f), rand(rng, f)
-    cols, out, dcols = conv_buffers(case, chunk=chunk)
+    cols, out = conv_buffers(case, chunk=chunk)
     r = rand(rng, *out.shape)
     loss = lambda: float((ref_conv(x, w, b, s, p) * r).sum())  # noqa: E731
     wb = pack(w, b)
-    conv2d_forward(x, wb, k, k, s, p, cols, out, chunk)
+    conv2d_forward(x, wb, k, k, s, p, cols, out)
     dwb, dx = np.full_like(wb, np.nan), np.full_like(x, np.nan)
-    conv2d_backward_params(cols, r, dwb)
-    conv2d_backward_input(np.ascontiguousarray(wb[:-1]), r, k, k, s, p, dcols, dx)
+    conv2d_backward(x, wb, r, k, k, s, p, cols, dwb, dx)
     np.testing.assert_allclose(dwb[:-1].reshape(w.shape), numeric_grad(loss, w), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dwb[-1], numeric_grad(loss, b), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-7)
+    dwb2 = np.full_like(wb, np.nan)  # without the input gradient: the same parameter gradients
+    conv2d_backward(x, wb, r, k, k, s, p, cols, dwb2, np.empty((0, 0, 0, 0)))
+    np.testing.assert_array_equal(dwb2, dwb)
 
 
 def test_col2im_is_the_adjoint_of_im2col():
@@ -260,7 +260,6 @@ def _pyfunc_cases():
     cols = np.empty((2 * 3 * 3, 19))
     xd, wd, bd, rd = rand(rng, 3, 4), rand(rng, 4, 2), rand(rng, 2), rand(rng, 3, 2)
     dout = rand(rng, 2, 3, 3, 3)
-    cols_f = im2col(x, 3, 3, 2, 1, np.empty((2 * 3 * 3, 19)))
     am = np.empty((2, 2, 2, 2), np.int32)
     maxpool2d_forward(x, 2, 2, np.empty((2, 2, 2, 2)), am)
     return [
@@ -269,10 +268,9 @@ def _pyfunc_cases():
         ("dense_backward_input", dense_backward_input, (wd, rd, np.empty((3, 4)))),
         ("im2col", im2col, (x, 3, 3, 2, 1, cols)),
         ("col2im", col2im, (rand(rng, 2 * 3 * 3, 18), 3, 3, 2, 1, np.empty_like(x))),
-        ("conv2d_forward", conv2d_forward, (x, wb, 3, 3, 2, 1, cols, np.empty((2, 3, 3, 3)), 1)),
-        ("conv2d_backward_params", conv2d_backward_params, (cols_f, dout, np.empty_like(wb))),
-        ("conv2d_backward_input", conv2d_backward_input,
-         (wb[:-1].copy(), dout, 3, 3, 2, 1, np.empty((9, 18)), np.empty_like(x))),
+        ("conv2d_forward", conv2d_forward, (x, wb, 3, 3, 2, 1, np.empty((9, 19)), np.empty((2, 3, 3, 3)))),
+        ("conv2d_backward", conv2d_backward,
+         (x, wb, dout, 3, 3, 2, 1, np.empty((9, 19)), np.empty_like(wb), np.empty_like(x))),
         ("maxpool2d_forward", maxpool2d_forward, (x, 2, 2, np.empty((2, 2, 2, 2)), np.empty((2, 2, 2, 2), np.int32))),
         ("maxpool2d_backward", maxpool2d_backward, (rand(rng, 2, 2, 2, 2), am, 2, 2, np.empty_like(x))),
         ("maxpool2d_backward_tiled", maxpool2d_backward, (rand(rng, 2, 2, 2, 2), am, 2, 2, np.empty((2, 4, 4, 2)))),

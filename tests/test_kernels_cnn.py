@@ -8,8 +8,7 @@ from psgd.kernels.activation import (leaky_relu_backward, leaky_relu_forward, re
                                      tanh_forward)
 from psgd.kernels.batchnorm import (batchnorm_backward, batchnorm_forward_eval,
                                     batchnorm_forward_train)
-from psgd.kernels.conv import (conv2d_backward_input, conv2d_backward_params, conv2d_forward,
-                               conv_out_size)
+from psgd.kernels.conv import conv2d_backward, conv2d_forward, conv_out_size
 from psgd.kernels.dropout import dropout_backward, dropout_forward
 from psgd.kernels.pool import (avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
                                global_avgpool_forward, pool_out_size)
@@ -53,15 +52,13 @@ def test_rectangular_conv_matches_numpy_and_finite_differences(kh, kw, stride, p
     nb, h, w_, c, f = 2, 6, 7, 2, 3
     x, w, b = rand(rng, nb, h, w_, c), rand(rng, kh, kw, c, f), rand(rng, f)
     oh, ow = conv_out_size(h, kh, stride, pad), conv_out_size(w_, kw, stride, pad)
-    cols, out = np.empty((nb * oh * ow, kh * kw * c + 1)), np.empty((nb, oh, ow, f))
+    cols, out = np.empty((oh * ow, kh * kw * c + 1)), np.empty((nb, oh, ow, f))
     wb = np.concatenate([w.reshape(-1, f), b[None]])
-    conv2d_forward(x, wb, kh, kw, stride, pad, cols, out, 1)
+    conv2d_forward(x, wb, kh, kw, stride, pad, cols, out)
     np.testing.assert_allclose(out, ref_conv_rect(x, w, b, stride, pad), rtol=1e-12, atol=1e-12)
     r = rand(rng, *out.shape)
     dwb, dx = np.full_like(wb, np.nan), np.full_like(x, np.nan)
-    conv2d_backward_params(cols, r, dwb)
-    conv2d_backward_input(np.ascontiguousarray(wb[:-1]), r, kh, kw, stride, pad,
-                          np.empty((oh * ow, kh * kw * c)), dx)
+    conv2d_backward(x, wb, r, kh, kw, stride, pad, cols, dwb, dx)
     loss = lambda: float((ref_conv_rect(x, w, b, stride, pad) * r).sum())  # noqa: E731
     np.testing.assert_allclose(dwb[:-1].reshape(w.shape), numeric_grad(loss, w), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-7)

@@ -10,8 +10,7 @@ import math
 import numpy as np
 
 from psgd.kernels.activation import relu_backward, relu_forward
-from psgd.kernels.conv import (conv2d_backward_input, conv2d_backward_params, conv2d_forward,
-                               conv_out_size)
+from psgd.kernels.conv import conv2d_backward, conv2d_forward, conv_out_size
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
 from psgd.kernels.pool import (avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
                                global_avgpool_forward, maxpool2d_backward, maxpool2d_forward,
@@ -138,9 +137,9 @@ class Conv2D(Layer):
         self.in_shape, self.out_shape = tuple(in_shape), (oh, ow, filters)
         self.kh, self.kw, self.stride, self.pad = kh, kw, stride, pad
         self._k_rows = kh * kw * c
-        # samples per im2col + GEMM round: at most ~640 KiB of float32 cols, so the GEMM
-        # reads what im2col just wrote from L2 cache (1.25 MiB per core here)
-        self.chunk = max(1, (640 << 10) // (oh * ow * (self._k_rows + 1) * 4))
+        # samples per im2col + GEMM round: about 1 MiB of float32 cols, so the GEMM reads what
+        # im2col just wrote from L2 cache
+        self.chunk = max(1, (1 << 20) // (oh * ow * (self._k_rows + 1) * 4))
 
     def param_shapes(self):
         return [("wb", (self._k_rows + 1, self.out_shape[2]))]
@@ -158,21 +157,20 @@ class Conv2D(Layer):
     def forward(self, x):
         n = x.shape[0]
         oh, ow, f = self.out_shape
-        self._cols = self._buf("cols", (n * oh * ow, self._k_rows + 1), x.dtype)
+        self._x = x
         out = self._buf("out", (n, oh, ow, f), x.dtype)
-        return conv2d_forward(x, self.wb, self.kh, self.kw, self.stride, self.pad, self._cols, out,
-                              self.chunk)
+        return conv2d_forward(x, self.wb, self.kh, self.kw, self.stride, self.pad, self._cols(x), out)
 
     def backward(self, dy, need_dx=True):
-        conv2d_backward_params(self._cols, dy, self.dwb)
-        if not need_dx:
-            return None
-        n = dy.shape[0]
+        x = self._x
+        dx = self._buf("dx", x.shape, dy.dtype) if need_dx else np.empty((0, 0, 0, 0), dy.dtype)
+        conv2d_backward(x, self.wb, dy, self.kh, self.kw, self.stride, self.pad, self._cols(x),
+                        self.dwb, dx)
+        return dx if need_dx else None
+
+    def _cols(self, x):
         oh, ow, _ = self.out_shape
-        dcols = self._buf("dcols", (min(n, self.chunk) * oh * ow, self._k_rows), dy.dtype)
-        dx = self._buf("dx", (n, *self.in_shape), dy.dtype)
-        return conv2d_backward_input(self.wb[:-1], dy, self.kh, self.kw, self.stride, self.pad,
-                                     dcols, dx)
+        return self._buf("cols", (min(x.shape[0], self.chunk) * oh * ow, self._k_rows + 1), x.dtype)
 
 
 class _Pool2D(Layer):

@@ -116,19 +116,21 @@ def col2im(dcols, kh, kw, stride, pad, dx):
 
 
 @njit(cache=True)
-def conv2d_forward(x, wb, kh, kw, stride, pad, cols, out):
+def conv2d_forward(x, wb, kh, kw, stride, pad, cols, out, chunk):
     """Convolution (cross-correlation, as in every DL framework) plus bias: ``out = im2col(x) @ wb``,
-    a chunk of samples at a time.
+    ``chunk`` samples at a time.
 
     Parameters
     ----------
     x : (B, H, W, C) float32 or float64, C-contiguous
     wb : (KH*KW*C + 1, F) same dtype, C-contiguous: weights in (kh, kw, c) row order, bias last
     kh, kw, stride, pad : int (zero padding ``pad`` on all four sides)
-    cols : (chunk*OH*OW, KH*KW*C + 1) scratch, overwritten; its length sets the samples per
-        im2col + GEMM round: small enough to stay in L2 cache, so the GEMM reads what
-        im2col just wrote from there (the result does not depend on it)
+    cols : (chunk*OH*OW, KH*KW*C + 1) scratch that every chunk reuses (small enough to stay
+        in L2 cache, so the GEMM reads what im2col just wrote from there), or
+        (B*OH*OW, KH*KW*C + 1): the whole batch's im2col matrix, kept for
+        :func:`conv2d_backward`; overwritten either way
     out : (B, OH, OW, F) overwritten
+    chunk : int, samples per im2col + GEMM round (the result does not depend on it)
 
     Returns
     -------
@@ -136,21 +138,21 @@ def conv2d_forward(x, wb, kh, kw, stride, pad, cols, out):
     """
     nb, oh, ow, f = out.shape
     rows = oh * ow
-    chunk = max(1, cols.shape[0] // rows)
+    whole = cols.shape[0] >= nb * rows
     om = out.reshape(nb * rows, f)
     for s in range(0, nb, chunk):
         e = min(nb, s + chunk)
-        c = cols[:(e - s) * rows]
+        c = cols[s * rows:e * rows] if whole else cols[:(e - s) * rows]
         im2col(x[s:e], kh, kw, stride, pad, c)
         np.dot(c, wb, om[s * rows:e * rows])
     return out
 
 
 @njit(cache=True)
-def conv2d_backward(x, wb, dout, kh, kw, stride, pad, cols, dwb, dx):
-    """Gradients of :func:`conv2d_forward`, a chunk of samples at a time: im2col again,
-    ``dwb += cols.T @ dout`` (its last row is the bias gradient), then ``dcols = dout @ w.T``
-    folded back with :func:`col2im`.
+def conv2d_backward(x, wb, dout, kh, kw, stride, pad, cols, dwb, dx, chunk):
+    """Gradients of :func:`conv2d_forward`, ``chunk`` samples at a time: im2col again (unless
+    ``cols`` holds the whole batch's matrix), ``dwb += cols.T @ dout`` (its last row is the bias
+    gradient), then ``dcols = dout @ w.T`` folded back with :func:`col2im`.
 
     Parameters
     ----------
@@ -158,11 +160,12 @@ def conv2d_backward(x, wb, dout, kh, kw, stride, pad, cols, dwb, dx):
     wb : (KH*KW*C + 1, F) C-contiguous, the forward's weights and bias
     dout : (B, OH, OW, F) C-contiguous
     kh, kw, stride, pad : int
-    cols : (chunk*OH*OW, KH*KW*C + 1) scratch as in :func:`conv2d_forward` (it also holds
-        each chunk's ``dcols``)
+    cols : the ``cols`` of :func:`conv2d_forward`; also scratch for each chunk's ``dcols``,
+        so a whole-batch matrix is used up
     dwb : (KH*KW*C + 1, F) overwritten
     dx : (B, H, W, C) overwritten, or an empty (0, 0, 0, 0) array when the input gradient
         is not needed (the first layer)
+    chunk : int, samples per round
 
     Returns
     -------
@@ -176,22 +179,25 @@ def conv2d_backward(x, wb, dout, kh, kw, stride, pad, cols, dwb, dx):
     nb, oh, ow, f = dout.shape
     rows = oh * ow
     k = wb.shape[0] - 1
-    chunk = max(1, cols.shape[0] // rows)
+    whole = cols.shape[0] >= nb * rows
     dm = dout.reshape(nb * rows, f)
     w = wb[:k]
     part = np.empty_like(dwb)
     flat = cols.reshape(cols.size)
     for s in range(0, nb, chunk):
         e = min(nb, s + chunk)
-        c = cols[:(e - s) * rows]
         d = dm[s * rows:e * rows]
-        im2col(x[s:e], kh, kw, stride, pad, c)
+        if whole:
+            c = cols[s * rows:e * rows]
+        else:
+            c = cols[:(e - s) * rows]
+            im2col(x[s:e], kh, kw, stride, pad, c)
         if s == 0:
             np.dot(c.T, d, dwb)
         else:
             np.dot(c.T, d, part)
             dwb += part
-        if dx.shape[0] != 0:
+        if dx.shape[0] != 0:  # dcols in cols' first rows, which no later chunk reads
             dc = flat[:(e - s) * rows * k].reshape((e - s) * rows, k)
             np.dot(d, w.T, dc)
             col2im(dc, kh, kw, stride, pad, dx[s:e])

@@ -117,44 +117,46 @@ def pack(w, b):
     return np.concatenate([w.reshape(-1, w.shape[-1]), b[None, :]])
 
 
-def conv_buffers(case, dtype=np.float64, chunk=1):
-    """(cols scratch for ``chunk`` samples, out) of a conv case."""
+def conv_buffers(case, dtype=np.float64, chunk=1, whole=False):
+    """(cols scratch for ``chunk`` samples, or the whole batch's, out) of a conv case."""
     nb, h, w_, c, f, k, s, p = case
     oh, ow = conv_out_size(h, k, s, p), conv_out_size(w_, k, s, p)
-    return np.empty((min(chunk, nb) * oh * ow, k * k * c + 1), dtype), np.empty((nb, oh, ow, f), dtype)
+    n = nb if whole else min(chunk, nb)
+    return np.empty((n * oh * ow, k * k * c + 1), dtype), np.empty((nb, oh, ow, f), dtype)
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("chunk", [1, 2, 64])
-def test_conv_forward_matches_numpy(case, dtype, chunk):
+@pytest.mark.parametrize("chunk,whole", [(1, False), (2, False), (64, False), (1, True)])
+def test_conv_forward_matches_numpy(case, dtype, chunk, whole):
     nb, h, w_, c, f, k, s, p = case
     rng = np.random.default_rng(3)
     x, w, b = rand(rng, nb, h, w_, c, dtype=dtype), rand(rng, k, k, c, f, dtype=dtype), rand(rng, f, dtype=dtype)
-    cols, out = conv_buffers(case, dtype, chunk)
-    out = conv2d_forward(x, pack(w, b), k, k, s, p, cols, out)
+    cols, out = conv_buffers(case, dtype, chunk, whole)
+    out = conv2d_forward(x, pack(w, b), k, k, s, p, cols, out, chunk)
     np.testing.assert_allclose(out, ref_conv(x, w, b, s, p), rtol=1e-5, atol=1e-5)
     assert np.all(cols[:, -1] == 1.0)
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
-@pytest.mark.parametrize("chunk", [1, 64])
-def test_conv_backward_matches_finite_differences_float64(case, chunk):
+@pytest.mark.parametrize("chunk,whole", [(1, False), (64, False), (1, True)])
+def test_conv_backward_matches_finite_differences_float64(case, chunk, whole):
     nb, h, w_, c, f, k, s, p = case
     rng = np.random.default_rng(4)
     x, w, b = rand(rng, nb, h, w_, c), rand(rng, k, k, c, f), rand(rng, f)
-    cols, out = conv_buffers(case, chunk=chunk)
+    cols, out = conv_buffers(case, chunk=chunk, whole=whole)
     r = rand(rng, *out.shape)
     loss = lambda: float((ref_conv(x, w, b, s, p) * r).sum())  # noqa: E731
     wb = pack(w, b)
-    conv2d_forward(x, wb, k, k, s, p, cols, out)
+    conv2d_forward(x, wb, k, k, s, p, cols, out, chunk)
     dwb, dx = np.full_like(wb, np.nan), np.full_like(x, np.nan)
-    conv2d_backward(x, wb, r, k, k, s, p, cols, dwb, dx)
+    conv2d_backward(x, wb, r, k, k, s, p, cols, dwb, dx, chunk)
     np.testing.assert_allclose(dwb[:-1].reshape(w.shape), numeric_grad(loss, w), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dwb[-1], numeric_grad(loss, b), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-7)
     dwb2 = np.full_like(wb, np.nan)  # without the input gradient: the same parameter gradients
-    conv2d_backward(x, wb, r, k, k, s, p, cols, dwb2, np.empty((0, 0, 0, 0)))
+    conv2d_forward(x, wb, k, k, s, p, cols, out, chunk)
+    conv2d_backward(x, wb, r, k, k, s, p, cols, dwb2, np.empty((0, 0, 0, 0)), chunk)
     np.testing.assert_array_equal(dwb2, dwb)
 
 
@@ -260,6 +262,7 @@ def _pyfunc_cases():
     cols = np.empty((2 * 3 * 3, 19))
     xd, wd, bd, rd = rand(rng, 3, 4), rand(rng, 4, 2), rand(rng, 2), rand(rng, 3, 2)
     dout = rand(rng, 2, 3, 3, 3)
+    cols_f = im2col(x, 3, 3, 2, 1, np.empty((2 * 3 * 3, 19)))
     am = np.empty((2, 2, 2, 2), np.int32)
     maxpool2d_forward(x, 2, 2, np.empty((2, 2, 2, 2)), am)
     return [
@@ -268,9 +271,11 @@ def _pyfunc_cases():
         ("dense_backward_input", dense_backward_input, (wd, rd, np.empty((3, 4)))),
         ("im2col", im2col, (x, 3, 3, 2, 1, cols)),
         ("col2im", col2im, (rand(rng, 2 * 3 * 3, 18), 3, 3, 2, 1, np.empty_like(x))),
-        ("conv2d_forward", conv2d_forward, (x, wb, 3, 3, 2, 1, np.empty((9, 19)), np.empty((2, 3, 3, 3)))),
+        ("conv2d_forward", conv2d_forward, (x, wb, 3, 3, 2, 1, np.empty((9, 19)), np.empty((2, 3, 3, 3)), 1)),
         ("conv2d_backward", conv2d_backward,
-         (x, wb, dout, 3, 3, 2, 1, np.empty((9, 19)), np.empty_like(wb), np.empty_like(x))),
+         (x, wb, dout, 3, 3, 2, 1, np.empty((9, 19)), np.empty_like(wb), np.empty_like(x), 1)),
+        ("conv2d_backward_whole", conv2d_backward,
+         (x, wb, dout, 3, 3, 2, 1, cols_f, np.empty_like(wb), np.empty_like(x), 1)),
         ("maxpool2d_forward", maxpool2d_forward, (x, 2, 2, np.empty((2, 2, 2, 2)), np.empty((2, 2, 2, 2), np.int32))),
         ("maxpool2d_backward", maxpool2d_backward, (rand(rng, 2, 2, 2, 2), am, 2, 2, np.empty_like(x))),
         ("maxpool2d_backward_tiled", maxpool2d_backward, (rand(rng, 2, 2, 2, 2), am, 2, 2, np.empty((2, 4, 4, 2)))),

@@ -54,11 +54,11 @@ def test_rectangular_conv_matches_numpy_and_finite_differences(kh, kw, stride, p
     oh, ow = conv_out_size(h, kh, stride, pad), conv_out_size(w_, kw, stride, pad)
     cols, out = np.empty((oh * ow, kh * kw * c + 1)), np.empty((nb, oh, ow, f))
     wb = np.concatenate([w.reshape(-1, f), b[None]])
-    conv2d_forward(x, wb, kh, kw, stride, pad, cols, out)
+    conv2d_forward(x, wb, kh, kw, stride, pad, cols, out, 1)
     np.testing.assert_allclose(out, ref_conv_rect(x, w, b, stride, pad), rtol=1e-12, atol=1e-12)
     r = rand(rng, *out.shape)
     dwb, dx = np.full_like(wb, np.nan), np.full_like(x, np.nan)
-    conv2d_backward(x, wb, r, kh, kw, stride, pad, cols, dwb, dx)
+    conv2d_backward(x, wb, r, kh, kw, stride, pad, cols, dwb, dx, 1)
     loss = lambda: float((ref_conv_rect(x, w, b, stride, pad) * r).sum())  # noqa: E731
     np.testing.assert_allclose(dwb[:-1].reshape(w.shape), numeric_grad(loss, w), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-7)

@@ -16,6 +16,9 @@ from psgd.kernels.pool import (avgpool2d_backward, avgpool2d_forward, global_avg
                                global_avgpool_forward, maxpool2d_backward, maxpool2d_forward,
                                pool_out_size)
 
+CHUNK_BYTES = 1 << 20       # im2col rows per conv GEMM round (see Conv2D)
+KEEP_COLS_BYTES = 8 << 20   # a conv keeps its batch's im2col matrix up to this size
+
 
 class Layer:
     """A layer with no parameters; subclasses override what they need.
@@ -138,8 +141,9 @@ class Conv2D(Layer):
         self.kh, self.kw, self.stride, self.pad = kh, kw, stride, pad
         self._k_rows = kh * kw * c
         # samples per im2col + GEMM round: about 1 MiB of float32 cols, so the GEMM reads what
-        # im2col just wrote from L2 cache
-        self.chunk = max(1, (1 << 20) // (oh * ow * (self._k_rows + 1) * 4))
+        # im2col just wrote from L2 cache; a batch's whole im2col matrix is kept from forward
+        # to backward (not computed again) only when it is small, as for a first layer's few channels
+        self.chunk = max(1, CHUNK_BYTES // (oh * ow * (self._k_rows + 1) * 4))
 
     def param_shapes(self):
         return [("wb", (self._k_rows + 1, self.out_shape[2]))]
@@ -159,18 +163,20 @@ class Conv2D(Layer):
         oh, ow, f = self.out_shape
         self._x = x
         out = self._buf("out", (n, oh, ow, f), x.dtype)
-        return conv2d_forward(x, self.wb, self.kh, self.kw, self.stride, self.pad, self._cols(x), out)
+        return conv2d_forward(x, self.wb, self.kh, self.kw, self.stride, self.pad, self._cols(x), out,
+                              self.chunk)
 
     def backward(self, dy, need_dx=True):
         x = self._x
         dx = self._buf("dx", x.shape, dy.dtype) if need_dx else np.empty((0, 0, 0, 0), dy.dtype)
         conv2d_backward(x, self.wb, dy, self.kh, self.kw, self.stride, self.pad, self._cols(x),
-                        self.dwb, dx)
+                        self.dwb, dx, self.chunk)
         return dx if need_dx else None
 
     def _cols(self, x):
-        oh, ow, _ = self.out_shape
-        return self._buf("cols", (min(x.shape[0], self.chunk) * oh * ow, self._k_rows + 1), x.dtype)
+        n, (oh, ow, _) = x.shape[0], self.out_shape
+        whole = n * oh * ow * (self._k_rows + 1) * x.itemsize <= KEEP_COLS_BYTES
+        return self._buf("cols", ((n if whole else min(n, self.chunk)) * oh * ow, self._k_rows + 1), x.dtype)
 
 
 class _Pool2D(Layer):

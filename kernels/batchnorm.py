@@ -4,17 +4,31 @@ from numba import njit
 
 
 @njit(cache=True)
-def batchnorm_forward_train(x, gamma, beta, eps, out, xhat, mean, invstd):
-    """Normalise each column with the batch's own mean and (biased) variance, then scale and shift.
+def _affine(mean, invstd, dtype):
+    """``xhat = x * a + b``: the per-column scale and shift that normalise, in the data's dtype."""
+    c = mean.shape[0]
+    a = np.empty(c, dtype)
+    b = np.empty(c, dtype)
+    for j in range(c):
+        a[j] = invstd[j]
+        b[j] = -mean[j] * invstd[j]
+    return a, b
+
+
+@njit(cache=True)
+def batchnorm_forward_train(x, gamma, beta, eps, relu, out, mean, invstd):
+    """Normalise each column with the batch's own mean and (biased) variance, then scale and
+    shift (and apply a ReLU when ``relu``).
 
     Parameters
     ----------
     x : (N, C) float32 or float64, C-contiguous
     gamma, beta : (C,) same dtype
     eps : float, added to the variance
-    out : (N, C) overwritten with ``gamma * xhat + beta``
-    xhat : (N, C) overwritten with ``(x - mean) * invstd``; keep it for the backward pass
-    mean, invstd : (C,) float64, overwritten with the batch mean and ``1 / sqrt(var + eps)``
+    relu : bool, whether ``out`` is ``max(gamma * xhat + beta, 0)``
+    out : (N, C) overwritten with ``gamma * xhat + beta`` where ``xhat = (x - mean) * invstd``
+    mean, invstd : (C,) float64, overwritten with the batch mean and ``1 / sqrt(var + eps)``;
+        keep them (and ``x``, ``out``) for the backward pass
 
     Returns
     -------
@@ -36,25 +50,22 @@ def batchnorm_forward_train(x, gamma, beta, eps, out, xhat, mean, invstd):
             d = x[i, j] - shift[j]
             s1[j] += d
             s2[j] += d * d
-    a = np.empty(c, x.dtype)
-    b = np.empty(c, x.dtype)
     for j in range(c):
         m = s1[j] / n
         mean[j] = shift[j] + m
         invstd[j] = 1.0 / np.sqrt(max(s2[j] / n - m * m, 0.0) + eps)
-        a[j] = invstd[j]
-        b[j] = -mean[j] * invstd[j]
+    a, b = _affine(mean, invstd, x.dtype)
     for i in range(n):
         for j in range(c):
-            h = x[i, j] * a[j] + b[j]
-            xhat[i, j] = h
-            out[i, j] = gamma[j] * h + beta[j]
+            v = gamma[j] * (x[i, j] * a[j] + b[j]) + beta[j]
+            out[i, j] = v if not relu or v > 0 else 0.0
     return out
 
 
 @njit(cache=True)
-def batchnorm_forward_eval(x, gamma, beta, mean, var, eps, out):
-    """Normalise with fixed statistics: ``out = gamma * (x - mean) / sqrt(var + eps) + beta``.
+def batchnorm_forward_eval(x, gamma, beta, mean, var, eps, relu, out):
+    """Normalise with fixed statistics: ``out = gamma * (x - mean) / sqrt(var + eps) + beta``
+    (then ``max(out, 0)`` when ``relu``).
 
     Parameters
     ----------
@@ -62,6 +73,7 @@ def batchnorm_forward_eval(x, gamma, beta, mean, var, eps, out):
     gamma, beta : (C,) same dtype
     mean, var : (C,) float64, the evaluation statistics
     eps : float
+    relu : bool
     out : (N, C) overwritten (may be ``x``)
 
     Returns
@@ -76,41 +88,53 @@ def batchnorm_forward_eval(x, gamma, beta, mean, var, eps, out):
         s[j] = beta[j] - a[j] * mean[j]
     for i in range(n):
         for j in range(c):
-            out[i, j] = a[j] * x[i, j] + s[j]
+            v = a[j] * x[i, j] + s[j]
+            out[i, j] = v if not relu or v > 0 else 0.0
     return out
 
 
 @njit(cache=True)
-def batchnorm_backward(dout, xhat, invstd, gamma, dx, dgamma, dbeta):
+def batchnorm_backward(dout, x, mean, invstd, gamma, out, relu, dx, dgamma, dbeta):
     """Gradients of :func:`batchnorm_forward_train` (the batch statistics depend on ``x`` too).
 
     Parameters
     ----------
     dout : (N, C) gradient w.r.t. the output
-    xhat, invstd : from the forward pass
+    x, mean, invstd, out : the forward pass's input, statistics and output (``xhat`` is
+        recomputed from ``x`` as the forward pass computed it)
     gamma : (C,)
-    dx : (N, C) overwritten with ``gamma * invstd / N * (N*dout - sum(dout) - xhat * sum(dout*xhat))``
-    dgamma, dbeta : (C,) overwritten with ``sum(dout * xhat)`` and ``sum(dout)`` over the rows
+    relu : bool, as in the forward pass: ``dout`` counts only where ``out > 0``
+    dx : (N, C) overwritten with ``gamma * invstd / N * (N*g - sum(g) - xhat * sum(g*xhat))``,
+        ``g`` being ``dout`` (masked by the ReLU)
+    dgamma, dbeta : (C,) overwritten with ``sum(g * xhat)`` and ``sum(g)`` over the rows
 
     Returns
     -------
     dx : the same array
     """
     n, c = dout.shape
+    a, b = _affine(mean, invstd, x.dtype)
     sg = np.zeros(c, np.float64)
     sb = np.zeros(c, np.float64)
     for i in range(n):
         for j in range(c):
             g = dout[i, j]
+            if relu:  # loop-invariant: LLVM unswitches it; both loads unconditional, a select
+                m = out[i, j]
+                g = g if m > 0 else 0.0
             sb[j] += g
-            sg[j] += g * xhat[i, j]
+            sg[j] += g * (x[i, j] * a[j] + b[j])
     for j in range(c):
         dgamma[j] = sg[j]
         dbeta[j] = sb[j]
-    a = np.empty(c, np.float64)
+    k = np.empty(c, np.float64)
     for j in range(c):
-        a[j] = gamma[j] * invstd[j] / n
+        k[j] = gamma[j] * invstd[j] / n
     for i in range(n):
         for j in range(c):
-            dx[i, j] = a[j] * (n * dout[i, j] - sb[j] - xhat[i, j] * sg[j])
+            g = dout[i, j]
+            if relu:  # loop-invariant: LLVM unswitches it; both loads unconditional, a select
+                m = out[i, j]
+                g = g if m > 0 else 0.0
+            dx[i, j] = k[j] * (n * g - sb[j] - (x[i, j] * a[j] + b[j]) * sg[j])
     return dx

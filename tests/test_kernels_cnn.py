@@ -146,30 +146,35 @@ def test_dropout_keeps_and_scales_exactly_where_u_is_at_least_p():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_batchnorm_forward_matches_numpy(dtype):
+@pytest.mark.parametrize("relu", [False, True])
+def test_batchnorm_forward_matches_numpy(dtype, relu):
     rng = np.random.default_rng(6)
     x = (rand(rng, 50, 4) * 3 + 2).astype(dtype)
     g, b = rand(rng, 4, dtype=dtype), rand(rng, 4, dtype=dtype)
-    out, xhat = np.empty_like(x), np.empty_like(x)
-    mean, invstd = np.empty(4), np.empty(4)
-    batchnorm_forward_train(x, g, b, 1e-5, out, xhat, mean, invstd)
+    out, mean, invstd = np.empty_like(x), np.empty(4), np.empty(4)
+    batchnorm_forward_train(x, g, b, 1e-5, relu, out, mean, invstd)
     x64 = x.astype(np.float64)
-    np.testing.assert_allclose(out, ref_batchnorm(x64, g, b, 1e-5), rtol=1e-5, atol=1e-5)
+    ref = ref_batchnorm(x64, g, b, 1e-5)
+    ref = np.maximum(ref, 0.0) if relu else ref
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(mean, x64.mean(axis=0), rtol=1e-6)
     np.testing.assert_allclose(invstd, 1 / np.sqrt(x64.var(axis=0) + 1e-5), rtol=1e-6)
     # with the batch's own statistics, evaluation gives the training output
-    ev = batchnorm_forward_eval(x, g, b, x64.mean(axis=0), x64.var(axis=0), 1e-5, np.empty_like(x))
+    ev = batchnorm_forward_eval(x, g, b, x64.mean(axis=0), x64.var(axis=0), 1e-5, relu, np.empty_like(x))
     np.testing.assert_allclose(ev, out, rtol=1e-5, atol=1e-5)
 
 
-def test_batchnorm_backward_matches_finite_differences_float64():
+@pytest.mark.parametrize("relu", [False, True])
+def test_batchnorm_backward_matches_finite_differences_float64(relu):
     rng = np.random.default_rng(7)
     x, g, b, r = rand(rng, 12, 3) * 2 + 1, rand(rng, 3), rand(rng, 3), rand(rng, 12, 3)
-    out, xhat, mean, invstd = np.empty_like(x), np.empty_like(x), np.empty(3), np.empty(3)
-    batchnorm_forward_train(x, g, b, 1e-5, out, xhat, mean, invstd)
+    out, mean, invstd = np.empty_like(x), np.empty(3), np.empty(3)
+    batchnorm_forward_train(x, g, b, 1e-5, relu, out, mean, invstd)
+    assert not relu or 0 < (out > 0).sum() < out.size  # the ReLU cuts some, not all
     dx, dg, db = np.full_like(x, np.nan), np.full(3, np.nan), np.full(3, np.nan)
-    batchnorm_backward(r, xhat, invstd, g, dx, dg, db)
-    loss = lambda: float((ref_batchnorm(x, g, b, 1e-5) * r).sum())  # noqa: E731
+    batchnorm_backward(r, x, mean, invstd, g, out, relu, dx, dg, db)
+    act = (lambda v: np.maximum(v, 0.0)) if relu else (lambda v: v)
+    loss = lambda: float((act(ref_batchnorm(x, g, b, 1e-5)) * r).sum())  # noqa: E731
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dg, numeric_grad(loss, g), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(db, numeric_grad(loss, b), rtol=1e-6, atol=1e-8)
@@ -200,9 +205,8 @@ def _pyfunc_cases():
     x4, x2, v = rand(rng, 2, 5, 6, 3), rand(rng, 10, 3) + 1, rand(rng, 9)
     u = rng.random(9).astype(np.float32)
     g, b = rand(rng, 3), rand(rng, 3)
-    xhat = np.empty_like(x2)
-    invstd = np.empty(3)
-    batchnorm_forward_train(x2, g, b, 1e-5, np.empty_like(x2), xhat, np.empty(3), invstd)
+    bn_out, mean, invstd = np.empty_like(x2), np.empty(3), np.empty(3)
+    batchnorm_forward_train(x2, g, b, 1e-5, True, bn_out, mean, invstd)
     return [
         ("avgpool2d_forward", avgpool2d_forward, (x4, 2, 2, np.empty((2, 2, 3, 3)))),
         ("avgpool2d_backward", avgpool2d_backward, (rand(rng, 2, 2, 2, 3), 3, 2, np.empty_like(x4))),
@@ -217,11 +221,11 @@ def _pyfunc_cases():
         ("dropout_forward", dropout_forward, (v, u, 0.3, np.empty(9))),
         ("dropout_backward", dropout_backward, (v, u, 0.3, np.empty(9))),
         ("batchnorm_forward_train", batchnorm_forward_train,
-         (x2, g, b, 1e-5, np.empty_like(x2), np.empty_like(x2), np.empty(3), np.empty(3))),
+         (x2, g, b, 1e-5, True, np.empty_like(x2), np.empty(3), np.empty(3))),
         ("batchnorm_forward_eval", batchnorm_forward_eval,
-         (x2, g, b, rand(rng, 3), rng.random(3) + 0.5, 1e-5, np.empty_like(x2))),
+         (x2, g, b, rand(rng, 3), rng.random(3) + 0.5, 1e-5, True, np.empty_like(x2))),
         ("batchnorm_backward", batchnorm_backward,
-         (rand(rng, 10, 3), xhat, invstd, g, np.empty_like(x2), np.empty(3), np.empty(3))),
+         (rand(rng, 10, 3), x2, mean, invstd, g, bn_out, True, np.empty_like(x2), np.empty(3), np.empty(3))),
         ("add_relu_forward", add_relu_forward, (v, rand(rng, 9), np.empty(9))),
         ("accumulate", accumulate, (v.copy(), rand(rng, 9))),
     ]

@@ -43,6 +43,7 @@ LAYERS = [
     ("dropout", lambda: Dropout((4, 5), p=0.3, seed=1), (3, 4, 5)),
     ("bn_image", lambda: BatchNorm((3, 3, 2)), (2, 3, 3, 2)),
     ("bn_vector", lambda: BatchNorm((4,)), (5, 4)),
+    ("bn_relu", lambda: BatchNorm((3, 3, 2), relu=True), (2, 3, 3, 2)),
     ("res_identity", lambda: Residual((4, 4, 2), 2), (2, 4, 4, 2)),
     ("res_projection", lambda: Residual((5, 5, 2), 3, stride=2), (2, 5, 5, 2)),
 ]

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from psgd.nn.model import build_model
+from psgd.nn.layers import ReLU
 from psgd.nn.spec import SpecError
 
 SMALL = "conv:4x3:pad1-bn-lrelu:0.1-res:4-res:6:s2-avgpool:2-conv:5x1x3:pad1-tanh-flatten-dense:7-bn-sigmoid-dropout:0.3-dense:3"
@@ -114,3 +115,18 @@ def test_a_bad_spec_is_one_line_naming_the_token(spec, message):
 def test_a_token_spec_needs_the_input_shape():
     with pytest.raises(ValueError, match="input shape from the data"):
         build_model("gap-dense:3")
+
+
+def test_bn_relu_builds_one_fused_layer_equal_to_the_two():
+    spec = "conv:4x3:pad1-bn-relu-conv:4x3-bn-tanh-flatten-dense:3"
+    fused = build_model(spec, seed=2, dtype=np.float64, input_shape=(2, 6, 6))
+    assert [type(layer).__name__ for layer in fused.layers].count("ReLU") == 0
+    assert fused.layers[2].relu and not fused.layers[4].relu
+    two = build_model(spec, seed=2, dtype=np.float64, input_shape=(2, 6, 6))
+    bn = two.layers[2]
+    bn.relu = False
+    relu = ReLU(bn.out_shape)
+    two.layers.insert(3, relu)
+    x, y = batch(4, (2, 6, 6), 3, seed=3)
+    assert fused.loss_and_grad(x, y) == two.loss_and_grad(x, y)
+    np.testing.assert_allclose(fused.grad, two.grad, rtol=1e-12, atol=1e-14)

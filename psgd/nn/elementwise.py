@@ -48,8 +48,11 @@ class Dropout(Layer):
 
     The mask comes from ``numpy.random.Generator(seed)``; :meth:`reseed` starts a new
     stream from a key (the model passes its seed, the layer's index, the worker and the
-    step), so a run's masks do not depend on where it was resumed.
+    step), so a run's masks do not depend on where it was resumed.  ``mask_index``, when
+    set, is the layer index that key uses (the spec builder's, which fused layers do not shift).
     """
+
+    mask_index: int | None = None
 
     def __init__(self, shape: tuple, p: float, seed=0) -> None:
         super().__init__()

@@ -91,7 +91,8 @@ class Model:
         """
         for i, layer in enumerate(self.layers):
             if isinstance(layer, Dropout):
-                layer.reseed([self.seed, i, *map(int, key)])
+                index = i if layer.mask_index is None else layer.mask_index
+                layer.reseed([self.seed, index, *map(int, key)])
 
     def set_calibration(self, x) -> None:
         """The training samples (N, *input_shape) that batch-norm statistics are computed from.

@@ -17,16 +17,20 @@ from psgd.nn.layers import Layer
 class BatchNorm(Layer):
     """``gamma * (x - mean) / sqrt(var + eps) + beta`` per channel; any per-sample shape (..., C).
 
+    With ``relu=True`` the layer is batch norm then ReLU in one pass over memory each way
+    (the spec builder makes ``bn-relu`` so).
+
     Parameters ``gamma`` (init 1) and ``beta`` (init 0), (C,) each.  ``mean`` and ``var``,
     float64 (C,), are the evaluation statistics (0 and 1 until calibrated): in ``"calibrate"``
     mode every forward pass adds its input to running sums, and :meth:`end_calibration`
     turns them into the mean and (biased) variance over all samples and pixels seen.
     """
 
-    def __init__(self, shape: tuple, eps: float = 1e-5) -> None:
+    def __init__(self, shape: tuple, eps: float = 1e-5, relu: bool = False) -> None:
         super().__init__()
         self.in_shape = self.out_shape = tuple(shape)
         self.eps = float(eps)
+        self.relu = bool(relu)
         c = self.in_shape[-1]
         self.mean, self.var = np.zeros(c), np.ones(c)
         self._sum, self._sumsq, self._count = np.zeros(c), np.zeros(c), 0
@@ -56,22 +60,26 @@ class BatchNorm(Layer):
         out = self._buf("out", x.shape, x.dtype)
         o2 = out.reshape(-1, c)
         if self.mode == "eval":
-            return batchnorm_forward_eval(x2, self.gamma, self.beta, self.mean, self.var, self.eps, o2
-                                          ).reshape(x.shape)
+            batchnorm_forward_eval(x2, self.gamma, self.beta, self.mean, self.var, self.eps, self.relu, o2)
+            return out
         if self.mode == "calibrate":
             x64 = x2.astype(np.float64)
             self._sum += x64.sum(axis=0)
             self._sumsq += (x64 * x64).sum(axis=0)
             self._count += x2.shape[0]
-        self._xhat = self._buf("xhat", x2.shape, x.dtype)
+        self._x2, self._o2 = x2, o2
+        self._mean = self._buf("mean", (c,), np.float64)
         self._invstd = self._buf("invstd", (c,), np.float64)
-        batchnorm_forward_train(x2, self.gamma, self.beta, self.eps, o2, self._xhat,
-                                self._buf("mean", (c,), np.float64), self._invstd)
+        batchnorm_forward_train(x2, self.gamma, self.beta, self.eps, self.relu, o2, self._mean,
+                                self._invstd)
         return out
 
     def backward(self, dy, need_dx=True):
         c = self.in_shape[-1]
         dx = self._buf("dx", dy.shape, dy.dtype)
-        batchnorm_backward(np.ascontiguousarray(dy).reshape(-1, c), self._xhat, self._invstd,
-                           self.gamma, dx.reshape(-1, c), self.dgamma, self.dbeta)
+        batchnorm_backward(np.ascontiguousarray(dy).reshape(-1, c), self._x2, self._mean, self._invstd,
+                           self.gamma, self._o2, self.relu, dx.reshape(-1, c), self.dgamma, self.dbeta)
         return dx if need_dx else None
+
+    def __repr__(self) -> str:
+        return f"BatchNorm{'+ReLU' if self.relu else ''}({self.in_shape} -> {self.out_shape})"

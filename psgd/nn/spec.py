@@ -115,7 +115,8 @@ def _layer(t: _Token, shape: tuple, prev: Layer | None, seed: int, last: bool) -
     """The layer one token makes on input ``shape`` (per sample, channels-last for images)."""
     image = len(shape) == 3
     # whose output buffer an activation may overwrite: layers whose backward does not read it
-    inplace = isinstance(prev, (Conv2D, Dense, BatchNorm, MaxPool2D, AvgPool2D, GlobalAvgPool))
+    inplace = (isinstance(prev, (Conv2D, Dense, BatchNorm, MaxPool2D, AvgPool2D, GlobalAvgPool))
+               and not getattr(prev, "relu", False))
     name = t.name
     if name not in TOKENS and name != "maxpool":
         raise t.fail(f"is not a layer; expected one of: {TOKEN_HELP}")
@@ -213,8 +214,16 @@ def build_layers(spec: str, input_shape: tuple, seed: int = 0) -> tuple[list[Lay
         shape = layers[-1].out_shape
     elif len(shape) != 1:
         raise SpecError(f"model spec {spec!r}: inputs of shape {shape} are neither (C, H, W) nor (D,)")
+    fused = 0
     for t in tokens:
-        layer = _layer(t, shape, layers[-1] if layers else None, seed, t is tokens[-1])
+        prev = layers[-1] if layers else None
+        layer = _layer(t, shape, prev, seed, t is tokens[-1])
+        if type(layer) is ReLU and isinstance(prev, BatchNorm) and not prev.relu:
+            prev.relu = True  # 'bn-relu': one layer, one pass over memory each way
+            fused += 1
+            continue
+        if isinstance(layer, Dropout):  # its masks as when every token was a layer of its own
+            layer.mask_index = len(layers) + fused
         layers.append(layer)
         shape = layer.out_shape
     last = tokens[-1]

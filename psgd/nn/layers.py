@@ -2,7 +2,9 @@
 # Image activations between layers are channels-last, (B, H, W, C); ChannelsLast converts
 # the NCHW model input once, at the front of a convolutional network.  Each layer reuses
 # its own output and scratch buffers from step to step, so an array returned by forward
-# or backward is valid only until the next call on the same layer.
+# or backward is valid only until the next call on the same layer.  Dense, Conv2D and
+# BatchNorm read their forward input again in backward: nothing may write it in between
+# (an in-place activation writes only an output whose layer's backward does not read it).
 from __future__ import annotations
 
 import math

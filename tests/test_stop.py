@@ -93,7 +93,9 @@ def test_signal_on_one_rank_stops_all_at_one_step_and_resume_auto_finishes(
     assert len(lines) == 1 and f"stopped by {signal.Signals(sig).name}" in lines[0], out
     assert "Traceback" not in err and "error" not in err, err
     stopped = load_checkpoint(list_checkpoints(ckdir)[-1])
-    assert 0 < stopped.step < STEPS, stopped.step
+    # the checkpoint is at the slowest worker's step: without a bound (asp, hogwild) a worker
+    # the scheduler has not yet run may be at step 0 when the lead has logged its first steps
+    assert (0 < stopped.step if exact else 0 <= stopped.step) and stopped.step < STEPS, stopped.step
     if exact:   # a finite bound: every worker stopped at one stop check
         assert stopped.step % EVERY == 0, stopped.step
     assert f"at step {stopped.step} of {STEPS}" in lines[0]

@@ -25,10 +25,6 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
     """The compressor ``spec`` names (None for ``none``); ValueError naming what is wrong.
 
     ``seed`` starts qsgd's random rounding (a worker passes one of its own)."""
-    from psgd.compress.fp16 import Fp16
-    from psgd.compress.qsgd import Qsgd
-    from psgd.compress.sign import Sign
-    from psgd.compress.topk import TopK
     if not isinstance(bucket, int) or bucket < 1:
         raise ValueError(f"--compress-bucket must be >= 1, got {bucket}")
     name, _, arg = spec.partition(":")
@@ -37,9 +33,14 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
     if name == "sparse" and not arg:
         from psgd.compress.sparse import Sparse
         return Sparse()
-    if name in ("fp16", "sign") and not arg:
-        return Fp16() if name == "fp16" else Sign(bucket)
+    if name == "fp16" and not arg:
+        from psgd.compress.fp16 import Fp16
+        return Fp16()
+    if name == "sign" and not arg:
+        from psgd.compress.sign import Sign
+        return Sign(bucket)
     if name == "qsgd":
+        from psgd.compress.qsgd import Qsgd
         try:
             bits = int(arg)
         except ValueError:
@@ -50,6 +51,7 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
                              f"single level, zero; use sign for one bit per element)")
         return Qsgd(bits, bucket, seed)
     if name == "topk":
+        from psgd.compress.topk import TopK
         try:
             fraction = float(arg)
         except ValueError:

@@ -9,7 +9,8 @@ rows and reading the next batch's rows (sparse) or moving the whole vector
 pushed and read bytes per step.
 scikit-learn's SGDClassifier (log loss, one-vs-rest, constant learning rate
 lr / batch per sample, the same epochs, no regularisation) trains on the same
-file in its own process. Times are whole-process wall times. Writes
+file in its own process. Times are whole-process wall times; psgd's sources are
+byte-compiled first, as pip compiles an installed package such as scikit-learn. Writes
 bench/results/sparse.{json,md}; with ``--net RATE`` (root) the psgd runs go through
 ``psgd net --nodes 2 --rate RATE`` (the server and the second worker on node 0, the
 first worker on node 1) and write sparse-net.{json,md}. scikit-learn is needed only here.
@@ -17,6 +18,7 @@ first worker on node 1) and write sparse-net.{json,md}. scikit-learn is needed o
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -156,6 +158,10 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.train, args.test, args.repeats, args.epochs = 2000, 400, 1, 1
+    # scikit-learn starts from the .pyc files pip wrote at install; psgd, installed editable,
+    # recompiles every module in every rank when PYTHONDONTWRITEBYTECODE is set (as here)
+    for package in ("psgd", "kernels"):
+        compileall.compile_dir(ROOT / package, quiet=1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = make_data(Path(tmp), args)

@@ -109,3 +109,12 @@ def test_synth_sparse_cli_and_info(tmp_path, capsys):
           "--features", "500", "--nnz", "10"])
     assert "csr float32" in capsys.readouterr().out
     assert dataset_info(tmp_path / "s.h5")["train"]["x_shape"] == (100, 500)
+
+
+def test_csr_run_rows_are_the_batches_one_after_the_other(tmp_path):
+    path = write_sparse_synthetic(tmp_path / "s.h5", 50, 10, 300, 10, 8, seed=3)
+    r = csr.CSRShardReader(path, 0, 1, batch_size=4, seed=0)   # 12 steps per epoch
+    for step, steps in [(0, 1), (3, 5), (10, 7), (5, 30)]:   # within, across one and two epochs
+        expected = np.concatenate([r.order(c // 12)[c % 12 * 4:(c % 12 + 1) * 4]
+                                   for c in range(step, step + steps)])
+        np.testing.assert_array_equal(r.batch_rows(step, steps), expected)

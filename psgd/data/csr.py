@@ -237,10 +237,16 @@ class CSRShardReader:
         rows = self.batch_rows(step)
         return take_rows(self.x, rows), self.y[rows]
 
-    def batch_rows(self, step: int) -> np.ndarray:
-        """The rows of :attr:`x` that make the batch of global step ``step`` (int64, in order)."""
-        e, i = divmod(int(step), self.steps_per_epoch)
-        return self.order(e)[i * self.batch_size:(i + 1) * self.batch_size]
+    def batch_rows(self, step: int, steps: int = 1) -> np.ndarray:
+        """The rows of :attr:`x` that make the batches of global steps ``step`` to
+        ``step + steps - 1``, one after the other (int64, in order)."""
+        parts, end, b = [], int(step) + steps, self.batch_size
+        while step < end:   # one slice of the shuffled order per epoch the steps reach
+            e, i = divmod(int(step), self.steps_per_epoch)
+            n = min(end - step, self.steps_per_epoch - i)
+            parts.append(self.order(e)[i * b:(i + n) * b])
+            step += n
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
     def epoch(self, e: int) -> Iterator[tuple[CSRBatch, np.ndarray]]:
         """The ``steps_per_epoch`` batches of epoch ``e``."""

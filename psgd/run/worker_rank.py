@@ -107,7 +107,7 @@ def _train_run(job, worker, clock: int, steps: int, timers: dict) -> tuple:
     """``steps`` clocks from ``clock`` in one call of the worker; returns (losses, corrects, n)."""
     reader, model = job.reader, job.model
     t_data = time.perf_counter()
-    rows = np.concatenate([reader.batch_rows(c) for c in range(clock, clock + steps)])
+    rows = reader.batch_rows(clock, steps)
     lrs = np.array([job.config.lr_schedule(c) for c in range(clock, clock + steps)], np.float64)
     t0 = time.perf_counter()
     losses, corrects, done, status = worker.run_steps(model.params, reader.x, reader.y, rows, clock, lrs)

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from psgd.errors import PsgdError
-from psgd.hogwild.sparse import INDEX_BYTES, add_rows
+from psgd.hogwild.sparse import INDEX_BYTES, add_rows, copy_rows
 from psgd.kernels.atomic import atomic_add, atomic_load
 from psgd.kernels.loss import softmax_cross_entropy
 from psgd.kernels.sparse import (csr_linear_backward, csr_linear_forward, multiclass_hinge,
@@ -31,26 +31,6 @@ def _finite_rows(a, rows):
             x = a[r, c]
             bad |= x - x != 0
     return not bad
-
-
-@njit(cache=True)
-def _copy_in(params, shards, bounds, rows, k):
-    """``params`` at the coordinates of the k-long ``rows`` = the shards' values there."""
-    for r in rows:
-        c = r * k
-        s = 0
-        while bounds[s + 1] <= c:
-            s += 1
-        if c + k <= bounds[s + 1]:   # the row lies in one shard
-            shard, at = shards[s], c - bounds[s]
-            for j in range(k):
-                params[c + j] = shard[at + j]
-            continue
-        for j in range(k):
-            t = s
-            while bounds[t + 1] <= c + j:
-                t += 1
-            params[c + j] = shards[t][c + j - bounds[t]]
 
 
 @njit(cache=True)
@@ -102,7 +82,7 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
         prev = touched
         touched = buffers[step % 2, :_touched(indptr, indices, batch_rows, d, mark, buffers[step % 2])]
         seen = atomic_load(count, 0)   # read: the counter, then the rows
-        _copy_in(params, shards, bounds, touched, k)
+        copy_rows(params, shards, bounds, touched, k)
         read += touched.size
         csr_linear_forward(indptr, indices, values, w[:d], w[d], scores, batch_rows)
         if hinge:

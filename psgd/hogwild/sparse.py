@@ -21,11 +21,14 @@ INDEX_BYTES = 4  # what a coordinate costs beside its float32 value
 
 
 @njit(cache=True)
-def _copy_rows(dst, src, rows, k, lo, hi):
-    """``dst[c] = src[c - lo]`` for the coordinates c in [lo, hi) of the k-long ``rows``."""
-    for r in rows:
-        for c in range(max(r * k, lo), min(r * k + k, hi)):
-            dst[c] = src[c - lo]
+def copy_rows(dst, shards, bounds, rows, k):
+    """``dst`` at the coordinates of the k-long ``rows`` = the shared ``shards``' values there
+    (shard s holds the coordinates ``[bounds[s], bounds[s + 1])``)."""
+    for s in range(len(shards)):
+        src, lo, hi = shards[s], bounds[s], bounds[s + 1]
+        for r in rows:
+            for c in range(max(r * k, lo), min(r * k + k, hi)):
+                dst[c] = src[c - lo]
 
 
 @njit(cache=True)
@@ -171,8 +174,7 @@ class SparseUpdates:
         k = self.row_len
         if windows.shards is not None:
             windows.params.Sync()
-            for shard, memory in enumerate(windows.shards):
-                _copy_rows(params, memory, rows, k, self.bounds[shard], self.bounds[shard + 1])
+            copy_rows(params, tuple(windows.shards), self.bounds, rows, k)
             return int(rows.size) * k * (4 + INDEX_BYTES)
         coords = self.coords(rows)
         values = np.empty(coords.size, np.float32)

@@ -1,4 +1,4 @@
-"""`make bench-async`: staleness compensation under bsp, ssp and asp, as final accuracy at equal samples.
+"""`make bench-async`: staleness compensation under bsp, ssp and asp (and hogwild), as final accuracy at equal samples.
 
     .venv/bin/python bench/bench_async.py [--quick] [--workers 2,4,8] [--seeds 0,1,2] [--add] ...
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(BENCH))
 from training import dataset, error_line, mean_staleness, train as run_train  # noqa: E402
 
 METHODS = ("none", "inverse", "dcasgd", "gap", "amom", "auto")
-PROTOCOLS = {"bsp": [], "ssp": ["--staleness", "2"], "asp": []}
+PROTOCOLS = {"bsp": [], "ssp": ["--staleness", "2"], "asp": [], "hogwild": []}
 MODELS = {"lenet": "lenet", "mlp": "mlp:784-256-256-10"}
 
 
@@ -52,6 +52,7 @@ def train(cell: dict, data: Path, args, log: Path) -> dict:
     """One run; its final accuracy, throughput, staleness and accuracy curve."""
     flags = ["--data", data, "--model", MODELS[cell["model"]], "--protocol", cell["protocol"],
              *PROTOCOLS[cell["protocol"]], "--optimizer", args.optimizer, "--lr", args.lr,
+             "--lr-schedule", args.lr_schedule,
              "--momentum", args.momentum, "--batch-size", args.batch_size,
              "--epochs", args.epochs, "--seed", cell["seed"], "--eval-every", args.eval_every,
              "--eval-samples", args.eval_samples]
@@ -105,7 +106,9 @@ def table(rows: list[dict], args) -> str:
     return "\n".join(lines)
 
 
-SAME = ("optimizer", "lr", "momentum", "batch_size", "epochs", "eval_every", "eval_samples")
+SAME = ("optimizer", "lr", "lr_schedule", "momentum", "batch_size", "epochs", "eval_every",
+        "eval_samples")
+BEFORE = {"lr_schedule": "constant"}   # a setting a grid run before it existed ran with
 
 
 def previous_rows(path: Path, todo: list[dict], args) -> list[dict]:
@@ -114,7 +117,8 @@ def previous_rows(path: Path, todo: list[dict], args) -> list[dict]:
         return []
     earlier = json.loads(path.read_text())
     settings = earlier["settings"]
-    differ = [f"{k} {settings.get(k)}" for k in SAME if settings.get(k) != getattr(args, k)]
+    differ = [f"{k} {settings.get(k, BEFORE.get(k))}" for k in SAME
+              if settings.get(k, BEFORE.get(k)) != getattr(args, k)]
     if differ:
         raise SystemExit(f"bench_async: --add: {path} was run with other settings "
                          f"({', '.join(differ)})")
@@ -156,6 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="lenet,mlp")
     ap.add_argument("--optimizer", default="momentum")
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr-schedule", default="constant", help="psgd train's --lr-schedule")
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--epochs", type=float, default=2.0)
@@ -193,7 +198,8 @@ def main(argv=None) -> int:
                 {"data": data_name, "settings": {k: v for k, v in vars(args).items()},
                  "rows": kept + rows}, indent=1))
     rows = kept + rows
-    text = (f"# Staleness compensation ({data_name}, {args.optimizer} lr {args.lr:g}"
+    schedule = "" if args.lr_schedule == "constant" else f" ({args.lr_schedule})"
+    text = (f"# Staleness compensation ({data_name}, {args.optimizer} lr {args.lr:g}{schedule}"
             f"{f' momentum {args.momentum:g}' if args.optimizer in ('momentum', 'nesterov') else ''}, batch "
             f"{args.batch_size} per worker, {args.epochs:g} epochs, 1 server)\n\n"
             f"Each run is W + 1 ranks (one server) on {os.cpu_count()} cores: from W = "

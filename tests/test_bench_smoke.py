@@ -116,9 +116,9 @@ def test_bench_async_add_keeps_the_earlier_grid_and_refuses_other_settings(tmp_p
     finally:
         sys.path.remove(str(ROOT / "bench"))
     args = argparse.Namespace(
-        optimizer="momentum", lr=0.05, momentum=0.9, batch_size=64, epochs=2.0, eval_every=0,
-        eval_samples=0, models=["lenet"], workers=[2], seeds=[2], protocols=["asp"],
-        methods=["amom"])
+        optimizer="momentum", lr=0.05, lr_schedule="constant", momentum=0.9, batch_size=64,
+        epochs=2.0, eval_every=0, eval_samples=0, models=["lenet"], workers=[2], seeds=[2],
+        protocols=["asp"], methods=["amom"])
     cell = {"model": "lenet", "workers": 2, "protocol": "asp", "method": "amom"}
     earlier = [{**cell, "seed": 0}, {**cell, "seed": 2}]
     path = tmp_path / "async.json"
@@ -127,6 +127,14 @@ def test_bench_async_add_keeps_the_earlier_grid_and_refuses_other_settings(tmp_p
     assert bench_async.previous_rows(path, bench_async.cells(args), args) == [earlier[0]]
     args.lr = 0.1
     with pytest.raises(SystemExit, match="other settings .*lr 0.05"):
+        bench_async.previous_rows(path, bench_async.cells(args), args)
+    # a grid from before --lr-schedule existed ran with a constant rate
+    args.lr = 0.05
+    path.write_text(json.dumps({"settings": {k: getattr(args, k) for k in bench_async.SAME
+                                             if k != "lr_schedule"}, "rows": earlier}))
+    assert bench_async.previous_rows(path, bench_async.cells(args), args) == [earlier[0]]
+    args.lr_schedule = "cosine"
+    with pytest.raises(SystemExit, match="other settings .*lr_schedule constant"):
         bench_async.previous_rows(path, bench_async.cells(args), args)
 
 

@@ -1,7 +1,7 @@
 """Measured against predicted throughput of the protocols on emulated nodes (``make bench-net``).
 
 Each row is one ``psgd net --nodes K --rate R -- mpiexec -n 4 python -m psgd train``
-run (bsp and asp with 1 server + 3 workers, allreduce with 4 workers), its
+run (bsp, ssp, asp and hogwild with 1 server + 3 workers, allreduce with 4 workers), its
 throughput taken from the lead's step records after the first third of the
 steps; the prediction is :func:`psgd.plan.cost.predict` for the same placement
 on one shared link, fed the compute time per sample and the link's bandwidth
@@ -31,7 +31,9 @@ from psgd.plan.cost import Job, Network, predict  # noqa: E402
 PY = sys.executable
 MPIEXEC = str(Path(PY).parent / "mpiexec")
 MODELS = {"lenet": "lenet", "mlp2m": "mlp:784-1536-512-10"}
-RUNS = [("bsp", 1, "bsp"), ("asp", 1, "asp"), ("allreduce", 0, None)]   # (protocol, S, model row)
+# (protocol, S, model row)
+RUNS = [("bsp", 1, "bsp"), ("ssp", 1, "ssp"), ("asp", 1, "asp"), ("hogwild", 1, "hogwild"),
+        ("allreduce", 0, None)]
 RANKS, BATCH = 4, 64
 PINGPONG = """
 import time, numpy as np

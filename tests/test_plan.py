@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from psgd.plan.cost import (Compression, Job, Network, async_rate, balanced_servers, bsp_step_s,
-                            expected_touched, hierarchical_step_s, predict, recommend, ring_step_s)
+                            closed_loop_rate, expected_touched, hierarchical_step_s, predict,
+                            recommend, ring_step_s)
 
 B = 4e6                    # bytes of a 1M-parameter model
 BW = 1e8                   # bytes/s
@@ -63,14 +64,35 @@ def test_bsp_server_link_is_the_bottleneck_until_s_matches_w():
     assert four == pytest.approx(TC + 2 * B / BW + 8 * B / 4 / SHM)
 
 
-def test_asp_rate_is_each_workers_cycle_until_the_link_is_full():
+def test_asp_rate_is_each_workers_cycle_until_the_link_or_the_server_is_full():
     net = Network(BW, 0.0, shm_bandwidth=SHM)
     fast = job(workers=2, servers=2, compute_s=1.0)               # compute-bound
-    assert async_rate(fast, net) == pytest.approx(2 / (64.0 + 2 * B / BW))
+    # each cycles compute and B/2 to and from each server, then queues for a server's
+    # step (read B/2, 4 passes over it): the first push finds no queue, the second
+    # the first's share of the step (mean value analysis, two clients)
+    z, d = 64.0 + 2 * B / BW, 5 * B / 2 / SHM
+    first = 1 / (z + d)
+    assert async_rate(fast, net) == pytest.approx(2 / (z + d * (1 + first * d)))
     slow = job(workers=8, servers=1, compute_s=1e-6)              # the server's link is full
     assert async_rate(slow, net) == pytest.approx(8 * BW / (8 * B))
     shared = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)      # push and pull share it
     assert async_rate(slow, shared) == pytest.approx(8 * BW / (2 * 8 * B))
+    # a link that never fills: each server steps for one push at a time
+    wide = Network(1e12, 0.0, shm_bandwidth=SHM)
+    assert async_rate(slow, wide) == pytest.approx(SHM / (5 * B), rel=1e-3)
+    assert async_rate(job(workers=8, servers=2, compute_s=1e-6), wide) == \
+        pytest.approx(SHM / (5 * B / 2), rel=1e-3)
+
+
+def test_closed_loop_rate_by_hand():
+    assert closed_loop_rate(1, 3.0, 1.0) == pytest.approx(1 / 4)
+    # two clients: the second finds 1/4 x 1 s of queue; 2 / (3 + 1.25)
+    assert closed_loop_rate(2, 3.0, 1.0) == pytest.approx(2 / 4.25)
+    # three: queue after two = (2 / 4.25) x 1.25; response 1 + that
+    q2 = 2 / 4.25 * 1.25
+    assert closed_loop_rate(3, 3.0, 1.0) == pytest.approx(3 / (3 + 1 + q2))
+    assert closed_loop_rate(50, 0.0, 0.5) == pytest.approx(2.0)      # the station saturated
+    assert closed_loop_rate(4, 1e6, 1.0) == pytest.approx(4 / (1e6 + 1), rel=1e-5)  # no queue
 
 
 def test_cores_shared_by_more_workers_slow_the_compute():
@@ -114,7 +136,8 @@ def test_asp_compressed_cycle_and_shared_link_cap():
     c = Compression(10.0, ENC, DEC)
     net = Network(BW, 0.0, shm_bandwidth=SHM)
     one = job(workers=1, servers=1, compression=c)
-    assert async_rate(one, net) == pytest.approx(1 / (TC + B / 10 / BW + B / BW + (ENC + DEC) * B))
+    assert async_rate(one, net) == pytest.approx(
+        1 / (TC + B / 10 / BW + B / BW + (ENC + DEC) * B + 5 * B / SHM))
     shared = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
     fast = job(workers=4, servers=1, compute_s=1e-9, compression=Compression(10.0))
     # 4 pushes of B/10 and 4 pulls of B share the one link per round
@@ -189,9 +212,10 @@ def test_sparse_hogwild_moves_index_and_value_per_touched_coordinate_both_ways()
     sparse = job(workers=1, servers=1, touched=1000.0)
     assert sparse.update_bytes == 8000
     p = predict(sparse, net)
-    assert p["hogwild"]["step_s"] == pytest.approx(TC + 2 * 8000 / BW)
+    # the worker's own step, 4 passes over what it touched, and no server step
+    assert p["hogwild"]["step_s"] == pytest.approx(TC + 2 * 8000 / BW + 4 * 8000 / SHM)
     dense = predict(job(workers=1, servers=1), net)
-    assert dense["hogwild"]["step_s"] == pytest.approx(TC + 2 * B / BW)
+    assert dense["hogwild"]["step_s"] == pytest.approx(TC + 2 * B / BW + 4 * B / SHM)
     assert p["asp"] == dense["asp"]              # a PS push is float32 without --compress sparse
     with pytest.raises(ValueError, match="must touch between 1 and"):
         predict(job(workers=1, servers=1, touched=2e6), net)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 SMALL_BYTES = 256 * 1024      # psgd's all-reduce: recursive doubling below this, else the ring
+STEP_PASSES = 4               # an optimizer step's passes over its vector (a sum adds one per push)
 COORDINATE_BYTES = 8          # a sparse update's int32 index + float32 value per coordinate
 
 
@@ -184,30 +185,52 @@ def bsp_step_s(job: Job, net: Network) -> float:
     c = job.compression
     push = ps_push(job, job.coded_bytes).seconds(net, 1)
     pull = ps_push(job).seconds(net, 1)
-    apply_s = (job.workers + 4) * job.nbytes / job.servers / net.shm_bandwidth
+    apply_s = (job.workers + STEP_PASSES) * job.nbytes / job.servers / net.shm_bandwidth
     codec_s = (c.encode_s + job.workers * c.decode_s / job.servers) * job.nbytes
     return job.compute_step_s + push + pull + apply_s + codec_s
 
 
+def closed_loop_rate(clients: int, think_s: float, service_s: float) -> float:
+    """Cycles per second of ``clients`` that each spend ``think_s`` on their own, then queue
+    for one station that serves one at a time for ``service_s`` (exact mean value analysis
+    of the closed network, Reiser and Lavenberg 1980)."""
+    queue = rate = 0.0
+    for n in range(1, clients + 1):
+        response = service_s * (1.0 + queue)
+        rate = n / (think_s + response)
+        queue = rate * response
+    return rate
+
+
 def async_rate(job: Job, net: Network, push_bytes: float | None = None,
-               pull_bytes: float | None = None) -> float:
+               pull_bytes: float | None = None, step_bytes: float | None = None) -> float:
     """Worker steps per second under asp (and ssp, hogwild: no barrier).
 
-    Each worker cycles compute, push, pull on its own, its push and pull alone on
-    its link; the rate is capped where the busiest link (or the shared one) is full.
-    A push carries ``push_bytes`` (default: the coded bytes), a pull ``pull_bytes``
-    (default: float32's).
+    Each worker cycles compute, push, the optimizer step, pull on its own, its push
+    and pull alone on its link; the rate is capped where the busiest link (or the
+    shared one) is full. A push carries ``push_bytes`` (default: the coded bytes), a
+    pull ``pull_bytes`` (default: float32's). The step is each server's, on its B/S
+    (it reads the push, then steps), one push at a time, so pushes queue for it:
+    the workers are the clients of :func:`closed_loop_rate`, thinking for their
+    own cycle (their harmonic mean), served for the step. With ``step_bytes`` the
+    step is the worker's own, on that many bytes, and nothing queues (hogwild).
     """
     c = job.compression
     push_bytes = job.coded_bytes if push_bytes is None else push_bytes
     pull_bytes = job.nbytes if pull_bytes is None else pull_bytes
     wc, sc, wn, sn = _ps_counts(job)
-    alone = 2 * net.latency + (c.encode_s + c.decode_s) * job.nbytes
+    if step_bytes is None:
+        own_s, server_s = 0.0, (1 + STEP_PASSES) * job.nbytes / job.servers / net.shm_bandwidth
+    else:
+        own_s, server_s = STEP_PASSES * step_bytes / net.shm_bandwidth, 0.0
+    alone = 2 * net.latency + (c.encode_s + c.decode_s) * job.nbytes + own_s
     for nbytes in (push_bytes, pull_bytes):
         share = nbytes / job.servers
         alone = alone + ((job.servers - sc[wn]) * share / net.bandwidth
                          + sc[wn] * share / net.shm_bandwidth)
     rate = float(np.sum(1.0 / (job.compute_step_s + alone)))
+    if server_s > 0:
+        rate = closed_loop_rate(job.workers, job.workers / rate, server_s)
     push, pull = ps_push(job, push_bytes), ps_push(job, pull_bytes)
     # a round (a step of every worker) pushes and pulls: on one shared link all of both;
     # on a switch the busiest link carries the pushes one way and the pulls the other
@@ -331,8 +354,8 @@ def predict(job: Job, net: Network) -> dict[str, dict]:
         # hogwild's one-sided accumulates are never compressed; a sparse model's update and
         # read move index + value of the touched coordinates
         hogwild = replace(job, compression=NONE)
-        row("hogwild", job.workers / async_rate(hogwild, net, job.update_bytes, job.update_bytes),
-            False)
+        row("hogwild", job.workers / async_rate(hogwild, net, job.update_bytes, job.update_bytes,
+                                                job.update_bytes), False)
     flat = job.without_servers()
     if job.compression == NONE:
         row("allreduce ring", ring_step_s(flat, net), True)

@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--rates", default="1gbit,10gbit")
     ap.add_argument("--nodes", default="2,4")
     ap.add_argument("--models", default="lenet,mlp2m")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seconds", type=float, default=0.3, help="bench_allreduce's per size")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "net"))
     ap.add_argument("--repredict", action="store_true",

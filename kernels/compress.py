@@ -64,7 +64,9 @@ def fp16_decode_add(buf, table, dst):
 # ---------------------------------------------------------------- qsgd
 
 
-LANES = 4   # qsgd's xorshift64 streams: element i of a bucket draws from stream i % LANES
+LANES = 32            # qsgd's xorshift64 streams, advanced together once per chunk
+CHUNK = 2 * LANES     # elements per chunk: each stream's draw gives two uniforms
+_PARTS = 64           # partial sums of a bucket's sum of squares
 
 
 @njit(cache=True, inline="always")
@@ -75,53 +77,61 @@ def _xorshift(x):
     return x
 
 
-@njit(cache=True, inline="always")
-def _qsgd_code(g, scale, s, x):
-    """The code ``level + s`` (or ``s - level``) of ``g``, rounded up with probability from ``x``."""
-    u = np.float32(x >> np.uint64(40)) * np.float32(1.0 / (1 << 24))
-    level = min(s, int(abs(g) * scale + u))
-    return s + level if g >= 0 else s - level
+@njit(cache=True)
+def _sum_squares(x, acc):
+    """The sum of squares of ``x``: element i into ``acc[i % 64]`` (float32 (64,)), then the 64
+    added pairwise (acc[k] += acc[k + 32], then + 16, ...): in a fixed order, vectorized."""
+    acc[:] = 0.0
+    m = x.shape[0]
+    full = m - m % _PARTS
+    for i in range(0, full, _PARTS):
+        xi = x[i:i + _PARTS]
+        for k in range(_PARTS):
+            acc[k] += xi[k] * xi[k]
+    for k in range(m - full):
+        acc[k] += x[full + k] * x[full + k]
+    w = _PARTS
+    while w > 1:
+        w //= 2
+        for k in range(w):
+            acc[k] += acc[k + w]
+    return acc[0]
 
 
 @njit(cache=True)
-def _sum_squares(grad, lo, hi, q):
-    """The sum of squares of ``grad[lo:hi]``, added in LANES partial sums (``q``: scratch)."""
-    q[:] = 0.0
-    m = hi - lo
-    i = 0
-    while i + LANES <= m:
-        for k in range(LANES):
-            q[k] += grad[lo + i + k] * grad[lo + i + k]
-        i += LANES
-    for k in range(m - i):
-        q[k] += grad[lo + i + k] * grad[lo + i + k]
-    return (q[0] + q[1]) + (q[2] + q[3])
+def _uniforms(state, ubits):
+    """Advance every stream once; ``ubits`` (uint32 (CHUNK,)) = the bits of floats in [1, 2)
+    whose 23-bit mantissas are draw k's bits 9..31 (element k) and 41..63 (element LANES + k)."""
+    one = np.uint32(0x3F800000)
+    for k in range(LANES):
+        x = _xorshift(state[k])
+        state[k] = x
+        ubits[k] = np.uint32((x >> np.uint64(9)) & np.uint64(0x7FFFFF)) | one
+        ubits[LANES + k] = np.uint32(x >> np.uint64(41)) | one
 
 
 @njit(cache=True)
-def _codes(grad, lo, hi, scale, s, streams, level):
-    """``level[:hi - lo]`` = the codes of ``grad[lo:hi]``, element i drawing from
-    ``streams[i % LANES]`` (advanced in place)."""
-    x0, x1, x2, x3 = streams[0], streams[1], streams[2], streams[3]
-    m = hi - lo
-    i = 0
-    while i + LANES <= m:
-        x0, x1, x2, x3 = _xorshift(x0), _xorshift(x1), _xorshift(x2), _xorshift(x3)
-        level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
-        level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
-        level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
-        level[i + 3] = _qsgd_code(grad[lo + i + 3], scale, s, x3)
-        i += LANES
-    if i < m:
-        x0 = _xorshift(x0)
-        level[i] = _qsgd_code(grad[lo + i], scale, s, x0)
-    if i + 1 < m:
-        x1 = _xorshift(x1)
-        level[i + 1] = _qsgd_code(grad[lo + i + 1], scale, s, x1)
-    if i + 2 < m:
-        x2 = _xorshift(x2)
-        level[i + 2] = _qsgd_code(grad[lo + i + 2], scale, s, x2)
-    streams[0], streams[1], streams[2], streams[3] = x0, x1, x2, x3
+def _codes(x, scale, s, state, ubits, code):
+    """``code[:m]`` = the codes ``s + level`` (g >= 0) or ``s - level`` of ``x`` (m elements),
+    level = ``min(s, floor(|g| * scale + u))``, u from :func:`_uniforms` for each CHUNK."""
+    u = ubits.view(np.float32)
+    sf = np.float32(s)
+    one = np.float32(1.0)
+    m = x.shape[0]
+    full = m - m % CHUNK
+    for c0 in range(0, full, CHUNK):
+        _uniforms(state, ubits)
+        xc, cc = x[c0:c0 + CHUNK], code[c0:c0 + CHUNK]
+        for i in range(CHUNK):
+            g = xc[i]
+            level = min(sf, np.floor(abs(g) * scale + (u[i] - one)))
+            cc[i] = np.uint8(sf + level if g >= 0 else sf - level)
+    if full < m:
+        _uniforms(state, ubits)
+        for i in range(m - full):
+            g = x[full + i]
+            level = min(sf, np.floor(abs(g) * scale + (u[i] - one)))
+            code[full + i] = np.uint8(sf + level if g >= 0 else sf - level)
 
 
 @njit(cache=True)
@@ -131,10 +141,13 @@ def qsgd_encode(grad, bits, bucket, out, state):
     Layout: ``ceil(n / bucket)`` float32 norms, then the levels as ``bits``-bit
     codes ``level + s``, packed from the low bits of each byte up (a code may
     straddle two bytes). A level is ``floor(|g| / norm * s + u)`` with u
-    uniform in [0, 1) (the top 24 bits of a draw), element i of a bucket
-    drawing from xorshift64 stream ``state[i % LANES]`` (uint64 (LANES,); the
-    streams are independent chains the CPU runs side by side), so the decoded
-    value ``norm * level / s`` is unbiased. Returns the bytes written.
+    uniform in [0, 1) on a grid of 2**-23, so the decoded value
+    ``norm * level / s`` is unbiased up to float32 rounding (a level's mean is
+    within 2**-23 (1 + a / 2) of a = |g| / norm * s). A bucket's elements go
+    in chunks of CHUNK; a chunk advances each of the LANES xorshift64 streams
+    ``state`` (uint64 (LANES,)) once, element k of the chunk taking a half of
+    stream ``k % LANES``'s draw (see :func:`_uniforms`). Returns the bytes
+    written.
     """
     n = grad.shape[0]
     nb = (n + bucket - 1) // bucket
@@ -143,66 +156,79 @@ def qsgd_encode(grad, bits, bucket, out, state):
     codes = out[4 * nb:]
     nbytes = (n * bits + 7) // 8
     level = np.empty(min(bucket, n), np.uint8)
-    q = np.zeros(LANES, np.float32)
-    acc = np.uint64(0)      # bits not yet written, low first; fewer than 8 between codes
+    acc = np.zeros(_PARTS, np.float32)
+    ubits = np.empty(CHUNK, np.uint32)
+    held_bits = np.uint64(0)      # bits not yet written, low first; fewer than 8 between codes
     held = 0
     j = 0
     for b in range(nb):
-        lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        norm = np.float32(np.sqrt(_sum_squares(grad, lo, hi, q)))
+        x = grad[b * bucket:min(n, (b + 1) * bucket)]
+        m = x.shape[0]
+        norm = np.float32(np.sqrt(_sum_squares(x, acc)))
         norms[b] = norm
         scale = np.float32(s) / norm if norm > 0 else np.float32(0.0)
-        _codes(grad, lo, hi, scale, s, state, level)
-        if bits == 4 and held == 0 and (hi - lo) % 2 == 0:   # two codes a byte, from its start
-            for i in range(0, hi - lo, 2):
-                codes[j] = level[i] | (level[i + 1] << 4)
-                j += 1
+        if bits == 8:                                  # a code a byte, straight into the frame
+            _codes(x, scale, s, state, ubits, codes[j:j + m])
+            j += m
             continue
-        for i in range(hi - lo):
-            acc |= np.uint64(level[i]) << np.uint64(held)
+        _codes(x, scale, s, state, ubits, level)
+        if bits == 4 and held == 0 and m % 2 == 0:    # two codes a byte, from its start
+            pairs = codes[j:j + m // 2]
+            for i in range(m // 2):
+                pairs[i] = level[2 * i] | (level[2 * i + 1] << 4)
+            j += m // 2
+            continue
+        for i in range(m):
+            held_bits |= np.uint64(level[i]) << np.uint64(held)
             held += bits
             if held >= 8:
-                codes[j] = np.uint8(acc & np.uint64(0xFF))
-                acc >>= np.uint64(8)
+                codes[j] = np.uint8(held_bits & np.uint64(0xFF))
+                held_bits >>= np.uint64(8)
                 held -= 8
                 j += 1
     if held > 0:
-        codes[j] = np.uint8(acc & np.uint64(0xFF))
+        codes[j] = np.uint8(held_bits & np.uint64(0xFF))
     return 4 * nb + nbytes
 
 
 @njit(cache=True)
 def qsgd_decode_add(buf, bits, bucket, dst):
-    """``dst += decode(buf)`` for :func:`qsgd_encode`'s layout (``dst``'s length is n)."""
+    """``dst += decode(buf)`` for :func:`qsgd_encode`'s layout (``dst``'s length is n):
+    element i gains ``(code - s) * (norm / s)``."""
     n = dst.shape[0]
     nb = (n + bucket - 1) // bucket
     norms = buf[:4 * nb].view(np.float32)
     codes = buf[4 * nb:]
     s = (1 << (bits - 1)) - 1
+    sf = np.float32(s)
     mask = np.uint64((1 << bits) - 1)
-    table = np.empty(1 << bits, np.float32)
-    acc = np.uint64(0)
+    held_bits = np.uint64(0)
     held = 0
     j = 0
     for b in range(nb):
-        lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        step = norms[b] / np.float32(s)
-        for c in range(1 << bits):
-            table[c] = np.float32(c - s) * step
-        if bits == 4 and held == 0 and (hi - lo) % 2 == 0:   # two codes a byte
-            for i in range(lo, hi, 2):
-                byte = codes[j]
-                dst[i] += table[byte & 15]
-                dst[i + 1] += table[byte >> 4]
-                j += 1
+        d = dst[b * bucket:min(n, (b + 1) * bucket)]
+        m = d.shape[0]
+        step = norms[b] / sf
+        if bits == 8:                                  # a code a byte
+            c = codes[j:j + m]
+            for i in range(m):
+                d[i] += (np.float32(c[i]) - sf) * step
+            j += m
             continue
-        for i in range(lo, hi):
+        if bits == 4 and held == 0 and m % 2 == 0:    # two codes a byte
+            c = codes[j:j + m // 2]
+            for i in range(m // 2):
+                d[2 * i] += (np.float32(c[i] & 15) - sf) * step
+                d[2 * i + 1] += (np.float32(c[i] >> 4) - sf) * step
+            j += m // 2
+            continue
+        for i in range(m):
             if held < bits:
-                acc |= np.uint64(codes[j]) << np.uint64(held)
+                held_bits |= np.uint64(codes[j]) << np.uint64(held)
                 held += 8
                 j += 1
-            dst[i] += table[acc & mask]
-            acc >>= np.uint64(bits)
+            d[i] += (np.float32(held_bits & mask) - sf) * step
+            held_bits >>= np.uint64(bits)
             held -= bits
 
 

@@ -7,6 +7,14 @@ from psgd.compress.base import Compressor
 from psgd.kernels.compress import LANES, qsgd_decode_add, qsgd_encode
 
 
+def _splitmix64(z: int) -> int:
+    """Vigna's splitmix64 of ``z``: a bijection of 64-bit ints that seeds xorshift streams."""
+    z = (z + 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
+
+
 class Qsgd(Compressor):
     """``2**bits - 1`` levels per element, ``{-s..s} * norm / s`` with s = 2**(bits-1) - 1."""
 
@@ -16,8 +24,8 @@ class Qsgd(Compressor):
         self.bits, self.bucket = bits, bucket
         self.name = f"qsgd:{bits}"
         # the random rounding's xorshift64 streams (never 0), repeatable from the seed
-        self.state = np.array([((seed * LANES + k) * 0x9E3779B97F4A7C15 + 1) % 2**64 or 1
-                               for k in range(LANES)], np.uint64)
+        self.state = np.array([_splitmix64(seed * LANES + k) or 1 for k in range(LANES)],
+                              np.uint64)
 
     def max_body(self, n: int) -> int:
         return 4 * ((n + self.bucket - 1) // self.bucket) + (n * self.bits + 7) // 8

@@ -10,11 +10,15 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from psgd.collectives.allreduce import DEFAULT_SEGMENT_BYTES
 from psgd.collectives.schedules import complete, complete_all
 from psgd.compress import Compressor, PushEncoder
+from psgd.env import env_int
 from psgd.kernels.compress import HALF_TO_FLOAT, fp16_decode_add, fp16_encode
 
-_TAG_RS, _TAG_AG, _TAG_LEN, _TAG_GATHER = 30, 31, 32, 33
+_TAG_RS, _TAG_AG = 30, 31
+# the fp16 ring's pieces, in elements: the float32 ring's segments (PSGD_ALLREDUCE_SEGMENT_BYTES)
+SEGMENT = env_int("PSGD_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES) // 4
 
 
 class _Whole:
@@ -35,51 +39,71 @@ class _Whole:
 class Fp16Ring:
     """Ring reduce-scatter then all-gather over ``comm`` with every chunk sent as fp16.
 
-    Each reduce-scatter hop encodes the running float32 sum of a chunk, the receiver
-    decodes it and adds its own float32 values; the owner of a finished chunk rounds
-    it to fp16 once, keeps that rounding, and the all-gather forwards its bytes
-    unchanged. Each rank sends 2(N-1)/N of the buffer at 2 bytes per element.
+    Each chunk goes in pieces of at most ``segment`` elements, pipelined: each
+    reduce-scatter hop decodes a received piece (the running float32 sum), adds its
+    own float32 values and encodes and sends the piece on at once, while the next
+    pieces are in flight. The owner of a finished chunk rounds it to fp16 once
+    (piece by piece, as its pieces arrive), keeps that rounding, and the all-gather
+    forwards its bytes unchanged. Each rank sends 2(N-1)/N of the buffer at 2
+    bytes per element.
     """
 
-    def __init__(self, comm: MPI.Comm, n: int) -> None:
+    def __init__(self, comm: MPI.Comm, n: int, segment: int = SEGMENT) -> None:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.bounds = [(i * n) // self.size for i in range(self.size + 1)]
+        bounds = [(i * n) // self.size for i in range(self.size + 1)]
+        k = max(1, -(-(n // self.size) // max(1, segment)))    # pieces per chunk
+        self.pieces = [[(a + (i * (b - a)) // k, a + ((i + 1) * (b - a)) // k) for i in range(k)]
+                       for a, b in zip(bounds, bounds[1:])]
         self.wire = np.zeros(2 * n, np.uint8)            # the chunks as fp16, as sent/received
-        self.scratch = np.zeros(2 * (-(-n // self.size)), np.uint8)
         self.bytes_sent = 0
 
-    def _chunk(self, buf: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-        a, b = self.bounds[c % self.size], self.bounds[c % self.size + 1]
-        return buf[a:b], self.wire[2 * a:2 * b]
-
     def run(self, buf: np.ndarray, mean: bool, label: str = "") -> None:
-        comm, rank, size = self.comm, self.rank, self.size
+        comm, rank, size, wire = self.comm, self.rank, self.size, self.wire
         if size == 1 or buf.size == 0:
             return
         left, right = (rank - 1) % size, (rank + 1) % size
         what = lambda: f"rank {left} or {right} (fp16 ring all-reduce{label})"   # noqa: E731
+        rs_sends, ag_sends = [], []
+
+        def send(a: int, b: int, tag: int, sends: list) -> None:
+            sends.append(comm.Isend(wire[2 * a:2 * b], right, tag))
+            self.bytes_sent += 2 * (b - a)
+
+        def rounded(a: int, b: int) -> None:       # buf[a:b] = the fp16 it was sent as
+            buf[a:b] = 0.0
+            fp16_decode_add(wire[2 * a:2 * b], HALF_TO_FLOAT, buf[a:b])
+
+        for a, b in self.pieces[rank]:
+            fp16_encode(buf[a:b], wire[2 * a:2 * b])
+            send(a, b, _TAG_RS, rs_sends)
+        # reduce-scatter step s receives chunk rank-s-1 in place; the last one is the own chunk
         for s in range(size - 1):
-            out, out_wire = self._chunk(buf, rank - s)
-            into, _ = self._chunk(buf, rank - s - 1)
-            fp16_encode(out, out_wire)
-            got = self.scratch[:2 * into.size]
-            reqs = [comm.Irecv(got, left, _TAG_RS), comm.Isend(out_wire, right, _TAG_RS)]
-            complete_all(reqs, what)
-            self.bytes_sent += out_wire.size
-            fp16_decode_add(got, HALF_TO_FLOAT, into)
-        own, own_wire = self._chunk(buf, rank + 1)
-        if mean:
-            np.divide(own, size, out=own)
-        fp16_encode(own, own_wire)
+            pieces = self.pieces[(rank - s - 1) % size]
+            recvs = [comm.Irecv(wire[2 * a:2 * b], left, _TAG_RS) for a, b in pieces]
+            for (a, b), recv in zip(pieces, recvs):
+                complete(recv, what)
+                fp16_decode_add(wire[2 * a:2 * b], HALF_TO_FLOAT, buf[a:b])
+                if s < size - 2:
+                    fp16_encode(buf[a:b], wire[2 * a:2 * b])
+                    send(a, b, _TAG_RS, rs_sends)
+                    continue
+                if mean:
+                    np.divide(buf[a:b], size, out=buf[a:b])
+                fp16_encode(buf[a:b], wire[2 * a:2 * b])
+                send(a, b, _TAG_AG, ag_sends)          # the all-gather's first step
+                rounded(a, b)
+        # all-gather step s receives chunk rank-s in place, where its reduce-scatter send was
+        complete_all(rs_sends, what)
         for s in range(size - 1):
-            _, out_wire = self._chunk(buf, rank + 1 - s)
-            _, in_wire = self._chunk(buf, rank - s)
-            reqs = [comm.Irecv(in_wire, left, _TAG_AG), comm.Isend(out_wire, right, _TAG_AG)]
-            complete_all(reqs, what)
-            self.bytes_sent += out_wire.size
-        buf[:] = 0.0                 # every chunk, the own one too, is its fp16 rounding
-        fp16_decode_add(self.wire, HALF_TO_FLOAT, buf)
+            pieces = self.pieces[(rank - s) % size]
+            recvs = [comm.Irecv(wire[2 * a:2 * b], left, _TAG_AG) for a, b in pieces]
+            for (a, b), recv in zip(pieces, recvs):
+                complete(recv, what)
+                if s < size - 2:
+                    send(a, b, _TAG_AG, ag_sends)
+                rounded(a, b)
+        complete_all(ag_sends, what)
 
 
 class GatherAllreduce:

@@ -61,12 +61,40 @@ def fp16_decode_add(buf, table, dst):
         dst[i] += table[half[i]]
 
 
+# ---------------------------------------------------------------- a bucket's sum (qsgd, sign)
+
+
+_PARTS = 64           # partial sums of a bucket's sum
+
+
+@njit(cache=True)
+def _bucket_sum(x, acc, square):
+    """The sum of ``x * x`` (``square``) or of ``|x|``: element i into ``acc[i % 64]`` (float32
+    (64,)), then the 64 added pairwise (acc[k] += acc[k + 32], then + 16, ...): a fixed order
+    that the loop vectorizer keeps (no fastmath: the compiled sum is the Python one)."""
+    acc[:] = 0.0
+    m = x.shape[0]
+    full = m - m % _PARTS
+    for i in range(0, full, _PARTS):
+        xi = x[i:i + _PARTS]
+        for k in range(_PARTS):
+            acc[k] += xi[k] * xi[k] if square else abs(xi[k])
+    for k in range(m - full):
+        v = x[full + k]
+        acc[k] += v * v if square else abs(v)
+    w = _PARTS
+    while w > 1:
+        w //= 2
+        for k in range(w):
+            acc[k] += acc[k + w]
+    return acc[0]
+
+
 # ---------------------------------------------------------------- qsgd
 
 
 LANES = 32            # qsgd's xorshift64 streams, advanced together once per chunk
 CHUNK = 2 * LANES     # elements per chunk: each stream's draw gives two uniforms
-_PARTS = 64           # partial sums of a bucket's sum of squares
 
 
 @njit(cache=True, inline="always")
@@ -75,27 +103,6 @@ def _xorshift(x):
     x ^= x >> np.uint64(7)
     x ^= x << np.uint64(17)
     return x
-
-
-@njit(cache=True)
-def _sum_squares(x, acc):
-    """The sum of squares of ``x``: element i into ``acc[i % 64]`` (float32 (64,)), then the 64
-    added pairwise (acc[k] += acc[k + 32], then + 16, ...): in a fixed order, vectorized."""
-    acc[:] = 0.0
-    m = x.shape[0]
-    full = m - m % _PARTS
-    for i in range(0, full, _PARTS):
-        xi = x[i:i + _PARTS]
-        for k in range(_PARTS):
-            acc[k] += xi[k] * xi[k]
-    for k in range(m - full):
-        acc[k] += x[full + k] * x[full + k]
-    w = _PARTS
-    while w > 1:
-        w //= 2
-        for k in range(w):
-            acc[k] += acc[k + w]
-    return acc[0]
 
 
 @njit(cache=True)
@@ -164,7 +171,7 @@ def qsgd_encode(grad, bits, bucket, out, state):
     for b in range(nb):
         x = grad[b * bucket:min(n, (b + 1) * bucket)]
         m = x.shape[0]
-        norm = np.float32(np.sqrt(_sum_squares(x, acc)))
+        norm = np.float32(np.sqrt(_bucket_sum(x, acc, True)))
         norms[b] = norm
         scale = np.float32(s) / norm if norm > 0 else np.float32(0.0)
         if bits == 8:                                  # a code a byte, straight into the frame
@@ -246,17 +253,16 @@ def sign_encode(grad, bucket, out):
     nb = (n + bucket - 1) // bucket
     scales = out[:4 * nb].view(np.float32)
     bits = out[4 * nb:]
+    acc = np.zeros(_PARTS, np.float32)
     for b in range(nb):
-        lo, hi = b * bucket, min(n, (b + 1) * bucket)
-        total = np.float32(0.0)
-        for i in range(lo, hi):
-            total += abs(grad[i])
-        scales[b] = total / np.float32(hi - lo)
+        x = grad[b * bucket:min(n, (b + 1) * bucket)]
+        scales[b] = _bucket_sum(x, acc, False) / np.float32(x.shape[0])
     full = n // 8
+    whole = grad[:8 * full]
     for j in range(full):
         byte = 0
         for k in range(8):
-            byte |= (grad[8 * j + k] >= 0) << k
+            byte |= (whole[8 * j + k] >= 0) << k
         bits[j] = byte
     if n > 8 * full:
         byte = 0
@@ -268,16 +274,32 @@ def sign_encode(grad, bucket, out):
 
 @njit(cache=True)
 def sign_decode_add(buf, bucket, dst):
-    """``dst += decode(buf)`` for :func:`sign_encode`'s layout."""
+    """``dst += decode(buf)`` for :func:`sign_encode`'s layout. A bucket starting on a byte
+    spreads each byte's bits to the bytes of a uint64 (b * 0x0101.. & 0x8040..), then adds
+    ``+-scale`` per element from those."""
     n = dst.shape[0]
     nb = (n + bucket - 1) // bucket
     scales = buf[:4 * nb].view(np.float32)
     bits = buf[4 * nb:]
+    spread = np.empty((min(bucket, n) + 7) // 8, np.uint64)
+    flags = spread.view(np.uint8)              # byte i: nonzero where element i's bit is set
     for b in range(nb):
-        lo, hi = b * bucket, min(n, (b + 1) * bucket)
+        lo = b * bucket
+        d = dst[lo:min(n, lo + bucket)]
+        m = d.shape[0]
         scale = scales[b]
-        for i in range(lo, hi):
-            dst[i] += scale * np.float32(2 * ((bits[i >> 3] >> (i & 7)) & 1) - 1)
+        if lo % 8 == 0:
+            own = bits[lo >> 3:(lo + m + 7) >> 3]
+            for j in range(own.shape[0]):
+                spread[j] = ((np.uint64(own[j]) * np.uint64(0x0101010101010101))
+                             & np.uint64(0x8040201008040201))
+            for i in range(m):
+                d[i] += scale * (np.float32(1.0) if flags[i] != 0 else np.float32(-1.0))
+            continue
+        for i in range(m):
+            k = lo + i
+            set_ = (bits[k >> 3] >> (k & 7)) & 1
+            d[i] += scale * (np.float32(1.0) if set_ else np.float32(-1.0))
 
 
 # ---------------------------------------------------------------- top-k

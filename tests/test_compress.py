@@ -55,15 +55,31 @@ def test_fp16_rounds_every_kind_of_float_as_numpy_does():
 
 
 @pytest.mark.parametrize("n", LENGTHS)
-def test_sign_sends_signs_and_each_buckets_mean_magnitude(n):
+@pytest.mark.parametrize("bucket", [BUCKET, 7])
+def test_sign_sends_signs_and_each_buckets_mean_magnitude(n, bucket):
+    """Buckets of 7 start mid-byte (off the decode's byte-spreading path)."""
     g = grads(n)
     g[::5] = 0.0
-    out, length = round_trip("sign", g)
+    out, length = round_trip("sign", g, bucket)
     scale = np.zeros(n, np.float32)
-    for lo in range(0, n, BUCKET):
-        scale[lo:lo + BUCKET] = np.abs(g[lo:lo + BUCKET]).mean(dtype=np.float64)
+    for lo in range(0, n, bucket):
+        scale[lo:lo + bucket] = np.abs(g[lo:lo + bucket]).mean(dtype=np.float64)
     np.testing.assert_allclose(out, np.where(g >= 0, scale, -scale), rtol=1e-6)
-    assert length == HEADER_BYTES + 4 * -(-n // BUCKET) + -(-n // 8)
+    assert length == HEADER_BYTES + 4 * -(-n // bucket) + -(-n // 8)
+
+
+@pytest.mark.parametrize("bucket", [BUCKET, 7])
+def test_sign_kernels_compute_what_their_python_computes(bucket):
+    from psgd.kernels.compress import sign_decode_add, sign_encode
+    g = grads(1001)
+    out, py_out = np.zeros(1200, np.uint8), np.zeros(1200, np.uint8)
+    length = sign_encode(g, bucket, out)
+    assert length == sign_encode.py_func(g, bucket, py_out)
+    np.testing.assert_array_equal(out, py_out)
+    dst, py_dst = grads(1001, k=1), grads(1001, k=1)
+    sign_decode_add(out[:length], bucket, dst)
+    sign_decode_add.py_func(out[:length], bucket, py_dst)
+    np.testing.assert_array_equal(dst, py_dst)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

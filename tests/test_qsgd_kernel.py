@@ -97,7 +97,8 @@ def test_qsgd_kernels_compute_what_their_python_computes(bits):
     """The compiled kernels against their own Python (``py_func``), helpers included."""
     g = np.random.default_rng(bits).standard_normal(700).astype(np.float32)
     acc, py_acc = np.zeros(64, np.float32), np.zeros(64, np.float32)
-    assert K._sum_squares(g[:130], acc) == K._sum_squares.py_func(g[:130], py_acc)
+    assert K._bucket_sum(g[:130], acc, True) == K._bucket_sum.py_func(g[:130], py_acc, True)
+    assert K._bucket_sum(g[:130], acc, False) == K._bucket_sum.py_func(g[:130], py_acc, False)
     s = 2 ** (bits - 1) - 1
     state, py_state = streams(), streams()
     code, py_code = np.zeros(130, np.uint8), np.zeros(130, np.uint8)

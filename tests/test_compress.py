@@ -54,6 +54,19 @@ def test_fp16_rounds_every_kind_of_float_as_numpy_does():
     assert np.isnan(half[nan]).all()
 
 
+def test_fp16_encode_computes_what_its_python_computes():
+    """On every kind of float (its integer arithmetic wraps mod 2**32 in both)."""
+    from psgd.kernels.compress import fp16_encode
+    g = np.concatenate([grads(3000).view(np.uint32) * np.uint32(2654435761),
+                        np.float32([0.0, -0.0, np.inf, np.nan, 65520, 6e-8, 2**-25]).view(
+                            np.uint32)]).view(np.float32)
+    out, py_out = np.zeros(2 * g.size, np.uint8), np.zeros(2 * g.size, np.uint8)
+    fp16_encode(g, out)
+    with np.errstate(all="ignore"):
+        fp16_encode.py_func(g, py_out)
+    np.testing.assert_array_equal(out, py_out)
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("bucket", [BUCKET, 7])
 def test_sign_sends_signs_and_each_buckets_mean_magnitude(n, bucket):

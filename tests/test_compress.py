@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from psgd.compress import PushEncoder, make
+from psgd.compress import make
+from psgd.compress.feedback import PushEncoder
 from psgd.compress.base import HEADER_BYTES
 from psgd.errors import PsgdError
 from psgd.mpi.shardmap import ShardMap

@@ -106,3 +106,12 @@ def test_fused_runs_count_every_update_of_every_worker(mpirun, sparse_data, tmp_
     summary = next(r for r in read_log(log) if r["kind"] == "summary")
     assert sum(summary["staleness_histogram"]) == 3 * 200
     assert summary["test_accuracy"] > 0.3, summary["test_accuracy"]
+
+
+def test_a_hogwild_server_never_loads_numba(mpirun, sparse_data, tmp_path):
+    # the server only hosts its shard: numba (about 0.2 s of CPU to import) is the workers'
+    out = mpirun(3, ["server_imports_check.py", "train", "--data", sparse_data, "--model", "linear",
+                     "--quiet", "--protocol", "hogwild", "--servers", 1, "--steps", 20,
+                     "--log", tmp_path / "run.jsonl"], timeout=120).stdout
+    assert "rank 0 server: numba not loaded" in out, out
+    assert "rank 1 worker: numba loaded" in out and "rank 2 worker: numba loaded" in out, out

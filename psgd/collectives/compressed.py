@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 from psgd.collectives.allreduce import DEFAULT_SEGMENT_BYTES
 from psgd.collectives.schedules import complete, complete_all
-from psgd.compress import Compressor, PushEncoder
+from psgd.compress import Compressor
+from psgd.compress.feedback import PushEncoder
 from psgd.env import env_int
 from psgd.kernels.compress import HALF_TO_FLOAT, fp16_decode_add, fp16_encode
 

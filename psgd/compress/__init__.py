@@ -1,12 +1,12 @@
 """Gradient compressors for pushes: ``--compress none|fp16|qsgd:BITS|topk:FRACTION|sign|sparse``.
 
-One module per compressor; :func:`make` parses a spec, :class:`PushEncoder`
-encodes a worker's gradient shard by shard with the error-feedback residual.
+One module per compressor; :func:`make` parses a spec (and imports only the
+compressor it names), :class:`psgd.compress.feedback.PushEncoder` encodes a
+worker's gradient shard by shard with the error-feedback residual.
 """
 from __future__ import annotations
 
 from psgd.compress.base import HEADER_BYTES, Compressor
-from psgd.compress.feedback import PushEncoder
 
 NONE = "none"
 DEFAULT_BUCKET = 512
@@ -18,7 +18,7 @@ HELP = {"none": "float32 as computed",
         "sign": "one bit per element and the bucket's mean magnitude",
         "sparse": "the nonzeros as index + value where that is smaller (lossless; sparse models)"}
 
-__all__ = ["HEADER_BYTES", "Compressor", "PushEncoder", "make", "check", "NONE", "HELP"]
+__all__ = ["HEADER_BYTES", "Compressor", "make", "check", "NONE", "HELP"]
 
 
 def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor | None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from psgd.kernels.optim import momentum_direction
-
 SETTINGS = ("auto", "on", "off")
 
 
@@ -38,6 +36,7 @@ class WorkerMomentum:
     def apply(self, grad: np.ndarray, params: np.ndarray, out: np.ndarray | None = None
               ) -> np.ndarray:
         """The direction to send for ``grad`` computed on ``params``, in ``out`` (default: own)."""
+        from psgd.kernels.optim import momentum_direction   # numba: not on the ranks that never push
         out = self.out if out is None else out
         momentum_direction(grad, params, self.velocity, out, self.momentum, self.weight_decay,
                            self.nesterov)

@@ -116,7 +116,7 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
 
 def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
         lrs: np.ndarray) -> tuple:
-    """:func:`sparse_steps` for a :class:`psgd.hogwild.hogwild.HogwildWorker` of a sparse model on
+    """:func:`sparse_steps` for a :class:`psgd.hogwild.worker.HogwildWorker` of a sparse model on
     a shared window: its model's ``grad``, ``touched`` and lazy-decay state, its counts, bytes
     and staleness histogram follow as after as many steps one by one.
 

@@ -3,7 +3,7 @@
 On a ``shared`` window by CPU atomics and plain loads; otherwise by MPI_Accumulate and
 MPI_Get with one indexed datatype per shard.
 
-Used by :class:`psgd.hogwild.hogwild.HogwildWorker` for a sparse model (``model.sparse``,
+Used by :class:`psgd.hogwild.worker.HogwildWorker` for a sparse model (``model.sparse``,
 ``model.touched``, ``model.rows_of``, ``model.row_len``) under plain SGD; the step is a
 :class:`psgd.nn.lazy_decay.LazyDecaySGD` step, so weight decay stays O(touched rows).
 """

@@ -2,6 +2,8 @@
 
 An optimizer owns the state of the slice it was made for (a server's shard, or
 the whole vector under all-reduce), so the same code runs on a server and a worker.
+Its numba kernel is imported at its first step, so a rank that never steps (a
+hogwild server) never loads numba.
 """
 from __future__ import annotations
 
@@ -9,8 +11,6 @@ import math
 from typing import Callable
 
 import numpy as np
-
-from psgd.kernels.optim import adam_step, momentum_step, sgd_step
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 SCHEDULES = ("constant", "step", "cosine")
@@ -95,6 +95,7 @@ class SGD(Optimizer):
     name = "sgd"
 
     def _step(self, src, grad, dst, lr, scale, check, grad2, step):
+        from psgd.kernels.optim import sgd_step
         return sgd_step(src, grad, dst, lr, self.weight_decay, scale, check, grad2)
 
 
@@ -114,6 +115,7 @@ class Momentum(SGD):
         self.velocity = np.zeros(self.n, dtype=np.float32)
 
     def _step(self, src, grad, dst, lr, scale, check, grad2, step):
+        from psgd.kernels.optim import momentum_step
         return momentum_step(src, grad, self.velocity, dst, lr, self.momentum, self.weight_decay,
                              self.nesterov, scale, check, grad2)
 
@@ -136,6 +138,7 @@ class Adam(Optimizer):
         self.v = np.zeros(self.n, dtype=np.float32)
 
     def _step(self, src, grad, dst, lr, scale, check, grad2, step):
+        from psgd.kernels.optim import adam_step
         return adam_step(src, grad, self.m, self.v, dst, lr, self.beta1, self.beta2, self.eps,
                          self.weight_decay, step, scale, check, grad2)
 

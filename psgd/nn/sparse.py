@@ -2,16 +2,14 @@
 
 The flat vector is ``w`` (D, K) row-major followed by ``b`` (K,): a (D + 1, K) matrix
 whose row D is the bias, so a batch touches the rows of its features and row D.
+The numba kernels are imported where a model computes, so a rank that only holds
+the parameters (a hogwild server) never loads numba.
 """
 from __future__ import annotations
 
 import re
 
 import numpy as np
-
-from psgd.kernels.loss import softmax_cross_entropy
-from psgd.kernels.sparse import (csr_linear_backward, csr_linear_forward, multiclass_hinge,
-                                 touched_rows, zero_rows)
 
 KINDS = ("linear", "svm")
 SPEC_HELP = "expected 'linear' or 'svm' (sizes from the data) or 'linear:D-K' / 'svm:D-K'"
@@ -58,7 +56,6 @@ class SparseLinear:
         self._grad = np.zeros(self.n_params, self.dtype)
         self._mark = np.zeros(self.n_features + 1, np.bool_)
         self.touched = np.zeros(0, np.int64)
-        self._loss_fn = softmax_cross_entropy if kind == "linear" else multiclass_hinge
 
     def set_calibration(self, x) -> None:
         """No effect: a linear model has no batch norm."""
@@ -108,7 +105,14 @@ class SparseLinear:
             raise ValueError(f"y holds labels outside [0, {self.n_classes})")
         return x, y.astype(np.int64)
 
+    def _loss(self, scores: np.ndarray, y: np.ndarray, dscores: np.ndarray) -> tuple:
+        from psgd.kernels.loss import softmax_cross_entropy
+        from psgd.kernels.sparse import multiclass_hinge
+        return (softmax_cross_entropy if self.kind == "linear" else multiclass_hinge)(
+            scores, y, dscores)
+
     def _scores(self, x) -> np.ndarray:
+        from psgd.kernels.sparse import csr_linear_forward
         w, b = self._matrices(self._params)
         out = np.empty((len(x), self.n_classes), self.dtype)
         csr_linear_forward(x.indptr, x.indices, x.values, w, b, out)
@@ -117,10 +121,11 @@ class SparseLinear:
     def loss_and_grad(self, x, y) -> tuple[float, int]:
         """Forward and backward on one CSR batch; :attr:`grad` holds d(mean loss)/d(params)
         (zero outside :attr:`touched`)."""
+        from psgd.kernels.sparse import csr_linear_backward, zero_rows
         x, y = self.check_batch(x, y)
         scores = self._scores(x)
         dscores = np.empty_like(scores)
-        loss, correct = self._loss_fn(scores, y, dscores)
+        loss, correct = self._loss(scores, y, dscores)
         g = self._grad.reshape(self.n_features + 1, self.n_classes)
         zero_rows(g, self.touched)
         gw, gb = self._matrices(self._grad)
@@ -130,6 +135,7 @@ class SparseLinear:
 
     def rows_of(self, x) -> np.ndarray:
         """The sorted int64 rows a CSR batch ``x`` touches: its features' and the bias row D."""
+        from psgd.kernels.sparse import touched_rows
         return np.append(touched_rows(x.indices, self.n_features + 1, self._mark), self.n_features)
 
     def predict(self, x, batch_size: int = 4096) -> np.ndarray:
@@ -143,7 +149,7 @@ class SparseLinear:
         total, correct = 0.0, 0
         for s in range(0, len(x), batch_size):
             scores = self._scores(x[s:s + batch_size])
-            loss, c = self._loss_fn(scores, y[s:s + batch_size], np.empty_like(scores))
+            loss, c = self._loss(scores, y[s:s + batch_size], np.empty_like(scores))
             total += loss * len(scores)
             correct += c
         return total / len(x), correct / len(x)

@@ -318,8 +318,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
              **_STALE,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
-        "hogwild", servers=True, worker="psgd.hogwild.hogwild:HogwildWorker",
-        server="psgd.hogwild.hogwild:serve_hogwild", bound=math.inf, staleness_unit="updates",
+        "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
+        server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
         optimizers=("sgd", "momentum", "nesterov"), resumes_optimizer=False,
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from psgd.compress import PushEncoder
+from psgd.compress.feedback import PushEncoder
 from psgd.compress.momentum import WorkerMomentum
 from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig

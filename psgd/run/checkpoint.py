@@ -13,7 +13,6 @@ import numpy as np
 
 import psgd
 from psgd.atomic_file import atomic_output
-from psgd.kernels.finite import finite
 
 FORMAT_VERSION = 1
 NAME_RE = re.compile(r"^ckpt-(\d{8})\.h5$")
@@ -188,7 +187,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         if params.shape != (n,):
             raise ValueError(f"checkpoint {path}: /params has shape {params.shape}, "
                              f"attribute n_params says {n}")
-        if not finite(params):
+        if not np.isfinite(params).all():
             raise ValueError(f"checkpoint {path}: /params holds non-finite values")
         opt_state: dict = {}
         for key, ds in f.get("optimizer", {}).items():

@@ -199,11 +199,11 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
 def _model(settings: TrainSettings, info: dict):
     """The model of --model, checked against the kind of data (sparse CSR or dense)."""
     from psgd.nn import sparse
-    from psgd.nn.model import build_model
     is_sparse = sparse.is_sparse_spec(settings.model)
     sparse.check_data_kind(settings.model, is_sparse, bool(info.get("sparse")), settings.data)
     if is_sparse:
         return sparse.build_sparse_model(settings.model, info["input_shape"][0], info["n_classes"])
+    from psgd.nn.model import build_model
     return build_model(settings.model, seed=settings.seed, input_shape=info["input_shape"],
                        n_classes=info["n_classes"])
 

@@ -9,7 +9,8 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.errors import report_and_abort
-from psgd.hogwild.hogwild import HogwildWorker, serve_hogwild
+from psgd.hogwild.server import serve_hogwild
+from psgd.hogwild.worker import HogwildWorker
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer

@@ -43,3 +43,10 @@ def test_hogwild_optimizer_check_names_the_optimizer():
 def test_hogwild_help_states_the_consistency_rules():
     for words in ("torn", "atomic", "no update is ever lost", "adam"):
         assert words in get("hogwild").summary
+
+
+def test_a_hogwild_server_waits_for_late_workers_at_the_windows_without_spinning(mpirun):
+    # MPICH's blocking collectives busy-poll: a server that entered the windows' first
+    # collective while its workers still imported numba took a core from them
+    out = mpirun(2, ["hogwild_windows_idle_check.py"], timeout=60).stdout
+    assert "server making the windows" in out

@@ -13,6 +13,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from psgd.mpi import wait
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.mpi.shared_memory import allocate_shared, on_one_node
@@ -47,6 +48,9 @@ class Windows:
 
     def __init__(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
         comm = roles.comm
+        # the collectives below block, and MPICH's blocking calls spin: a server here early
+        # would take a core from workers still importing numba or reading their data
+        wait.barrier(comm, "the other ranks to make the hogwild windows")
         self.kind, one_node = _window_kind(comm, window)
         # Measured with MPICH 5 (ch4): RMA to allocated/shared windows on one
         # node completes without the target calling MPI; to created windows

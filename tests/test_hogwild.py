@@ -45,8 +45,9 @@ def test_hogwild_help_states_the_consistency_rules():
         assert words in get("hogwild").summary
 
 
-def test_a_hogwild_server_waits_for_late_workers_at_the_windows_without_spinning(mpirun):
+def test_a_hogwild_server_waits_for_late_workers_without_spinning_and_sees_them_finish(mpirun):
     # MPICH's blocking collectives busy-poll: a server that entered the windows' first
-    # collective while its workers still imported numba took a core from them
-    out = mpirun(2, ["hogwild_windows_idle_check.py"], timeout=60).stdout
-    assert "server making the windows" in out
+    # collective while its workers still imported numba took a core from them; at the end
+    # the finished flags tell an idle server to poll densely for the workers' unlocks
+    out = mpirun(2, ["hogwild_windows_check.py"], timeout=60).stdout
+    assert "server making the windows" in out and "server sees the finished flag" in out

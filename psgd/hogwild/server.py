@@ -123,15 +123,22 @@ def _idle_until_done(roles: Roles, windows: Windows, fault) -> None:
     # cap, keeping the server's CPU near zero; otherwise with the usual cap
     # (PSGD_POLL_MAX_SLEEP), each poll also driving MPI progress.  The wait
     # lasts the whole training, so only a stop of the updates counts as a stall.
+    # Once a worker has set its finished flag, its Unlock_all and the end barrier
+    # wait on this rank's progress: from then on it polls with the usual cap.
     old = wait.settings.max_sleep
     if windows.target_progress_free:
         wait.configure(max_sleep=max(old, SERVER_MAX_SLEEP))
     try:
         request = roles.comm.Ibarrier()
         poller = wait.Poller(lambda: windows.describe_running(roles), windows.progress)
+        ending = False
         while not request.Test():
             if fault is not None:  # tests only (PSGD_FAULT): step = updates so far
                 fault.at(int(windows.read_counters()[0]))
+            if not ending and windows.any_finished():
+                ending = True
+                wait.configure(max_sleep=old)
+                poller.restart()
             poller.idle()
     finally:
         wait.configure(max_sleep=old)

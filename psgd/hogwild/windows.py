@@ -76,17 +76,19 @@ class Windows:
                                            "PSGD_HOGWILD_WINDOW=allocate")
         else:
             self.counter = MPI.Win.Allocate(counter_bytes, 8, comm=comm)
-        # Direct views of every shard and of the counters (shared windows only, on workers):
-        # reads are plain loads, a sparse model's updates CPU atomics (kernels/atomic.py).
+        # Direct views of every shard (shared windows only, on workers) and of the counters
+        # (shared windows, every rank): reads are plain loads, a sparse model's updates CPU
+        # atomics (kernels/atomic.py).
         self.shards = self.count = None
+        if self.kind == "shared":
+            self.count = np.frombuffer(self.counter.Shared_query(0)[0], dtype=np.int64,
+                                       count=self.n_counters)
         if self.kind == "shared" and roles.is_worker:
             self.shards = []
             for shard in range(shard_map.n_shards):
                 buf, _ = self.params.Shared_query(roles.server_rank(shard))
                 self.shards.append(np.frombuffer(buf, dtype=np.float32,
                                                  count=shard_map.size(shard)))
-            self.count = np.frombuffer(self.counter.Shared_query(0)[0], dtype=np.int64,
-                                       count=self.n_counters)
 
     def read_counters(self) -> np.ndarray:
         """The update counter and the workers' finished flags (outside a lock_all epoch)."""
@@ -95,6 +97,11 @@ class Windows:
         self.counter.Get(out, 0)
         self.counter.Unlock(0)
         return out
+
+    def any_finished(self) -> bool:
+        """Whether some worker has set its finished flag, by a plain load (shared windows; False
+        elsewhere, where reading the flags takes MPI calls)."""
+        return self.count is not None and bool(self.count[1:].any())
 
     def describe_running(self, roles: Roles) -> str:
         counters = self.read_counters()

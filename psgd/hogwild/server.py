@@ -19,6 +19,7 @@ from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 
 SERVER_MAX_SLEEP = 0.01  # s: an idle server's longest backoff sleep (sees the end <= 10 ms late)
+PROGRESS_MAX_SLEEP = 5e-5  # s: the longest, where each worker's one-sided op waits for this rank
 STATS_TAG = 0x4807       # a worker's update count, skips and staleness histogram, to rank 0
 PARAMS_TAG = 0x4808
 
@@ -120,14 +121,17 @@ def _read_final(windows: Windows, rank: int) -> tuple[np.ndarray, int]:
 def _idle_until_done(roles: Roles, windows: Windows, fault) -> None:
     # Training happens now, with no part for this rank. Where the workers'
     # RMA needs no target progress the barrier is polled with a long backoff
-    # cap, keeping the server's CPU near zero; otherwise with the usual cap
-    # (PSGD_POLL_MAX_SLEEP), each poll also driving MPI progress.  The wait
+    # cap, keeping the server's CPU near zero; otherwise (across nodes, or a
+    # created window) every worker's Get and Accumulate moves only as this rank
+    # polls, so it polls densely, each poll driving MPI progress.  The wait
     # lasts the whole training, so only a stop of the updates counts as a stall.
     # Once a worker has set its finished flag, its Unlock_all and the end barrier
-    # wait on this rank's progress: from then on it polls with the usual cap.
+    # wait on this rank's progress: from then on it polls at least as often as
+    # the usual cap (PSGD_POLL_MAX_SLEEP).
     old = wait.settings.max_sleep
-    if windows.target_progress_free:
-        wait.configure(max_sleep=max(old, SERVER_MAX_SLEEP))
+    idle = (max(old, SERVER_MAX_SLEEP) if windows.target_progress_free
+            else min(old, PROGRESS_MAX_SLEEP))
+    wait.configure(max_sleep=idle)
     try:
         request = roles.comm.Ibarrier()
         poller = wait.Poller(lambda: windows.describe_running(roles), windows.progress)
@@ -137,7 +141,7 @@ def _idle_until_done(roles: Roles, windows: Windows, fault) -> None:
                 fault.at(int(windows.read_counters()[0]))
             if not ending and windows.any_finished():
                 ending = True
-                wait.configure(max_sleep=old)
+                wait.configure(max_sleep=min(idle, old))
                 poller.restart()
             poller.idle()
     finally:

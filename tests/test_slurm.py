@@ -129,8 +129,9 @@ def test_a_segment_a_killed_step_left_is_named_when_its_requeued_job_stalls_in_m
         slurm, dataset, tmp_path):
     marker, log = f"segment-{os.getpid()}", tmp_path / "log.jsonl"
     jid = _submit(slurm, tmp_path, "asp", "--data", dataset, *SMALL, "--steps", 100000,
-                  "--log", log, env={"PSGD_TEST_MARK": marker, "PSGD_STALL_TIMEOUT": "3",
-                                     "PSGD_STALL_ABORT": "20", "PSGD_REQUEUE": "0"})
+                  "--log", log, "--checkpoint-dir", tmp_path / "ck",
+                  env={"PSGD_TEST_MARK": marker, "PSGD_STALL_TIMEOUT": "3",
+                       "PSGD_STALL_ABORT": "20", "PSGD_REQUEUE": "0"})
     _wait(slurm, jid, lambda job: _logged_a_step(log) or _ended(job), 120, "training")
     for pid in marked_pids(marker, ranks_only=True):   # a node's OOM killer, say
         os.kill(pid, signal.SIGKILL)

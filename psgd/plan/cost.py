@@ -210,20 +210,22 @@ def async_rate(job: Job, net: Network, push_bytes: float | None = None,
     and pull alone on its link; the rate is capped where the busiest link (or the
     shared one) is full. A push carries ``push_bytes`` (default: the coded bytes), a
     pull ``pull_bytes`` (default: float32's). The step is each server's, on its B/S
-    (it reads the push, then steps), one push at a time, so pushes queue for it:
-    the workers are the clients of :func:`closed_loop_rate`, thinking for their
-    own cycle (their harmonic mean), served for the step. With ``step_bytes`` the
-    step is the worker's own, on that many bytes, and nothing queues (hogwild).
+    (it decodes and reads the push, then steps), one push at a time, so pushes
+    queue for it: the workers are the clients of :func:`closed_loop_rate`,
+    thinking for their own cycle (their harmonic mean), served for the step. With
+    ``step_bytes`` the step is the worker's own, on that many bytes, and nothing
+    queues (hogwild).
     """
     c = job.compression
     push_bytes = job.coded_bytes if push_bytes is None else push_bytes
     pull_bytes = job.nbytes if pull_bytes is None else pull_bytes
     wc, sc, wn, sn = _ps_counts(job)
-    if step_bytes is None:
-        own_s, server_s = 0.0, (1 + STEP_PASSES) * job.nbytes / job.servers / net.shm_bandwidth
+    if step_bytes is None:     # each server decodes the push, reads it and steps its B/S
+        own_s = 0.0
+        server_s = ((1 + STEP_PASSES) / net.shm_bandwidth + c.decode_s) * job.nbytes / job.servers
     else:
         own_s, server_s = STEP_PASSES * step_bytes / net.shm_bandwidth, 0.0
-    alone = 2 * net.latency + (c.encode_s + c.decode_s) * job.nbytes + own_s
+    alone = 2 * net.latency + c.encode_s * job.nbytes + own_s
     for nbytes in (push_bytes, pull_bytes):
         share = nbytes / job.servers
         alone = alone + ((job.servers - sc[wn]) * share / net.bandwidth

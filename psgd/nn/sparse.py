@@ -7,12 +7,20 @@ the parameters (a hogwild server) never loads numba.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
 
 KINDS = ("linear", "svm")
 SPEC_HELP = "expected 'linear' or 'svm' (sizes from the data) or 'linear:D-K' / 'svm:D-K'"
+
+
+@functools.cache
+def _kernels():
+    """The numba kernels (loss, sparse), imported once, at the first computation."""
+    from psgd.kernels import loss, sparse
+    return loss, sparse
 
 
 def is_sparse_spec(spec) -> bool:
@@ -106,37 +114,35 @@ class SparseLinear:
         return x, y.astype(np.int64)
 
     def _loss(self, scores: np.ndarray, y: np.ndarray, dscores: np.ndarray) -> tuple:
-        from psgd.kernels.loss import softmax_cross_entropy
-        from psgd.kernels.sparse import multiclass_hinge
-        return (softmax_cross_entropy if self.kind == "linear" else multiclass_hinge)(
-            scores, y, dscores)
+        loss, sparse = _kernels()
+        fn = loss.softmax_cross_entropy if self.kind == "linear" else sparse.multiclass_hinge
+        return fn(scores, y, dscores)
 
     def _scores(self, x) -> np.ndarray:
-        from psgd.kernels.sparse import csr_linear_forward
         w, b = self._matrices(self._params)
         out = np.empty((len(x), self.n_classes), self.dtype)
-        csr_linear_forward(x.indptr, x.indices, x.values, w, b, out)
+        _kernels()[1].csr_linear_forward(x.indptr, x.indices, x.values, w, b, out)
         return out
 
     def loss_and_grad(self, x, y) -> tuple[float, int]:
         """Forward and backward on one CSR batch; :attr:`grad` holds d(mean loss)/d(params)
         (zero outside :attr:`touched`)."""
-        from psgd.kernels.sparse import csr_linear_backward, zero_rows
+        sparse = _kernels()[1]
         x, y = self.check_batch(x, y)
         scores = self._scores(x)
         dscores = np.empty_like(scores)
         loss, correct = self._loss(scores, y, dscores)
         g = self._grad.reshape(self.n_features + 1, self.n_classes)
-        zero_rows(g, self.touched)
+        sparse.zero_rows(g, self.touched)
         gw, gb = self._matrices(self._grad)
-        csr_linear_backward(x.indptr, x.indices, x.values, dscores, gw, gb)
+        sparse.csr_linear_backward(x.indptr, x.indices, x.values, dscores, gw, gb)
         self.touched = self.rows_of(x)
         return float(loss), int(correct)
 
     def rows_of(self, x) -> np.ndarray:
         """The sorted int64 rows a CSR batch ``x`` touches: its features' and the bias row D."""
-        from psgd.kernels.sparse import touched_rows
-        return np.append(touched_rows(x.indices, self.n_features + 1, self._mark), self.n_features)
+        rows = _kernels()[1].touched_rows(x.indices, self.n_features + 1, self._mark)
+        return np.append(rows, self.n_features)
 
     def predict(self, x, batch_size: int = 4096) -> np.ndarray:
         """Class ids (B,) int64 of the arg-max score."""

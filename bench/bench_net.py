@@ -166,6 +166,8 @@ def main() -> None:
     ap.add_argument("--rates", default="1gbit,10gbit")
     ap.add_argument("--nodes", default="2,4")
     ap.add_argument("--models", default="lenet,mlp2m")
+    ap.add_argument("--protocols", default=",".join(r[0] for r in RUNS),
+                    help="which of the rows' protocols to run")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seconds", type=float, default=0.3, help="bench_allreduce's per size")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "net"))
@@ -176,6 +178,11 @@ def main() -> None:
         repredict(args.out)
         return
     rates, models = args.rates.split(","), args.models.split(",")
+    runs = [r for r in RUNS if r[0] in args.protocols.split(",")]
+    unknown = set(args.protocols.split(",")) - {r[0] for r in RUNS}
+    if unknown:
+        ap.error(f"--protocols: {', '.join(sorted(unknown))} not among "
+                 f"{', '.join(r[0] for r in RUNS)}")
     from psgd.nn.model import build_model
     compute = {m: measure_compute_s(MODELS[m], BATCH) for m in models}
     links = {r: link_bandwidth(r) for r in rates}
@@ -188,7 +195,7 @@ def main() -> None:
             n_params = build_model(MODELS[model]).n_params
             for rate in rates:
                 for nodes in map(int, args.nodes.split(",")):
-                    for protocol, servers, model_row in RUNS:
+                    for protocol, servers, model_row in runs:
                         got, in_run = run_row(data, model, protocol, servers, nodes, rate,
                                               args.steps, Path(tmp))
                         at = (servers, nodes, links[rate])

@@ -25,6 +25,18 @@ def test_sparse_hogwild_lazy_decay_equals_eager(mpirun):
     assert "sparse hogwild ok: S=2 W=1 decay=0.1" in out
 
 
+@pytest.mark.parametrize("optimizer, servers, workers, extra", [
+    ("momentum", 1, 2, []), ("nesterov", 2, 1, ["--decay", "0.05"]),
+    ("momentum", 2, 1, ["--decay", "0.05", "--schedule", "cosine"])])
+def test_sparse_hogwild_lazy_momentum_equals_eager_and_loses_no_update(mpirun, optimizer, servers,
+                                                                       workers, extra):
+    # 300 steps: the momentum's products restart twice on the way; the servers' final vector
+    # must be each worker's eager momentum trajectory (numpy), summed
+    out = mpirun(servers + workers, [SCRIPT, servers, 300, 50, 3, "--optimizer", optimizer, *extra],
+                 timeout=90).stdout
+    assert f"sparse hogwild ok: S={servers} W={workers}" in out and optimizer in out
+
+
 @pytest.fixture(scope="module")
 def sparse_data(tmp_path_factory):
     from psgd.data.synth_sparse import write_sparse_synthetic
@@ -115,3 +127,33 @@ def test_a_hogwild_server_never_loads_numba(mpirun, sparse_data, tmp_path):
                      "--log", tmp_path / "run.jsonl"], timeout=120).stdout
     assert "rank 0 server: numba not loaded" in out, out
     assert "rank 1 worker: numba loaded" in out and "rank 2 worker: numba loaded" in out, out
+
+
+def test_lazy_momentum_training_equals_dense_hogwild_and_pushes_by_nonzeros(mpirun, sparse_data,
+                                                                             tmp_path):
+    # one worker: the lazy Nesterov steps (weight decay, cosine schedule, amom) must leave the
+    # parameters and velocity of dense hogwild's eager steps, mid-run and at the end, to float
+    # tolerance, while each step pushes by the batch's nonzeros (the data: 60 per row)
+    import h5py
+    import numpy as np
+    from psgd.run.metrics import read_log
+    pushed = {}
+    for sparse in ("on", "off"):
+        out = tmp_path / sparse
+        mpirun(2, ["-m", "psgd", "train", "--data", sparse_data, "--model", "linear", "--quiet",
+                   "--protocol", "hogwild", "--servers", 1, "--optimizer", "nesterov", "--lr", 0.5,
+                   "--weight-decay", 1e-4, "--lr-schedule", "cosine", "--staleness-comp", "amom",
+                   "--batch-size", 8, "--steps", 300, "--log", out / "run.jsonl",
+                   "--checkpoint-dir", out, "--checkpoint-every", 150], timeout=120,
+               env={"PSGD_HOGWILD_SPARSE": sparse})
+        pushed[sparse] = [r["push_bytes_per_step"] for r in read_log(out / "run.jsonl")
+                          if r["kind"] == "step" and r.get("push_bytes_per_step")]
+    for step in (150, 300):
+        name = f"ckpt-{step:08d}.h5"
+        with h5py.File(tmp_path / "on" / name) as a, h5py.File(tmp_path / "off" / name) as b:
+            for key in ("params", "optimizer/velocity"):
+                np.testing.assert_allclose(a[key][()], b[key][()], rtol=1e-5, atol=2e-5, err_msg=key)
+    n, k = 3001 * 10, 10
+    rows_bound = (8 * 60 + 1) * k * 8 + n * 8 / 100   # the batch's rows, and the restarts' share
+    assert pushed["off"] and min(pushed["off"]) == n * 4
+    assert pushed["on"] and max(pushed["on"]) < rows_bound, (max(pushed["on"]), rows_bound)

@@ -124,7 +124,7 @@ def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: i
     ``--skip-nonfinite``), as the step would.
     """
     updates, windows, stats = worker._sparse, worker.windows, worker.stats
-    model, sgd, n = updates.model, updates.sgd, lrs.size
+    model, sgd, n = updates.model, updates.lazy, lrs.size
     sgd.reserve(n, float(lrs.max()) if n else 0.0)
     losses, corrects = np.zeros(n, np.float64), np.zeros(n, np.int64)
     staleness = np.full(n, -1, np.int64)

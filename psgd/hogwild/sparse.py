@@ -4,8 +4,9 @@ On a ``shared`` window by CPU atomics and plain loads; otherwise by MPI_Accumula
 MPI_Get with one indexed datatype per shard.
 
 Used by :class:`psgd.hogwild.worker.HogwildWorker` for a sparse model (``model.sparse``,
-``model.touched``, ``model.rows_of``, ``model.row_len``) under plain SGD; the step is a
-:class:`psgd.nn.lazy_decay.LazyDecaySGD` step, so weight decay stays O(touched rows).
+``model.touched``, ``model.rows_of``, ``model.row_len``) under SGD, momentum or Nesterov; the
+step is a :class:`psgd.nn.lazy_decay.LazyDecaySGD` or :class:`psgd.nn.lazy_momentum.LazyMomentum`
+step, so weight decay and momentum stay O(touched rows).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from numba import njit
 from psgd.kernels.atomic import atomic_add, atomic_add_pair, atomic_load
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.lazy_decay import LazyDecaySGD
+from psgd.nn.lazy_momentum import LazyMomentum
+from psgd.nn.optim import Momentum, Optimizer
 
 INDEX_BYTES = 4  # what a coordinate costs beside its float32 value
 
@@ -95,31 +98,104 @@ class SparseUpdates:
     ----------
     model : a sparse model (``touched``: int64 row ids of the last batch; ``row_len``)
     shard_map : ShardMap
-    weight_decay : float
+    optimizer : Optimizer
+        SGD or momentum (Nesterov); its hyper-parameters, and for momentum its velocity, which
+        the lazy steps keep.
+    varying_momentum : bool
+        The momentum may change at each step (``--staleness-comp amom``): momentum 0 is then
+        still taken as momentum.
     """
 
-    def __init__(self, model, shard_map: ShardMap, weight_decay: float) -> None:
+    def __init__(self, model, shard_map: ShardMap, optimizer: Optimizer,
+                 varying_momentum: bool = False) -> None:
         self.model, self.shard_map = model, shard_map
         self.row_len = int(model.row_len)
         self.n_rows = shard_map.n // self.row_len
-        self.sgd = LazyDecaySGD(self.n_rows, self.row_len, weight_decay)
+        wd = optimizer.weight_decay
+        if isinstance(optimizer, Momentum) and (optimizer.momentum or varying_momentum):
+            self.lazy = LazyMomentum(self.n_rows, self.row_len, optimizer.momentum,
+                                     optimizer.nesterov, wd, optimizer.velocity)
+        else:   # momentum 0 is SGD
+            self.lazy = LazyDecaySGD(self.n_rows, self.row_len, wd)
         self.bounds = np.array([shard_map.range(s)[0] for s in range(shard_map.n_shards)]
                                 + [shard_map.n], np.int64)
+        self._caught_up = None   # (rows, their changes) of before_batch's catch-up, not yet pushed
+
+    @property
+    def fuses(self) -> bool:
+        """Whether :mod:`psgd.hogwild.fused` can take these steps (plain SGD)."""
+        return isinstance(self.lazy, LazyDecaySGD)
+
+    @property
+    def pending(self) -> bool:
+        """Whether rows may hold missed steps that :meth:`catch_up` would apply."""
+        return not self.fuses or self.lazy.weight_decay != 0
+
+    @property
+    def due(self) -> bool:
+        """Whether :meth:`catch_up` must run before the next step (momentum's products restart)."""
+        return not self.fuses and self.lazy.needs_sweep
+
+    @property
+    def catch_up_reads(self) -> bool:
+        """Whether :meth:`catch_up` needs the present values (weight decay moves with them)."""
+        return self.lazy.weight_decay != 0
 
     def coords(self, rows: np.ndarray) -> np.ndarray:
         """The sorted int64 coordinates of sorted distinct ``rows``."""
         return (rows[:, None] * self.row_len + np.arange(self.row_len)).ravel()
 
-    def delta(self, params: np.ndarray, grad: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
-        """(coordinates int64 sorted, float32 changes) of one SGD step on the touched rows."""
+    def before_batch(self, params: np.ndarray, rows: np.ndarray) -> None:
+        """Momentum: bring the just read sorted ``rows`` of ``params`` to the present (their missed
+        steps), so the batch's gradient is taken where eager momentum would take it; the change
+        is pushed with the step's (:meth:`delta`), or alone (:meth:`drop`)."""
+        if not self.fuses:
+            self._caught_up = rows, self.lazy.catch_up_rows(params.reshape(self.n_rows, self.row_len),
+                                                           rows)
+
+    def delta(self, params: np.ndarray, grad: np.ndarray, lr: float,
+              momentum: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(rows int64 sorted, float32 changes of their coordinates, flat) of one step on the
+        touched rows, with :meth:`before_batch`'s catch-up; ``momentum``: this step's, for
+        momentum (default the optimizer's)."""
         rows = self.model.touched
         k = self.row_len
-        change = self.sgd.step(params.reshape(self.n_rows, k), grad.reshape(self.n_rows, k), rows, lr)
-        return self.coords(rows), np.ascontiguousarray(change.ravel(), np.float32)
+        w, g = params.reshape(self.n_rows, k), grad.reshape(self.n_rows, k)
+        if self.fuses:
+            change = self.lazy.step(w, g, rows, lr)
+        else:
+            change, _ = self.lazy.step(w, g, rows, lr, momentum)
+        caught = self.drop()
+        if caught is not None:
+            if np.array_equal(caught[0], rows):
+                change += caught[1].reshape(-1, k)
+            else:   # the batch's rows are not its gradient's: push their union
+                union = np.union1d(rows, caught[0])
+                merged = np.zeros((len(union), k), np.float32)
+                merged[np.searchsorted(union, rows)] += change
+                merged[np.searchsorted(union, caught[0])] += caught[1].reshape(-1, k)
+                rows, change = union, merged
+        return rows, np.ascontiguousarray(change.ravel(), np.float32)
 
-    def catch_up(self, params: np.ndarray) -> np.ndarray:
-        """The dense change that applies every row's pending weight decay (zeros without decay)."""
-        return self.sgd.catch_up(params.reshape(self.n_rows, self.row_len)).ravel()
+    def drop(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`before_batch`'s catch-up not yet pushed, as (rows, changes flat), forgotten here
+        (None: none); a dropped step's caller pushes it alone."""
+        caught, self._caught_up = self._caught_up, None
+        return None if caught is None else (caught[0], caught[1].ravel())
+
+    def catch_up(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted rows, their float32 changes, flat) that apply every row's missed steps."""
+        w = params.reshape(self.n_rows, self.row_len)
+        if self.fuses:
+            change = self.lazy.catch_up(w)
+            rows = np.flatnonzero(change.any(axis=1))
+        else:
+            change, rows = self.lazy.catch_up(w)
+        return rows, np.ascontiguousarray(change[rows].ravel(), np.float32)
+
+    def add_into(self, params: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+        """``params`` at ``rows`` += ``values`` (as :meth:`accumulate` adds them on the servers)."""
+        params.reshape(self.n_rows, self.row_len)[rows] += values.reshape(len(rows), self.row_len)
 
     def _shard_types(self, rows: np.ndarray, coords: np.ndarray):
         """Per shard that ``rows`` touch: (shard, a, b, datatype) with ``coords[a:b]`` in it.
@@ -145,18 +221,19 @@ class SparseUpdates:
                 dtype = MPI.FLOAT.Create_indexed(lengths.tolist(), displacements)
             yield shard, a, b, dtype.Commit()
 
-    def accumulate(self, windows, server_rank, coords: np.ndarray, values: np.ndarray) -> int:
-        """Add ``values`` into ``coords`` (of the last batch's rows); bytes sent.
+    def accumulate(self, windows, server_rank, rows: np.ndarray, values: np.ndarray) -> int:
+        """Add ``values`` into the coordinates of sorted distinct ``rows``; bytes sent.
 
         A ``shared`` window takes CPU atomic adds (:func:`add_rows`); otherwise one
         MPI_Accumulate per shard with an indexed datatype, then Flush_all.
         """
         if windows.shards is not None:
-            add_rows(tuple(windows.shards), self.bounds, self.model.touched, self.row_len, values)
-            return int(coords.size) * (values.itemsize + INDEX_BYTES)
+            add_rows(tuple(windows.shards), self.bounds, rows, self.row_len, values)
+            return int(values.size) * (values.itemsize + INDEX_BYTES)
+        coords = self.coords(rows)
         win = windows.params
         types = []
-        for shard, a, b, dtype in self._shard_types(self.model.touched, coords):
+        for shard, a, b, dtype in self._shard_types(rows, coords):
             types.append(dtype)
             win.Accumulate([values[a:b], MPI.FLOAT], server_rank(shard), (0, 1, dtype), MPI.SUM)
         win.Flush_all()

@@ -100,12 +100,12 @@ class HogwildWorker:
 
     def use_model(self, model) -> None:
         """Push only the rows a sparse model's batch touched and read only the rows of the next
-        batch (see :meth:`before_batch`; plain SGD, weight decay lazily;
-        ``PSGD_HOGWILD_SPARSE=off`` moves the whole vector, as for a dense model)."""
-        if getattr(model, "sparse", False) and self.config.optimizer == "sgd" and self._amom is None \
+        batch (see :meth:`before_batch`; SGD, momentum or Nesterov, weight decay and momentum
+        lazily; ``PSGD_HOGWILD_SPARSE=off`` moves the whole vector, as for a dense model)."""
+        if getattr(model, "sparse", False) and self.config.optimizer in ("sgd", "momentum", "nesterov") \
                 and os.environ.get("PSGD_HOGWILD_SPARSE", "on") != "off":
-            self._sparse = SparseUpdates(model, self.shard_map,
-                                         self.config.opt_hparams.get("weight_decay", 0.0))
+            self._sparse = SparseUpdates(model, self.shard_map, self.optimizer,
+                                         varying_momentum=self._amom is not None)
             self._last_params = None
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
@@ -133,8 +133,9 @@ class HogwildWorker:
             return
         t0 = time.perf_counter()
         self._read_clock()
-        self.stats["pull_bytes"] += self._sparse.read(self.windows, self.roles.server_rank, params,
-                                                      self._sparse.model.rows_of(x))
+        rows = self._sparse.model.rows_of(x)
+        self.stats["pull_bytes"] += self._sparse.read(self.windows, self.roles.server_rank, params, rows)
+        self._sparse.before_batch(params, rows)   # momentum: the rows' missed steps
         t1 = time.perf_counter()
         self.stats["pull_s"] += t1 - t0
         if timeline.current is not None:
@@ -144,7 +145,7 @@ class HogwildWorker:
         """Whether :meth:`run_steps` can take this run's steps: a sparse model's updates on a
         ``shared`` window without ``--staleness-comp`` (``PSGD_HOGWILD_FUSED=off``: never)."""
         return (os.environ.get("PSGD_HOGWILD_FUSED", "on") != "off" and self._sparse is not None
-                and self.windows.shards is not None and self.config.staleness_comp == "none")
+                and self._sparse.fuses and self.windows.shards is not None and self.config.staleness_comp == "none")
 
     def run_steps(self, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
                   lrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -156,8 +157,13 @@ class HogwildWorker:
 
     def read_all(self, params: np.ndarray) -> None:
         """Read the whole parameter vector into ``params`` (before it is evaluated or saved,
-        where :meth:`before_batch` reads only rows)."""
+        where :meth:`before_batch` reads only rows), after pushing every row's missed lazy
+        steps (weight decay, momentum)."""
         self._pull(params)
+        if self._sparse is not None and self._sparse.pending:
+            rows, values = self._sparse.catch_up(params)
+            self._accumulate(values, rows)
+            self._sparse.add_into(params, rows, values)
 
     def step(self, params: np.ndarray, grad: np.ndarray, clock: int, lr: float) -> None:
         """Apply one update computed from ``grad`` at ``params`` and read fresh parameters
@@ -181,23 +187,32 @@ class HogwildWorker:
         check_flat(grad, self.config.n_params, "hogwild grad")
         t0 = time.perf_counter()
         if self._sparse is not None:
-            coords, delta = self._sparse.delta(params, grad, lr)
+            momentum = None
+            if self._amom is not None:   # as below; it sets the optimizer's momentum
+                _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
+                momentum = self.optimizer.momentum
+            rows, delta = self._sparse.delta(params, grad, lr, momentum)
             self._last_params = params
         else:
-            coords, delta = None, self._delta
+            rows, delta = None, self._delta
             new = self._new
             np.copyto(new, params)
             if self._amom is not None:   # the local momentum lowered by the delay measured so far
                 _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
             self.optimizer.step(new, grad, lr)
-        if not (_delta_is_finite(new, params, delta) if coords is None else np.isfinite(delta).all()):
+        if not (_delta_is_finite(new, params, delta) if rows is None else np.isfinite(delta).all()):
             if not self.config.skip_nonfinite:
                 raise PsgdError(f"hogwild worker {self.roles.worker_index}: the update at clock "
                                 f"{clock} holds NaN or Inf (use --skip-nonfinite to drop such "
                                 f"updates)")
             self.stats["skipped"] += 1
+            caught = self._sparse.drop() if self._sparse is not None else None
+            if caught is not None:   # the rows' missed steps, taken before the batch, still count
+                self._accumulate(caught[1], caught[0])
         else:
-            self._push(delta, coords)
+            self._push(delta, rows)
+        if self._sparse is not None and self._sparse.due:
+            self._catch_up(params)
         t1 = time.perf_counter()
         if self._sparse is None:
             self._pull(params)
@@ -221,9 +236,8 @@ class HogwildWorker:
     def finish(self) -> None:
         """End the epoch, signal the servers, free the windows, send stats to rank 0."""
         if self._started and self._sparse is not None and self._last_params is not None \
-                and self._sparse.sgd.weight_decay:   # every row's pending decay, at its present value
-            self._pull(self._last_params)
-            self._accumulate(self._sparse.catch_up(self._last_params), None)
+                and self._sparse.pending:   # every row's missed steps, at its present value
+            self._catch_up(self._last_params)
         if self._started:
             # the finished flag first: with MPICH 5 on one node, Unlock_all of the parameter
             # window can block while another worker (hung) holds its lock_all; the flag lets
@@ -246,7 +260,15 @@ class HogwildWorker:
         wait.wait(self.roles.comm.Isend(message, 0, STATS_TAG),
                   "rank 0 to take the hogwild statistics")
 
-    def _push(self, delta: np.ndarray, coords: np.ndarray | None = None) -> None:
+    def _catch_up(self, params: np.ndarray) -> None:
+        """Push every row's missed lazy steps (read into ``params`` first where weight decay needs
+        the present values)."""
+        if self._sparse.catch_up_reads:
+            self._pull(params)
+        rows, values = self._sparse.catch_up(params)
+        self._accumulate(values, rows)
+
+    def _push(self, delta: np.ndarray, rows: np.ndarray | None = None) -> None:
         if self.windows.count is not None:   # shared: a CPU atomic on the counter itself
             fetched = int(fetch_add(self.windows.count, 0, 1))
         else:
@@ -263,14 +285,14 @@ class HogwildWorker:
             self._inverse.add(factor)
             if staleness > 0:
                 delta *= np.float32(factor)
-        self._accumulate(delta, coords)
+        self._accumulate(delta, rows)
 
-    def _accumulate(self, delta: np.ndarray, coords: np.ndarray | None) -> None:
-        """Add ``delta`` (dense, or the values at sorted ``coords``) into the servers' windows."""
+    def _accumulate(self, delta: np.ndarray, rows: np.ndarray | None) -> None:
+        """Add ``delta`` (dense, or the values of sorted ``rows``) into the servers' windows."""
         params_win = self.windows.params
-        if coords is not None:
+        if rows is not None:
             self.stats["push_bytes"] += self._sparse.accumulate(self.windows, self.roles.server_rank,
-                                                                coords, delta)
+                                                                rows, delta)
             return
         self.stats["push_bytes"] += delta.nbytes
         if self._sparse is not None and self.windows.shards is not None:

@@ -68,7 +68,8 @@ def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
            "train", "--data", str(data), "--model", "linear", "--protocol", "hogwild",
            "--servers", "1", "--lr", str(args.lr), "--batch-size", str(args.batch_size),
            "--epochs", str(args.epochs), "--log-every", "50", "--quiet", "--log", str(log),
-           "--overwrite", "--optimizer", args.optimizer, "--staleness-comp", args.staleness_comp]
+           "--overwrite", "--optimizer", args.optimizer,
+           "--staleness-comp", args.staleness_comp]
     env = {**os.environ, "PSGD_HOGWILD_SPARSE": "on" if sparse else "off"}
     t0 = time.perf_counter()
     proc = run_bounded(cmd, args.timeout, cwd=ROOT, env=env)
@@ -139,7 +140,8 @@ def table(rows: list[dict], args, density: float) -> str:
               f"- updates/s, sparse 2 workers / 1: {med[sp2] / med[sp1]:.2f}x; sparse / dense at 1 "
               f"worker: {med[sp1] / med[dn1]:.2f}x, at 2: {med[sp2] / med[dn2]:.2f}x"]
     if sk in acc:
-        lines += [f"- test accuracy, psgd sparse 2 workers - sklearn: {100 * (acc[sp2] - acc[sk]):+.2f} points",
+        lines += [f"- test accuracy, psgd sparse 2 workers - sklearn: "
+                  f"{100 * (acc[sp2] - acc[sk]):+.2f} points",
                   f"- process time, psgd sparse 2 workers / sklearn (n_jobs=2): {proc[sp2] / proc[sk]:.2f}x"]
     else:
         lines += [f"- test accuracy, sparse - dense: {100 * (acc[sp1] - acc[dn1]):+.2f} points at 1 "

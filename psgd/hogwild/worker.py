@@ -145,7 +145,8 @@ class HogwildWorker:
         """Whether :meth:`run_steps` can take this run's steps: a sparse model's updates on a
         ``shared`` window without ``--staleness-comp`` (``PSGD_HOGWILD_FUSED=off``: never)."""
         return (os.environ.get("PSGD_HOGWILD_FUSED", "on") != "off" and self._sparse is not None
-                and self._sparse.fuses and self.windows.shards is not None and self.config.staleness_comp == "none")
+                and self._sparse.fuses and self.windows.shards is not None
+                and self.config.staleness_comp == "none")
 
     def run_steps(self, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
                   lrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -186,19 +187,16 @@ class HogwildWorker:
         check_flat(params, self.config.n_params, "hogwild params")
         check_flat(grad, self.config.n_params, "hogwild grad")
         t0 = time.perf_counter()
+        if self._amom is not None:   # the local momentum lowered by the delay measured so far
+            _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
         if self._sparse is not None:
-            momentum = None
-            if self._amom is not None:   # as below; it sets the optimizer's momentum
-                _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
-                momentum = self.optimizer.momentum
-            rows, delta = self._sparse.delta(params, grad, lr, momentum)
+            rows, delta = self._sparse.delta(params, grad, lr, self.optimizer.momentum
+                                             if self._amom is not None else None)
             self._last_params = params
         else:
             rows, delta = None, self._delta
             new = self._new
             np.copyto(new, params)
-            if self._amom is not None:   # the local momentum lowered by the delay measured so far
-                _, lr = self._amom.adjust(grad, lr, 0, self._last_delay, None, None)
             self.optimizer.step(new, grad, lr)
         if not (_delta_is_finite(new, params, delta) if rows is None else np.isfinite(delta).all()):
             if not self.config.skip_nonfinite:

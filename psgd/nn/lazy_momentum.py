@@ -1,11 +1,12 @@
-"""Sparse momentum and Nesterov steps applied lazily: a row catches up in closed form on the steps it missed.
+"""Sparse momentum and Nesterov steps, lazily: a row catches up in closed form on the steps it missed.
 
 An untouched coordinate's (parameter p, velocity v) moves linearly at each step s,
 ``(p, v) <- A_s (p, v)`` with ``A_s = [[1 - lr_s wd, -lr_s mu_s], [wd, mu_s]]`` (heavy ball;
 Nesterov: ``[[1 - lr_s wd (1 + mu_s), -lr_s mu_s^2], [wd, mu_s]]``). The prefix products
 ``Q_t = A_{t-1} ... A_0`` (float64, 2 x 2) give a row last touched at step a its missed steps
-as ``Q_t Q_a^-1`` in O(1), taken before the batch's forward pass (:meth:`LazyMomentum.catch_up_rows`). ``det Q_t`` shrinks like ``mu^t``, so once it falls below
-:data:`SWEEP_DET` every row is caught up and the products restart (:attr:`needs_sweep`).
+as ``Q_t Q_a^-1`` in O(1), before the batch's forward pass (:meth:`LazyMomentum.catch_up_rows`).
+``det Q_t`` shrinks like ``mu^t``, so once it falls below :data:`SWEEP_DET` every row is caught
+up and the products restart (:attr:`LazyMomentum.needs_sweep`).
 """
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ class LazyMomentum:
         if weight_decay < 0:
             raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
         self.n_rows, self.row_len = int(n_rows), int(row_len)
-        self.momentum, self.nesterov, self.weight_decay = float(momentum), bool(nesterov), float(weight_decay)
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.weight_decay = float(weight_decay)
         if velocity is None:
             velocity = np.zeros(self.n_rows * self.row_len, np.float32)
         self.velocity = velocity.reshape(self.n_rows, self.row_len)

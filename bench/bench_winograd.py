@@ -1,5 +1,6 @@
-"""Per-layer forward and backward time of a 3x3 convolution by im2col and by Winograd F(2x2, 3x3),
-one thread, at batch 64: the measurements behind Conv2D's choice (psgd.nn.layers.WINOGRAD_MIN_CHANNELS)."""
+"""Per-layer forward and backward time of 3x3 and 5x5 convolutions by im2col and by Winograd F(2x2, 3x3)
+or F(2x2, 5x5), one thread, at batch 64: the measurements behind Conv2D's choice
+(psgd.nn.layers.WINOGRAD_MIN_CHANNELS, WINOGRAD5_MIN_CHANNELS)."""
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -11,9 +12,12 @@ import numpy as np  # noqa: E402
 
 from psgd.nn.layers import Conv2D  # noqa: E402
 
-# (H, W, C, F): cifar-cnn's 3x3 layers, resnet8's 16-channel one, and C = 16 at 16x16 and 8x8
-LAYERS = [(32, 32, 3, 32), (32, 32, 32, 32), (16, 16, 32, 64), (16, 16, 64, 64), (8, 8, 64, 128),
-          (32, 32, 16, 16), (16, 16, 16, 32), (8, 8, 16, 32)]
+# (H, W, C, F, k): cifar-cnn's 3x3 layers, resnet8's 16-channel one, C = 16 at 16x16 and 8x8;
+# lenet's two 5x5 layers, and 5x5 ones with 8, 32 and 64 input channels
+LAYERS = [(32, 32, 3, 32, 3), (32, 32, 32, 32, 3), (16, 16, 32, 64, 3), (16, 16, 64, 64, 3),
+          (8, 8, 64, 128, 3), (32, 32, 16, 16, 3), (16, 16, 16, 32, 3), (8, 8, 16, 32, 3),
+          (28, 28, 1, 16, 5), (14, 14, 16, 32, 5), (14, 14, 8, 16, 5), (14, 14, 32, 32, 5),
+          (7, 7, 64, 64, 5)]
 
 
 def best_ms(fn, repeats):
@@ -27,9 +31,9 @@ def best_ms(fn, repeats):
     return 1e3 * min(times)
 
 
-def layer_ms(shape, filters, batch, winograd, repeats):
+def layer_ms(shape, filters, k, batch, winograd, repeats):
     rng = np.random.default_rng(0)
-    layer = Conv2D(shape, filters, k=3, pad=1, winograd=winograd)
+    layer = Conv2D(shape, filters, k=k, pad=k // 2, winograd=winograd)
     pshape = layer.param_shapes()[0][1]
     layer.bind({"wb": np.empty(pshape, np.float32)}, {"wb": np.empty(pshape, np.float32)})
     layer.init_params(rng)
@@ -45,14 +49,14 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args(argv)
-    print(f"3x3 convolution, pad 1, batch {args.batch}, least thread time of {args.repeats} (ms)")
-    print(f"{'H x W x C -> F':<20}{'im2col fwd':>11}{'bwd':>7}{'winograd fwd':>14}{'bwd':>7}"
+    print(f"k x k convolution, pad k // 2, batch {args.batch}, least thread time of {args.repeats} (ms)")
+    print(f"{'k: H x W x C -> F':<22}{'im2col fwd':>11}{'bwd':>7}{'winograd fwd':>14}{'bwd':>7}"
           f"{'wino/im2col':>13}{'chosen':>10}")
-    for h, w, c, f in LAYERS:
-        fi, bi = layer_ms((h, w, c), f, args.batch, False, args.repeats)
-        fw, bw = layer_ms((h, w, c), f, args.batch, True, args.repeats)
-        chosen = "winograd" if Conv2D((h, w, c), f, k=3, pad=1).winograd else "im2col"
-        print(f"{f'{h}x{w}x{c} -> {f}':<20}{fi:>11.1f}{bi:>7.1f}{fw:>14.1f}{bw:>7.1f}"
+    for h, w, c, f, k in LAYERS:
+        fi, bi = layer_ms((h, w, c), f, k, args.batch, False, args.repeats)
+        fw, bw = layer_ms((h, w, c), f, k, args.batch, True, args.repeats)
+        chosen = "winograd" if Conv2D((h, w, c), f, k=k, pad=k // 2).winograd else "im2col"
+        print(f"{f'{k}: {h}x{w}x{c} -> {f}':<22}{fi:>11.1f}{bi:>7.1f}{fw:>14.1f}{bw:>7.1f}"
               f"{(fw + bw) / (fi + bi):>13.2f}{chosen:>10}")
 
 

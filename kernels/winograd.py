@@ -100,9 +100,12 @@ def _crop_from(xp, pad, dx):
                     dst[d + q] = src[s + q]
 
 
+# The row helpers take their coefficients (small integers, exact in float32) as float32, so a
+# float32 row is combined in float32 rather than converted to float64 and back.
 @njit(cache=True)
 def _lin(a, ca, b, cb, out):
     """out = ca*a + cb*b (1-D)."""
+    ca, cb = np.float32(ca), np.float32(cb)
     for q in range(out.shape[0]):
         out[q] = ca * a[q] + cb * b[q]
 
@@ -110,6 +113,7 @@ def _lin(a, ca, b, cb, out):
 @njit(cache=True)
 def _lin3(a, ca, b, cb, d, cd, out):
     """out = ca*a + cb*b + cd*d (1-D)."""
+    ca, cb, cd = np.float32(ca), np.float32(cb), np.float32(cd)
     for q in range(out.shape[0]):
         out[q] = ca * a[q] + cb * b[q] + cd * d[q]
 
@@ -117,6 +121,7 @@ def _lin3(a, ca, b, cb, d, cd, out):
 @njit(cache=True)
 def _add_to(a, ca, out):
     """out += ca*a (1-D)."""
+    ca = np.float32(ca)
     for q in range(out.shape[0]):
         out[q] += ca * a[q]
 

@@ -14,6 +14,7 @@ import numpy as np
 from psgd.kernels.activation import relu_backward, relu_forward
 from psgd.kernels.conv import conv2d_backward, conv2d_forward, conv_out_size
 from psgd.kernels.winograd import winograd_backward, winograd_forward, winograd_plane, winograd_shapes
+from psgd.kernels.winograd5 import winograd5_backward, winograd5_forward, winograd5_shapes
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
 from psgd.kernels.pool import (avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
                                global_avgpool_forward, maxpool2d_backward, maxpool2d_forward,
@@ -23,6 +24,8 @@ CHUNK_BYTES = 1 << 20       # im2col rows per conv GEMM round (see Conv2D)
 KEEP_COLS_BYTES = 8 << 20   # a conv keeps its batch's im2col matrix up to this size
 WINOGRAD_CHUNK_BYTES = 1 << 20  # transformed tiles and their products per Winograd round
 WINOGRAD_MIN_CHANNELS = 32  # fewer input channels: im2col as fast or faster (bench/bench_winograd.py)
+WINOGRAD5_MIN_CHANNELS = 16  # the same for 5x5 kernels, F(2x2, 5x5)
+KEEP_TILES_BYTES = 8 << 20  # a 5x5 Winograd conv keeps its batch's transformed input up to this size
 
 
 class Layer:
@@ -133,8 +136,9 @@ class Conv2D(Layer):
     bias ``b`` (F,), both exposed as views (see :mod:`psgd.kernels.conv`).  ``k`` is an int
     (square) or a pair (kh, kw).  Zero padding ``pad`` on all sides; He-normal init
     (std sqrt(2 / (kh*kw*C))), biases 0.  ``winograd``: compute a stride-1 3x3 convolution by
-    Winograd F(2x2, 3x3) (:mod:`psgd.kernels.winograd`) rather than im2col; None (the default)
-    chooses it when the input has at least ``WINOGRAD_MIN_CHANNELS`` channels.
+    Winograd F(2x2, 3x3) (:mod:`psgd.kernels.winograd`), or a stride-1 5x5 one by F(2x2, 5x5)
+    (:mod:`psgd.kernels.winograd5`), rather than im2col; None (the default) chooses it when the
+    input has at least ``WINOGRAD_MIN_CHANNELS`` (3x3) or ``WINOGRAD5_MIN_CHANNELS`` (5x5) channels.
     """
 
     def __init__(self, in_shape: tuple, filters: int, k, stride: int = 1, pad: int = 0,
@@ -152,13 +156,16 @@ class Conv2D(Layer):
         # im2col just wrote from L2 cache; a batch's whole im2col matrix is kept from forward
         # to backward (not computed again) only when it is small, as for a first layer's few channels
         self.chunk = max(1, CHUNK_BYTES // (oh * ow * (self._k_rows + 1) * 4))
-        fits = kh == kw == 3 and stride == 1
+        fits = kh == kw and kh in (3, 5) and stride == 1
         if winograd and not fits:
-            raise ValueError(f"Conv2D k={kh}x{kw} stride={stride}: Winograd needs a 3x3 kernel at stride 1")
-        self._tiles, self._padded = winograd_shapes(h, w, pad)
-        self.winograd = fits and (c >= WINOGRAD_MIN_CHANNELS if winograd is None else winograd)
+            raise ValueError(f"Conv2D k={kh}x{kw} stride={stride}: Winograd needs a 3x3 or 5x5 kernel "
+                             f"at stride 1")
+        self._tiles, self._padded = (winograd_shapes if kh == 3 else winograd5_shapes)(h, w, pad)
+        self._elems = (kh + 1) ** 2     # transformed elements per tile: 16 or 36
+        least = WINOGRAD_MIN_CHANNELS if kh == 3 else WINOGRAD5_MIN_CHANNELS
+        self.winograd = fits and (c >= least if winograd is None else winograd)
         if self.winograd:   # samples per round: their tiles' V and M in about 1 MiB of L2
-            self.chunk = max(1, WINOGRAD_CHUNK_BYTES // (self._tiles * 16 * (c + filters) * 4))
+            self.chunk = max(1, WINOGRAD_CHUNK_BYTES // (self._tiles * self._elems * (c + filters) * 4))
 
     def param_shapes(self):
         return [("wb", (self._k_rows + 1, self.out_shape[2]))]
@@ -179,7 +186,8 @@ class Conv2D(Layer):
         self._x = x
         out = self._buf("out", (n, oh, ow, f), x.dtype)
         if self.winograd:
-            return winograd_forward(x, self.wb, self.pad, *self._winograd_bufs(x), out, self.chunk)
+            fwd = winograd_forward if self.kh == 3 else winograd5_forward
+            return fwd(x, self.wb, self.pad, *self._winograd_bufs(x), out, self.chunk)
         return conv2d_forward(x, self.wb, self.kh, self.kw, self.stride, self.pad, self._cols(x), out,
                               self.chunk)
 
@@ -189,7 +197,8 @@ class Conv2D(Layer):
         if self.winograd:
             u, xp, vbuf, mbuf = self._winograd_bufs(x)
             du = self._buf("du", u.shape, x.dtype)
-            winograd_backward(x, dy, self.pad, u, xp, vbuf, mbuf, du, self.dwb, dx, self.chunk)
+            bwd = winograd_backward if self.kh == 3 else winograd5_backward
+            bwd(x, dy, self.pad, u, xp, vbuf, mbuf, du, self.dwb, dx, self.chunk)
             return dx if need_dx else None
         conv2d_backward(x, self.wb, dy, self.kh, self.kw, self.stride, self.pad, self._cols(x),
                         self.dwb, dx, self.chunk)
@@ -197,10 +206,12 @@ class Conv2D(Layer):
 
     def _winograd_bufs(self, x):
         """The transformed filters U and the scratch of one round: padded input, V, M."""
-        c, f, n = self.in_shape[2], self.out_shape[2], min(x.shape[0], self.chunk)
-        return (self._buf("u", (16, c, f), x.dtype), self._buf("xp", (n, *self._padded, c), x.dtype),
-                self._buf("v", (16, winograd_plane(n * self._tiles, c)), x.dtype),
-                self._buf("m", (16, winograd_plane(n * self._tiles, f)), x.dtype))
+        c, f, n, e = self.in_shape[2], self.out_shape[2], min(x.shape[0], self.chunk), self._elems
+        # F(2x2, 5x5)'s backward reuses the forward's V when the batch's fits (saving a transform)
+        keep = self.kh == 5 and e * x.shape[0] * self._tiles * c * x.itemsize <= KEEP_TILES_BYTES
+        return (self._buf("u", (e, c, f), x.dtype), self._buf("xp", (n, *self._padded, c), x.dtype),
+                self._buf("v", (e, winograd_plane((x.shape[0] if keep else n) * self._tiles, c)), x.dtype),
+                self._buf("m", (e, winograd_plane(n * self._tiles, f)), x.dtype))
 
     def _cols(self, x):
         n, (oh, ow, _) = x.shape[0], self.out_shape

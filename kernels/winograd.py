@@ -34,31 +34,44 @@ def _slab(buf, xi, rows, n):
 
 
 @njit(cache=True)
-def _filter_transform(w, u):
-    """u[i*4 + j] = (G w G^T)[i, j] over (C, F): (3, 3, C, F) -> (16, C, F)."""
-    for i in range(4):
-        for j in range(4):
-            ui = u[i * 4 + j]
+def _filter_transform(w, g, u):
+    """u[i*n + j] = (g w g^T)[i, j] over (C, F): (r, r, C, F) -> (n*n, C, F) for the (n, r)
+    filter transform ``g`` (:data:`G` here, ``psgd.kernels.winograd5.G`` for 5x5 kernels)."""
+    n, r = g.shape
+    for i in range(n):
+        for j in range(n):
+            ui = u[i * n + j]
             ui[:] = 0.0
-            for k in range(3):
-                for l in range(3):
-                    coef = G[i, k] * G[j, l]
+            for k in range(r):
+                for l in range(r):
+                    coef = g[i, k] * g[j, l]
                     if coef != 0.0:
                         ui += coef * w[k, l]
 
 
 @njit(cache=True)
-def _filter_adjoint(du, dw):
-    """dw[k, l] = (G^T du G)[k, l] over (C, F): (16, C, F) -> (3, 3, C, F)."""
-    for k in range(3):
-        for l in range(3):
+def _filter_adjoint(du, g, dw):
+    """dw[k, l] = (g^T du g)[k, l] over (C, F): (n*n, C, F) -> (r, r, C, F)."""
+    n, r = g.shape
+    for k in range(r):
+        for l in range(r):
             d = dw[k, l]
             d[:] = 0.0
-            for i in range(4):
-                for j in range(4):
-                    coef = G[i, k] * G[j, l]
+            for i in range(n):
+                for j in range(n):
+                    coef = g[i, k] * g[j, l]
                     if coef != 0.0:
-                        d += coef * du[i * 4 + j]
+                        d += coef * du[i * n + j]
+
+
+@njit(cache=True)
+def _bias_grad(dout, db):
+    """db = the sum of ``dout`` (B, OH, OW, F) over all but its last axis."""
+    f = dout.shape[3]
+    db[:] = 0.0
+    d2 = dout.reshape(dout.size // f, f)
+    for i in range(d2.shape[0]):
+        db += d2[i]
 
 
 @njit(cache=True)
@@ -285,7 +298,7 @@ def winograd_forward(x, wb, pad, u, xp, vbuf, mbuf, out, chunk):
     nb, h, w, c = x.shape
     f = out.shape[3]
     th, tw = -(-out.shape[1] // 2), -(-out.shape[2] // 2)
-    _filter_transform(wb[:9 * c].reshape(3, 3, c, f), u)
+    _filter_transform(wb[:9 * c].reshape(3, 3, c, f), G, u)
     bias = wb[9 * c]
     tmp_in, tmp_out = np.empty((4, xp.shape[2] * c), x.dtype), np.empty((2, 4, tw * f), x.dtype)
     for s in range(0, nb, chunk):
@@ -343,10 +356,6 @@ def winograd_backward(x, dout, pad, u, xp, vbuf, mbuf, du, dwb, dx, chunk):
         if dx.shape[0] != 0:
             _input_adjoint(vbuf, th, tw, xp[:e - s], tmp_dx)
             _crop_from(xp[:e - s], pad, dx[s:e])
-    _filter_adjoint(du, dwb[:9 * c].reshape(3, 3, c, f))
-    db = dwb[9 * c]
-    db[:] = 0.0
-    d2 = dout.reshape(dout.size // f, f)
-    for i in range(d2.shape[0]):
-        db += d2[i]
+    _filter_adjoint(du, G, dwb[:9 * c].reshape(3, 3, c, f))
+    _bias_grad(dout, dwb[9 * c])
     return dwb

@@ -11,7 +11,8 @@
 import numpy as np
 from numba import njit
 
-from psgd.kernels.winograd import _add_to, _crop_from, _lin, _lin3, _pad_into, _slab
+from psgd.kernels.winograd import (_add_to, _bias_grad, _crop_from, _filter_adjoint, _filter_transform,
+                                   _lin, _lin3, _pad_into, _slab)
 
 G = np.array([[1 / 4, 0, 0, 0, 0],
               [1 / 6, 1 / 6, 1 / 6, 1 / 6, 1 / 6],
@@ -50,34 +51,6 @@ def _acc5(a, ca, b, cb, d, cd, e, ce, g, cg, out):
     ca, cb, cd, ce, cg = np.float32(ca), np.float32(cb), np.float32(cd), np.float32(ce), np.float32(cg)
     for q in range(out.shape[0]):
         out[q] += ca * a[q] + cb * b[q] + cd * d[q] + ce * e[q] + cg * g[q]
-
-
-@njit(cache=True)
-def _filter_transform(w, u):
-    """u[i*6 + j] = (G w G^T)[i, j] over (C, F): (5, 5, C, F) -> (36, C, F)."""
-    for i in range(6):
-        for j in range(6):
-            ui = u[i * 6 + j]
-            ui[:] = 0.0
-            for k in range(5):
-                for l in range(5):
-                    coef = G[i, k] * G[j, l]
-                    if coef != 0.0:
-                        ui += coef * w[k, l]
-
-
-@njit(cache=True)
-def _filter_adjoint(du, dw):
-    """dw[k, l] = (G^T du G)[k, l] over (C, F): (36, C, F) -> (5, 5, C, F)."""
-    for k in range(5):
-        for l in range(5):
-            d = dw[k, l]
-            d[:] = 0.0
-            for i in range(6):
-                for j in range(6):
-                    coef = G[i, k] * G[j, l]
-                    if coef != 0.0:
-                        d += coef * du[i * 6 + j]
 
 
 @njit(cache=True)
@@ -266,7 +239,7 @@ def winograd5_forward(x, wb, pad, u, xp, vbuf, mbuf, out, chunk):
     nb, h, w, c = x.shape
     f = out.shape[3]
     th, tw = -(-out.shape[1] // 2), -(-out.shape[2] // 2)
-    _filter_transform(wb[:25 * c].reshape(5, 5, c, f), u)
+    _filter_transform(wb[:25 * c].reshape(5, 5, c, f), G, u)
     bias = wb[25 * c]
     tmp_in, tmp_out = np.empty((6, xp.shape[2] * c), x.dtype), np.empty((2, 6, tw * f), x.dtype)
     keep = vbuf.shape[1] >= nb * th * tw * c
@@ -327,10 +300,6 @@ def winograd5_backward(x, dout, pad, u, xp, vbuf, mbuf, du, dwb, dx, chunk):
         if dx.shape[0] != 0:
             _input_adjoint(vbuf, th, tw, xp[:e - s], tmp_dx, t0)
             _crop_from(xp[:e - s], pad, dx[s:e])
-    _filter_adjoint(du, dwb[:25 * c].reshape(5, 5, c, f))
-    db = dwb[25 * c]
-    db[:] = 0.0
-    d2 = dout.reshape(dout.size // f, f)
-    for i in range(d2.shape[0]):
-        db += d2[i]
+    _filter_adjoint(du, G, dwb[:25 * c].reshape(5, 5, c, f))
+    _bias_grad(dout, dwb[25 * c])
     return dwb

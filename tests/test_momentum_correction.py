@@ -1,4 +1,5 @@
 """--momentum-correction: the workers push their velocities and the average takes a plain step."""
+import json
 import shutil
 
 import numpy as np
@@ -48,9 +49,15 @@ def test_auto_moves_momentum_where_error_feedback_runs_and_on_needs_momentum():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--protocol", "asp", "--optimizer", "momentum", "--momentum-correction", "on"],
-     "--momentum-correction on applies to --protocol bsp or allreduce, whose step averages "
-     "every worker's push of a clock, not asp"),
+    (["--protocol", "hogwild", "--optimizer", "momentum", "--momentum-correction", "on"],
+     "--momentum-correction on applies to --protocol bsp or ssp or asp or allreduce, whose "
+     "workers can keep the momentum of the servers' step, not hogwild"),
+    (["--protocol", "asp", "--optimizer", "momentum", "--staleness-comp", "dcasgd",
+      "--momentum-correction", "on"],
+     "--momentum-correction on does not apply with --staleness-comp dcasgd, which rewrites "
+     "each gradient before the momentum sums it"),
+    (["--protocol", "ssp", "--optimizer", "momentum", "--staleness-comp", "gap",
+      "--momentum-correction", "on"], "--staleness-comp gap, which rewrites"),
     (["--protocol", "bsp", "--optimizer", "sgd", "--momentum-correction", "on"],
      "needs --optimizer momentum or nesterov, not sgd"),
 ])
@@ -73,14 +80,44 @@ def train(mpirun, n, data, tmp_path, name, *flags):
     return ckdir
 
 
-@pytest.mark.parametrize("protocol, ranks", [("bsp", 2), ("allreduce", 1)])
+@pytest.mark.parametrize("protocol, ranks", [("bsp", 2), ("allreduce", 1), ("asp", 2)])
 def test_one_worker_with_its_momentum_moved_ends_where_the_servers_momentum_ends(
         mpirun, dataset, tmp_path, protocol, ranks):
     common = ("--protocol", protocol, "--steps", 12, "--compress", "none")
     a = train(mpirun, ranks, dataset, tmp_path, "server", *common, "--momentum-correction", "off")
     b = train(mpirun, ranks, dataset, tmp_path, "worker", *common, "--momentum-correction", "on")
     pa, pb = (load_checkpoint(list_checkpoints(d)[-1]).params for d in (a, b))
-    np.testing.assert_array_equal(pa, pb)
+    np.testing.assert_array_equal(pa, pb)   # asp: delay 0, so amom's momentum is the user's
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_under_asp_each_workers_velocity_takes_the_momentum_its_server_sent(mpirun, servers):
+    proc = mpirun(servers + 2, ["ps_check.py", "momentum", "--servers", servers, "--steps", 40],
+                  timeout=120)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout + proc.stderr
+    assert json.loads(lines[-1][len("RESULT "):])["lowest"] < 0.9
+
+
+def test_amom_moved_to_the_workers_keeps_its_learning_rate_and_sends_its_momentum():
+    """amom with the momentum on the workers: the same learning-rate factors and momentum as
+    on the servers, but the servers' optimizer keeps momentum 0."""
+    from psgd.config import ProtocolConfig
+    from psgd.nn.optim import make_optimizer
+    from psgd.ps.compensation.amom import AsyncAwareMomentum
+    local_opt, remote_opt = (make_optimizer("momentum", 4, momentum=m) for m in (0.9, 0.0))
+    local = AsyncAwareMomentum(ProtocolConfig("asp", 4), local_opt, 4, n_workers=2)
+    remote = AsyncAwareMomentum(ProtocolConfig("asp", 4, worker_momentum={"momentum": 0.9}),
+                                remote_opt, 4, n_workers=2)
+    assert remote.worker_momentum() == 0.9 and local.worker_momentum() == 0.0
+    grad = np.ones(4, np.float32)
+    for delay in [0, 1, 3, 1, 0, 12, 2, 1]:
+        (_, lr_local), (_, lr_remote) = (c.adjust(grad, 0.05, delay, delay, None, None)
+                                         for c in (local, remote))
+        assert lr_local == lr_remote
+        assert remote.worker_momentum() == local_opt.momentum
+        assert remote_opt.momentum == 0.0
+    assert 0.0 <= remote.worker_momentum() < 0.9
 
 
 def test_two_workers_moved_match_the_server_and_resume_where_they_left_off(mpirun, dataset,
@@ -103,11 +140,12 @@ def test_two_workers_moved_match_the_server_and_resume_where_they_left_off(mpiru
     np.testing.assert_allclose(resumed.params, end_b.params, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("protocol, moved", [("bsp", True), ("asp", False)])
-def test_the_closing_line_says_where_momentum_ran(mpirun, dataset, tmp_path, protocol, moved):
+@pytest.mark.parametrize("flags, moved", [(("bsp",), True), (("asp",), True),
+                                         (("asp", "--staleness-comp", "dcasgd"), False)])
+def test_the_closing_line_says_where_momentum_ran(mpirun, dataset, tmp_path, flags, moved):
     out = mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", MLP,
                      "--batch-size", 16, "--optimizer", "momentum", "--lr", "0.05", "--steps", 4,
-                     "--protocol", protocol, "--compress", "sign"], timeout=120).stdout
+                     "--protocol", *flags, "--compress", "sign"], timeout=120).stdout
     line = next(text for text in out.splitlines() if text.startswith("psgd: sign pushes:"))
     assert line.endswith("; error feedback on" + ("; momentum on the workers "
                                                   "(--momentum-correction)" if moved else ""))

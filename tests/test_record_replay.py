@@ -56,12 +56,14 @@ def test_an_asp_run_with_a_slow_worker_replays_bit_for_bit_without_it(mpirun, da
     assert events.nbytes / kinds.count(PUSHED) < 40   # bytes per push
 
 
-@pytest.mark.parametrize("comp", ["dcasgd", "amom"])
+@pytest.mark.parametrize("comp", [("dcasgd",), ("amom",),
+                                  # the momentum on the workers, at what each reply names
+                                  ("amom", "--compress", "sign", "--momentum-correction", "on")])
 def test_ssp_with_staleness_compensation_on_two_shards_replays_bit_for_bit(
         mpirun, dataset, tmp_path, comp):
     record_then_replay(mpirun, dataset, tmp_path, 5, "--protocol", "ssp", "--staleness", 2,
                        "--servers", 2, "--optimizer", "momentum", "--lr", "0.05",
-                       "--staleness-comp", comp, "--steps", 30)
+                       "--staleness-comp", *comp, "--steps", 30)
 
 
 def test_a_replay_of_other_settings_or_a_cut_record_is_refused(mpirun, dataset, tmp_path):

@@ -3,9 +3,11 @@
 A worker keeps the momentum velocity of its own gradients and pushes it; the
 servers (or the all-reduce's step) then take a plain SGD step on the mean of
 the velocities, which is the momentum step on the mean gradient (the step is
-linear).  What error feedback holds back then re-enters one velocity instead
-of a server's momentum, which would repeat every late part of it
-1 / (1 - momentum) times.
+linear).  Under ssp and asp each push is a step of its own, and the velocity
+takes the momentum its server has in force (amom's, lowered by the delay),
+sent with every pull reply.  What error feedback holds back then re-enters
+one velocity instead of a server's momentum, which would repeat every late
+part of it 1 / (1 - momentum) times.
 """
 from __future__ import annotations
 
@@ -33,21 +35,28 @@ class WorkerMomentum:
         self.velocity = np.zeros(n, np.float32)
         self.out = np.zeros(n, np.float32)
 
-    def apply(self, grad: np.ndarray, params: np.ndarray, out: np.ndarray | None = None
-              ) -> np.ndarray:
-        """The direction to send for ``grad`` computed on ``params``, in ``out`` (default: own)."""
+    def apply(self, grad: np.ndarray, params: np.ndarray, out: np.ndarray | None = None,
+              parts: list | None = None) -> np.ndarray:
+        """The direction to send for ``grad`` computed on ``params``, in ``out`` (default: own).
+
+        ``parts``: ``(slice, momentum)`` pairs covering the vector, each part's
+        velocity taking its own momentum (under ssp and asp, what each shard's
+        server has in force); default: :attr:`momentum` over the whole vector.
+        """
         from psgd.kernels.optim import momentum_direction   # numba: not on the ranks that never push
         out = self.out if out is None else out
-        momentum_direction(grad, params, self.velocity, out, self.momentum, self.weight_decay,
-                           self.nesterov)
+        for part, mu in parts or [(slice(None), self.momentum)]:
+            momentum_direction(grad[part], params[part], self.velocity[part], out[part], mu,
+                               self.weight_decay, self.nesterov)
         return out
 
 
 def resolve(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> bool:
     """Whether momentum moves to the workers: ``auto`` does where error feedback runs.
 
-    ``applies``: the protocol averages every worker's push of a clock in one
-    step (its registry entry's ``momentum_correction``, which refuses ``on``
+    ``applies``: the workers can keep the servers' momentum (the registry
+    entry's ``momentum_correction`` and the staleness compensation:
+    :meth:`psgd.protocols.Protocol.momentum_corrected`, which refuses ``on``
     elsewhere).
 
     Raises

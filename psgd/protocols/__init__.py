@@ -11,6 +11,7 @@ import importlib
 import math
 from dataclasses import dataclass
 
+from psgd.compress import momentum
 from psgd.config import ProtocolConfig
 from psgd.nn.optim import OPTIMIZERS
 from psgd.ps import compensation
@@ -67,9 +68,12 @@ class Protocol:
     feedback_refused : tuple of str
         Compressors (by name) it runs without ``--error-feedback on``, and why (``feedback_note``).
     momentum_correction : bool
-        ``--momentum-correction`` applies (:mod:`psgd.compress.momentum`): one
-        step averages every worker's push of a clock, so the mean of the
-        workers' velocities is the momentum step.
+        ``--momentum-correction`` applies (:mod:`psgd.compress.momentum`): the
+        workers can keep the momentum the step would apply, because one step
+        averages every worker's push of a clock (the mean of the velocities is
+        the momentum step), or because each push is a step of its own whose
+        momentum the servers send with each pull reply (ssp, asp: the
+        staleness compensation's, which must then leave the gradients alone).
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -167,6 +171,27 @@ class Protocol:
             raise ValueError(f"--comp-lambda must be >= 0, got {comp_lambda}")
         return resolved
 
+    def momentum_corrected(self, setting: str, *, optimizer: str, feedback: bool,
+                           staleness_comp: str | None = None) -> bool:
+        """Whether momentum moves to the workers (``--momentum-correction``, resolved).
+
+        Raises
+        ------
+        ValueError
+            As :func:`psgd.compress.momentum.resolve`; ``on`` with a
+            ``--staleness-comp`` that rewrites the gradients (dcasgd, gap: the
+            servers would get velocities).
+        """
+        method = self.compensation(staleness_comp, optimizer)
+        composes = method in compensation.WITH_WORKER_MOMENTUM
+        if setting == "on" and not composes:
+            raise ValueError(f"--momentum-correction on does not apply with --staleness-comp "
+                             f"{method}, which rewrites each gradient before the momentum sums "
+                             f"it (the servers would get velocities); use "
+                             f"{' or '.join(compensation.WITH_WORKER_MOMENTUM)}")
+        return momentum.resolve(setting, applies=self.momentum_correction and composes,
+                                optimizer=optimizer, feedback=feedback)
+
     def topology(self, topology: str | None, n_workers: int | None = None) -> str | None:
         """The topology in force, given ``--topology`` (None: the default), checked for
         ``n_workers`` when given.
@@ -221,8 +246,8 @@ class Protocol:
                              f"--protocol {self.name}{self.feedback_note}")
         if momentum_correction == "on" and not self.momentum_correction:
             raise ValueError(f"--momentum-correction on applies to --protocol "
-                             f"{names(momentum_correction=True)}, whose step averages every "
-                             f"worker's push of a clock, not {self.name}")
+                             f"{names(momentum_correction=True)}, whose workers can keep the "
+                             f"momentum of the servers' step, not {self.name}")
         if overlap and not (self.overlap and bound >= 1):
             raise ValueError(f"--overlap needs --protocol {names(overlap=True)} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
@@ -310,12 +335,12 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
-             summary=(
+             momentum_correction=True, summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
         "online, up to --staleness-max); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
-             **_STALE,
+             **_STALE, momentum_correction=True,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",

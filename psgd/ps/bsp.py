@@ -80,6 +80,10 @@ class BspUpdate:
     def compensation(self) -> None:
         """None: a bsp step has no stale push to compensate."""
 
+    def worker_momentum(self) -> float:
+        """The momentum of the workers' velocities (``--momentum-correction``; else 0)."""
+        return float((self.config.worker_momentum or {}).get("momentum", 0.0))
+
     def push(self, grad: np.ndarray, clock: int, staleness: int, source: int,
              borrowed: bool = False, worker: int = 0) -> bool:
         """Take one worker's gradient (float32 shard length) for ``clock``.

@@ -18,12 +18,14 @@ Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
   the push window (:mod:`psgd.ps.push_window`). A compressed push
   (``--compress``) has a ``PUSH_CODED`` header and a ``uint8`` payload: the
   shard's frame (:mod:`psgd.compress`), which the server decodes.
-* pull reply, ``int64[4] = [bound, held_us, version, shard]`` on
+* pull reply, ``int64[5] = [bound, held_us, version, shard, momentum]`` on
   ``TAG_REPLY_HDR`` and ``float32[shard size]`` on ``TAG_REPLY``, received by
   the worker straight into its parameter slice.  ``bound`` is the staleness
   bound in force when the reply was sent (-1: none), which ``--staleness
   auto`` changes during the run; ``held_us`` is how long the server held the
-  pull back (the protocol's wait, in microseconds).
+  pull back (the protocol's wait, in microseconds); ``momentum`` holds the
+  float64 bits of the momentum the worker's velocity takes under
+  ``--momentum-correction`` (the staleness compensation's, :func:`reply_momentum`).
 * snapshots and the final gather (server -> rank 0): one byte buffer, a
   ``int64[4] = [clock, shard, n_arrays, 0]`` header then ``float32`` params and
   per-element optimizer state of the shard (:func:`pack_shard_state`).
@@ -58,6 +60,7 @@ KIND_NAMES = {PUSH: "push", PULL: "pull", DONE: "done", REPLY: "reply",
               PUSH_WINDOW: "push through the window", PUSH_CODED: "compressed push"}
 HEADER_LEN = 4
 HEADER_BYTES = 8 * HEADER_LEN
+REPLY_LEN = 5   # a pull reply's header: the control header's four, then the momentum
 
 
 def check_ps_setup(roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
@@ -210,9 +213,10 @@ def worker_pull(comm: MPI.Comm, shard_map: ShardMap, params: np.ndarray, clock: 
         Receives the parameters (shard s into its slice).
     clock : int
         The clock the worker is about to compute.
-    requests, replies : ndarray, int64 (S, 4)
+    requests : ndarray, int64 (S, 4)
+    replies : ndarray, int64 (S, 5)
         Scratch for the request headers and the reply headers
-        ``[bound, held_us, version, shard]``; must live until completion.
+        ``[bound, held_us, version, shard, momentum]``; must live until completion.
 
     Returns
     -------
@@ -233,8 +237,8 @@ def server_pull(comm: MPI.Comm, dest: int, header: np.ndarray, params: np.ndarra
 
     Parameters
     ----------
-    header : ndarray, int64 (4,)
-        ``[bound, held_us, version, shard]``; must live until completion.
+    header : ndarray, int64 (5,)
+        ``[bound, held_us, version, shard, momentum]``; must live until completion.
     params : ndarray, float32 (shard size,)
         Must not change until the returned requests complete (the server's
         next step writes another buffer: :mod:`psgd.ps.versions`).
@@ -244,6 +248,11 @@ def server_pull(comm: MPI.Comm, dest: int, header: np.ndarray, params: np.ndarra
     list of MPI.Request
     """
     return [comm.Isend(header, dest, TAG_REPLY_HDR), comm.Isend(params, dest, TAG_REPLY)]
+
+
+def reply_momentum(replies: np.ndarray) -> np.ndarray:
+    """The momentum field of reply headers ``replies`` (int64 (..., 5)) as float64, a view."""
+    return replies[..., 4:].view(np.float64)[..., 0]
 
 
 # ---------------------------------------------------------------- snapshots / final gather

@@ -25,8 +25,9 @@ from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
 from psgd.ps.adaptive import AdaptiveBound
 from psgd.ps.messages import (DONE, HEADER_BYTES, HEADER_LEN, KIND_NAMES, PULL, PUSH,
-                              PUSH_CODED, PUSH_WINDOW, TAG_CTRL, TAG_SNAP, check_ps_setup,
-                              check_push_shard, server_pull, server_push, server_push_coded)
+                              PUSH_CODED, PUSH_WINDOW, REPLY_LEN, TAG_CTRL, TAG_SNAP,
+                              check_ps_setup, check_push_shard, reply_momentum, server_pull,
+                              server_push, server_push_coded)
 from psgd.ps.order import Order, Recorder, Replay
 from psgd.ps.push_window import PushWindow
 from psgd.ps.snapshots import Snapshots
@@ -78,7 +79,7 @@ class _Server:
         self.n_done = 0   # done.sum(), read on every poll of the loop
         self.version = int(start_clock)
         self.pending: list[tuple[int, int, float]] = []    # (worker rank, clock, since)
-        self.reply_hdr = np.zeros((self.W, HEADER_LEN), np.int64)
+        self.reply_hdr = np.zeros((self.W, REPLY_LEN), np.int64)
         self.hdr_reqs: list = [None] * self.W
         self.hist = StalenessHistogram()
         self.n_pushes = 0
@@ -324,7 +325,8 @@ class _Server:
             _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
         self.order.replied(w, clock)
         bound = int(self.bound) if math.isfinite(self.bound) else -1
-        self.reply_hdr[w] = (bound, int((now - since) * 1e6), self.version, self.shard)
+        self.reply_hdr[w, :4] = (bound, int((now - since) * 1e6), self.version, self.shard)
+        reply_momentum(self.reply_hdr)[w] = self.rule.worker_momentum()
         if self.adaptive is not None:
             self.adaptive.answered(w, now - since)
         self.rule.replied(w, clock, self.versions.live)

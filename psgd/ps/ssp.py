@@ -73,6 +73,10 @@ class SspUpdate:
         self.n_updates += 1
         return True
 
+    def worker_momentum(self) -> float:
+        """The momentum of the workers' velocities now (``--momentum-correction``; else 0)."""
+        return self.comp.worker_momentum()
+
     def compensation(self) -> dict:
         """What the staleness compensation did, for the run's summary."""
         return self.comp.summary()

@@ -16,8 +16,8 @@ from psgd.mpi import wait as _wait
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.vectors import check_flat
-from psgd.ps.messages import (DONE, HEADER_BYTES, HEADER_LEN, TAG_CTRL, check_ps_setup,
-                              worker_pull, worker_push)
+from psgd.ps.messages import (DONE, HEADER_BYTES, HEADER_LEN, REPLY_LEN, TAG_CTRL,
+                              check_ps_setup, reply_momentum, worker_pull, worker_push)
 from psgd.ps.push_window import PushWindow
 
 
@@ -75,6 +75,9 @@ class PSWorker:
     read_bounds : ndarray, float64 (S,)
         The staleness bound each shard's server had in force when it sent them
         (inf: none); ``read_versions >= clock - read_bounds`` for their clock.
+    read_momenta : ndarray, float64 (S,)
+        The momentum each shard's server had in force for the workers' velocities
+        when it sent them (``--momentum-correction``; 0 without it).
     """
 
     def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
@@ -91,7 +94,7 @@ class PSWorker:
         self.read_bounds = np.full(S, math.inf)
         self._push_hdr = np.zeros((S, HEADER_LEN), np.int64)
         self._pull_hdr = np.zeros((S, HEADER_LEN), np.int64)
-        self._reply_hdr = np.zeros((S, HEADER_LEN), np.int64)
+        self._reply_hdr = np.zeros((S, REPLY_LEN), np.int64)
         self._done_hdr = np.zeros((S, HEADER_LEN), np.int64)
         # overlap: the pull in flight (requests, its clock, when it was posted) and its buffer
         self._ahead = np.empty(shard_map.n if overlap else 0, np.float32)
@@ -111,9 +114,12 @@ class PSWorker:
                                      seed=config.seed * 100_003 + roles.worker_index + 1)
         self.encoder = (PushEncoder(compressor, shard_map, config.error_feedback)
                         if compressor is not None else None)
-        # --momentum-correction: the worker pushes its velocity, not the gradient
+        # --momentum-correction: the worker pushes its velocity, not the gradient, each shard's
+        # part with the momentum its server's last reply named (ssp/asp: the compensation's)
         self.momentum = (WorkerMomentum(shard_map.n, **config.worker_momentum)
                          if config.worker_momentum else None)
+        self.read_momenta = np.zeros(S)
+        self._parts = [slice(*shard_map.range(s)) for s in range(S)]
         # a gradient pushed from the push window is sent as it is: not when overlapping or coded
         self._window_push = not overlap and self.encoder is None and self.momentum is None
 
@@ -166,6 +172,7 @@ class PSWorker:
         self.read_versions[:] = self._reply_hdr[:, 2]
         self.read_bounds[:] = np.where(self._reply_hdr[:, 0] < 0, math.inf, self._reply_hdr[:, 0])
         self.stats["bound"] = float(self.read_bounds.min())
+        self.read_momenta[:] = reply_momentum(self._reply_hdr)
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
         """Pull the parameters for the first clock into ``params`` (float32 (n,)).
@@ -221,7 +228,8 @@ class PSWorker:
         if shared:
             self.window.sync()   # the gradient's writes before the headers that announce them
         if self.momentum is not None:
-            grad = self.momentum.apply(grad, params)
+            grad = self.momentum.apply(grad, params,
+                                       parts=list(zip(self._parts, self.read_momenta)))
         frames = self.encoder.encode(grad) if self.encoder is not None else None
         push = worker_push(self.comm, self.shard_map, grad, clock, self.read_versions,
                            self._push_hdr, self._in_window if shared else None, frames)

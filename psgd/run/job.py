@@ -11,7 +11,6 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.compress import feedback_on
-from psgd.compress.momentum import resolve as momentum_correction
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.mpi import timeline, wait
@@ -160,8 +159,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
     worker_momentum = None
-    if momentum_correction(settings.momentum_correction, applies=protocol.momentum_correction,
-                        optimizer=settings.optimizer, feedback=feedback):
+    if protocol.momentum_corrected(settings.momentum_correction, optimizer=settings.optimizer,
+                                   feedback=feedback, staleness_comp=settings.staleness_comp):
         worker_momentum = {**opt_hparams, "nesterov": settings.optimizer == "nesterov"}
         opt_hparams = {"momentum": 0.0, "weight_decay": 0.0}   # the workers apply both
     config = protocol.config(

@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from psgd import compress
-from psgd.compress.momentum import resolve as momentum_correction
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
 from psgd.ps import compensation
@@ -335,9 +334,9 @@ def validate(s: TrainSettings) -> None:
                            error_feedback=s.error_feedback,
                            momentum_correction=s.momentum_correction)
     compress.check(s.compress, s.compress_bucket, s.error_feedback)
-    momentum_correction(s.momentum_correction, applies=protocol.momentum_correction,
-                     optimizer=s.optimizer, feedback=False)
     _staleness_comp(s, protocol)
+    protocol.momentum_corrected(s.momentum_correction, optimizer=s.optimizer, feedback=False,
+                                staleness_comp=s.staleness_comp)
     if s.staleness == AUTO:
         s.staleness_max = int(bound)
     elif protocol.bound is None:

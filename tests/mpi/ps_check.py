@@ -280,6 +280,57 @@ def mode_cpu(args, comm):
         print("RESULT " + json.dumps([i for i in infos if i]), flush=True)
 
 
+def mode_momentum(args, comm):
+    """asp with momentum correction and amom: each worker's velocity takes, shard by shard, the
+    momentum its server's last reply named (a float64 numpy reference), which falls below the
+    target once pushes are late and stays within what the servers had in force."""
+    roles = assign_roles(comm, args.servers)
+    mu = 0.9
+    config = ps_config("asp", N_PARAMS, optimizer="momentum", staleness_comp="amom",
+                       opt_hparams={"momentum": 0.0, "weight_decay": 0.0},
+                       lr_schedule=lambda c: LR,
+                       worker_momentum={"momentum": mu, "nesterov": False, "weight_decay": 0.0})
+    smap = ShardMap(N_PARAMS, roles.n_servers)
+    found = None
+    if roles.is_server:
+        comp = serve(roles, smap, config, init_shard=smap.view(initial_params(),
+                                                                roles.server_index)).compensation
+        found = comp["momentum in force"]
+    else:
+        x, y = data(roles.n_workers)
+        w = roles.worker_index
+        worker = PSWorker(roles, smap, config)
+        params = np.zeros(N_PARAMS, np.float32)
+        worker.start(params)
+        ref, used, err = np.zeros(N_PARAMS), [], 0.0
+        for c in range(args.steps):
+            grad = softmax_grad(params, x[c % N_BATCHES, w], y[c % N_BATCHES, w], K)
+            mus = worker.read_momenta.copy()
+            for s in range(roles.n_servers):
+                part = slice(*smap.range(s))
+                ref[part] = mus[s] * ref[part] + grad[part]
+            worker.step(params, grad, c)
+            err = max(err, float(np.abs(worker.momentum.velocity - ref).max()
+                                 / max(1.0, np.abs(ref).max())))
+            used.append(mus.tolist())
+        worker.finish()
+        found = {"err": err, "used": used}
+    found = comm.gather(found, root=0)
+    if comm.Get_rank() != 0:
+        return
+    servers, workers = found[:roles.n_servers], found[roles.n_servers:]
+    err = max(r["err"] for r in workers)
+    assert err < 1e-5, f"a worker's velocity is off the reference by {err}"
+    used = np.array([u for r in workers for u in r["used"]])   # (pushes, S)
+    for s, summary in enumerate(servers):
+        low = summary["min"]
+        assert np.all((used[:, s] == mu) | (used[:, s] >= low - 1e-12) & (
+            used[:, s] <= summary["max"] + 1e-12)), (s, summary, used[:, s])
+    assert used.min() < mu - 1e-3, f"no push took a momentum below {mu}: {used.min()}"
+    print("RESULT " + json.dumps({"err": err, "lowest": float(used.min()),
+                                  "servers": servers}), flush=True)
+
+
 def mode_no_room(args, comm):
     """Rank 1 asks the push window for more than any address space holds (/dev/shm is
     sparse, so less may map): the job must end."""
@@ -291,7 +342,7 @@ def mode_no_room(args, comm):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["bsp", "stale", "adaptive", "overlap", "bad", "cpu",
-                                     "no-room"])
+                                     "no-room", "momentum"])
     ap.add_argument("--staleness-max", type=int, default=6)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
@@ -310,7 +361,7 @@ def main():
         os.environ["PSGD_PS_PUSH_WINDOW"] = "0"
     comm = MPI.COMM_WORLD
     modes = {"bsp": mode_bsp, "stale": mode_stale, "adaptive": mode_adaptive, "overlap": mode_overlap, "bad": mode_bad,
-             "cpu": mode_cpu, "no-room": mode_no_room}
+             "cpu": mode_cpu, "no-room": mode_no_room, "momentum": mode_momentum}
     modes[args.mode](args, comm)
 
 

@@ -26,6 +26,9 @@ HELP = {
 # what `auto` picks, by optimizer (README, "Staleness: what psgd does about it")
 AUTO = {"sgd": "none", "momentum": "amom", "nesterov": "amom", "adam": "none"}
 CHOICES = tuple(METHODS) + ("auto",)
+# the methods that set only the learning rate and the momentum, which --momentum-correction
+# moves to the workers; dcasgd and gap rewrite each gradient before the momentum sums it
+WITH_WORKER_MOMENTUM = ("none", "inverse", "amom")
 DEFAULT_LAMBDA = 2.0   # DC-ASGD-a's lambda_0 (Zheng et al. 2017)
 
 

@@ -12,7 +12,9 @@ than the mean, delay d > tau, is scaled by ``(1 + tau) / (1 + d)`` as well
 straggler's pushes do not land at full step on momentum set for the fast
 workers.  The learning rate also ramps up linearly over the first 50 W
 updates, while the delay's running mean is still young and the gradients are
-at their largest.
+at their largest.  With ``--momentum-correction`` the momentum is the
+workers' (``config.worker_momentum``): the server keeps only the learning-rate
+factors, and each pull reply tells the worker the momentum in force.
 """
 from __future__ import annotations
 
@@ -31,7 +33,10 @@ class AsyncAwareMomentum(Compensation):
     def __init__(self, config, optimizer, n, n_workers=1):
         super().__init__(config, optimizer, n, n_workers)
         self.key = "beta1" if hasattr(optimizer, "beta1") else "momentum"
-        self.target = float(getattr(optimizer, self.key, 0.0))
+        self.remote = config.worker_momentum is not None   # the workers hold the momentum
+        self.target = (float(config.worker_momentum["momentum"]) if self.remote else
+                       float(getattr(optimizer, self.key, 0.0)))
+        self.mu = self.target   # in force: explicit_momentum(target, 0) before any push
         self.delay = RunningMean()
         self.lr_factor = Summary()
         self.warmup = WARMUP_PER_WORKER * n_workers
@@ -42,11 +47,15 @@ class AsyncAwareMomentum(Compensation):
         mu, scale = explicit_momentum(self.target, mean)
         self.updates += 1
         scale *= min(1.0, self.updates / self.warmup) * min(1.0, (1.0 + mean) / (1.0 + delay))
-        if hasattr(self.optimizer, self.key):
+        self.mu = mu
+        if not self.remote and hasattr(self.optimizer, self.key):
             setattr(self.optimizer, self.key, mu)
         self.factor.add(mu)
         self.lr_factor.add(scale)
         return grad, lr * scale
+
+    def worker_momentum(self):
+        return self.mu if self.remote else 0.0
 
     def summary(self):
         return {**super().summary(), "learning-rate factor": self.lr_factor.as_dict(),

@@ -80,6 +80,11 @@ class Compensation:
         """
         return grad, lr
 
+    def worker_momentum(self) -> float:
+        """The momentum a worker's velocity takes now, under ``--momentum-correction``
+        (``config.worker_momentum``; 0 without it): the user's, unless the method sets it."""
+        return float((self.config.worker_momentum or {}).get("momentum", 0.0))
+
     def summary(self) -> dict:
         """What the method did over the run, for the metrics log."""
         return {"method": self.name, self.describes: self.factor.as_dict()}

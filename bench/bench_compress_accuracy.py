@@ -6,10 +6,10 @@ Every cell is one ``mpiexec -n W+1 python -m psgd train`` (one server), LeNet on
 Fashion-MNIST (synthetic data, with a warning, when it is not installed), with the
 async-convergence settings (momentum 0.9, lr 0.05, batch 64) and the same epochs for
 every compressor: none, fp16, qsgd:4, topk:0.01 and sign (error feedback as ``auto``:
-on for topk and sign; momentum correction as ``auto``: on for them under bsp), and
-topk:0.01 without error feedback; with ``--compressors`` also topk and sign with bsp's
-momentum left on the server (``no correction``). Writes
-bench/results/compress-accuracy.{json,md}, adding to the json run by run.
+on for topk and sign; momentum correction as ``auto``: on for them), and topk:0.01
+without error feedback; with ``--compressors`` also topk and sign with the momentum
+left on the server (``no correction``). Writes bench/results/NAME.{json,md} (``--name``,
+default compress-accuracy), adding to the json run by run.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ COMPRESSORS = {"none": ["--compress", "none"], "fp16": ["--compress", "fp16"],
                "qsgd:4": ["--compress", "qsgd:4"], "topk:0.01": ["--compress", "topk:0.01"],
                "sign": ["--compress", "sign"],
                "topk:0.01 no feedback": ["--compress", "topk:0.01", "--error-feedback", "off"],
-               # bsp's momentum on the servers with error feedback (what --momentum-correction
-               # auto replaces there; asp and ssp run this way anyway)
+               # the servers' momentum with error feedback (what --momentum-correction auto
+               # replaces under bsp, ssp and asp)
                "topk:0.01 no correction": ["--compress", "topk:0.01",
                                            "--momentum-correction", "off"],
                "sign no correction": ["--compress", "sign", "--momentum-correction", "off"]}
@@ -92,7 +92,8 @@ def write_report(out: Path, name: str, data_name: str, rows: list[dict], args) -
             f"one server)\n\n`.venv/bin/python bench/bench_compress_accuracy.py "
             f"--workers {','.join(map(str, args.workers))} --seeds "
             f"{','.join(map(str, args.seeds))} --epochs {args.epochs:g} --protocols "
-            f"'{','.join(args.protocols)}'`\n\n{table(rows)}\n")
+            f"'{','.join(args.protocols)}' --compressors '{','.join(args.compressors)}'`"
+            f"\n\n{table(rows)}\n")
     (out / f"{name}.md").write_text(text)
     print(text)
 
@@ -111,6 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--name", default="compress-accuracy",
+                    help="the results' file name in --out, without .json and .md")
     ap.add_argument("--report", metavar="JSON", help="only write the table of the runs in JSON "
                                                       "(e.g. a stopped benchmark's), beside it")
     args = ap.parse_args(argv)
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
         seeds = sorted({r["seed"] for r in rows})
         args.seeds, args.report = seeds, None
         Path(out).mkdir(parents=True, exist_ok=True)
-        write_report(Path(out), "compress-accuracy", saved["data"], rows, args)
+        write_report(Path(out), args.name, saved["data"], rows, args)
         return 0
     if args.quick:
         args.workers, args.seeds, args.model, args.epochs = "2", "0", "mlp:784-64-10", 2.0
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
     grid_options(ap, args, protocols=PROTOCOLS, compressors=COMPRESSORS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = "compress-accuracy-quick" if args.quick else "compress-accuracy"
+    name = "compress-accuracy-quick" if args.quick else args.name
     todo = [{"workers": w, "seed": seed, "protocol": p, "compressor": c}
             for seed in args.seeds for w in args.workers for p in args.protocols
             for c in args.compressors]

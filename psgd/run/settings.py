@@ -178,9 +178,11 @@ FLAGS: dict[str, tuple[type, str]] = {
     "error_feedback": (str, "auto, on or off: keep what compression dropped and add it to the "
                             "next push (auto: on for topk and sign)"),
     "momentum_correction": (str, "auto, on or off: each worker keeps the momentum of its own "
-                                 "gradients and pushes that velocity; the average then takes "
-                                 "a plain step (Deep Gradient Compression's momentum "
-                                 "correction; " + names(momentum_correction=True) + " with "
+                                 "gradients and pushes that velocity; the servers (or the "
+                                 "average) then take a plain step (Deep Gradient Compression's "
+                                 "momentum correction; under ssp and asp the velocity takes "
+                                 "the momentum --staleness-comp amom sets; "
+                                 + names(momentum_correction=True) + " with "
                                  "--optimizer momentum or nesterov; auto: on where error "
                                  "feedback runs)"),
     "straggler": (str, "emulate stragglers: " + straggler.FORMAT + "; slow=f: the worker's "

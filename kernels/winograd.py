@@ -239,6 +239,20 @@ def _output_transform(mm, bias, th, tw, out, tmp):
 
 
 @njit(cache=True)
+def _split_dy_rows(df, row0, oh, ow, f, n, ty, tmp):
+    """tmp[0], tmp[1] = output-gradient rows 2ty and 2ty + 1 of the sample whose rows start at
+    ``row0`` of ``df`` (B*OH, OW*F), split into even then odd columns (zeros past the bottom
+    edge), each half ``n`` = tw*F long: what the output transforms' adjoints combine."""
+    for i in range(2):
+        y, dst = df[row0 + min(2 * ty + i, oh - 1)], tmp[i]
+        live = 1.0 if 2 * ty + i < oh else 0.0
+        for x in range(ow):
+            d, s = (x % 2) * n + x // 2 * f, x * f
+            for q in range(f):
+                dst[d + q] = live * y[s + q]
+
+
+@njit(cache=True)
 def _output_adjoint(dout, th, tw, dm, tmp):
     """dm[k*4 + l, t*F + q] = (A dY A^T)[k, l], dY tile t's 2 x 2 block of ``dout`` (zeros past
     the edge): the adjoint of :func:`_output_transform`.
@@ -252,13 +266,7 @@ def _output_adjoint(dout, th, tw, dm, tmp):
     t = 0
     for b in range(nb):
         for ty in range(th):
-            for i in range(2):                  # dY's rows, split into even then odd columns
-                y, dst = df[b * oh + min(2 * ty + i, oh - 1)], tmp[i]
-                live = 1.0 if 2 * ty + i < oh else 0.0
-                for x in range(ow):
-                    d, s = (x % 2) * n + x // 2 * f, x * f
-                    for q in range(f):
-                        dst[d + q] = live * y[s + q]
+            _split_dy_rows(df, b * oh, oh, ow, f, n, ty, tmp)
             y0, y1 = tmp[0], tmp[1]
             _lin(y0, 1.0, y1, 1.0, tmp[2])      # A dY: rows y0, y0 + y1, y0 - y1, -y1
             _lin(y0, 1.0, y1, -1.0, tmp[3])

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from psgd.kernels.winograd import (_add_to, _bias_grad, _crop_from, _filter_adjoint, _filter_transform,
-                                   _lin, _lin3, _pad_into, _slab)
+                                   _lin, _lin3, _pad_into, _slab, _split_dy_rows)
 
 G = np.array([[1 / 4, 0, 0, 0, 0],
               [1 / 6, 1 / 6, 1 / 6, 1 / 6, 1 / 6],
@@ -196,13 +196,7 @@ def _output_adjoint(dout, th, tw, dm, tmp):
     t = 0
     for b in range(nb):
         for ty in range(th):
-            for i in range(2):                  # dY's rows, split into even then odd columns
-                y, dst = df[b * oh + min(2 * ty + i, oh - 1)], tmp[i]
-                live = 1.0 if 2 * ty + i < oh else 0.0
-                for x in range(ow):
-                    d, s = (x % 2) * n + x // 2 * f, x * f
-                    for q in range(f):
-                        dst[d + q] = live * y[s + q]
+            _split_dy_rows(df, b * oh, oh, ow, f, n, ty, tmp)
             _a(tmp[0], tmp[1], tmp[2], tmp[3], tmp[4], tmp[5], tmp[6], tmp[7])  # A dY
             o = t * f
             for k in range(6):                  # (...) A^T: columns 2tx, 2tx + 1 are the halves

@@ -81,10 +81,10 @@ def test_bound_stays_within_floor_and_max():
         AdaptiveBound(n_workers=1, s_max=2, floor=3)
 
 
-def simulate(step_times, W, clocks=300, s_max=16, floor=0):
+def simulate(step_times, W, clocks=300, s_max=16, floor=None):
     """A discrete-event SSP run of W workers (the step time of worker w at clock c:
     step_times(w, c)) under an adaptive bound; returns the bound at each version reached."""
-    a = AdaptiveBound(W, s_max, floor=floor)
+    a = AdaptiveBound(W, s_max) if floor is None else AdaptiveBound(W, s_max, floor=floor)
     pushes, pending, bounds = [0] * W, [], {}
     events = [(step_times(w, 0), w) for w in range(W)]   # (time its push arrives, worker)
     heapq.heapify(events)
@@ -131,11 +131,16 @@ def test_bound_absorbs_intermittent_pauses_and_keeps_it_between_them():
     assert len(settled) == 1 and min(settled) >= 4   # one bound, no ups and downs
 
 
-@pytest.mark.parametrize("floor", [0, 1])
+@pytest.mark.parametrize("floor", [0, 1, 2])
 def test_bound_comes_down_to_the_floor_on_even_workers(floor):
     bounds = simulate(lambda w, c: 0.1 + 0.01 * ((w + c) % 3), W=3, floor=floor)
     assert bounds[max(bounds)] == floor
     assert max(b for v, b in bounds.items() if v > 50) == floor
+
+
+def test_auto_settles_at_one_on_even_workers_not_at_a_barrier_per_clock():
+    bounds = simulate(lambda w, c: 0.1 + 0.01 * ((w + c) % 3), W=3)
+    assert bounds[max(bounds)] == 1 and min(bounds.values()) == 1
 
 
 @pytest.mark.parametrize("servers, overlap", [(1, False), (2, False), (2, True)])

@@ -1,4 +1,4 @@
-"""The adaptive staleness bound of ``--staleness auto``: a server sets s online within [floor, s_max].
+"""The adaptive staleness bound of ``--staleness auto``: a server sets s online within [1, s_max].
 
 After DSSP (Zhao et al. 2019), which lets a fast worker run up to r_max
 clocks past the bound when the push times it has seen predict that the
@@ -11,7 +11,9 @@ by one only at the end of ``QUIET`` windows in a row that could do with less:
 no pull needed the bound's top clock, or the step times stayed even
 throughout (a lag left from the past, which no wait of the future needs).
 So a bound that absorbs intermittent pauses is kept through the quiet
-stretches between them, and even workers bring it down to the floor.
+stretches between them, and even workers bring it down to the floor, s = 1:
+at s = 0 every worker would wait at every clock for the slowest push of the
+last, on any jitter, and still step once per push.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ EVEN = 1.5            # step times within this ratio are even
 EWMA = 0.2            # weight of the newest step in a worker's step time
 DEFAULT_START = 2     # the bound before the first window closes
 QUIET = 3             # windows in a row that could do with less, before the bound shrinks
+FLOOR = 1             # the smallest bound auto sets (``--overlap``'s pulls need s >= 1 too)
 
 
 class AdaptiveBound:
@@ -35,7 +38,7 @@ class AdaptiveBound:
     s_max : int
         The largest bound (``--staleness-max``).
     floor : int
-        The smallest (1 with ``--overlap``, whose pulls need s >= 1; else 0).
+        The smallest (default ``FLOOR``).
     window : int, optional
         Pulls per decision (default ``max(16, 4 * n_workers)``).
 
@@ -48,7 +51,7 @@ class AdaptiveBound:
         ``(version, bound)`` at the start and at every change.
     """
 
-    def __init__(self, n_workers: int, s_max: int, floor: int = 0,
+    def __init__(self, n_workers: int, s_max: int, floor: int = FLOOR,
                  window: int | None = None) -> None:
         if not 0 <= floor <= s_max:
             raise ValueError(f"adaptive bound: need 0 <= floor <= s_max, got {floor}, {s_max}")

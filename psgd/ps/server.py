@@ -71,8 +71,7 @@ class _Server:
         self.bound = float(config.staleness)
         self.adaptive = None   # --staleness auto: the bound in force is set online
         if config.staleness_auto:
-            self.adaptive = AdaptiveBound(self.W, int(config.staleness),
-                                          floor=1 if config.overlap else 0)
+            self.adaptive = AdaptiveBound(self.W, int(config.staleness))
             self.bound = float(self.adaptive.bound)
         self.pushes = np.full(self.W, int(start_clock), np.int64)
         self.done = np.zeros(self.W, bool)

@@ -121,7 +121,7 @@ FLAGS: dict[str, tuple[type, str]] = {
                      f"{names(servers=False)})"),
     "staleness": (_staleness, f"staleness bound s >= 0 in clocks ({names(bound=None)} only; "
                               f"default 2), or {AUTO}: the servers set s online from the "
-                              f"workers' clock lag and step times, within [0, "
+                              f"workers' clock lag and step times, within [1, "
                               f"--staleness-max] (see the README)"),
     "staleness_max": (int, f"the largest bound --staleness {AUTO} may set (default "
                            f"{DEFAULT_STALENESS_MAX})"),

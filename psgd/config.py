@@ -27,7 +27,7 @@ class ProtocolConfig:
         once every worker has pushed clock c - staleness (0 for bsp, inf for asp).
     staleness_auto : bool
         ``--staleness auto``: the servers set the bound online
-        (:mod:`psgd.ps.adaptive`) within [0, staleness] (1 with overlap).
+        (:mod:`psgd.ps.adaptive`) within [1, staleness].
     staleness_comp : str
         The staleness compensation the servers (or hogwild's workers) run:
         ``none``, ``inverse``, ``dcasgd``, ``gap`` or ``amom`` (:mod:`psgd.ps.compensation`).

@@ -53,9 +53,15 @@ def train(cell: dict, data: Path, args, tmp: Path) -> dict:
     if summary is None:
         row["error"] = error_line(proc)
         return row
-    row.update(accuracy=summary["test_accuracy"], samples_per_s=summary["samples_per_s"],
+    row.update(accuracy=summary["test_accuracy"], test_loss=summary["test_loss"],
+               samples_per_s=summary["samples_per_s"],
                push_bytes=summary.get("push_bytes"),
                compression_ratio=summary.get("compression_ratio"))
+    comp = (summary.get("staleness_compensation") or [{}])[0]   # the one server's
+    if "momentum in force" in comp:   # amom: the momentum it set (the workers' with correction)
+        row.update(momentum=comp["momentum in force"].get("mean"),
+                   lr_factor=comp["learning-rate factor"].get("mean"),
+                   mean_delay=comp["mean delay"])
     return row
 
 

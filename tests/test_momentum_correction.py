@@ -99,25 +99,45 @@ def test_under_asp_each_workers_velocity_takes_the_momentum_its_server_sent(mpir
     assert json.loads(lines[-1][len("RESULT "):])["lowest"] < 0.9
 
 
-def test_amom_moved_to_the_workers_keeps_its_learning_rate_and_sends_its_momentum():
-    """amom with the momentum on the workers: the same learning-rate factors and momentum as
-    on the servers, but the servers' optimizer keeps momentum 0."""
+@pytest.mark.parametrize("n_workers", [1, 2, 4])
+def test_amom_moved_to_the_workers_sends_the_momentum_of_a_velocity_stepped_every_w_updates(
+        n_workers):
+    """amom with the momentum on the workers: the servers' momentum mu_e raised to the power W
+    (a worker steps once per W updates) and the learning rate times (1 - mu_e ** W) / (1 - mu_e);
+    the servers' optimizer keeps momentum 0.  One worker: the servers' momentum and step."""
     from psgd.config import ProtocolConfig
     from psgd.nn.optim import make_optimizer
     from psgd.ps.compensation.amom import AsyncAwareMomentum
     local_opt, remote_opt = (make_optimizer("momentum", 4, momentum=m) for m in (0.9, 0.0))
-    local = AsyncAwareMomentum(ProtocolConfig("asp", 4), local_opt, 4, n_workers=2)
+    local = AsyncAwareMomentum(ProtocolConfig("asp", 4), local_opt, 4, n_workers=n_workers)
     remote = AsyncAwareMomentum(ProtocolConfig("asp", 4, worker_momentum={"momentum": 0.9}),
-                                remote_opt, 4, n_workers=2)
+                                remote_opt, 4, n_workers=n_workers)
     assert remote.worker_momentum() == 0.9 and local.worker_momentum() == 0.0
     grad = np.ones(4, np.float32)
     for delay in [0, 1, 3, 1, 0, 12, 2, 1]:
         (_, lr_local), (_, lr_remote) = (c.adjust(grad, 0.05, delay, delay, None, None)
                                          for c in (local, remote))
-        assert lr_local == lr_remote
-        assert remote.worker_momentum() == local_opt.momentum
+        mu_e = local_opt.momentum
+        assert remote.worker_momentum() == mu_e ** n_workers
+        gain = 1.0 if n_workers == 1 or mu_e == 0 else (1 - mu_e ** n_workers) / (1 - mu_e)
+        assert lr_remote == pytest.approx(lr_local * gain, rel=1e-12)
         assert remote_opt.momentum == 0.0
     assert 0.0 <= remote.worker_momentum() < 0.9
+
+
+@pytest.mark.parametrize("mu_e", [0.0, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("n_workers", [1, 2, 4, 8])
+def test_a_workers_velocity_steps_over_each_w_updates_what_the_servers_momentum_would(
+        mu_e, n_workers):
+    """One gradient's steps (its impulse response): the servers' momentum moves it by
+    lr mu_e ** k at every update k, a worker's velocity by lr scale mu_w ** j at its own steps,
+    updates jW; the two add up to the same over each W updates, so to the same in all."""
+    from psgd.ps.compensation.amom import velocity_momentum
+    mu_w, scale = velocity_momentum(mu_e, n_workers)
+    for j in range(6):
+        servers = sum(mu_e ** k for k in range(j * n_workers, (j + 1) * n_workers))
+        assert scale * mu_w ** j == pytest.approx(servers, rel=1e-12)
+    assert velocity_momentum(mu_e, 1) == (mu_e, 1.0)
 
 
 def test_two_workers_moved_match_the_server_and_resume_where_they_left_off(mpirun, dataset,

@@ -14,7 +14,9 @@ workers.  The learning rate also ramps up linearly over the first 50 W
 updates, while the delay's running mean is still young and the gradients are
 at their largest.  With ``--momentum-correction`` the momentum is the
 workers' (``config.worker_momentum``): the server keeps only the learning-rate
-factors, and each pull reply tells the worker the momentum in force.
+factors, and each pull reply tells the worker the momentum in force.  A
+worker's velocity steps once per W server updates, so it takes mu_e ** W and
+the step a factor that keeps the gain (:func:`velocity_momentum`).
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ class AsyncAwareMomentum(Compensation):
     def adjust(self, grad, lr, staleness, delay, now, read):
         mean = self.delay.add(delay)
         mu, scale = explicit_momentum(self.target, mean)
+        if self.remote:
+            mu, gain = velocity_momentum(mu, self.n_workers)
+            scale *= gain
         self.updates += 1
         scale *= min(1.0, self.updates / self.warmup) * min(1.0, (1.0 + mean) / (1.0 + delay))
         self.mu = mu
@@ -85,3 +90,18 @@ def explicit_momentum(target: float, mean_delay: float) -> tuple[float, float]:
     if residual <= 1.0:
         return 1.0 - residual, 1.0
     return 0.0, 1.0 / residual
+
+
+def velocity_momentum(mu_e: float, n_workers: int) -> tuple[float, float]:
+    """``(mu_w, lr_scale)``: a worker's velocity for the servers' momentum ``mu_e``.
+
+    One worker's pushes are W server updates apart on average, so its velocity
+    decays W times slower per update than the servers' would at the same
+    momentum.  ``mu_w = mu_e ** W`` keeps the servers' decay per update, and
+    ``lr_scale = (1 - mu_w) / (1 - mu_e)`` their gain: a gradient's steps then
+    add up over each W updates to what the servers' momentum would take there.
+    """
+    if n_workers == 1:
+        return mu_e, 1.0
+    mu_w = mu_e ** n_workers
+    return mu_w, (1.0 - mu_w) / (1.0 - mu_e)

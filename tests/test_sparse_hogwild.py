@@ -157,3 +157,94 @@ def test_lazy_momentum_training_equals_dense_hogwild_and_pushes_by_nonzeros(mpir
     rows_bound = (8 * 60 + 1) * k * 8 + n * 8 / 100   # the batch's rows, and the restarts' share
     assert pushed["off"] and min(pushed["off"]) == n * 4
     assert pushed["on"] and max(pushed["on"]) < rows_bound, (max(pushed["on"]), rows_bound)
+
+
+def _decay_problem(seed=3, n=64, d=40, k=3, nnz=4, batch=2, steps=80):
+    """A random CSR set (features skewed, so rows miss many steps), its batches' rows and lrs."""
+    import numpy as np
+    from psgd.data.csr import CSRBatch
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, d + 1)
+    indices = np.concatenate([np.sort(rng.choice(d, nnz, replace=False, p=p / p.sum())) for _ in range(n)])
+    x = CSRBatch(np.arange(0, n * nnz + 1, nnz, dtype=np.int64), indices.astype(np.int32),
+                 rng.uniform(0.5, 1.5, n * nnz).astype(np.float32), d)
+    y = rng.integers(0, k, n).astype(np.int64)
+    rows = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])[:steps * batch]
+    lrs = 0.6 * (1 + np.cos(np.pi * np.arange(steps) / steps)) / 2 + 0.05
+    w0 = rng.normal(0, 1, (d + 1) * k).astype(np.float32)
+    return x, y, rows.astype(np.int64), lrs, w0, batch
+
+
+def _eager_decayed_sgd(x, y, rows, lrs, w0, batch, lam):
+    """Plain numpy: softmax regression, every row scaled by 1 - lr * lam at every step (float64)."""
+    import numpy as np
+    d, k = x.n_features, len(w0) // (x.n_features + 1)
+    dense = np.zeros((len(x), d))
+    for i in range(len(x)):
+        dense[i, x.indices[x.indptr[i]:x.indptr[i + 1]]] = x.values[x.indptr[i]:x.indptr[i + 1]]
+    w = w0.astype(np.float64).reshape(d + 1, k)
+    for t, lr in enumerate(lrs):
+        b = rows[t * batch:(t + 1) * batch]
+        scores = dense[b] @ w[:d] + w[d]
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        p[np.arange(len(b)), y[b]] -= 1
+        g = np.vstack([dense[b].T @ p, p.sum(axis=0)]) / len(b)
+        w = (1 - lr * lam) * w - lr * g
+    return w.ravel()
+
+
+class _OneShard:
+    """A shared window's worker view in one process: one float32 shard, read by plain loads."""
+
+    def __init__(self, w0):
+        self.shards, self.params = [w0.copy()], self
+
+    def Sync(self):
+        pass
+
+
+def test_lazy_weight_decay_takes_each_gradient_at_the_decayed_rows(sparse_lam=0.05):
+    # the gradient depends on the parameters: each row read must be caught up on its missed decay
+    # before the forward pass, in the step-by-step path and in the runs of steps alike
+    import numpy as np
+    from psgd.hogwild.fused import sparse_steps
+    from psgd.hogwild.sparse import SparseUpdates
+    from psgd.mpi.shardmap import ShardMap
+    from psgd.nn.lazy_decay import LazyDecaySGD
+    from psgd.nn.optim import make_optimizer
+    from psgd.nn.sparse import build_sparse_model
+    x, y, rows, lrs, w0, batch = _decay_problem()
+    lam, d, k, n = sparse_lam, x.n_features, 3, len(w0)
+    eager = _eager_decayed_sgd(x, y, rows, lrs, w0, batch, lam)
+    # step by step, as HogwildWorker.before_batch and step take them
+    model = build_sparse_model(f"linear:{d}-{k}", d, k)
+    updates = SparseUpdates(model, ShardMap(n, 1), make_optimizer("sgd", n, weight_decay=lam))
+    window, params = _OneShard(w0), model.params
+    params[:] = w0
+    for t, lr in enumerate(lrs):
+        xb, yb = x[rows[t * batch:(t + 1) * batch]], y[rows[t * batch:(t + 1) * batch]]
+        read = model.rows_of(xb)
+        updates.read(window, None, params, read)
+        updates.before_batch(params, read)
+        model.loss_and_grad(xb, yb)
+        updates.accumulate(window, None, *updates.delta(params, model.grad, lr))
+    params[:] = window.shards[0]
+    updates.accumulate(window, None, *updates.catch_up(params))
+    stepwise = window.shards[0]
+    # runs of steps (two runs, as psgd/hogwild/fused.py takes them)
+    sgd, shard, count = LazyDecaySGD(d + 1, k, lam), w0.copy(), np.zeros(1, np.int64)
+    sgd.reserve(len(lrs), lrs.max())
+    params, grad, prev = w0.copy(), np.zeros(n, np.float32), np.zeros(0, np.int64)
+    for lo, hi in ((0, 30), (30, len(lrs))):
+        m = hi - lo
+        done, status, _, _, _, prev = sparse_steps(
+            (shard,), np.array([0, n], np.int64), count, params, grad, prev, x.indptr, x.indices,
+            x.values, y, rows[lo * batch:hi * batch], batch, lrs[lo:hi], False, sgd.last, sgd.logs,
+            sgd.t, lam, True, False, np.zeros(m), np.zeros(m, np.int64), np.zeros(m, np.int64))
+        assert (done, status) == (m, 0)
+        sgd.t += m
+    shard += sgd.catch_up(shard.copy().reshape(d + 1, k)).ravel()
+    np.testing.assert_allclose(stepwise, eager, rtol=1e-4, atol=2e-5)
+    np.testing.assert_array_equal(shard, stepwise)
+    assert np.abs(eager - _eager_decayed_sgd(x, y, rows, lrs, w0, batch, 0.0)).max() > 0.1

@@ -1,8 +1,8 @@
 """Sparse hogwild on a shared window, a run of steps in one compiled call.
 
-For each step: read the update counter, copy the batch's rows from the shared shards,
-forward and backward of the linear model (``linear`` or ``svm``), the lazily decayed SGD
-step, then a CPU-atomic fetch-and-add of the counter (staleness = its value minus the
+For each step: read the update counter, copy the batch's rows from the shared shards and
+catch them up on the weight decay they missed, forward and backward of the linear model
+(``linear`` or ``svm``), the SGD step, then a CPU-atomic fetch-and-add of the counter (staleness = its value minus the
 value read) and CPU-atomic adds of the change into the shards. The arithmetic is that of
 the step-by-step path (:mod:`psgd.nn.sparse`, :mod:`psgd.nn.lazy_decay`,
 :mod:`psgd.hogwild.sparse`), in the same order.
@@ -18,7 +18,7 @@ from psgd.kernels.atomic import atomic_add, atomic_load
 from psgd.kernels.loss import softmax_cross_entropy
 from psgd.kernels.sparse import (csr_linear_backward, csr_linear_forward, multiclass_hinge,
                                  zero_rows)
-from psgd.nn.lazy_decay import sparse_step
+from psgd.nn.lazy_decay import decay_rows, sparse_step
 
 OK, BAD_LOSS, BAD_GRAD, BAD_UPDATE = 0, 1, 2, 3   # status of a run (which check failed)
 
@@ -72,7 +72,7 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     scores, dscores = np.empty((batch, k), params.dtype), np.empty((batch, k), params.dtype)
     all_labels = y[rows]
     mark = np.zeros(n_rows, np.bool_)
-    change = np.empty((n_rows, k), params.dtype)
+    change, caught = np.empty((n_rows, k), params.dtype), np.empty((n_rows, k), params.dtype)
     buffers = np.empty((2, n_rows), np.int64)
     touched = prev
     dropped, read, pushed, done, status = 0, 0, 0, lrs.size, OK
@@ -84,6 +84,8 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
         seen = atomic_load(count, 0)   # read: the counter, then the rows
         copy_rows(params, shards, bounds, touched, k)
         read += touched.size
+        if lam != 0.0:   # the rows' missed decay first, so the gradient is taken at decayed rows
+            decay_rows(w, touched, last, logs, t + step, caught)
         csr_linear_forward(indptr, indices, values, w[:d], w[d], scores, batch_rows)
         if hinge:
             loss, correct = multiclass_hinge(scores, labels, dscores)
@@ -105,7 +107,12 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
                 break
             dropped += 1
             staleness[step] = -1
+            if lam != 0.0:   # the catch-up before the batch still counts
+                add_rows(shards, bounds, touched, k, caught[:touched.size].ravel())
+                pushed += touched.size
             continue
+        if lam != 0.0:
+            change[:touched.size] += caught[:touched.size]
         staleness[step] = atomic_add(count, 0, np.int64(1)) - seen
         add_rows(shards, bounds, touched, k, change[:touched.size].ravel())
         pushed += touched.size

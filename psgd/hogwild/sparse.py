@@ -146,10 +146,10 @@ class SparseUpdates:
         return (rows[:, None] * self.row_len + np.arange(self.row_len)).ravel()
 
     def before_batch(self, params: np.ndarray, rows: np.ndarray) -> None:
-        """Momentum: bring the just read sorted ``rows`` of ``params`` to the present (their missed
-        steps), so the batch's gradient is taken where eager momentum would take it; the change
-        is pushed with the step's (:meth:`delta`), or alone (:meth:`drop`)."""
-        if not self.fuses:
+        """Bring the just read sorted ``rows`` of ``params`` to the present (their missed steps:
+        momentum, weight decay), so the batch's gradient is taken where the eager optimizer would
+        take it; the change is pushed with the step's (:meth:`delta`), or alone (:meth:`drop`)."""
+        if self.pending:
             self._caught_up = rows, self.lazy.catch_up_rows(params.reshape(self.n_rows, self.row_len),
                                                            rows)
 

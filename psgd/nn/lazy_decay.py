@@ -1,10 +1,12 @@
-"""Sparse SGD steps with weight decay applied lazily: a row catches up on the decay it missed when touched.
+"""Sparse SGD steps with weight decay applied lazily: a row catches up on the decay it missed when read.
 
 Eager SGD with decay ``lam`` scales every row by ``1 - lr_t * lam`` at every step t,
 touched or not. Lazily, row r remembers the step ``last[r]`` up to which it is decayed;
-when step t touches it, it is first scaled by ``prod_{s = last[r]}^{t-1} (1 - lr_s * lam)``
-(kept as a running sum of logs, so any learning-rate schedule is caught up exactly),
-then takes step t eagerly. :meth:`catch_up` brings every row to the present.
+when step t's batch reads it, before the forward pass, it is scaled by
+``prod_{s = last[r]}^{t-1} (1 - lr_s * lam)`` (kept as a running sum of logs, so any
+learning-rate schedule is caught up exactly; :func:`decay_rows`), so the gradient is taken
+where eager SGD takes it; then step t is taken eagerly. :meth:`catch_up` brings every row
+to the present.
 """
 from __future__ import annotations
 
@@ -13,8 +15,24 @@ from numba import njit
 
 
 @njit(cache=True)
+def decay_rows(w, rows, last, logs, t, change):
+    """``w[rows]`` scaled in place by the decay they missed from ``last[rows]`` to step t;
+    ``last[rows] = t``; ``change`` (>= len(rows), k) = the new ``w[rows]`` minus the old."""
+    k = w.shape[1]
+    for m in range(rows.size):
+        r = rows[m]
+        factor = np.exp(logs[t] - logs[last[r]])
+        for c in range(k):
+            old = w[r, c]
+            w[r, c] = factor * old
+            change[m, c] = w[r, c] - old
+        last[r] = t
+
+
+@njit(cache=True)
 def sparse_step(w, g, rows, last, logs, t, lr, lam, delta):
-    """delta[rows] = (w[rows] caught up and stepped at t) - w[rows]; ``last[rows] = t + 1``.
+    """delta[rows] = (w[rows] caught up and stepped at t) - w[rows]; ``last[rows] = t + 1``
+    (rows already brought to t by :func:`decay_rows` are only stepped).
 
     Returns whether every value of ``delta`` is finite.
     """
@@ -72,6 +90,13 @@ class LazyDecaySGD:
         self.logs[self.t + 1] = self.logs[self.t] + np.log1p(-lr * lam)
         self.t += 1
         return delta
+
+    def catch_up_rows(self, w: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Bring ``w[rows]`` (in place) to the present decay, before a batch's forward pass reads
+        them; returns the change (len(rows), row_len) made to ``w[rows]``."""
+        change = np.empty((len(rows), self.row_len), w.dtype)
+        decay_rows(w, rows, self.last, self.logs, self.t, change)
+        return change
 
     def catch_up(self, w: np.ndarray) -> np.ndarray:
         """The change (n_rows, row_len) that brings every row of ``w`` to the present decay."""

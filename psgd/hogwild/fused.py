@@ -72,7 +72,8 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     scores, dscores = np.empty((batch, k), params.dtype), np.empty((batch, k), params.dtype)
     all_labels = y[rows]
     mark = np.zeros(n_rows, np.bool_)
-    change, caught = np.empty((n_rows, k), params.dtype), np.empty((n_rows, k), params.dtype)
+    change = np.empty((n_rows, k), params.dtype)
+    caught = np.empty((n_rows if lam != 0.0 else 0, k), params.dtype)   # decay catch-ups
     buffers = np.empty((2, n_rows), np.int64)
     touched = prev
     dropped, read, pushed, done, status = 0, 0, 0, lrs.size, OK

@@ -10,7 +10,10 @@ pushed and read bytes per step.
 scikit-learn's SGDClassifier (log loss, one-vs-rest, constant learning rate
 lr / batch per sample, the same epochs, no regularisation) trains on the same
 file in its own process. Times are whole-process wall times; psgd's sources are
-byte-compiled first, as pip compiles an installed package such as scikit-learn. Writes
+byte-compiled first, as pip compiles an installed package such as scikit-learn. Each run
+also records the CPU that processes other than its own used meanwhile (``other_cores``,
+in cores: /proc/stat's busy time less the run's children's), since any such process, niced
+or not, takes its share of the 2 cores from the run (the kernel's autogroups). Writes
 bench/results/sparse.{json,md}; with ``--net RATE`` (root) the psgd runs go through
 ``psgd net --nodes 2 --rate RATE`` (the server and the second worker on node 0, the
 first worker on node 1) and write sparse-net.{json,md}. scikit-learn is needed only here.
@@ -23,6 +26,7 @@ import argparse
 import compileall
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -53,6 +57,27 @@ print(clf.score(xt, yt), time.perf_counter() - t0)
 """
 
 
+def _cpu_clock() -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, CPU seconds of this process's waited
+    children), to tell a run's own CPU from other processes'."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"),
+            children.ru_utime + children.ru_stime)
+
+
+def timed(cmd: list[str], timeout: float, **kw) -> tuple:
+    """run_bounded(cmd); returns (the process, wall seconds, cores' worth of CPU that other
+    processes used meanwhile)."""
+    busy0, own0 = _cpu_clock()
+    t0 = time.perf_counter()
+    proc = run_bounded(cmd, timeout, **kw)
+    wall = time.perf_counter() - t0
+    busy1, own1 = _cpu_clock()
+    return proc, wall, max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
+
+
 def make_data(tmp: Path, args) -> Path:
     out = tmp / "sparse.h5"
     run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--sparse", "-o", str(out),
@@ -71,9 +96,7 @@ def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
            "--overwrite", "--optimizer", args.optimizer,
            "--staleness-comp", args.staleness_comp]
     env = {**os.environ, "PSGD_HOGWILD_SPARSE": "on" if sparse else "off"}
-    t0 = time.perf_counter()
-    proc = run_bounded(cmd, args.timeout, cwd=ROOT, env=env)
-    wall = time.perf_counter() - t0
+    proc, wall, other = timed(cmd, args.timeout, cwd=ROOT, env=env)
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     summary = next((r for r in records if r["kind"] == "summary"), None)
     if summary is None:
@@ -88,20 +111,18 @@ def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
             "updates_per_s": summary["samples_per_s"] / args.batch_size,
             "bytes_per_update": statistics.mean(pushed), "read_bytes_per_update": statistics.mean(pulled),
             "dense_bytes": 4 * n_params,
-            "accuracy": summary["test_accuracy"]}
+            "accuracy": summary["test_accuracy"], "other_cores": other}
 
 
 def sklearn_run(data: Path, args) -> dict:
-    t0 = time.perf_counter()
-    proc = run_bounded([sys.executable, "-c", SKLEARN, str(data), str(args.epochs),
-                        str(args.lr / args.batch_size), "0"], args.timeout)
-    wall = time.perf_counter() - t0
+    proc, wall, other = timed([sys.executable, "-c", SKLEARN, str(data), str(args.epochs),
+                               str(args.lr / args.batch_size), "0"], args.timeout)
     if proc.returncode:
         raise SystemExit(f"bench-sparse: sklearn run failed (pip install scikit-learn): "
                          f"{proc.stderr.strip()[-400:]}")
     acc, fit_s = map(float, proc.stdout.split())
     return {"run": "sklearn SGDClassifier", "workers": 2, "process_s": wall, "train_s": fit_s,
-            "accuracy": acc}
+            "accuracy": acc, "other_cores": other}
 
 
 def table(rows: list[dict], args, density: float) -> str:
@@ -122,12 +143,13 @@ def table(rows: list[dict], args, density: float) -> str:
              f"features, density {density:.2%}; linear model, 10 classes; batch {args.batch_size}, "
              f"{args.optimizer}, lr {args.lr}, {args.epochs} epochs; {where}; {args.repeats} repeats (ranges).", "",
              "| run | workers | updates/s | bytes pushed/update | bytes read/update | test acc | train s "
-             "| process s |", "|---|---|---|---|---|---|---|---|"]
+             "| process s | other processes' CPU, cores |", "|---|---|---|---|---|---|---|---|---|"]
     for (run, w), runs in groups.items():
         lines.append(f"| {run} | {w} | {span('updates_per_s', runs, '{:.0f}')} | "
                      f"{span('bytes_per_update', runs, '{:.0f}')} | "
                      f"{span('read_bytes_per_update', runs, '{:.0f}')} | {span('accuracy', runs, '{:.4f}')} | "
-                     f"{span('train_s', runs, '{:.2f}')} | {span('process_s', runs, '{:.2f}')} |")
+                     f"{span('train_s', runs, '{:.2f}')} | {span('process_s', runs, '{:.2f}')} | "
+                     f"{span('other_cores', runs, '{:.2f}')} |")
     med = {k: statistics.median([r.get("updates_per_s", 0) for r in v]) for k, v in groups.items()}
     byt = {k: statistics.median([r.get("bytes_per_update", 0) for r in v]) for k, v in groups.items()}
     read = {k: statistics.median([r.get("read_bytes_per_update", 0) for r in v]) for k, v in groups.items()}

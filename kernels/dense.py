@@ -1,11 +1,11 @@
-"""Dense (affine) layer kernels, y = x @ W + b with W stored (n_in, n_out), forward beside backward."""
+"""Dense (affine) layer kernels, y = x @ W + b with W stored (n_in, n_out), optionally then a ReLU, forward beside backward."""
 import numpy as np
 from numba import njit
 
 
 @njit(cache=True)
-def dense_forward(x, w, b, out):
-    """Affine forward pass, written into ``out``.
+def dense_forward(x, w, b, out, relu=False):
+    """Affine forward pass (then ``max(., 0)`` when ``relu``), written into ``out``.
 
     Parameters
     ----------
@@ -13,6 +13,8 @@ def dense_forward(x, w, b, out):
     w : (n_in, n_out) same dtype; row i holds the weights from input feature i
     b : (n_out,) same dtype
     out : (B, n_out) same dtype, overwritten with ``x @ w + b``
+    relu : bool
+        Apply a ReLU in the bias pass: ``out = max(x @ w + b, 0)``.
 
     Returns
     -------
@@ -22,12 +24,13 @@ def dense_forward(x, w, b, out):
     n, m = out.shape
     for i in range(n):
         for j in range(m):
-            out[i, j] += b[j]
+            v = out[i, j] + b[j]
+            out[i, j] = v if not relu or v > 0 else 0.0
     return out
 
 
 @njit(cache=True)
-def dense_backward_params(x, dout, dw, db):
+def dense_backward_params(x, dout, dw, db, relu_out=None):
     """Parameter gradients of the affine layer, overwriting ``dw`` and ``db``.
 
     Parameters
@@ -36,14 +39,23 @@ def dense_backward_params(x, dout, dw, db):
     dout : (B, n_out) gradient of the loss w.r.t. the forward output
     dw : (n_in, n_out) overwritten with ``x.T @ dout``
     db : (n_out,) overwritten with ``dout.sum(axis=0)``
+    relu_out : (B, n_out), optional
+        The output of a forward pass with ``relu=True``: ``dout`` is first overwritten
+        with ``dout * (relu_out > 0)``, the gradient w.r.t. the affine output, in the
+        pass that sums ``db`` (the caller's ``dx`` then comes from the masked ``dout``).
     """
-    np.dot(x.T, dout, dw)
     n, m = dout.shape
     for j in range(m):
         db[j] = 0.0
     for i in range(n):
         for j in range(m):
-            db[j] += dout[i, j]
+            g = dout[i, j]
+            if relu_out is not None:  # both loads unconditional, so a select, not a branch
+                r = relu_out[i, j]
+                g = g if r > 0 else 0.0
+                dout[i, j] = g
+            db[j] += g
+    np.dot(x.T, dout, dw)
 
 
 @njit(cache=True)

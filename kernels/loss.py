@@ -1,4 +1,4 @@
-"""Softmax cross-entropy (numerically stable, mean over the batch) with its gradient."""
+"""Softmax cross-entropy (numerically stable, mean over the batch) with its gradient, and the labels' range check."""
 import numpy as np
 from numba import njit
 
@@ -45,3 +45,23 @@ def softmax_cross_entropy(logits, labels, dlogits):
             dlogits[i, j] = dlogits[i, j] * scale
         dlogits[i, labels[i]] -= inv_n
     return total * inv_n, correct
+
+
+@njit(cache=True)
+def labels_in_range(labels, k):
+    """True when every label is a class id in ``[0, k)`` (one pass, no temporary).
+
+    Parameters
+    ----------
+    labels : (B,) int64
+    k : int, the number of classes
+
+    Returns
+    -------
+    bool
+    """
+    bad = False
+    for i in range(labels.shape[0]):
+        v = labels[i]
+        bad |= (v < 0) | (v >= k)
+    return not bad

@@ -93,12 +93,17 @@ class Dense(Layer):
 
     ``init`` is ``"he"`` (normal, std sqrt(2/n_in), for layers followed by ReLU) or
     ``"glorot"`` (uniform, limit sqrt(6/(n_in+n_out)), for the output layer); biases start at 0.
+    With ``relu=True`` the layer is the affine map then ReLU, applied in the bias pass
+    forward and in the bias-gradient pass backward (the model builders make ``dense-relu``
+    so); its backward then overwrites ``dy`` with the masked gradient when ``dy`` is a
+    writeable C-contiguous array (the next layer's scratch, as an in-place ReLU would).
     """
 
-    def __init__(self, n_in: int, n_out: int, init: str = "he") -> None:
+    def __init__(self, n_in: int, n_out: int, init: str = "he", relu: bool = False) -> None:
         super().__init__()
         self.in_shape, self.out_shape = (n_in,), (n_out,)
         self.init = init
+        self.relu = bool(relu)
 
     def param_shapes(self):
         return [("w", (self.in_shape[0], self.out_shape[0])), ("b", self.out_shape)]
@@ -119,14 +124,25 @@ class Dense(Layer):
     def forward(self, x):
         self._x = x
         out = self._buf("out", (x.shape[0], self.out_shape[0]), x.dtype)
-        return dense_forward(x, self.w, self.b, out)
+        self._out = out
+        return dense_forward(x, self.w, self.b, out, self.relu)
 
     def backward(self, dy, need_dx=True):
-        dense_backward_params(self._x, dy, self.dw, self.db)
+        if self.relu:
+            if not (dy.flags.c_contiguous and dy.flags.writeable):
+                own = self._buf("dy", dy.shape, dy.dtype)
+                own[...] = dy
+                dy = own
+            dense_backward_params(self._x, dy, self.dw, self.db, self._out)
+        else:
+            dense_backward_params(self._x, dy, self.dw, self.db)
         if not need_dx:
             return None
         dx = self._buf("dx", self._x.shape, dy.dtype)
         return dense_backward_input(self.w, dy, dx)
+
+    def __repr__(self) -> str:
+        return f"Dense{'+ReLU' if self.relu else ''}({self.in_shape} -> {self.out_shape})"
 
 
 class Conv2D(Layer):

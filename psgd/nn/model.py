@@ -1,13 +1,15 @@
 """Models built from a spec string, owning one flat parameter vector and one flat gradient vector."""
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
-from psgd.kernels.loss import softmax_cross_entropy
+from psgd.kernels.finite import finite
+from psgd.kernels.loss import labels_in_range, softmax_cross_entropy
 from psgd.nn.elementwise import Dropout
-from psgd.nn.layers import Dense, Layer, ReLU
+from psgd.nn.layers import Dense, Layer
 from psgd.nn.norm import BatchNorm
 from psgd.nn.spec import PRESETS, TOKEN_HELP, build_layers, expand_preset
 
@@ -175,7 +177,7 @@ class Model:
             raise ValueError(f"x must hold real numbers, got dtype {x.dtype}")
         shape = tuple(x.shape[1:]) if x.ndim >= 2 else None
         if len(self.input_shape) == 1:  # an mlp flattens any per-sample shape of the right size
-            ok = shape is not None and int(np.prod(shape)) == self._n_features
+            ok = shape is not None and math.prod(shape) == self._n_features
             alt = f" or (B, ...) with {self._n_features} values per sample"
         else:  # images: (C, H, W), or (H, W) when C == 1, or flat rows
             accepted = {self.input_shape, (self._n_features,)}
@@ -190,7 +192,7 @@ class Model:
         if x.shape[0] == 0:
             raise ValueError("x is an empty batch (B = 0)")
         x = np.ascontiguousarray(x, dtype=self.dtype).reshape(x.shape[0], *self.input_shape)
-        if not (np.isfinite(x.min()) and np.isfinite(x.max())):
+        if not finite(x.reshape(-1)):
             raise ValueError("x contains non-finite values (NaN or inf)")
         return x
 
@@ -203,10 +205,11 @@ class Model:
                 y = y.astype(np.int64)
             else:
                 raise ValueError(f"y must hold integer class ids, got dtype {y.dtype}")
-        if n and (y.min() < 0 or y.max() >= self.n_classes):
+        y = np.ascontiguousarray(y, dtype=np.int64)
+        if not labels_in_range(y, self.n_classes):
             raise ValueError(f"y holds labels outside [0, {self.n_classes}): "
                              f"min {int(y.min())}, max {int(y.max())}")
-        return np.ascontiguousarray(y, dtype=np.int64)
+        return y
 
     def check_batch(self, x, y) -> tuple[np.ndarray, np.ndarray]:
         """Validate a data set or batch; return ``x`` as C-contiguous (N, *input_shape) in the
@@ -305,9 +308,7 @@ def _mlp(sizes: list[int]) -> tuple[list[Layer], tuple, int]:
     layers: list[Layer] = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         last = i == len(sizes) - 2
-        layers.append(Dense(a, b, init="glorot" if last else "he"))
-        if not last:
-            layers.append(ReLU((b,), inplace=True))
+        layers.append(Dense(a, b, init="glorot" if last else "he", relu=not last))
     return layers, (sizes[0],), sizes[-1]
 
 

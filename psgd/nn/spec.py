@@ -218,8 +218,8 @@ def build_layers(spec: str, input_shape: tuple, seed: int = 0) -> tuple[list[Lay
     for t in tokens:
         prev = layers[-1] if layers else None
         layer = _layer(t, shape, prev, seed, t is tokens[-1])
-        if type(layer) is ReLU and isinstance(prev, BatchNorm) and not prev.relu:
-            prev.relu = True  # 'bn-relu': one layer, one pass over memory each way
+        if type(layer) is ReLU and isinstance(prev, (BatchNorm, Dense)) and not prev.relu:
+            prev.relu = True  # 'bn-relu', 'dense:N-relu': one layer, one pass over memory less each way
             fused += 1
             continue
         if isinstance(layer, Dropout):  # its masks as when every token was a layer of its own

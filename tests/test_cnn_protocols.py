@@ -35,7 +35,8 @@ def train(mpirun, ranks, data, *flags):
 
 
 @pytest.mark.parametrize("protocol, ranks, servers", [
-    ("bsp", 3, 1), ("ssp", 3, 1), ("asp", 3, 1), ("hogwild", 3, 1), ("allreduce", 2, 0)])
+    ("bsp", 3, 1), ("ssp", 3, 1), ("asp", 3, 1), ("hogwild", 3, 1), ("allreduce", 2, 0),
+    ("gossip", 3, 0), ("adpsgd", 2, 0)])
 def test_resnet_with_batchnorm_learns_under_every_protocol(mpirun, colour, tmp_path, protocol,
                                                            ranks, servers):
     log = tmp_path / "run.jsonl"

@@ -6,7 +6,7 @@ from psgd.kernels.activation import relu_backward, relu_forward
 from psgd.kernels.conv import col2im, conv2d_backward, conv2d_forward, conv_out_size, im2col
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
 from psgd.kernels.finite import add_into, finite
-from psgd.kernels.loss import softmax_cross_entropy
+from psgd.kernels.loss import labels_in_range, softmax_cross_entropy
 from psgd.kernels.pool import maxpool2d_backward, maxpool2d_forward, pool_out_size
 
 # ---------------------------------------------------------------- plain numpy references
@@ -100,6 +100,32 @@ def test_dense_backward_overwrites_stale_gradients():
     dense_backward_params(x, r, dw, db)
     np.testing.assert_allclose(dw, x.T @ r)
     np.testing.assert_allclose(db, r.sum(axis=0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_relu_forward_matches_numpy(dtype):
+    rng = np.random.default_rng(3)
+    x, w, b = rand(rng, 6, 7, dtype=dtype), rand(rng, 7, 5, dtype=dtype), rand(rng, 5, dtype=dtype)
+    out = dense_forward(x, w, b, np.empty((6, 5), dtype), True)
+    ref = np.maximum(ref_dense(x, w, b), 0)
+    assert 0 < (ref > 0).sum() < ref.size  # the ReLU cuts some, not all
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_relu_backward_matches_finite_differences_float64():
+    rng = np.random.default_rng(4)
+    x, w, b, r = rand(rng, 5, 6), rand(rng, 6, 4), rand(rng, 4), rand(rng, 5, 4)
+    pre = ref_dense(x, w, b)
+    assert np.abs(pre).min() > 1e-3  # no pre-activation at the kink
+    loss = lambda: float((np.maximum(ref_dense(x, w, b), 0) * r).sum())  # noqa: E731
+    out = dense_forward(x, w, b, np.empty((5, 4)), True)
+    dw, db, dx, d = np.full_like(w, np.nan), np.full_like(b, np.nan), np.empty_like(x), r.copy()
+    dense_backward_params(x, d, dw, db, out)
+    np.testing.assert_array_equal(d, np.where(out > 0, r, 0.0))  # dout masked in place
+    dense_backward_input(w, d, dx)
+    np.testing.assert_allclose(dw, numeric_grad(loss, w), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(db, numeric_grad(loss, b), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-7)
 
 
 # ---------------------------------------------------------------- conv
@@ -244,6 +270,14 @@ def test_softmax_cross_entropy_gradient_matches_finite_differences_float64():
     np.testing.assert_allclose(d, numeric_grad(loss, logits), rtol=1e-6, atol=1e-8)
 
 
+def test_labels_in_range_matches_numpy():
+    rng = np.random.default_rng(13)
+    for _ in range(50):
+        y = rng.integers(-2, 7, rng.integers(1, 6))
+        assert labels_in_range(y, 5) == bool(((y >= 0) & (y < 5)).all())
+    assert labels_in_range(np.zeros(0, np.int64), 3)
+
+
 def test_softmax_cross_entropy_is_stable_for_huge_logits():
     logits = np.array([[1e4, 0.0, -1e4], [0.0, 1e4, 1e4 - 1.0]])
     d = np.empty_like(logits)
@@ -269,6 +303,11 @@ def _pyfunc_cases():
         ("dense_forward", dense_forward, (xd, wd, bd, np.empty((3, 2)))),
         ("dense_backward_params", dense_backward_params, (xd, rd, np.empty((4, 2)), np.empty(2))),
         ("dense_backward_input", dense_backward_input, (wd, rd, np.empty((3, 4)))),
+        ("dense_forward_relu", dense_forward, (xd, wd, bd, np.empty((3, 2)), True)),
+        ("dense_backward_params_relu", dense_backward_params,
+         (xd, rd, np.empty((4, 2)), np.empty(2), np.maximum(rand(rng, 3, 2), 0))),
+        ("labels_in_range", labels_in_range, (np.array([0, 2, 1, 2]), 3)),
+        ("labels_out_of_range", labels_in_range, (np.array([0, 3, 1]), 3)),
         ("im2col", im2col, (x, 3, 3, 2, 1, cols)),
         ("col2im", col2im, (rand(rng, 2 * 3 * 3, 18), 3, 3, 2, 1, np.empty_like(x))),
         ("conv2d_forward", conv2d_forward, (x, wb, 3, 3, 2, 1, np.empty((9, 19)), np.empty((2, 3, 3, 3)), 1)),

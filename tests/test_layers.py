@@ -27,6 +27,7 @@ def bind_flat(layer, dtype=np.float64, seed=0):
 LAYERS = [
     ("dense", lambda: Dense(7, 4), (3, 7)),
     ("dense_glorot", lambda: Dense(5, 3, init="glorot"), (2, 5)),
+    ("dense_relu", lambda: Dense(7, 4, relu=True), (3, 7)),
     ("conv_same", lambda: Conv2D((6, 6, 2), 3, k=3, stride=1, pad=1), (2, 6, 6, 2)),
     ("conv_strided", lambda: Conv2D((7, 5, 3), 2, k=3, stride=2, pad=0), (2, 7, 5, 3)),
     ("pool", lambda: MaxPool2D((6, 6, 2), k=2), (2, 6, 6, 2)),
@@ -131,6 +132,22 @@ def test_inplace_relu_overwrites_its_input_and_dy_and_agrees_with_the_copying_on
     dx = inplace.backward(dyi)
     assert dx is dyi and np.array_equal(dyi, expect_dx)
     assert np.array_equal(x, [[-1.0, 2.0, 0.5, -3.0]])  # the copying layer left its input alone
+
+
+def test_dense_relu_equals_dense_then_relu_and_leaves_a_read_only_dy_alone():
+    rng = np.random.default_rng(5)
+    fused, dense, relu = Dense(6, 5, relu=True), Dense(6, 5), ReLU((5,))
+    bind_flat(fused, seed=3)
+    p2, g2 = bind_flat(dense, seed=3)
+    x, dy = rng.standard_normal((4, 6)), rng.standard_normal((4, 5))
+    np.testing.assert_array_equal(fused.forward(x), relu.forward(dense.forward(x)))
+    frozen = dy.copy()
+    frozen.flags.writeable = False
+    dx = fused.backward(frozen)
+    np.testing.assert_array_equal(dx, dense.backward(relu.backward(dy)))
+    np.testing.assert_array_equal(fused.dw, dense.dw)
+    np.testing.assert_array_equal(fused.db, dense.db)
+    np.testing.assert_array_equal(frozen, dy)
 
 
 def test_first_layer_skips_the_input_gradient():

@@ -130,3 +130,21 @@ def test_bn_relu_builds_one_fused_layer_equal_to_the_two():
     x, y = batch(4, (2, 6, 6), 3, seed=3)
     assert fused.loss_and_grad(x, y) == two.loss_and_grad(x, y)
     np.testing.assert_allclose(fused.grad, two.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_dense_relu_builds_one_fused_layer_equal_to_the_two():
+    spec = "dense:6-relu-dropout:0.3-dense:5-relu-tanh-dense:3"
+    fused = build_model(spec, seed=2, dtype=np.float64, input_shape=(7,))
+    assert [type(layer).__name__ for layer in fused.layers] == ["Dense", "Dropout", "Dense", "Tanh", "Dense"]
+    assert fused.layers[0].relu and fused.layers[2].relu and not fused.layers[4].relu
+    two = build_model(spec, seed=2, dtype=np.float64, input_shape=(7,))
+    for i in (2, 0):
+        two.layers[i].relu = False
+        two.layers.insert(i + 1, ReLU(two.layers[i].out_shape))
+    x, y = batch(4, (7,), 3, seed=3)
+    fused.reseed(0, 1)
+    two.reseed(0, 1)
+    assert fused.loss_and_grad(x, y) == two.loss_and_grad(x, y)
+    np.testing.assert_array_equal(fused.grad, two.grad)
+    mlp = build_model("mlp:7-6-5-3")
+    assert [layer.relu for layer in mlp.layers] == [True, True, False]

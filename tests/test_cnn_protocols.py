@@ -65,3 +65,19 @@ def test_resnet_bsp_interrupted_and_resumed_equals_uninterrupted(mpirun, colour,
     # the evaluation's batch-norm statistics are recomputed, so the resumed run evaluates alike
     ends = [read_log(tmp_path / f"{name}.jsonl")[-1] for name in ("full", "part")]
     assert ends[0]["test_loss"] == ends[1]["test_loss"]
+
+
+def test_train_augment_flag_reaches_the_workers(mpirun, colour, tmp_path):
+    """`psgd train --augment` crops and flips the workers' batches (learning with it is
+    test_cifar_cnn_learns.py's; these random templates are not flip-invariant)."""
+    common = ["--protocol", "allreduce", "--servers", 0, "--optimizer", "momentum", "--lr", "0.01",
+              "--steps", 10, "--seed", 5]
+    runs = {}
+    for name, extra in (("plain", []), ("augment", ["--augment"])):
+        log = tmp_path / f"{name}.jsonl"
+        train(mpirun, 2, colour, *common, *extra, "--log", log)
+        runs[name] = read_log(log)
+    assert next(r for r in runs["augment"] if r["kind"] == "config")["augment"] is True
+    losses = {name: [r["loss"] for r in recs if r["kind"] == "step"] for name, recs in runs.items()}
+    assert losses["plain"] != losses["augment"] and np.all(np.isfinite(losses["augment"]))
+    assert runs["augment"][-1]["kind"] == "summary"

@@ -52,6 +52,21 @@ def _touched(indptr, indices, batch_rows, bias, mark, out):
 
 
 @njit(cache=True)
+def _loss_and_grad(indptr, indices, values, w, g, prev, batch_rows, labels, hinge, scores,
+                   dscores):
+    """The batch's loss and correct count; ``g`` (its rows ``prev`` zeroed first) its gradient."""
+    d = w.shape[0] - 1   # the bias row
+    csr_linear_forward(indptr, indices, values, w[:d], w[d], scores, batch_rows)
+    if hinge:
+        loss, correct = multiclass_hinge(scores, labels, dscores)
+    else:
+        loss, correct = softmax_cross_entropy(scores, labels, dscores)
+    zero_rows(g, prev)
+    csr_linear_backward(indptr, indices, values, dscores, g[:d], g[d], batch_rows)
+    return loss, correct
+
+
+@njit(cache=True)
 def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, values, y, rows,
                  batch, lrs, hinge, last, logs, t, lam, check, skip_nonfinite, losses, corrects,
                  staleness):
@@ -62,10 +77,8 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     ``prev``, as :class:`psgd.nn.sparse.SparseLinear` leaves it); ``last``, ``logs``, ``t``, ``lam``:
     the :class:`psgd.nn.lazy_decay.LazyDecaySGD` state (``logs`` long enough for ``t + len(lrs)``);
     ``check``: stop on a non-finite loss or gradient; ``skip_nonfinite``: drop a non-finite update
-    (else stop). Fills ``losses``, ``corrects`` and ``staleness`` (-1: dropped) per step.
-
-    Returns (steps done, status, dropped, rows read, rows pushed, the last step's touched rows,
-    sorted).
+    (else stop). Fills ``losses``, ``corrects`` and ``staleness`` (-1: dropped) per step; returns
+    (steps done, status, dropped, rows read, rows pushed, the last step's touched rows, sorted).
     """
     n_rows, k, d = last.size, bounds[-1] // last.size, last.size - 1   # d: the bias row
     w, g = params.reshape(n_rows, k), grad.reshape(n_rows, k)
@@ -75,8 +88,7 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     change = np.empty((n_rows, k), params.dtype)
     caught = np.empty((n_rows if lam != 0.0 else 0, k), params.dtype)   # decay catch-ups
     buffers = np.empty((2, n_rows), np.int64)
-    touched = prev
-    dropped, read, pushed, done, status = 0, 0, 0, lrs.size, OK
+    touched, dropped, read, pushed, done, status = prev, 0, 0, 0, lrs.size, OK
     for step in range(lrs.size):
         lo, hi = step * batch, (step + 1) * batch
         batch_rows, labels = rows[lo:hi], all_labels[lo:hi]
@@ -87,14 +99,9 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
         read += touched.size
         if lam != 0.0:   # the rows' missed decay first, so the gradient is taken at decayed rows
             decay_rows(w, touched, last, logs, t + step, caught)
-        csr_linear_forward(indptr, indices, values, w[:d], w[d], scores, batch_rows)
-        if hinge:
-            loss, correct = multiclass_hinge(scores, labels, dscores)
-        else:
-            loss, correct = softmax_cross_entropy(scores, labels, dscores)
+        loss, correct = _loss_and_grad(indptr, indices, values, w, g, prev, batch_rows, labels,
+                                       hinge, scores, dscores)
         losses[step], corrects[step] = loss, correct
-        zero_rows(g, prev)
-        csr_linear_backward(indptr, indices, values, dscores, g[:d], g[d], batch_rows)
         if check and not (np.isfinite(loss) and _finite_rows(g, touched)):
             done, status = step, BAD_LOSS if not np.isfinite(loss) else BAD_GRAD
             break

@@ -1,4 +1,4 @@
-"""Dense (affine) layer kernels, y = x @ W + b with W stored (n_in, n_out), optionally then a ReLU, forward beside backward."""
+"""Dense (affine) layer kernels, y = x @ W + b (then an optional ReLU), forward beside backward."""
 import numpy as np
 from numba import njit
 

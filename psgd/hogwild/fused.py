@@ -4,9 +4,8 @@ For each step: read the update counter, copy the batch's rows from the shared sh
 catch them up on the weight decay they missed, forward and backward of the linear model
 (``linear`` or ``svm``), the SGD step, then a CPU-atomic fetch-and-add of the counter
 (staleness = its value minus the value read) and CPU-atomic adds of the change into the
-shards. The arithmetic is that of
-the step-by-step path (:mod:`psgd.nn.sparse`, :mod:`psgd.nn.lazy_decay`,
-:mod:`psgd.hogwild.sparse`), in the same order.
+shards. The arithmetic is that of the step-by-step path (:mod:`psgd.nn.sparse`,
+:mod:`psgd.nn.lazy_decay`, :mod:`psgd.hogwild.sparse`), in the same order.
 """
 from __future__ import annotations
 

@@ -68,16 +68,24 @@ def test_asp_rate_is_each_workers_cycle_until_the_link_or_the_server_is_full():
     net = Network(BW, 0.0, shm_bandwidth=SHM)
     fast = job(workers=2, servers=2, compute_s=1.0)               # compute-bound
     # each cycles compute and B/2 to and from each server, then queues for a server's
-    # step (read B/2, 4 passes over it): the first push finds no queue, the second
-    # the first's share of the step (mean value analysis, two clients)
-    z, d = 64.0 + 2 * B / BW, 5 * B / 2 / SHM
-    first = 1 / (z + d)
-    assert async_rate(fast, net) == pytest.approx(2 / (z + d * (1 + first * d)))
-    slow = job(workers=8, servers=1, compute_s=1e-6)              # the server's link is full
-    assert async_rate(slow, net) == pytest.approx(8 * BW / (8 * B))
+    # step (read B/2, 4 passes over it) and for the busiest link (B a round: B/2 per
+    # step): the first finds no queue, the second the first's share of both (mean
+    # value analysis, two clients, two stations)
+    d, link = 5 * B / 2 / SHM, B / 2 / BW
+    z = 64.0 + 2 * B / BW - link
+    first = 1 / (z + d + link)
+    assert async_rate(fast, net) == pytest.approx(2 / (z + d * (1 + first * d)
+                                                        + link * (1 + first * link)))
+    # many workers of no compute fill the server's link: 1 / (B / bw) steps/s
+    full = job(workers=64, servers=1, compute_s=1e-6)
+    assert async_rate(full, net) == pytest.approx(64 * BW / (64 * B))
     shared = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)      # push and pull share it
-    assert async_rate(slow, shared) == pytest.approx(8 * BW / (2 * 8 * B))
+    assert async_rate(full, shared) == pytest.approx(64 * BW / (2 * 64 * B))
+    # 8 such workers queue short of it: mean value analysis gives under the bound
+    assert 0.99 * 8 * BW / (8 * B) < async_rate(job(workers=8, servers=1, compute_s=1e-6), net) \
+        < 8 * BW / (8 * B)
     # a link that never fills: each server steps for one push at a time
+    slow = job(workers=8, servers=1, compute_s=1e-6)
     wide = Network(1e12, 0.0, shm_bandwidth=SHM)
     assert async_rate(slow, wide) == pytest.approx(SHM / (5 * B), rel=1e-3)
     assert async_rate(job(workers=8, servers=2, compute_s=1e-6), wide) == \
@@ -93,6 +101,29 @@ def test_closed_loop_rate_by_hand():
     assert closed_loop_rate(3, 3.0, 1.0) == pytest.approx(3 / (3 + 1 + q2))
     assert closed_loop_rate(50, 0.0, 0.5) == pytest.approx(2.0)      # the station saturated
     assert closed_loop_rate(4, 1e6, 1.0) == pytest.approx(4 / (1e6 + 1), rel=1e-5)  # no queue
+    # two stations of 1 s and 2 s: one client cycles in 1 + 1 + 2 = 4 s, leaving queues of
+    # 1/4 and 2/4; the second waits 1.25 s and 3 s: 2 / (1 + 4.25)
+    assert closed_loop_rate(2, 1.0, [1.0, 2.0]) == pytest.approx(2 / 5.25)
+    assert closed_loop_rate(2, 1.0, [0.0, 2.0]) == pytest.approx(closed_loop_rate(2, 1.0, 2.0))
+
+
+def test_hogwild_transfers_queue_for_the_shared_link_of_two_cliques():
+    # bench-net's placement: server 0 and worker 2 on node 0, workers 1 and 3 on node 1;
+    # each worker adds B and reads B, then steps its own B (4 passes), no server step
+    j = job(workers=3, servers=1, cliques=2)
+    net = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
+    remote = TC + 2 * B / BW + 4 * B / SHM
+    local = TC + 2 * B / SHM + 4 * B / SHM
+    alone = 2 / remote + 1 / local                    # steps/s were nothing shared
+    link = 2 * 2 * B / 3 / BW                         # the link's seconds per step: 4B a round
+    z = 3 / alone - link
+    x1 = 1 / (z + link)                               # mean value analysis over the link
+    x2 = 2 / (z + link * (1 + x1 * link))
+    r3 = link * (1 + x2 * link * (1 + x1 * link))
+    rate = async_rate(j, net, B, B, B)
+    assert rate == pytest.approx(3 / (z + r3))
+    assert rate < min(alone, 3 * BW / (4 * B))        # below both bounds near their knee
+    assert predict(j, net)["hogwild"]["samples_per_s"] == pytest.approx(64 * rate)
 
 
 def test_cores_shared_by_more_workers_slow_the_compute():
@@ -140,8 +171,10 @@ def test_asp_compressed_cycle_and_shared_link_cap():
         1 / (TC + B / 10 / BW + B / BW + (ENC + DEC) * B + 5 * B / SHM))
     shared = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
     fast = job(workers=4, servers=1, compute_s=1e-9, compression=Compression(10.0))
-    # 4 pushes of B/10 and 4 pulls of B share the one link per round
-    assert async_rate(fast, shared) == pytest.approx(4 * BW / (4 * B / 10 + 4 * B))
+    # 4 pushes of B/10 and 4 pulls of B share the one link per round: 64 such workers fill it
+    full = job(workers=64, servers=1, compute_s=1e-9, compression=Compression(10.0))
+    assert async_rate(full, shared) == pytest.approx(64 * BW / (64 * B / 10 + 64 * B))
+    assert async_rate(fast, shared) < 4 * BW / (4 * B / 10 + 4 * B)
 
 
 @pytest.mark.parametrize("ring", [True, False])

@@ -190,14 +190,16 @@ def bsp_step_s(job: Job, net: Network) -> float:
     return job.compute_step_s + push + pull + apply_s + codec_s
 
 
-def closed_loop_rate(clients: int, think_s: float, service_s: float) -> float:
-    """Cycles per second of ``clients`` that each spend ``think_s`` on their own, then queue
-    for one station that serves one at a time for ``service_s`` (exact mean value analysis
-    of the closed network, Reiser and Lavenberg 1980)."""
-    queue = rate = 0.0
+def closed_loop_rate(clients: int, think_s: float, service_s: float | list[float]) -> float:
+    """Cycles per second of ``clients`` that each spend ``think_s`` on their own, then visit
+    each station of ``service_s`` (one, or a list) in turn, queueing for it as it serves one
+    at a time for its seconds (exact mean value analysis of the closed network, Reiser and
+    Lavenberg 1980)."""
+    demand = np.atleast_1d(np.asarray(service_s, dtype=float))
+    queue, rate = np.zeros_like(demand), 0.0
     for n in range(1, clients + 1):
-        response = service_s * (1.0 + queue)
-        rate = n / (think_s + response)
+        response = demand * (1.0 + queue)
+        rate = n / (think_s + float(response.sum()))
         queue = rate * response
     return rate
 
@@ -207,14 +209,15 @@ def async_rate(job: Job, net: Network, push_bytes: float | None = None,
     """Worker steps per second under asp (and ssp, hogwild: no barrier).
 
     Each worker cycles compute, push, the optimizer step, pull on its own, its push
-    and pull alone on its link; the rate is capped where the busiest link (or the
-    shared one) is full. A push carries ``push_bytes`` (default: the coded bytes), a
-    pull ``pull_bytes`` (default: float32's). The step is each server's, on its B/S
-    (it decodes and reads the push, then steps), one push at a time, so pushes
-    queue for it: the workers are the clients of :func:`closed_loop_rate`,
-    thinking for their own cycle (their harmonic mean), served for the step. With
-    ``step_bytes`` the step is the worker's own, on that many bytes, and nothing
-    queues (hogwild).
+    and pull alone on its link. A push carries ``push_bytes`` (default: the coded
+    bytes), a pull ``pull_bytes`` (default: float32's). The step is each server's, on
+    its B/S (it decodes and reads the push, then steps), one push at a time, so
+    pushes queue for it; the transfers of a round queue for the busiest link (or the
+    shared one), each worker step holding it for its share of the round's bytes. The
+    workers are the clients of :func:`closed_loop_rate`, thinking for their own cycle
+    (their harmonic mean) less that share, served by the step and the link. With
+    ``step_bytes`` the step is the worker's own, on that many bytes, and only the
+    link queues (hogwild).
     """
     c = job.compression
     push_bytes = job.coded_bytes if push_bytes is None else push_bytes
@@ -231,8 +234,6 @@ def async_rate(job: Job, net: Network, push_bytes: float | None = None,
         alone = alone + ((job.servers - sc[wn]) * share / net.bandwidth
                          + sc[wn] * share / net.shm_bandwidth)
     rate = float(np.sum(1.0 / (job.compute_step_s + alone)))
-    if server_s > 0:
-        rate = closed_loop_rate(job.workers, job.workers / rate, server_s)
     push, pull = ps_push(job, push_bytes), ps_push(job, pull_bytes)
     # a round (a step of every worker) pushes and pulls: on one shared link all of both;
     # on a switch the busiest link carries the pushes one way and the pulls the other
@@ -240,9 +241,10 @@ def async_rate(job: Job, net: Network, push_bytes: float | None = None,
         busiest = push.out.sum() + pull.out.sum()
     else:
         busiest = np.maximum(push.out + pull.into, push.into + pull.out).max()
-    if busiest > 0:
-        rate = min(rate, job.workers * net.bandwidth / busiest)
-    return rate
+    link_s = float(busiest) / job.workers / net.bandwidth   # a worker step's share of it
+    # the workers' transfers queue for that link as their pushes do for the server's step
+    think = max(0.0, job.workers / rate - link_s)
+    return closed_loop_rate(job.workers, think, [server_s, link_s])
 
 
 def _ring(job: Job, ranks: list[int], nbytes: float) -> Traffic:

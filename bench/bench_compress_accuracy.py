@@ -35,7 +35,12 @@ COMPRESSORS = {"none": ["--compress", "none"], "fp16": ["--compress", "fp16"],
                # replaces under bsp, ssp and asp)
                "topk:0.01 no correction": ["--compress", "topk:0.01",
                                            "--momentum-correction", "off"],
-               "sign no correction": ["--compress", "sign", "--momentum-correction", "off"]}
+               "sign no correction": ["--compress", "sign", "--momentum-correction", "off"],
+               # the workers' velocities through error feedback (what auto replaces under bsp
+               # by the momentum's gain, psgd.compress.gain)
+               "topk:0.01 correction on": ["--compress", "topk:0.01",
+                                           "--momentum-correction", "on"],
+               "sign correction on": ["--compress", "sign", "--momentum-correction", "on"]}
 # within this many points of none's mean (the issue's bar); None: shown, no bar
 BAR = {"fp16": 0.5, "qsgd:4": 0.5, "topk:0.01": 1.0, "sign": 1.0}
 

@@ -63,6 +63,10 @@ class ProtocolConfig:
         Momentum correction (:mod:`psgd.compress.momentum`): each worker's
         ``WorkerMomentum(n, **worker_momentum)`` turns its gradient into what it
         sends, and ``opt_hparams`` then hold momentum and weight decay 0.
+    momentum_gain : float
+        ``--momentum-correction gain`` (:mod:`psgd.compress.gain`): the momentum
+        whose gain ``1 / (1 - momentum)`` ``lr_schedule`` already holds, the
+        servers stepping plain SGD; 0: not in force.
     seed : int
         The run's seed (workers' random rounding in qsgd; AD-PSGD's pairings).
     """
@@ -88,6 +92,7 @@ class ProtocolConfig:
     compress_bucket: int = 512
     error_feedback: bool = False
     worker_momentum: dict | None = None
+    momentum_gain: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -44,7 +44,7 @@ def test_auto_moves_momentum_where_error_feedback_runs_and_on_needs_momentum():
     assert not resolve("off", applies=True, optimizer="momentum", feedback=True)
     with pytest.raises(ValueError, match="needs --optimizer momentum or nesterov, not adam"):
         resolve("on", applies=True, optimizer="adam", feedback=True)
-    with pytest.raises(ValueError, match="'yes' is not auto, on or off"):
+    with pytest.raises(ValueError, match="'yes' is not auto, on, off or gain"):
         resolve("yes", applies=True, optimizer="momentum", feedback=True)
 
 
@@ -60,6 +60,13 @@ def test_auto_moves_momentum_where_error_feedback_runs_and_on_needs_momentum():
       "--momentum-correction", "on"], "--staleness-comp gap, which rewrites"),
     (["--protocol", "bsp", "--optimizer", "sgd", "--momentum-correction", "on"],
      "needs --optimizer momentum or nesterov, not sgd"),
+    (["--protocol", "bsp", "--optimizer", "adam", "--momentum-correction", "gain"],
+     "--momentum-correction gain needs --optimizer momentum or nesterov, not adam"),
+    (["--protocol", "asp", "--optimizer", "momentum", "--momentum-correction", "gain"],
+     "--momentum-correction gain applies to --protocol bsp, whose step averages every "
+     "worker's push of a clock, not asp"),
+    (["--protocol", "bsp", "--optimizer", "momentum", "--momentum-correction", "yes"],
+     "--momentum-correction 'yes' is not auto, on, off or gain"),
 ])
 def test_momentum_correction_bad_input_is_one_line(dataset, flags, message):
     import argparse
@@ -160,12 +167,16 @@ def test_two_workers_moved_match_the_server_and_resume_where_they_left_off(mpiru
     np.testing.assert_allclose(resumed.params, end_b.params, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("flags, moved", [(("bsp",), True), (("asp",), True),
-                                         (("asp", "--staleness-comp", "dcasgd"), False)])
-def test_the_closing_line_says_where_momentum_ran(mpirun, dataset, tmp_path, flags, moved):
+WORKERS = "; momentum on the workers (--momentum-correction)"
+GAIN = "; momentum as its gain: plain SGD at lr / (1 - momentum) (--momentum-correction)"
+
+
+@pytest.mark.parametrize("flags, where", [(("bsp",), GAIN), (("asp",), WORKERS),
+                                         (("bsp", "--momentum-correction", "on"), WORKERS),
+                                         (("asp", "--staleness-comp", "dcasgd"), "")])
+def test_the_closing_line_says_where_momentum_ran(mpirun, dataset, tmp_path, flags, where):
     out = mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", MLP,
                      "--batch-size", 16, "--optimizer", "momentum", "--lr", "0.05", "--steps", 4,
                      "--protocol", *flags, "--compress", "sign"], timeout=120).stdout
     line = next(text for text in out.splitlines() if text.startswith("psgd: sign pushes:"))
-    assert line.endswith("; error feedback on" + ("; momentum on the workers "
-                                                  "(--momentum-correction)" if moved else ""))
+    assert line.endswith("; error feedback on" + where)

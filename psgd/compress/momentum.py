@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SETTINGS = ("auto", "on", "off")
+SETTINGS = ("auto", "on", "off", "gain")   # gain: psgd.compress.gain
 
 
 class WorkerMomentum:
@@ -65,7 +65,7 @@ def resolve(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> b
         An unknown setting; ``on`` without momentum.
     """
     if setting not in SETTINGS:
-        raise ValueError(f"--momentum-correction {setting!r} is not auto, on or off")
+        raise ValueError(f"--momentum-correction {setting!r} is not auto, on, off or gain")
     has_momentum = optimizer in ("momentum", "nesterov")
     if setting == "on" and not has_momentum:
         raise ValueError(f"--momentum-correction on needs --optimizer momentum or nesterov, "

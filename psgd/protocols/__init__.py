@@ -11,7 +11,7 @@ import importlib
 import math
 from dataclasses import dataclass
 
-from psgd.compress import momentum
+from psgd.compress import gain, momentum
 from psgd.config import ProtocolConfig
 from psgd.nn.optim import OPTIMIZERS
 from psgd.ps import compensation
@@ -74,6 +74,10 @@ class Protocol:
         the momentum step), or because each push is a step of its own whose
         momentum the servers send with each pull reply (ssp, asp: the
         staleness compensation's, which must then leave the gradients alone).
+    momentum_gain : bool
+        ``--momentum-correction gain`` applies, and ``auto`` means it with error
+        feedback (:mod:`psgd.compress.gain`): the servers step plain SGD at the
+        momentum's gain on every worker's push of a clock at once.
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -117,6 +121,7 @@ class Protocol:
     feedback_refused: tuple[str, ...] = ()
     feedback_note: str = ""
     momentum_correction: bool = False
+    momentum_gain: bool = False
     graph: str | None = None
 
     def staleness_bound(self, staleness: int | str | None,
@@ -171,6 +176,12 @@ class Protocol:
             raise ValueError(f"--comp-lambda must be >= 0, got {comp_lambda}")
         return resolved
 
+    def momentum_at_gain(self, setting: str, *, optimizer: str, feedback: bool) -> bool:
+        """Whether the servers step plain SGD at the momentum's gain (``--momentum-correction``,
+        resolved: :func:`psgd.compress.gain.in_force`); ValueError for ``gain`` without momentum."""
+        return gain.in_force(setting, applies=self.momentum_gain, optimizer=optimizer,
+                             feedback=feedback)
+
     def momentum_corrected(self, setting: str, *, optimizer: str, feedback: bool,
                            staleness_comp: str | None = None) -> bool:
         """Whether momentum moves to the workers (``--momentum-correction``, resolved).
@@ -182,6 +193,8 @@ class Protocol:
             ``--staleness-comp`` that rewrites the gradients (dcasgd, gap: the
             servers would get velocities).
         """
+        if self.momentum_at_gain(setting, optimizer=optimizer, feedback=feedback):
+            return False
         method = self.compensation(staleness_comp, optimizer)
         composes = method in compensation.WITH_WORKER_MOMENTUM
         if setting == "on" and not composes:
@@ -244,6 +257,10 @@ class Protocol:
         if error_feedback == "on" and compress.partition(":")[0] in self.feedback_refused:
             raise ValueError(f"--error-feedback on does not apply to --compress {compress} under "
                              f"--protocol {self.name}{self.feedback_note}")
+        if momentum_correction == "gain" and not self.momentum_gain:
+            raise ValueError(f"--momentum-correction gain applies to --protocol "
+                             f"{names(momentum_gain=True)}, whose step averages every worker's "
+                             f"push of a clock, not {self.name}")
         if momentum_correction == "on" and not self.momentum_correction:
             raise ValueError(f"--momentum-correction on applies to --protocol "
                              f"{names(momentum_correction=True)}, whose workers can keep the "
@@ -331,7 +348,7 @@ _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS,
-             momentum_correction=True, summary=(
+             momentum_correction=True, momentum_gain=True, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from psgd.compress import feedback_on
+from psgd.compress import feedback_on, gain
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.mpi import timeline, wait
@@ -158,15 +158,20 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
                          step_every=settings.lr_step_every, gamma=settings.lr_gamma)
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
-    worker_momentum = None
-    if protocol.momentum_corrected(settings.momentum_correction, optimizer=settings.optimizer,
-                                   feedback=feedback, staleness_comp=settings.staleness_comp):
+    worker_momentum, optimizer, momentum_gain = None, settings.optimizer, 0.0
+    if protocol.momentum_at_gain(settings.momentum_correction, optimizer=settings.optimizer,
+                                 feedback=feedback):
+        optimizer, opt_hparams, base = gain.server_step(settings.momentum,
+                                                        settings.weight_decay, base)
+        momentum_gain = settings.momentum
+    elif protocol.momentum_corrected(settings.momentum_correction, optimizer=settings.optimizer,
+                                     feedback=feedback, staleness_comp=settings.staleness_comp):
         worker_momentum = {**opt_hparams, "nesterov": settings.optimizer == "nesterov"}
         opt_hparams = {"momentum": 0.0, "weight_decay": 0.0}   # the workers apply both
     config = protocol.config(
         model.n_params, staleness=settings.staleness, staleness_max=settings.staleness_max,
         overlap=settings.overlap,
-        optimizer=settings.optimizer,
+        optimizer=optimizer,
         opt_hparams=opt_hparams,
         lr_schedule=base,  # clocks are the run's steps, also after a resume
         staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
@@ -175,7 +180,8 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
         topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
-        error_feedback=feedback, worker_momentum=worker_momentum)
+        error_feedback=feedback, worker_momentum=worker_momentum,
+        momentum_gain=momentum_gain)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),

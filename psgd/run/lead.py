@@ -199,7 +199,9 @@ class Lead:
         if s.compress != "none" and "push_bytes" in summary:
             notes = [text for on, text in (
                 (job.config.error_feedback, "error feedback on"),
-                (job.config.worker_momentum, "momentum on the workers (--momentum-correction)"))
+                (job.config.worker_momentum, "momentum on the workers (--momentum-correction)"),
+                (job.config.momentum_gain, "momentum as its gain: plain SGD at lr / "
+                                           "(1 - momentum) (--momentum-correction)"))
                 if on]
             print(f"psgd: {s.compress} pushes: {summary['push_bytes']:.0f} bytes each, "
                   f"{summary['compression_ratio']:.1f}x fewer than float32"

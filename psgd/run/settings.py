@@ -177,14 +177,17 @@ FLAGS: dict[str, tuple[type, str]] = {
                              "512)"),
     "error_feedback": (str, "auto, on or off: keep what compression dropped and add it to the "
                             "next push (auto: on for topk and sign)"),
-    "momentum_correction": (str, "auto, on or off: each worker keeps the momentum of its own "
-                                 "gradients and pushes that velocity; the servers (or the "
-                                 "average) then take a plain step (Deep Gradient Compression's "
-                                 "momentum correction; under ssp and asp the velocity takes "
-                                 "the momentum --staleness-comp amom sets; "
+    "momentum_correction": (str, "auto, on, off or gain: on: each worker keeps the momentum "
+                                 "of its own gradients and pushes that velocity; the servers "
+                                 "(or the average) then take a plain step (Deep Gradient "
+                                 "Compression's momentum correction; under ssp and asp the "
+                                 "velocity takes the momentum --staleness-comp amom sets; "
                                  + names(momentum_correction=True) + " with "
-                                 "--optimizer momentum or nesterov; auto: on where error "
-                                 "feedback runs)"),
+                                 "--optimizer momentum or nesterov); gain ("
+                                 + names(momentum_gain=True) + "): the servers step plain SGD "
+                                 "at lr / (1 - momentum) on the pushed gradients; auto: where "
+                                 "error feedback runs, gain under " + names(momentum_gain=True)
+                                 + ", else on"),
     "straggler": (str, "emulate stragglers: " + straggler.FORMAT + "; slow=f: the worker's "
                        "compute takes f times as long (it sleeps (f - 1) x its compute after "
                        "each step), p=q,d=t: each step pauses t seconds (d=5x: 5 x its mean "

@@ -1,8 +1,10 @@
 """Compressed pushes under mpiexec: bsp with fp16 on gradients fp16 holds exactly equals bsp without.
 
-Usage: compress_check.py COMPRESS [--steps N]; rank 0 prints one ``RESULT {json}`` line
-with the final parameters. Each worker pushes multiples of 1/16 below 64 (exact in
-float16), and sgd at lr 0.5 keeps every sum and step exact in float32.
+Usage: compress_check.py COMPRESS [--steps N] [--gain MU --lr LR]; rank 0 prints one
+``RESULT {json}`` line with the final parameters. Each worker pushes multiples of 1/16 below
+64 (exact in float16), and sgd at lr 0.5 keeps every sum and step exact in float32.  With
+``--gain``: error feedback on, and the servers' step of ``--momentum-correction gain``
+(:func:`psgd.compress.gain.server_step`) for momentum MU at LR.
 """
 import argparse
 import json
@@ -10,6 +12,7 @@ import json
 import numpy as np
 from mpi4py import MPI
 
+from psgd.compress.gain import server_step
 from psgd.errors import report_and_abort
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
@@ -25,12 +28,18 @@ def main():
     parser.add_argument("compress")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--gain", type=float)
+    parser.add_argument("--lr", type=float, default=0.5)
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     roles = assign_roles(comm, args.servers)
     smap = ShardMap(N, args.servers)
-    config = make_config("bsp", N, optimizer="sgd", lr_schedule=lambda c: 0.5,
-                         compress=args.compress)
+    optimizer, hparams, schedule = "sgd", {}, lambda c: args.lr
+    if args.gain is not None:
+        optimizer, hparams, schedule = server_step(args.gain, 0.0, schedule)
+    config = make_config("bsp", N, optimizer=optimizer, opt_hparams=hparams,
+                         lr_schedule=schedule, compress=args.compress,
+                         error_feedback=args.gain is not None)
     init = np.arange(N, dtype=np.float32) / 8
     if roles.is_server:
         result = serve(roles, smap, config, init_shard=smap.view(init, roles.server_index).copy())

@@ -1,0 +1,40 @@
+"""Momentum as its gain alone, under bsp with error feedback: ``--momentum-correction gain``.
+
+The workers push their gradients through error feedback and the servers step
+plain SGD at ``lr / (1 - momentum)``, the gain of the momentum step on a
+constant gradient, with no velocity.  A velocity pushed through error
+feedback (``on``) steps the parts the residual holds back late, and the
+momentum's memory then acts on them late again; the residual alone carries
+them forward here.
+"""
+from __future__ import annotations
+
+MOMENTUM_OPTIMIZERS = ("momentum", "nesterov")
+
+
+class ScaledSchedule:
+    """``schedule(clock) * factor``: the learning rate of the servers' SGD step."""
+
+    def __init__(self, schedule, factor: float) -> None:
+        self.schedule, self.factor = schedule, float(factor)
+
+    def __call__(self, clock: int) -> float:
+        return self.schedule(clock) * self.factor
+
+
+def in_force(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> bool:
+    """Whether the servers step at the momentum's gain: ``gain``, or ``auto`` where error
+    feedback runs with momentum under a protocol it ``applies`` to (the registry entry's
+    ``momentum_gain``, which refuses ``gain`` elsewhere)."""
+    has_momentum = optimizer in MOMENTUM_OPTIMIZERS
+    if setting == "gain" and not has_momentum:
+        raise ValueError(f"--momentum-correction gain needs --optimizer momentum or nesterov, "
+                         f"not {optimizer}")
+    return applies and has_momentum and (setting == "gain" or setting == "auto" and feedback)
+
+
+def server_step(momentum: float, weight_decay: float, schedule) -> tuple[str, dict, ScaledSchedule]:
+    """The servers' optimizer, its hyper-parameters and learning rates for momentum ``momentum``:
+    sgd, with the weight decay, at the schedule times ``1 / (1 - momentum)``."""
+    return ("sgd", {"weight_decay": weight_decay},
+            ScaledSchedule(schedule, 1.0 / (1.0 - momentum)))

@@ -1,0 +1,63 @@
+"""--momentum-correction gain (bsp): error feedback on the gradients and the servers' plain SGD
+at lr / (1 - momentum), against a numpy reference; where auto chooses it."""
+import json
+
+import numpy as np
+import pytest
+
+from psgd.protocols import get
+
+MU, LR, N, BUCKET, STEPS = 0.9, 0.05, 1000, 512, 6
+
+
+def test_auto_steps_at_the_gain_under_bsp_with_error_feedback_only():
+    """bsp with error feedback and momentum: the gain, not the workers' velocities; without
+    feedback (uncompressed bsp) the servers' momentum as before; other protocols as before."""
+    bsp = get("bsp")
+    assert bsp.momentum_at_gain("auto", optimizer="momentum", feedback=True)
+    assert bsp.momentum_at_gain("auto", optimizer="nesterov", feedback=True)
+    assert not bsp.momentum_corrected("auto", optimizer="momentum", feedback=True)
+    assert not bsp.momentum_at_gain("auto", optimizer="momentum", feedback=False)
+    assert not bsp.momentum_corrected("auto", optimizer="momentum", feedback=False)
+    assert not bsp.momentum_at_gain("auto", optimizer="sgd", feedback=True)
+    assert bsp.momentum_at_gain("gain", optimizer="momentum", feedback=False)
+    assert bsp.momentum_corrected("on", optimizer="momentum", feedback=True)
+    assert not bsp.momentum_at_gain("on", optimizer="momentum", feedback=True)
+    for name in ("ssp", "asp", "allreduce"):
+        assert not get(name).momentum_at_gain("auto", optimizer="momentum", feedback=True)
+        assert get(name).momentum_corrected("auto", optimizer="momentum", feedback=True)
+
+
+def test_the_servers_step_is_sgd_at_the_momentums_gain():
+    from psgd.compress.gain import server_step
+    optimizer, hparams, schedule = server_step(MU, 1e-3, lambda clock: LR * (clock + 1))
+    assert optimizer == "sgd" and hparams == {"weight_decay": 1e-3}
+    assert schedule(2) == pytest.approx(3 * LR / (1 - MU), rel=1e-15)
+
+
+def sign_reference(workers):
+    """The parameters after STEPS bsp steps of sign with error feedback on each worker's
+    scripted gradients (compress_check.py's) and plain SGD at LR / (1 - MU), in numpy."""
+    params = np.arange(N, dtype=np.float64) / 8
+    rngs = [np.random.default_rng(w) for w in range(workers)]
+    residual = np.zeros((workers, N), np.float32)
+    for _ in range(STEPS):
+        sent = np.zeros(N)
+        for w, rng in enumerate(rngs):
+            p = (rng.integers(-1023, 1024, N) / 16).astype(np.float32) + residual[w]
+            scale = np.zeros(N, np.float32)
+            for lo in range(0, N, BUCKET):
+                scale[lo:lo + BUCKET] = np.abs(p[lo:lo + BUCKET]).mean(dtype=np.float64)
+            decoded = np.where(p >= 0, scale, -scale)
+            residual[w] = p - decoded
+            sent += decoded
+        params -= LR / (1 - MU) * sent / workers
+    return params
+
+
+def test_bsp_sign_at_the_gain_follows_a_numpy_reference(mpirun):
+    proc = mpirun(4, ["compress_check.py", "sign", "--gain", MU, "--lr", LR,
+                      "--steps", STEPS], timeout=120)
+    got = np.array(json.loads(proc.stdout.split("RESULT ", 1)[1])["params"])
+    want = sign_reference(3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -10,13 +10,23 @@ from psgd.protocols import get
 MU, LR, N, BUCKET, STEPS = 0.9, 0.05, 1000, 512, 6
 
 
-def test_auto_steps_at_the_gain_under_bsp_with_error_feedback_only():
-    """bsp with error feedback and momentum: the gain, not the workers' velocities; without
-    feedback (uncompressed bsp) the servers' momentum as before; other protocols as before."""
+def test_auto_steps_at_the_gain_under_bsp_with_sign_and_error_feedback_only():
+    """bsp with sign's error feedback and momentum: the gain, not the workers' velocities;
+    top-k keeps its velocities; without feedback (uncompressed bsp) the servers' momentum as
+    before; other protocols as before."""
+    from psgd.compress.gain import auto_feedback
+    assert auto_feedback("sign", True, 512)
+    assert not auto_feedback("sign", False, 512)
+    assert not auto_feedback("topk:0.01", True, 512)
+    assert not auto_feedback("qsgd:4", True, 512)
+    assert not auto_feedback("none", False, 512)
     bsp = get("bsp")
     assert bsp.momentum_at_gain("auto", optimizer="momentum", feedback=True)
     assert bsp.momentum_at_gain("auto", optimizer="nesterov", feedback=True)
-    assert not bsp.momentum_corrected("auto", optimizer="momentum", feedback=True)
+    assert not bsp.momentum_corrected("auto", optimizer="momentum", feedback=True,
+                                      gain_feedback=True)
+    assert bsp.momentum_corrected("auto", optimizer="momentum", feedback=True,
+                                  gain_feedback=False)   # top-k
     assert not bsp.momentum_at_gain("auto", optimizer="momentum", feedback=False)
     assert not bsp.momentum_corrected("auto", optimizer="momentum", feedback=False)
     assert not bsp.momentum_at_gain("auto", optimizer="sgd", feedback=True)

@@ -13,7 +13,9 @@ class Compressor:
 
     Subclasses set ``name``, ``code`` (the id in every frame), ``biased``
     (error feedback on by default), ``summable`` (a running sum may be re-encoded
-    hop by hop, as the all-reduce's ring does) and implement :meth:`max_body` /
+    hop by hop, as the all-reduce's ring does), ``momentum_gain`` (with error
+    feedback under bsp, ``--momentum-correction auto`` steps at the momentum's
+    gain, :mod:`psgd.compress.gain`, instead of pushing velocities) and implement :meth:`max_body` /
     :meth:`encode_body` / :meth:`decode_add_body`.
     """
 
@@ -21,6 +23,7 @@ class Compressor:
     code = 0
     biased = False
     summable = False
+    momentum_gain = False
 
     def max_body(self, n: int) -> int:
         """Bytes the body of an ``n``-element slice may take."""

@@ -22,10 +22,18 @@ class ScaledSchedule:
         return self.schedule(clock) * self.factor
 
 
+def auto_feedback(spec: str, feedback: bool, bucket: int) -> bool:
+    """Whether ``auto`` would take the gain for ``--compress spec``: error feedback runs and
+    the compressor says so (its ``momentum_gain``)."""
+    from psgd.compress import make
+    comp = make(spec, bucket)
+    return feedback and comp is not None and comp.momentum_gain
+
+
 def in_force(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> bool:
     """Whether the servers step at the momentum's gain: ``gain``, or ``auto`` where error
-    feedback runs with momentum under a protocol it ``applies`` to (the registry entry's
-    ``momentum_gain``, which refuses ``gain`` elsewhere)."""
+    feedback runs (``feedback``: :func:`auto_feedback`) with momentum under a protocol it
+    ``applies`` to (the registry entry's ``momentum_gain``, which refuses ``gain`` elsewhere)."""
     has_momentum = optimizer in MOMENTUM_OPTIMIZERS
     if setting == "gain" and not has_momentum:
         raise ValueError(f"--momentum-correction gain needs --optimizer momentum or nesterov, "

@@ -183,8 +183,9 @@ class Protocol:
                              feedback=feedback)
 
     def momentum_corrected(self, setting: str, *, optimizer: str, feedback: bool,
-                           staleness_comp: str | None = None) -> bool:
-        """Whether momentum moves to the workers (``--momentum-correction``, resolved).
+                           staleness_comp: str | None = None, gain_feedback: bool = False) -> bool:
+        """Whether momentum moves to the workers (``--momentum-correction``, resolved): not
+        where the servers step at its gain (:meth:`momentum_at_gain` with ``gain_feedback``).
 
         Raises
         ------
@@ -193,7 +194,7 @@ class Protocol:
             ``--staleness-comp`` that rewrites the gradients (dcasgd, gap: the
             servers would get velocities).
         """
-        if self.momentum_at_gain(setting, optimizer=optimizer, feedback=feedback):
+        if self.momentum_at_gain(setting, optimizer=optimizer, feedback=gain_feedback):
             return False
         method = self.compensation(staleness_comp, optimizer)
         composes = method in compensation.WITH_WORKER_MOMENTUM

@@ -159,8 +159,9 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
     worker_momentum, optimizer, momentum_gain = None, settings.optimizer, 0.0
+    gain_feedback = gain.auto_feedback(settings.compress, feedback, settings.compress_bucket)
     if protocol.momentum_at_gain(settings.momentum_correction, optimizer=settings.optimizer,
-                                 feedback=feedback):
+                                 feedback=gain_feedback):
         optimizer, opt_hparams, base = gain.server_step(settings.momentum,
                                                         settings.weight_decay, base)
         momentum_gain = settings.momentum

@@ -187,7 +187,7 @@ FLAGS: dict[str, tuple[type, str]] = {
                                  + names(momentum_gain=True) + "): the servers step plain SGD "
                                  "at lr / (1 - momentum) on the pushed gradients; auto: where "
                                  "error feedback runs, gain under " + names(momentum_gain=True)
-                                 + ", else on"),
+                                 + " with sign, else on"),
     "straggler": (str, "emulate stragglers: " + straggler.FORMAT + "; slow=f: the worker's "
                        "compute takes f times as long (it sleeps (f - 1) x its compute after "
                        "each step), p=q,d=t: each step pauses t seconds (d=5x: 5 x its mean "

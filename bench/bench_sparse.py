@@ -4,8 +4,8 @@
 
 On one `psgd data synth --sparse` set (about 1% density): `psgd train --protocol
 hogwild --model linear` with 1 and 2 workers (one server), pushing the touched
-rows and reading the next batch's rows (sparse) or moving the whole vector
-(``PSGD_HOGWILD_SPARSE=off``, dense hogwild); bytes per update are the lead worker's
+rows and reading the next batch's rows (sparse: with the hot rows held, the default, and
+with ``--hold-hot 1``) or moving the whole vector (``PSGD_HOGWILD_SPARSE=off``, dense hogwild); bytes per update are the lead worker's
 pushed and read bytes per step.
 scikit-learn's SGDClassifier (log loss, one-vs-rest, constant learning rate
 lr / batch per sample, the same epochs, no regularisation) trains on the same
@@ -86,7 +86,7 @@ def make_data(tmp: Path, args) -> Path:
     return out
 
 
-def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
+def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path, hold: int | None = None) -> dict:
     net = [sys.executable, "-m", "psgd", "net", "--nodes", "2", "--rate", args.net, "--"] \
         if args.net else []
     cmd = [*net, str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers + 1), sys.executable, "-m", "psgd",
@@ -94,7 +94,7 @@ def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
            "--servers", "1", "--lr", str(args.lr), "--batch-size", str(args.batch_size),
            "--epochs", str(args.epochs), "--log-every", "50", "--quiet", "--log", str(log),
            "--overwrite", "--optimizer", args.optimizer,
-           "--staleness-comp", args.staleness_comp]
+           "--staleness-comp", args.staleness_comp, *(["--hold-hot", str(hold)] if hold else [])]
     env = {**os.environ, "PSGD_HOGWILD_SPARSE": "on" if sparse else "off"}
     proc, wall, other = timed(cmd, args.timeout, cwd=ROOT, env=env)
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -106,7 +106,8 @@ def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path) -> dict:
     pulled = [r["pull_bytes_per_step"] for r in records
               if r["kind"] == "step" and "pull_bytes_per_step" in r]
     n_params = next(r for r in records if r["kind"] == "config")["n_params"]
-    return {"run": f"psgd hogwild {'sparse' if sparse else 'dense'}", "workers": workers,
+    name = f"psgd hogwild {'sparse' if sparse else 'dense'}" + (f" --hold-hot {hold}" if hold else "")
+    return {"run": name, "workers": workers,
             "process_s": wall, "train_s": summary["wall_s"],
             "updates_per_s": summary["samples_per_s"] / args.batch_size,
             "bytes_per_update": statistics.mean(pushed), "read_bytes_per_update": statistics.mean(pulled),
@@ -161,6 +162,10 @@ def table(rows: list[dict], args, density: float) -> str:
               f"{read[dn1] / read[sp1]:.1f}x",
               f"- updates/s, sparse 2 workers / 1: {med[sp2] / med[sp1]:.2f}x; sparse / dense at 1 "
               f"worker: {med[sp1] / med[dn1]:.2f}x, at 2: {med[sp2] / med[dn2]:.2f}x"]
+    h1, h2 = ("psgd hogwild sparse --hold-hot 1", 1), ("psgd hogwild sparse --hold-hot 1", 2)
+    if h2 in med:
+        lines += [f"- updates/s, sparse 2 workers / 1 holding no rows (--hold-hot 1): "
+                  f"{med[h2] / med[h1]:.2f}x; 2 workers, held / not: {med[sp2] / med[h2]:.2f}x"]
     if sk in acc:
         lines += [f"- test accuracy, psgd sparse 2 workers - sklearn: "
                   f"{100 * (acc[sp2] - acc[sk]):+.2f} points",
@@ -201,9 +206,13 @@ def main() -> None:
         info = dataset_info(data)
         density = info["train"]["nnz"] / (info["train"]["n"] * args.features)
         for rep in range(args.repeats):
-            for sparse in (True, False):
+            # sparse (hot rows held, the default), sparse holding none (sgd's runs of steps
+            # only), dense; 1 and 2 workers each, side by side
+            for sparse, hold in ((True, None), (True, 1), (False, None)):
+                if hold and args.optimizer != "sgd":
+                    continue
                 for w in (1, 2):
-                    rows.append(psgd_run(data, w, sparse, args, Path(tmp) / "log.jsonl"))
+                    rows.append(psgd_run(data, w, sparse, args, Path(tmp) / "log.jsonl", hold))
                     print(json.dumps(rows[-1]), flush=True)
             if args.optimizer == "sgd":
                 rows.append(sklearn_run(data, args))

@@ -69,6 +69,9 @@ class ProtocolConfig:
         servers stepping plain SGD; 0: not in force.
     seed : int
         The run's seed (workers' random rounding in qsgd; AD-PSGD's pairings).
+    hold_hot : int
+        Sparse hogwild: steps a worker holds its changes to its hot rows
+        (:mod:`psgd.hogwild.hot`); 1: none held.
     """
 
     protocol: str
@@ -94,6 +97,7 @@ class ProtocolConfig:
     worker_momentum: dict | None = None
     momentum_gain: float = 0.0
     seed: int = 0
+    hold_hot: int = 1
 
     def __post_init__(self) -> None:
         if self.staleness < 0:

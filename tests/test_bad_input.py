@@ -221,6 +221,12 @@ CASES = [
     ("batch-bigger-than-slice", 2, flags("--batch-size", "150", "--protocol", "allreduce"),
      "fewer than --batch-size 150"),
     ("hogwild-adam", 2, flags("--protocol", "hogwild", "--optimizer", "adam"), "adam"),
+    ("hold-hot-zero", 2, flags("--protocol", "hogwild", "--hold-hot", "0"),
+     "--hold-hot must be >= 1, got 0"),
+    ("hold-hot-under-ssp", 2, flags("--protocol", "ssp", "--hold-hot", "4"),
+     "--hold-hot applies to --protocol hogwild on sparse data, not ssp"),
+    ("hold-hot-on-dense-data", 2, flags("--protocol", "hogwild", "--hold-hot", "4"),
+     "--hold-hot applies to a sparse model"),
     # the other commands
     ("data-info-missing", 1, lambda f: ["-m", "psgd", "data", "info", f["dir"] / "none.h5"],
      "does not exist"),

@@ -86,7 +86,7 @@ def test_runs_of_fused_steps_equal_the_step_by_step_path_bit_for_bit(mpirun, spa
                                                                      model, extra):
     # one worker on a shared window is deterministic: the runs of steps in one compiled call
     # (psgd/hogwild/fused.py) must log the same losses, bytes and evaluations and leave the
-    # same parameters, mid-run and at the end, as the step-by-step path
+    # same parameters, mid-run and at the end, as the step-by-step path (which holds no rows)
     import h5py
     import numpy as np
     from psgd.run.metrics import read_log
@@ -96,7 +96,8 @@ def test_runs_of_fused_steps_equal_the_step_by_step_path_bit_for_bit(mpirun, spa
         mpirun(2, ["-m", "psgd", "train", "--data", sparse_data, "--model", model, "--quiet",
                    "--protocol", "hogwild", "--servers", 1, "--lr", 2 if model == "linear" else 0.5,
                    "--batch-size", 8, "--steps", 300, "--log-every", 25, "--log", out / "run.jsonl",
-                   "--checkpoint-dir", out, "--checkpoint-every", 100, *extra], timeout=120,
+                   "--checkpoint-dir", out, "--checkpoint-every", 100, "--hold-hot", 1, *extra],
+               timeout=120,
                env={"PSGD_HOGWILD_FUSED": fused})
         logs[fused] = [{k: v for k, v in r.items() if k not in ("samples_per_s", "wall_s", "time")
                         and not k.endswith("_s") and k != "est_global_samples_per_s"}
@@ -109,15 +110,21 @@ def test_runs_of_fused_steps_equal_the_step_by_step_path_bit_for_bit(mpirun, spa
             assert np.array_equal(a["params"][()], b["params"][()]), name
 
 
-def test_fused_runs_count_every_update_of_every_worker(mpirun, sparse_data, tmp_path):
+@pytest.mark.parametrize("hold", [[], ["--hold-hot", 1], ["--hold-hot", 3]])
+def test_fused_runs_count_every_update_of_every_worker(mpirun, sparse_data, tmp_path, hold):
+    # also with the hot rows held (the default, and 3 steps: runs of 25 steps end mid-hold)
+    from psgd.hogwild.hot import DEFAULT_HOLD
     from psgd.run.metrics import read_log
     log = tmp_path / "run.jsonl"
     mpirun(4, ["-m", "psgd", "train", "--data", sparse_data, "--model", "linear", "--quiet",
                "--protocol", "hogwild", "--servers", 1, "--lr", 2, "--batch-size", 8,
-               "--steps", 200, "--log", log], timeout=120)
-    summary = next(r for r in read_log(log) if r["kind"] == "summary")
+               "--steps", 200, "--log-every", 25, "--log", log, *hold], timeout=120)
+    records = read_log(log)
+    summary = next(r for r in records if r["kind"] == "summary")
     assert sum(summary["staleness_histogram"]) == 3 * 200
     assert summary["test_accuracy"] > 0.3, summary["test_accuracy"]
+    config = next(r for r in records if r["kind"] == "config")
+    assert config["hold_hot"] == (hold[1] if hold else DEFAULT_HOLD)
 
 
 def test_a_hogwild_server_never_loads_numba(mpirun, sparse_data, tmp_path):
@@ -241,7 +248,8 @@ def test_lazy_weight_decay_takes_each_gradient_at_the_decayed_rows(sparse_lam=0.
         done, status, _, _, _, prev = sparse_steps(
             (shard,), np.array([0, n], np.int64), count, params, grad, prev, x.indptr, x.indices,
             x.values, y, rows[lo * batch:hi * batch], batch, lrs[lo:hi], False, sgd.last, sgd.logs,
-            sgd.t, lam, True, False, np.zeros(m), np.zeros(m, np.int64), np.zeros(m, np.int64))
+            sgd.t, lam, True, False, np.zeros(m), np.zeros(m, np.int64), np.zeros(m, np.int64),
+            np.full(d + 1, -1, np.int64), np.zeros(0, np.int64), 1)   # no rows held
         assert (done, status) == (m, 0)
         sgd.t += m
     shard += sgd.catch_up(shard.copy().reshape(d + 1, k)).ravel()

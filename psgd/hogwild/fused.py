@@ -4,7 +4,8 @@ For each step: read the update counter, copy the batch's rows from the shared sh
 catch them up on the weight decay they missed, forward and backward of the linear model
 (``linear`` or ``svm``), the SGD step, then a CPU-atomic fetch-and-add of the counter
 (staleness = its value minus the value read) and CPU-atomic adds of the change into the
-shards. The arithmetic is that of the step-by-step path (:mod:`psgd.nn.sparse`,
+shards. With ``--hold-hot`` the hot rows' changes (:mod:`psgd.hogwild.hot`) and the counter's
+are added every ``hold`` steps instead. The arithmetic is that of the step-by-step path (:mod:`psgd.nn.sparse`,
 :mod:`psgd.nn.lazy_decay`, :mod:`psgd.hogwild.sparse`), in the same order.
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 from numba import njit
 
 from psgd.errors import PsgdError
-from psgd.hogwild.sparse import INDEX_BYTES, add_rows, copy_rows
+from psgd.hogwild.hot import add_or_hold, read_held, read_rows, settle, step_held
+from psgd.hogwild.sparse import INDEX_BYTES
 from psgd.kernels.atomic import atomic_add, atomic_load
 from psgd.kernels.loss import softmax_cross_entropy
 from psgd.kernels.sparse import (csr_linear_backward, csr_linear_forward, multiclass_hinge,
@@ -67,9 +69,22 @@ def _loss_and_grad(indptr, indices, values, w, g, prev, batch_rows, labels, hing
 
 
 @njit(cache=True)
+def _push(shards, bounds, count, w, touched, k, change, caught, lam, slot, held, seen, counted):
+    """Push a finite step's ``change`` with the rows' decay catch-up (``caught``): held rows take
+    it in ``w`` and ``held``, the others are added. Returns (rows added, staleness: the counter
+    now minus ``seen``, or 0 when not ``counted`` here but by :func:`psgd.hogwild.hot.settle`)."""
+    n = touched.size
+    step_held(w, touched, slot, change)
+    if lam != 0.0:
+        change[:n] += caught[:n]
+    stale = atomic_add(count, 0, np.int64(1)) - seen if counted else 0
+    return add_or_hold(shards, bounds, touched, k, change[:n].ravel(), slot, held), stale
+
+
+@njit(cache=True)
 def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, values, y, rows,
                  batch, lrs, hinge, last, logs, t, lam, check, skip_nonfinite, losses, corrects,
-                 staleness):
+                 staleness, slot, hot, hold):
     """Run ``len(lrs)`` hogwild steps; step i takes the rows ``rows[i*batch:(i+1)*batch]`` of the
     worker's CSR slice (``indptr``, ``indices``, ``values``, labels ``y``) at learning rate ``lrs[i]``.
 
@@ -77,26 +92,27 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     ``prev``, as :class:`psgd.nn.sparse.SparseLinear` leaves it); ``last``, ``logs``, ``t``, ``lam``:
     the :class:`psgd.nn.lazy_decay.LazyDecaySGD` state (``logs`` long enough for ``t + len(lrs)``);
     ``check``: stop on a non-finite loss or gradient; ``skip_nonfinite``: drop a non-finite update
-    (else stop). Fills ``losses``, ``corrects`` and ``staleness`` (-1: dropped) per step; returns
-    (steps done, status, dropped, rows read, rows pushed, the last step's touched rows, sorted).
+    (else stop); ``slot``, ``hot``, ``hold``: :mod:`psgd.hogwild.hot`'s held rows. Fills ``losses``,
+    ``corrects`` and ``staleness`` (-1: dropped) per step; returns (steps done, status, dropped,
+    rows read, rows pushed, the last step's touched rows, sorted).
     """
     n_rows, k, d = last.size, bounds[-1] // last.size, last.size - 1   # d: the bias row
     w, g = params.reshape(n_rows, k), grad.reshape(n_rows, k)
     scores, dscores = np.empty((batch, k), params.dtype), np.empty((batch, k), params.dtype)
-    all_labels = y[rows]
-    mark = np.zeros(n_rows, np.bool_)
-    change = np.empty((n_rows, k), params.dtype)
+    all_labels, mark = y[rows], np.zeros(n_rows, np.bool_)
+    change, held = np.empty((n_rows, k), params.dtype), np.zeros((hot.size, k), params.dtype)
     caught = np.empty((n_rows if lam != 0.0 else 0, k), params.dtype)   # decay catch-ups
     buffers = np.empty((2, n_rows), np.int64)
-    touched, dropped, read, pushed, done, status = prev, 0, 0, 0, lrs.size, OK
+    touched, dropped, pushed, done, status = prev, 0, 0, lrs.size, OK
+    read, first, base = read_held(params, shards, bounds, hot[:hot.size if lrs.size else 0], k), 0, \
+        atomic_load(count, 0)
     for step in range(lrs.size):
         lo, hi = step * batch, (step + 1) * batch
         batch_rows, labels = rows[lo:hi], all_labels[lo:hi]
         prev = touched
         touched = buffers[step % 2, :_touched(indptr, indices, batch_rows, d, mark, buffers[step % 2])]
-        seen = atomic_load(count, 0)   # read: the counter, then the rows
-        copy_rows(params, shards, bounds, touched, k)
-        read += touched.size
+        seen = atomic_load(count, 0) if hot.size == 0 else 0   # read: the counter, then the rows
+        read += read_rows(params, shards, bounds, touched, k, slot)
         if lam != 0.0:   # the rows' missed decay first, so the gradient is taken at decayed rows
             decay_rows(w, touched, last, logs, t + step, caught)
         loss, correct = _loss_and_grad(indptr, indices, values, w, g, prev, batch_rows, labels,
@@ -106,27 +122,26 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
             done, status = step, BAD_LOSS if not np.isfinite(loss) else BAD_GRAD
             break
         # the SGD step (LazyDecaySGD.step) and the push
-        lr = lrs[step]
-        finite = sparse_step(w, g, touched, last, logs, t + step, lr, lam, change)
-        logs[t + step + 1] = logs[t + step] + np.log1p(-lr * lam)
+        finite = sparse_step(w, g, touched, last, logs, t + step, lrs[step], lam, change)
+        logs[t + step + 1] = logs[t + step] + np.log1p(-lrs[step] * lam)
         if not finite:
             if not skip_nonfinite:
                 done, status = step, BAD_UPDATE
                 break
             dropped += 1
-            staleness[step] = -1
             if lam != 0.0:   # the catch-up before the batch still counts
-                add_rows(shards, bounds, touched, k, caught[:touched.size].ravel())
-                pushed += touched.size
-            continue
-        if lam != 0.0:
-            change[:touched.size] += caught[:touched.size]
-        staleness[step] = atomic_add(count, 0, np.int64(1)) - seen
-        add_rows(shards, bounds, touched, k, change[:touched.size].ravel())
-        pushed += touched.size
-    out = touched.copy()
-    out.sort()
-    return done, status, dropped, read, pushed, out
+                pushed += add_or_hold(shards, bounds, touched, k, caught[:touched.size].ravel(), slot, held)
+        else:
+            added, staleness[step] = _push(shards, bounds, count, w, touched, k, change, caught, lam,
+                                           slot, held, seen, hot.size == 0)
+            pushed += added
+        if hot.size and ((step + 1) % hold == 0 or step + 1 == lrs.size):
+            base = settle(shards, bounds, hot, k, held, params, count, staleness, first, step + 1, base)
+            first, pushed, read = step + 1, pushed + hot.size, read + hot.size
+    if hot.size and first < done:   # stopped early: the held changes still land
+        settle(shards, bounds, hot, k, held, params, count, staleness, first, done, base)
+        pushed += hot.size
+    return done, status, dropped, read, pushed, np.sort(touched)
 
 
 def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
@@ -147,7 +162,8 @@ def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: i
     done, status, dropped, read, pushed, model.touched = sparse_steps(
         tuple(windows.shards), updates.bounds, windows.count, params, model.grad, model.touched,
         x.indptr, x.indices, x.values, y, rows, len(rows) // max(n, 1), lrs, model.kind == "svm",
-        sgd.last, sgd.logs, sgd.t, sgd.weight_decay, not skip, skip, losses, corrects, staleness)
+        sgd.last, sgd.logs, sgd.t, sgd.weight_decay, not skip, skip, losses, corrects, staleness,
+        *updates.held(x, len(rows) // max(n, 1)))
     sgd.t += done + (status == BAD_UPDATE)   # that step's decay was taken
     ok = staleness[:done][staleness[:done] >= 0]
     worker.histogram.merge(np.bincount(ok))

@@ -14,73 +14,14 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from psgd.kernels.atomic import atomic_add, atomic_add_pair, atomic_load
+from psgd.hogwild.hot import hot_rows
+from psgd.hogwild.rows import add_rows, copy_rows
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.lazy_decay import LazyDecaySGD
 from psgd.nn.lazy_momentum import LazyMomentum
 from psgd.nn.optim import Momentum, Optimizer
 
 INDEX_BYTES = 4  # what a coordinate costs beside its float32 value
-
-
-@njit(cache=True)
-def copy_rows(dst, shards, bounds, rows, k):
-    """``dst`` at the coordinates of the k-long ``rows`` = the shared ``shards``' values there
-    (shard s holds the coordinates ``[bounds[s], bounds[s + 1])``)."""
-    for s in range(len(shards)):
-        src, lo, hi = shards[s], bounds[s], bounds[s + 1]
-        for r in rows:
-            for c in range(max(r * k, lo), min(r * k + k, hi)):
-                dst[c] = src[c - lo]
-
-
-@njit(cache=True)
-def add_rows(shards, bounds, rows, k, values):
-    """Atomically add ``values`` (the k-long ``rows`` in order, flat) into the shared ``shards``
-    (a tuple of float32 arrays; shard s holds the coordinates ``[bounds[s], bounds[s + 1])``)."""
-    for m in range(rows.size):
-        c = rows[m] * k
-        s = 0
-        while bounds[s + 1] <= c:
-            s += 1
-        if c + k <= bounds[s + 1]:   # the row lies in one shard: two elements per atomic
-            shard, at, v = shards[s], c - bounds[s], m * k
-            j = 0
-            if (shard.ctypes.data + 4 * at) % 8:
-                atomic_add(shard, at, values[v])
-                j = 1
-            while j + 1 < k:
-                atomic_add_pair(shard, at + j, values[v + j], values[v + j + 1])
-                j += 2
-            if j < k:
-                atomic_add(shard, at + j, values[v + j])
-            continue
-        for j in range(k):
-            t = s
-            while bounds[t + 1] <= c + j:
-                t += 1
-            atomic_add(shards[t], c + j - bounds[t], values[m * k + j])
-
-
-@njit(cache=True)
-def add_dense(shards, bounds, values):
-    """Atomically add the whole vector ``values`` into the shared ``shards``."""
-    for s in range(len(shards)):
-        lo = bounds[s]
-        for c in range(bounds[s + 1] - lo):
-            atomic_add(shards[s], c, values[lo + c])
-
-
-@njit(cache=True)
-def fetch_add(count, i, v):
-    """``count[i] += v`` atomically; the value before."""
-    return atomic_add(count, i, v)
-
-
-@njit(cache=True)
-def load(count, i):
-    """``count[i]``, read whole."""
-    return atomic_load(count, i)
 
 
 @njit(cache=True)
@@ -104,11 +45,13 @@ class SparseUpdates:
     varying_momentum : bool
         The momentum may change at each step (``--staleness-comp amom``): momentum 0 is then
         still taken as momentum.
+    hold : int
+        Steps the fused run (:mod:`psgd.hogwild.fused`) holds the hot rows' changes (``--hold-hot``).
     """
 
     def __init__(self, model, shard_map: ShardMap, optimizer: Optimizer,
-                 varying_momentum: bool = False) -> None:
-        self.model, self.shard_map = model, shard_map
+                 varying_momentum: bool = False, hold: int = 1) -> None:
+        self.model, self.shard_map, self.hold = model, shard_map, int(hold)
         self.row_len = int(model.row_len)
         self.n_rows = shard_map.n // self.row_len
         wd = optimizer.weight_decay
@@ -120,6 +63,16 @@ class SparseUpdates:
         self.bounds = np.array([shard_map.range(s)[0] for s in range(shard_map.n_shards)]
                                 + [shard_map.n], np.int64)
         self._caught_up = None   # (rows, their changes) of before_batch's catch-up, not yet pushed
+        self._held = None
+
+    def held(self, x, batch: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(slot, hot, hold) of :func:`psgd.hogwild.hot.hot_rows` for the worker's CSR slice ``x``
+        at ``batch`` rows a step and this run's hold, kept for the next run."""
+        key = (id(x), batch)
+        if self._held is None or self._held[0] != key:
+            self._held = key, (*hot_rows(x.indices, max(len(x.indptr) - 1, 1), self.n_rows, batch,
+                                         self.hold), self.hold)
+        return self._held[1]
 
     @property
     def fuses(self) -> bool:

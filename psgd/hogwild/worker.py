@@ -19,7 +19,8 @@ from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.hogwild import fused
 from psgd.hogwild.server import STATS_TAG
-from psgd.hogwild.sparse import SparseUpdates, add_dense, fetch_add, load
+from psgd.hogwild.rows import add_dense, fetch_add, load
+from psgd.hogwild.sparse import SparseUpdates
 from psgd.hogwild.windows import Windows
 from psgd.mpi import timeline, wait
 from psgd.mpi.report import StalenessHistogram
@@ -105,7 +106,8 @@ class HogwildWorker:
         if getattr(model, "sparse", False) and self.config.optimizer in ("sgd", "momentum", "nesterov") \
                 and os.environ.get("PSGD_HOGWILD_SPARSE", "on") != "off":
             self._sparse = SparseUpdates(model, self.shard_map, self.optimizer,
-                                         varying_momentum=self._amom is not None)
+                                         varying_momentum=self._amom is not None,
+                                         hold=self.config.hold_hot)
             self._last_params = None
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:

@@ -74,6 +74,9 @@ class Protocol:
         the momentum step), or because each push is a step of its own whose
         momentum the servers send with each pull reply (ssp, asp: the
         staleness compensation's, which must then leave the gradients alone).
+    hot_rows : bool
+        ``--hold-hot`` applies: sparse workers hold their changes to the rows most batches
+        touch (:mod:`psgd.hogwild.hot`).
     momentum_gain : bool
         ``--momentum-correction gain`` applies, and ``auto`` means it with error
         feedback (:mod:`psgd.compress.gain`): the servers step plain SGD at the
@@ -122,6 +125,7 @@ class Protocol:
     feedback_note: str = ""
     momentum_correction: bool = False
     momentum_gain: bool = False
+    hot_rows: bool = False
     graph: str | None = None
 
     def staleness_bound(self, staleness: int | str | None,
@@ -363,6 +367,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
         server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
+        hot_rows=True,
         optimizers=("sgd", "momentum", "nesterov"), resumes_optimizer=False,
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "

@@ -13,6 +13,7 @@ from mpi4py import MPI
 from psgd.compress import feedback_on, gain
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
+from psgd.hogwild import DEFAULT_HOLD
 from psgd.mpi import timeline, wait
 from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
@@ -182,7 +183,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
         error_feedback=feedback, worker_momentum=worker_momentum,
-        momentum_gain=momentum_gain)
+        momentum_gain=momentum_gain, hold_hot=_hold_hot(settings, info, protocol))
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),
@@ -200,6 +201,19 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
                start_step=resume.step if resume else 0, resume=resume, debug=debug,
                run_id=run_id, reader=reader, end_step=total, foreign=foreign,
                straggler=slow if roles.is_worker else None)
+
+
+def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int:
+    """--hold-hot in force: 1 where no rows are held; where they are, written back to the
+    settings (the default too), so the log's config record and checkpoints show it."""
+    if settings.hold_hot is not None and not info.get("sparse"):
+        raise ValueError(f"--hold-hot applies to a sparse model (linear or svm on CSR data); "
+                         f"{settings.data} is dense")
+    if not (protocol.hot_rows and info.get("sparse")):
+        return 1
+    if settings.hold_hot is None:
+        settings.hold_hot = DEFAULT_HOLD
+    return settings.hold_hot
 
 
 def _model(settings: TrainSettings, info: dict):

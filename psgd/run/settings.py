@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from psgd import compress
+from psgd.hogwild import DEFAULT_HOLD
 from psgd.nn.optim import OPTIMIZERS, SCHEDULES
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
 from psgd.ps import compensation
@@ -104,6 +105,7 @@ class TrainSettings:
     momentum_correction: str = "auto"
     augment: bool = False
     straggler: str | None = None      # straggler emulation spec (psgd.run.straggler)
+    hold_hot: int | None = None       # sparse hogwild: steps a worker holds its hot rows' changes
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -193,6 +195,12 @@ FLAGS: dict[str, tuple[type, str]] = {
                        "each step), p=q,d=t: each step pauses t seconds (d=5x: 5 x its mean "
                        "compute time) with probability q, seeded by --seed; e.g. "
                        "'1:slow=3' or 'all:p=0.1,d=5x'"),
+    "hold_hot": (int, "hogwild on sparse data: each worker adds its changes to the rows most of "
+                      "its batches touch (the bias, the most frequent features) every N steps "
+                      "instead of every step, and reads them back then: fewer writes to the cache "
+                      "lines all workers share, those rows up to N steps stale (1: every step; "
+                      f"default {DEFAULT_HOLD}; applies where the steps run fused: --optimizer sgd "
+                      "on one node, see the README)"),
 }
 
 
@@ -339,6 +347,10 @@ def validate(s: TrainSettings) -> None:
                            error_feedback=s.error_feedback,
                            momentum_correction=s.momentum_correction)
     compress.check(s.compress, s.compress_bucket, s.error_feedback)
+    if s.hold_hot is not None and (s.hold_hot < 1 or not protocol.hot_rows):
+        raise ValueError(f"--hold-hot must be >= 1, got {s.hold_hot}" if s.hold_hot < 1 else
+                         f"--hold-hot applies to --protocol {names(hot_rows=True)} on sparse "
+                         f"data, not {s.protocol}")
     _staleness_comp(s, protocol)
     protocol.momentum_corrected(s.momentum_correction, optimizer=s.optimizer, feedback=False,
                                 staleness_comp=s.staleness_comp)

@@ -65,7 +65,23 @@ def test_allreduce_across_emulated_nodes_matches_mpi_allreduce(mpirun, n, nodes)
     assert f"passed on {n} ranks, {nodes} node(s)" in result.stdout
 
 
+def test_rank_waiting_in_pipelined_hierarchical_allreduce_does_not_spin(mpirun):
+    """Rank 0 leads node 0; the leaders' ring of its first chunk waits for late rank 1."""
+    result = mpirun(4, ["ring_idle.py"], timeout=60,
+                    env={**CLIQUES, "MPIR_CVAR_NUM_CLIQUES": "2"})
+    assert "hierarchical n=1048576: waited" in result.stdout, result.stdout
+    assert "rank 1 (ring all-reduce, left neighbour)" in result.stderr, result.stderr
+
+
 def test_allreduce_training_across_emulated_nodes_takes_the_hierarchical_allreduce(mpirun):
     result = mpirun(4, ["ring_train.py"], timeout=120,
                     env={**CLIQUES, "MPIR_CVAR_NUM_CLIQUES": "2"})
     assert "passed on 4 ranks, all-reduce hierarchical" in result.stdout
+
+
+def test_pipelined_chunks_per_buffer_size_and_leader_count():
+    from psgd.collectives.hierarchical_pipeline import chunk_count
+    assert chunk_count(4 << 20, 1 << 20, 2, 256 << 10) == 16
+    assert chunk_count(100, 25, 2, 256 << 10) == 1          # under one chunk: not pipelined
+    assert chunk_count(400, 100, 3, 1) == 33                # an element per leader per chunk
+    assert chunk_count(8, 2, 3, 1) == 1

@@ -9,6 +9,8 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.collectives.hierarchical import NodeLayout, hierarchical_allreduce
+from psgd.collectives.hierarchical_pipeline import (DEFAULT_CHUNK_BYTES, PipelinedHierarchical,
+                                                    chunk_count)
 from psgd.collectives.schedules import DoublingSchedule, RingSchedule, Schedule
 from psgd.collectives.shared_window import SharedBroadcast, SharedSchedule, SharedWindow
 from psgd.env import env_int
@@ -160,7 +162,7 @@ def _check(buf, op: str, algorithm: str) -> None:
 def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
               algorithm: str = "auto", small_bytes: int | None = None,
               segment_bytes: int | None = None, shared_bytes: int | None = None,
-              label: str = "") -> np.ndarray:
+              chunk_bytes: int | None = None, label: str = "") -> np.ndarray:
     """All-reduce ``buf`` in place across the ranks of ``comm`` (collective).
 
     ``auto`` takes the shared-memory window when every rank is on one node and
@@ -189,6 +191,9 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
         The doubling/ring threshold, the ring's segment size, and the largest
         buffer ``auto`` sends through the window (0: never); by default
         ``PSGD_ALLREDUCE_{SMALL,SEGMENT,SHARED}_BYTES``, else ``DEFAULT_*_BYTES``.
+    chunk_bytes : int, optional
+        The hierarchical all-reduce pipelines a buffer in chunks of at least this
+        many bytes (0: never); by default ``PSGD_ALLREDUCE_CHUNK_BYTES``.
     label : str
         Appended to what a stalled wait says it waits for (e.g. " of clock 12").
 
@@ -214,18 +219,26 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
         small_bytes = _small_bytes
     if algorithm == "auto":
         algorithm = _auto(state, buf, small_bytes, shared_bytes)
-    _run(state, buf, op == "mean", algorithm, small_bytes, segment_bytes or _segment_bytes, label)
+    if chunk_bytes is None:
+        chunk_bytes = DEFAULT_CHUNK_BYTES
+    _run(state, buf, op == "mean", algorithm, small_bytes, segment_bytes or _segment_bytes, label,
+         chunk_bytes)
     return buf
 
 
 def _run(state: _CommState, buf: np.ndarray, mean: bool, algorithm: str, small_bytes: int,
-         segment_bytes: int, label: str) -> None:
+         segment_bytes: int, label: str, chunk_bytes: int = 0) -> None:
     """Run ``algorithm``'s cached schedule for ``buf`` (built on first use)."""
     comm = state.comm
     if algorithm == "shared":
         window = state.shared_window()
         state.schedule((id(buf), "shared", small_bytes),
                        lambda: SharedSchedule(window, buf, small_bytes)).run(mean, label)
+    elif algorithm == "hierarchical" and _pipelined(state, buf, chunk_bytes) > 1:
+        chunks = _pipelined(state, buf, chunk_bytes)
+        state.schedule((id(buf), "pipelined", chunks, small_bytes, segment_bytes),
+                       lambda: _pipeline(state, buf, chunks, small_bytes, segment_bytes)).run(
+            mean, label)
     elif algorithm == "hierarchical":
         layout = state.layout
 
@@ -248,6 +261,24 @@ def _run(state: _CommState, buf: np.ndarray, mean: bool, algorithm: str, small_b
         seg = max(1, segment_bytes // buf.itemsize)
         state.schedule((id(buf), "ring", seg),
                        lambda: RingSchedule(comm, buf, seg)).run(mean, label)
+
+
+def _pipelined(state: _CommState, buf: np.ndarray, chunk_bytes: int) -> int:
+    """How many chunks the hierarchical all-reduce pipelines ``buf`` in (1: not pipelined)."""
+    if chunk_bytes <= 0 or state.layout.nodes == 1:
+        return 1
+    return chunk_count(buf.nbytes, buf.size, state.layout.nodes, chunk_bytes)
+
+
+def _pipeline(state: _CommState, buf: np.ndarray, chunks: int, small_bytes: int,
+              segment_bytes: int) -> PipelinedHierarchical:
+    """The pipelined hierarchical schedule of ``buf`` (collective over the state's ranks)."""
+    layout = state.layout
+    node = _state(layout.node)
+    window = node.shared_window() if node.size > 1 else None
+    leaders = _state(layout.leaders).comm if layout.leaders is not None else None
+    return PipelinedHierarchical(buf, chunks, state.size, window, node.rank == 0, leaders,
+                                 small_bytes, segment_bytes)
 
 
 def _auto(state: _CommState, buf: np.ndarray, small_bytes: int, shared_bytes: int | None) -> str:

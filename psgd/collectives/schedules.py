@@ -13,9 +13,10 @@ from psgd.env import env_float
 from psgd.mpi import wait as _wait
 
 # Tags on the all-reduce's private communicator: recursive doubling uses the first
-# three, the ring 16 + 2s (reduce-scatter step s) and 17 + 2s (all-gather step s).
+# three, the ring t + 2s (reduce-scatter step s) and t + 1 + 2s (all-gather step s), t = 16
+# unless its caller picks another t to keep two rings in flight apart.
 _TAG_FOLD, _TAG_DOUBLE, _TAG_UNFOLD = 3, 4, 5
-_TAG_RS, _TAG_AG = 16, 17
+_TAG_RS = 16
 
 # A wait polls a few times, then polls with sched_yield for up to this long before
 # psgd.mpi.wait's backoff sleeps: the peer is inside the same call, so due within
@@ -137,11 +138,12 @@ class RingSchedule(Schedule):
     __slots__ = ("rs_send0", "rs_recv", "rs_add", "rs_fwd", "own", "ag_send0", "ag_recv",
                  "ag_fwd", "left", "right", "size")
 
-    def __init__(self, comm: MPI.Comm, buf: np.ndarray, seg: int) -> None:
+    def __init__(self, comm: MPI.Comm, buf: np.ndarray, seg: int, tags: int = _TAG_RS) -> None:
         super().__init__(buf)
         rank, size = comm.Get_rank(), comm.Get_size()
         n = buf.size
         self.size = size
+        tag_rs, tag_ag = tags, tags + 1         # another ``tags`` keeps two rings apart
         self.right, self.left = right, left = (rank + 1) % size, (rank - 1) % size
         steps = size - 1
         bounds = [(i * n) // size for i in range(size + 1)]
@@ -157,29 +159,35 @@ class RingSchedule(Schedule):
             return self._keep(comm.Send_init(buf[piece(chunk, k)], right, tag))
 
         # reduce-scatter: afterwards this rank holds the full sum of chunk rank+1
-        self.rs_send0 = [send(rank, k, _TAG_RS) for k in range(nseg)]
+        self.rs_send0 = [send(rank, k, tag_rs) for k in range(nseg)]
         self.rs_recv, self.rs_add, self.rs_fwd = [], [], []
         for s in range(steps):
             chunk = (rank - s - 1) % size
             for k in range(nseg):
                 part = buf[piece(chunk, k)]
                 self.rs_recv.append(self._keep(comm.Recv_init(scratch[:part.size], left,
-                                                              _TAG_RS + 2 * s)))
+                                                              tag_rs + 2 * s)))
                 self.rs_add.append((part, scratch[:part.size]))
-                self.rs_fwd.append(send(chunk, k, _TAG_RS + 2 * (s + 1)) if s + 1 < steps else None)
+                self.rs_fwd.append(send(chunk, k, tag_rs + 2 * (s + 1)) if s + 1 < steps else None)
         own = (rank + 1) % size
         self.own = buf[bounds[own]:bounds[own + 1]]
         # all-gather: step s forwards chunk rank+1-s and receives chunk rank-s in place
-        self.ag_send0 = [send(own, k, _TAG_AG) for k in range(nseg)]
+        self.ag_send0 = [send(own, k, tag_ag) for k in range(nseg)]
         self.ag_recv, self.ag_fwd = [], []
         for s in range(steps):
             chunk = (rank - s) % size
             for k in range(nseg):
                 self.ag_recv.append(self._keep(comm.Recv_init(buf[piece(chunk, k)], left,
-                                                              _TAG_AG + 2 * s)))
-                self.ag_fwd.append(send(chunk, k, _TAG_AG + 2 * (s + 1)) if s + 1 < steps else None)
+                                                              tag_ag + 2 * s)))
+                self.ag_fwd.append(send(chunk, k, tag_ag + 2 * (s + 1)) if s + 1 < steps else None)
 
     def run(self, mean: bool, label: str) -> None:
+        for request, what in self.steps(mean, label):
+            complete(request, what)
+
+    def steps(self, mean: bool, label: str):
+        """The ring as a generator: yields (request, describe) for each request it waits on and
+        resumes once the caller has completed it, so a caller can run several rings at once."""
         startall = MPI.Prequest.Startall
         left, right = self.left, self.right
         what_left = lambda: f"rank {left} (ring all-reduce{label}, left neighbour)"    # noqa: E731
@@ -190,7 +198,7 @@ class RingSchedule(Schedule):
         last = len(recvs) - 1
         recvs[0].Start()
         for i, recv in enumerate(recvs):
-            complete(recv, what_left)
+            yield recv, what_left
             part, got = adds[i]
             np.add(part, got, out=part)
             if fwds[i] is not None:
@@ -203,12 +211,14 @@ class RingSchedule(Schedule):
         # the reduce-scatter never sent chunk `own`, so it leaves at once; the chunks it
         # did send are received into next, so those sends must be complete first
         startall(self.ag_send0)
-        complete_all(sends, what_right)
+        for send in sends:
+            yield send, what_right
         sends = list(self.ag_send0)
         startall(self.ag_recv)
         for recv, fwd in zip(self.ag_recv, self.ag_fwd):
-            complete(recv, what_left)
+            yield recv, what_left
             if fwd is not None:
                 fwd.Start()
                 sends.append(fwd)
-        complete_all(sends, what_right)
+        for send in sends:
+            yield send, what_right

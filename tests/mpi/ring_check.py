@@ -34,7 +34,7 @@ def lengths():
     return sorted(n for n in base if n >= 0)
 
 
-def check_case(n, dtype, op, algorithm, segment_bytes=None, small_bytes=None):
+def check_case(n, dtype, op, algorithm, segment_bytes=None, small_bytes=None, chunk_bytes=None):
     rng = np.random.default_rng(1000 * rank + n)
     x = rng.standard_normal(n).astype(dtype)
     expect = x.copy()
@@ -46,13 +46,13 @@ def check_case(n, dtype, op, algorithm, segment_bytes=None, small_bytes=None):
         absum /= size
     got = x.copy()
     out = allreduce(comm, got, op, algorithm=algorithm, segment_bytes=segment_bytes,
-                         small_bytes=small_bytes)
+                    small_bytes=small_bytes, chunk_bytes=chunk_bytes)
     assert out is got
     eps = np.finfo(dtype).eps
     err = np.abs(got - expect)
     bound = 2 * size * eps * absum + np.finfo(dtype).tiny
     where = (f"n={n} {np.dtype(dtype).name} {op} {algorithm} seg={segment_bytes} "
-             f"small={small_bytes}")
+             f"small={small_bytes} chunk={chunk_bytes}")
     assert np.all(err <= bound), f"{where}: max error {err.max()} over round-off"
     first = got.copy()
     comm.Bcast(first, root=0)
@@ -115,14 +115,16 @@ def check_shared_rounds(rounds=300):
         window = "shared" if ONE_NODE else "hierarchical"
         algorithm = str(order.choice([window, window, "ring", "doubling"]))
         small = int(order.choice([0, 1 << 30])) if algorithm == window else None
+        chunk = int(order.choice([0, 65536, 1 << 20])) if algorithm == window else None
         base = order.integers(-50, 50, n).astype(np.float32)
         buf = bufs[n]
         np.multiply(base, rank + 1, out=buf)
         if delay.random() < 0.3:
             time.sleep(delay.random() * 2e-3)
-        ring.allreduce(comm, buf, algorithm=algorithm, small_bytes=small)
+        ring.allreduce(comm, buf, algorithm=algorithm, small_bytes=small, chunk_bytes=chunk)
         expect = base * (size * (size + 1) // 2)
-        assert np.array_equal(buf, expect), f"round {r}: n={n} {algorithm} small={small} wrong"
+        assert np.array_equal(buf, expect), (f"round {r}: n={n} {algorithm} small={small} "
+                                             f"chunk={chunk} wrong")
     state = ring._state(comm)
     if not ONE_NODE:
         assert not state.one_node and state.layout.nodes > 1
@@ -153,6 +155,23 @@ def check_shared_rounds(rounds=300):
         assert ring.auto_algorithm(comm, bufs[4096], shared_bytes=0) == "doubling"
 
 
+def check_pipelined(dtype):
+    """The hierarchical all-reduce pipelined in chunks: odd lengths, fewer elements than
+    chunks asked for, chunks of a few elements and of many ring segments; returns the count."""
+    count = 0
+    for op in ("sum", "mean"):
+        for n in sorted({1, 2, 3, size - 1, size, size + 1, 7, 13, 97}):
+            for chunk in (1, 8, 64):
+                check_case(n, dtype, op, "hierarchical", chunk_bytes=chunk)
+                count += 1
+        for n in (4099, 65537, 300_007):
+            check_case(n, dtype, op, "hierarchical", segment_bytes=4096, chunk_bytes=65536)
+            check_case(n, dtype, op, "auto", small_bytes=0, chunk_bytes=4096 if n < 10 ** 5
+                       else 1 << 17)
+            count += 2
+    return count
+
+
 def main():
     check_validation()
     check_plan_cache()
@@ -174,6 +193,8 @@ def main():
                     check_case(n, dtype, op, window, small_bytes=1 << 30)
                     count += 2
                 count += 1
+        if not ONE_NODE:
+            count += check_pipelined(dtype)
     # a sub-communicator gets its own state and tag space; freeing it frees its plans
     sub = comm.Split(rank % 2, rank)
     members = [r for r in range(size) if r % 2 == rank % 2]

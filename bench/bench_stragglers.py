@@ -186,18 +186,17 @@ def table(rows: list[dict], args) -> str:
             best_q = min(fixed_norm, key=fixed_norm.get)
             verdicts.append(
                 f"- {scenario}, W={w}, in compute steps: best fixed s {best_q} "
-                f"({best_norm:.0f}); bsp {_fmt(norms.get('bsp'), '')}, asp "
-                f"{_fmt(norms.get('asp'), '')}: ssp "
-                f"{'beats both' if all(t is None or best_norm < t for t in (norms.get('bsp'), norms.get('asp'))) else 'does not beat both'}"
+                f"({best_norm:.0f}); bsp {_fmt(norms.get('bsp'), '', 'bsp' in by_proto)}, asp "
+                f"{_fmt(norms.get('asp'), '', 'asp' in by_proto)}: ssp "
+                f"{_beats(best_norm, norms, by_proto)}"
                 f"; auto {_fmt(norms.get('ssp auto'), '')} ({_ratio(norms.get('ssp auto'), best_norm)})")
         if best is not None:
             best_p = min(fixed, key=fixed.get)
-            others = {p: means.get(p) for p in ("bsp", "asp")}
-            beats = all(t is None or best < t for t in others.values())
             verdicts.append(
                 f"- {scenario}, W={w}: best fixed s is {best_p} ({best:.1f} s); "
-                f"bsp {_fmt(others['bsp'])}, asp {_fmt(others['asp'])}: ssp "
-                f"{'beats both' if beats else 'does not beat both'}; auto "
+                f"bsp {_fmt(means.get('bsp'), ran='bsp' in by_proto)}, asp "
+                f"{_fmt(means.get('asp'), ran='asp' in by_proto)}: ssp "
+                f"{_beats(best, means, by_proto)}; auto "
                 f"{_fmt(means.get('ssp auto'))} ({_ratio(means.get('ssp auto'), best)} of the best "
                 f"fixed s)")
     n = len(groups)
@@ -208,7 +207,18 @@ def table(rows: list[dict], args) -> str:
     return "\n".join(lines) + "\n\n" + "\n".join(verdicts)
 
 
-def _fmt(t: float | None, unit: str = " s") -> str:
+def _beats(best: float, times: dict, by_proto: dict) -> str:
+    """Whether the best fixed s beats both bsp and asp (one not reaching the target counts as
+    beaten; one not run leaves the question open)."""
+    if any(p not in by_proto for p in ("bsp", "asp")):
+        return "against both: not run"
+    beats = all(times.get(p) is None or best < times[p] for p in ("bsp", "asp"))
+    return "beats both" if beats else "does not beat both"
+
+
+def _fmt(t: float | None, unit: str = " s", ran: bool = True) -> str:
+    if not ran:
+        return "not run"
     return "did not reach it" if t is None else f"{t:.1f}{unit}"
 
 

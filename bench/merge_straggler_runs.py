@@ -1,5 +1,5 @@
 """Merge bench_stragglers.py runs made one per invocation (``--out DIR`` each) into one JSON,
-and print per-seed times to the target with each config's bootstrap interval of the ratio
+and write (to OUT.seeds.md) and print per-seed times to the target with each config's bootstrap interval of the ratio
 of its mean to the best fixed s's mean.
 
     .venv/bin/python bench/merge_straggler_runs.py OUT.json RUN_DIR...
@@ -23,6 +23,16 @@ def bootstrap_ratio(a: list[float], b: list[float], n: int = 10000, seed: int = 
     return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
 
 
+def paired_ratio(a: dict, b: dict, n: int = 10000, seed: int = 0):
+    """As ``bootstrap_ratio`` but resampling the seeds both have together (the same seed
+    draws the same pauses and batches)."""
+    rng = random.Random(seed)
+    common = sorted(set(a) & set(b))
+    ratios = sorted(sum(a[s] for s in pick) / sum(b[s] for s in pick) for pick in
+                    (rng.choices(common, k=len(common)) for _ in range(n)))
+    return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
+
+
 def per_seed(rows: list[dict]) -> str:
     """Markdown: per cell, each config's seconds to the target per seed, mean, range and
     its mean over the best fixed s's mean with a bootstrap interval."""
@@ -37,14 +47,18 @@ def per_seed(rows: list[dict]) -> str:
         best = min((p for p in means if p in FIXED), key=means.get)
         out += [f"\n### {sc}, W={w} (best fixed s by mean: {best})\n",
                 "| protocol | " + " | ".join(f"seed {s}" for s in seeds)
-                + " | mean | range | vs best fixed s (95 % bootstrap) |",
+                + " | mean | range | vs best fixed s (95 % bootstrap; paired by seed) |",
                 "|---" * (len(seeds) + 4) + "|"]
         for p, d in sorted(by_p.items()):
+            if p not in means:
+                out.append(f"| {p} | " + " | ".join(str(d.get(s)) for s in seeds) + " | - | - | - |")
+                continue
             lo, hi = bootstrap_ratio(list(d.values()), list(by_p[best].values()))
+            plo, phi = paired_ratio(d, by_p[best])
             out.append(f"| {p} | " + " | ".join(f"{d[s]:.1f}" if d.get(s) is not None else "-"
                                                  for s in seeds)
                        + f" | {means[p]:.2f} | {min(d.values()):.1f}-{max(d.values()):.1f} | "
-                       f"{means[p] / means[best]:.2f}x ({lo:.2f}-{hi:.2f}) |")
+                       f"{means[p] / means[best]:.2f}x ({lo:.2f}-{hi:.2f}; {plo:.2f}-{phi:.2f}) |")
     return "\n".join(out) + "\n"
 
 
@@ -58,7 +72,9 @@ def main(argv: list[str]) -> int:
         rows += saved["rows"]
     out.write_text(json.dumps({"data": saved["data"], "settings": saved["settings"],
                                "rows": rows}, indent=1))
-    print(per_seed(rows))
+    text = per_seed(rows)
+    out.with_suffix(".seeds.md").write_text(text)
+    print(text)
     return 0
 
 

@@ -187,13 +187,11 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
         ``auto`` picks by size and placement; the others force one (``shared``
         picks its small or large schedule by ``small_bytes``; ``hierarchical``
         works on any placement).
-    small_bytes, segment_bytes, shared_bytes : int, optional
-        The doubling/ring threshold, the ring's segment size, and the largest
-        buffer ``auto`` sends through the window (0: never); by default
-        ``PSGD_ALLREDUCE_{SMALL,SEGMENT,SHARED}_BYTES``, else ``DEFAULT_*_BYTES``.
-    chunk_bytes : int, optional
-        The hierarchical all-reduce pipelines a buffer in chunks of at least this
-        many bytes (0: never); by default ``PSGD_ALLREDUCE_CHUNK_BYTES``.
+    small_bytes, segment_bytes, shared_bytes, chunk_bytes : int, optional
+        The doubling/ring threshold, the ring's segment size, the largest buffer
+        ``auto`` sends through the window (0: never) and the least bytes of the
+        hierarchical all-reduce's pipelined chunks (0: not pipelined); by default
+        ``PSGD_ALLREDUCE_{SMALL,SEGMENT,SHARED,CHUNK}_BYTES``, else ``DEFAULT_*_BYTES``.
     label : str
         Appended to what a stalled wait says it waits for (e.g. " of clock 12").
 
@@ -215,19 +213,16 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
     state = _last_state if comm is _last_comm else _state(comm)
     if buf.size == 0 or state.size == 1:
         return buf
-    if small_bytes is None:
-        small_bytes = _small_bytes
+    small_bytes = _small_bytes if small_bytes is None else small_bytes
     if algorithm == "auto":
         algorithm = _auto(state, buf, small_bytes, shared_bytes)
-    if chunk_bytes is None:
-        chunk_bytes = DEFAULT_CHUNK_BYTES
     _run(state, buf, op == "mean", algorithm, small_bytes, segment_bytes or _segment_bytes, label,
          chunk_bytes)
     return buf
 
 
 def _run(state: _CommState, buf: np.ndarray, mean: bool, algorithm: str, small_bytes: int,
-         segment_bytes: int, label: str, chunk_bytes: int = 0) -> None:
+         segment_bytes: int, label: str, chunk_bytes: int | None = 0) -> None:
     """Run ``algorithm``'s cached schedule for ``buf`` (built on first use)."""
     comm = state.comm
     if algorithm == "shared":
@@ -263,8 +258,9 @@ def _run(state: _CommState, buf: np.ndarray, mean: bool, algorithm: str, small_b
                        lambda: RingSchedule(comm, buf, seg)).run(mean, label)
 
 
-def _pipelined(state: _CommState, buf: np.ndarray, chunk_bytes: int) -> int:
+def _pipelined(state: _CommState, buf: np.ndarray, chunk_bytes: int | None) -> int:
     """How many chunks the hierarchical all-reduce pipelines ``buf`` in (1: not pipelined)."""
+    chunk_bytes = DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     if chunk_bytes <= 0 or state.layout.nodes == 1:
         return 1
     return chunk_count(buf.nbytes, buf.size, state.layout.nodes, chunk_bytes)

@@ -174,6 +174,7 @@ def main() -> None:
     ap.add_argument("--repredict", action="store_true",
                     help="recompute the predictions of OUT.json's measurements; run nothing")
     args = ap.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)   # before the runs, not after them
     if args.repredict:
         repredict(args.out)
         return

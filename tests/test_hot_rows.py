@@ -2,9 +2,8 @@
 import numpy as np
 import pytest
 
-from psgd.hogwild import fused
-from psgd.hogwild.hot import (DEFAULT_HOLD, add_or_hold, hot_rows, read_held, read_rows, settle,
-                              step_held)
+from psgd.hogwild import DEFAULT_HOLD, fused
+from psgd.hogwild.hot import add_or_hold, hot_rows, read_held, read_rows, settle, step_held
 
 
 def test_hot_rows_are_the_features_most_batches_touch_and_the_bias():

@@ -113,7 +113,7 @@ def test_runs_of_fused_steps_equal_the_step_by_step_path_bit_for_bit(mpirun, spa
 @pytest.mark.parametrize("hold", [[], ["--hold-hot", 1], ["--hold-hot", 3]])
 def test_fused_runs_count_every_update_of_every_worker(mpirun, sparse_data, tmp_path, hold):
     # also with the hot rows held (the default, and 3 steps: runs of 25 steps end mid-hold)
-    from psgd.hogwild.hot import DEFAULT_HOLD
+    from psgd.hogwild import DEFAULT_HOLD
     from psgd.run.metrics import read_log
     log = tmp_path / "run.jsonl"
     mpirun(4, ["-m", "psgd", "train", "--data", sparse_data, "--model", "linear", "--quiet",

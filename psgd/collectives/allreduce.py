@@ -229,8 +229,7 @@ def _run(state: _CommState, buf: np.ndarray, mean: bool, algorithm: str, small_b
         window = state.shared_window()
         state.schedule((id(buf), "shared", small_bytes),
                        lambda: SharedSchedule(window, buf, small_bytes)).run(mean, label)
-    elif algorithm == "hierarchical" and _pipelined(state, buf, chunk_bytes) > 1:
-        chunks = _pipelined(state, buf, chunk_bytes)
+    elif algorithm == "hierarchical" and (chunks := _pipelined(state, buf, chunk_bytes)) > 1:
         state.schedule((id(buf), "pipelined", chunks, small_bytes, segment_bytes),
                        lambda: _pipeline(state, buf, chunks, small_bytes, segment_bytes)).run(
             mean, label)

@@ -9,7 +9,7 @@ them forward here.
 """
 from __future__ import annotations
 
-MOMENTUM_OPTIMIZERS = ("momentum", "nesterov")
+from psgd.compress.momentum import MOMENTUM_OPTIMIZERS
 
 
 class ScaledSchedule:

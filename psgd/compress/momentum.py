@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 SETTINGS = ("auto", "on", "off", "gain")   # gain: psgd.compress.gain
+MOMENTUM_OPTIMIZERS = ("momentum", "nesterov")
 
 
 class WorkerMomentum:
@@ -66,7 +67,7 @@ def resolve(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> b
     """
     if setting not in SETTINGS:
         raise ValueError(f"--momentum-correction {setting!r} is not auto, on, off or gain")
-    has_momentum = optimizer in ("momentum", "nesterov")
+    has_momentum = optimizer in MOMENTUM_OPTIMIZERS
     if setting == "on" and not has_momentum:
         raise ValueError(f"--momentum-correction on needs --optimizer momentum or nesterov, "
                          f"not {optimizer}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from psgd.hogwild import DEFAULT_HOLD  # noqa: F401 (kept where the settings read it, numba-free)
 from psgd.hogwild.rows import add_row, copy_row
 from psgd.kernels.atomic import atomic_add
 

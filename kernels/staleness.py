@@ -64,3 +64,42 @@ def gap_grad(grad, now, read, meansq, out, step_scale, rho):
         total += f
     return total / grad.shape[0] if grad.shape[0] else 1.0
 
+
+
+@njit(cache=True)
+def dana_push(grad, now, velocity, total, step, gamma, weight_decay, nesterov):
+    """One worker's push into its own velocity (DANA-Zero): ``v = gamma v + g + wd * now``.
+
+    ``total`` (the sum of every worker's velocity) moves by the same change,
+    and ``step`` receives what the server steps with: ``v``, or with
+    ``nesterov`` ``g + wd * now + gamma * v``.
+
+    Parameters
+    ----------
+    grad, now : ndarray, float32 (n,)
+        Only read.
+    velocity, total, step : ndarray, float32 (n,)
+        Written.
+    gamma, weight_decay : float
+    nesterov : bool
+    """
+    m, wd = np.float32(gamma), np.float32(weight_decay)
+    for i in range(grad.shape[0]):
+        g = grad[i] + wd * now[i]
+        old = velocity[i]
+        new = m * old + g
+        total[i] += new - old
+        velocity[i] = new
+        step[i] = g + m * new if nesterov else new
+
+
+@njit(cache=True)
+def dana_reply(live, total, velocity, out, coef):
+    """The look-ahead a pull is answered with: ``out = live + coef * (total - velocity)``.
+
+    ``total - velocity`` is the other workers' velocities; ``coef`` (negative)
+    is how far their next pushes are expected to carry the parameters.
+    """
+    c = np.float32(coef)
+    for i in range(live.shape[0]):
+        out[i] = live[i] + c * (total[i] - velocity[i])

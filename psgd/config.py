@@ -30,7 +30,8 @@ class ProtocolConfig:
         (:mod:`psgd.ps.adaptive`) within [1, staleness].
     staleness_comp : str
         The staleness compensation the servers (or hogwild's workers) run:
-        ``none``, ``inverse``, ``dcasgd``, ``gap`` or ``amom`` (:mod:`psgd.ps.compensation`).
+        ``none``, ``inverse``, ``dcasgd``, ``gap``, ``amom`` or ``dana``
+        (:mod:`psgd.ps.compensation`).
     comp_lambda : float or None
         DC-ASGD's lambda_0 (None: the method's default).
     overlap : bool

@@ -36,10 +36,24 @@ class Reference:
         self.v = np.zeros(N, np.float32)
         self.ms = np.zeros(N, np.float32)
         self.updates, self.delays, self.read, self.count = 0, [], {}, {}
+        self.velocities = np.zeros((W, N), np.float32)   # dana's, one per worker
+
+    def mean_delay(self):
+        """amom's bias-corrected running mean of the delays, written as a weighted sum."""
+        k = len(self.delays)
+        if not k:
+            return 0.0
+        weights = [(1 - amom.DELAY_DECAY) * amom.DELAY_DECAY ** (k - 1 - i) for i in range(k)]
+        return sum(wt * d for wt, d in zip(weights, self.delays)) / sum(weights)
 
     def reply(self, worker):
+        """What the pull is answered with: the parameters, or dana's look-ahead."""
         self.read[worker] = self.w.copy()
         self.count[worker] = self.updates
+        if self.method != "dana":
+            return self.w
+        others = self.velocities.sum(axis=0) - self.velocities[worker]
+        return self.w + np.float32(-LR / W * MU * self.mean_delay() / (W - 1)) * others
 
     def push(self, worker, g, staleness):
         lr, mu = np.float32(LR), np.float32(MU)
@@ -54,12 +68,15 @@ class Reference:
             self.ms = f32(0.99) * self.ms + f32(0.01) * g * g
             c = f32(LR / (1.0 - MU)) * np.sqrt(self.ms) + f32(1e-20)
             g = g * (f32(1.0) / (f32(1.0) + np.abs(self.w - self.read[worker]) / c))
+        elif self.method == "dana":   # bsp's momentum per worker, a step of lr / W
+            self.delays.append(delay)
+            self.velocities[worker] = mu * self.velocities[worker] + g
+            self.w = self.w - f32(LR / W) * self.velocities[worker]
+            self.updates += 1
+            return
         elif self.method == "amom":
             self.delays.append(delay)
-            # bias-corrected running mean, written as a weighted sum
-            k = len(self.delays)
-            weights = [(1 - amom.DELAY_DECAY) * amom.DELAY_DECAY ** (k - 1 - i) for i in range(k)]
-            tau = sum(wt * d for wt, d in zip(weights, self.delays)) / sum(weights)
+            tau = self.mean_delay()
             residual = (1.0 - MU) * (1.0 + tau)
             mu_e, scale = (1.0 - residual, 1.0) if residual <= 1.0 else (0.0, 1.0 / residual)
             scale *= min(1.0, (self.updates + 1) / (amom.WARMUP_PER_WORKER * W))
@@ -70,7 +87,7 @@ class Reference:
         self.updates += 1
 
 
-@pytest.mark.parametrize("method", ["none", "inverse", "dcasgd", "gap", "amom"])
+@pytest.mark.parametrize("method", ["none", "inverse", "dcasgd", "gap", "amom", "dana"])
 def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
     init = np.random.default_rng(7).standard_normal(N).astype(np.float32)
     config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
@@ -80,8 +97,9 @@ def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
     ref = Reference(method, init)
     for event, w, clock, staleness in SCRIPT:
         if event == "reply":
-            rule.replied(w, clock, versions.live)
-            ref.reply(w)
+            np.testing.assert_allclose(rule.replied(w, clock, versions.live), ref.reply(w),
+                                       rtol=2e-6, atol=2e-7,
+                                       err_msg=f"{method}'s reply to {w}'s pull of clock {clock}")
             continue
         g = grad_for(w, clock)
         assert rule.push(g.copy(), clock, staleness, source=1 + w, worker=w)
@@ -90,7 +108,9 @@ def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
                                    err_msg=f"{method} after {w}'s push of clock {clock}")
     summary = rule.compensation()
     assert summary["method"] == method
-    if method != "none":
+    if method == "dana":   # counted per reply: how far each looked ahead
+        assert summary[rule.comp.describes]["updates"] == 7
+    elif method != "none":
         assert next(v for k, v in summary.items() if k != "method")["updates"] == 7
 
 
@@ -154,8 +174,8 @@ def test_running_mean_counts_the_first_values_fully():
     assert mean.add(2.0) == pytest.approx((0.99 * 4 + 2) / 1.99)
 
 
-@pytest.mark.parametrize("optimizer, picked", [("sgd", "none"), ("momentum", "amom"),
-                                               ("nesterov", "amom"), ("adam", "none")])
+@pytest.mark.parametrize("optimizer, picked", [("sgd", "none"), ("momentum", "dana"),
+                                               ("nesterov", "dana"), ("adam", "none")])
 def test_auto_picks_what_the_readme_says(optimizer, picked):
     assert compensation.resolve("auto", optimizer) == picked
     assert make_config("asp", 4, optimizer=optimizer).staleness_comp == picked
@@ -166,6 +186,43 @@ def test_synchronous_protocols_run_no_compensation_by_default():
     for name in ("bsp", "allreduce"):
         assert make_config(name, 4, optimizer="momentum").staleness_comp == "none"
     assert make_config("hogwild", 4, optimizer="momentum").staleness_comp == "amom"
+
+
+def test_auto_falls_back_to_amom_where_dana_cannot_run():
+    # hogwild has no server to keep per-worker velocities; with --momentum-correction the
+    # workers keep the momentum, which dana would need on the server
+    assert compensation.resolve("auto", "momentum", get("hogwild").compensations) == "amom"
+    assert compensation.resolve("auto", "momentum", worker_momentum=True) == "amom"
+    assert make_config("asp", 4, optimizer="momentum",
+                       worker_momentum={"momentum": MU}).staleness_comp == "amom"
+    assert get("asp").momentum_corrected("auto", optimizer="momentum", feedback=True,
+                                         staleness_comp="auto")
+    assert not get("asp").momentum_corrected("auto", optimizer="momentum", feedback=True,
+                                             staleness_comp="dana")
+
+
+def test_dana_answers_each_overlap_slot_from_its_own_buffer_and_waits_for_its_send():
+    config = make_config("ssp", N, staleness=2, overlap=True, optimizer="momentum",
+                         lr_schedule=lambda c: LR, staleness_comp="dana")
+    versions = ShardVersions(np.ones(N, np.float32))
+    rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=2)
+    assert rule.push(grad_for(0, 0), 0, 0, source=1, worker=0)
+    first = rule.replied(1, 4, versions.live)
+    second = rule.replied(1, 5, versions.live)
+    assert first is not second and first is not versions.live
+    np.testing.assert_array_equal(first, second)
+
+    class Pending:
+        tests = 0
+
+        def Test(self, status=None):
+            self.tests += 1
+            return self.tests > 2
+    send = Pending()
+    rule.reply_sent(1, 4, send)
+    assert rule.requests() == [send]
+    rule.replied(1, 6, versions.live)        # clock 6 reuses clock 4's buffer: waits first
+    assert send.tests == 3 and rule.requests() == []
 
 
 def settings_of(tmp_path, *flags):
@@ -191,6 +248,13 @@ def settings_of(tmp_path, *flags):
      "--comp-lambda applies to --staleness-comp dcasgd only"),
     (["--protocol", "asp", "--staleness-lr", "inverse", "--staleness-comp", "gap"],
      "disagree"),
+    (["--protocol", "asp", "--staleness-comp", "dana", "--optimizer", "adam"],
+     "--staleness-comp dana reworks the optimizer's momentum: it needs --optimizer momentum"),
+    (["--protocol", "hogwild", "--staleness-comp", "dana", "--optimizer", "momentum"],
+     "does not apply to --protocol hogwild"),
+    (["--protocol", "asp", "--staleness-comp", "dana", "--optimizer", "momentum",
+      "--compress", "topk:0.01", "--momentum-correction", "on"],
+     "--momentum-correction on does not apply with --staleness-comp dana"),
 ])
 def test_bad_compensation_settings_are_one_clear_line(tmp_path, flags, message):
     with pytest.raises(ValueError, match=message):
@@ -203,3 +267,28 @@ def test_settings_record_the_method_asked_for(tmp_path):
     assert settings_of(tmp_path, "--protocol", "asp", "--staleness-lr",
                        "inverse").staleness_comp == "inverse"
     assert math.isinf(make_config("asp", 4).staleness)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_dana_keeps_weight_decay_and_nesterov_in_each_workers_velocity(nesterov):
+    """Two workers, weight decay and (or not) Nesterov, against bsp's momentum written per
+    worker in numpy; the server's optimizer is left stepping plain SGD on what dana returns."""
+    wd, f32 = 0.01, np.float32
+    init = np.random.default_rng(3).standard_normal(N).astype(np.float32)
+    name = "nesterov" if nesterov else "momentum"
+    config = make_config("asp", N, optimizer=name, lr_schedule=lambda c: LR,
+                         opt_hparams={"momentum": MU, "weight_decay": wd}, staleness_comp="dana")
+    versions = ShardVersions(init.copy())
+    optimizer = make_optimizer(name, N, momentum=MU, weight_decay=wd)
+    rule = SspUpdate(config, optimizer, versions, n_workers=2)
+    assert (optimizer.momentum, optimizer.weight_decay) == (0.0, 0.0)
+    w, v = init.copy(), np.zeros((2, N), np.float32)
+    for clock, worker in [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0)]:
+        rule.replied(worker, clock, versions.live)
+        g = grad_for(worker, clock)
+        assert rule.push(g.copy(), clock, 0, source=1 + worker, worker=worker)
+        g = g + f32(wd) * w
+        v[worker] = f32(MU) * v[worker] + g
+        w = w - f32(LR / 2) * (g + f32(MU) * v[worker] if nesterov else v[worker])
+        np.testing.assert_allclose(versions.live, w, rtol=2e-6, atol=2e-7)
+    np.testing.assert_allclose(rule.comp.total, v.sum(axis=0), rtol=1e-6, atol=1e-6)

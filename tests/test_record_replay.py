@@ -56,7 +56,7 @@ def test_an_asp_run_with_a_slow_worker_replays_bit_for_bit_without_it(mpirun, da
     assert events.nbytes / kinds.count(PUSHED) < 40   # bytes per push
 
 
-@pytest.mark.parametrize("comp", [("dcasgd",), ("amom",),
+@pytest.mark.parametrize("comp", [("dcasgd",), ("amom",), ("dana",),
                                   # the momentum on the workers, at what each reply names
                                   ("amom", "--compress", "sign", "--momentum-correction", "on")])
 def test_ssp_with_staleness_compensation_on_two_shards_replays_bit_for_bit(

@@ -158,8 +158,9 @@ class Protocol:
         return float(staleness)
 
     def compensation(self, method: str | None, optimizer: str,
-                     comp_lambda: float | None = None) -> str:
-        """The compensation method that runs, given ``--staleness-comp`` (None: the default).
+                     comp_lambda: float | None = None, worker_momentum: bool = False) -> str:
+        """The compensation method that runs, given ``--staleness-comp`` (None: the default);
+        ``worker_momentum``: the workers keep the momentum (``--momentum-correction``).
 
         Raises
         ------
@@ -168,11 +169,14 @@ class Protocol:
         """
         default = "auto" if "auto" in self.compensations else "none"
         method = default if method is None else method
-        resolved = compensation.resolve(method, optimizer)
+        if method not in compensation.CHOICES:
+            raise ValueError(f"--staleness-comp {method!r} is not one of "
+                             f"{', '.join(compensation.CHOICES)}")
         if method not in self.compensations:
             raise ValueError(f"--staleness-comp {method} does not apply to --protocol "
                              f"{self.name}{self.compensation_note}; choose one of "
                              f"{', '.join(self.compensations)}")
+        resolved = compensation.resolve(method, optimizer, self.compensations, worker_momentum)
         if comp_lambda is not None and resolved != "dcasgd":
             raise ValueError(f"--comp-lambda applies to --staleness-comp dcasgd only, "
                              f"not {method}")
@@ -200,7 +204,7 @@ class Protocol:
         """
         if self.momentum_at_gain(setting, optimizer=optimizer, feedback=gain_feedback):
             return False
-        method = self.compensation(staleness_comp, optimizer)
+        method = self.compensation(staleness_comp, optimizer, worker_momentum=True)
         composes = method in compensation.WITH_WORKER_MOMENTUM
         if setting == "on" and not composes:
             raise ValueError(f"--momentum-correction on does not apply with --staleness-comp "
@@ -303,7 +307,8 @@ class Protocol:
         bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer,
                            staleness_max=staleness_max, compress=settings.get("compress", "none"),
                            topology=topology, n_workers=n_workers)
-        method = self.compensation(staleness_comp, optimizer, comp_lambda)
+        method = self.compensation(staleness_comp, optimizer, comp_lambda,
+                                   settings.get("worker_momentum") is not None)
         return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,
                               staleness=bound, staleness_auto=staleness == AUTO,
                               overlap=overlap, staleness_comp=method,

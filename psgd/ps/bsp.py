@@ -74,8 +74,16 @@ class BspUpdate:
             self.held, self.accum_src, self.held_src = False, None, None
         return self.incoming
 
-    def replied(self, worker: int, clock: int, live: np.ndarray) -> None:
-        """Nothing to remember of a reply: every push is computed on the version it waits for."""
+    def replied(self, worker: int, clock: int, live: np.ndarray) -> np.ndarray:
+        """``live``, sent as it is: every push is computed on the version it waits for."""
+        return live
+
+    def reply_sent(self, worker: int, clock: int, request) -> None:
+        """Never called: every reply is ``live``."""
+
+    def requests(self) -> list:
+        """None: every reply is ``live``, whose sends the shard's versions track."""
+        return []
 
     def compensation(self) -> None:
         """None: a bsp step has no stale push to compensate."""

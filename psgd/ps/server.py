@@ -143,7 +143,8 @@ class _Server:
             poller.idle()
         if tl is not None:
             tl.span("idle", idle_since, time.perf_counter())
-        outstanding = self.versions.all_requests() + [r for r in self.hdr_reqs if r is not None]
+        outstanding = (self.versions.all_requests() + self.rule.requests()
+                       + [r for r in self.hdr_reqs if r is not None])
         if self.snapshots.request is not None:
             outstanding.append(self.snapshots.request)
         _wait.waitall(outstanding, "workers and rank 0 to receive this server's last messages")
@@ -328,10 +329,13 @@ class _Server:
         reply_momentum(self.reply_hdr)[w] = self.rule.worker_momentum()
         if self.adaptive is not None:
             self.adaptive.answered(w, now - since)
-        self.rule.replied(w, clock, self.versions.live)
-        hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w], self.versions.live)
+        params = self.rule.replied(w, clock, self.versions.live)
+        hdr_req, data_req = server_pull(self.comm, dest, self.reply_hdr[w], params)
         self.hdr_reqs[w] = hdr_req
-        self.versions.reply_sent(data_req)
+        if params is self.versions.live:
+            self.versions.reply_sent(data_req)
+        else:
+            self.rule.reply_sent(w, clock, data_req)
 
 
 def serve(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,

@@ -46,12 +46,22 @@ class SspUpdate:
         """Where the next push lands."""
         return self.incoming
 
-    def replied(self, worker: int, clock: int, live: np.ndarray) -> None:
-        """The server answered worker ``worker``'s pull for ``clock`` with ``live``."""
+    def replied(self, worker: int, clock: int, live: np.ndarray) -> np.ndarray:
+        """The server answers worker ``worker``'s pull for ``clock`` now: what to send
+        (``live``, or the compensation's own answer, such as dana's look-ahead)."""
         slot = clock % self.slots
         self.read_count[worker, slot] = self.n_updates
         if self.reads is not None:
             np.copyto(self.reads[worker, slot], live)
+        return self.comp.reply(worker, clock, live, self.config.lr_schedule(clock))
+
+    def reply_sent(self, worker: int, clock: int, request) -> None:
+        """The send of a reply that is not ``live`` started (the compensation keeps its array)."""
+        self.comp.reply_sent(worker, clock, request)
+
+    def requests(self) -> list:
+        """Sends of the compensation's replies not yet seen complete."""
+        return self.comp.requests()
 
     def push(self, grad: np.ndarray, clock: int, staleness: int, source: int,
              borrowed: bool = False, worker: int = 0) -> bool:
@@ -66,7 +76,7 @@ class SspUpdate:
         read = None if self.reads is None else self.reads[worker, slot]
         grad, lr = self.comp.adjust(grad, self.config.lr_schedule(clock), staleness,
                                     int(self.n_updates - self.read_count[worker, slot]),
-                                    self.versions.live, read)
+                                    self.versions.live, read, worker)
         if not self.versions.step(self.optimizer, grad, lr,
                                   skip_nonfinite=self.config.skip_nonfinite):
             return False

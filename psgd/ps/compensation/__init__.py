@@ -13,6 +13,7 @@ METHODS = {
     "dcasgd": "psgd.ps.compensation.dcasgd:DcAsgd",
     "gap": "psgd.ps.compensation.gap:GapAware",
     "amom": "psgd.ps.compensation.amom:AsyncAwareMomentum",
+    "dana": "psgd.ps.compensation.dana:Dana",
 }
 HELP = {
     "none": "step each push as it comes",
@@ -21,10 +22,16 @@ HELP = {
     "gap": "Gap-Aware: divide g elementwise by 1 + |w_now - w_read| / (one typical step)",
     "amom": "asynchrony-aware momentum: lower the server's momentum by the implicit "
             "momentum of the measured delay",
-    "auto": "amom for momentum and nesterov, none for sgd and adam",
+    "dana": "DANA: the user's momentum kept per worker, each push stepping lr / W, and pulls "
+            "answered with the parameters moved by the other workers' expected momentum",
+    "auto": "dana for momentum and nesterov (amom under hogwild), none for sgd and adam",
 }
 # what `auto` picks, by optimizer (README, "Staleness: what psgd does about it")
-AUTO = {"sgd": "none", "momentum": "amom", "nesterov": "amom", "adam": "none"}
+AUTO = {"sgd": "none", "momentum": "dana", "nesterov": "dana", "adam": "none"}
+# where a protocol cannot run auto's pick (hogwild has no server to keep per-worker state)
+AUTO_FALLBACK = {"dana": "amom"}
+# methods that rework the optimizer's own momentum, so need one
+NEEDS_MOMENTUM = ("dana",)
 CHOICES = tuple(METHODS) + ("auto",)
 # the methods that set only the learning rate and the momentum, which --momentum-correction
 # moves to the workers; dcasgd and gap rewrite each gradient before the momentum sums it
@@ -32,11 +39,22 @@ WITH_WORKER_MOMENTUM = ("none", "inverse", "amom")
 DEFAULT_LAMBDA = 2.0   # DC-ASGD-a's lambda_0 (Zheng et al. 2017)
 
 
-def resolve(method: str, optimizer: str) -> str:
-    """The method that runs: ``auto`` becomes :data:`AUTO`'s pick for ``optimizer``."""
+def resolve(method: str, optimizer: str, runs: tuple[str, ...] = CHOICES,
+            worker_momentum: bool = False) -> str:
+    """The method that runs: ``auto`` becomes :data:`AUTO`'s pick for ``optimizer``, or that
+    pick's :data:`AUTO_FALLBACK` where the protocol's methods ``runs`` lack it or where the
+    workers keep the momentum (``worker_momentum``) and the pick does not compose with that."""
     if method not in CHOICES:
         raise ValueError(f"--staleness-comp {method!r} is not one of {', '.join(CHOICES)}")
-    return AUTO.get(optimizer, "none") if method == "auto" else method
+    if method != "auto":
+        if method in NEEDS_MOMENTUM and optimizer not in ("momentum", "nesterov"):
+            raise ValueError(f"--staleness-comp {method} reworks the optimizer's momentum: it "
+                             f"needs --optimizer momentum or nesterov, not {optimizer}")
+        return method
+    pick = AUTO.get(optimizer, "none")
+    if pick not in runs or worker_momentum and pick not in WITH_WORKER_MOMENTUM:
+        return AUTO_FALLBACK[pick]
+    return pick
 
 
 def make(method: str, config, optimizer, n: int, n_workers: int = 1):

@@ -44,7 +44,7 @@ class AsyncAwareMomentum(Compensation):
         self.warmup = WARMUP_PER_WORKER * n_workers
         self.updates = 0
 
-    def adjust(self, grad, lr, staleness, delay, now, read):
+    def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         mean = self.delay.add(delay)
         mu, scale = explicit_momentum(self.target, mean)
         if self.remote:

@@ -60,7 +60,8 @@ class Compensation:
         return []
 
     def adjust(self, grad: np.ndarray, lr: float, staleness: int, delay: int,
-               now: np.ndarray, read: np.ndarray | None) -> tuple[np.ndarray, float]:
+               now: np.ndarray, read: np.ndarray | None,
+               worker: int = 0) -> tuple[np.ndarray, float]:
         """The gradient and learning rate to step with instead of ``grad`` and ``lr``.
 
         Parameters
@@ -77,8 +78,26 @@ class Compensation:
             The shard's live parameters.
         read : ndarray, float32 (n,) or None
             The parameters the push was computed on (only with ``reads_params``).
+        worker : int
+            Which worker (0..W-1) pushed.
         """
         return grad, lr
+
+    def reply(self, worker: int, clock: int, live: np.ndarray, lr: float) -> np.ndarray:
+        """The parameters that answer ``worker``'s pull for ``clock``: ``live`` itself here.
+
+        A method may answer with an array of its own instead; the server then
+        hands it the send's request (:meth:`reply_sent`) and does not touch
+        that array until the request completes.
+        """
+        return live
+
+    def reply_sent(self, worker: int, clock: int, request) -> None:
+        """The send of an array :meth:`reply` returned (not ``live``) started as ``request``."""
+
+    def requests(self) -> list:
+        """Sends of this method's arrays not yet seen complete."""
+        return []
 
     def worker_momentum(self) -> float:
         """The momentum a worker's velocity takes now, under ``--momentum-correction``

@@ -30,7 +30,7 @@ class DcAsgd(Compensation):
     def buffers(self):
         return [self.meansq, self.out]
 
-    def adjust(self, grad, lr, staleness, delay, now, read):
+    def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         self.factor.add(dcasgd_grad(grad, now, read, self.meansq, self.out, self.lam,
                                     MEANSQ_DECAY))
         return self.out, lr

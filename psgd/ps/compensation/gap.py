@@ -29,7 +29,7 @@ class GapAware(Compensation):
     def buffers(self):
         return [self.meansq, self.out]
 
-    def adjust(self, grad, lr, staleness, delay, now, read):
+    def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         momentum = getattr(self.optimizer, "momentum", 0.0)
         scale = lr / (1.0 - momentum)
         if self.optimizer.name == "adam":   # a step of about lr whatever the gradient's scale

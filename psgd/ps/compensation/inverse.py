@@ -9,7 +9,7 @@ class Inverse(Compensation):
 
     name = "inverse"
 
-    def adjust(self, grad, lr, staleness, delay, now, read):
+    def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         factor = 1.0 / (1.0 + staleness)
         self.factor.add(factor)
         return grad, lr * factor

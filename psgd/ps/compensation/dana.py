@@ -1,0 +1,80 @@
+"""DANA (Hakimi et al. 2019): bsp's momentum kept per worker, and pulls answered with a look-ahead.
+
+Each worker i has its own velocity on the server, ``v_i = gamma v_i + g``,
+and its push steps ``lr / W * v_i``: over a round in which every worker
+pushes once the velocities sum to bsp's momentum on the mean gradient, so
+the step per sample is bsp's.  What is left of asynchrony is the delay: a
+worker's gradient lands after the other workers' pushes made since its read.
+Their momentum part is predictable, so a pull is answered with the parameters
+moved by it: ``w - lr / W * gamma * d / (W - 1) * sum_{j != i} v_j``, d the
+running mean delay in updates (W - 1 when every other worker pushes once in
+between, as under ssp).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from psgd.kernels.staleness import dana_push, dana_reply
+from psgd.mpi import wait as _wait
+from psgd.ps.compensation.amom import RunningMean
+from psgd.ps.compensation.base import Compensation
+
+
+class Dana(Compensation):
+    """Per-worker velocities and look-ahead replies.
+
+    Memory: W velocities, their sum, the step, and one reply buffer per worker
+    (two with overlap): (2 W + 2) shard lengths, (3 W + 2) with overlap.
+    The server's optimizer is left stepping plain SGD on ``v_i``; a resumed
+    run starts the velocities at zero.
+    """
+
+    name = "dana"
+    describes = "look-ahead, in other workers' pushes"
+
+    def __init__(self, config, optimizer, n, n_workers=1):
+        super().__init__(config, optimizer, n, n_workers)
+        self.gamma = float(optimizer.momentum)
+        self.nesterov = optimizer.name == "nesterov"
+        self.weight_decay = optimizer.weight_decay
+        optimizer.momentum, optimizer.nesterov, optimizer.weight_decay = 0.0, False, 0.0
+        self.velocity = np.zeros((n_workers, n), np.float32)
+        self.total = np.zeros(n, np.float32)
+        self.step = np.zeros(n, np.float32)
+        self.slots = 2 if config.overlap else 1
+        self.out = np.zeros((n_workers, self.slots, n), np.float32) if n_workers > 1 else None
+        self.sends: dict[tuple[int, int], object] = {}
+        self.delay = RunningMean()
+
+    def buffers(self):
+        out = [] if self.out is None else list(self.out.reshape(-1, self.n))
+        return list(self.velocity) + [self.total, self.step] + out
+
+    def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
+        self.delay.add(delay)
+        dana_push(grad, now, self.velocity[worker], self.total, self.step, self.gamma,
+                  self.weight_decay, self.nesterov)
+        return self.step, lr / self.n_workers
+
+    def reply(self, worker, clock, live, lr):
+        if self.out is None:
+            return live
+        slot = clock % self.slots
+        sent = self.sends.pop((worker, slot), None)
+        if sent is not None:
+            _wait.wait(sent, f"worker {worker} to receive its previous look-ahead reply")
+        ahead = self.delay.value / (self.n_workers - 1)
+        self.factor.add(ahead)
+        out = self.out[worker, slot]
+        dana_reply(live, self.total, self.velocity[worker], out,
+                   -lr / self.n_workers * self.gamma * ahead)
+        return out
+
+    def reply_sent(self, worker, clock, request):
+        self.sends[(worker, clock % self.slots)] = request
+
+    def requests(self):
+        return list(self.sends.values())
+
+    def summary(self):
+        return {**super().summary(), "mean delay": self.delay.value}

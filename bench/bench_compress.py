@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from psgd.compress import make  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
-SPECS = ["fp16", "qsgd:4", "qsgd:8", "topk:0.01", "sign"]
+SPECS = ["fp16", "qsgd:1", "qsgd:4", "qsgd:8", "topk:0.01", "sign"]
 
 
 # ---------------------------------------------------------------- numpy peers
@@ -51,6 +51,20 @@ def np_qsgd(bits):
     return run
 
 
+def np_qsgd1(g, bucket, rng):
+    pad = (-g.size) % bucket
+    b = np.concatenate([g, np.zeros(pad, np.float32)]).reshape(-1, bucket)
+    norms = np.linalg.norm(b, axis=1).astype(np.float32)
+    half = np.float32(0.5) / np.where(norms > 0, norms, 1)[:, None]
+    up = (b * half + rng.random(b.shape, np.float32) >= 0.5).ravel()[:g.size]
+    packed = np.packbits(up, bitorder="little")
+
+    def decode(dst):
+        signs = np.unpackbits(packed, bitorder="little")[:g.size].astype(np.float32) * 2 - 1
+        dst += signs * np.repeat(norms, bucket)[:g.size]
+    return norms.nbytes + packed.nbytes, decode
+
+
 def np_topk(fraction):
     def run(g, bucket, rng):
         k = max(1, int(np.ceil(fraction * g.size)))
@@ -71,8 +85,8 @@ def np_sign(g, bucket, rng):
     return scales.nbytes + bits.nbytes, decode
 
 
-PEERS = {"fp16": np_fp16, "qsgd:4": np_qsgd(4), "qsgd:8": np_qsgd(8), "topk:0.01": np_topk(0.01),
-         "sign": np_sign}
+PEERS = {"fp16": np_fp16, "qsgd:1": np_qsgd1, "qsgd:4": np_qsgd(4), "qsgd:8": np_qsgd(8),
+         "topk:0.01": np_topk(0.01), "sign": np_sign}
 
 
 def best_of(repeat, fn):

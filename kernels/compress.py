@@ -149,6 +149,66 @@ def _codes(x, scale, s, state, ubits, code):
 
 
 @njit(cache=True)
+def _binary_flags(x, half_scale, state, ubits, flag):
+    """``flag[:m]`` = 1 with probability ``1/2 + x * half_scale`` (else 0), i.e. where
+    ``x * half_scale + u >= 1/2``, u from :func:`_uniforms` for each CHUNK as in :func:`_codes`."""
+    u = ubits.view(np.float32)
+    one, half = np.float32(1.0), np.float32(0.5)
+    m = x.shape[0]
+    for c0 in range(0, m, CHUNK):
+        _uniforms(state, ubits)
+        xc, fc = x[c0:c0 + CHUNK], flag[c0:c0 + CHUNK]
+        for i in range(xc.shape[0]):
+            fc[i] = np.uint8(xc[i] * half_scale + (u[i] - one) >= half)
+
+
+@njit(cache=True)
+def _pack_flags(flag, lo, packed):
+    """OR ``flag`` (uint8 0/1 (m,)) into ``packed`` as bits lo..lo + m - 1 (bit k at bit
+    ``k % 8`` of byte ``k // 8``); the bytes touched must start zero or hold earlier bits."""
+    m = flag.shape[0]
+    i = 0
+    while i < m and (lo + i) & 7:
+        packed[(lo + i) >> 3] |= flag[i] << ((lo + i) & 7)
+        i += 1
+    whole = (m - i) >> 3
+    base = (lo + i) >> 3
+    f = flag[i:i + 8 * whole]
+    for j in range(whole):
+        packed[base + j] = (f[8 * j] | (f[8 * j + 1] << 1) | (f[8 * j + 2] << 2)
+                            | (f[8 * j + 3] << 3) | (f[8 * j + 4] << 4) | (f[8 * j + 5] << 5)
+                            | (f[8 * j + 6] << 6) | (f[8 * j + 7] << 7))
+    for i in range(i + 8 * whole, m):
+        packed[(lo + i) >> 3] |= flag[i] << ((lo + i) & 7)
+
+
+@njit(cache=True)
+def qsgd_binary_encode(grad, bucket, out, state):
+    """qsgd:1: per bucket its L2 norm, per element one bit, set (decoded +norm) with probability
+    ``(1 + g / norm) / 2``, else clear (-norm): unbiased, one level and no zero.
+
+    Layout: :func:`qsgd_encode`'s with ``bits`` = 1 (a clear bit is code 0), which is
+    :func:`sign_encode`'s with the norm as the scale. Returns the bytes written.
+    """
+    n = grad.shape[0]
+    nb = (n + bucket - 1) // bucket
+    norms = out[:4 * nb].view(np.float32)
+    packed = out[4 * nb:4 * nb + (n + 7) // 8]
+    packed[:] = 0
+    flag = np.empty(min(bucket, n), np.uint8)
+    acc = np.zeros(_PARTS, np.float32)
+    ubits = np.empty(CHUNK, np.uint32)
+    for b in range(nb):
+        x = grad[b * bucket:min(n, (b + 1) * bucket)]
+        norm = np.float32(np.sqrt(_bucket_sum(x, acc, True)))
+        norms[b] = norm
+        half_scale = np.float32(0.5) / norm if norm > 0 else np.float32(0.0)
+        _binary_flags(x, half_scale, state, ubits, flag[:x.shape[0]])
+        _pack_flags(flag[:x.shape[0]], b * bucket, packed)
+    return 4 * nb + (n + 7) // 8
+
+
+@njit(cache=True)
 def qsgd_encode(grad, bits, bucket, out, state):
     """QSGD: per bucket its L2 norm, per element a signed level in {-s..s}, s = 2**(bits-1) - 1.
 
@@ -160,9 +220,11 @@ def qsgd_encode(grad, bits, bucket, out, state):
     within 2**-23 (1 + a / 2) of a = |g| / norm * s). A bucket's elements go
     in chunks of CHUNK; a chunk advances each of the LANES xorshift64 streams
     ``state`` (uint64 (LANES,)) once, element k of the chunk taking a half of
-    stream ``k % LANES``'s draw (see :func:`_uniforms`). Returns the bytes
-    written.
+    stream ``k % LANES``'s draw (see :func:`_uniforms`). ``bits`` = 1 is
+    :func:`qsgd_binary_encode`. Returns the bytes written.
     """
+    if bits == 1:
+        return qsgd_binary_encode(grad, bucket, out, state)
     n = grad.shape[0]
     nb = (n + bucket - 1) // bucket
     norms = out[:4 * nb].view(np.float32)
@@ -208,7 +270,10 @@ def qsgd_encode(grad, bits, bucket, out, state):
 @njit(cache=True)
 def qsgd_decode_add(buf, bits, bucket, dst):
     """``dst += decode(buf)`` for :func:`qsgd_encode`'s layout (``dst``'s length is n):
-    element i gains ``(code - s) * (norm / s)``."""
+    element i gains ``(code - s) * (norm / s)``, or ``+-norm`` for ``bits`` = 1."""
+    if bits == 1:
+        sign_decode_add(buf, bucket, dst)
+        return
     n = dst.shape[0]
     nb = (n + bucket - 1) // bucket
     norms = buf[:4 * nb].view(np.float32)

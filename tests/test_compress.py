@@ -127,6 +127,39 @@ def test_qsgd_decodes_to_a_neighbouring_level_of_every_element(n, bucket, bits):
     assert length == HEADER_BYTES + 4 * -(-n // bucket) + -(-n * bits // 8)
 
 
+@pytest.mark.parametrize("n, bucket", [(n, BUCKET) for n in LENGTHS] + [(1000, 63), (9, 3),
+                                                                        (100, 7)])
+def test_qsgd1_decodes_every_element_to_plus_or_minus_its_buckets_norm(n, bucket):
+    """One bit per element (buckets of 63, 7 and 3 start mid-byte); both signs occur."""
+    g = grads(n)
+    out, length = round_trip("qsgd:1", g, comp=make("qsgd:1", bucket, seed=n))
+    for lo in range(0, n, bucket):
+        norm = np.float32(np.linalg.norm(g[lo:lo + bucket].astype(np.float64)))
+        got = out[lo:lo + bucket]
+        np.testing.assert_allclose(np.abs(got), norm, rtol=1e-6)
+    if n >= 100:
+        assert (out > 0).any() and (out < 0).any()
+    assert length == HEADER_BYTES + 4 * -(-n // bucket) + -(-n // 8)
+
+
+def test_qsgd1_is_unbiased_and_its_variance_is_n_minus_1_times_the_norm_squared():
+    """+norm with probability (1 + g / norm) / 2: the mean of many encodings converges to g
+    (each element within 5 sigma, sigma = sqrt(norm^2 - g^2 / draws)), and E||Q(g) - g||^2
+    = sum(norm^2 - g_i^2) = (n - 1) ||g||^2 per bucket of n, within 5 standard errors."""
+    g = np.concatenate([grads(BUCKET, k=1), grads(BUCKET // 2, k=2) * 3])
+    comp = make("qsgd:1", BUCKET, seed=3)
+    draws = np.array([round_trip("", g, comp=comp)[0] for _ in range(4000)], np.float64)
+    norm = np.repeat([np.linalg.norm(g[lo:lo + BUCKET].astype(np.float64))
+                      for lo in range(0, g.size, BUCKET)], BUCKET)[:g.size]
+    sigma = np.sqrt((norm ** 2 - g.astype(np.float64) ** 2) / len(draws))
+    assert np.all(np.abs(draws.mean(axis=0) - g) <= 5 * sigma + 1e-6)
+    sq = ((draws - g) ** 2).sum(axis=1)
+    bound = sum((min(BUCKET, g.size - lo) - 1) * float(g[lo:lo + BUCKET].astype(np.float64)
+                                                      @ g[lo:lo + BUCKET])
+                for lo in range(0, g.size, BUCKET))
+    assert abs(sq.mean() - bound) <= 5 * sq.std() / np.sqrt(len(draws))
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 def test_qsgd_is_unbiased_within_its_variance_bound(bits):
     """The mean of many encodings converges to the vector; E||Q(g) - g||^2 obeys QSGD's
@@ -192,8 +225,8 @@ def test_a_frame_for_another_length_or_compressor_is_refused():
 
 @pytest.mark.parametrize("flags, message", [
     (["--compress", "zip"], "--compress 'zip' is not one of none, fp16"),
-    (["--compress", "qsgd:9"], "bits must be in 2..8"),
-    (["--compress", "qsgd:1"], "bits must be in 2..8"),
+    (["--compress", "qsgd:9"], r"--compress qsgd:9: bits must be in 1\.\.8$"),
+    (["--compress", "qsgd:0"], r"--compress qsgd:0: bits must be in 1\.\.8$"),
     (["--compress", "qsgd:x"], "qsgd takes the bits per element"),
     (["--compress", "topk:0"], r"the fraction must be in \(0, 1\]"),
     (["--compress", "topk:1.5"], r"the fraction must be in \(0, 1\]"),

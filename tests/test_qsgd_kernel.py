@@ -33,17 +33,22 @@ def np_norm(x):
 
 
 def np_encode(g, bits, bucket, state):
-    """qsgd's frame body for ``g`` (float32 (n,)) in numpy: norms, then the codes bit-packed."""
+    """qsgd's frame body for ``g`` (float32 (n,)) in numpy: norms, then the codes bit-packed
+    (bits = 1: code 1, +norm, where g / norm / 2 + u >= 1 / 2)."""
     s = 2 ** (bits - 1) - 1
     norms, codes = [], []
     for lo in range(0, g.shape[0], bucket):
         x = g[lo:lo + bucket]
         norm = np_norm(x)
-        scale = np.float32(s) / norm if norm > 0 else np.float32(0)
         u = np.concatenate([np_uniforms(state) for _ in range(0, x.shape[0], K.CHUNK)])
+        norms.append(norm)
+        if bits == 1:
+            half_scale = np.float32(0.5) / norm if norm > 0 else np.float32(0)
+            codes.append((x * half_scale + u[:x.shape[0]] >= np.float32(0.5)).astype(np.uint8))
+            continue
+        scale = np.float32(s) / norm if norm > 0 else np.float32(0)
         level = np.minimum(np.float32(s), np.floor(np.abs(x) * scale + u[:x.shape[0]]))
         codes.append(np.where(x >= 0, s + level, s - level).astype(np.uint8))
-        norms.append(norm)
     codes = np.concatenate(codes) if codes else np.zeros(0, np.uint8)
     low_bits = np.unpackbits(codes[:, None], axis=1, bitorder="little")[:, :bits]
     packed = np.packbits(low_bits.ravel(), bitorder="little")
@@ -56,6 +61,10 @@ def np_decode_add(body, bits, bucket, dst):
     norms = body[:4 * nb].view(np.float32)
     bits_ = np.unpackbits(body[4 * nb:], bitorder="little")[:n * bits].reshape(n, bits)
     codes = np.packbits(bits_, axis=1, bitorder="little")[:, 0].astype(np.float32)
+    if bits == 1:
+        norm = np.repeat(norms, bucket)[:n]
+        dst += np.where(codes == 1, norm, -norm)
+        return
     step = np.repeat(norms / np.float32(s), bucket)[:n]
     dst += (codes - np.float32(s)) * step
 
@@ -65,7 +74,7 @@ def streams(seed=7):
 
 
 @pytest.mark.parametrize("n, bucket", CASES)
-@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 8])
 def test_qsgd_encode_is_numpys_encoding_bit_for_bit(n, bucket, bits):
     """Norms, uniforms, levels and packing (the two-codes-a-byte and byte-a-code paths, and
     the general one) as numpy computes them, and the streams left where numpy leaves them."""
@@ -80,7 +89,7 @@ def test_qsgd_encode_is_numpys_encoding_bit_for_bit(n, bucket, bits):
 
 
 @pytest.mark.parametrize("n, bucket", CASES)
-@pytest.mark.parametrize("bits", [3, 4, 8])
+@pytest.mark.parametrize("bits", [1, 3, 4, 8])
 def test_qsgd_decode_add_is_numpys_decoding_bit_for_bit(n, bucket, bits):
     rng = np.random.default_rng(n)
     g = rng.standard_normal(n).astype(np.float32)
@@ -92,7 +101,7 @@ def test_qsgd_decode_add_is_numpys_decoding_bit_for_bit(n, bucket, bits):
     np.testing.assert_array_equal(dst, want)
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [1, 4, 5, 8])
 def test_qsgd_kernels_compute_what_their_python_computes(bits):
     """The compiled kernels against their own Python (``py_func``), helpers included."""
     g = np.random.default_rng(bits).standard_normal(700).astype(np.float32)
@@ -107,6 +116,14 @@ def test_qsgd_kernels_compute_what_their_python_computes(bits):
                      py_code)
     np.testing.assert_array_equal(code, py_code)
     np.testing.assert_array_equal(state, py_state)
+    K._binary_flags(g[:130], np.float32(0.37), state, np.zeros(K.CHUNK, np.uint32), code)
+    K._binary_flags.py_func(g[:130], np.float32(0.37), py_state, np.zeros(K.CHUNK, np.uint32),
+                            py_code)
+    np.testing.assert_array_equal(code, py_code)
+    packed, py_packed = np.zeros(20, np.uint8), np.zeros(20, np.uint8)
+    K._pack_flags(code, 5, packed)
+    K._pack_flags.py_func(code, 5, py_packed)
+    np.testing.assert_array_equal(packed, py_packed)
     out, py_out = np.zeros(1000, np.uint8), np.zeros(1000, np.uint8)
     length = K.qsgd_encode(g, bits, 96, out, state)
     assert length == K.qsgd_encode.py_func(g, bits, 96, py_out, py_state)

@@ -12,8 +12,8 @@ NONE = "none"
 DEFAULT_BUCKET = 512
 HELP = {"none": "float32 as computed",
         "fp16": "half precision, 2 bytes per element",
-        "qsgd:BITS": "QSGD, BITS (2..8) bits per element: an unbiased signed level of "
-                     "2^BITS - 1, scaled by the bucket's norm",
+        "qsgd:BITS": "QSGD, BITS (1..8) bits per element: an unbiased signed level of "
+                     "2^BITS - 1 (qsgd:1: +-1), scaled by the bucket's norm",
         "topk:FRACTION": "the largest FRACTION (0, 1] of magnitudes as index + value",
         "sign": "one bit per element and the bucket's mean magnitude",
         "sparse": "the nonzeros as index + value where that is smaller (lossless; sparse models)"}
@@ -46,9 +46,8 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
         except ValueError:
             raise ValueError(f"--compress {spec}: qsgd takes the bits per element, "
                              f"e.g. qsgd:4") from None
-        if not 2 <= bits <= 8:
-            raise ValueError(f"--compress {spec}: bits must be in 2..8 (qsgd:1 would have a "
-                             f"single level, zero; use sign for one bit per element)")
+        if not 1 <= bits <= 8:
+            raise ValueError(f"--compress {spec}: bits must be in 1..8")
         return Qsgd(bits, bucket, seed)
     if name == "topk":
         from psgd.compress.topk import TopK

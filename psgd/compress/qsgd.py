@@ -16,7 +16,8 @@ def _splitmix64(z: int) -> int:
 
 
 class Qsgd(Compressor):
-    """``2**bits - 1`` levels per element, ``{-s..s} * norm / s`` with s = 2**(bits-1) - 1."""
+    """``2**bits - 1`` levels per element, ``{-s..s} * norm / s`` with s = 2**(bits-1) - 1;
+    for ``bits`` = 1 the two levels ``+-norm`` (no zero)."""
 
     code, biased = 2, False
 

@@ -18,7 +18,9 @@ attempt: their times are laid end to end, a dotted line where one resumed
 (the time between attempts is not counted). The PNG goes beside the first log
 (LOG.png) unless -o names it. Runs with --staleness auto also show the bound in
 force over time; gossip and adpsgd runs, their consensus distance (the mean
-squared distance of the workers' models from their mean) against steps.
+squared distance of the workers' models from their mean) against steps; runs
+with --compress, the bytes sent per worker per step and the compression ratio
+against steps (beside them, every other run's bytes sent).
 
 With --timeline TRACE (the --timeline file of `psgd train`) it draws a Gantt
 chart of every rank's spans over --seconds from the first training step
@@ -96,8 +98,10 @@ def draw(paths: list[str], title: str | None = None):
         records, resumed_at[p] = _one_clock(read_log(p))
         runs.append((p, records))
     decentralized = any(_consensus(records) for _, records in runs)
-    fig = plt.figure(figsize=(21, 9) if decentralized else (16, 9))
-    grid = fig.add_gridspec(2, 4 if decentralized else 3)
+    compressed = any(_ratios(records) for _, records in runs)
+    cols = 3 + decentralized + compressed
+    fig = plt.figure(figsize=(16 + 5 * (cols - 3), 9))
+    grid = fig.add_gridspec(2, cols)
     loss_t, loss_s = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     acc_t, acc_s = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     for path, records in runs:
@@ -117,7 +121,9 @@ def draw(paths: list[str], title: str | None = None):
                        marker="o", label=label)
     hists = _histograms(fig, grid[0, 2], runs)
     consensus = [_plot_consensus(fig.add_subplot(grid[0, 3]), runs)] if decentralized else []
-    for ax, xlabel, ylabel in [(loss_t, "wall time (s)", "training loss"),
+    traffic = _plot_traffic(fig.add_subplot(grid[0, cols - 1]),
+                            fig.add_subplot(grid[1, cols - 1]), runs) if compressed else []
+    for ax, xlabel, ylabel in [*traffic, (loss_t, "wall time (s)", "training loss"),
                                (loss_s, "step (clock)", "training loss"),
                                (acc_t, "wall time (s)", "test accuracy"),
                                (acc_s, "step (clock)", "test accuracy"),
@@ -128,7 +134,7 @@ def draw(paths: list[str], title: str | None = None):
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8)
-    spare = fig.add_subplot(grid[1, 2:] if decentralized else grid[1, 2])
+    spare = fig.add_subplot(grid[1, 2:cols - compressed])
     spare.axis("off")
     spare.text(0.0, 1.0, _summary_text(runs), va="top", family="monospace", fontsize=8)
     _plot_bounds(spare, runs)
@@ -180,6 +186,33 @@ def _plot_consensus(ax, runs: list[tuple[str, list[dict]]]):
     ax.set_yscale("log")
     ax.set_title("consensus distance: mean over workers of ||x_i - x_mean||^2", fontsize=10)
     return ax
+
+
+def _ratios(records: list[dict]) -> list[dict]:
+    """The step records of a compressed run (they carry the compression ratio)."""
+    return [r for r in records if r["kind"] == "step"
+            and isinstance(r.get("compression_ratio"), (int, float))]
+
+
+def _plot_traffic(sent, ratio, runs: list[tuple[str, list[dict]]]) -> list[tuple]:
+    """Bytes sent per worker per step (every run that logs them) on ``sent``, and each
+    compressed run's compression ratio on ``ratio``, against step; returns the axes' labels."""
+    for path, records in runs:
+        steps = [r for r in records if r["kind"] == "step"
+                 and isinstance(r.get("push_bytes_per_step"), (int, float))]
+        if not steps:
+            continue
+        line, = sent.plot([r["step"] for r in steps], [r["push_bytes_per_step"] for r in steps],
+                          label=_label(path, records))
+        coded = _ratios(records)
+        if coded:
+            ratio.plot([r["step"] for r in coded], [r["compression_ratio"] for r in coded],
+                       color=line.get_color(), label=_label(path, records))
+    sent.set_yscale("log")
+    sent.set_title("bytes sent per worker per step", fontsize=10)
+    ratio.set_title("compression ratio: float32's bytes / bytes sent", fontsize=10)
+    return [(sent, "step (clock)", "bytes per worker per step"),
+            (ratio, "step (clock)", "compression ratio (x)")]
 
 
 def _summary_text(runs: list[tuple[str, list[dict]]]) -> str:

@@ -326,6 +326,16 @@ def test_compressed_training_measures_its_bytes_and_learns(mpirun, dataset, tmp_
         results[spec] = records[-1]
         steps = [r for r in records if r["kind"] == "step"]
         assert all(r["push_bytes_per_step"] > 0 for r in steps)
+        n = records[0]["n_params"]      # each compressed step: float32's bytes / bytes sent
+        assert all(r.get("compression_ratio") == (None if spec == "none" else pytest.approx(
+            4 * n / r["push_bytes_per_step"])) for r in steps)
+    import matplotlib.pyplot as plt
+
+    from psgd.plot import draw
+    fig = draw([str(tmp_path / "none.jsonl"), str(tmp_path / "qsgd4.jsonl")])
+    ratio = [ax for ax in fig.axes if ax.get_ylabel() == "compression ratio (x)"]
+    plt.close(fig)
+    assert len(ratio) == 1 and min(ratio[0].get_lines()[0].get_ydata()) >= 7
     base = results["none"]["push_bytes"]
     assert results["none"]["compression_ratio"] == pytest.approx(1.0, rel=0.01)
     assert base / results["qsgd:4"]["push_bytes"] >= 7

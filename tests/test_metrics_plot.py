@@ -190,3 +190,55 @@ def test_plot_draws_the_consensus_distance_of_a_gossip_log_only(tmp_path):
         assert [t.get_text() for t in ax.get_legend().get_texts()] == ["gossip (W=4)"]
     finally:
         plt.close(fig)
+
+
+def traffic_run(path, protocol, sent, ratios=None):
+    """A run whose step records carry the bytes sent per worker per step and, compressed, the
+    compression ratio (as `psgd train --compress` writes them)."""
+    log = MetricsLog(path)
+    log.write("config", protocol=protocol, n_workers=2)
+    for k, nbytes in enumerate(sent):
+        log.write("step", step=10 * (k + 1), loss=1.0 / (k + 1), samples_per_s=1.0,
+                  push_bytes_per_step=nbytes,
+                  **({} if ratios is None else {"compression_ratio": ratios[k]}))
+    log.close()
+
+
+def test_plot_shows_bytes_per_step_and_the_compression_ratio_of_compressed_runs(tmp_path):
+    """A panel of bytes sent per worker per step (every run that logs them) and one of the
+    compression ratio (compressed runs), their lines the logs' values; without a compressed
+    run the figure is as it was."""
+    import matplotlib.pyplot as plt
+
+    from psgd.plot import draw
+
+    traffic_run(tmp_path / "none.jsonl", "asp", [3.2e6, 3.2e6, 3.2e6])
+    traffic_run(tmp_path / "qsgd4.jsonl", "asp", [4.1e5, 4.0e5, 4.2e5], [7.81, 8.0, 7.62])
+    write_run(tmp_path / "ssp.jsonl", "ssp", [1])
+    by_label = lambda fig, y: [ax for ax in fig.axes if ax.get_ylabel() == y]
+    fig = draw([str(tmp_path / n) for n in ("none.jsonl", "qsgd4.jsonl", "ssp.jsonl")])
+    try:
+        [sent] = by_label(fig, "bytes per worker per step")
+        [ratio] = by_label(fig, "compression ratio (x)")
+        logged = {n: [r for r in read_log(tmp_path / f"{n}.jsonl") if r["kind"] == "step"]
+                  for n in ("none", "qsgd4")}
+        assert [t.get_text() for t in sent.get_legend().get_texts()] == ["none (asp, W=2)",
+                                                                         "qsgd4 (asp, W=2)"]
+        for line, name in zip(sent.get_lines(), ("none", "qsgd4")):
+            assert list(line.get_xdata()) == [r["step"] for r in logged[name]]
+            assert list(line.get_ydata()) == [r["push_bytes_per_step"] for r in logged[name]]
+        [line] = ratio.get_lines()
+        assert list(line.get_xdata()) == [10, 20, 30]
+        assert list(line.get_ydata()) == [r["compression_ratio"] for r in logged["qsgd4"]]
+        assert list(line.get_ydata()) == [7.81, 8.0, 7.62]
+        assert len(fig.axes) == 8
+    finally:
+        plt.close(fig)
+    for names in (["ssp.jsonl"], ["none.jsonl", "ssp.jsonl"]):   # nothing compressed
+        fig = draw([str(tmp_path / n) for n in names])
+        try:
+            assert by_label(fig, "compression ratio (x)") == [] and len(fig.axes) == 6
+        finally:
+            plt.close(fig)
+    plot_logs([str(tmp_path / "qsgd4.jsonl")], str(tmp_path / "q.png"))
+    assert (tmp_path / "q.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

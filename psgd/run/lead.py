@@ -32,24 +32,31 @@ class _Window:
         self.samples += n
 
 
+def _float32_bytes(n_servers: int, n_workers: int, n_params: int) -> float:
+    """What a worker sends per step uncompressed: a float32 push (with servers), else the
+    float32 ring's 2(W-1)/W x 4 bytes per parameter; the compression ratio's numerator."""
+    return 4 * n_params if n_servers else 2 * (n_workers - 1) / n_workers * 4 * n_params
+
+
 def _push_bytes(servers: list[dict], n_params: int) -> dict:
     """Bytes of one push over all shards as the servers received them, and float32's ratio."""
     pushes = max((r["n_pushes"] for r in servers), default=0)
     if not pushes:
         return {}
     per_push = sum(r["push_bytes"] for r in servers) / pushes
-    return {"push_bytes": per_push, "compression_ratio": 4 * n_params / per_push}
+    return {"push_bytes": per_push,
+            "compression_ratio": _float32_bytes(len(servers), 0, n_params) / per_push}
 
 
 def _allreduce_bytes(workers: list[dict], steps: int, n_params: int) -> dict:
     """Without servers: bytes a worker handed to MPI per step (the compressed all-reduce counts
-    them), and the ratio to the float32 ring's 2(W-1)/W x 4 bytes per parameter."""
+    them), and the ratio to the float32 ring's."""
     sent = [r["push_bytes"] for r in workers if r.get("push_bytes")]
     if not sent or len(workers) < 2:
         return {}
     per_step = float(np.mean(sent)) / steps
-    ring = 2 * (len(workers) - 1) / len(workers) * 4 * n_params
-    return {"push_bytes": per_step, "compression_ratio": ring / per_step}
+    return {"push_bytes": per_step,
+            "compression_ratio": _float32_bytes(0, len(workers), n_params) / per_step}
 
 
 class Lead:
@@ -71,6 +78,10 @@ class Lead:
         self.window = _Window()
         self.test_acc = float("nan")
         self.last_timers: dict = {}
+        # --compress: each step record carries its compression ratio
+        self.float32_bytes = (_float32_bytes(roles.n_servers, roles.n_workers, job.model.n_params)
+                              if s.compress != "none" and (roles.n_servers or roles.n_workers > 1)
+                              else None)
 
     def after_steps(self, clock: int, losses, corrects, n: int, timers: dict, staleness,
                     consensus: float | None = None, mean=None, bound=None) -> None:
@@ -122,6 +133,8 @@ class Lead:
         deltas = {k: timers[k] - self.last_timers.get(k, 0.0) for k in timers}
         pushed = deltas.pop("push_bytes", None)
         pulled = deltas.pop("pull_bytes", None)
+        ratio = ({"compression_ratio": self.float32_bytes * w.steps / pushed}
+                 if self.float32_bytes and pushed else {})
         self.log.write("step", step=clock + 1, clock=clock, loss=w.loss / w.steps,
                        train_accuracy=w.correct / max(w.samples, 1), samples_per_s=rate,
                        est_global_samples_per_s=rate * self.n_workers, lr=lr,
@@ -129,6 +142,7 @@ class Lead:
                        **({"staleness_bound": bound} if self.job.config.staleness_auto else {}),
                        **({} if consensus is None else {"consensus_distance": consensus}),
                        **({} if pushed is None else {"push_bytes_per_step": pushed / w.steps}),
+                       **ratio,
                        **({} if pulled is None else {"pull_bytes_per_step": pulled / w.steps}))
         postfix = {"loss": f"{w.loss / w.steps:.3f}"}
         if not math.isnan(self.test_acc):

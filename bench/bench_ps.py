@@ -28,7 +28,10 @@ Workers push from :attr:`psgd.ps.worker.PSWorker.grad_buffer`, where ``psgd
 train`` computes the gradient, so the servers of the node read it in place
 from the push window (:mod:`psgd.ps.push_window`); rows marked ``+messages`` turn
 the window off and push by messages, as a worker does to a server on another
-node.
+node. Rows marked ``+SPEC`` (``asp+qsgd:4``) compress every push with ``--compress
+SPEC`` (error feedback as ``auto``), which psgd sends by messages: the encode, the
+frame's send and the server's decode are in their time. The gradient is a normal
+draw, so that compressors see values (top-k's threshold, qsgd's norms).
 """
 import argparse
 import json
@@ -79,14 +82,11 @@ def child_ps(args):
     from psgd.mpi import wait
     from psgd.mpi.roles import assign_roles
     from psgd.mpi.shardmap import ShardMap
-    from psgd.protocols import get, make_config
     from psgd.ps.server import serve
     from psgd.ps.worker import PSWorker
     comm = MPI.COMM_WORLD
     roles = assign_roles(comm, args.servers)
-    bound = 1 if get(args.protocol).bound is None else None   # ssp: s = 1
-    config = make_config(args.protocol, args.n_params, staleness=bound, overlap=args.overlap,
-                         lr_schedule=lambda c: 1e-3, push_window=not args.messages)
+    config = _ps_config(args)
     smap = ShardMap(args.n_params, roles.n_servers)
     info = {}
     if roles.is_server:
@@ -101,7 +101,7 @@ def child_ps(args):
         worker.start(params)
         # the gradient a worker computes in the push window's buffer (as psgd train does)
         grad = worker.grad_buffer if worker.grad_buffer is not None else np.empty_like(params)
-        grad[:] = 0.0
+        grad[:] = np.random.default_rng(roles.rank).standard_normal(args.n_params) * 1e-3
         warm = 3
         for c in range(warm):
             worker.step(params, grad, c)
@@ -118,16 +118,28 @@ def child_ps(args):
         servers = infos[:roles.n_servers]
         dt = max(w["time"] for w in workers)
         nbytes = 2 * 4 * args.n_params * args.steps * len(workers)
-        variant = "+overlap" if args.overlap else "+messages" if args.messages else ""
+        variant = ("+overlap" if args.overlap else "+messages" if args.messages else
+                   "" if args.compress == "none" else f"+{args.compress}")
         emit({"case": f"{args.protocol}{variant} S={args.servers} W={len(workers)}",
               "MB_s": nbytes / dt / 1e6,
               "updates_s": args.steps * len(workers) / dt,
+              "step_ms": 1e3 * dt / args.steps,
+              "push_bytes": workers[0]["push_bytes"] / workers[0]["steps"],
               "server_cpu_fraction": [s["cpu_s"] / s["wall_s"] for s in servers],
               "server_window_pushes": [s["window_pushes"] for s in servers],
               "worker_wait_s": [round(w["wait_s"], 3) for w in workers],
               "server_buffers_mb": [s["buffer_mb"] for s in servers],
               "server_shard_mb": [s["shard_mb"] for s in servers],
               "maxrss_mb": [i["maxrss_mb"] for i in infos]})
+
+
+def _ps_config(args):
+    from psgd.compress import feedback_on
+    from psgd.protocols import get, make_config
+    bound = 1 if get(args.protocol).bound is None else None   # ssp: s = 1
+    return make_config(args.protocol, args.n_params, staleness=bound, overlap=args.overlap,
+                       lr_schedule=lambda c: 1e-3, push_window=not args.messages,
+                       compress=args.compress, error_feedback=feedback_on(args.compress, "auto"))
 
 
 def emit(record):
@@ -154,6 +166,8 @@ def main():
     ap.add_argument("--overlap", action="store_true", help="child: workers pull one clock ahead")
     ap.add_argument("--messages", action="store_true",
                     help="child: push by messages only (no push window), as across nodes")
+    ap.add_argument("--compress", default="none", help="child: the pushes' compressor")
+    ap.add_argument("--md", metavar="PATH", help="also write the cases' table (markdown)")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds over all cases; each case reports its median (default 3; "
@@ -170,9 +184,10 @@ def main():
     cases = [(int(servers), case) for servers in args.server_counts.split(",")
              for case in args.protocols.split(",")]
     for _, case in cases:   # before anything runs
-        if case.partition("+")[2] not in ("", "overlap", "messages"):
-            raise SystemExit(f"unknown case {case!r}: PROTOCOL, PROTOCOL+overlap or "
-                             f"PROTOCOL+messages")
+        variant = case.partition("+")[2]
+        if variant not in ("", "overlap", "messages") and not _compressor(variant):
+            raise SystemExit(f"unknown case {case!r}: PROTOCOL, PROTOCOL+overlap, "
+                             f"PROTOCOL+messages or PROTOCOL+SPEC (a --compress other than none)")
     steps = 20 if args.quick else 300
     repeat = 1 if args.quick else args.repeat
     common = ["--n-params", str(args.n_params), "--steps", str(steps)]
@@ -187,9 +202,10 @@ def main():
     for rnd in range(repeat):
         for servers, case in cases:
             protocol, _, variant = case.partition("+")
+            flag = (["--compress", variant] if _compressor(variant) else
+                    [f"--{variant}"] if variant else [])
             r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
-                                     "--protocol", protocol, *common]
-                       + ([f"--{variant}"] if variant else []))
+                                     "--protocol", protocol, *common, *flag])
             raws.append(launch(2, ["--child", "raw", *common]))
             r["raw_MB_s"] = max(raws[-2]["MB_s"], raws[-1]["MB_s"])
             r["ratio_to_raw"] = r["MB_s"] / r["raw_MB_s"]
@@ -222,6 +238,36 @@ def main():
               f"maxrss MB by rank [{rss}]")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.md:
+        Path(args.md).write_text(markdown(results, runs, " ".join(sys.argv[1:])))
+
+
+def _compressor(variant: str) -> bool:
+    """Whether a case's variant names a compressor (``qsgd:4``), not overlap or messages."""
+    if variant in ("", "overlap", "messages"):
+        return False
+    from psgd.compress import make
+    try:
+        return make(variant) is not None
+    except ValueError:
+        return False
+
+
+def markdown(results: dict, runs: dict, argv: str) -> str:
+    """The cases side by side: ms per step (push + pull) and bytes pushed, median and range."""
+    lines = [f"`.venv/bin/python bench/bench_ps.py {argv}`", "",
+             f"{results['n_params']} float32 per push and pull, {results['steps']} steps per "
+             f"run, no compute, {results['repeat']} runs per case (rounds interleaved). Bytes "
+             f"pushed are the worker's count (headers and payload; through the push window the "
+             f"payload is read in place, not sent).", "",
+             "| case | ms per step (median) | runs (ms) | bytes pushed per step | updates/s "
+             "(median) |", "|---|---|---|---|---|"]
+    for (servers, case), rs in runs.items():
+        ms = sorted(r["step_ms"] for r in rs)
+        lines.append(f"| {rs[0]['case']} | {ms[(len(ms) - 1) // 2]:.2f} | "
+                     f"{', '.join(f'{m:.2f}' for m in ms)} | {rs[0]['push_bytes']:.0f} | "
+                     f"{sorted(r['updates_s'] for r in rs)[(len(rs) - 1) // 2]:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

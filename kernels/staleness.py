@@ -67,8 +67,9 @@ def gap_grad(grad, now, read, meansq, out, step_scale, rho):
 
 
 @njit(cache=True)
-def dana_push(grad, now, velocity, total, step, gamma, weight_decay, nesterov):
-    """One worker's push into its own velocity (DANA-Zero): ``v = gamma v + g + wd * now``.
+def dana_push(grad, now, velocity, total, step, gamma, weight_decay, nesterov, scale=1.0):
+    """One worker's push into its own velocity (DANA-Zero): ``v = gamma v + g + wd * now``,
+    ``g`` the push times ``scale``.
 
     ``total`` (the sum of every worker's velocity) moves by the same change,
     and ``step`` receives what the server steps with: ``v``, or with
@@ -80,12 +81,12 @@ def dana_push(grad, now, velocity, total, step, gamma, weight_decay, nesterov):
         Only read.
     velocity, total, step : ndarray, float32 (n,)
         Written.
-    gamma, weight_decay : float
+    gamma, weight_decay, scale : float
     nesterov : bool
     """
-    m, wd = np.float32(gamma), np.float32(weight_decay)
+    m, wd, a = np.float32(gamma), np.float32(weight_decay), np.float32(scale)
     for i in range(grad.shape[0]):
-        g = grad[i] + wd * now[i]
+        g = a * grad[i] + wd * now[i]
         old = velocity[i]
         new = m * old + g
         total[i] += new - old

@@ -38,13 +38,14 @@ class Reference:
         self.updates, self.delays, self.read, self.count = 0, [], {}, {}
         self.velocities = np.zeros((W, N), np.float32)   # dana's, one per worker
 
-    def mean_delay(self):
-        """amom's bias-corrected running mean of the delays, written as a weighted sum."""
-        k = len(self.delays)
+    @staticmethod
+    def mean_delay(delays):
+        """amom's bias-corrected running mean of ``delays``, written as a weighted sum."""
+        k = len(delays)
         if not k:
             return 0.0
         weights = [(1 - amom.DELAY_DECAY) * amom.DELAY_DECAY ** (k - 1 - i) for i in range(k)]
-        return sum(wt * d for wt, d in zip(weights, self.delays)) / sum(weights)
+        return sum(wt * d for wt, d in zip(weights, delays)) / sum(weights)
 
     def reply(self, worker):
         """What the pull is answered with: the parameters, or dana's look-ahead."""
@@ -53,7 +54,8 @@ class Reference:
         if self.method != "dana":
             return self.w
         others = self.velocities.sum(axis=0) - self.velocities[worker]
-        return self.w + np.float32(-LR / W * MU * self.mean_delay() / (W - 1)) * others
+        own = [d for w, d in self.delays if w == worker]   # this worker's delays only
+        return self.w + np.float32(-LR / W * MU * self.mean_delay(own) / (W - 1)) * others
 
     def push(self, worker, g, staleness):
         lr, mu = np.float32(LR), np.float32(MU)
@@ -69,14 +71,16 @@ class Reference:
             c = f32(LR / (1.0 - MU)) * np.sqrt(self.ms) + f32(1e-20)
             g = g * (f32(1.0) / (f32(1.0) + np.abs(self.w - self.read[worker]) / c))
         elif self.method == "dana":   # bsp's momentum per worker, a step of lr / W
-            self.delays.append(delay)
+            self.delays.append((worker, delay))
+            tau = self.mean_delay([d for _, d in self.delays])
+            g = f32(min(1.0, (1.0 + tau) / (1.0 + delay))) * g   # a push staler than the mean
             self.velocities[worker] = mu * self.velocities[worker] + g
             self.w = self.w - f32(LR / W) * self.velocities[worker]
             self.updates += 1
             return
         elif self.method == "amom":
             self.delays.append(delay)
-            tau = self.mean_delay()
+            tau = self.mean_delay(self.delays)
             residual = (1.0 - MU) * (1.0 + tau)
             mu_e, scale = (1.0 - residual, 1.0) if residual <= 1.0 else (0.0, 1.0 / residual)
             scale *= min(1.0, (self.updates + 1) / (amom.WARMUP_PER_WORKER * W))
@@ -292,3 +296,20 @@ def test_dana_keeps_weight_decay_and_nesterov_in_each_workers_velocity(nesterov)
         w = w - f32(LR / 2) * (g + f32(MU) * v[worker] if nesterov else v[worker])
         np.testing.assert_allclose(versions.live, w, rtol=2e-6, atol=2e-7)
     np.testing.assert_allclose(rule.comp.total, v.sum(axis=0), rtol=1e-6, atol=1e-6)
+
+
+def test_dana_stops_looking_ahead_by_a_finished_workers_velocity():
+    config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
+                         staleness_comp="dana")
+    versions = ShardVersions(np.zeros(N, np.float32))
+    rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=3)
+    for w in range(3):
+        rule.replied(w, 0, versions.live)
+    for w in (2, 1, 0):     # worker 0 pushes last: a delay of 2 updates
+        assert rule.push(grad_for(w, 0), 0, 0, source=1 + w, worker=w)
+    before = rule.replied(0, 1, versions.live) - versions.live
+    assert np.abs(before).max() > 0
+    rule.worker_done(1)
+    rule.worker_done(2)     # worker 0 is alone now: nothing else will land before its push
+    np.testing.assert_array_equal(rule.replied(0, 2, versions.live), versions.live)
+    np.testing.assert_allclose(rule.comp.total, rule.comp.velocity[0], atol=1e-6)

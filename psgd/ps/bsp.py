@@ -78,6 +78,9 @@ class BspUpdate:
         """``live``, sent as it is: every push is computed on the version it waits for."""
         return live
 
+    def worker_done(self, worker: int) -> None:
+        """Nothing to forget: a bsp step keeps nothing per worker."""
+
     def reply_sent(self, worker: int, clock: int, request) -> None:
         """Never called: every reply is ``live``."""
 

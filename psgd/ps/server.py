@@ -212,6 +212,7 @@ class _Server:
             self._answer_pulls()
         elif kind == DONE:
             self.order.done(w)
+            self.rule.worker_done(w)
             self.done[w] = True
             self.n_done += 1
             self._update_version()

@@ -55,6 +55,10 @@ class SspUpdate:
             np.copyto(self.reads[worker, slot], live)
         return self.comp.reply(worker, clock, live, self.config.lr_schedule(clock))
 
+    def worker_done(self, worker: int) -> None:
+        """Worker ``worker`` will push no more."""
+        self.comp.worker_done(worker)
+
     def reply_sent(self, worker: int, clock: int, request) -> None:
         """The send of a reply that is not ``live`` started (the compensation keeps its array)."""
         self.comp.reply_sent(worker, clock, request)

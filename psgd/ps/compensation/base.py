@@ -92,6 +92,9 @@ class Compensation:
         """
         return live
 
+    def worker_done(self, worker: int) -> None:
+        """``worker`` has sent its last push."""
+
     def reply_sent(self, worker: int, clock: int, request) -> None:
         """The send of an array :meth:`reply` returned (not ``live``) started as ``request``."""
 

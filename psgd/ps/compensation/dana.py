@@ -6,9 +6,11 @@ pushes once the velocities sum to bsp's momentum on the mean gradient, so
 the step per sample is bsp's.  What is left of asynchrony is the delay: a
 worker's gradient lands after the other workers' pushes made since its read.
 Their momentum part is predictable, so a pull is answered with the parameters
-moved by it: ``w - lr / W * gamma * d / (W - 1) * sum_{j != i} v_j``, d the
-running mean delay in updates (W - 1 when every other worker pushes once in
-between, as under ssp).
+moved by it: ``w - lr / W * gamma * d_i / (W - 1) * sum_{j != i} v_j``, d_i
+worker i's running mean delay in updates (W - 1 when every other worker
+pushes once in between, as under ssp; more for a straggler).  A push staler
+than the mean delay d of all pushes, delay > d, enters its velocity scaled by
+``(1 + d) / (1 + delay)`` (AdaDelay, as amom does).
 """
 from __future__ import annotations
 
@@ -45,15 +47,18 @@ class Dana(Compensation):
         self.out = np.zeros((n_workers, self.slots, n), np.float32) if n_workers > 1 else None
         self.sends: dict[tuple[int, int], object] = {}
         self.delay = RunningMean()
+        self.own = [RunningMean() for _ in range(n_workers)]
 
     def buffers(self):
         out = [] if self.out is None else list(self.out.reshape(-1, self.n))
         return list(self.velocity) + [self.total, self.step] + out
 
     def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
-        self.delay.add(delay)
+        mean = self.delay.add(delay)
+        self.own[worker].add(delay)
+        scale = min(1.0, (1.0 + mean) / (1.0 + delay))
         dana_push(grad, now, self.velocity[worker], self.total, self.step, self.gamma,
-                  self.weight_decay, self.nesterov)
+                  self.weight_decay, self.nesterov, scale)
         return self.step, lr / self.n_workers
 
     def reply(self, worker, clock, live, lr):
@@ -63,12 +68,17 @@ class Dana(Compensation):
         sent = self.sends.pop((worker, slot), None)
         if sent is not None:
             _wait.wait(sent, f"worker {worker} to receive its previous look-ahead reply")
-        ahead = self.delay.value / (self.n_workers - 1)
+        ahead = self.own[worker].value / (self.n_workers - 1)
         self.factor.add(ahead)
         out = self.out[worker, slot]
         dana_reply(live, self.total, self.velocity[worker], out,
                    -lr / self.n_workers * self.gamma * ahead)
         return out
+
+    def worker_done(self, worker):
+        """A finished worker's velocity will never step: no look-ahead counts it any more."""
+        self.velocity[worker] = 0.0
+        np.sum(self.velocity, axis=0, out=self.total)   # afresh: no rounding left behind
 
     def reply_sent(self, worker, clock, request):
         self.sends[(worker, clock % self.slots)] = request

@@ -63,6 +63,7 @@ def train(cell: dict, data: Path, args, tmp: Path) -> dict:
                push_bytes=summary.get("push_bytes"),
                compression_ratio=summary.get("compression_ratio"))
     comp = (summary.get("staleness_compensation") or [{}])[0]   # the one server's
+    row.update(compensation=comp.get("method"), mean_delay=comp.get("mean delay"))
     if "momentum in force" in comp:   # amom: the momentum it set (the workers' with correction)
         row.update(momentum=comp["momentum in force"].get("mean"),
                    lr_factor=comp["learning-rate factor"].get("mean"),

@@ -162,6 +162,9 @@ def test_bench_compress_accuracy_quick_writes_its_table_and_json(tmp_path):
     assert set(rows) == {"none", "sign"} and all(0 <= r["accuracy"] <= 1 for r in rows.values())
     assert rows["none"]["compression_ratio"] == pytest.approx(1.0, rel=0.01)
     assert rows["sign"]["compression_ratio"] > 25
+    # asp with momentum: dana on the server; sign's error feedback moves the momentum to the
+    # workers, where amom runs
+    assert (rows["none"]["compensation"], rows["sign"]["compensation"]) == ("dana", "amom")
     assert "| 2 | asp | sign |" in (tmp_path / "compress-accuracy-quick.md").read_text()
 
 

@@ -199,3 +199,15 @@ def test_bench_stragglers_quick_writes_its_table_json_and_plot(tmp_path):
     table = (tmp_path / "stragglers-quick.md").read_text()
     assert "| slow | 2 | ssp auto |" in table and "| none | 2 | bsp |" in table
     assert (tmp_path / "stragglers-quick.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_bench_compress_accuracy_bar_holds_a_gap_of_exactly_the_bar():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_compress_accuracy import table
+    accs = {"none": (0.8939, 0.8793, 0.8981), "qsgd:4": (0.8833, 0.8828, 0.8902),
+            "fp16": (0.8842, 0.8816, 0.8848)}   # means -0.50 (in float64 -0.50000...1) and -0.69
+    rows = [{"workers": 2, "protocol": "ssp s=2", "compressor": c, "ok": True, "accuracy": a,
+             "push_bytes": 1, "compression_ratio": 1.0}
+            for c, seeds in accs.items() for a in seeds]
+    lines = {line.split(" | ")[2]: line for line in table(rows).splitlines()[2:]}
+    assert "| ok (-0.5) |" in lines["qsgd:4"] and "| MISSED (-0.5) |" in lines["fp16"]

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from psgd.compress.base import Compressor
-from psgd.kernels.compress import topk_decode_add, topk_encode, topk_threshold
+from psgd.kernels.topk import topk_decode_add, topk_encode, topk_threshold
 
 SAMPLE = 4096   # elements sampled to place the candidates' threshold
 

@@ -192,16 +192,21 @@ def test_error_feedback_sends_every_part_of_every_gradient_eventually(spec):
     for _ in range(40):
         g = (rng.integers(-64, 65, 300) / 64).astype(np.float32)
         total += g
-        for s, frame in enumerate(enc.encode(g)):
-            part = np.zeros(smap.size(s), np.float32)
-            comp.decode_add(frame, part)
-            lo, hi = smap.range(s)
-            sent[lo:hi] += part
+        sent += decoded(comp, smap, enc.encode(g))
     if spec.startswith("topk"):
         np.testing.assert_array_equal(sent + enc.residual, total)
     else:
         np.testing.assert_allclose(sent + enc.residual, total, atol=1e-4)
     assert np.abs(enc.residual).max() > 0
+
+
+def decoded(comp, smap, frames):
+    """The full vector the servers decode from one push's per-shard ``frames``."""
+    out = np.zeros(smap.n, np.float32)
+    for s, frame in enumerate(frames):
+        lo, hi = smap.range(s)
+        comp.decode_add(frame, out[lo:hi])
+    return out
 
 
 def dyadic_pushes(n, bucket, rng):
@@ -231,11 +236,7 @@ def test_error_feedback_invariant_holds_exactly_on_exactly_representable_pushes(
         assert np.array_equal(g + enc.residual.astype(np.float64),
                               g + enc.residual)          # g + r is exact in float32
         total += g
-        for s, frame in enumerate(enc.encode(g)):
-            part = np.zeros(smap.size(s), np.float32)
-            comp.decode_add(frame, part)
-            lo, hi = smap.range(s)
-            sent[lo:hi] += part
+        sent += decoded(comp, smap, enc.encode(g))
     np.testing.assert_array_equal(sent + enc.residual, total)
     assert np.abs(enc.residual).max() > 0 and np.abs(sent).max() > 0
 

@@ -169,14 +169,11 @@ class Protocol:
         """
         default = "auto" if "auto" in self.compensations else "none"
         method = default if method is None else method
-        if method not in compensation.CHOICES:
-            raise ValueError(f"--staleness-comp {method!r} is not one of "
-                             f"{', '.join(compensation.CHOICES)}")
+        resolved = compensation.resolve(method, optimizer, self.compensations, worker_momentum)
         if method not in self.compensations:
             raise ValueError(f"--staleness-comp {method} does not apply to --protocol "
                              f"{self.name}{self.compensation_note}; choose one of "
                              f"{', '.join(self.compensations)}")
-        resolved = compensation.resolve(method, optimizer, self.compensations, worker_momentum)
         if comp_lambda is not None and resolved != "dcasgd":
             raise ValueError(f"--comp-lambda applies to --staleness-comp dcasgd only, "
                              f"not {method}")

@@ -95,6 +95,8 @@ def train(cell: dict, data: Path, args, tmp: Path, test) -> dict:
              "--batch-size", args.batch_size, "--steps", args.samples // cell["workers"],
              "--seed", cell["seed"], "--log-every", 5,
              "--checkpoint-dir", run_dir / "ckpt", "--checkpoint-every", args.every]
+    if cell["protocol"] != "bsp":      # bsp has no staleness to compensate
+        flags += ["--staleness-comp", args.staleness_comp]
     if spec:
         flags += ["--straggler", spec.format(last=cell["workers"] - 1)]
     keeper = SnapshotKeeper(run_dir / "ckpt", run_dir / "keep", log)
@@ -282,6 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-samples", type=int, default=1000)
     ap.add_argument("--target", type=float, default=0.75)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--staleness-comp", default="auto", help="the servers' staleness "
+                                                            "compensation in every run")
     ap.add_argument("--report", metavar="JSON", help="only write the table and plot of the runs "
                                                       "in JSON (e.g. a stopped benchmark's)")
     args = ap.parse_args(argv)

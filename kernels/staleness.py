@@ -67,40 +67,38 @@ def gap_grad(grad, now, read, meansq, out, step_scale, rho):
 
 
 @njit(cache=True)
-def dana_push(grad, now, velocity, total, step, gamma, weight_decay, nesterov, scale=1.0):
+def dana_push(grad, now, velocity, total, gamma, weight_decay, scale=1.0):
     """One worker's push into its own velocity (DANA-Zero): ``v = gamma v + g + wd * now``,
-    ``g`` the push times ``scale``.
+    ``g`` the push times ``scale``; the server steps with the new ``v``.
 
-    ``total`` (the sum of every worker's velocity) moves by the same change,
-    and ``step`` receives what the server steps with: ``v``, or with
-    ``nesterov`` ``g + wd * now + gamma * v``.
+    ``total`` (the sum of every worker's velocity) moves by the same change.
 
     Parameters
     ----------
     grad, now : ndarray, float32 (n,)
         Only read.
-    velocity, total, step : ndarray, float32 (n,)
+    velocity, total : ndarray, float32 (n,)
         Written.
     gamma, weight_decay, scale : float
-    nesterov : bool
     """
     m, wd, a = np.float32(gamma), np.float32(weight_decay), np.float32(scale)
     for i in range(grad.shape[0]):
-        g = a * grad[i] + wd * now[i]
         old = velocity[i]
-        new = m * old + g
+        new = m * old + (a * grad[i] + wd * now[i])
         total[i] += new - old
         velocity[i] = new
-        step[i] = g + m * new if nesterov else new
 
 
 @njit(cache=True)
-def dana_reply(live, total, velocity, out, coef):
-    """The look-ahead a pull is answered with: ``out = live + coef * (total - velocity)``.
+def dana_reply(live, total, velocity, out, coef, own):
+    """The look-ahead a pull is answered with:
+    ``out = live + coef * (total - velocity) + own * velocity``.
 
-    ``total - velocity`` is the other workers' velocities; ``coef`` (negative)
-    is how far their next pushes are expected to carry the parameters.
+    ``total - velocity`` is the other workers' velocities, ``velocity`` the
+    puller's own; ``coef`` and ``own`` (negative) are how far the pushes
+    expected before and with the puller's are to carry the parameters.
     """
-    c = np.float32(coef)
+    c, o = np.float32(coef), np.float32(own)
     for i in range(live.shape[0]):
-        out[i] = live[i] + c * (total[i] - velocity[i])
+        v = velocity[i]
+        out[i] = live[i] + c * (total[i] - v) + o * v

@@ -53,9 +53,12 @@ class Reference:
         self.count[worker] = self.updates
         if self.method != "dana":
             return self.w
-        others = self.velocities.sum(axis=0) - self.velocities[worker]
+        mine = self.velocities[worker]
+        others = self.velocities.sum(axis=0) - mine
         own = [d for w, d in self.delays if w == worker]   # this worker's delays only
-        return self.w + np.float32(-LR / W * MU * self.mean_delay(own) / (W - 1)) * others
+        step = -LR / W * MU
+        return (self.w + np.float32(step * self.mean_delay(own) / (W - 1)) * others
+                + np.float32(step) * mine)
 
     def push(self, worker, g, staleness):
         lr, mu = np.float32(LR), np.float32(MU)
@@ -273,29 +276,48 @@ def test_settings_record_the_method_asked_for(tmp_path):
     assert math.isinf(make_config("asp", 4).staleness)
 
 
-@pytest.mark.parametrize("nesterov", [False, True])
-def test_dana_keeps_weight_decay_and_nesterov_in_each_workers_velocity(nesterov):
-    """Two workers, weight decay and (or not) Nesterov, against bsp's momentum written per
-    worker in numpy; the server's optimizer is left stepping plain SGD on what dana returns."""
+@pytest.mark.parametrize("name", ["momentum", "nesterov"])
+def test_dana_keeps_weight_decay_in_each_workers_velocity_and_nesterov_is_its_look_ahead(name):
+    """Two workers, weight decay, against bsp's momentum written per worker in numpy; the
+    server's optimizer is left stepping plain SGD on what dana returns.  Nesterov's correction
+    is the reply's look-ahead by the worker's own velocity, so nesterov steps as momentum."""
     wd, f32 = 0.01, np.float32
     init = np.random.default_rng(3).standard_normal(N).astype(np.float32)
-    name = "nesterov" if nesterov else "momentum"
     config = make_config("asp", N, optimizer=name, lr_schedule=lambda c: LR,
                          opt_hparams={"momentum": MU, "weight_decay": wd}, staleness_comp="dana")
     versions = ShardVersions(init.copy())
     optimizer = make_optimizer(name, N, momentum=MU, weight_decay=wd)
     rule = SspUpdate(config, optimizer, versions, n_workers=2)
-    assert (optimizer.momentum, optimizer.weight_decay) == (0.0, 0.0)
+    assert (optimizer.momentum, optimizer.weight_decay, optimizer.nesterov) == (0.0, 0.0, False)
     w, v = init.copy(), np.zeros((2, N), np.float32)
     for clock, worker in [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0)]:
         rule.replied(worker, clock, versions.live)
         g = grad_for(worker, clock)
         assert rule.push(g.copy(), clock, 0, source=1 + worker, worker=worker)
-        g = g + f32(wd) * w
-        v[worker] = f32(MU) * v[worker] + g
-        w = w - f32(LR / 2) * (g + f32(MU) * v[worker] if nesterov else v[worker])
+        v[worker] = f32(MU) * v[worker] + (g + f32(wd) * w)
+        w = w - f32(LR / 2) * v[worker]
         np.testing.assert_allclose(versions.live, w, rtol=2e-6, atol=2e-7)
     np.testing.assert_allclose(rule.comp.total, v.sum(axis=0), rtol=1e-6, atol=1e-6)
+
+
+def test_dana_velocities_do_not_drift_apart_on_a_stiff_quadratic():
+    """Two workers taking turns on f = lam / 2 |w|^2, each gradient taken at its reply.  A
+    look-ahead by the other worker's velocity alone puts each gradient's brake on the others'
+    momentum into the pusher's own velocity: the difference of the two velocities then grows
+    by gamma + c lam per push (c the look-ahead's step) and diverges at this lam; with the
+    worker's own velocity in the look-ahead the brake acts on the sum and both settle."""
+    lam = np.float32(15.0)
+    config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
+                         opt_hparams={"momentum": MU}, staleness_comp="dana")
+    versions = ShardVersions(np.ones(N, np.float32))
+    rule = SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions, n_workers=2)
+    reads = [rule.replied(w, 0, versions.live).copy() for w in range(2)]
+    for t in range(400):
+        w, clock = t % 2, t // 2
+        assert rule.push(lam * reads[w], clock, 1, source=1 + w, worker=w)
+        reads[w] = rule.replied(w, clock + 1, versions.live).copy()
+    assert np.abs(versions.live).max() < 1e-3
+    assert np.abs(rule.comp.velocity[0] - rule.comp.velocity[1]).max() < 1e-2
 
 
 def test_dana_stops_looking_ahead_by_a_finished_workers_velocity():
@@ -310,6 +332,8 @@ def test_dana_stops_looking_ahead_by_a_finished_workers_velocity():
     before = rule.replied(0, 1, versions.live) - versions.live
     assert np.abs(before).max() > 0
     rule.worker_done(1)
-    rule.worker_done(2)     # worker 0 is alone now: nothing else will land before its push
-    np.testing.assert_array_equal(rule.replied(0, 2, versions.live), versions.live)
+    rule.worker_done(2)     # worker 0 is alone now: only its own momentum lands with its push
+    np.testing.assert_allclose(rule.replied(0, 2, versions.live),
+                               versions.live - np.float32(LR / 3 * MU) * rule.comp.velocity[0],
+                               rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(rule.comp.total, rule.comp.velocity[0], atol=1e-6)

@@ -3,13 +3,17 @@
 Each worker i has its own velocity on the server, ``v_i = gamma v_i + g``,
 and its push steps ``lr / W * v_i``: over a round in which every worker
 pushes once the velocities sum to bsp's momentum on the mean gradient, so
-the step per sample is bsp's.  What is left of asynchrony is the delay: a
-worker's gradient lands after the other workers' pushes made since its read.
-Their momentum part is predictable, so a pull is answered with the parameters
-moved by it: ``w - lr / W * gamma * d_i / (W - 1) * sum_{j != i} v_j``, d_i
-worker i's running mean delay in updates (W - 1 when every other worker
-pushes once in between, as under ssp; more for a straggler).  A push staler
-than the mean delay d of all pushes, delay > d, enters its velocity scaled by
+the step per sample is bsp's.  A pull is answered where the parameters are
+expected to be when the push lands (DANA-Zero): moved by the momentum of the
+other workers' pushes in between and of the puller's own,
+``w - lr / W * gamma * (d_i / (W - 1) * sum_{j != i} v_j + v_i)``, d_i worker
+i's running mean delay in updates (W - 1 when every other worker pushes once
+in between, as under ssp; more for a straggler).  The own term is Nesterov's
+correction, so momentum and nesterov run the same update here; without it
+the velocities drift apart in opposite directions (each worker's gradient
+brakes the others' momentum into its own velocity), which cancels in their
+sum only while every worker keeps pushing.  A push staler than the mean
+delay d of all pushes, delay > d, enters its velocity scaled by
 ``(1 + d) / (1 + delay)`` (AdaDelay, as amom does).
 """
 from __future__ import annotations
@@ -25,8 +29,8 @@ from psgd.ps.compensation.base import Compensation
 class Dana(Compensation):
     """Per-worker velocities and look-ahead replies.
 
-    Memory: W velocities, their sum, the step, and one reply buffer per worker
-    (two with overlap): (2 W + 2) shard lengths, (3 W + 2) with overlap.
+    Memory: W velocities, their sum, and one reply buffer per worker (two
+    with overlap): (2 W + 1) shard lengths, (3 W + 1) with overlap.
     The server's optimizer is left stepping plain SGD on ``v_i``; a resumed
     run starts the velocities at zero.
     """
@@ -37,12 +41,10 @@ class Dana(Compensation):
     def __init__(self, config, optimizer, n, n_workers=1):
         super().__init__(config, optimizer, n, n_workers)
         self.gamma = float(optimizer.momentum)
-        self.nesterov = optimizer.name == "nesterov"
         self.weight_decay = optimizer.weight_decay
         optimizer.momentum, optimizer.nesterov, optimizer.weight_decay = 0.0, False, 0.0
         self.velocity = np.zeros((n_workers, n), np.float32)
         self.total = np.zeros(n, np.float32)
-        self.step = np.zeros(n, np.float32)
         self.slots = 2 if config.overlap else 1
         self.out = np.zeros((n_workers, self.slots, n), np.float32) if n_workers > 1 else None
         self.sends: dict[tuple[int, int], object] = {}
@@ -51,15 +53,15 @@ class Dana(Compensation):
 
     def buffers(self):
         out = [] if self.out is None else list(self.out.reshape(-1, self.n))
-        return list(self.velocity) + [self.total, self.step] + out
+        return list(self.velocity) + [self.total] + out
 
     def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         mean = self.delay.add(delay)
         self.own[worker].add(delay)
         scale = min(1.0, (1.0 + mean) / (1.0 + delay))
-        dana_push(grad, now, self.velocity[worker], self.total, self.step, self.gamma,
-                  self.weight_decay, self.nesterov, scale)
-        return self.step, lr / self.n_workers
+        velocity = self.velocity[worker]
+        dana_push(grad, now, velocity, self.total, self.gamma, self.weight_decay, scale)
+        return velocity, lr / self.n_workers
 
     def reply(self, worker, clock, live, lr):
         if self.out is None:
@@ -71,8 +73,8 @@ class Dana(Compensation):
         ahead = self.own[worker].value / (self.n_workers - 1)
         self.factor.add(ahead)
         out = self.out[worker, slot]
-        dana_reply(live, self.total, self.velocity[worker], out,
-                   -lr / self.n_workers * self.gamma * ahead)
+        step = -lr / self.n_workers * self.gamma
+        dana_reply(live, self.total, self.velocity[worker], out, step * ahead, step)
         return out
 
     def worker_done(self, worker):

@@ -337,3 +337,54 @@ def test_dana_stops_looking_ahead_by_a_finished_workers_velocity():
                                versions.live - np.float32(LR / 3 * MU) * rule.comp.velocity[0],
                                rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(rule.comp.total, rule.comp.velocity[0], atol=1e-6)
+
+
+def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():
+    """A checkpoint keeps each worker's velocity: the server's snapshot holds them beside the
+    optimizer's state, and a resumed rule steps on from them as the first would have."""
+    from mpi4py import MPI
+    from psgd.mpi.shardmap import ShardMap
+    from psgd.ps.snapshots import Snapshots
+
+    def rule_at(params):
+        config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
+                             opt_hparams={"momentum": MU}, staleness_comp="dana")
+        versions = ShardVersions(params.copy())
+        return SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions,
+                         n_workers=W), versions
+    first, versions = rule_at(np.zeros(N, np.float32))
+    for event, w, clock, staleness in SCRIPT:
+        if event == "reply":
+            first.replied(w, clock, versions.live)
+        else:
+            assert first.push(grad_for(w, clock), clock, staleness, source=1 + w, worker=w)
+    taken = []
+    snapshots = Snapshots(MPI.COMM_SELF, ShardMap(N, 1), 0, first.optimizer,
+                          on_snapshot=lambda **kw: taken.append(kw), method=first.comp)
+    snapshots.capture(7, versions.live)
+    (snap,) = taken
+    for i in range(W):
+        np.testing.assert_array_equal(snap["opt_state"][f"dana_velocity_{i}"],
+                                      first.comp.velocity[i])
+    assert np.abs(first.comp.velocity).min() > 0
+    resumed, again = rule_at(snap["params"])
+    resumed.comp.load_state(snap["opt_state"])
+    np.testing.assert_allclose(resumed.comp.total, first.comp.total, rtol=1e-6, atol=1e-6)
+    for rule, live in ((first, versions), (resumed, again)):   # a push with no delay
+        rule.replied(1, 9, live.live)
+        assert rule.push(grad_for(1, 9), 9, 0, source=2, worker=1)
+    np.testing.assert_array_equal(again.live, versions.live)
+    with pytest.raises(ValueError, match="checkpoint state 'dana_velocity_0' has shape"):
+        resumed.comp.load_state({"dana_velocity_0": np.zeros(N + 1, np.float32)})
+
+
+@pytest.mark.parametrize("method", ["dcasgd", "gap"])
+def test_a_methods_running_mean_square_is_its_checkpointed_state(method):
+    config = make_config("asp", N, optimizer="sgd", lr_schedule=lambda c: LR,
+                         staleness_comp=method)
+    rule = SspUpdate(config, make_optimizer("sgd", N), ShardVersions(np.zeros(N, np.float32)),
+                     n_workers=2)
+    rule.replied(0, 0, rule.versions.live)
+    assert rule.push(grad_for(0, 0), 0, 0, source=1, worker=0)
+    (key, value), = rule.comp.state().items()
+    assert key == f"{method}_meansq" and value is rule.comp.meansq and value.any()

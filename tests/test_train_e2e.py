@@ -52,13 +52,22 @@ def test_protocol_trains_logs_checkpoints_and_resumes_with_other_ranks(
     ck = load_checkpoint(ckdir / "ckpt-00000012.h5")
     assert ck.step == 12 and ck.model_spec == MLP and ck.protocol == protocol
     assert np.all(np.isfinite(ck.params))
+    dana = {"ssp", "asp"}   # auto's pick for momentum: each worker's velocity is checkpointed
+    if protocol in dana:
+        assert sorted(k for k in ck.opt_state if k.startswith("dana_")) == \
+            [f"dana_velocity_{i}" for i in range(ranks - servers)]
+        assert all(np.abs(ck.opt_state[f"dana_velocity_{i}"]).max() > 0 for i in range(2))
 
     train(mpirun, resume_ranks, dataset, *common, "--servers", resume_servers, "--steps", 18,
           "--resume", ckdir, "--log", log2)
     summary2 = read_log(log2)[-1]
     assert (summary2["start_step"], summary2["steps"]) == (12, 18)
     assert summary2["samples"] == 6 * 16 * (resume_ranks - resume_servers)
-    assert load_checkpoint(list_checkpoints(ckdir)[-1]).step == 18
+    last = load_checkpoint(list_checkpoints(ckdir)[-1])
+    assert last.step == 18
+    if protocol in dana:
+        assert sorted(k for k in last.opt_state if k.startswith("dana_")) == \
+            [f"dana_velocity_{i}" for i in range(resume_ranks - resume_servers)]
 
 
 def test_bsp_interrupted_and_resumed_equals_uninterrupted(mpirun, dataset, tmp_path):

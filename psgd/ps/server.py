@@ -68,6 +68,9 @@ class _Server:
         for grad2 in (None, empty):   # the step while a reply reads (bsp: on two pushes)
             step_into(warm_opt, empty, empty, empty.copy(), 0.0, grad2=grad2)
         self.rule = rule(config, self.optimizer, self.versions, n_workers=self.W)
+        method = getattr(self.rule, "comp", None)
+        if method is not None and init_opt_state is not None:
+            method.load_state(init_opt_state)
         self.bound = float(config.staleness)
         self.adaptive = None   # --staleness auto: the bound in force is set online
         if config.staleness_auto:
@@ -83,7 +86,8 @@ class _Server:
         self.hist = StalenessHistogram()
         self.n_pushes = 0
         self.n_skipped = 0
-        self.snapshots = Snapshots(self.comm, shard_map, self.shard, self.optimizer, on_snapshot)
+        self.snapshots = Snapshots(self.comm, shard_map, self.shard, self.optimizer, on_snapshot,
+                                   method)
         self.ctrl = np.zeros(HEADER_LEN, np.int64)
         self.status = MPI.Status()
         # collective with the workers' PSWorker.start (every rank of the job makes it)

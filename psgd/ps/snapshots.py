@@ -73,13 +73,16 @@ class Snapshots:
         This shard's optimizer, whose state goes with the parameters.
     on_snapshot : callable or None
         Rank 0: called with each complete snapshot.
+    method : psgd.ps.compensation.base.Compensation, optional
+        The staleness compensation, whose per-element state goes with the optimizer's.
     """
 
     def __init__(self, comm: MPI.Comm, shard_map: ShardMap, shard: int, optimizer,
-                 on_snapshot=None) -> None:
+                 on_snapshot=None, method=None) -> None:
         self.comm, self.shard_map, self.shard = comm, shard_map, shard
         self.optimizer = optimizer
-        self.state_keys = tuple(optimizer.state_keys)
+        self.method_state = method.state() if method is not None else {}
+        self.state_keys = tuple(optimizer.state_keys) + tuple(self.method_state)
         self.on_snapshot = on_snapshot
         self.assembling: dict[int, Assembly] = {}   # rank 0: clocks being put together
         self.request = None    # the last snapshot sent to rank 0 (other servers)
@@ -87,8 +90,9 @@ class Snapshots:
         self.n_snapshots = 0
 
     def state_arrays(self) -> list:
-        """The optimizer's per-element state arrays (float32, shard length), in key order."""
-        state = self.optimizer.state_dict()
+        """The optimizer's and the method's per-element state arrays (float32, shard length),
+        in key order."""
+        state = {**self.optimizer.state_dict(), **self.method_state}
         return [np.asarray(state[key], np.float32) for key in self.state_keys]
 
     def capture(self, clock: int, live: np.ndarray) -> None:

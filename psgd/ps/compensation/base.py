@@ -95,6 +95,23 @@ class Compensation:
     def worker_done(self, worker: int) -> None:
         """``worker`` has sent its last push."""
 
+    def state(self) -> dict:
+        """The method's per-element state (float32 arrays of the shard's length) by name, for
+        checkpoints beside the optimizer's; its running means of delays are not kept."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Take back what :meth:`state` gave, from a resumed checkpoint's ``state`` (cut to
+        this shard); a name it lacks leaves that array at its start."""
+        for key, mine in self.state().items():
+            if key not in state:
+                continue
+            value = np.asarray(state[key], np.float32)
+            if value.shape != mine.shape:
+                raise ValueError(f"--staleness-comp {self.name}: checkpoint state {key!r} has "
+                                 f"shape {value.shape}, expected {mine.shape}")
+            mine[:] = value
+
     def reply_sent(self, worker: int, clock: int, request) -> None:
         """The send of an array :meth:`reply` returned (not ``live``) started as ``request``."""
 

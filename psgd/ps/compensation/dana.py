@@ -31,8 +31,8 @@ class Dana(Compensation):
 
     Memory: W velocities, their sum, and one reply buffer per worker (two
     with overlap): (2 W + 1) shard lengths, (3 W + 1) with overlap.
-    The server's optimizer is left stepping plain SGD on ``v_i``; a resumed
-    run starts the velocities at zero.
+    The server's optimizer is left stepping plain SGD on ``v_i``; checkpoints
+    keep the velocities (a resumed run re-measures the delays).
     """
 
     name = "dana"
@@ -76,6 +76,14 @@ class Dana(Compensation):
         step = -lr / self.n_workers * self.gamma
         dana_reply(live, self.total, self.velocity[worker], out, step * ahead, step)
         return out
+
+    def state(self):
+        return {f"dana_velocity_{i}": v for i, v in enumerate(self.velocity)}
+
+    def load_state(self, state):
+        """Each worker's velocity back (a worker beyond the checkpoint's W starts at zero)."""
+        super().load_state(state)
+        np.sum(self.velocity, axis=0, out=self.total)
 
     def worker_done(self, worker):
         """A finished worker's velocity will never step: no look-ahead counts it any more."""

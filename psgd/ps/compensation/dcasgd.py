@@ -27,6 +27,9 @@ class DcAsgd(Compensation):
         self.meansq = np.zeros(n, np.float32)
         self.out = np.empty(n, np.float32)
 
+    def state(self):
+        return {"dcasgd_meansq": self.meansq}
+
     def buffers(self):
         return [self.meansq, self.out]
 

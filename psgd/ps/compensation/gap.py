@@ -26,6 +26,9 @@ class GapAware(Compensation):
         self.meansq = np.zeros(n, np.float32)
         self.out = np.empty(n, np.float32)
 
+    def state(self):
+        return {"gap_meansq": self.meansq}
+
     def buffers(self):
         return [self.meansq, self.out]
 

@@ -39,6 +39,20 @@ from psgd.ps.versions import ShardVersions, step_into
 IDLE_WORK_S = 2e-3
 
 
+def _warm_up(config) -> None:
+    """Load the update rule's and the optimizer's jitted kernels now, not inside the timed loop."""
+    rule = config.update_rule
+    warm_opt = make_optimizer(config.optimizer, 0, **config.opt_hparams)
+    warm = rule(config, warm_opt, ShardVersions(np.zeros(0, np.float32)))
+    for _ in range(3):  # bsp: the second push is added when the third arrives
+        warm.push(warm.receive_buffer(), 0, 0, 0)
+    warm.idle()
+    warm.advance(0, 1)   # bsp: the step reads the sum and the third push
+    empty = np.zeros(0, np.float32)
+    for grad2 in (None, empty):   # the step while a reply reads (bsp: on two pushes)
+        step_into(warm_opt, empty, empty, empty.copy(), 0.0, grad2=grad2)
+
+
 class _Server:
     def __init__(self, roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                  start_clock):
@@ -56,18 +70,8 @@ class _Server:
             self.optimizer.load_state_dict({**init_opt_state, **{
                 key: shard_map.own(init_opt_state[key], self.shard, f"optimizer state {key!r}")
                 for key in self.optimizer.state_keys}})
-        # load the jitted kernels now, not inside the timed loop
-        rule = config.update_rule
-        warm_opt = make_optimizer(config.optimizer, 0, **config.opt_hparams)
-        warm = rule(config, warm_opt, ShardVersions(np.zeros(0, np.float32)))
-        for _ in range(3):  # bsp: the second push is added when the third arrives
-            warm.push(warm.receive_buffer(), 0, 0, 0)
-        warm.idle()
-        warm.advance(0, 1)   # bsp: the step reads the sum and the third push
-        empty = np.zeros(0, np.float32)
-        for grad2 in (None, empty):   # the step while a reply reads (bsp: on two pushes)
-            step_into(warm_opt, empty, empty, empty.copy(), 0.0, grad2=grad2)
-        self.rule = rule(config, self.optimizer, self.versions, n_workers=self.W)
+        _warm_up(config)
+        self.rule = config.update_rule(config, self.optimizer, self.versions, n_workers=self.W)
         method = getattr(self.rule, "comp", None)
         if method is not None and init_opt_state is not None:
             method.load_state(init_opt_state)

@@ -337,6 +337,7 @@ def test_dana_stops_looking_ahead_by_a_finished_workers_velocity():
                                versions.live - np.float32(LR / 3 * MU) * rule.comp.velocity[0],
                                rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(rule.comp.total, rule.comp.velocity[0], atol=1e-6)
+    assert np.abs(rule.comp.velocity[1:]).min() > 0    # kept for the final checkpoint
 
 
 def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():

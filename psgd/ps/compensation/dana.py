@@ -44,7 +44,8 @@ class Dana(Compensation):
         self.weight_decay = optimizer.weight_decay
         optimizer.momentum, optimizer.nesterov, optimizer.weight_decay = 0.0, False, 0.0
         self.velocity = np.zeros((n_workers, n), np.float32)
-        self.total = np.zeros(n, np.float32)
+        self.total = np.zeros(n, np.float32)     # of the workers still pushing
+        self.active = np.ones(n_workers, bool)
         self.slots = 2 if config.overlap else 1
         self.out = np.zeros((n_workers, self.slots, n), np.float32) if n_workers > 1 else None
         self.sends: dict[tuple[int, int], object] = {}
@@ -86,9 +87,10 @@ class Dana(Compensation):
         np.sum(self.velocity, axis=0, out=self.total)
 
     def worker_done(self, worker):
-        """A finished worker's velocity will never step: no look-ahead counts it any more."""
-        self.velocity[worker] = 0.0
-        np.sum(self.velocity, axis=0, out=self.total)   # afresh: no rounding left behind
+        """A finished worker's velocity will never step: no look-ahead counts it any more
+        (it is kept for checkpoints, from which a resumed run steps it again)."""
+        self.active[worker] = False
+        np.sum(self.velocity[self.active], axis=0, out=self.total)   # afresh: no rounding
 
     def reply_sent(self, worker, clock, request):
         self.sends[(worker, clock % self.slots)] = request

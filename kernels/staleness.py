@@ -102,3 +102,18 @@ def dana_reply(live, total, velocity, out, coef, own):
     for i in range(live.shape[0]):
         v = velocity[i]
         out[i] = live[i] + c * (total[i] - v) + o * v
+
+
+@njit(cache=True, error_model="numpy")
+def adam_reply(live, m, v, out, coef, inv_sqrt_bc2, eps):
+    """Adam's look-ahead a pull is answered with:
+    ``out = live - coef * m / (sqrt(v) * inv_sqrt_bc2 + eps)``.
+
+    ``m / (sqrt(v) * inv_sqrt_bc2 + eps)`` is Adam's step direction without the
+    first moment's bias correction, which ``coef`` carries with the learning
+    rate and the number of steps looked ahead by (the divisor is at least
+    ``eps`` > 0, so numpy's error model lets the loop vectorize).
+    """
+    c, s, e = np.float32(coef), np.float32(inv_sqrt_bc2), np.float32(eps)
+    for i in range(live.shape[0]):
+        out[i] = live[i] - c * m[i] / (np.sqrt(v[i]) * s + e)

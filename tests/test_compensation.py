@@ -182,7 +182,7 @@ def test_running_mean_counts_the_first_values_fully():
 
 
 @pytest.mark.parametrize("optimizer, picked", [("sgd", "none"), ("momentum", "dana"),
-                                               ("nesterov", "dana"), ("adam", "none")])
+                                               ("nesterov", "dana"), ("adam", "dana-adam")])
 def test_auto_picks_what_the_readme_says(optimizer, picked):
     assert compensation.resolve("auto", optimizer) == picked
     assert make_config("asp", 4, optimizer=optimizer).staleness_comp == picked
@@ -206,6 +206,41 @@ def test_auto_falls_back_to_amom_where_dana_cannot_run():
                                          staleness_comp="auto")
     assert not get("asp").momentum_corrected("auto", optimizer="momentum", feedback=True,
                                              staleness_comp="dana")
+    # nor dana-adam, where no server answers the reads (hogwild refuses adam before this)
+    assert compensation.resolve("auto", "adam", get("hogwild").compensations) == "none"
+
+
+def test_dana_adam_matches_its_numpy_reference_on_a_scripted_run():
+    """Adam on every push as it comes; each reply looked ahead by Adam's bias-corrected
+    direction times beta1 (1 - beta1^d) / (1 - beta1), d the worker's own mean delay."""
+    f32, lr, b1, b2, eps = np.float32, 0.01, 0.9, 0.999, 1e-8
+    init = np.random.default_rng(5).standard_normal(N).astype(np.float32)
+    config = make_config("asp", N, optimizer="adam", lr_schedule=lambda c: lr,
+                         staleness_comp="dana-adam")
+    versions = ShardVersions(init.copy())
+    rule = SspUpdate(config, make_optimizer("adam", N), versions, n_workers=W)
+    w, m, v, t = init.copy(), np.zeros(N, np.float32), np.zeros(N, np.float32), 0
+    count, delays = {}, []
+
+    def direction():
+        return m / (np.sqrt(v) / f32(np.sqrt(1 - b2 ** t)) + f32(eps))
+    for event, worker, clock, staleness in SCRIPT:
+        if event == "reply":
+            count[worker] = t
+            own = [d for k, d in delays if k == worker]
+            ahead = b1 * (1 - b1 ** Reference.mean_delay(own)) / (1 - b1)
+            expected = w if t == 0 else w - f32(lr * ahead / (1 - b1 ** t)) * direction()
+            np.testing.assert_allclose(rule.replied(worker, clock, versions.live), expected,
+                                       rtol=2e-6, atol=2e-7)
+            continue
+        g = grad_for(worker, clock)
+        assert rule.push(g.copy(), clock, staleness, source=1 + worker, worker=worker)
+        delays.append((worker, t - count[worker]))
+        t += 1
+        m = f32(b1) * m + f32(1 - b1) * g
+        v = f32(b2) * v + f32(1 - b2) * g * g
+        w = w - f32(lr / (1 - b1 ** t)) * direction()
+        np.testing.assert_allclose(versions.live, w, rtol=2e-6, atol=2e-7)
 
 
 def test_dana_answers_each_overlap_slot_from_its_own_buffer_and_waits_for_its_send():
@@ -256,7 +291,11 @@ def settings_of(tmp_path, *flags):
     (["--protocol", "asp", "--staleness-lr", "inverse", "--staleness-comp", "gap"],
      "disagree"),
     (["--protocol", "asp", "--staleness-comp", "dana", "--optimizer", "adam"],
-     "--staleness-comp dana reworks the optimizer's momentum: it needs --optimizer momentum"),
+     "--staleness-comp dana is built on the optimizer's own state: it needs --optimizer "
+     "momentum or nesterov, not adam"),
+    (["--protocol", "ssp", "--staleness-comp", "dana-adam", "--optimizer", "momentum"],
+     "--staleness-comp dana-adam is built on the optimizer's own state: it needs --optimizer "
+     "adam, not momentum"),
     (["--protocol", "hogwild", "--staleness-comp", "dana", "--optimizer", "momentum"],
      "does not apply to --protocol hogwild"),
     (["--protocol", "asp", "--staleness-comp", "dana", "--optimizer", "momentum",

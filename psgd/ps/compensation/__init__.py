@@ -14,6 +14,7 @@ METHODS = {
     "gap": "psgd.ps.compensation.gap:GapAware",
     "amom": "psgd.ps.compensation.amom:AsyncAwareMomentum",
     "dana": "psgd.ps.compensation.dana:Dana",
+    "dana-adam": "psgd.ps.compensation.dana_adam:DanaAdam",
 }
 HELP = {
     "none": "step each push as it comes",
@@ -24,14 +25,17 @@ HELP = {
             "momentum of the measured delay",
     "dana": "DANA: the user's momentum kept per worker, each push stepping lr / W, and pulls "
             "answered with the parameters moved by the other workers' expected momentum",
-    "auto": "dana for momentum and nesterov (amom under hogwild), none for sgd and adam",
+    "dana-adam": "DANA's look-ahead for Adam: pulls answered with the parameters moved by "
+                 "Adam's expected next steps",
+    "auto": "dana for momentum and nesterov (amom under hogwild), dana-adam for adam (none "
+            "under hogwild), none for sgd",
 }
 # what `auto` picks, by optimizer (README, "Staleness: what psgd does about it")
-AUTO = {"sgd": "none", "momentum": "dana", "nesterov": "dana", "adam": "none"}
-# where a protocol cannot run auto's pick (hogwild has no server to keep per-worker state)
-AUTO_FALLBACK = {"dana": "amom"}
-# methods that rework the optimizer's own momentum, so need one
-NEEDS_MOMENTUM = ("dana",)
+AUTO = {"sgd": "none", "momentum": "dana", "nesterov": "dana", "adam": "dana-adam"}
+# where a protocol cannot run auto's pick (hogwild has no server to answer pulls)
+AUTO_FALLBACK = {"dana": "amom", "dana-adam": "none"}
+# methods built on one optimizer's state, by the optimizers they need
+NEEDS = {"dana": ("momentum", "nesterov"), "dana-adam": ("adam",)}
 CHOICES = tuple(METHODS) + ("auto",)
 # the methods that set only the learning rate and the momentum, which --momentum-correction
 # moves to the workers; dcasgd and gap rewrite each gradient before the momentum sums it
@@ -47,9 +51,9 @@ def resolve(method: str, optimizer: str, runs: tuple[str, ...] = CHOICES,
     if method not in CHOICES:
         raise ValueError(f"--staleness-comp {method!r} is not one of {', '.join(CHOICES)}")
     if method != "auto":
-        if method in NEEDS_MOMENTUM and optimizer not in ("momentum", "nesterov"):
-            raise ValueError(f"--staleness-comp {method} reworks the optimizer's momentum: it "
-                             f"needs --optimizer momentum or nesterov, not {optimizer}")
+        if method in NEEDS and optimizer not in NEEDS[method]:
+            raise ValueError(f"--staleness-comp {method} is built on the optimizer's own state: "
+                             f"it needs --optimizer {' or '.join(NEEDS[method])}, not {optimizer}")
         return method
     pick = AUTO.get(optimizer, "none")
     if pick not in runs or worker_momentum and pick not in WITH_WORKER_MOMENTUM:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(BENCH))
 
 from training import dataset, error_line, mean_staleness, train as run_train  # noqa: E402
 
-METHODS = ("none", "inverse", "dcasgd", "gap", "amom", "dana", "auto")
+METHODS = ("none", "inverse", "dcasgd", "gap", "amom", "dana", "dana-adam", "auto")
 PROTOCOLS = {"bsp": [], "ssp": ["--staleness", "2"], "asp": [], "hogwild": []}
 MODELS = {"lenet": "lenet", "mlp": "mlp:784-256-256-10"}
 

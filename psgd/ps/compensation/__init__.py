@@ -27,8 +27,8 @@ HELP = {
             "answered with the parameters moved by the other workers' expected momentum",
     "dana-adam": "DANA's look-ahead for Adam: pulls answered with the parameters moved by "
                  "Adam's expected next steps",
-    "auto": "dana for momentum and nesterov (amom under hogwild), dana-adam for adam (none "
-            "under hogwild), none for sgd",
+    "auto": "dana for momentum and nesterov (amom under hogwild), dana-adam for adam, none "
+            "for sgd",
 }
 # what `auto` picks, by optimizer (README, "Staleness: what psgd does about it")
 AUTO = {"sgd": "none", "momentum": "dana", "nesterov": "dana", "adam": "dana-adam"}

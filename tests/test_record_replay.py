@@ -57,6 +57,7 @@ def test_an_asp_run_with_a_slow_worker_replays_bit_for_bit_without_it(mpirun, da
 
 
 @pytest.mark.parametrize("comp", [("dcasgd",), ("amom",), ("dana",),
+                                  ("dana-adam", "--optimizer", "adam", "--lr", "0.001"),
                                   # the momentum on the workers, at what each reply names
                                   ("amom", "--compress", "sign", "--momentum-correction", "on")])
 def test_ssp_with_staleness_compensation_on_two_shards_replays_bit_for_bit(

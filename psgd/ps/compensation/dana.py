@@ -21,12 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.kernels.staleness import dana_push, dana_reply
-from psgd.mpi import wait as _wait
 from psgd.ps.compensation.amom import RunningMean
-from psgd.ps.compensation.base import Compensation
+from psgd.ps.compensation.lookahead import LookAhead
 
 
-class Dana(Compensation):
+class Dana(LookAhead):
     """Per-worker velocities and look-ahead replies.
 
     Memory: W velocities, their sum, and one reply buffer per worker (two
@@ -46,15 +45,10 @@ class Dana(Compensation):
         self.velocity = np.zeros((n_workers, n), np.float32)
         self.total = np.zeros(n, np.float32)     # of the workers still pushing
         self.active = np.ones(n_workers, bool)
-        self.slots = 2 if config.overlap else 1
-        self.out = np.zeros((n_workers, self.slots, n), np.float32) if n_workers > 1 else None
-        self.sends: dict[tuple[int, int], object] = {}
         self.delay = RunningMean()
-        self.own = [RunningMean() for _ in range(n_workers)]
 
     def buffers(self):
-        out = [] if self.out is None else list(self.out.reshape(-1, self.n))
-        return list(self.velocity) + [self.total] + out
+        return list(self.velocity) + [self.total] + super().buffers()
 
     def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         mean = self.delay.add(delay)
@@ -67,13 +61,9 @@ class Dana(Compensation):
     def reply(self, worker, clock, live, lr):
         if self.out is None:
             return live
-        slot = clock % self.slots
-        sent = self.sends.pop((worker, slot), None)
-        if sent is not None:
-            _wait.wait(sent, f"worker {worker} to receive its previous look-ahead reply")
         ahead = self.own[worker].value / (self.n_workers - 1)
         self.factor.add(ahead)
-        out = self.out[worker, slot]
+        out = self.reply_buffer(worker, clock)
         step = -lr / self.n_workers * self.gamma
         dana_reply(live, self.total, self.velocity[worker], out, step * ahead, step)
         return out
@@ -92,11 +82,6 @@ class Dana(Compensation):
         self.active[worker] = False
         np.sum(self.velocity[self.active], axis=0, out=self.total)   # afresh: no rounding
 
-    def reply_sent(self, worker, clock, request):
-        self.sends[(worker, clock % self.slots)] = request
-
-    def requests(self):
-        return list(self.sends.values())
 
     def summary(self):
         return {**super().summary(), "mean delay": self.delay.value}

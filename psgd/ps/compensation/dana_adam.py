@@ -13,12 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.kernels.staleness import adam_reply
-from psgd.mpi import wait as _wait
-from psgd.ps.compensation.amom import RunningMean
-from psgd.ps.compensation.base import Compensation
+from psgd.ps.compensation.lookahead import LookAhead
 
 
-class DanaAdam(Compensation):
+class DanaAdam(LookAhead):
     """Adam's look-ahead replies.
 
     Memory: one reply buffer per worker (two with overlap): W shard lengths
@@ -28,38 +26,18 @@ class DanaAdam(Compensation):
     name = "dana-adam"
     describes = "look-ahead, in Adam steps"
 
-    def __init__(self, config, optimizer, n, n_workers=1):
-        super().__init__(config, optimizer, n, n_workers)
-        self.slots = 2 if config.overlap else 1
-        self.out = np.zeros((n_workers, self.slots, n), np.float32)
-        self.sends: dict[tuple[int, int], object] = {}
-        self.own = [RunningMean() for _ in range(n_workers)]
-
-    def buffers(self):
-        return list(self.out.reshape(-1, self.n))
-
     def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         self.own[worker].add(delay)
         return grad, lr
 
     def reply(self, worker, clock, live, lr):
         opt = self.optimizer
-        if opt.steps == 0:        # no moments yet: nothing to look ahead by
+        if self.out is None or opt.steps == 0:   # one worker, or no moments yet
             return live
-        slot = clock % self.slots
-        sent = self.sends.pop((worker, slot), None)
-        if sent is not None:
-            _wait.wait(sent, f"worker {worker} to receive its previous look-ahead reply")
         b1 = opt.beta1
         steps = b1 * (1.0 - b1 ** self.own[worker].value) / (1.0 - b1)
         self.factor.add(steps)
-        out = self.out[worker, slot]
+        out = self.reply_buffer(worker, clock)
         adam_reply(live, opt.m, opt.v, out, lr * steps / (1.0 - b1 ** opt.steps),
                    1.0 / np.sqrt(1.0 - opt.beta2 ** opt.steps), opt.eps)
         return out
-
-    def reply_sent(self, worker, clock, request):
-        self.sends[(worker, clock % self.slots)] = request
-
-    def requests(self):
-        return list(self.sends.values())

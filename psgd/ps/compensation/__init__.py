@@ -24,7 +24,8 @@ HELP = {
     "amom": "asynchrony-aware momentum: lower the server's momentum by the implicit "
             "momentum of the measured delay",
     "dana": "DANA: the user's momentum kept per worker, each push stepping lr / W, and pulls "
-            "answered with the parameters moved by the other workers' expected momentum",
+            "answered with the parameters moved by the expected momentum (the other workers' "
+            "and the puller's own)",
     "dana-adam": "DANA's look-ahead for Adam: pulls answered with the parameters moved by "
                  "Adam's expected next steps",
     "auto": "dana for momentum and nesterov (amom under hogwild), dana-adam for adam, none "

@@ -400,7 +400,7 @@ def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():
             assert first.push(grad_for(w, clock), clock, staleness, source=1 + w, worker=w)
     taken = []
     snapshots = Snapshots(MPI.COMM_SELF, ShardMap(N, 1), 0, first.optimizer,
-                          on_snapshot=lambda **kw: taken.append(kw), method=first.comp)
+                          on_snapshot=lambda **kw: taken.append(kw), rule=first)
     snapshots.capture(7, versions.live)
     (snap,) = taken
     for i in range(W):
@@ -408,7 +408,7 @@ def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():
                                       first.comp.velocity[i])
     assert np.abs(first.comp.velocity).min() > 0
     resumed, again = rule_at(snap["params"])
-    resumed.comp.load_state(snap["opt_state"])
+    resumed.load_state(snap["opt_state"])
     np.testing.assert_allclose(resumed.comp.total, first.comp.total, rtol=1e-6, atol=1e-6)
     for rule, live in ((first, versions), (resumed, again)):   # a push with no delay
         rule.replied(1, 9, live.live)

@@ -81,6 +81,13 @@ class BspUpdate:
     def worker_done(self, worker: int) -> None:
         """Nothing to forget: a bsp step keeps nothing per worker."""
 
+    def state(self) -> dict:
+        """No state of its own beside the optimizer's, for checkpoints."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Nothing to take back from a resumed checkpoint."""
+
     def reply_sent(self, worker: int, clock: int, request) -> None:
         """Never called: every reply is ``live``."""
 

@@ -72,9 +72,8 @@ class _Server:
                 for key in self.optimizer.state_keys}})
         _warm_up(config)
         self.rule = config.update_rule(config, self.optimizer, self.versions, n_workers=self.W)
-        method = getattr(self.rule, "comp", None)
-        if method is not None and init_opt_state is not None:
-            method.load_state(init_opt_state)
+        if init_opt_state is not None:
+            self.rule.load_state(init_opt_state)
         self.bound = float(config.staleness)
         self.adaptive = None   # --staleness auto: the bound in force is set online
         if config.staleness_auto:
@@ -91,7 +90,7 @@ class _Server:
         self.n_pushes = 0
         self.n_skipped = 0
         self.snapshots = Snapshots(self.comm, shard_map, self.shard, self.optimizer, on_snapshot,
-                                   method)
+                                   self.rule)
         self.ctrl = np.zeros(HEADER_LEN, np.int64)
         self.status = MPI.Status()
         # collective with the workers' PSWorker.start (every rank of the job makes it)

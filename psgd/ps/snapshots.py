@@ -73,15 +73,16 @@ class Snapshots:
         This shard's optimizer, whose state goes with the parameters.
     on_snapshot : callable or None
         Rank 0: called with each complete snapshot.
-    method : psgd.ps.compensation.base.Compensation, optional
-        The staleness compensation, whose per-element state goes with the optimizer's.
+    rule : optional
+        The update rule, whose per-element state (``rule.state()``: its staleness
+        compensation's) goes with the optimizer's.
     """
 
     def __init__(self, comm: MPI.Comm, shard_map: ShardMap, shard: int, optimizer,
-                 on_snapshot=None, method=None) -> None:
+                 on_snapshot=None, rule=None) -> None:
         self.comm, self.shard_map, self.shard = comm, shard_map, shard
         self.optimizer = optimizer
-        self.method_state = method.state() if method is not None else {}
+        self.method_state = rule.state() if rule is not None else {}
         self.state_keys = tuple(optimizer.state_keys) + tuple(self.method_state)
         self.on_snapshot = on_snapshot
         self.assembling: dict[int, Assembly] = {}   # rank 0: clocks being put together

@@ -59,6 +59,14 @@ class SspUpdate:
         """Worker ``worker`` will push no more."""
         self.comp.worker_done(worker)
 
+    def state(self) -> dict:
+        """The compensation's per-element state by name, for checkpoints."""
+        return self.comp.state()
+
+    def load_state(self, state: dict) -> None:
+        """The compensation's state from a resumed checkpoint's (cut to this shard)."""
+        self.comp.load_state(state)
+
     def reply_sent(self, worker: int, clock: int, request) -> None:
         """The send of a reply that is not ``live`` started (the compensation keeps its array)."""
         self.comp.reply_sent(worker, clock, request)

@@ -97,6 +97,36 @@ def _bucket_sum(x, acc, square):
     return acc[0]
 
 
+@njit(cache=True)
+def _bucket_max(x, acc):
+    """The largest ``|x|``: element i into ``acc[i % 64]`` (float32 (64,)), then the 64 taken
+    pairwise, as :func:`_bucket_sum` (a NaN anywhere gives NaN, as the sum of squares does)."""
+    acc[:] = 0.0
+    m = x.shape[0]
+    full = m - m % _PARTS
+    for i in range(0, full, _PARTS):
+        xi = x[i:i + _PARTS]
+        for k in range(_PARTS):
+            v = abs(xi[k])
+            acc[k] = v if v >= acc[k] or v != v else acc[k]
+    for k in range(m - full):
+        v = abs(x[full + k])
+        acc[k] = v if v >= acc[k] or v != v else acc[k]
+    w = _PARTS
+    while w > 1:
+        w //= 2
+        for k in range(w):
+            v = acc[k + w]
+            acc[k] = v if v >= acc[k] or v != v else acc[k]
+    return acc[0]
+
+
+@njit(cache=True)
+def _bucket_norm(x, acc, maxnorm):
+    """qsgd's scale of a bucket: its largest magnitude (``maxnorm``) or its L2 norm."""
+    return _bucket_max(x, acc) if maxnorm else np.float32(np.sqrt(_bucket_sum(x, acc, True)))
+
+
 # ---------------------------------------------------------------- qsgd
 
 
@@ -183,8 +213,8 @@ def _pack_flags(flag, lo, packed):
 
 
 @njit(cache=True)
-def qsgd_binary_encode(grad, bucket, out, state):
-    """qsgd:1: per bucket its L2 norm, per element one bit, set (decoded +norm) with probability
+def qsgd_binary_encode(grad, bucket, out, state, maxnorm=False):
+    """qsgd:1: per bucket its norm (:func:`_bucket_norm`), per element one bit, set (decoded +norm) with probability
     ``(1 + g / norm) / 2``, else clear (-norm): unbiased, one level and no zero.
 
     Layout: :func:`qsgd_encode`'s with ``bits`` = 1 (a clear bit is code 0), which is
@@ -200,7 +230,7 @@ def qsgd_binary_encode(grad, bucket, out, state):
     ubits = np.empty(CHUNK, np.uint32)
     for b in range(nb):
         x = grad[b * bucket:min(n, (b + 1) * bucket)]
-        norm = np.float32(np.sqrt(_bucket_sum(x, acc, True)))
+        norm = _bucket_norm(x, acc, maxnorm)
         norms[b] = norm
         half_scale = np.float32(0.5) / norm if norm > 0 else np.float32(0.0)
         _binary_flags(x, half_scale, state, ubits, flag[:x.shape[0]])
@@ -209,8 +239,8 @@ def qsgd_binary_encode(grad, bucket, out, state):
 
 
 @njit(cache=True)
-def qsgd_encode(grad, bits, bucket, out, state):
-    """QSGD: per bucket its L2 norm, per element a signed level in {-s..s}, s = 2**(bits-1) - 1.
+def qsgd_encode(grad, bits, bucket, out, state, maxnorm=False):
+    """QSGD: per bucket its norm (:func:`_bucket_norm`), per element a signed level in {-s..s}, s = 2**(bits-1) - 1.
 
     Layout: ``ceil(n / bucket)`` float32 norms, then the levels as ``bits``-bit
     codes ``level + s``, packed from the low bits of each byte up (a code may
@@ -224,7 +254,7 @@ def qsgd_encode(grad, bits, bucket, out, state):
     :func:`qsgd_binary_encode`. Returns the bytes written.
     """
     if bits == 1:
-        return qsgd_binary_encode(grad, bucket, out, state)
+        return qsgd_binary_encode(grad, bucket, out, state, maxnorm)
     n = grad.shape[0]
     nb = (n + bucket - 1) // bucket
     norms = out[:4 * nb].view(np.float32)
@@ -240,7 +270,7 @@ def qsgd_encode(grad, bits, bucket, out, state):
     for b in range(nb):
         x = grad[b * bucket:min(n, (b + 1) * bucket)]
         m = x.shape[0]
-        norm = np.float32(np.sqrt(_bucket_sum(x, acc, True)))
+        norm = _bucket_norm(x, acc, maxnorm)
         norms[b] = norm
         scale = np.float32(s) / norm if norm > 0 else np.float32(0.0)
         if bits == 8:                                  # a code a byte, straight into the frame

@@ -32,14 +32,15 @@ def np_norm(x):
     return np.sqrt(acc[0])
 
 
-def np_encode(g, bits, bucket, state):
-    """qsgd's frame body for ``g`` (float32 (n,)) in numpy: norms, then the codes bit-packed
-    (bits = 1: code 1, +norm, where g / norm / 2 + u >= 1 / 2)."""
+def np_encode(g, bits, bucket, state, maxnorm=False):
+    """qsgd's frame body for ``g`` (float32 (n,)) in numpy: norms (``maxnorm``: the largest
+    magnitudes), then the codes bit-packed (bits = 1: code 1, +norm, where
+    g / norm / 2 + u >= 1 / 2)."""
     s = 2 ** (bits - 1) - 1
     norms, codes = [], []
     for lo in range(0, g.shape[0], bucket):
         x = g[lo:lo + bucket]
-        norm = np_norm(x)
+        norm = np.abs(x).max() if maxnorm else np_norm(x)
         u = np.concatenate([np_uniforms(state) for _ in range(0, x.shape[0], K.CHUNK)])
         norms.append(norm)
         if bits == 1:
@@ -69,21 +70,33 @@ def np_decode_add(body, bits, bucket, dst):
     dst += (codes - np.float32(s)) * step
 
 
+def test_a_buckets_largest_magnitude_is_nan_where_the_bucket_holds_one():
+    """As the L2 norm is: the bucket then decodes to NaN, which the servers' check sees."""
+    acc = np.zeros(64, np.float32)
+    for where in (0, 5, 64, 129):
+        x = np.random.default_rng(where).standard_normal(130).astype(np.float32)
+        assert K._bucket_max(x, acc) == np.abs(x).max()
+        x[where] = np.nan
+        assert np.isnan(K._bucket_max(x, acc))
+
+
 def streams(seed=7):
     return make("qsgd:4", 64, seed=seed).state.copy()
 
 
 @pytest.mark.parametrize("n, bucket", CASES)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 8])
-def test_qsgd_encode_is_numpys_encoding_bit_for_bit(n, bucket, bits):
-    """Norms, uniforms, levels and packing (the two-codes-a-byte and byte-a-code paths, and
-    the general one) as numpy computes them, and the streams left where numpy leaves them."""
+@pytest.mark.parametrize("maxnorm", [False, True])
+def test_qsgd_encode_is_numpys_encoding_bit_for_bit(n, bucket, bits, maxnorm):
+    """Norms (L2 or largest magnitude), uniforms, levels and packing (the two-codes-a-byte and
+    byte-a-code paths, and the general one) as numpy computes them, and the streams left
+    where numpy leaves them."""
     g = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     g[::7] = 0.0
     want_state, state = streams(), streams()
-    want = np_encode(g, bits, bucket, want_state)
+    want = np_encode(g, bits, bucket, want_state, maxnorm)
     out = np.zeros(want.shape[0] + 16, np.uint8)
-    assert K.qsgd_encode(g, bits, bucket, out, state) == want.shape[0]
+    assert K.qsgd_encode(g, bits, bucket, out, state, maxnorm) == want.shape[0]
     np.testing.assert_array_equal(out[:want.shape[0]], want)
     np.testing.assert_array_equal(state, want_state)
 
@@ -108,6 +121,7 @@ def test_qsgd_kernels_compute_what_their_python_computes(bits):
     acc, py_acc = np.zeros(64, np.float32), np.zeros(64, np.float32)
     assert K._bucket_sum(g[:130], acc, True) == K._bucket_sum.py_func(g[:130], py_acc, True)
     assert K._bucket_sum(g[:130], acc, False) == K._bucket_sum.py_func(g[:130], py_acc, False)
+    assert K._bucket_max(g[:130], acc) == K._bucket_max.py_func(g[:130], py_acc)
     s = 2 ** (bits - 1) - 1
     state, py_state = streams(), streams()
     code, py_code = np.zeros(130, np.uint8), np.zeros(130, np.uint8)
@@ -129,6 +143,9 @@ def test_qsgd_kernels_compute_what_their_python_computes(bits):
     assert length == K.qsgd_encode.py_func(g, bits, 96, py_out, py_state)
     np.testing.assert_array_equal(out, py_out)
     np.testing.assert_array_equal(state, py_state)
+    assert length == K.qsgd_encode(g, bits, 96, out, state, True)
+    assert length == K.qsgd_encode.py_func(g, bits, 96, py_out, py_state, True)
+    np.testing.assert_array_equal(out, py_out)
     dst, py_dst = np.ones(700, np.float32), np.ones(700, np.float32)
     K.qsgd_decode_add(out[:length], bits, 96, dst)
     K.qsgd_decode_add.py_func(out[:length], bits, 96, py_dst)

@@ -12,8 +12,9 @@ NONE = "none"
 DEFAULT_BUCKET = 512
 HELP = {"none": "float32 as computed",
         "fp16": "half precision, 2 bytes per element",
-        "qsgd:BITS": "QSGD, BITS (1..8) bits per element: an unbiased signed level of "
-                     "2^BITS - 1 (qsgd:1: +-1), scaled by the bucket's norm",
+        "qsgd:BITS[:l2|max]": "QSGD, BITS (1..8) bits per element: an unbiased signed level "
+                              "of 2^BITS - 1 (qsgd:1: +-1), scaled by the bucket's L2 norm "
+                              "or its largest magnitude",
         "topk:FRACTION": "the largest FRACTION (0, 1] of magnitudes as index + value",
         "sign": "one bit per element and the bucket's mean magnitude",
         "sparse": "the nonzeros as index + value where that is smaller (lossless; sparse models)"}
@@ -40,15 +41,19 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
         from psgd.compress.sign import Sign
         return Sign(bucket)
     if name == "qsgd":
-        from psgd.compress.qsgd import Qsgd
+        from psgd.compress.qsgd import DEFAULT_SCALE, SCALES, Qsgd
+        text, _, scale = arg.partition(":")
         try:
-            bits = int(arg)
+            bits = int(text)
         except ValueError:
             raise ValueError(f"--compress {spec}: qsgd takes the bits per element, "
                              f"e.g. qsgd:4") from None
         if not 1 <= bits <= 8:
             raise ValueError(f"--compress {spec}: bits must be in 1..8")
-        return Qsgd(bits, bucket, seed)
+        if scale and scale not in SCALES:
+            raise ValueError(f"--compress {spec}: qsgd's scale is {' or '.join(SCALES)}, "
+                             f"e.g. qsgd:{bits}:{SCALES[0]}")
+        return Qsgd(bits, bucket, seed, scale or DEFAULT_SCALE)
     if name == "topk":
         from psgd.compress.topk import TopK
         try:

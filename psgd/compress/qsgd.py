@@ -6,6 +6,9 @@ import numpy as np
 from psgd.compress.base import Compressor
 from psgd.kernels.compress import LANES, qsgd_decode_add, qsgd_encode
 
+SCALES = ("l2", "max")    # qsgd:BITS:SCALE: a bucket's L2 norm or its largest magnitude
+DEFAULT_SCALE = "l2"      # what qsgd:BITS means
+
 
 def _splitmix64(z: int) -> int:
     """Vigna's splitmix64 of ``z``: a bijection of 64-bit ints that seeds xorshift streams."""
@@ -17,13 +20,15 @@ def _splitmix64(z: int) -> int:
 
 class Qsgd(Compressor):
     """``2**bits - 1`` levels per element, ``{-s..s} * norm / s`` with s = 2**(bits-1) - 1;
-    for ``bits`` = 1 the two levels ``+-norm`` (no zero)."""
+    for ``bits`` = 1 the two levels ``+-norm`` (no zero); the norm is the bucket's L2 norm
+    (``scale`` l2) or its largest magnitude (max)."""
 
     code, biased = 2, False
 
-    def __init__(self, bits: int, bucket: int, seed: int = 0) -> None:
-        self.bits, self.bucket = bits, bucket
-        self.name = f"qsgd:{bits}"
+    def __init__(self, bits: int, bucket: int, seed: int = 0,
+                 scale: str = DEFAULT_SCALE) -> None:
+        self.bits, self.bucket, self.maxnorm = bits, bucket, scale == "max"
+        self.name = f"qsgd:{bits}" if scale == DEFAULT_SCALE else f"qsgd:{bits}:{scale}"
         # the random rounding's xorshift64 streams (never 0), repeatable from the seed
         self.state = np.array([_splitmix64(seed * LANES + k) or 1 for k in range(LANES)],
                               np.uint64)
@@ -32,7 +37,7 @@ class Qsgd(Compressor):
         return 4 * ((n + self.bucket - 1) // self.bucket) + (n * self.bits + 7) // 8
 
     def encode_body(self, grad: np.ndarray, out: np.ndarray) -> int:
-        return qsgd_encode(grad, self.bits, self.bucket, out, self.state)
+        return qsgd_encode(grad, self.bits, self.bucket, out, self.state, self.maxnorm)
 
     def decode_add_body(self, body: np.ndarray, dst: np.ndarray) -> None:
         qsgd_decode_add(body, self.bits, self.bucket, dst)

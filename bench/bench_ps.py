@@ -155,7 +155,7 @@ def launch(n, extra, timeout=300):
     return [json.loads(ln[6:]) for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")][-1]
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", metavar="PATH")
@@ -176,7 +176,11 @@ def main():
     ap.add_argument("--protocols", default="asp,ssp,bsp,asp+overlap,asp+messages,bsp+messages",
                     help="comma list; +overlap: workers pull ahead; +messages: no push window "
                          "(default asp,ssp,bsp,asp+overlap,asp+messages,bsp+messages)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
     if args.child == "raw":
         return child_raw(args)
     if args.child == "ps":
@@ -195,6 +199,23 @@ def main():
     print(f"psgd PS benchmark: {args.n_params} float32 ({size_mb:.1f} MB) per push and per pull, "
           f"{steps} steps, 2 workers, no compute; {repeat} round(s), each case paired with the "
           f"faster of the raw ping-pongs just before and after it")
+    runs, raws = rounds(cases, common, repeat, size_mb)
+    results = {"n_params": args.n_params, "steps": steps, "repeat": repeat,
+               "raw_runs_MB_s": [r["MB_s"] for r in raws],
+               "raw_rtt_ms": [r["rtt_ms"] for r in raws], "ps": []}
+    print(f"raw MPI ping-pong: {min(results['raw_runs_MB_s']):.0f}-"
+          f"{max(results['raw_runs_MB_s']):.0f} MB/s over {len(raws)} runs; per case, the run "
+          f"with the median ratio (target {TARGET}):")
+    for case in cases:
+        results["ps"].append(report(runs[case]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.md:
+        Path(args.md).write_text(markdown(results, runs, " ".join(sys.argv[1:])))
+
+
+def rounds(cases: list, common: list, repeat: int, size_mb: float) -> tuple[dict, list]:
+    """Every case ``repeat`` times, interleaved, each run between two raw ping-pongs."""
     raws = [launch(2, ["--child", "raw", *common])]
     print(f"raw MPI ping-pong ({size_mb:.1f} MB each way): {raws[0]['MB_s']:.0f} MB/s, "
           f"rtt {raws[0]['rtt_ms']:.2f} ms")
@@ -213,33 +234,27 @@ def main():
             print(f"  round {rnd + 1}: {r['case']:<22} {r['MB_s']:6.0f} MB/s, raw around it "
                   f"{raws[-2]['MB_s']:.0f} / {raws[-1]['MB_s']:.0f} MB/s: "
                   f"{r['ratio_to_raw']:.3f} of raw", flush=True)
-    results = {"n_params": args.n_params, "steps": steps, "repeat": repeat,
-               "raw_runs_MB_s": [r["MB_s"] for r in raws],
-               "raw_rtt_ms": [r["rtt_ms"] for r in raws], "ps": []}
-    print(f"raw MPI ping-pong: {min(results['raw_runs_MB_s']):.0f}-"
-          f"{max(results['raw_runs_MB_s']):.0f} MB/s over {len(raws)} runs; per case, the run "
-          f"with the median ratio (target {TARGET}):")
-    for case in cases:
-        ratios = sorted(r["ratio_to_raw"] for r in runs[case])
-        r = sorted(runs[case], key=lambda r: r["ratio_to_raw"])[(len(ratios) - 1) // 2]
-        r["ratio_runs"] = ratios
-        r["MB_s_runs"] = [x["MB_s"] for x in runs[case]]
-        results["ps"].append(r)
-        cpu = ", ".join(f"{f:.2f}" for f in r["server_cpu_fraction"])
-        rss = ", ".join(f"{m:.0f}" for m in r["maxrss_mb"])
-        bufs = ", ".join(f"{b:.1f}" for b in r["server_buffers_mb"])
-        shards = ", ".join(f"{b / m:.0f}" for b, m in zip(r["server_buffers_mb"],
-                                                           r["server_shard_mb"]))
-        mark = "ok" if r["ratio_to_raw"] >= TARGET else "MISS"
-        spread = f" (runs {ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
-        print(f"{r['case']:<22} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
-              f"{r['ratio_to_raw']:.3f} of raw {r['raw_MB_s']:.0f}{spread} {mark}  "
-              f"server cpu/wall [{cpu}]  server buffers MB [{bufs}] (= [{shards}] shards)  "
-              f"maxrss MB by rank [{rss}]")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    if args.md:
-        Path(args.md).write_text(markdown(results, runs, " ".join(sys.argv[1:])))
+    return runs, raws
+
+
+def report(runs: list) -> dict:
+    """A case's run with the median ratio to raw, printed with its spread."""
+    ratios = sorted(r["ratio_to_raw"] for r in runs)
+    r = sorted(runs, key=lambda r: r["ratio_to_raw"])[(len(ratios) - 1) // 2]
+    r["ratio_runs"] = ratios
+    r["MB_s_runs"] = [x["MB_s"] for x in runs]
+    cpu = ", ".join(f"{f:.2f}" for f in r["server_cpu_fraction"])
+    rss = ", ".join(f"{m:.0f}" for m in r["maxrss_mb"])
+    bufs = ", ".join(f"{b:.1f}" for b in r["server_buffers_mb"])
+    shards = ", ".join(f"{b / m:.0f}" for b, m in zip(r["server_buffers_mb"],
+                                                       r["server_shard_mb"]))
+    mark = "ok" if r["ratio_to_raw"] >= TARGET else "MISS"
+    spread = f" (runs {ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+    print(f"{r['case']:<22} {r['MB_s']:8.0f} MB/s  {r['updates_s']:7.1f} updates/s  "
+          f"{r['ratio_to_raw']:.3f} of raw {r['raw_MB_s']:.0f}{spread} {mark}  "
+          f"server cpu/wall [{cpu}]  server buffers MB [{bufs}] (= [{shards}] shards)  "
+          f"maxrss MB by rank [{rss}]")
+    return r
 
 
 def _compressor(variant: str) -> bool:

@@ -29,6 +29,12 @@ def grads(n, k=0):
     return np.random.default_rng(n + 1000 * k).standard_normal(n).astype(np.float32)
 
 
+def bucket_scale(part, scale):
+    """qsgd's scale of a bucket, in float64: its largest magnitude or its L2 norm."""
+    part = part.astype(np.float64)
+    return np.abs(part).max() if scale == "max" else np.linalg.norm(part)
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 def test_fp16_round_trips_as_numpy_rounds(n):
     g = grads(n) * 100
@@ -112,14 +118,16 @@ def test_topk_keeps_exactly_the_largest_magnitudes(n, fraction):
 
 @pytest.mark.parametrize("n, bucket", [(n, BUCKET) for n in LENGTHS] + [(1000, 63), (9, 3)])
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
-def test_qsgd_decodes_to_a_neighbouring_level_of_every_element(n, bucket, bits):
+@pytest.mark.parametrize("scale", ["l2", "max"])
+def test_qsgd_decodes_to_a_neighbouring_level_of_every_element(n, bucket, bits, scale):
     """Odd buckets start mid-byte (4 bits: off the two-codes-a-byte path)."""
     g = grads(n)
-    out, length = round_trip(f"qsgd:{bits}", g, comp=make(f"qsgd:{bits}", bucket, seed=n))
+    spec = f"qsgd:{bits}:{scale}"
+    out, length = round_trip(spec, g, comp=make(spec, bucket, seed=n))
     s = 2 ** (bits - 1) - 1
     for lo in range(0, n, bucket):
         part, got = g[lo:lo + bucket], out[lo:lo + bucket]
-        norm = np.linalg.norm(part.astype(np.float64))
+        norm = bucket_scale(part, scale)
         levels = got / norm * s
         np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
         np.testing.assert_array_less(np.abs(levels - part / norm * s), 1 + 1e-3)
@@ -129,12 +137,14 @@ def test_qsgd_decodes_to_a_neighbouring_level_of_every_element(n, bucket, bits):
 
 @pytest.mark.parametrize("n, bucket", [(n, BUCKET) for n in LENGTHS] + [(1000, 63), (9, 3),
                                                                         (100, 7)])
-def test_qsgd1_decodes_every_element_to_plus_or_minus_its_buckets_norm(n, bucket):
+@pytest.mark.parametrize("scale", ["l2", "max"])
+def test_qsgd1_decodes_every_element_to_plus_or_minus_its_buckets_norm(n, bucket, scale):
     """One bit per element (buckets of 63, 7 and 3 start mid-byte); both signs occur."""
     g = grads(n)
-    out, length = round_trip("qsgd:1", g, comp=make("qsgd:1", bucket, seed=n))
+    spec = f"qsgd:1:{scale}"
+    out, length = round_trip(spec, g, comp=make(spec, bucket, seed=n))
     for lo in range(0, n, bucket):
-        norm = np.float32(np.linalg.norm(g[lo:lo + bucket].astype(np.float64)))
+        norm = np.float32(bucket_scale(g[lo:lo + bucket], scale))
         got = out[lo:lo + bucket]
         np.testing.assert_allclose(np.abs(got), norm, rtol=1e-6)
     if n >= 100:
@@ -142,27 +152,32 @@ def test_qsgd1_decodes_every_element_to_plus_or_minus_its_buckets_norm(n, bucket
     assert length == HEADER_BYTES + 4 * -(-n // bucket) + -(-n // 8)
 
 
-def test_qsgd1_is_unbiased_and_its_variance_is_n_minus_1_times_the_norm_squared():
+@pytest.mark.parametrize("scale", ["l2", "max"])
+def test_qsgd1_is_unbiased_and_its_variance_is_the_sum_of_norm2_minus_g2(scale):
     """+norm with probability (1 + g / norm) / 2: the mean of many encodings converges to g
     (each element within 5 sigma, sigma = sqrt(norm^2 - g^2 / draws)), and E||Q(g) - g||^2
-    = sum(norm^2 - g_i^2) = (n - 1) ||g||^2 per bucket of n, within 5 standard errors."""
+    = sum(norm^2 - g_i^2) (with the L2 norm (n - 1) ||g||^2 per bucket of n), within 5
+    standard errors."""
     g = np.concatenate([grads(BUCKET, k=1), grads(BUCKET // 2, k=2) * 3])
-    comp = make("qsgd:1", BUCKET, seed=3)
+    comp = make(f"qsgd:1:{scale}", BUCKET, seed=3)
     draws = np.array([round_trip("", g, comp=comp)[0] for _ in range(4000)], np.float64)
-    norm = np.repeat([np.linalg.norm(g[lo:lo + BUCKET].astype(np.float64))
+    norm = np.repeat([bucket_scale(g[lo:lo + BUCKET], scale)
                       for lo in range(0, g.size, BUCKET)], BUCKET)[:g.size]
-    sigma = np.sqrt((norm ** 2 - g.astype(np.float64) ** 2) / len(draws))
+    g64 = g.astype(np.float64)
+    sigma = np.sqrt((norm ** 2 - g64 ** 2) / len(draws))
     assert np.all(np.abs(draws.mean(axis=0) - g) <= 5 * sigma + 1e-6)
     sq = ((draws - g) ** 2).sum(axis=1)
-    bound = sum((min(BUCKET, g.size - lo) - 1) * float(g[lo:lo + BUCKET].astype(np.float64)
-                                                      @ g[lo:lo + BUCKET])
-                for lo in range(0, g.size, BUCKET))
-    assert abs(sq.mean() - bound) <= 5 * sq.std() / np.sqrt(len(draws))
+    expected = float((norm ** 2 - g64 ** 2).sum())
+    if scale == "l2":
+        assert expected == pytest.approx(sum((min(BUCKET, g.size - lo) - 1) * g64[lo:lo + BUCKET]
+                                             @ g64[lo:lo + BUCKET]
+                                             for lo in range(0, g.size, BUCKET)))
+    assert abs(sq.mean() - expected) <= 5 * sq.std() / np.sqrt(len(draws))
 
 
 @pytest.mark.parametrize("n, bucket", [(1000, BUCKET), (1000, 63), (9, 3)])
 def test_qsgd_max_decodes_to_a_level_of_the_buckets_largest_magnitude(n, bucket):
-    """qsgd:4:max: levels of max|bucket| / s; the largest element is sent exactly."""
+    """qsgd:4 (max): levels of max|bucket| / s; the largest element is sent exactly."""
     g = grads(n)
     out, length = round_trip("", g, comp=make("qsgd:4:max", bucket, seed=n))
     for lo in range(0, n, bucket):
@@ -174,8 +189,8 @@ def test_qsgd_max_decodes_to_a_level_of_the_buckets_largest_magnitude(n, bucket)
         k = np.argmax(np.abs(part))
         np.testing.assert_allclose(got[k], part[k], rtol=1e-6)
     assert length == HEADER_BYTES + 4 * -(-n // bucket) + -(-n * 4 // 8)
-    assert make("qsgd:4:max", bucket).name == "qsgd:4:max"
-    assert make("qsgd:4:l2", bucket).name == "qsgd:4"
+    assert make("qsgd:4:max", bucket).name == make("qsgd:4", bucket).name == "qsgd:4"
+    assert make("qsgd:4:l2", bucket).name == "qsgd:4:l2"
 
 
 def test_qsgd_max_is_unbiased_with_a_fraction_of_l2s_variance():
@@ -185,8 +200,8 @@ def test_qsgd_max_is_unbiased_with_a_fraction_of_l2s_variance():
     g = grads(512, k=9)
     draws = {scale: np.array([round_trip("", g, comp=comp)[0] for _ in range(2000)],
                              np.float64)
-             for scale, comp in (("max", make("qsgd:4:max", 512, seed=3)),
-                                 ("l2", make("qsgd:4", 512, seed=3)))}
+             for scale, comp in (("max", make("qsgd:4", 512, seed=3)),
+                                 ("l2", make("qsgd:4:l2", 512, seed=3)))}
     top = float(np.abs(g).max())
     frac = np.abs(g) / top * 7 % 1
     sigma = top / 7 * np.sqrt(frac * (1 - frac) / 2000)
@@ -198,11 +213,12 @@ def test_qsgd_max_is_unbiased_with_a_fraction_of_l2s_variance():
 
 @pytest.mark.parametrize("bits", [2, 4])
 def test_qsgd_is_unbiased_within_its_variance_bound(bits):
-    """The mean of many encodings converges to the vector; E||Q(g) - g||^2 obeys QSGD's
-    Lemma 3.1: at most min(n / s^2, sqrt(n) / s) ||g||^2 per bucket of n elements."""
+    """Scaled by the L2 norm, the mean of many encodings converges to the vector and
+    E||Q(g) - g||^2 obeys QSGD's Lemma 3.1: at most min(n / s^2, sqrt(n) / s) ||g||^2 per
+    bucket of n elements (the largest magnitude's bound: the test above)."""
     g = grads(BUCKET, k=bits)
     s = 2 ** (bits - 1) - 1
-    comp = make(f"qsgd:{bits}", BUCKET, seed=3)
+    comp = make(f"qsgd:{bits}:l2", BUCKET, seed=3)
     draws = np.array([round_trip("", g, comp=comp)[0] for _ in range(4000)], np.float64)
     err = draws.mean(axis=0) - g
     # each element rounds up with p = the fraction of |g| / norm * s: its mean's sigma
@@ -247,14 +263,15 @@ def decoded(comp, smap, frames):
 
 def dyadic_pushes(n, bucket, rng):
     """What a worker encodes, p: in every bucket of 4 a random signed permutation of
-    (1, 2, 2, 0) / 8, so that a bucket's norm (3/8), its mean magnitude (5/32) and qsgd's
-    steps norm / s for s = 1 are exact, and so is every sum and difference below."""
+    (1, 2, 2, 0) / 8, so that a bucket's L2 norm (3/8), its largest and mean magnitudes (1/4,
+    5/32) and qsgd's steps norm / s for s = 1 are exact, and so is every sum and difference below."""
     pattern = np.array([1, 2, 2, 0], np.float64) / 8
     p = np.concatenate([rng.permutation(pattern) for _ in range(n // bucket)])
     return p * rng.choice([-1, 1], n)
 
 
-@pytest.mark.parametrize("spec", ["topk:0.05", "sign", "qsgd:1", "qsgd:2"])
+@pytest.mark.parametrize("spec", ["topk:0.05", "sign", "qsgd:1", "qsgd:2", "qsgd:1:l2",
+                                  "qsgd:2:l2"])
 def test_error_feedback_invariant_holds_exactly_on_exactly_representable_pushes(spec):
     """sum of what was sent + the residual == the sum of the gradients, bit for bit, for every
     compressor with error feedback, over 60 pushes: each gradient g = p - r is chosen so that
@@ -301,7 +318,7 @@ def test_a_frame_for_another_length_or_compressor_is_refused():
     (["--compress", "qsgd:9"], r"--compress qsgd:9: bits must be in 1\.\.8$"),
     (["--compress", "qsgd:0"], r"--compress qsgd:0: bits must be in 1\.\.8$"),
     (["--compress", "qsgd:x"], "qsgd takes the bits per element"),
-    (["--compress", "qsgd:4:linf"], "qsgd.s scale is l2 or max"),
+    (["--compress", "qsgd:4:linf"], "qsgd.s scale is max or l2"),
     (["--compress", "topk:0"], r"the fraction must be in \(0, 1\]"),
     (["--compress", "topk:1.5"], r"the fraction must be in \(0, 1\]"),
     (["--compress", "sign", "--compress-bucket", "0"], "--compress-bucket must be >= 1"),

@@ -12,9 +12,9 @@ NONE = "none"
 DEFAULT_BUCKET = 512
 HELP = {"none": "float32 as computed",
         "fp16": "half precision, 2 bytes per element",
-        "qsgd:BITS[:l2|max]": "QSGD, BITS (1..8) bits per element: an unbiased signed level "
-                              "of 2^BITS - 1 (qsgd:1: +-1), scaled by the bucket's L2 norm "
-                              "or its largest magnitude",
+        "qsgd:BITS[:max|l2]": "QSGD, BITS (1..8) bits per element: an unbiased signed level "
+                              "of 2^BITS - 1 (qsgd:1: +-1), scaled by the bucket's largest "
+                              "magnitude (max, the default) or its L2 norm (l2)",
         "topk:FRACTION": "the largest FRACTION (0, 1] of magnitudes as index + value",
         "sign": "one bit per element and the bucket's mean magnitude",
         "sparse": "the nonzeros as index + value where that is smaller (lossless; sparse models)"}

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from psgd.compress import make  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
-SPECS = ["fp16", "qsgd:1", "qsgd:4", "qsgd:8", "topk:0.01", "sign"]
+SPECS = ["fp16", "qsgd:1", "qsgd:4", "qsgd:4:l2", "qsgd:8", "topk:0.01", "sign"]
 
 
 # ---------------------------------------------------------------- numpy peers
@@ -30,12 +30,17 @@ def np_fp16(g, bucket, rng):
     return h.nbytes, lambda dst: np.add(dst, h, out=dst, casting="unsafe")
 
 
-def np_qsgd(bits):
+def scales(b, l2):
+    """Each bucket's (row's) qsgd scale: its L2 norm or its largest magnitude."""
+    return (np.linalg.norm(b, axis=1) if l2 else np.abs(b).max(axis=1)).astype(np.float32)
+
+
+def np_qsgd(bits, l2=False):
     def run(g, bucket, rng):
         s = 2 ** (bits - 1) - 1
         pad = (-g.size) % bucket
         b = np.concatenate([g, np.zeros(pad, np.float32)]).reshape(-1, bucket)
-        norms = np.linalg.norm(b, axis=1).astype(np.float32)
+        norms = scales(b, l2)
         x = np.abs(b) / np.where(norms > 0, norms, 1)[:, None] * s
         level = np.minimum(np.floor(x + rng.random(x.shape, np.float32)), s).astype(np.int8)
         codes = (np.where(b >= 0, level, -level) + s).astype(np.uint8).ravel()[:g.size]
@@ -54,7 +59,7 @@ def np_qsgd(bits):
 def np_qsgd1(g, bucket, rng):
     pad = (-g.size) % bucket
     b = np.concatenate([g, np.zeros(pad, np.float32)]).reshape(-1, bucket)
-    norms = np.linalg.norm(b, axis=1).astype(np.float32)
+    norms = scales(b, l2=False)
     half = np.float32(0.5) / np.where(norms > 0, norms, 1)[:, None]
     up = (b * half + rng.random(b.shape, np.float32) >= 0.5).ravel()[:g.size]
     packed = np.packbits(up, bitorder="little")
@@ -85,7 +90,8 @@ def np_sign(g, bucket, rng):
     return scales.nbytes + bits.nbytes, decode
 
 
-PEERS = {"fp16": np_fp16, "qsgd:1": np_qsgd1, "qsgd:4": np_qsgd(4), "qsgd:8": np_qsgd(8),
+PEERS = {"fp16": np_fp16, "qsgd:1": np_qsgd1, "qsgd:4": np_qsgd(4),
+         "qsgd:4:l2": np_qsgd(4, l2=True), "qsgd:8": np_qsgd(8),
          "topk:0.01": np_topk(0.01), "sign": np_sign}
 
 

@@ -144,7 +144,7 @@ def test_bench_compress_quick_writes_its_table_and_json(tmp_path):
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["compressor"]: r for r in json.loads((tmp_path / "compress-quick.json").read_text())}
-    assert set(rows) == {"fp16", "qsgd:1", "qsgd:4", "qsgd:8", "topk:0.01", "sign"}
+    assert set(rows) == {"fp16", "qsgd:1", "qsgd:4", "qsgd:4:l2", "qsgd:8", "topk:0.01", "sign"}
     assert rows["qsgd:4"]["ratio"] >= 7 and rows["sign"]["ratio"] >= 25
     assert rows["qsgd:1"]["ratio"] == pytest.approx(32 / (1 + 32 / 512), rel=1e-2)
     assert rows["topk:0.01"]["ratio"] >= 25 and rows["fp16"]["ratio"] == pytest.approx(2, rel=1e-3)

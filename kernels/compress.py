@@ -214,8 +214,9 @@ def _pack_flags(flag, lo, packed):
 
 @njit(cache=True)
 def qsgd_binary_encode(grad, bucket, out, state, maxnorm=False):
-    """qsgd:1: per bucket its norm (:func:`_bucket_norm`), per element one bit, set (decoded +norm) with probability
-    ``(1 + g / norm) / 2``, else clear (-norm): unbiased, one level and no zero.
+    """qsgd:1: per bucket its norm (:func:`_bucket_norm`), per element one bit, set (decoded
+    +norm) with probability ``(1 + g / norm) / 2``, else clear (-norm): unbiased, one level
+    and no zero.
 
     Layout: :func:`qsgd_encode`'s with ``bits`` = 1 (a clear bit is code 0), which is
     :func:`sign_encode`'s with the norm as the scale. Returns the bytes written.
@@ -240,7 +241,8 @@ def qsgd_binary_encode(grad, bucket, out, state, maxnorm=False):
 
 @njit(cache=True)
 def qsgd_encode(grad, bits, bucket, out, state, maxnorm=False):
-    """QSGD: per bucket its norm (:func:`_bucket_norm`), per element a signed level in {-s..s}, s = 2**(bits-1) - 1.
+    """QSGD: per bucket its norm (:func:`_bucket_norm`), per element a signed level in
+    {-s..s}, s = 2**(bits-1) - 1.
 
     Layout: ``ceil(n / bucket)`` float32 norms, then the levels as ``bits``-bit
     codes ``level + s``, packed from the low bits of each byte up (a code may

@@ -74,57 +74,48 @@ def fp16_decode_add(buf, table, dst):
 _PARTS = 64           # partial sums of a bucket's sum
 
 
+SUM_ABS, SUM_SQUARES, MAX_ABS = 0, 1, 2    # what _bucket_reduce folds a bucket into
+
+
+@njit(inline="always")
+def _fold(a, v, op):
+    """``a`` with one more element ``v`` folded in: added (its magnitude or square) or, for
+    MAX_ABS, the larger magnitude (a NaN, once in, stays)."""
+    if op == MAX_ABS:
+        v = abs(v)
+        return v if v >= a or v != v else a
+    return a + (v * v if op == SUM_SQUARES else abs(v))
+
+
 @njit(cache=True)
-def _bucket_sum(x, acc, square):
-    """The sum of ``x * x`` (``square``) or of ``|x|``: element i into ``acc[i % 64]`` (float32
-    (64,)), then the 64 added pairwise (acc[k] += acc[k + 32], then + 16, ...): a fixed order
-    that the loop vectorizer keeps (no fastmath: the compiled sum is the Python one)."""
+def _bucket_reduce(x, acc, op):
+    """The sum of ``|x|`` or ``x * x``, or the largest ``|x|`` (``op``): element i into
+    ``acc[i % 64]`` (float32 (64,)), then the 64 combined pairwise (acc[k] with acc[k + 32],
+    then + 16, ...): a fixed order that the loop vectorizer keeps (no fastmath: the compiled
+    result is the Python one). A NaN anywhere gives NaN."""
     acc[:] = 0.0
     m = x.shape[0]
     full = m - m % _PARTS
     for i in range(0, full, _PARTS):
         xi = x[i:i + _PARTS]
         for k in range(_PARTS):
-            acc[k] += xi[k] * xi[k] if square else abs(xi[k])
+            acc[k] = _fold(acc[k], xi[k], op)
     for k in range(m - full):
-        v = x[full + k]
-        acc[k] += v * v if square else abs(v)
+        acc[k] = _fold(acc[k], x[full + k], op)
     w = _PARTS
     while w > 1:
         w //= 2
         for k in range(w):
-            acc[k] += acc[k + w]
-    return acc[0]
-
-
-@njit(cache=True)
-def _bucket_max(x, acc):
-    """The largest ``|x|``: element i into ``acc[i % 64]`` (float32 (64,)), then the 64 taken
-    pairwise, as :func:`_bucket_sum` (a NaN anywhere gives NaN, as the sum of squares does)."""
-    acc[:] = 0.0
-    m = x.shape[0]
-    full = m - m % _PARTS
-    for i in range(0, full, _PARTS):
-        xi = x[i:i + _PARTS]
-        for k in range(_PARTS):
-            v = abs(xi[k])
-            acc[k] = v if v >= acc[k] or v != v else acc[k]
-    for k in range(m - full):
-        v = abs(x[full + k])
-        acc[k] = v if v >= acc[k] or v != v else acc[k]
-    w = _PARTS
-    while w > 1:
-        w //= 2
-        for k in range(w):
-            v = acc[k + w]
-            acc[k] = v if v >= acc[k] or v != v else acc[k]
+            # a partial result is already a magnitude (or a sum of squares): add it as is
+            acc[k] = _fold(acc[k], acc[k + w], op if op == MAX_ABS else SUM_ABS)
     return acc[0]
 
 
 @njit(cache=True)
 def _bucket_norm(x, acc, maxnorm):
     """qsgd's scale of a bucket: its largest magnitude (``maxnorm``) or its L2 norm."""
-    return _bucket_max(x, acc) if maxnorm else np.float32(np.sqrt(_bucket_sum(x, acc, True)))
+    return (_bucket_reduce(x, acc, MAX_ABS) if maxnorm
+            else np.float32(np.sqrt(_bucket_reduce(x, acc, SUM_SQUARES))))
 
 
 # ---------------------------------------------------------------- qsgd
@@ -360,7 +351,7 @@ def sign_encode(grad, bucket, out):
     acc = np.zeros(_PARTS, np.float32)
     for b in range(nb):
         x = grad[b * bucket:min(n, (b + 1) * bucket)]
-        scales[b] = _bucket_sum(x, acc, False) / np.float32(x.shape[0])
+        scales[b] = _bucket_reduce(x, acc, SUM_ABS) / np.float32(x.shape[0])
     full = n // 8
     whole = grad[:8 * full]
     for j in range(full):

@@ -264,7 +264,8 @@ def decoded(comp, smap, frames):
 def dyadic_pushes(n, bucket, rng):
     """What a worker encodes, p: in every bucket of 4 a random signed permutation of
     (1, 2, 2, 0) / 8, so that a bucket's L2 norm (3/8), its largest and mean magnitudes (1/4,
-    5/32) and qsgd's steps norm / s for s = 1 are exact, and so is every sum and difference below."""
+    5/32) and qsgd's steps norm / s for s = 1 are exact, and so is every sum and difference
+    below."""
     pattern = np.array([1, 2, 2, 0], np.float64) / 8
     p = np.concatenate([rng.permutation(pattern) for _ in range(n // bucket)])
     return p * rng.choice([-1, 1], n)

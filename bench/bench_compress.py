@@ -30,7 +30,7 @@ def np_fp16(g, bucket, rng):
     return h.nbytes, lambda dst: np.add(dst, h, out=dst, casting="unsafe")
 
 
-def scales(b, l2):
+def bucket_scales(b, l2):
     """Each bucket's (row's) qsgd scale: its L2 norm or its largest magnitude."""
     return (np.linalg.norm(b, axis=1) if l2 else np.abs(b).max(axis=1)).astype(np.float32)
 
@@ -40,7 +40,7 @@ def np_qsgd(bits, l2=False):
         s = 2 ** (bits - 1) - 1
         pad = (-g.size) % bucket
         b = np.concatenate([g, np.zeros(pad, np.float32)]).reshape(-1, bucket)
-        norms = scales(b, l2)
+        norms = bucket_scales(b, l2)
         x = np.abs(b) / np.where(norms > 0, norms, 1)[:, None] * s
         level = np.minimum(np.floor(x + rng.random(x.shape, np.float32)), s).astype(np.int8)
         codes = (np.where(b >= 0, level, -level) + s).astype(np.uint8).ravel()[:g.size]
@@ -59,7 +59,7 @@ def np_qsgd(bits, l2=False):
 def np_qsgd1(g, bucket, rng):
     pad = (-g.size) % bucket
     b = np.concatenate([g, np.zeros(pad, np.float32)]).reshape(-1, bucket)
-    norms = scales(b, l2=False)
+    norms = bucket_scales(b, l2=False)
     half = np.float32(0.5) / np.where(norms > 0, norms, 1)[:, None]
     up = (b * half + rng.random(b.shape, np.float32) >= 0.5).ravel()[:g.size]
     packed = np.packbits(up, bitorder="little")

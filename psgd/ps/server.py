@@ -67,13 +67,11 @@ class _Server:
                                       shard_map.own(init_shard, self.shard, "initial shard").copy())
         self.optimizer = make_optimizer(config.optimizer, self.n, **config.opt_hparams)
         if init_opt_state is not None:
-            self.optimizer.load_state_dict({**init_opt_state, **{
-                key: shard_map.own(init_opt_state[key], self.shard, f"optimizer state {key!r}")
-                for key in self.optimizer.state_keys}})
+            self.optimizer.load_state_dict(self._own(init_opt_state, self.optimizer.state_keys))
         _warm_up(config)
         self.rule = config.update_rule(config, self.optimizer, self.versions, n_workers=self.W)
         if init_opt_state is not None:
-            self.rule.load_state(init_opt_state)
+            self.rule.load_state(self._own(init_opt_state, self.rule.state()))
         self.bound = float(config.staleness)
         self.adaptive = None   # --staleness auto: the bound in force is set online
         if config.staleness_auto:
@@ -119,6 +117,13 @@ class _Server:
         return (f"worker rank(s) {slowest} to push clock {self.version} of shard {self.shard} "
                 f"(held pulls: {held}; unfinished worker ranks {[self.S + w for w in running]}"
                 f"; snapshots assembling: {sorted(self.snapshots.assembling)})")
+
+    def _own(self, state: dict, keys) -> dict:
+        """``state`` with its per-element arrays ``keys`` (those it has) cut to this shard: a
+        resumed run's state may hold the shard's or the full length."""
+        own = self.shard_map.own
+        return {**state, **{key: own(state[key], self.shard, f"optimizer state {key!r}")
+                            for key in keys if key in state}}
 
     def run(self) -> ServerResult:
         comm, status = self.comm, self.status

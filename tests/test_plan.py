@@ -12,6 +12,7 @@ B = 4e6                    # bytes of a 1M-parameter model
 BW = 1e8                   # bytes/s
 SHM = 1e9
 TC = 64 * 1e-3             # compute per step: 64 samples at 1 ms
+ENC, DEC = 1e-10, 2e-10    # seconds per float32 byte
 
 
 def job(**kw):
@@ -47,13 +48,38 @@ def test_hierarchical_with_one_rank_per_node_is_the_flat_ring():
     assert hierarchical_step_s(job(), net) == pytest.approx(ring_step_s(job(), net))
 
 
-def test_bsp_one_server_on_2_cliques():
-    # server 0 and worker 2 on node 0, workers 1 and 3 on node 1: 2 B cross per push,
-    # B copied in by the server; a pull the same; the server sums 3 pushes and steps
-    net = Network(BW, 1e-5, shared=True, shm_bandwidth=SHM)
+def test_bsp_on_a_shared_link_computes_while_the_next_worker_pulls():
+    # server 0 and worker 2 on node 0, workers 1 and 3 on node 1; the replies cross the
+    # link one at a time (B/BW each), worker 2 copies its own in (B/SHM)
+    L = 1e-5
+    net = Network(BW, L, shared=True, shm_bandwidth=SHM)
     j = job(workers=3, servers=1, cliques=2)
-    push = 2 * B / BW + B / SHM + 1e-5
-    assert bsp_step_s(j, net) == pytest.approx(TC + 2 * push + 7 * B / SHM)
+    ready1, ready2, ready3 = B / BW + L + TC, B / SHM + L + TC, 2 * B / BW + L + TC
+    # pushes queue behind the pulls: worker 1's, then worker 3's as soon as it is ready
+    land1 = max(2 * B / BW, ready1) + B / BW + L
+    land3 = max(land1 - L, ready3) + B / BW + L
+    # the server copies worker 2's push in and adds it, adds each as it lands, then steps
+    done = ready2 + L + 2 * B / SHM
+    done = max(done, land1) + B / SHM
+    done = max(done, land3) + B / SHM
+    assert bsp_step_s(j, net) == pytest.approx(done + 4 * B / SHM)
+    # the phases one after another would take longer by the overlap
+    assert bsp_step_s(j, net) < TC + 2 * (2 * B / BW + B / SHM + L) + 7 * B / SHM - B / BW
+
+
+def test_bsp_on_a_shared_link_with_no_compute_is_every_transfer_in_turn():
+    net = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
+    j = job(workers=3, servers=1, cliques=4, compute_s=1e-9)    # every worker across
+    # three pulls, three pushes back to back; only the last add and the step follow them
+    assert bsp_step_s(j, net) == pytest.approx(6 * B / BW + B / SHM + 4 * B / SHM)
+
+
+def test_bsp_on_a_shared_link_encodes_before_the_push_and_decodes_as_it_lands():
+    net = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
+    j = job(workers=2, servers=1, cliques=3, compression=Compression(8.0, ENC, DEC))
+    # worker 2's reply lands B/BW after worker 1's; its push (B/8) is the last to land
+    last = 2 * B / BW + TC + ENC * B + B / 8 / BW
+    assert bsp_step_s(j, net) == pytest.approx(last + DEC * B + B / SHM + 4 * B / SHM)
 
 
 def test_bsp_server_link_is_the_bottleneck_until_s_matches_w():
@@ -149,8 +175,6 @@ def test_predict_rows_and_the_recommendation_prefers_sync_unless_async_is_much_f
     table["asp"]["samples_per_s"] = 130
     assert recommend(table) == "asp"
 
-
-ENC, DEC = 1e-10, 2e-10          # seconds per float32 byte
 
 
 def test_bsp_compressed_pushes_shrink_by_the_ratio_pulls_stay_float32_plus_the_codec():

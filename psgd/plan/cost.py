@@ -181,13 +181,46 @@ def ps_push(job: Job, nbytes: float | None = None) -> Traffic:
 
 def bsp_step_s(job: Job, net: Network) -> float:
     """One clock of bsp: compute, encode, every worker's push, the servers' decode, sum and
-    step, every pull (float32: the push's bytes reversed)."""
+    step, every pull (float32: the push's bytes reversed). On a switch the phases follow one
+    another; on one shared link, :func:`_shared_link_bsp_s` schedules them transfer by transfer."""
+    if net.shared:
+        return _shared_link_bsp_s(job, net)
     c = job.compression
     push = ps_push(job, job.coded_bytes).seconds(net, 1)
     pull = ps_push(job).seconds(net, 1)
     apply_s = (job.workers + STEP_PASSES) * job.nbytes / job.servers / net.shm_bandwidth
     codec_s = (c.encode_s + job.workers * c.decode_s / job.servers) * job.nbytes
     return job.compute_step_s + push + pull + apply_s + codec_s
+
+
+def _shared_link_bsp_s(job: Job, net: Network) -> float:
+    """One bsp clock on one shared link, one transfer at a time.
+
+    The servers' replies cross the link one after another, in rank order; each worker
+    copies in its own node's shards, computes and encodes as soon as its reply has
+    landed, and its push queues for the link behind what is on it. A server takes each
+    push as it lands (a copy from its own node, the decode, one pass to add it) and
+    steps after the last.
+    """
+    c = job.compression
+    _, sc, wn, _ = _ps_counts(job)
+    share, shm = job.nbytes / job.servers, net.shm_bandwidth
+    remote = (job.servers - sc[wn]).astype(float)          # servers across the link
+    pull_s = remote * share / net.bandwidth
+    link = float(pull_s.sum())
+    pulled = np.where(remote > 0, np.cumsum(pull_s), 0.0) + sc[wn] * share / shm
+    ready = pulled + net.latency + job.compute_step_s + c.encode_s * job.nbytes
+    landed = []
+    for w in np.argsort(ready, kind="stable"):
+        if remote[w]:
+            link = max(link, ready[w]) + remote[w] * job.coded_bytes / job.servers / net.bandwidth
+            landed.append((link + net.latency, 0.0))
+        else:
+            landed.append((ready[w] + net.latency, share / shm))
+    done = 0.0
+    for at, copy_s in sorted(landed):
+        done = max(done, at) + copy_s + c.decode_s * share + share / shm
+    return done + STEP_PASSES * share / shm
 
 
 def closed_loop_rate(clients: int, think_s: float, service_s: float | list[float]) -> float:

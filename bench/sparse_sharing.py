@@ -1,0 +1,77 @@
+"""Rows two sparse hogwild workers both write: a replay of their batches, no MPI, no timing.
+
+    .venv/bin/python bench/sparse_sharing.py --data sparse.h5 [--batch-size 4] [--hold 8]
+
+Two workers take the halves of the training rows in order, a batch at a time, in turn.
+For each hot-row threshold (a row is held when a batch touches it with probability above
+it, as :func:`psgd.hogwild.hot.hot_rows` does at 0.5) it prints the rows held, the rows a
+step touches that are not held and were last written by the other worker since this one
+touched them (on a vector that stays in both cores' caches, each is a cache line moved
+between the cores), and the held rows' share of a settle every ``--hold`` steps (added,
+then read back: two moves per held row).
+"""
+from __future__ import annotations
+
+import argparse
+
+import h5py
+import numpy as np
+
+
+def batches(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray, batch: int,
+            steps: int, bias: int) -> list[np.ndarray]:
+    """The rows each of the first ``steps`` batches of ``rows`` touches: its distinct features'
+    and the bias row ``bias``."""
+    return [np.append(np.unique(indices[np.concatenate([
+        np.arange(indptr[r], indptr[r + 1]) for r in rows[s * batch:(s + 1) * batch]])]), bias)
+        for s in range(steps)]
+
+
+def shared_rows(work: list[list[np.ndarray]], held: np.ndarray) -> float:
+    """Rows per step, not held, that the other worker wrote since this one last touched them."""
+    n = held.size
+    last_touch = np.full((2, n), -1)
+    last_write, writer = np.full(n, -1), np.full(n, -1)
+    moved = 0
+    steps = len(work[0])
+    for s in range(steps):
+        for w in (0, 1):
+            t = work[w][s]
+            t = t[~held[t]]
+            moved += int(np.sum((writer[t] == 1 - w) & (last_write[t] > last_touch[w, t])))
+            last_touch[w, t] = last_write[t] = 2 * s + w
+            writer[t] = w
+    return moved / (2 * steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="a sparse HDF5 set (psgd data synth --sparse)")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--hold", type=int, default=8, help="steps between settles (--hold-hot)")
+    ap.add_argument("--steps", type=int, default=3000, help="steps replayed per worker")
+    ap.add_argument("--thresholds", default="0.5,0.3,0.2,0.1,0.05")
+    args = ap.parse_args()
+    with h5py.File(args.data, "r") as f:
+        indptr, indices = f["train/indptr"][()], f["train/indices"][()]
+        features = int(f.attrs["n_features"])
+    n = indptr.size - 1
+    steps = min(args.steps, n // (2 * args.batch_size))
+    halves = (np.arange(n // 2), np.arange(n // 2, n))
+    work = [batches(indptr, indices, h, args.batch_size, steps, features) for h in halves]
+    touched = 1.0 - (1.0 - np.bincount(indices, minlength=features) / n) ** args.batch_size
+    print(f"{n} rows, {features} features, batch {args.batch_size}, {steps} steps per worker; "
+          f"rows per step, each of K floats")
+    print("| held when touched above | rows held | shared rows not held | settle | total |")
+    print("|---|---|---|---|---|")
+    shared = shared_rows(work, np.zeros(features + 1, bool))
+    print(f"| none (--hold-hot 1) | 0 | {shared:.1f} | 0 | {shared:.1f} |")
+    for threshold in map(float, args.thresholds.split(",")):
+        held = np.append(touched > threshold, True)          # the bias row is always held
+        shared, settle = shared_rows(work, held), 2 * int(held.sum()) / args.hold
+        print(f"| {threshold} | {int(held.sum())} | {shared:.1f} | {settle:.1f} | "
+              f"{shared + settle:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
-"""Rows two sparse hogwild workers both write: a replay of their batches, no MPI, no timing.
+"""Rows two sparse hogwild workers both write: a replay of their batches, no MPI.
 
     .venv/bin/python bench/sparse_sharing.py --data sparse.h5 [--batch-size 4] [--hold 8]
+    .venv/bin/python bench/sparse_sharing.py --line-transfer
 
 Two workers take the halves of the training rows in order, a batch at a time, in turn.
 For each hot-row threshold (a row is held when a batch touches it with probability above
@@ -8,14 +9,24 @@ it, as :func:`psgd.hogwild.hot.hot_rows` does at 0.5) it prints the rows held, t
 step touches that are not held and were last written by the other worker since this one
 touched them (on a vector that stays in both cores' caches, each is a cache line moved
 between the cores), and the held rows' share of a settle every ``--hold`` steps (added,
-then read back: two moves per held row).
+then read back: two moves per held row). ``--line-transfer`` times one cache line passed
+back and forth between two processes pinned to CPUs 0 and 1 (Linux).
 """
 from __future__ import annotations
 
 import argparse
+import mmap
+import os
+import sys
+import time
+from pathlib import Path
 
 import h5py
 import numpy as np
+from numba import njit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from psgd.kernels.atomic import atomic_add, atomic_load  # noqa: E402
 
 
 def batches(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray, batch: int,
@@ -44,14 +55,54 @@ def shared_rows(work: list[list[np.ndarray]], held: np.ndarray) -> float:
     return moved / (2 * steps)
 
 
+@njit
+def _volley(flag, me, other, rounds):
+    """Wait for ``flag[0] == me``, then hand it to ``other``; ``rounds`` times."""
+    for _ in range(rounds):
+        while atomic_load(flag, 0) != me:
+            pass
+        atomic_add(flag, 0, other - me)
+
+
+def line_transfer_ns(rounds: int = 200_000) -> float:
+    """Nanoseconds to pass one cache line from CPU 0 to CPU 1 (half a round trip)."""
+    flag = np.frombuffer(mmap.mmap(-1, 4096), dtype=np.int64, count=8)
+    _volley(np.zeros(1, np.int64), 0, 0, 0)                  # compile before the fork
+    flag[0] = 0
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setaffinity(0, {1})
+            _volley(flag, 1, 0, rounds)
+        finally:
+            os._exit(0)
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        t = time.perf_counter()
+        _volley(flag, 0, 1, rounds)
+        return (time.perf_counter() - t) / (2 * rounds) * 1e9
+    finally:
+        os.waitpid(pid, 0)
+        os.sched_setaffinity(0, mask)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="a sparse HDF5 set (psgd data synth --sparse)")
+    ap.add_argument("--data", help="a sparse HDF5 set (psgd data synth --sparse)")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--hold", type=int, default=8, help="steps between settles (--hold-hot)")
     ap.add_argument("--steps", type=int, default=3000, help="steps replayed per worker")
     ap.add_argument("--thresholds", default="0.5,0.3,0.2,0.1,0.05")
+    ap.add_argument("--line-transfer", action="store_true",
+                    help="time a cache line passed between CPUs 0 and 1 (three times) instead")
     args = ap.parse_args()
+    if args.line_transfer:
+        print("one cache line, CPU 0 to CPU 1:", ", ".join(
+            f"{line_transfer_ns():.0f}" for _ in range(3)), "ns")
+        return
+    if not args.data:
+        ap.error("--data is needed (or --line-transfer)")
     with h5py.File(args.data, "r") as f:
         indptr, indices = f["train/indptr"][()], f["train/indices"][()]
         features = int(f.attrs["n_features"])

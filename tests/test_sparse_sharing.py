@@ -1,11 +1,13 @@
 """bench/sparse_sharing.py's replay: rows one worker wrote that the other then touches."""
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from sparse_sharing import batches, shared_rows  # noqa: E402
+from sparse_sharing import batches, line_transfer_ns, shared_rows  # noqa: E402
 
 
 def test_a_row_counts_when_the_other_worker_wrote_it_since_this_one_touched_it():
@@ -27,3 +29,12 @@ def test_batches_are_the_distinct_features_of_each_batch_and_the_bias_row():
     indices = np.array([4, 1, 1, 0, 4, 2])
     got = batches(indptr, indices, np.arange(4), batch=2, steps=2, bias=9)
     assert [b.tolist() for b in got] == [[1, 4, 9], [0, 2, 4, 9]]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                    reason="needs CPUs 0 and 1")
+def test_line_transfer_hands_the_line_back_and_forth_and_restores_the_affinity():
+    before = os.sched_getaffinity(0)
+    ns = line_transfer_ns(rounds=2000)
+    assert 0 < ns < 1e6
+    assert os.sched_getaffinity(0) == before

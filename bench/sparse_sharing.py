@@ -66,6 +66,10 @@ def _volley(flag, me, other, rounds):
 
 def line_transfer_ns(rounds: int = 200_000) -> float:
     """Nanoseconds to pass one cache line from CPU 0 to CPU 1 (half a round trip)."""
+    mask = os.sched_getaffinity(0)
+    if not {0, 1} <= mask:
+        raise SystemExit(f"sparse_sharing: --line-transfer needs CPUs 0 and 1, this process "
+                         f"may run on {sorted(mask)}")
     flag = np.frombuffer(mmap.mmap(-1, 4096), dtype=np.int64, count=8)
     _volley(np.zeros(1, np.int64), 0, 0, 0)                  # compile before the fork
     flag[0] = 0
@@ -76,7 +80,6 @@ def line_transfer_ns(rounds: int = 200_000) -> float:
             _volley(flag, 1, 0, rounds)
         finally:
             os._exit(0)
-    mask = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})
     try:
         t = time.perf_counter()

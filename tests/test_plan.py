@@ -67,6 +67,18 @@ def test_bsp_on_a_shared_link_computes_while_the_next_worker_pulls():
     assert bsp_step_s(j, net) < TC + 2 * (2 * B / BW + B / SHM + L) + 7 * B / SHM - B / BW
 
 
+def test_bsp_on_a_shared_link_with_a_server_on_each_node():
+    # servers 0 and 1 on nodes 0 and 1, workers 2, 3, 4 on nodes 0, 1, 0: each pulls B/2
+    # across (in turn) and copies B/2 in from its own node's server, then pushes the same way
+    net = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
+    j = job(workers=3, servers=2, cliques=2)
+    half = B / 2
+    last_ready = 3 * half / BW + half / SHM + TC       # worker 4: the third reply across
+    last_landed = last_ready + half / BW                # its push goes straight onto the link
+    # each server copies in and adds the last push, then steps its half
+    assert bsp_step_s(j, net) == pytest.approx(last_landed + 2 * half / SHM + 4 * half / SHM)
+
+
 def test_bsp_on_a_shared_link_with_no_compute_is_every_transfer_in_turn():
     net = Network(BW, 0.0, shared=True, shm_bandwidth=SHM)
     j = job(workers=3, servers=1, cliques=4, compute_s=1e-9)    # every worker across

@@ -212,11 +212,11 @@ def _shared_link_bsp_s(job: Job, net: Network) -> float:
     ready = pulled + net.latency + job.compute_step_s + c.encode_s * job.nbytes
     landed = []
     for w in np.argsort(ready, kind="stable"):
+        at = ready[w]
         if remote[w]:
-            link = max(link, ready[w]) + remote[w] * job.coded_bytes / job.servers / net.bandwidth
-            landed.append((link + net.latency, 0.0))
-        else:
-            landed.append((ready[w] + net.latency, share / shm))
+            link = max(link, at) + remote[w] * job.coded_bytes / job.servers / net.bandwidth
+            at = link
+        landed.append((at + net.latency, share / shm if sc[wn[w]] else 0.0))
     done = 0.0
     for at, copy_s in sorted(landed):
         done = max(done, at) + copy_s + c.decode_s * share + share / shm

@@ -5,9 +5,9 @@
 
 Two workers take the halves of the training rows in order, a batch at a time, in turn.
 For each hot-row threshold (a row is held when a batch touches it with probability above
-it, as :func:`psgd.hogwild.hot.hot_rows` does at 0.5) it prints the rows held, the rows a
-step touches that are not held and were last written by the other worker since this one
-touched them (on a vector that stays in both cores' caches, each is a cache line moved
+it: :func:`psgd.hogwild.hot.hot_rows`, which psgd runs at 0.5) it prints the rows held, the
+rows a step touches that are not held and were last written by the other worker since this
+one touched them (on a vector that stays in both cores' caches, each is a cache line moved
 between the cores), and the held rows' share of a settle every ``--hold`` steps (added,
 then read back: two moves per held row). ``--line-transfer`` times one cache line passed
 back and forth between two processes pinned to CPUs 0 and 1 (Linux).
@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from psgd.hogwild.hot import hot_rows  # noqa: E402
 from psgd.kernels.atomic import atomic_add, atomic_load  # noqa: E402
 
 
@@ -113,7 +114,6 @@ def main() -> None:
     steps = min(args.steps, n // (2 * args.batch_size))
     halves = (np.arange(n // 2), np.arange(n // 2, n))
     work = [batches(indptr, indices, h, args.batch_size, steps, features) for h in halves]
-    touched = 1.0 - (1.0 - np.bincount(indices, minlength=features) / n) ** args.batch_size
     print(f"{n} rows, {features} features, batch {args.batch_size}, {steps} steps per worker; "
           f"rows per step, each of K floats")
     print("| held when touched above | rows held | shared rows not held | settle | total |")
@@ -121,7 +121,7 @@ def main() -> None:
     shared = shared_rows(work, np.zeros(features + 1, bool))
     print(f"| none (--hold-hot 1) | 0 | {shared:.1f} | 0 | {shared:.1f} |")
     for threshold in map(float, args.thresholds.split(",")):
-        held = np.append(touched > threshold, True)          # the bias row is always held
+        held = hot_rows(indices, n, features + 1, args.batch_size, args.hold, threshold)[0] >= 0
         shared, settle = shared_rows(work, held), 2 * int(held.sum()) / args.hold
         print(f"| {threshold} | {int(held.sum())} | {shared:.1f} | {settle:.1f} | "
               f"{shared + settle:.1f} |")

@@ -18,17 +18,17 @@ HOT_TOUCH = 0.5   # a row is hot when a batch touches it more often than not
 
 
 def hot_rows(indices: np.ndarray, n_samples: int, n_rows: int, batch: int,
-             hold: int) -> tuple[np.ndarray, np.ndarray]:
+             hold: int, touch: float = HOT_TOUCH) -> tuple[np.ndarray, np.ndarray]:
     """(slot, hot): the int64 rows (features, then the bias row ``n_rows - 1``) that a batch of
     ``batch`` samples from a CSR slice of ``n_samples`` rows with column ``indices`` touches with
-    probability above :data:`HOT_TOUCH`, and ``slot[r]``, r's place among them (-1: not hot).
+    probability above ``touch``, and ``slot[r]``, r's place among them (-1: not hot).
     None are hot when ``hold`` <= 1."""
     slot = np.full(n_rows, -1, np.int64)
     if hold <= 1 or batch < 1:
         return slot, np.zeros(0, np.int64)
     per_sample = np.bincount(indices, minlength=n_rows - 1)[:n_rows - 1] / max(n_samples, 1)
     touched = 1.0 - (1.0 - np.minimum(per_sample, 1.0)) ** batch
-    hot = np.append(np.flatnonzero(touched > HOT_TOUCH), n_rows - 1).astype(np.int64)
+    hot = np.append(np.flatnonzero(touched > touch), n_rows - 1).astype(np.int64)
     slot[hot] = np.arange(hot.size)
     return slot, hot
 

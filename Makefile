@@ -14,11 +14,11 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
 
 install: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 ifeq ($(MPI),system)
@@ -45,6 +45,18 @@ soak: install
 
 demo: install
 	$(PY) -m psgd.demo
+
+# the docs site (docs/, mkdocs.yml) into site/, failing on any broken link or anchor
+docs: $(VENV)/.psgd-docs
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+$(VENV)/.psgd-docs: $(STAMP)
+	$(PY) -m pip install -q -e '.[$(EXTRAS),docs]'
+	touch $@
+
+# a wheel built from the tree, installed into a fresh venv outside it, trains from elsewhere
+check-wheel: install
+	.ci/wheel-check
 
 bench-kernels: install
 	$(PY) bench/bench_kernels.py

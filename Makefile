@@ -82,7 +82,7 @@ bench-net: install
 	$(PY) bench/bench_net.py $(ARGS)
 
 # staleness compensation x protocols x W x seeds, LeNet and MLP: about two hours on 2 cores
-# (ARGS=--quick: a smoke run; ARGS="--models lenet --seeds 0,1": the README table, 35 min)
+# (ARGS=--quick: a smoke run; ARGS="--models lenet --seeds 0,1": the table of docs/results/staleness.md, 35 min)
 bench-async: install
 	$(PY) bench/bench_async.py $(ARGS)
 
@@ -95,7 +95,7 @@ bench-gossip: install
 
 # stragglers (none, one 3x slower, transient pauses) x bsp, ssp s=1,3,8, asp, ssp auto x W=2,4 x 3
 # seeds, LeNet on Fashion-MNIST: time to a target test accuracy (ARGS=--quick: a smoke run;
-# ARGS=--seeds 0,1: the README table)
+# ARGS=--seeds 0,1: the table of docs/results/stragglers.md)
 bench-stragglers: install
 	$(PY) bench/bench_stragglers.py $(ARGS)
 

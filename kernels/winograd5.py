@@ -2,7 +2,7 @@
 # The 5x5 sibling of :mod:`psgd.kernels.winograd` (same steps, buffers and adjoints): a 6x6
 # input tile d and a 5x5 filter g give the 2x2 output tile Y = A^T [(G g G^T) * (B^T d B)] A,
 # so a layer is 36 GEMMs V[xi] (tiles, C) @ U[xi] (C, F), 2.78x fewer multiplications than
-# im2col's.  Cook-Toom points 0, 1, -1, 2, -2 and infinity (integer B^T and A^T; the README
+# im2col's.  Cook-Toom points 0, 1, -1, 2, -2 and infinity (integer B^T and A^T; docs/results/kernels.md
 # compares their float32 rounding with that of 0, +-1, +-1/2):
 #   B^T rows [4, 0, -5, 0, 1, 0], [0, 4, 4, -1, -1, 0], [0, -4, 4, 1, -1, 0],
 #            [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1];

@@ -14,7 +14,7 @@ import sys
 
 # Each rank is one process on one core: pin BLAS (which numba's np.dot calls) to one
 # thread before any command imports numpy, unless the user chose otherwise (N ranks
-# with a BLAS thread per core each oversubscribe the node; the README has the cost).
+# with a BLAS thread per core each oversubscribe the node; docs/results/report.md has the cost).
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 

@@ -183,7 +183,7 @@ def test_running_mean_counts_the_first_values_fully():
 
 @pytest.mark.parametrize("optimizer, picked", [("sgd", "none"), ("momentum", "dana"),
                                                ("nesterov", "dana"), ("adam", "dana-adam")])
-def test_auto_picks_what_the_readme_says(optimizer, picked):
+def test_auto_picks_what_the_docs_say(optimizer, picked):
     assert compensation.resolve("auto", optimizer) == picked
     assert make_config("asp", 4, optimizer=optimizer).staleness_comp == picked
     assert make_config("ssp", 4, optimizer=optimizer).staleness_comp == picked

@@ -18,8 +18,8 @@ from psgd.env import env_int
 OPS = ("sum", "mean")
 ALGORITHMS = ("auto", "ring", "doubling", "shared", "hierarchical")
 
-# Defaults chosen with bench/bench_allreduce.py (figures in the README's Architecture
-# section); PSGD_ALLREDUCE_* variables (read at import) override them, keyword arguments both.
+# Defaults chosen with bench/bench_allreduce.py (figures in docs/design/architecture.md,
+# "Design notes"); PSGD_ALLREDUCE_* variables (read at import) override them, keyword arguments both.
 # Below this many bytes recursive doubling (log2 N exchanges of the whole buffer), from it
 # the ring (2(N-1) exchanges of 1/N of it).
 DEFAULT_SMALL_BYTES = 256 * 1024

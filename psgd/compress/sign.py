@@ -10,7 +10,7 @@ from psgd.kernels.compress import sign_decode_add, sign_encode
 
 class Sign(Compressor):
     name, code, biased = "sign", 3, True
-    momentum_gain = True   # measured: README, "Compressed pushes"
+    momentum_gain = True   # measured: docs/results/compression.md
 
     def __init__(self, bucket: int) -> None:
         self.bucket = bucket

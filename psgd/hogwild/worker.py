@@ -3,8 +3,8 @@
 The server half is :mod:`psgd.hogwild.server`.  No lock ever excludes a worker; a
 read may be torn across elements but no update is lost (per-element atomic
 accumulates).  Staleness counts the other workers' updates between a worker's read
-and its update (a global counter on server 0).  The README's "Hogwild's
-consistency" section states what a reader may rely on.
+and its update (a global counter on server 0).  docs/design/hogwild.md
+states what a reader may rely on.
 """
 from __future__ import annotations
 

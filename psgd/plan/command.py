@@ -10,7 +10,7 @@ from psgd.plan.cost import (NONE, Compression, Job, Network, balanced_servers, e
 
 DESCRIPTION = """\
 predict each protocol's step time, throughput and scaling efficiency from the model's
-size, its compute time per sample, the network and W, S (the README has the equations)
+size, its compute time per sample, the network and W, S (docs/design/cost-model.md has the equations)
 
   psgd plan --model mlp:784-1536-512-10 --workers 16,64,256 --bandwidth 10gbit
   psgd plan --params 25e6 --compute-us 2000 --workers 256 --bandwidth 100gbit --per-node 8

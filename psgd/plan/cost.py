@@ -405,7 +405,7 @@ def predict(job: Job, net: Network) -> dict[str, dict]:
 
 def recommend(predicted: dict[str, dict], async_gain: float = 1.2) -> str:
     """The fastest synchronous protocol, unless an asynchronous one is ``async_gain`` times faster
-    (staleness costs accuracy per sample; see the README's staleness section)."""
+    (staleness costs accuracy per sample; see docs/results/staleness.md)."""
     best = max(predicted, key=lambda n: predicted[n]["samples_per_s"])
     sync = max((n for n in predicted if predicted[n]["sync"]),
                key=lambda n: predicted[n]["samples_per_s"])

@@ -3,8 +3,8 @@
 Control messages (push, pull, done; :mod:`psgd.ps.messages`) are handled in
 arrival order.  A push goes to the protocol's update rule; a pull for clock c
 is answered once the shard's version v >= c - s (the staleness bound); v is
-the fewest pushes any unfinished worker has made.  The README's Architecture
-section gives the message flow and the server's memory bound.
+the fewest pushes any unfinished worker has made.  docs/design/parameter-server.md
+gives the message flow and the server's memory bound.
 """
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "data": (str, "HDF5 dataset (make one with `psgd data synth`)"),
     "model": (str, "model spec: a preset (lenet, cifar-cnn, resnet8, resnet20), "
                    "mlp:784-256-256-10, or layer tokens joined by '-' on the data's input shape, "
-                   "e.g. conv:32x3:pad1-bn-relu-pool:2-flatten-dense:10 (see the README; "
+                   "e.g. conv:32x3:pad1-bn-relu-pool:2-flatten-dense:10 (see docs/guide/models.md; "
                    "default lenet); on sparse data linear or svm"),
     "protocol": (str, "consistency protocol: " + ", ".join(PROTOCOLS) + " (default ssp)"),
     "servers": (int, f"number of parameter-server ranks S (default 1; 0 for "
@@ -124,7 +124,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "staleness": (_staleness, f"staleness bound s >= 0 in clocks ({names(bound=None)} only; "
                               f"default 2), or {AUTO}: the servers set s online from the "
                               f"workers' clock lag and step times, within [1, "
-                              f"--staleness-max] (see the README)"),
+                              f"--staleness-max] (see docs/guide/protocols.md)"),
     "staleness_max": (int, f"the largest bound --staleness {AUTO} may set (default "
                            f"{DEFAULT_STALENESS_MAX})"),
     "staleness_comp": (str, "staleness compensation on the servers: " + "; ".join(
@@ -134,7 +134,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "comp_lambda": (float, f"dcasgd's lambda_0 >= 0 (default {compensation.DEFAULT_LAMBDA:g})"),
     "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
     "overlap": (bool, f"{names(overlap=True)} with a staleness bound >= 1: pull the next "
-                      f"parameters while computing (costs one clock of staleness; see the README)"),
+                      f"parameters while computing (costs one clock of staleness; see docs/guide/protocols.md)"),
     "topology": (str, f"{names(decentralized=True)}: the workers' graph, one of ring, torus, "
                       f"exponential, complete (default ring)"),
     "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default sgd)"),
@@ -200,7 +200,7 @@ FLAGS: dict[str, tuple[type, str]] = {
                       "instead of every step, and reads them back then: fewer writes to the cache "
                       "lines all workers share, those rows up to N steps stale (1: every step; "
                       f"default {DEFAULT_HOLD}; applies where the steps run fused: --optimizer sgd "
-                      "on one node, see the README)"),
+                      "on one node, see docs/design/hogwild.md)"),
 }
 
 

@@ -31,7 +31,7 @@ HELP = {
     "auto": "dana for momentum and nesterov (amom under hogwild), dana-adam for adam, none "
             "for sgd",
 }
-# what `auto` picks, by optimizer (README, "Staleness: what psgd does about it")
+# what `auto` picks, by optimizer (docs/guide/protocols.md; why: docs/design/staleness.md)
 AUTO = {"sgd": "none", "momentum": "dana", "nesterov": "dana", "adam": "dana-adam"}
 # where a protocol cannot run auto's pick (hogwild has no server to answer pulls)
 AUTO_FALLBACK = {"dana": "amom", "dana-adam": "none"}

@@ -48,7 +48,7 @@ demo: install
 
 # the docs site (docs/, mkdocs.yml) into site/, failing on any broken link or anchor
 docs: $(VENV)/.psgd-docs
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 $(VENV)/.psgd-docs: $(STAMP)
 	$(PY) -m pip install -q -e '.[$(EXTRAS),docs]'

@@ -16,8 +16,9 @@ spec = importlib.util.spec_from_file_location("wheel_contents",
 wheel_contents = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(wheel_contents)
 
-# the first Python whose standard library has each module (the ones psgd might import)
-STDLIB_SINCE = {"tomllib": (3, 11)}
+# the first Python whose standard library has each module, and the backport that would let
+# requires-python go lower (psgd chose 3.11 rather than tomli on 3.10)
+STDLIB_SINCE = {"tomllib": ((3, 11), "tomli")}
 
 
 def _imported_modules() -> set[str]:
@@ -39,8 +40,8 @@ def test_requires_python_covers_the_stdlib_modules_the_code_imports():
     meta = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
     floor = tuple(int(x) for x in re.fullmatch(r">=(\d+)\.(\d+)", meta["requires-python"]).groups())
     deps = " ".join(meta["dependencies"])
-    for module, since in STDLIB_SINCE.items():
-        if module in _imported_modules() and f"{module}" not in deps:
+    for module, (since, backport) in STDLIB_SINCE.items():
+        if module in _imported_modules() and backport not in deps:
             assert floor >= since, (f"psgd imports {module} (Python {since[0]}.{since[1]}+) but "
                                     f"requires-python is {meta['requires-python']}")
 

@@ -7,6 +7,7 @@ counts the blocks run.
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +74,16 @@ def test_guide_block(page, number, code, reason, page_dirs, tmp_path_factory):
         pytest.skip(reason)
     env = dict(os.environ, MPLBACKEND="Agg",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=page_dirs[page], env=env,
-                         capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
-    assert run.returncode == 0, (f"{page} block {number} exited {run.returncode}:\n{code}\n"
-                                 f"--- output ---\n{(run.stdout + run.stderr)[-3000:]}")
+    # a session of its own, so that a block past its time leaves no rank behind
+    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", code], cwd=page_dirs[page], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{page} block {number} ran past {BLOCK_TIMEOUT_S} s:\n{code}\n"
+                    f"--- output ---\n{out[-3000:]}")
+    assert proc.returncode == 0, (f"{page} block {number} exited {proc.returncode}:\n{code}\n"
+                                  f"--- output ---\n{out[-3000:]}")

@@ -55,8 +55,8 @@ $(VENV)/.psgd-docs: $(STAMP)
 	touch $@
 
 # a wheel built from the tree, installed into a fresh venv outside it, trains from elsewhere
-check-wheel: install
-	.ci/wheel-check
+check-wheel:
+	PYTHON=$(PYTHON) MPI=$(MPI) .ci/wheel-check
 
 bench-kernels: install
 	$(PY) bench/bench_kernels.py

@@ -113,5 +113,5 @@ bench-quick: install
 	$(PY) bench/run_all.py --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

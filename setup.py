@@ -25,6 +25,8 @@ setup(
         "plot": ["matplotlib>=3.6"],
         "images": ["Pillow>=9"],   # psgd data convert of image-folder trees
         "test": ["pytest>=7"],
+        # psgd train --tensorboard (tensorboardX writes, no TensorFlow); tensorboard reads them
+        "tensorboard": ["tensorboardX>=2.6", "tensorboard>=2.12"],
     },
     entry_points={"console_scripts": ["psgd=psgd.cli:main_and_exit"]},
 )

@@ -65,7 +65,8 @@ class Lead:
     def __init__(self, job) -> None:
         s, roles = job.settings, job.roles
         self.job, self.s, self.n_workers = job, s, roles.n_workers
-        self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None)
+        self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None,
+                              tensorboard=s.tensorboard)
         self.x_test, self.y_test = job.reader.test_set()
         # batch-norm statistics for evaluation: recomputed from the lead's first training rows
         job.model.set_calibration(job.reader.first_rows(CALIBRATION_SAMPLES)[0])

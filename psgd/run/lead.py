@@ -232,6 +232,9 @@ class Lead:
             print(f"psgd: log: {s.log}", flush=True)
         if s.record:
             print(f"psgd: record: {s.record} (replay with --replay {s.record})", flush=True)
+        if s.tensorboard:
+            print(f"psgd: tensorboard: {s.tensorboard} (tensorboard --logdir "
+                  f"{s.tensorboard})", flush=True)
         if s.timeline:
             print(f"psgd: timeline: {s.timeline} (open in ui.perfetto.dev)", flush=True)
         if s.checkpoint_dir:

@@ -182,6 +182,8 @@ def main(argv=None) -> int:
         setattr(args, key, getattr(args, key).split(","))
     args.workers = [int(w) for w in args.workers.split(",")]
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    if args.add and not (args.out or args.publish):
+        ap.error("--add adds to the grid in --out DIR (or --publish's bench/results/)")
     out = common.out_dir(args, "async")
     name = common.result_stem("async-quick" if args.quick else "async", args.quick)
     kept = previous_rows(out / f"{name}.json", cells(args), args) if args.add else []
@@ -207,6 +209,7 @@ def main(argv=None) -> int:
             f"{os.cpu_count()} on, the ranks are oversubscribed.\n\n" + table(rows, args) + "\n")
     common.write_text(out / f"{name}.md", text, data_name)
     plot(rows, out / f"{name}.png")
+    common.stamp_png(out / f"{name}.png", data_name)
     print(text)
     return 0 if rows and all(r["ok"] or r["method"] == "none" for r in rows) else 1
 

@@ -248,6 +248,7 @@ def main(argv=None) -> int:
     command = f"`python bench/bench_gossip.py {' '.join(argv or sys.argv[1:])}`"
     if args.net:
         net_plot(rows, args, out / f"{name}.png")
+        common.stamp_png(out / f"{name}.png", data_name)
         text = (f"# Time to accuracy on {workers[0]} emulated nodes at {args.net}, with and "
                 f"without a straggler ({setting})\n\n{workers[0]} ranks on {os.cpu_count()} "
                 f"cores, one per `psgd net` node. {command}\n\n" + net_table(rows, args) + "\n")

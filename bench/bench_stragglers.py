@@ -341,6 +341,7 @@ def write_report(out: Path, name: str, data_name: str, rows: list[dict], args) -
             f"{os.cpu_count()} on).\n\n" + table(rows, args) + "\n")
     common.write_text(out / f"{name}.md", text, data_name)
     plot(rows, out / f"{name}.png")
+    common.stamp_png(out / f"{name}.png", data_name)
     print(text)
 
 

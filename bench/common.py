@@ -239,3 +239,21 @@ def docs_page(name: str, title: str, about: str, body: str, files: list[Path]) -
     with atomic_output(path) as tmp:
         tmp.write_text(text)
     return path
+
+
+def stamp_png(path: Path, data: str | None) -> Path:
+    """Add the stamp to a written PNG chart as a ``tEXt`` chunk (key ``provenance``, JSON),
+    after its header chunk, so the chart carries it as its JSON and markdown do."""
+    import struct
+    import zlib
+    path = Path(path)
+    check_name(path, data)
+    png = path.read_bytes()
+    body = b"provenance\0" + json.dumps(stamp(data)).encode("latin-1", "replace")
+    chunk = (struct.pack(">I", len(body)) + b"tEXt" + body
+             + struct.pack(">I", zlib.crc32(b"tEXt" + body) & 0xFFFFFFFF))
+    end_of_ihdr = 8 + 4 + 4 + 13 + 4            # signature, IHDR's length, type, data, crc
+    from psgd.atomic_file import atomic_output
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(png[:end_of_ihdr] + chunk + png[end_of_ihdr:])
+    return path

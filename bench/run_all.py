@@ -264,6 +264,9 @@ def main(argv=None) -> int:
     common.write_json(out / "results.json", results, data)
     path = report.write_report(results, out)
     common.write_text(path, path.read_text(), data)
+    for chart in ("accuracy_vs_time.png", "time_split.png", "scaling.png"):
+        if (out / chart).exists():
+            common.stamp_png(out / chart, data)
     print(f"wrote {out / 'results.json'}, {path} and charts in {results['total_s']:.0f} s", flush=True)
     if failed:
         print("psgd bench: FAILED parts: " + "; ".join(failed), file=sys.stderr)

@@ -89,9 +89,13 @@ def test_quick_bench_results_json_has_numbers_for_every_run(quick_run):
 
 @pytest.mark.slow
 def test_quick_bench_charts_are_png_files(quick_run):
+    from PIL import Image
     for name in ("accuracy_vs_time.png", "time_split.png", "scaling.png"):
         data = (quick_run / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000, name
+        with Image.open(quick_run / name) as png:
+            png.load()                                      # still a whole PNG
+            assert "commit" in json.loads(png.text["provenance"]), name
 
 
 def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
@@ -108,6 +112,10 @@ def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
     table = (tmp_path / "async-quick-synthetic.md").read_text()
     assert "| mlp | 2 | asp | amom |" in table and "| mlp | 2 | bsp | none |" in table
     assert (tmp_path / "async-quick-synthetic.png").read_bytes().startswith(PNG_MAGIC)
+    from PIL import Image     # matplotlib's own dependency
+    with Image.open(tmp_path / "async-quick-synthetic.png") as png:   # the chart's stamp
+        assert json.loads(png.text["provenance"])["dataset"] == "synthetic"
+        assert png.size[0] > 100
 
 
 def test_bench_async_add_keeps_the_earlier_grid_and_refuses_other_settings(tmp_path):

@@ -7,14 +7,16 @@ MPI ?= pypi
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.psgd-installed-$(MPI)
+# bench/common.py finds mpiexec from these: MPIEXEC if set, else (MPI=system) the one on PATH
+export MPI
 
 ifeq ($(MPI),system)
-EXTRAS := plot,test
+EXTRAS := plot,test,tensorboard
 else
-EXTRAS := mpich,plot,test
+EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-stragglers-merge
 
 install: $(STAMP)
 
@@ -58,14 +60,40 @@ $(VENV)/.psgd-docs: $(STAMP)
 check-wheel:
 	PYTHON=$(PYTHON) MPI=$(MPI) .ci/wheel-check
 
+# Every bench-* target writes its results into runs/bench/NAME-TIME/ (git-ignored), each file
+# stamped with commit, machine, command, UTC time and data set; ARGS=--publish writes them into
+# bench/results/ instead, from which docs/results/ is made.
 bench-kernels: install
-	$(PY) bench/bench_kernels.py
+	$(PY) bench/bench_kernels.py $(ARGS)
 
 bench-ps: install
-	$(PY) bench/bench_ps.py
+	$(PY) bench/bench_ps.py $(ARGS)
 
 bench-allreduce: install
-	$(PY) bench/bench_allreduce.py
+	$(PY) bench/bench_allreduce.py $(ARGS)
+
+bench-hogwild: install
+	$(PY) bench/bench_hogwild.py $(ARGS)
+
+# Conv2D's im2col/Winograd choice, per layer (one thread)
+bench-winograd: install
+	$(PY) bench/bench_winograd.py $(ARGS)
+
+# hogwild's one-sided ops across emulated nodes (root: psgd net)
+bench-rma: install
+	$(PY) bench/bench_rma.py $(ARGS)
+
+# the hierarchical all-reduce's chunk sizes on 2 emulated nodes (root: psgd net)
+bench-hier-chunks: install
+	$(PY) bench/bench_hier_chunks.py $(ARGS)
+
+# rows two sparse hogwild workers share (ARGS="--data SPARSE.h5" or ARGS=--line-transfer)
+bench-sparse-sharing: install
+	$(PY) bench/sparse_sharing.py $(ARGS)
+
+# bench-stragglers runs made one per invocation, merged (ARGS="OUT.json RUN_DIR...")
+bench-stragglers-merge: install
+	$(PY) bench/merge_straggler_runs.py $(ARGS)
 
 bench-compress: install
 	$(PY) bench/bench_compress.py $(ARGS)
@@ -107,10 +135,10 @@ bench-sparse: install
 	$(PY) bench/bench_sparse.py $(ARGS)
 
 bench: install
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(ARGS)
 
 bench-quick: install
-	$(PY) bench/run_all.py --quick
+	$(PY) bench/run_all.py --quick $(ARGS)
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache

@@ -2,7 +2,8 @@
 
 Run as ``python bench/bench_allreduce.py`` (``make bench-allreduce``): it launches
 itself under ``mpiexec -n R`` for each R in ``--ranks`` and prints one table per
-rank count.  Bus bandwidth is 2(N-1)/N x bytes / time (the bytes each rank moves
+rank count, and writes allreduce.json into runs/bench/allreduce-TIME/ (``--publish``:
+bench/results/; ``--json PATH``: there only).  Bus bandwidth is 2(N-1)/N x bytes / time (the bytes each rank moves
 on a bandwidth-optimal ring).  Method as in the OSU micro-benchmarks: a sample
 is a batch of back-to-back calls on the same buffer (about 10 ms of them, after
 a barrier and one untimed call), its time per call is the slowest rank's;
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402
+
 DEFAULT_SIZES = [4 ** k * 1024 for k in range(1, 10)]          # 4 KB .. 64 MB (+256 MB cut below)
 DEFAULT_SIZES = [s for s in DEFAULT_SIZES if s <= 64 * 2 ** 20]
 
@@ -109,7 +112,7 @@ def worker(args) -> None:
             row[f"{name}_busbw_GBs"] = 2 * (size - 1) / size * nbytes / row[f"{name}_s"] / 1e9
         rows.append(row)
     if rank == 0:
-        Path(args.out).write_text(json.dumps(rows))
+        Path(args.rows).write_text(json.dumps(rows))
 
 
 def _target(row, name: str = "psgd") -> str:
@@ -142,13 +145,14 @@ def main() -> None:
                     help="comma-separated sizes in bytes (default 4 KB..64 MB, powers of 4)")
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and method")
     ap.add_argument("--quick", action="store_true", help="0.1 s per size and method")
-    ap.add_argument("--json", default=None, help="write all results to this path")
+    ap.add_argument("--json", default=None, help="write all results to this path (only)")
+    common.add_output_arguments(ap)
     ap.add_argument("--algorithm", default=None, help="force allreduce's algorithm")
     ap.add_argument("--segment-bytes", type=int, default=None)
     ap.add_argument("--small-bytes", type=int, default=None)
     ap.add_argument("--shared-bytes", type=int, default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     if args.quick:
@@ -156,15 +160,14 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    mpiexec = os.environ.get("PSGD_MPIEXEC") or str(Path(sys.executable).parent / "mpiexec")
-    if not Path(mpiexec).exists():
-        mpiexec = "mpiexec"
+    mpiexec = common.mpiexec()
+    path = Path(args.json) if args.json else common.out_dir(args, "allreduce") / "allreduce.json"
     results = []
     for ranks in [int(r) for r in args.ranks.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "rows.json"
             cmd = [mpiexec, "-n", str(ranks), sys.executable, str(Path(__file__).resolve()),
-                   "--worker", "--out", str(out), "--seconds", str(args.seconds),
+                   "--worker", "--rows", str(out), "--seconds", str(args.seconds),
                    "--sizes", ",".join(map(str, args.sizes))]
             for flag in ("algorithm", "segment_bytes", "small_bytes", "shared_bytes"):
                 if getattr(args, flag) is not None:
@@ -173,9 +176,8 @@ def main() -> None:
             rows = json.loads(out.read_text())
         print_table(rows)
         results.extend(rows)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-        print(f"\nwrote {args.json}")
+    common.write_json(path, {"rows": results}, common.NO_DATA)
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ The final accuracy is on the whole test split; curves and the time to a
 target use the lead worker's running training accuracy, which costs nothing
 (evaluating mid-run on the lead makes it a straggler: under asp its pushes
 grew 35 clocks stale on average, and that alone cost 2-3 points).
-Writes bench/results/async.{json,md} and async.png (training accuracy
-against samples, per method), adding to async.json run by run so a stopped
-benchmark keeps what it measured.
+Writes async.{json,md} and async.png (training accuracy against samples, per
+method; ``async-synthetic.*`` on synthetic data) into runs/bench/async-TIME/
+(``--publish``: bench/results/, ``--out DIR``), adding to async.json run by
+run so a stopped benchmark keeps what it measured.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import common  # noqa: E402
 from training import dataset, error_line, mean_staleness, train as run_train  # noqa: E402
 
 METHODS = ("none", "inverse", "dcasgd", "gap", "amom", "dana", "dana-adam", "auto")
@@ -152,7 +154,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny subset on synthetic data")
-    ap.add_argument("--out", default=str(BENCH / "results"))
+    common.add_output_arguments(ap)
     ap.add_argument("--protocols", default="bsp,ssp,asp")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--workers", default="2,4,8")
@@ -180,9 +182,10 @@ def main(argv=None) -> int:
         setattr(args, key, getattr(args, key).split(","))
     args.workers = [int(w) for w in args.workers.split(",")]
     args.seeds = [int(s) for s in args.seeds.split(",")]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "async-quick" if args.quick else "async"
+    if args.add and not (args.out or args.publish):
+        ap.error("--add adds to the grid in --out DIR (or --publish's bench/results/)")
+    out = common.out_dir(args, "async")
+    name = common.result_stem("async-quick" if args.quick else "async", args.quick)
     kept = previous_rows(out / f"{name}.json", cells(args), args) if args.add else []
     rows = []
     with tempfile.TemporaryDirectory(prefix="psgd-async-") as tmp:
@@ -194,9 +197,9 @@ def main(argv=None) -> int:
             print(f"[{i + 1}/{len(todo)}] {cell['model']} W={cell['workers']} seed "
                   f"{cell['seed']} {cell['protocol']} {cell['method']}: "
                   f"{row.get('accuracy', row.get('error'))} ({row['wall_s']:.0f} s)", flush=True)
-            (out / f"{name}.json").write_text(json.dumps(
-                {"data": data_name, "settings": {k: v for k, v in vars(args).items()},
-                 "rows": kept + rows}, indent=1))
+            common.write_json(out / f"{name}.json", {
+                "data": data_name, "settings": {k: v for k, v in vars(args).items()},
+                "rows": kept + rows}, data_name)
     rows = kept + rows
     schedule = "" if args.lr_schedule == "constant" else f" ({args.lr_schedule})"
     text = (f"# Staleness compensation ({data_name}, {args.optimizer} lr {args.lr:g}{schedule}"
@@ -204,8 +207,9 @@ def main(argv=None) -> int:
             f"{args.batch_size} per worker, {args.epochs:g} epochs, 1 server)\n\n"
             f"Each run is W + 1 ranks (one server) on {os.cpu_count()} cores: from W = "
             f"{os.cpu_count()} on, the ranks are oversubscribed.\n\n" + table(rows, args) + "\n")
-    (out / f"{name}.md").write_text(text)
+    common.write_text(out / f"{name}.md", text, data_name)
     plot(rows, out / f"{name}.png")
+    common.stamp_png(out / f"{name}.png", data_name)
     print(text)
     return 0 if rows and all(r["ok"] or r["method"] == "none" for r in rows) else 1
 

@@ -1,15 +1,16 @@
 """`make bench-compress`: encode + decode throughput of each push compressor on one core,
 beside a plain numpy implementation of the same encoding, and the frame's size.
 
-Prints a table and writes bench/results/compress.{md,json}. Throughput is GB/s of float32
+Prints a table and writes compress.{md,json} into runs/bench/compress-TIME/ (--publish:
+bench/results/). Throughput is GB/s of float32
 input for one encode and one decode-add of an n-element slice (best of --repeat).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +19,9 @@ import numpy as np  # noqa: E402
 
 from psgd.compress import make  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
 SPECS = ["fp16", "qsgd:1", "qsgd:4", "qsgd:4:l2", "qsgd:8", "topk:0.01", "sign"]
 
 
@@ -134,8 +137,9 @@ def main() -> None:
     parser.add_argument("--bucket", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="a smoke run (64K elements)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    common.add_output_arguments(parser)
     args = parser.parse_args()
+    out = common.out_dir(args, "compress")
     if args.quick:
         args.n, args.repeat = 1 << 16, 2
     rows = [measure(spec, args.n, args.bucket, args.repeat) for spec in SPECS]
@@ -150,10 +154,9 @@ def main() -> None:
                      f"{r['psgd_gb_s']:.2f} | {r['numpy_gb_s']:.2f} | {r['speedup']:.1f}x |")
     text = "\n".join(lines) + "\n"
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
     name = "compress-quick" if args.quick else "compress"
-    (args.out / f"{name}.md").write_text(text)
-    (args.out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    common.write_text(out / f"{name}.md", text, common.NO_DATA)
+    common.write_json(out / f"{name}.json", {"rows": rows}, common.NO_DATA)
 
 
 if __name__ == "__main__":

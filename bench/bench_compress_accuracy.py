@@ -8,7 +8,7 @@ async-convergence settings (momentum 0.9, lr 0.05, batch 64) and the same epochs
 every compressor: none, fp16, qsgd:4, topk:0.01 and sign (error feedback as ``auto``:
 on for topk and sign; momentum correction as ``auto``: on for them), and topk:0.01
 without error feedback; with ``--compressors`` also topk and sign with the momentum
-left on the server (``no correction``). Writes bench/results/NAME.{json,md} (``--name``,
+left on the server (``no correction``). Writes NAME.{json,md} (NAME-synthetic on synthetic data) into runs/bench/compress-accuracy-TIME/ (--publish: bench/results/) (``--name``,
 default compress-accuracy), adding to the json run by run.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import common  # noqa: E402
 from training import dataset, error_line, grid_options, train as run_train  # noqa: E402
 
 PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--staleness", "2"],
@@ -112,14 +113,14 @@ def write_report(out: Path, name: str, data_name: str, rows: list[dict], args) -
             f"{','.join(map(str, args.seeds))} --epochs {args.epochs:g} --protocols "
             f"'{','.join(args.protocols)}' --compressors '{','.join(args.compressors)}'`"
             f"\n\n{table(rows)}\n")
-    (out / f"{name}.md").write_text(text)
+    common.write_text(out / f"{name}.md", text, data_name)
     print(text)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny subset on synthetic data")
-    ap.add_argument("--out", default=str(BENCH / "results"))
+    common.add_output_arguments(ap)
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--protocols", default=",".join(PROTOCOLS))
@@ -136,23 +137,22 @@ def main(argv=None) -> int:
                                                       "(e.g. a stopped benchmark's), beside it")
     args = ap.parse_args(argv)
     if args.report:
-        saved, out = json.loads(Path(args.report).read_text()), args.out
+        saved, out = json.loads(Path(args.report).read_text()), (args.out, args.publish)
         for key, value in saved["settings"].items():
             setattr(args, key, value)
-        args.out = out
+        args.out, args.publish = out
         rows = saved["rows"]
         seeds = sorted({r["seed"] for r in rows})
         args.seeds, args.report = seeds, None
-        Path(out).mkdir(parents=True, exist_ok=True)
-        write_report(Path(out), args.name, saved["data"], rows, args)
+        write_report(common.out_dir(args, "compress-accuracy"), args.name, saved["data"], rows,
+                     args)
         return 0
     if args.quick:
         args.workers, args.seeds, args.model, args.epochs = "2", "0", "mlp:784-64-10", 2.0
         args.protocols, args.compressors = "asp", "none,sign"
     grid_options(ap, args, protocols=PROTOCOLS, compressors=COMPRESSORS)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "compress-accuracy-quick" if args.quick else args.name
+    out = common.out_dir(args, "compress-accuracy")
+    name = common.result_stem("compress-accuracy-quick" if args.quick else args.name, args.quick)
     todo = [{"workers": w, "seed": seed, "protocol": p, "compressor": c}
             for seed in args.seeds for w in args.workers for p in args.protocols
             for c in args.compressors]
@@ -165,8 +165,8 @@ def main(argv=None) -> int:
             print(f"[{i + 1}/{len(todo)}] W={cell['workers']} seed {cell['seed']} "
                   f"{cell['protocol']} {cell['compressor']}: "
                   f"{row.get('accuracy', row.get('error'))} ({row['wall_s']:.0f} s)", flush=True)
-            (out / f"{name}.json").write_text(json.dumps(
-                {"data": data_name, "settings": vars(args), "rows": rows}, indent=1))
+            common.write_json(out / f"{name}.json",
+                              {"data": data_name, "settings": vars(args), "rows": rows}, data_name)
     write_report(out, name, data_name, rows, args)
     return 0 if rows and all(r["ok"] for r in rows) else 1
 

@@ -7,7 +7,7 @@ Each row is one ``psgd net --nodes 2 --rate R -- mpiexec -n W python -m psgd tra
 Fashion-MNIST (synthetic data, with a warning, when it is not installed): the seconds
 until the lead's running training accuracy first reaches --target, beside the final
 test accuracy and the bytes each worker sent per step. Needs root (psgd net); writes
-bench/results/compress-time.{md,json}.
+compress-time.{md,json} into runs/bench/compress-time-TIME/ (--publish: bench/results/).
 """
 from __future__ import annotations
 
@@ -20,14 +20,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from protocols import ROOT, run_bounded  # noqa: E402
+import common  # noqa: E402
+from common import ROOT, mpiexec, run_bounded  # noqa: E402
 from training import dataset, error_line, on_nodes, time_to_target  # noqa: E402
 
 PY = sys.executable
 
 
 def run(args, data: Path, spec: str, log: Path) -> dict:
-    cmd = [*on_nodes(2, args.rate), str(ROOT / ".venv/bin/mpiexec"), "-n", str(args.workers),
+    cmd = [*on_nodes(2, args.rate), mpiexec(), "-n", str(args.workers),
            PY, "-m", "psgd", "train", "--data", str(data), "--model", args.model,
            "--protocol", "allreduce", "--servers", "0", "--compress", spec,
            "--optimizer", "momentum", "--lr", str(args.lr), "--momentum", "0.9",
@@ -84,25 +85,24 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--out", default=str(BENCH / "results"))
+    common.add_output_arguments(ap)
     args = ap.parse_args(argv)
     if args.quick:
         args.model, args.epochs, args.target, args.compressors = "mlp:784-64-10", 1.0, 0.2, \
             "none,sign"
     args.compressors = args.compressors.split(",")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "compress-time-quick" if args.quick else "compress-time"
+    out = common.out_dir(args, "compress-time")
+    name = common.result_stem("compress-time-quick" if args.quick else "compress-time", args.quick)
     rows = []
     with tempfile.TemporaryDirectory(prefix="psgd-compress-time-") as tmp:
         data, data_name = dataset(Path(tmp), args.quick, "bench-compress-time")
         for spec in args.compressors:
             rows.append(run(args, data, spec, Path(tmp) / f"{spec.replace(':', '')}.jsonl"))
             print(rows[-1], flush=True)
-            (out / f"{name}.json").write_text(json.dumps(
-                {"data": data_name, "settings": vars(args), "rows": rows}, indent=1))
+            common.write_json(out / f"{name}.json",
+                              {"data": data_name, "settings": vars(args), "rows": rows}, data_name)
     text = markdown(rows, args, data_name)
-    (out / f"{name}.md").write_text(text)
+    common.write_text(out / f"{name}.md", text, data_name)
     print(text)
     return 0 if all(r["ok"] for r in rows) else 1
 

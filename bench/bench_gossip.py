@@ -10,12 +10,13 @@ accuracy of gossip and adpsgd is the workers' mean model's (the lead's own
 model beside it); bytes per worker per step are the model bytes each worker
 sent (allreduce: what a ring all-reduce sends, 2 (W - 1) / W models, for
 comparison; psgd's all-reduce goes through shared memory on one node).
-Writes bench/results/gossip.{json,md}, adding to gossip.json run by run.
+Writes gossip.{json,md} (gossip-synthetic.* on synthetic data) into
+runs/bench/gossip-TIME/ (--publish: bench/results/), adding to gossip.json run by run.
 
 With ``--net RATE`` every run goes through ``psgd net --nodes W --rate RATE``
 (a worker per emulated node, one shared link; root), once per factor of
 ``--straggler`` (the last worker that many times slower, 1: none), and the
-table is of time to the target training accuracy: bench/results/gossip-net.*.
+table is of time to the target training accuracy: gossip-net.*.
 """
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+import common  # noqa: E402
+from common import ROOT, mpiexec, run_bounded  # noqa: E402
 from training import dataset, error_line, on_nodes, time_to_target  # noqa: E402
-from protocols import run_bounded  # noqa: E402
 
 RUNS = {"allreduce": ["--protocol", "allreduce"],
         "gossip ring": ["--protocol", "gossip", "--topology", "ring"],
@@ -47,7 +48,7 @@ def train(name: str, workers: int, seed: int, data: Path, args, log: Path,
     (on ``args.net``'s emulated nodes when it is set, the last worker ``straggler`` x slower)."""
     slow = [] if straggler == 1 else ["--straggler", f"{workers - 1}:slow={straggler:g}"]
     net = on_nodes(workers, args.net) if args.net else []
-    cmd = [*net, str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers), sys.executable, "-m", "psgd",
+    cmd = [*net, mpiexec(), "-n", str(workers), sys.executable, "-m", "psgd",
            "train", "--data", str(data), "--model", args.model, *RUNS[name], "--servers", "0",
            "--optimizer", args.optimizer, "--lr", str(args.lr), "--momentum", str(args.momentum),
            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--seed", str(seed),
@@ -194,7 +195,7 @@ def net_plot(rows: list[dict], args, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny run on synthetic data")
-    ap.add_argument("--out", default=str(BENCH / "results"))
+    common.add_output_arguments(ap)
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--workers", default="4")
     ap.add_argument("--seeds", default="0,1")
@@ -225,10 +226,9 @@ def main(argv=None) -> int:
     factors = [float(f) for f in args.straggler.split(",")]
     if not args.net and factors != [1]:
         ap.error("--straggler needs --net (the table of time to target under a slow link)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = "gossip-net" if args.net else "gossip"
-    name += "-quick" if args.quick else ""
+    out = common.out_dir(args, name)
+    name = common.result_stem(name + ("-quick" if args.quick else ""), args.quick)
     rows = []
     with tempfile.TemporaryDirectory(prefix="psgd-gossip-") as tmp:
         data, data_name = dataset(Path(tmp), args.quick, "bench-gossip")
@@ -241,13 +241,14 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"[{i + 1}/{len(todo)}] W={w} seed {seed} straggler {factor:g} {run}: "
                   f"{row.get('accuracy', row.get('error'))} ({row['wall_s']:.0f} s)", flush=True)
-            (out / f"{name}.json").write_text(json.dumps(
-                {"data": data_name, "settings": vars(args), "rows": rows}, indent=1))
+            common.write_json(out / f"{name}.json",
+                              {"data": data_name, "settings": vars(args), "rows": rows}, data_name)
     setting = (f"{data_name}, {args.model}, {args.optimizer} lr {args.lr:g}, batch "
                f"{args.batch_size} per worker, {args.epochs:g} epochs")
     command = f"`python bench/bench_gossip.py {' '.join(argv or sys.argv[1:])}`"
     if args.net:
         net_plot(rows, args, out / f"{name}.png")
+        common.stamp_png(out / f"{name}.png", data_name)
         text = (f"# Time to accuracy on {workers[0]} emulated nodes at {args.net}, with and "
                 f"without a straggler ({setting})\n\n{workers[0]} ranks on {os.cpu_count()} "
                 f"cores, one per `psgd net` node. {command}\n\n" + net_table(rows, args) + "\n")
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
         text = (f"# Decentralized training vs allreduce ({setting})\n\n"
                 f"W ranks on {os.cpu_count()} cores (oversubscribed from W = "
                 f"{os.cpu_count() + 1} on). {command}\n\n" + table(rows, args) + "\n")
-    (out / f"{name}.md").write_text(text)
+    common.write_text(out / f"{name}.md", text, data_name)
     print(text)
     return 0 if rows and all(r["ok"] for r in rows) else 1
 

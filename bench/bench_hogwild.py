@@ -1,8 +1,9 @@
 """Hogwild throughput: updates/s for a ~1M-parameter vector, 2 workers, 1 server, no compute.
 
-Run ``python bench/bench_hogwild.py [--quick] [--json PATH] [--windows shared,allocate,create]``;
-it launches itself under mpiexec (the one next to this Python, else on PATH)
-once per window kind and prints updates/s, the push (accumulate) and pull
+Run ``make bench-hogwild`` or ``python bench/bench_hogwild.py [--quick] [--json PATH]
+[--windows shared,allocate,create]``; it launches itself under mpiexec (bench/common.py's)
+once per window kind, writes hogwild.json into runs/bench/hogwild-TIME/ (``--publish``:
+bench/results/; ``--json PATH``: there only) and prints updates/s, the push (accumulate) and pull
 (get) time per update, and the server's CPU fraction (cpu_s / wall_s; the
 point of hogwild is that this stays near zero).
 """
@@ -15,6 +16,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 
 def child(args) -> None:
@@ -82,15 +86,11 @@ def child(args) -> None:
         report_and_abort(exc)
 
 
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return os.environ.get("PSGD_MPIEXEC") or (str(local) if local.exists() else "mpiexec")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps")
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
+    parser.add_argument("--json", metavar="PATH", help="write the results here (only)")
+    common.add_output_arguments(parser)
     parser.add_argument("--windows", default="shared,allocate",
                         help="comma list of shared, allocate, create (create is ~100x slower)")
     parser.add_argument("--n-params", type=int, default=1 << 20)
@@ -106,9 +106,10 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    path = Path(args.json) if args.json else common.out_dir(args, "hogwild") / "hogwild.json"
     results = []
     for window in args.windows.split(","):
-        cmd = [mpiexec(), "-n", str(args.servers + args.workers), sys.executable,
+        cmd = [common.mpiexec(), "-n", str(args.servers + args.workers), sys.executable,
                os.path.abspath(__file__), "--child", "--window", window,
                "--n-params", str(args.n_params), "--servers", str(args.servers),
                "--steps", str(args.steps)]
@@ -130,8 +131,8 @@ def main() -> None:
         for row in results[1:]:
             print(f"  {base['window']} / {row['window']}: "
                   f"{base['updates_per_s'] / row['updates_per_s']:.2f}x updates/s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"bench": "hogwild", "results": results}, indent=2))
+    common.write_json(path, {"bench": "hogwild", "results": results}, common.NO_DATA)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """Kernel throughput (forward + backward + SGD step) of psgd models beside PyTorch CPU, one thread each
-(or ``--threads N`` each: BLAS's threads for psgd, torch.set_num_threads for PyTorch)."""
+(or ``--threads N`` each: BLAS's threads for psgd, torch.set_num_threads for PyTorch).
+
+Writes kernels.json into runs/bench/kernels-TIME/ (``--publish``: bench/results/;
+``--json PATH``: there only)."""
 import os
 import sys
 
@@ -9,14 +12,17 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = str(THREADS)
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 MODELS = {"mlp:784-256-256-10": (1, 28, 28), "lenet": (1, 28, 28), "cifar-cnn": (3, 32, 32)}
 
@@ -150,7 +156,8 @@ def startup_seconds(spec, shape):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here (only)")
+    common.add_output_arguments(ap)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=0.5, help="target seconds per timed repeat")
@@ -159,6 +166,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="threads for each of psgd and PyTorch")
     ap.add_argument("--models", metavar="A,B", help=f"models to run (default all: {', '.join(MODELS)})")
     args = ap.parse_args(argv)
+    path = Path(args.json) if args.json else common.out_dir(args, "kernels") / "kernels.json"
 
     torch = None
     if not args.no_torch:
@@ -222,10 +230,8 @@ def main(argv=None):
         for spec, rec in results["models"].items():
             print(f"{spec:<22}{rec['startup_cold_s']:>10.2f}{rec['startup_warm_s']:>10.2f}"
                   f"   ({rec['startup_cold_inproc_s']:.2f} / {rec['startup_warm_inproc_s']:.2f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nwrote {args.json}")
+    common.write_json(path, results, common.NO_DATA)
+    print(f"\nwrote {path}")
     return results
 
 

@@ -8,7 +8,8 @@ on one shared link, fed the compute time per sample and the link's bandwidth
 measured here in the same run (a 4 MB ping-pong between two emulated nodes).
 Then the bus bandwidth of the hierarchical all-reduce, psgd's flat ring and
 MPI_Allreduce at 2 nodes x 2 ranks (bench/bench_allreduce.py under psgd net).
-Needs root (psgd net); writes bench/results/net.{md,json}.
+Needs root (psgd net); writes net.{md,json} into runs/bench/net-TIME/ (--publish:
+bench/results/net.*).
 """
 from __future__ import annotations
 
@@ -22,14 +23,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")       # one BLAS thread per rank, as psgd's CLI sets
 
+import common  # noqa: E402
 from psgd.plan.command import measure_compute_s  # noqa: E402
 from psgd.plan.cost import Job, Network, predict  # noqa: E402
 
 PY = sys.executable
-MPIEXEC = str(Path(PY).parent / "mpiexec")
+DATA = "synthetic (psgd data synth, its default sizes)"
 MODELS = {"lenet": "lenet", "mlp2m": "mlp:784-1536-512-10"}
 # (protocol, S, model row)
 RUNS = [("bsp", 1, "bsp"), ("ssp", 1, "ssp"), ("asp", 1, "asp"), ("hogwild", 1, "hogwild"),
@@ -56,7 +59,7 @@ def net(nodes: int, rate: str, argv: list[str], **kw) -> subprocess.CompletedPro
 
 def link_bandwidth(rate: str) -> float:
     """Bytes/s of a 4 MB ping-pong between two emulated nodes (the best of five)."""
-    proc = net(2, rate, [MPIEXEC, "-n", "2", PY, "-c", PINGPONG], check=True, timeout=120)
+    proc = net(2, rate, [common.mpiexec(), "-n", "2", PY, "-c", PINGPONG], check=True, timeout=120)
     return float(proc.stdout.split()[-1])
 
 
@@ -73,7 +76,7 @@ def measured(log: Path, workers: int) -> tuple[float, float]:
 def run_row(data: str, model: str, protocol: str, servers: int, nodes: int, rate: str,
             steps: int, tmp: Path) -> tuple[float, float]:
     log = tmp / f"{model}-{protocol}-{nodes}-{rate}.jsonl"
-    cmd = [MPIEXEC, "-n", str(RANKS), PY, "-m", "psgd", "train", "--data", data, "--model",
+    cmd = [common.mpiexec(), "-n", str(RANKS), PY, "-m", "psgd", "train", "--data", data, "--model",
            MODELS[model], "--protocol", protocol, "--servers", str(servers), "--steps",
            str(steps), "--batch-size", str(BATCH), "--log-every", "3", "--eval-every", "0",
            "--eval-samples", "200", "--log", str(log), "--quiet"]
@@ -104,7 +107,7 @@ def bus_bandwidth(rate: str, seconds: float) -> list[dict]:
                        timeout=600)
             if proc.returncode != 0:
                 raise SystemExit(f"bench_net: bench_allreduce at {rate} failed:\n{proc.stderr}")
-            for r in json.loads(out.read_text()):
+            for r in json.loads(out.read_text())["rows"]:
                 rows.append({"rate": rate, "mpi_composition": label or "auto", **r})
     return rows
 
@@ -138,10 +141,10 @@ def markdown(rows: list[dict], bus: list[dict], links: dict, compute: dict) -> s
 def write(out: str, rows: list[dict], bus: list[dict], links: dict, compute: dict) -> None:
     text = markdown(rows, bus, links, compute)
     print(text)
-    Path(out + ".md").write_text(text)
-    Path(out + ".json").write_text(json.dumps(
-        {"rows": rows, "bus_bandwidth": bus, "link_bytes_per_s": links,
-         "compute_s_per_sample": compute}, indent=1) + "\n")
+    common.write_text(Path(out + ".md"), text, DATA)
+    common.write_json(Path(out + ".json"),
+                      {"rows": rows, "bus_bandwidth": bus, "link_bytes_per_s": links,
+                       "compute_s_per_sample": compute}, DATA)
     print(f"wrote {out}.md, {out}.json")
 
 
@@ -170,11 +173,14 @@ def main() -> None:
                     help="which of the rows' protocols to run")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seconds", type=float, default=0.3, help="bench_allreduce's per size")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "net"))
+    common.add_output_arguments(ap)
     ap.add_argument("--repredict", action="store_true",
-                    help="recompute the predictions of OUT.json's measurements; run nothing")
+                    help="recompute the predictions of net.json in --out (or --publish's); "
+                         "run nothing")
     args = ap.parse_args()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)   # before the runs, not after them
+    if args.repredict and not (args.out or args.publish):
+        ap.error("--repredict reads net.json from --out DIR or --publish's bench/results/")
+    args.out = str(common.out_dir(args, "net") / "net")   # before the runs, not after them
     if args.repredict:
         repredict(args.out)
         return

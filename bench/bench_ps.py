@@ -1,7 +1,9 @@
 """Parameter-server push+pull throughput beside raw MPI point-to-point bandwidth, server CPU and memory.
 
-Run ``.venv/bin/python bench/bench_ps.py [--quick] [--json PATH]``: it launches
-itself under mpiexec once per case.  Workers do no compute, so the numbers are
+Run ``make bench-ps`` (``ARGS=--publish``: into bench/results/) or
+``.venv/bin/python bench/bench_ps.py [--quick] [--json PATH]``: it launches
+itself under mpiexec once per case and writes ps.{json,md} into
+runs/bench/ps-TIME/ (or only ``--json`` and ``--md`` where given).  Workers do no compute, so the numbers are
 those of the PS path alone: each worker step pushes a ~1M-float32 gradient and
 pulls the same bytes back.  Throughput counts push + pull bytes of all workers
 per second; the raw figure is an Isend/Irecv ping-pong of the same size between
@@ -42,6 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402
+
 TARGET = 0.5   # issue #4: push+pull throughput >= this fraction of the raw bandwidth
 
 
@@ -147,8 +152,7 @@ def emit(record):
 
 
 def launch(n, extra, timeout=300):
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    cmd = [mpiexec, "-n", str(n), sys.executable, str(Path(__file__).resolve()), *extra]
+    cmd = [common.mpiexec(), "-n", str(n), sys.executable, str(Path(__file__).resolve()), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"bench case failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
@@ -158,7 +162,8 @@ def launch(n, extra, timeout=300):
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", help="write the results here (only)")
+    common.add_output_arguments(ap)
     ap.add_argument("--n-params", type=int, default=1 << 20)
     ap.add_argument("--child", choices=["raw", "ps"])
     ap.add_argument("--servers", type=int, default=1)
@@ -185,6 +190,7 @@ def main():
         return child_raw(args)
     if args.child == "ps":
         return child_ps(args)
+    out = None if args.json or args.md else common.out_dir(args, "ps")   # before any run
     cases = [(int(servers), case) for servers in args.server_counts.split(",")
              for case in args.protocols.split(",")]
     for _, case in cases:   # before anything runs
@@ -194,12 +200,12 @@ def main():
                              f"PROTOCOL+messages or PROTOCOL+SPEC (a --compress other than none)")
     steps = 20 if args.quick else 300
     repeat = 1 if args.quick else args.repeat
-    common = ["--n-params", str(args.n_params), "--steps", str(steps)]
+    sizes = ["--n-params", str(args.n_params), "--steps", str(steps)]
     size_mb = 4 * args.n_params / 1e6
     print(f"psgd PS benchmark: {args.n_params} float32 ({size_mb:.1f} MB) per push and per pull, "
           f"{steps} steps, 2 workers, no compute; {repeat} round(s), each case paired with the "
           f"faster of the raw ping-pongs just before and after it")
-    runs, raws = rounds(cases, common, repeat, size_mb)
+    runs, raws = rounds(cases, sizes, repeat, size_mb)
     results = {"n_params": args.n_params, "steps": steps, "repeat": repeat,
                "raw_runs_MB_s": [r["MB_s"] for r in raws],
                "raw_rtt_ms": [r["rtt_ms"] for r in raws], "ps": []}
@@ -208,15 +214,42 @@ def main():
           f"with the median ratio (target {TARGET}):")
     for case in cases:
         results["ps"].append(report(runs[case]))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    if args.md:
-        Path(args.md).write_text(markdown(results, runs, " ".join(sys.argv[1:])))
+    text = markdown(results, runs, " ".join(sys.argv[1:]))
+    if out is None:
+        if args.json:
+            common.write_json(Path(args.json), results, common.NO_DATA)
+        if args.md:
+            common.write_text(Path(args.md), text, common.NO_DATA)
+        return
+    common.write_json(out / "ps.json", results, common.NO_DATA)
+    common.write_text(out / "ps.md", text, common.NO_DATA)
+    print(f"wrote {out / 'ps.json'} and {out / 'ps.md'}")
+    if args.publish:
+        print(f"wrote {docs_page(results, text, out)}")
 
 
-def rounds(cases: list, common: list, repeat: int, size_mb: float) -> tuple[dict, list]:
+def docs_page(results: dict, text: str, out: Path) -> Path:
+    """docs/results/ps.md from the published ps.json and ps.md."""
+    raw = results["raw_runs_MB_s"]
+    about = (f"Push + pull throughput of the parameter server (no compute: the PS path alone), "
+             f"each case beside a raw MPI ping-pong of the same bytes run just before and "
+             f"after it (raw: {min(raw):.0f}-{max(raw):.0f} MB/s over {len(raw)} runs). "
+             f"`ratio` is the case's MB/s over the faster raw run around it; the target is "
+             f"{TARGET}. Rows and columns as in `bench/bench_ps.py`'s docstring.")
+    ratios = ["| case | MB/s | ratio to raw (median) | runs | server CPU / wall |",
+              "|---|---|---|---|---|"]
+    for r in results["ps"]:
+        ratios.append(f"| {r['case']} | {r['MB_s']:.0f} | {r['ratio_to_raw']:.3f} | "
+                      f"{', '.join(f'{x:.2f}' for x in r['ratio_runs'])} | "
+                      f"{', '.join(f'{f:.2f}' for f in r['server_cpu_fraction'])} |")
+    body = "\n".join(ratios) + "\n\n" + "\n".join(text.splitlines()[2:])
+    return common.docs_page("ps", "Parameter server: push + pull throughput", about, body,
+                            [out / "ps.json", out / "ps.md"])
+
+
+def rounds(cases: list, sizes: list, repeat: int, size_mb: float) -> tuple[dict, list]:
     """Every case ``repeat`` times, interleaved, each run between two raw ping-pongs."""
-    raws = [launch(2, ["--child", "raw", *common])]
+    raws = [launch(2, ["--child", "raw", *sizes])]
     print(f"raw MPI ping-pong ({size_mb:.1f} MB each way): {raws[0]['MB_s']:.0f} MB/s, "
           f"rtt {raws[0]['rtt_ms']:.2f} ms")
     runs: dict[tuple, list] = {case: [] for case in cases}
@@ -226,8 +259,8 @@ def rounds(cases: list, common: list, repeat: int, size_mb: float) -> tuple[dict
             flag = (["--compress", variant] if _compressor(variant) else
                     [f"--{variant}"] if variant else [])
             r = launch(servers + 2, ["--child", "ps", "--servers", str(servers),
-                                     "--protocol", protocol, *common, *flag])
-            raws.append(launch(2, ["--child", "raw", *common]))
+                                     "--protocol", protocol, *sizes, *flag])
+            raws.append(launch(2, ["--child", "raw", *sizes]))
             r["raw_MB_s"] = max(raws[-2]["MB_s"], raws[-1]["MB_s"])
             r["ratio_to_raw"] = r["MB_s"] / r["raw_MB_s"]
             runs[(servers, case)].append(r)

@@ -6,8 +6,10 @@ does; ranks 1.. (``--active`` of them) each Accumulate the whole window and Flus
 then Get it and Flush, ``--reps`` times, with ``--compute`` seconds of spinning
 before each pair (a worker's step). Rank 1 first times a Send and Recv of the same
 bytes with rank 0, alone. Each row runs under ``psgd net`` (root); the table prints the
-median op times after the first quarter, the bytes over them and rank 0's CPU share.
+median op times after the first quarter, the bytes over them and rank 0's CPU share,
+written as rma.{md,json} into runs/bench/rma-TIME/ (``--publish``: bench/results/).
 
+    make bench-rma ARGS="--rate 10gbit"
     python bench/bench_rma.py --rate 10gbit --polls 0,5e-5,1e-3
     python bench/bench_rma.py --nodes 4 --ranks 4 --active 3 --compute 0.016
 """
@@ -24,8 +26,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402
+
 PY = sys.executable
-MPIEXEC = str(Path(PY).parent / "mpiexec")
 
 
 def serve(comm, n: int, poll: float) -> dict:
@@ -99,15 +103,15 @@ def rank_main(args) -> None:
     rows = comm.gather(out, 0)
     win.Free()
     if rank == 0:
-        Path(args.out).write_text(json.dumps(rows))
+        Path(args.rows).write_text(json.dumps(rows))
 
 
 def run_row(args, poll: float, tmp: Path) -> dict:
     out = tmp / f"{poll}.json"
     cmd = [PY, "-m", "psgd", "net", "--nodes", str(args.nodes), "--rate", args.rate, "--",
-           MPIEXEC, "-n", str(args.ranks), PY, str(Path(__file__).resolve()), "--rank",
+           common.mpiexec(), "-n", str(args.ranks), PY, str(Path(__file__).resolve()), "--rank",
            "--poll", str(poll), "--mb", str(args.mb), "--reps", str(args.reps), "--active",
-           str(args.active), "--compute", str(args.compute), "--out", str(out)]
+           str(args.active), "--compute", str(args.compute), "--rows", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"bench_rma: poll {poll} failed:\n{proc.stderr}")
@@ -131,25 +135,34 @@ def main() -> None:
     ap.add_argument("--compute", type=float, default=0.0, help="s of spinning before each pair")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--poll", type=float, default=0.0, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
+    common.add_output_arguments(ap)
     args = ap.parse_args()
     if args.rank:
         rank_main(args)
         return
     if not 1 <= args.active < args.ranks:
         ap.error(f"--active must be between 1 and {args.ranks - 1}")
+    out = common.out_dir(args, "rma")
     nbytes = 4 * (int(args.mb * (1 << 20)) // 4)
-    print(f"{args.ranks} ranks on {args.nodes} nodes at {args.rate}, {args.active} active, "
-          f"{nbytes / 1e6:.1f} MB, compute {args.compute * 1e3:.0f} ms before each pair")
-    print("| poll us | accumulate ms | MB/s | get ms | MB/s | send+recv MB/s | rank 0 CPU |")
-    print("|---|---|---|---|---|---|---|")
+    lines = [f"{args.ranks} ranks on {args.nodes} nodes at {args.rate}, {args.active} active, "
+             f"{nbytes / 1e6:.1f} MB, compute {args.compute * 1e3:.0f} ms before each pair", "",
+             "| poll us | accumulate ms | MB/s | get ms | MB/s | send+recv MB/s | rank 0 CPU |",
+             "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for poll in map(float, args.polls.split(",")):
             r = run_row(args, poll, Path(tmp))
+            rows.append(r)
             acc, get = r["acc_s"], r["get_s"]
-            print(f"| {poll * 1e6:.0f} | {acc * 1e3:.2f} | {nbytes / acc / 1e6:.0f} | "
-                  f"{get * 1e3:.2f} | {nbytes / get / 1e6:.0f} | "
-                  f"{2 * nbytes / r['pingpong_s'] / 1e6:.0f} | {r['server_cpu']:.2f} |", flush=True)
+            lines.append(f"| {poll * 1e6:.0f} | {acc * 1e3:.2f} | {nbytes / acc / 1e6:.0f} | "
+                         f"{get * 1e3:.2f} | {nbytes / get / 1e6:.0f} | "
+                         f"{2 * nbytes / r['pingpong_s'] / 1e6:.0f} | {r['server_cpu']:.2f} |")
+            print(lines[-1], flush=True)
+    common.write_json(out / "rma.json", {"settings": vars(args), "rows": rows}, common.NO_DATA)
+    common.write_text(out / "rma.md", "\n".join(lines), common.NO_DATA)
+    print(f"wrote {out / 'rma.json'} and {out / 'rma.md'}")
 
 
 if __name__ == "__main__":

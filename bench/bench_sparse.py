@@ -14,7 +14,7 @@ byte-compiled first, as pip compiles an installed package such as scikit-learn. 
 also records the CPU that processes other than its own used meanwhile (``other_cores``,
 in cores: /proc/stat's busy time less the run's children's), since any such process, niced
 or not, takes its share of the 2 cores from the run (the kernel's autogroups). Writes
-bench/results/sparse.{json,md}; with ``--net RATE`` (root) the psgd runs go through
+sparse.{json,md} into runs/bench/sparse-TIME/ (--publish: bench/results/); with ``--net RATE`` (root) the psgd runs go through
 ``psgd net --nodes 2 --rate RATE`` (the server and the second worker on node 0, the
 first worker on node 1) and write sparse-net.{json,md}. scikit-learn is needed only here.
 With ``--optimizer momentum`` or ``nesterov`` (lazy momentum against the whole-vector push,
@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from protocols import run_bounded  # noqa: E402
+import common  # noqa: E402
+from common import ROOT, run_bounded  # noqa: E402
 
 SKLEARN = """
 import sys, time, h5py, numpy as np, scipy.sparse as sp
@@ -89,7 +89,7 @@ def make_data(tmp: Path, args) -> Path:
 def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path, hold: int | None = None) -> dict:
     net = [sys.executable, "-m", "psgd", "net", "--nodes", "2", "--rate", args.net, "--"] \
         if args.net else []
-    cmd = [*net, str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers + 1), sys.executable, "-m", "psgd",
+    cmd = [*net, common.mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "psgd",
            "train", "--data", str(data), "--model", "linear", "--protocol", "hogwild",
            "--servers", "1", "--lr", str(args.lr), "--batch-size", str(args.batch_size),
            "--epochs", str(args.epochs), "--log-every", "50", "--quiet", "--log", str(log),
@@ -190,11 +190,12 @@ def main() -> None:
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "nesterov"))
     p.add_argument("--staleness-comp", default="auto", help="psgd train's (auto: amom for momentum)")
     p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--out", type=Path, default=BENCH / "results")
+    common.add_output_arguments(p)
     p.add_argument("--net", help="run psgd on psgd net's 2 emulated nodes at this rate (root)")
     args = p.parse_args()
     if args.quick:
         args.train, args.test, args.repeats, args.epochs = 2000, 400, 1, 1
+    out = None if args.quick else common.out_dir(args, "sparse")
     # scikit-learn starts from the .pyc files pip wrote at install; psgd, installed editable,
     # recompiles every module in every rank when PYTHONDONTWRITEBYTECODE is set (as here)
     for package in ("psgd", "kernels"):
@@ -219,15 +220,16 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     md = table(rows, args, density)
     print(md)
-    if not args.quick:
-        args.out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         name = "sparse-net" if args.net else "sparse"
         name += "" if args.optimizer == "sgd" else "-momentum"
-        (args.out / f"{name}.json").write_text(json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "density": density, "rows": rows},
-            indent=1) + "\n")
+        data = (f"sparse synthetic (psgd data synth --sparse --train {args.train} --test "
+                f"{args.test} --features {args.features} --nnz {args.nnz})")
+        common.write_json(out / f"{name}.json",
+                          {"args": {k: str(v) for k, v in vars(args).items()},
+                           "density": density, "rows": rows}, data)
         command = "make bench-sparse" + (f" ARGS=\"{' '.join(sys.argv[1:])}\"" if sys.argv[1:] else "")
-        (args.out / f"{name}.md").write_text(f"# {command}\n\n" + md)
+        common.write_text(out / f"{name}.md", f"# {command}\n\n" + md, data)
 
 
 if __name__ == "__main__":

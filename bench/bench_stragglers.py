@@ -12,7 +12,8 @@ and ssp with ``--staleness auto``, with the same samples per worker-set.
 The test accuracy over time comes from the servers' snapshots
 (``--checkpoint-every``), kept as they appear and evaluated after the run, so
 no worker evaluates mid-run (which would make it a straggler).  Writes
-bench/results/stragglers.{json,md,png}, adding to the json run by run.
+stragglers.{json,md,png} (stragglers-synthetic.* on synthetic data) into
+runs/bench/stragglers-TIME/ (--publish: bench/results/), adding to the json run by run.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import common  # noqa: E402
 from training import (dataset, error_line, grid_options, mean_staleness,  # noqa: E402
                       train as run_train)
 
@@ -270,7 +272,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny subset on synthetic data")
-    ap.add_argument("--out", default=str(BENCH / "results"))
+    common.add_output_arguments(ap)
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
@@ -295,9 +297,8 @@ def main(argv=None) -> int:
         args.workers, args.seeds, args.model, args.samples = "2", "0", "mlp:784-64-10", 60
         args.scenarios, args.protocols, args.target = "none,slow", "bsp,ssp auto", 0.2
     grid_options(ap, args, scenarios=SCENARIOS, protocols=PROTOCOLS)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "stragglers-quick" if args.quick else "stragglers"
+    out = common.out_dir(args, "stragglers")
+    name = common.result_stem("stragglers-quick" if args.quick else "stragglers", args.quick)
     todo = [{"scenario": sc, "workers": w, "seed": seed, "protocol": p}
             for w in args.workers for seed in args.seeds for sc in args.scenarios
             for p in args.protocols]
@@ -314,8 +315,8 @@ def main(argv=None) -> int:
                   f"{cell['seed']} {cell['protocol']}: to {args.target:g} in "
                   f"{row.get('time_to_target')} s, final {row.get('accuracy', row.get('error'))} "
                   f"({row['wall_s']:.0f} s)", flush=True)
-            (out / f"{name}.json").write_text(json.dumps(
-                {"data": data_name, "settings": vars(args), "rows": rows}, indent=1))
+            common.write_json(out / f"{name}.json",
+                              {"data": data_name, "settings": vars(args), "rows": rows}, data_name)
     write_report(out, name, data_name, rows, args)
     return 0 if rows and all(r["ok"] for r in rows) else 1
 
@@ -338,8 +339,9 @@ def write_report(out: Path, name: str, data_name: str, rows: list[dict], args) -
             f"every worker had pushed); final accuracy on the whole test split. Each run "
             f"is W + 1 ranks on {os.cpu_count()} cores (oversubscribed from W = "
             f"{os.cpu_count()} on).\n\n" + table(rows, args) + "\n")
-    (out / f"{name}.md").write_text(text)
+    common.write_text(out / f"{name}.md", text, data_name)
     plot(rows, out / f"{name}.png")
+    common.stamp_png(out / f"{name}.png", data_name)
     print(text)
 
 

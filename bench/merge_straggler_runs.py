@@ -2,7 +2,11 @@
 and write (to OUT.seeds.md) and print per-seed times to the target with each config's bootstrap interval of the ratio
 of its mean to the best fixed s's mean.
 
+    make bench-stragglers-merge ARGS="OUT.json RUN_DIR..."
     .venv/bin/python bench/merge_straggler_runs.py OUT.json RUN_DIR...
+
+Each RUN_DIR holds a stragglers.json (or stragglers-synthetic.json); OUT's name must say
+synthetic when theirs do.
 """
 from __future__ import annotations
 
@@ -11,6 +15,9 @@ import random
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 FIXED = ("ssp s=1", "ssp s=3", "ssp s=8")
 
@@ -63,17 +70,23 @@ def per_seed(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        raise SystemExit("usage: merge_straggler_runs.py OUT.json RUN_DIR...")
     out, dirs = Path(argv[0]), argv[1:]
     rows, saved = [], None
     for d in dirs:
-        if not (Path(d) / "stragglers.json").exists():   # not run (yet)
+        found = [p for p in (Path(d) / "stragglers.json", Path(d) / "stragglers-synthetic.json")
+                 if p.exists()]
+        if not found:   # not run (yet)
             continue
-        saved = json.loads((Path(d) / "stragglers.json").read_text())
+        saved = json.loads(found[0].read_text())
         rows += saved["rows"]
-    out.write_text(json.dumps({"data": saved["data"], "settings": saved["settings"],
-                               "rows": rows}, indent=1))
+    if saved is None:
+        raise SystemExit(f"merge_straggler_runs: no stragglers.json in {', '.join(dirs)}")
+    common.write_json(out, {"data": saved["data"], "settings": saved["settings"],
+                            "rows": rows, "merged_from": dirs}, saved["data"])
     text = per_seed(rows)
-    out.with_suffix(".seeds.md").write_text(text)
+    common.write_text(out.with_suffix(".seeds.md"), text, saved["data"])
     print(text)
     return 0
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, mpiexec, run_bounded  # noqa: F401 (run_bounded: for run_all)
+
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # (name, protocol, servers, extra flags)
@@ -34,36 +34,6 @@ PROTOCOLS = [
     ("hogwild", "hogwild", 1, []),
     ("allreduce", "allreduce", 0, []),
 ]
-
-
-def run_bounded(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    """subprocess.run in its own session; on timeout SIGTERM (then SIGKILL) the whole group.
-
-    Raises subprocess.TimeoutExpired after the group is gone.
-    """
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kw)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.communicate(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        proc.wait()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return os.environ.get("PSGD_MPIEXEC") or (str(local) if local.exists() else "mpiexec")
 
 
 def train_command(cfg: dict, protocol: str, servers: int, workers: int, extra: list[str],
@@ -81,7 +51,7 @@ def train_command(cfg: dict, protocol: str, servers: int, workers: int, extra: l
 
 def display_command(cmd: list[str], data, log: Path) -> str:
     """``cmd`` as a reader would type it from the repository root (no temp paths)."""
-    names = {sys.executable: ".venv/bin/python", mpiexec(): ".venv/bin/mpiexec",
+    names = {sys.executable: ".venv/bin/python", mpiexec(): "mpiexec",
              str(data): "synth.h5", str(log): f"logs/{log.name}"}
     return " ".join(names.get(c, c) for c in cmd)
 

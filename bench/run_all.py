@@ -1,9 +1,9 @@
 """`make bench`: every psgd benchmark, a protocol comparison and a scaling run, into one report.
 
-    .venv/bin/python bench/run_all.py [--quick] [--out DIR]
+    .venv/bin/python bench/run_all.py [--quick] [--out DIR | --publish]
 
 Writes DIR/results.json, DIR/REPORT.md and PNG charts (DIR defaults to
-bench/results/).  The kernel, all-reduce, parameter-server and hogwild
+runs/bench/all-TIME/; --publish: bench/results/).  The kernel, all-reduce, parameter-server and hogwild
 benchmarks run as subprocesses through their --json outputs; the protocol
 comparison, the single-process baseline and the scaling runs are in
 bench/protocols.py, the report in bench/report.py.  --quick runs tiny versions
@@ -28,6 +28,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+import common  # noqa: E402
 import protocols  # noqa: E402
 import report  # noqa: E402
 
@@ -189,14 +190,15 @@ def caveats(quick: bool, cores: int) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny versions of everything (smoke test)")
-    ap.add_argument("--out", default=str(BENCH / "results"), help="output directory")
+    common.add_output_arguments(ap)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: micro, protocols")
     ap.add_argument("--keep", action="store_true",
                     help="take the skipped parts from the results.json already in --out "
                          "(to rerun one part on a quieter machine)")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.keep and not (args.out or args.publish):
+        ap.error("--keep takes the skipped parts from --out DIR's (or --publish's) results.json")
+    out = common.out_dir(args, "all")
     skip = set(filter(None, args.skip.split(",")))
     s = QUICK if args.quick else FULL
     t0 = time.perf_counter()
@@ -241,7 +243,8 @@ def main(argv=None) -> int:
         "make install                       # .venv with psgd, MPICH from PyPI, numba, h5py, ...",
         ".venv/bin/pip install torch        # optional: the kernel comparison (CPU wheel)",
         f"make bench{'-quick' if args.quick else ''}                         "
-        f"# = .venv/bin/python bench/run_all.py{q} (writes bench/results/)",
+        f"# = .venv/bin/python bench/run_all.py{q} (writes runs/bench/all-TIME/; "
+        f"ARGS=--publish: bench/results/)",
         "# one distributed run of the comparison, by hand:",
         f".venv/bin/python -m psgd data synth -o synth.h5 --train {s['train']} --test {s['test']}",
         "OPENBLAS_NUM_THREADS=1 " + next((r["command"] for r in
@@ -256,8 +259,14 @@ def main(argv=None) -> int:
             if "error" in r:
                 failed.append(f"{key}: {r['name']} W={r.get('workers')}")
     results["failed"] = failed
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    data = (f"synthetic (psgd data synth --train {s['train']} --test {s['test']}) for the "
+            f"training runs; {common.NO_DATA} for the micro-benchmarks")
+    common.write_json(out / "results.json", results, data)
     path = report.write_report(results, out)
+    common.write_text(path, path.read_text(), data)
+    for chart in ("accuracy_vs_time.png", "time_split.png", "scaling.png"):
+        if (out / chart).exists():
+            common.stamp_png(out / chart, data)
     print(f"wrote {out / 'results.json'}, {path} and charts in {results['total_s']:.0f} s", flush=True)
     if failed:
         print("psgd bench: FAILED parts: " + "; ".join(failed), file=sys.stderr)

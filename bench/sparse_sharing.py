@@ -1,7 +1,9 @@
 """Rows two sparse hogwild workers both write: a replay of their batches, no MPI.
 
-    .venv/bin/python bench/sparse_sharing.py --data sparse.h5 [--batch-size 4] [--hold 8]
-    .venv/bin/python bench/sparse_sharing.py --line-transfer
+    make bench-sparse-sharing ARGS="--data sparse.h5 [--batch-size 4] [--hold 8]"
+    make bench-sparse-sharing ARGS=--line-transfer
+
+The table goes to runs/bench/sparse-sharing-TIME/sparse-sharing.md (--publish: bench/results/).
 
 Two workers take the halves of the training rows in order, a batch at a time, in turn.
 For each hot-row threshold (a row is held when a batch touches it with probability above
@@ -26,6 +28,8 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from psgd.hogwild.hot import hot_rows  # noqa: E402
 from psgd.kernels.atomic import atomic_add, atomic_load  # noqa: E402
 
@@ -100,13 +104,27 @@ def main() -> None:
     ap.add_argument("--thresholds", default="0.5,0.3,0.2,0.1,0.05")
     ap.add_argument("--line-transfer", action="store_true",
                     help="time a cache line passed between CPUs 0 and 1 (three times) instead")
+    common.add_output_arguments(ap)
     args = ap.parse_args()
-    if args.line_transfer:
-        print("one cache line, CPU 0 to CPU 1:", ", ".join(
-            f"{line_transfer_ns():.0f}" for _ in range(3)), "ns")
-        return
-    if not args.data:
+    if not args.data and not args.line_transfer:
         ap.error("--data is needed (or --line-transfer)")
+    out = common.out_dir(args, "sparse-sharing")
+    lines = replay(args) if args.data else [
+        "one cache line, CPU 0 to CPU 1: "
+        + ", ".join(f"{line_transfer_ns():.0f}" for _ in range(3)) + " ns"]
+    name = "sparse-sharing" if args.data else "line-transfer"
+    path = common.write_text(out / f"{name}.md", "\n".join(lines), args.data or common.NO_DATA)
+    print(f"wrote {path}")
+
+
+def replay(args) -> list[str]:
+    """The replay's table, printed as it goes."""
+    lines = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
     with h5py.File(args.data, "r") as f:
         indptr, indices = f["train/indptr"][()], f["train/indices"][()]
         features = int(f.attrs["n_features"])
@@ -114,17 +132,18 @@ def main() -> None:
     steps = min(args.steps, n // (2 * args.batch_size))
     halves = (np.arange(n // 2), np.arange(n // 2, n))
     work = [batches(indptr, indices, h, args.batch_size, steps, features) for h in halves]
-    print(f"{n} rows, {features} features, batch {args.batch_size}, {steps} steps per worker; "
-          f"rows per step, each of K floats")
-    print("| held when touched above | rows held | shared rows not held | settle | total |")
-    print("|---|---|---|---|---|")
+    say(f"{n} rows, {features} features, batch {args.batch_size}, {steps} steps per worker; "
+        f"rows per step, each of K floats\n")
+    say("| held when touched above | rows held | shared rows not held | settle | total |")
+    say("|---|---|---|---|---|")
     shared = shared_rows(work, np.zeros(features + 1, bool))
-    print(f"| none (--hold-hot 1) | 0 | {shared:.1f} | 0 | {shared:.1f} |")
+    say(f"| none (--hold-hot 1) | 0 | {shared:.1f} | 0 | {shared:.1f} |")
     for threshold in map(float, args.thresholds.split(",")):
         held = hot_rows(indices, n, features + 1, args.batch_size, args.hold, threshold)[0] >= 0
         shared, settle = shared_rows(work, held), 2 * int(held.sum()) / args.hold
-        print(f"| {threshold} | {int(held.sum())} | {shared:.1f} | {settle:.1f} | "
-              f"{shared + settle:.1f} |")
+        say(f"| {threshold} | {int(held.sum())} | {shared:.1f} | {settle:.1f} | "
+            f"{shared + settle:.1f} |")
+    return lines
 
 
 if __name__ == "__main__":

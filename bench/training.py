@@ -6,9 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from protocols import ROOT, run_bounded
-
-FMNIST = Path("/usr/share/datasets/fashion-mnist")
+from common import ROOT, dataset, mpiexec, run_bounded  # noqa: F401 (dataset: the scripts')
 
 
 def grid_options(ap, args, **allowed) -> None:
@@ -24,33 +22,13 @@ def grid_options(ap, args, **allowed) -> None:
     args.seeds = [int(s) for s in args.seeds.split(",")]
 
 
-def dataset(tmp: Path, quick: bool, bench: str) -> tuple[Path, str]:
-    """Fashion-MNIST converted to psgd's layout, or synthetic data with a printed warning."""
-    out = tmp / "data.h5"
-    if FMNIST.is_dir() and not quick:
-        files = {k: next(FMNIST.glob(f"{stem}*")) for k, stem in (
-            ("train-images", "train-images-idx3"), ("train-labels", "train-labels-idx1"),
-            ("test-images", "t10k-images-idx3"), ("test-labels", "t10k-labels-idx1"))}
-        cmd = ["convert", *(x for k, f in files.items() for x in (f"--idx-{k}", str(f)))]
-        name = "Fashion-MNIST"
-    else:
-        if not quick:
-            print(f"{bench}: WARNING: Fashion-MNIST is not installed (apt-get install "
-                  f"dataset-fashion-mnist); using synthetic data", flush=True)
-        cmd = ["synth", "--train", "1536" if quick else "60000", "--test", "256"]
-        name = "synthetic"
-    run_bounded([sys.executable, "-m", "psgd", "data", *cmd, "-o", str(out)], 300,
-                cwd=ROOT).check_returncode()
-    return out, name
-
-
 def train(workers: int, flags: list, log: Path, timeout: float):
     """One ``mpiexec -n W+1 python -m psgd train --servers 1`` run logging to ``log``.
 
     Returns ``(process, records, seconds)``: the finished process, the log's
     records (empty when it wrote none) and the wall time from launch.
     """
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers + 1), sys.executable, "-m",
+    cmd = [mpiexec(), "-n", str(workers + 1), sys.executable, "-m",
            "psgd", "train", "--servers", "1", *map(str, flags), "--quiet", "--log", str(log)]
     t0 = time.perf_counter()
     proc = run_bounded(cmd, timeout, cwd=ROOT)

@@ -22,6 +22,9 @@ squared distance of the workers' models from their mean) against steps; runs
 with --compress, the bytes sent per worker per step and the compression ratio
 against steps (beside them, every other run's bytes sent).
 
+With --tensorboard LOG... DIR it writes the logs as TensorBoard event files
+instead, one run per log in DIR/<log name> (`tensorboard --logdir DIR`).
+
 With --timeline TRACE (the --timeline file of `psgd train`) it draws a Gantt
 chart of every rank's spans over --seconds from the first training step
 instead (TRACE.png)."""
@@ -34,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "suffix .png)")
     parser.add_argument("--timeline", metavar="TRACE",
                         help="draw this Chrome trace (`psgd train --timeline`) as a Gantt chart")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="LOG... DIR: write the logs as TensorBoard event files into DIR "
+                             "(one subdirectory per log; needs tensorboardX)")
     parser.add_argument("--seconds", type=float, default=2.0, metavar="S",
                         help="with --timeline: S seconds from the first training step (default 2)")
     parser.add_argument("--title", default=None,
@@ -256,6 +262,14 @@ def _plot_bounds(spare, runs) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.tensorboard:
+        if args.timeline or len(args.logs) < 2:
+            raise ValueError("plot --tensorboard: give LOG... DIR (one or more logs, then the "
+                             "directory for the event files)")
+        from psgd.plot_tensorboard import convert
+        for path in convert(args.logs[:-1], args.logs[-1]):
+            print(f"wrote {path}")
+        return
     if args.timeline:
         if args.logs:
             raise ValueError("plot: give LOG files or --timeline TRACE, not both")

@@ -1,4 +1,5 @@
-"""`bench/run_all.py --quick` produces a well-formed report, results.json and PNG charts (no timings checked)."""
+"""The bench scripts' --quick runs write well-formed results (no timings checked): run_all's report,
+results.json and PNG charts, and each training benchmark's table, JSON and plot."""
 import argparse
 import json
 import os
@@ -88,9 +89,13 @@ def test_quick_bench_results_json_has_numbers_for_every_run(quick_run):
 
 @pytest.mark.slow
 def test_quick_bench_charts_are_png_files(quick_run):
+    from PIL import Image
     for name in ("accuracy_vs_time.png", "time_split.png", "scaling.png"):
         data = (quick_run / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000, name
+        with Image.open(quick_run / name) as png:
+            png.load()                                      # still a whole PNG
+            assert "commit" in json.loads(png.text["provenance"]), name
 
 
 def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
@@ -98,15 +103,19 @@ def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads((tmp_path / "async-quick.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "async-quick-synthetic.json").read_text())["rows"]
     assert {(r["protocol"], r["method"]) for r in rows} == {("bsp", "none"), ("asp", "none"),
                                                             ("asp", "amom")}
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["curve"] for r in rows), rows
     amom = next(r for r in rows if r["method"] == "amom")
     assert amom["compensation"]["method"] == "amom" and amom["comp_asked"] == "amom"
-    table = (tmp_path / "async-quick.md").read_text()
+    table = (tmp_path / "async-quick-synthetic.md").read_text()
     assert "| mlp | 2 | asp | amom |" in table and "| mlp | 2 | bsp | none |" in table
-    assert (tmp_path / "async-quick.png").read_bytes().startswith(PNG_MAGIC)
+    assert (tmp_path / "async-quick-synthetic.png").read_bytes().startswith(PNG_MAGIC)
+    from PIL import Image     # matplotlib's own dependency
+    with Image.open(tmp_path / "async-quick-synthetic.png") as png:   # the chart's stamp
+        assert json.loads(png.text["provenance"])["dataset"] == "synthetic"
+        assert png.size[0] > 100
 
 
 def test_bench_async_add_keeps_the_earlier_grid_and_refuses_other_settings(tmp_path):
@@ -143,7 +152,8 @@ def test_bench_compress_quick_writes_its_table_and_json(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = {r["compressor"]: r for r in json.loads((tmp_path / "compress-quick.json").read_text())}
+    rows = {r["compressor"]: r
+            for r in json.loads((tmp_path / "compress-quick.json").read_text())["rows"]}
     assert set(rows) == {"fp16", "qsgd:1", "qsgd:4", "qsgd:4:l2", "qsgd:8", "topk:0.01", "sign"}
     assert rows["qsgd:4"]["ratio"] >= 7 and rows["sign"]["ratio"] >= 25
     assert rows["qsgd:1"]["ratio"] == pytest.approx(32 / (1 + 32 / 512), rel=1e-2)
@@ -158,14 +168,14 @@ def test_bench_compress_accuracy_quick_writes_its_table_and_json(tmp_path):
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["compressor"]: r for r in
-            json.loads((tmp_path / "compress-accuracy-quick.json").read_text())["rows"]}
+            json.loads((tmp_path / "compress-accuracy-quick-synthetic.json").read_text())["rows"]}
     assert set(rows) == {"none", "sign"} and all(0 <= r["accuracy"] <= 1 for r in rows.values())
     assert rows["none"]["compression_ratio"] == pytest.approx(1.0, rel=0.01)
     assert rows["sign"]["compression_ratio"] > 25
     # asp with momentum: dana on the server; sign's error feedback moves the momentum to the
     # workers, where amom runs
     assert (rows["none"]["compensation"], rows["sign"]["compensation"]) == ("dana", "amom")
-    assert "| 2 | asp | sign |" in (tmp_path / "compress-accuracy-quick.md").read_text()
+    assert "| 2 | asp | sign |" in (tmp_path / "compress-accuracy-quick-synthetic.md").read_text()
 
 
 def test_bench_gossip_quick_writes_its_table_and_json(tmp_path):
@@ -173,13 +183,13 @@ def test_bench_gossip_quick_writes_its_table_and_json(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads((tmp_path / "gossip-quick.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "gossip-quick-synthetic.json").read_text())["rows"]
     assert {r["run"] for r in rows} == {"allreduce", "gossip ring", "gossip exponential",
                                         "adpsgd ring"}
     for r in rows:
         assert r["ok"] and 0.0 <= r["accuracy"] <= 1.0 and is_number(r["bytes_per_worker_step"])
         assert r["bytes_measured"] == (r["run"] != "allreduce"), r
-    text = (tmp_path / "gossip-quick.md").read_text()
+    text = (tmp_path / "gossip-quick-synthetic.md").read_text()
     assert "| 2 | gossip ring |" in text and "vs allreduce" in text
 
 
@@ -188,7 +198,7 @@ def test_bench_stragglers_quick_writes_its_table_json_and_plot(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads((tmp_path / "stragglers-quick.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "stragglers-quick-synthetic.json").read_text())["rows"]
     assert {(r["scenario"], r["protocol"]) for r in rows} == {
         ("none", "bsp"), ("none", "ssp auto"), ("slow", "bsp"), ("slow", "ssp auto")}
     for r in rows:
@@ -196,9 +206,9 @@ def test_bench_stragglers_quick_writes_its_table_json_and_plot(tmp_path):
         times = [t for t, _, _ in r["curve"]]
         assert times == sorted(times) and all(0 <= a <= 1 for _, _, a in r["curve"])
         assert bool(r["bound"]) == (r["protocol"] == "ssp auto")   # auto logs its bound
-    table = (tmp_path / "stragglers-quick.md").read_text()
+    table = (tmp_path / "stragglers-quick-synthetic.md").read_text()
     assert "| slow | 2 | ssp auto |" in table and "| none | 2 | bsp |" in table
-    assert (tmp_path / "stragglers-quick.png").read_bytes().startswith(PNG_MAGIC)
+    assert (tmp_path / "stragglers-quick-synthetic.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_bench_compress_accuracy_bar_holds_a_gap_of_exactly_the_bar():

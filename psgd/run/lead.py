@@ -65,7 +65,8 @@ class Lead:
     def __init__(self, job) -> None:
         s, roles = job.settings, job.roles
         self.job, self.s, self.n_workers = job, s, roles.n_workers
-        self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None)
+        self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None,
+                              tensorboard=s.tensorboard)
         self.x_test, self.y_test = job.reader.test_set()
         # batch-norm statistics for evaluation: recomputed from the lead's first training rows
         job.model.set_calibration(job.reader.first_rows(CALIBRATION_SAMPLES)[0])
@@ -231,6 +232,9 @@ class Lead:
             print(f"psgd: log: {s.log}", flush=True)
         if s.record:
             print(f"psgd: record: {s.record} (replay with --replay {s.record})", flush=True)
+        if s.tensorboard:
+            print(f"psgd: tensorboard: {s.tensorboard} (tensorboard --logdir "
+                  f"{s.tensorboard})", flush=True)
         if s.timeline:
             print(f"psgd: timeline: {s.timeline} (open in ui.perfetto.dev)", flush=True)
         if s.checkpoint_dir:

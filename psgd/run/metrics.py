@@ -29,12 +29,18 @@ class MetricsLog:
     """Append JSON records to ``path`` (or discard them when ``path`` is None).
 
     Every record gets ``kind`` (``step``, ``eval``, ``summary`` or ``config``)
-    and ``time`` (seconds since the log was opened).
+    and ``time`` (seconds since the log was opened). With ``tensorboard`` (a
+    directory) every record also goes into TensorBoard event files there.
     """
 
-    def __init__(self, path: str | os.PathLike | None, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike | None, append: bool = False,
+                 tensorboard: str | os.PathLike | None = None) -> None:
         self.start = time.perf_counter()
         self._fh: IO[str] | None = None
+        self._events = None
+        if tensorboard is not None:
+            from psgd.run.tb_events import EventWriter
+            self._events = EventWriter(tensorboard)
         if path is not None:
             parent = os.path.dirname(os.fspath(path))
             if parent:
@@ -46,12 +52,17 @@ class MetricsLog:
         if self._fh is not None:
             self._fh.write(json.dumps(_clean(record)) + "\n")
             self._fh.flush()
+        if self._events is not None:
+            self._events.add(_clean(record))
         return record
 
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
 
 def read_log(path: str | os.PathLike) -> list[dict]:

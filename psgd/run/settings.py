@@ -99,6 +99,7 @@ class TrainSettings:
     record: str | None = None
     replay: str | None = None
     timeline: str | None = None
+    tensorboard: str | None = None
     compress: str = "none"
     compress_bucket: int = 512
     error_feedback: str = "auto"
@@ -173,6 +174,8 @@ FLAGS: dict[str, tuple[type, str]] = {
                     "(and its own --log) gives bit-identical parameters and losses"),
     "timeline": (str, "write every rank's compute, push, wait, pull, all-reduce and server "
                       "spans to this Chrome trace JSON file (Perfetto, chrome://tracing)"),
+    "tensorboard": (str, "also write the metrics as TensorBoard event files into this directory "
+                         "(tensorboardX: pip install 'psgd[tensorboard]')"),
     "compress": (str, "compress every push (" + names(compresses=True) + "): " + "; ".join(
         f"{k} ({v})" for k, v in compress.HELP.items()) + " (default none)"),
     "compress_bucket": (int, "elements per bucket of qsgd's norms and sign's scales (default "
@@ -257,7 +260,7 @@ def load_toml(path: str) -> dict:
 
 # Settings of a run that a resume does not take from its checkpoint: how this attempt runs
 NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort", "record",
-               "replay", "timeline")
+               "replay", "timeline", "tensorboard")
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
 PER_PROTOCOL = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
                 "staleness_lr", "overlap", "topology")
@@ -340,6 +343,9 @@ def validate(s: TrainSettings) -> None:
         s.servers = 1 if protocol.servers else 0
     if s.record and s.replay:
         raise ValueError("give --record or --replay, not both")
+    if s.tensorboard:
+        from psgd.run.tb_events import check_dir
+        check_dir(s.tensorboard)
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers, staleness_max=s.staleness_max,
                            replay="--record" if s.record else "--replay" if s.replay else None,

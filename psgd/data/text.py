@@ -39,7 +39,8 @@ def _files(folder: Path) -> list[Path]:
 
 def find_documents(folder: str | os.PathLike, test_fraction: float = 0.3,
                    seed: int = 0) -> tuple[list[str], dict]:
-    """(class names, ``{split: [(path, class id), ...]}``) of a folder of class folders.
+    """(class names, ``{split: [(path, class id), ...]}``, each split in a seeded random order)
+    of a folder of class folders.
 
     ``folder/train/<class>/...`` and ``folder/test/<class>/...`` give the split; otherwise
     ``folder/<class>/...`` is split by a seeded rule: a file goes to test when the crc32 of
@@ -70,6 +71,9 @@ def find_documents(folder: str | os.PathLike, test_fraction: float = 0.3,
     for split in SPLITS:
         if not docs[split]:
             raise ValueError(f"{root}: no {split} documents in the class folders")
+        # rows in a seeded random order, not by class: each worker reads a contiguous slice
+        order = np.random.default_rng(seed).permutation(len(docs[split]))
+        docs[split] = [docs[split][i] for i in order]
     return names, docs
 
 

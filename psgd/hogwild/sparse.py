@@ -83,13 +83,13 @@ class SparseUpdates:
 
     @property
     def fuses(self) -> bool:
-        """Whether :mod:`psgd.hogwild.fused` can take these steps (plain SGD)."""
-        return isinstance(self.lazy, LazyDecaySGD)
+        """Whether :mod:`psgd.hogwild.fused` can take these steps (plain SGD, AdaGrad)."""
+        return isinstance(self.lazy, (LazyDecaySGD, LazyAdagrad))
 
     @property
     def pending(self) -> bool:
         """Whether rows may hold missed steps that :meth:`catch_up` would apply."""
-        return not (self.fuses or self.adagrad) or self.lazy.weight_decay != 0
+        return not self.fuses or self.lazy.weight_decay != 0
 
     @property
     def adagrad(self) -> bool:
@@ -126,7 +126,7 @@ class SparseUpdates:
         rows = self.model.touched
         k = self.row_len
         w, g = params.reshape(self.n_rows, k), grad.reshape(self.n_rows, k)
-        if self.fuses:
+        if isinstance(self.lazy, LazyDecaySGD):
             change = self.lazy.step(w, g, rows, lr)
         elif self.adagrad:
             change, _ = self.lazy.step(w, g, rows, lr)
@@ -153,6 +153,8 @@ class SparseUpdates:
     def catch_up(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sorted rows, their float32 changes, flat) that apply every row's missed steps."""
         w = params.reshape(self.n_rows, self.row_len)
+        if self.adagrad:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
         if self.fuses:
             change = self.lazy.catch_up(w)
             rows = np.flatnonzero(change.any(axis=1))

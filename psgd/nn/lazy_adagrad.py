@@ -59,7 +59,12 @@ class LazyAdagrad:
         self.n_rows, self.row_len, self.eps = int(n_rows), int(row_len), float(eps)
         self.acc = acc.reshape(self.n_rows, self.row_len)
         self.weight_decay = 0.0
+        # LazyDecaySGD's state as psgd.hogwild.fused reads it: no row ever misses a step
+        self.last, self.logs, self.t = np.zeros(self.n_rows, np.int64), np.zeros(1), 0
         self._scratch = np.empty((2, 0, self.row_len), np.float32)
+
+    def reserve(self, steps: int, max_lr: float) -> None:
+        """Nothing to make room for (as :meth:`psgd.nn.lazy_decay.LazyDecaySGD.reserve`)."""
 
     def _run(self, w, g, rows, lr, in_place):
         if self._scratch.shape[1] < len(rows):

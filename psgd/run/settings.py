@@ -115,7 +115,7 @@ class TrainSettings:
 
 # what a run that names no optimizer, learning rate or schedule trains with, by model kind
 DENSE_DEFAULT = {"optimizer": "sgd", "lr_schedule": "constant", "lr": 0.1}
-SPARSE_DEFAULT = {"optimizer": "adagrad", "lr_schedule": "constant", "lr": 0.5}
+SPARSE_DEFAULT = {"optimizer": "adagrad", "lr_schedule": "constant", "lr": 0.2}
 
 
 def _default_text(d: dict) -> str:
@@ -222,7 +222,7 @@ FLAGS: dict[str, tuple[type, str]] = {
                       "instead of every step, and reads them back then: fewer writes to the cache "
                       "lines all workers share, those rows up to N steps stale (1: every step; "
                       f"default {DEFAULT_HOLD}; applies where the steps run fused: --optimizer sgd "
-                      "on one node, see the README)"),
+                      "or adagrad on one node, see the README)"),
 }
 
 

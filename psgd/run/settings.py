@@ -339,6 +339,8 @@ def _carried(stored: dict, given: dict) -> dict:
     """The stored settings a resumed run takes: those ``given`` neither sets nor invalidates."""
     if given.get("protocol", stored.get("protocol")) != stored.get("protocol"):
         stored = {k: v for k, v in stored.items() if k not in PER_PROTOCOL}
+    if given.get("lr_schedule", stored.get("lr_schedule")) != "optimal":
+        stored = {k: v for k, v in stored.items() if k != "alpha"}   # optimal's own setting
     if any(k in given for k in RUN_LENGTH):
         stored = {k: v for k, v in stored.items() if k not in RUN_LENGTH}
     return stored

@@ -12,7 +12,8 @@ from pathlib import Path
 from psgd import compress
 from psgd.hogwild import DEFAULT_HOLD
 from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
-from psgd.nn.sparse import is_sparse_spec
+from psgd.run.optimizer_defaults import (DENSE_DEFAULT, SPARSE_DEFAULT, check_optimizer,
+                                         default_text, fill_defaults)
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
 from psgd.ps import compensation
 from psgd.run import straggler
@@ -113,16 +114,6 @@ class TrainSettings:
         return asdict(self)
 
 
-# what a run that names no optimizer, learning rate or schedule trains with, by model kind
-DENSE_DEFAULT = {"optimizer": "sgd", "lr_schedule": "constant", "lr": 0.1}
-SPARSE_DEFAULT = {"optimizer": "adagrad", "lr_schedule": "constant", "lr": 0.2}
-
-
-def _default_text(d: dict) -> str:
-    lr = f" --lr {d['lr']:g}" if d["lr"] is not None else ""
-    return f"--optimizer {d['optimizer']} --lr-schedule {d['lr_schedule']}{lr}"
-
-
 # flag name -> (type, help); bools are store_true flags
 FLAGS: dict[str, tuple[type, str]] = {
     "data": (str, "HDF5 dataset (make one with `psgd data synth`)"),
@@ -150,9 +141,9 @@ FLAGS: dict[str, tuple[type, str]] = {
     "topology": (str, f"{names(decentralized=True)}: the workers' graph, one of ring, torus, "
                       f"exponential, complete (default ring)"),
     "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default by model kind: "
-                       f"{_default_text(DENSE_DEFAULT)} for dense models; for --model linear or "
+                       f"{default_text(DENSE_DEFAULT)} for dense models; for --model linear or "
                        f"svm given none of --optimizer, --lr, --lr-schedule: "
-                       f"{_default_text(SPARSE_DEFAULT)}, which trains L2-normalised TF-IDF text "
+                       f"{default_text(SPARSE_DEFAULT)}, which trains L2-normalised TF-IDF text "
                        "with no tuning)"),
     "lr": (float, "learning rate (default by model kind, see --optimizer; unused by --lr-schedule "
                   "optimal)"),
@@ -364,7 +355,7 @@ def validate(s: TrainSettings) -> None:
         s.servers = 1 if protocol.servers else 0
     if s.record and s.replay:
         raise ValueError("give --record or --replay, not both")
-    _defaults(s)
+    fill_defaults(s)
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers, staleness_max=s.staleness_max,
                            replay="--record" if s.record else "--replay" if s.replay else None,
@@ -383,7 +374,7 @@ def validate(s: TrainSettings) -> None:
         s.staleness_max = int(bound)
     elif protocol.bound is None:
         s.staleness = int(bound)
-    _optimizer(s)
+    check_optimizer(s)
     if s.lr is not None and not (math.isfinite(s.lr) and s.lr > 0):
         raise ValueError(f"--lr must be a positive number, got {s.lr}")
     if not 0 <= s.momentum < 1:
@@ -413,45 +404,6 @@ def validate(s: TrainSettings) -> None:
     if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
         raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
                          f"--resume, replace the log with --overwrite, or give another --log")
-
-
-def _defaults(s: TrainSettings) -> None:
-    """Fill the optimizer, schedule and learning rate: a sparse model (linear, svm) given none of
-    the three trains with :data:`SPARSE_DEFAULT`; otherwise what is missing is
-    :data:`DENSE_DEFAULT`'s."""
-    given = (s.optimizer, s.lr_schedule, s.lr) != (None, None, None)
-    kind = DENSE_DEFAULT if given or not is_sparse_spec(s.model) else SPARSE_DEFAULT
-    s.optimizer = s.optimizer or kind["optimizer"]
-    s.lr_schedule = s.lr_schedule or kind["lr_schedule"]
-    if s.lr is None and s.lr_schedule != "optimal":
-        s.lr = kind["lr"]
-
-
-def _optimizer(s: TrainSettings) -> None:
-    """Check the schedule, --alpha and --momentum against the optimizer; fill their defaults."""
-    if s.lr_schedule not in SCHEDULES:
-        raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if s.lr_schedule == "optimal":
-        if s.lr is not None:
-            raise ValueError("--lr has no effect under --lr-schedule optimal (its rate is "
-                             "1 / (alpha (t0 + t))): drop --lr, or set --alpha")
-        if s.weight_decay:
-            raise ValueError("--lr-schedule optimal takes its L2 penalty from --alpha: give "
-                             "--alpha, not --weight-decay")
-        if s.alpha is None:
-            s.alpha = DEFAULT_ALPHA
-        if not (math.isfinite(s.alpha) and 0 < s.alpha < 1):
-            raise ValueError(f"--alpha must be in (0, 1), got {s.alpha}")
-    elif s.alpha is not None:
-        raise ValueError(f"--alpha is the L2 penalty of --lr-schedule optimal; with "
-                         f"--lr-schedule {s.lr_schedule} use --weight-decay")
-    if s.optimizer == "adagrad":
-        if s.momentum:
-            raise ValueError(f"--optimizer adagrad takes no --momentum (got {s.momentum}): "
-                             f"AdaGrad scales each coordinate's step and keeps no velocity")
-        s.momentum = 0.0
-    elif s.momentum is None:
-        s.momentum = 0.9
 
 
 def _staleness_comp(s: TrainSettings, protocol) -> None:

@@ -60,6 +60,8 @@ def test_adagrad_takes_no_momentum(data):
     (["--lr-schedule", "optimal", "--lr", "0.1"], "--lr has no effect under --lr-schedule optimal"),
     (["--lr-schedule", "optimal", "--weight-decay", "0.1"], "give --alpha, not --weight-decay"),
     (["--lr-schedule", "optimal", "--alpha", "0"], "--alpha must be in"),
+    (["--model", "linear", "--protocol", "hogwild", "--optimizer", "adagrad", "--weight-decay",
+      "0.1"], "cannot do lazily"),
 ])
 def test_bad_optimizer_settings_are_named(data, argv, match):
     with pytest.raises(ValueError, match=match):

@@ -28,8 +28,9 @@ def fill_defaults(s) -> None:
         s.lr = kind["lr"]
 
 
-def check_optimizer(s) -> None:
-    """Check the schedule, --alpha and --momentum against the optimizer; fill their defaults."""
+def check_optimizer(s, sparse_steps: bool = False) -> None:
+    """Check the schedule, --alpha and --momentum against the optimizer; fill their defaults.
+    ``sparse_steps``: the protocol steps a sparse model's touched rows only (hogwild)."""
     if s.lr_schedule not in SCHEDULES:
         raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
     if s.lr_schedule == "optimal":
@@ -51,5 +52,9 @@ def check_optimizer(s) -> None:
             raise ValueError(f"--optimizer adagrad takes no --momentum (got {s.momentum}): "
                              f"AdaGrad scales each coordinate's step and keeps no velocity")
         s.momentum = 0.0
+        if s.weight_decay and sparse_steps and is_sparse_spec(s.model):
+            raise ValueError(f"--optimizer adagrad with --weight-decay moves every row at every "
+                             f"step, which --protocol {s.protocol}'s sparse steps cannot do "
+                             f"lazily; drop --weight-decay")
     elif s.momentum is None:
         s.momentum = 0.9

@@ -374,7 +374,7 @@ def validate(s: TrainSettings) -> None:
         s.staleness_max = int(bound)
     elif protocol.bound is None:
         s.staleness = int(bound)
-    check_optimizer(s)
+    check_optimizer(s, protocol.hot_rows)
     if s.lr is not None and not (math.isfinite(s.lr) and s.lr > 0):
         raise ValueError(f"--lr must be a positive number, got {s.lr}")
     if not 0 <= s.momentum < 1:

@@ -145,8 +145,8 @@ FLAGS: dict[str, tuple[type, str]] = {
                        f"svm given none of --optimizer, --lr, --lr-schedule: "
                        f"{default_text(SPARSE_DEFAULT)}, which trains L2-normalised TF-IDF text "
                        "with no tuning)"),
-    "lr": (float, "learning rate (default by model kind, see --optimizer; unused by --lr-schedule "
-                  "optimal)"),
+    "lr": (float, "learning rate (default by model kind, see --optimizer; refused with "
+                  "--lr-schedule optimal, which sets its own)"),
     "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default by model "
                          "kind, see --optimizer; inverse-sqrt: lr / sqrt(1 + t); optimal: "
                          "scikit-learn's 1 / (alpha (t0 + t)) with t0 from Bottou's heuristic and "

@@ -129,10 +129,12 @@ bench-stragglers: install
 
 # sparse hogwild against dense hogwild (bytes per update, 1 vs 2 workers) and scikit-learn's
 # SGDClassifier (the peer, installed into the venv here; psgd never needs it): about 2 min on 2
-# cores (ARGS=--quick)
+# cores (ARGS=--quick); then psgd's sparse defaults against SGDClassifier's on a man-page TF-IDF
+# set built here and on the synthetic set (bench_sparse_defaults.py, about 5 min)
 bench-sparse: install
 	$(PY) -c "import sklearn" 2>/dev/null || $(PY) -m pip install -q scikit-learn
 	$(PY) bench/bench_sparse.py $(ARGS)
+	$(PY) bench/bench_sparse_defaults.py $(ARGS)
 
 bench: install
 	$(PY) bench/run_all.py $(ARGS)

@@ -1,4 +1,4 @@
-"""Optimizer steps over flat float32 slices, by increasing complexity: SGD, momentum, Adam(W).
+"""Optimizer steps over flat float32 slices, by increasing complexity: SGD, momentum, AdaGrad, Adam(W).
 
 Each step reads the parameters from ``src`` and writes them to ``dst``, or
 back to ``src`` when ``dst`` is None, in float32 like the parameters; the float64
@@ -110,6 +110,47 @@ def momentum_direction(grad, params, velocity, out, momentum, weight_decay, nest
         v = mu32 * velocity[i] + g
         velocity[i] = v
         out[i] = g + mu32 * v if nesterov else v
+
+
+@njit(cache=True, error_model="numpy")
+def adagrad_step(src, grad, acc, dst, lr, eps, weight_decay, scale=1.0, check=False, grad2=None):
+    """One AdaGrad step (Duchi et al. 2011, PyTorch's convention); ``acc`` in place.
+
+    ``g' = scale * g + wd * src``; ``acc += g' * g'``; ``dst = src - lr * g' / (sqrt(acc) + eps)``.
+    A coordinate whose ``g'`` is 0 is left exactly as it was (parameter and accumulator),
+    so a sparse gradient changes only its nonzero coordinates.
+
+    Parameters
+    ----------
+    src, grad, acc : ndarray, float32 (n,)
+    dst : ndarray, float32 (n,), or None
+        None steps in place (see :func:`sgd_step`).
+    lr, eps, weight_decay, scale : float
+    check : bool
+    grad2 : ndarray, float32 (n,), optional
+        When given, ``g = grad + grad2``.
+
+    Returns
+    -------
+    bool
+        False when ``check`` found a NaN or Inf; ``dst`` and ``acc`` then hold garbage.
+    """
+    lr32, eps32, wd32, s32 = np.float32(lr), np.float32(eps), np.float32(weight_decay), \
+        np.float32(scale)
+    out = src if dst is None else dst
+    bad = False
+    for i in range(src.shape[0]):
+        gi = grad[i]
+        if grad2 is not None:
+            gi = gi + grad2[i]
+        if check:
+            bad |= gi - gi != 0
+        p = src[i]
+        g = gi * s32 + wd32 * p
+        a = acc[i] + g * g
+        acc[i] = a
+        out[i] = p - lr32 * g / (np.sqrt(a) + eps32)
+    return not bad
 
 
 @njit(cache=True)

@@ -81,7 +81,9 @@ def test_sparse_hogwild_checkpoint_mid_run_holds_the_servers_parameters(mpirun, 
 
 
 @pytest.mark.parametrize("model, extra", [("linear", ["--weight-decay", "1e-3", "--eval-every", 70]),
-                                          ("svm", ["--lr-schedule", "cosine"])])
+                                          ("svm", ["--lr-schedule", "cosine"]),
+                                          ("linear", ["--optimizer", "adagrad"]),
+                                          ("svm", ["--optimizer", "adagrad"])])
 def test_runs_of_fused_steps_equal_the_step_by_step_path_bit_for_bit(mpirun, sparse_data, tmp_path,
                                                                      model, extra):
     # one worker on a shared window is deterministic: the runs of steps in one compiled call

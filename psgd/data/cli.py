@@ -18,6 +18,8 @@ make, convert and inspect psgd HDF5 datasets (/train/x, /train/y, /test/x, /test
   psgd data convert --npz data.npz -o data.h5       keys x_train, y_train, x_test, y_test
   psgd data convert --svmlight TRAIN TEST -o s.h5   svmlight/libsvm text into the sparse CSR layout
   psgd data synth --sparse -o sparse.h5             seeded sparse set, Zipf feature frequencies
+  psgd data text FOLDER -o text.h5                  FOLDER/<class>/* text files (or FOLDER/train/<class>,
+                                                    FOLDER/test/<class>) into L2-normalised TF-IDF
   psgd data info FILE
 """
 
@@ -72,6 +74,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--nnz", type=int, default=40, metavar="K", help="--sparse: nonzeros per row (default 40)")
     p.add_argument("--classes", type=int, default=10, metavar="K", help="--sparse: classes (default 10)")
 
+    p = sub.add_parser("text", help="vectorise a folder of class folders of text files into "
+                                    "sparse TF-IDF rows",
+                       description="Each file under FOLDER/<class>/ is a document of that class "
+                                   "(FOLDER/train/<class>/ and FOLDER/test/<class>/ give the split; "
+                                   "else a seeded rule makes it). Tokens: 2+ word characters, "
+                                   "lower-cased; vocabulary and smooth idf ln((1+n)/(1+df))+1 from "
+                                   "the training split; rows tf*idf scaled to unit L2 norm "
+                                   "(scikit-learn's TfidfVectorizer defaults). The vocabulary, idf "
+                                   "and classes are stored under /text.")
+    p.add_argument("folder", metavar="FOLDER", help="a folder of class folders")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="output HDF5 file")
+    p.add_argument("--test-fraction", type=float, default=0.3, metavar="F",
+                   help="without train/ and test/: the share of each class's files put in test, by "
+                        "crc32 of 'seed:class/path' (default 0.3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of that split (default 0)")
+    p.add_argument("--min-df", type=int, default=1, metavar="N",
+                   help="keep tokens found in at least N training documents (default 1)")
+
     p = sub.add_parser("info", help="print shapes, dtypes, class balance, scaling and storage of a dataset")
     p.add_argument("file", metavar="FILE", help="a psgd HDF5 dataset")
 
@@ -85,7 +105,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def run(args: argparse.Namespace) -> None:
     """Run the chosen ``data`` action."""
-    {"convert": _convert, "synth": _synth, "info": _info}[args.data_command](args)
+    {"convert": _convert, "synth": _synth, "text": _text, "info": _info}[args.data_command](args)
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -129,6 +149,14 @@ def _synth(args: argparse.Namespace) -> None:
     else:
         out = synth.write_synthetic(args.output, args.train, args.test, args.seed,
                                    channels=args.channels)
+    print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
+    _print_info(out)
+
+
+def _text(args: argparse.Namespace) -> None:
+    from psgd.data.text import convert_text
+    t0 = time.perf_counter()
+    out = convert_text(args.folder, args.output, args.test_fraction, args.seed, args.min_df)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
     _print_info(out)
 

@@ -81,7 +81,7 @@ def is_sparse(path: str | os.PathLike) -> bool:
 
 
 def write_csr_dataset(path, splits: dict, n_features: int, n_classes: int | None = None,
-                      source: str = "") -> Path:
+                      source: str = "", extra=None) -> Path:
     """Check and write a sparse dataset atomically.
 
     Parameters
@@ -94,6 +94,8 @@ def write_csr_dataset(path, splits: dict, n_features: int, n_classes: int | None
         Number of columns; every index must lie in ``[0, n_features)``.
     n_classes : int, optional
         Default max label + 1.
+    extra : callable, optional
+        ``extra(f)`` adds to the open file before it is renamed into place.
     """
     out = layout.check_output_path(path)
     ys = {}
@@ -121,6 +123,8 @@ def write_csr_dataset(path, splits: dict, n_features: int, n_classes: int | None
                 g.create_dataset(name, data=data, chunks=(max(1, min(CHUNK, len(data))),),
                                  compression=layout.COMPRESSION,
                                  compression_opts=layout.COMPRESSION_LEVEL, track_times=False)
+        if extra is not None:
+            extra(f)
     return out
 
 

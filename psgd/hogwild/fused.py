@@ -2,7 +2,7 @@
 
 For each step: read the update counter, copy the batch's rows from the shared shards and
 catch them up on the weight decay they missed, forward and backward of the linear model
-(``linear`` or ``svm``), the SGD step, then a CPU-atomic fetch-and-add of the counter
+(``linear`` or ``svm``), the SGD (or AdaGrad) step, then a CPU-atomic fetch-and-add of the counter
 (staleness = its value minus the value read) and CPU-atomic adds of the change into the
 shards. With ``--hold-hot`` the hot rows' changes (:mod:`psgd.hogwild.hot`) and the counter's
 are added every ``hold`` steps instead. The arithmetic is that of the step-by-step path (:mod:`psgd.nn.sparse`,
@@ -20,6 +20,7 @@ from psgd.kernels.atomic import atomic_add, atomic_load
 from psgd.kernels.loss import softmax_cross_entropy
 from psgd.kernels.sparse import (csr_linear_backward, csr_linear_forward, multiclass_hinge,
                                  zero_rows)
+from psgd.nn.lazy_adagrad import adagrad_rows_step
 from psgd.nn.lazy_decay import decay_rows, sparse_step
 
 OK, BAD_LOSS, BAD_GRAD, BAD_UPDATE = 0, 1, 2, 3   # status of a run (which check failed)
@@ -84,7 +85,7 @@ def _push(shards, bounds, count, w, touched, k, change, caught, lam, slot, held,
 @njit(cache=True)
 def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, values, y, rows,
                  batch, lrs, hinge, last, logs, t, lam, check, skip_nonfinite, losses, corrects,
-                 staleness, slot, hot, hold):
+                 staleness, slot, hot, hold, acc=None, eps=0.0):
     """Run ``len(lrs)`` hogwild steps; step i takes the rows ``rows[i*batch:(i+1)*batch]`` of the
     worker's CSR slice (``indptr``, ``indices``, ``values``, labels ``y``) at learning rate ``lrs[i]``.
 
@@ -94,7 +95,9 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     ``check``: stop on a non-finite loss or gradient; ``skip_nonfinite``: drop a non-finite update
     (else stop); ``slot``, ``hot``, ``hold``: :mod:`psgd.hogwild.hot`'s held rows. Fills ``losses``,
     ``corrects`` and ``staleness`` (-1: dropped) per step; returns (steps done, status, dropped,
-    rows read, rows pushed, the last step's touched rows, sorted).
+    rows read, rows pushed, the last step's touched rows, sorted). With ``acc`` ((n_rows, k)
+    float32, :class:`psgd.nn.lazy_adagrad.LazyAdagrad`'s) the step is AdaGrad's (``eps``), not
+    SGD's (``lam`` is then 0).
     """
     n_rows, k, d = last.size, bounds[-1] // last.size, last.size - 1   # d: the bias row
     w, g = params.reshape(n_rows, k), grad.reshape(n_rows, k)
@@ -103,6 +106,7 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
     change, held = np.empty((n_rows, k), params.dtype), np.zeros((hot.size, k), params.dtype)
     caught = np.empty((n_rows if lam != 0.0 else 0, k), params.dtype)   # decay catch-ups
     buffers = np.empty((2, n_rows), np.int64)
+    scratch = np.empty((2, n_rows if acc is not None else 0, k), np.float32)
     touched, dropped, pushed, done, status = prev, 0, 0, lrs.size, OK
     read, first, base = read_held(params, shards, bounds, hot[:hot.size if lrs.size else 0], k), 0, \
         atomic_load(count, 0)
@@ -121,9 +125,12 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
         if check and not (np.isfinite(loss) and _finite_rows(g, touched)):
             done, status = step, BAD_LOSS if not np.isfinite(loss) else BAD_GRAD
             break
-        # the SGD step (LazyDecaySGD.step) and the push
-        finite = sparse_step(w, g, touched, last, logs, t + step, lrs[step], lam, change)
-        logs[t + step + 1] = logs[t + step] + np.log1p(-lrs[step] * lam)
+        # the step (LazyDecaySGD.step, or LazyAdagrad.step) and the push
+        if acc is None:
+            finite = sparse_step(w, g, touched, last, logs, t + step, lrs[step], lam, change)
+            logs[t + step + 1] = logs[t + step] + np.log1p(-lrs[step] * lam)
+        else:
+            finite = adagrad_rows_step(w, g, acc, touched, lrs[step], eps, change, scratch, False)
         if not finite:
             if not skip_nonfinite:
                 done, status = step, BAD_UPDATE
@@ -147,7 +154,7 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
 def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
         lrs: np.ndarray) -> tuple:
     """:func:`sparse_steps` for a :class:`psgd.hogwild.worker.HogwildWorker` of a sparse model on
-    a shared window: its model's ``grad``, ``touched`` and lazy-decay state, its counts, bytes
+    a shared window: its model's ``grad``, ``touched`` and lazy-decay (or AdaGrad) state, its counts, bytes
     and staleness histogram follow as after as many steps one by one.
 
     Returns (losses, corrects, steps done, status); raises at a non-finite update (unless
@@ -163,7 +170,8 @@ def run(worker, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: i
         tuple(windows.shards), updates.bounds, windows.count, params, model.grad, model.touched,
         x.indptr, x.indices, x.values, y, rows, len(rows) // max(n, 1), lrs, model.kind == "svm",
         sgd.last, sgd.logs, sgd.t, sgd.weight_decay, not skip, skip, losses, corrects, staleness,
-        *updates.held(x, len(rows) // max(n, 1)))
+        *updates.held(x, len(rows) // max(n, 1)), sgd.acc if updates.adagrad else None,
+        sgd.eps if updates.adagrad else 0.0)
     sgd.t += done + (status == BAD_UPDATE)   # that step's decay was taken
     ok = staleness[:done][staleness[:done] >= 0]
     worker.histogram.merge(np.bincount(ok))

@@ -4,9 +4,10 @@ On a ``shared`` window by CPU atomics and plain loads; otherwise by MPI_Accumula
 MPI_Get with one indexed datatype per shard.
 
 Used by :class:`psgd.hogwild.worker.HogwildWorker` for a sparse model (``model.sparse``,
-``model.touched``, ``model.rows_of``, ``model.row_len``) under SGD, momentum or Nesterov; the
-step is a :class:`psgd.nn.lazy_decay.LazyDecaySGD` or :class:`psgd.nn.lazy_momentum.LazyMomentum`
-step, so weight decay and momentum stay O(touched rows).
+``model.touched``, ``model.rows_of``, ``model.row_len``) under SGD, momentum, Nesterov or AdaGrad;
+the step is a :class:`psgd.nn.lazy_decay.LazyDecaySGD`, :class:`psgd.nn.lazy_momentum.LazyMomentum`
+or :class:`psgd.nn.lazy_adagrad.LazyAdagrad` step, so weight decay, momentum and AdaGrad's
+accumulators stay O(touched rows).
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from numba import njit
 from psgd.hogwild.hot import hot_rows
 from psgd.hogwild.rows import add_rows, copy_rows
 from psgd.mpi.shardmap import ShardMap
+from psgd.nn.lazy_adagrad import LazyAdagrad
 from psgd.nn.lazy_decay import LazyDecaySGD
 from psgd.nn.lazy_momentum import LazyMomentum
-from psgd.nn.optim import Momentum, Optimizer
+from psgd.nn.optim import Adagrad, Momentum, Optimizer
 
 INDEX_BYTES = 4  # what a coordinate costs beside its float32 value
 
@@ -55,7 +57,12 @@ class SparseUpdates:
         self.row_len = int(model.row_len)
         self.n_rows = shard_map.n // self.row_len
         wd = optimizer.weight_decay
-        if isinstance(optimizer, Momentum) and (optimizer.momentum or varying_momentum):
+        if isinstance(optimizer, Adagrad):
+            if wd:
+                raise ValueError("--optimizer adagrad with --weight-decay moves every row at every "
+                                 "step, which sparse steps cannot do lazily; drop --weight-decay")
+            self.lazy = LazyAdagrad(self.n_rows, self.row_len, optimizer.eps, optimizer.acc)
+        elif isinstance(optimizer, Momentum) and (optimizer.momentum or varying_momentum):
             self.lazy = LazyMomentum(self.n_rows, self.row_len, optimizer.momentum,
                                      optimizer.nesterov, wd, optimizer.velocity)
         else:   # momentum 0 is SGD
@@ -76,8 +83,8 @@ class SparseUpdates:
 
     @property
     def fuses(self) -> bool:
-        """Whether :mod:`psgd.hogwild.fused` can take these steps (plain SGD)."""
-        return isinstance(self.lazy, LazyDecaySGD)
+        """Whether :mod:`psgd.hogwild.fused` can take these steps (plain SGD, AdaGrad)."""
+        return isinstance(self.lazy, (LazyDecaySGD, LazyAdagrad))
 
     @property
     def pending(self) -> bool:
@@ -85,9 +92,14 @@ class SparseUpdates:
         return not self.fuses or self.lazy.weight_decay != 0
 
     @property
+    def adagrad(self) -> bool:
+        """Whether the steps are AdaGrad's (nothing to catch up on)."""
+        return isinstance(self.lazy, LazyAdagrad)
+
+    @property
     def due(self) -> bool:
         """Whether :meth:`catch_up` must run before the next step (momentum's products restart)."""
-        return not self.fuses and self.lazy.needs_sweep
+        return isinstance(self.lazy, LazyMomentum) and self.lazy.needs_sweep
 
     @property
     def catch_up_reads(self) -> bool:
@@ -114,8 +126,10 @@ class SparseUpdates:
         rows = self.model.touched
         k = self.row_len
         w, g = params.reshape(self.n_rows, k), grad.reshape(self.n_rows, k)
-        if self.fuses:
+        if isinstance(self.lazy, LazyDecaySGD):
             change = self.lazy.step(w, g, rows, lr)
+        elif self.adagrad:
+            change, _ = self.lazy.step(w, g, rows, lr)
         else:
             change, _ = self.lazy.step(w, g, rows, lr, momentum)
         caught = self.drop()
@@ -139,6 +153,8 @@ class SparseUpdates:
     def catch_up(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sorted rows, their float32 changes, flat) that apply every row's missed steps."""
         w = params.reshape(self.n_rows, self.row_len)
+        if self.adagrad:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
         if self.fuses:
             change = self.lazy.catch_up(w)
             rows = np.flatnonzero(change.any(axis=1))

@@ -101,9 +101,11 @@ class HogwildWorker:
 
     def use_model(self, model) -> None:
         """Push only the rows a sparse model's batch touched and read only the rows of the next
-        batch (see :meth:`before_batch`; SGD, momentum or Nesterov, weight decay and momentum
-        lazily; ``PSGD_HOGWILD_SPARSE=off`` moves the whole vector, as for a dense model)."""
-        if getattr(model, "sparse", False) and self.config.optimizer in ("sgd", "momentum", "nesterov") \
+        batch (see :meth:`before_batch`; SGD, momentum, Nesterov or AdaGrad, weight decay, momentum
+        and AdaGrad's accumulators lazily; ``PSGD_HOGWILD_SPARSE=off`` moves the whole vector, as
+        for a dense model)."""
+        if getattr(model, "sparse", False) \
+                and self.config.optimizer in ("sgd", "momentum", "nesterov", "adagrad") \
                 and os.environ.get("PSGD_HOGWILD_SPARSE", "on") != "off":
             self._sparse = SparseUpdates(model, self.shard_map, self.optimizer,
                                          varying_momentum=self._amom is not None,

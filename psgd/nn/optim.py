@@ -12,8 +12,11 @@ from typing import Callable
 
 import numpy as np
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
-SCHEDULES = ("constant", "step", "cosine")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "adam")
+SCHEDULES = ("constant", "step", "cosine", "inverse-sqrt", "optimal")
+ADAGRAD_EPS = 1e-10          # PyTorch's defaults for AdaGrad
+ADAGRAD_INITIAL = 0.0
+DEFAULT_ALPHA = 1e-4         # scikit-learn SGDClassifier's
 
 
 def _check_slices(params: np.ndarray, grad: np.ndarray, n: int, grad2=None, dst=None) -> None:
@@ -120,6 +123,27 @@ class Momentum(SGD):
                              self.nesterov, scale, check, grad2)
 
 
+class Adagrad(Optimizer):
+    """AdaGrad: per-coordinate steps ``lr / (sqrt(sum of squared gradients) + eps)``."""
+
+    name = "adagrad"
+    state_keys = ("acc",)
+
+    def __init__(self, n, eps=ADAGRAD_EPS, initial_accumulator=ADAGRAD_INITIAL, weight_decay=0.0):
+        super().__init__(n, weight_decay)
+        if eps <= 0:
+            raise ValueError(f"adagrad eps must be > 0, got {eps}")
+        if initial_accumulator < 0:
+            raise ValueError(f"adagrad's initial accumulator must be >= 0, got {initial_accumulator}")
+        self.eps = float(eps)
+        self.acc = np.full(self.n, initial_accumulator, dtype=np.float32)
+
+    def _step(self, src, grad, dst, lr, scale, check, grad2, step):
+        from psgd.kernels.optim import adagrad_step
+        return adagrad_step(src, grad, self.acc, dst, lr, self.eps, self.weight_decay, scale,
+                            check, grad2)
+
+
 class Adam(Optimizer):
     """Adam with bias correction and decoupled weight decay (AdamW)."""
 
@@ -144,27 +168,59 @@ class Adam(Optimizer):
 
 
 def make_optimizer(name: str, n: int, *, momentum: float = 0.9, weight_decay: float = 0.0,
-                   beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> Optimizer:
+                   beta1: float = 0.9, beta2: float = 0.999, eps: float | None = None,
+                   initial_accumulator: float = ADAGRAD_INITIAL) -> Optimizer:
     """Build optimizer ``name`` (one of :data:`OPTIMIZERS`) for a slice of ``n`` parameters."""
     if name == "sgd":
         return SGD(n, weight_decay=weight_decay)
     if name in ("momentum", "nesterov"):
         return Momentum(n, momentum=momentum, nesterov=(name == "nesterov"),
                         weight_decay=weight_decay)
+    if name == "adagrad":
+        return Adagrad(n, eps=ADAGRAD_EPS if eps is None else eps,
+                       initial_accumulator=initial_accumulator, weight_decay=weight_decay)
     if name == "adam":
-        return Adam(n, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+        return Adam(n, beta1=beta1, beta2=beta2, eps=1e-8 if eps is None else eps,
+                    weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
+def optimal_t0(alpha: float, loss: str = "log") -> float:
+    """scikit-learn's ``optimal_init`` (Bottou's heuristic), as its ``_plain_sgd`` computes it:
+    ``typw = sqrt(1 / sqrt(alpha))``, ``eta0 = typw / max(1, dloss(-typw, 1))``,
+    ``t0 = 1 / (eta0 * alpha)``, with ``dloss`` the derivative of the binary ``log`` or
+    ``hinge`` loss in the score; so that ``1 / (alpha * t0)`` is the first rate."""
+    if not (alpha > 0 and math.isfinite(alpha)):
+        raise ValueError(f"--alpha must be a positive number, got {alpha}")
+    typw = math.sqrt(1.0 / math.sqrt(alpha))
+    p, y = -typw, 1.0
+    if loss == "log":
+        z = p * y
+        dloss = -y * math.exp(-z) if z > 18.0 else -y if z < -18.0 else -y / (math.exp(z) + 1.0)
+    elif loss == "hinge":
+        dloss = -y if p * y <= 1.0 else 0.0
+    else:
+        raise ValueError(f"unknown loss {loss!r} for the optimal schedule; log or hinge")
+    return 1.0 / (typw / max(1.0, dloss) * alpha)
+
+
 def make_schedule(kind: str, lr: float, total_steps: int, *, warmup: int = 0,
-                  step_every: int = 0, gamma: float = 0.1,
-                  min_lr: float = 0.0) -> Callable[[int], float]:
+                  step_every: int = 0, gamma: float = 0.1, min_lr: float = 0.0,
+                  alpha: float = DEFAULT_ALPHA, t0: float | None = None) -> Callable[[int], float]:
     """Learning rate as a function of the 0-based step.
 
     ``constant``; ``step`` (multiply by ``gamma`` every ``step_every`` steps);
-    ``cosine`` (from ``lr`` down to ``min_lr`` over ``total_steps``); each with an
-    optional linear warm-up over the first ``warmup`` steps.
+    ``cosine`` (from ``lr`` down to ``min_lr`` over ``total_steps``); ``inverse-sqrt``
+    (``lr / sqrt(1 + step)``, scikit-learn's ``invscaling`` at ``power_t = 0.5``); each with an
+    optional linear warm-up over the first ``warmup`` steps. ``optimal``:
+    ``1 / (alpha * (t0 + step))`` (scikit-learn's, ``t0`` default :func:`optimal_t0`), ``lr``
+    and ``warmup`` unused.
     """
+    if kind == "optimal":
+        t0 = optimal_t0(alpha) if t0 is None else float(t0)
+        if not t0 > 1:
+            raise ValueError(f"the optimal schedule needs t0 > 1 (lr * alpha < 1), got {t0}")
+        return lambda step: 1.0 / (alpha * (t0 + step))
     if not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"learning rate must be a positive finite number, got {lr}")
     if warmup < 0:
@@ -180,6 +236,8 @@ def make_schedule(kind: str, lr: float, total_steps: int, *, warmup: int = 0,
             return lr * (step + 1) / warmup
         if kind == "step":
             return lr * gamma ** (step // step_every)
+        if kind == "inverse-sqrt":
+            return lr / math.sqrt(1.0 + step - warmup)
         if kind == "cosine":
             t = min(max(step - warmup, 0) / max(total - warmup, 1), 1.0)
             return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))

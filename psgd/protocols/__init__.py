@@ -370,7 +370,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
         server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
         hot_rows=True,
-        optimizers=("sgd", "momentum", "nesterov"), resumes_optimizer=False,
+        optimizers=("sgd", "momentum", "nesterov", "adagrad"), resumes_optimizer=False,
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
                            "which dcasgd and gap need"),
@@ -385,7 +385,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
             "MPI_Get the parameters and MPI_Accumulate the difference into the servers' RMA "
             "windows, with no server involvement. Reads may be torn across elements, but each "
             "element's accumulate is atomic, so no update is ever lost; optimizer state stays "
-            "on the workers (sgd, momentum, nesterov; adam is refused)")),
+            "on the workers (sgd, momentum, nesterov, adagrad; adam is refused)")),
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
         compresses=True, feedback_refused=("fp16",), momentum_correction=True,

@@ -17,7 +17,7 @@ from psgd.hogwild import DEFAULT_HOLD
 from psgd.mpi import timeline, wait
 from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
-from psgd.nn.optim import make_schedule
+from psgd.nn.optim import make_schedule, optimal_t0
 from psgd.protocols import Protocol, get
 from psgd.run.checkpoint import (AUTO, Checkpoint, foreign_checkpoints, load_checkpoint,
                                  new_run_id, save_checkpoint)
@@ -155,10 +155,10 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     protocol = get(settings.protocol)
     resume = _resume(settings, resumed, model, total, protocol)
     foreign = _check_checkpoint_dir(settings, run_id)
-    base = make_schedule(settings.lr_schedule, settings.lr, total, warmup=settings.warmup,
-                         step_every=settings.lr_step_every, gamma=settings.lr_gamma)
+    base = _schedule(settings, total, model)
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
-    opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
+    opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.alpha
+                   if settings.lr_schedule == "optimal" else settings.weight_decay}
     worker_momentum, optimizer, momentum_gain = None, settings.optimizer, 0.0
     gain_feedback = gain.auto_feedback(settings.compress, feedback, settings.compress_bucket)
     if protocol.momentum_at_gain(settings.momentum_correction, optimizer=settings.optimizer,
@@ -201,6 +201,15 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
                start_step=resume.step if resume else 0, resume=resume, debug=debug,
                run_id=run_id, reader=reader, end_step=total, foreign=foreign,
                straggler=slow if roles.is_worker else None)
+
+
+def _schedule(settings: TrainSettings, total: int, model):
+    """The learning rate by clock; ``optimal``'s t0 from the model's loss (hinge for svm)."""
+    loss = "hinge" if getattr(model, "kind", None) == "svm" else "log"
+    t0 = optimal_t0(settings.alpha, loss) if settings.lr_schedule == "optimal" else None
+    return make_schedule(settings.lr_schedule, settings.lr or 0.0, total, warmup=settings.warmup,
+                         step_every=settings.lr_step_every, gamma=settings.lr_gamma,
+                         alpha=settings.alpha or 0.0, t0=t0)
 
 
 def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int:

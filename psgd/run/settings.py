@@ -11,7 +11,9 @@ from pathlib import Path
 
 from psgd import compress
 from psgd.hogwild import DEFAULT_HOLD
-from psgd.nn.optim import OPTIMIZERS, SCHEDULES
+from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
+from psgd.run.optimizer_defaults import (DENSE_DEFAULT, SPARSE_DEFAULT, check_optimizer,
+                                         default_text, fill_defaults)
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
 from psgd.ps import compensation
 from psgd.run import straggler
@@ -72,13 +74,14 @@ class TrainSettings:
     staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
     overlap: bool = False
     topology: str | None = None        # gossip, adpsgd: default ring
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    lr_schedule: str = "constant"
+    optimizer: str | None = None      # default by model kind (DENSE_DEFAULT, SPARSE_DEFAULT)
+    lr: float | None = None
+    lr_schedule: str | None = None
+    alpha: float | None = None        # --lr-schedule optimal's L2 penalty (default DEFAULT_ALPHA)
     warmup: int = 0
     lr_step_every: int = 0
     lr_gamma: float = 0.1
-    momentum: float = 0.9
+    momentum: float | None = None     # default 0.9 (0 for adagrad, which takes none)
     weight_decay: float = 0.0
     batch_size: int = 64
     epochs: float | None = None
@@ -138,13 +141,23 @@ FLAGS: dict[str, tuple[type, str]] = {
                       f"parameters while computing (costs one clock of staleness; see docs/guide/protocols.md)"),
     "topology": (str, f"{names(decentralized=True)}: the workers' graph, one of ring, torus, "
                       f"exponential, complete (default ring)"),
-    "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default sgd)"),
-    "lr": (float, "learning rate (default 0.1)"),
-    "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default constant)"),
+    "optimizer": (str, "optimizer: " + ", ".join(OPTIMIZERS) + " (default by model kind: "
+                       f"{default_text(DENSE_DEFAULT)} for dense models; for --model linear or "
+                       f"svm given none of --optimizer, --lr, --lr-schedule: "
+                       f"{default_text(SPARSE_DEFAULT)}, which trains L2-normalised TF-IDF text "
+                       "with no tuning)"),
+    "lr": (float, "learning rate (default by model kind, see --optimizer; refused with "
+                  "--lr-schedule optimal, which sets its own)"),
+    "lr_schedule": (str, "learning-rate schedule: " + ", ".join(SCHEDULES) + " (default by model "
+                         "kind, see --optimizer; inverse-sqrt: lr / sqrt(1 + t); optimal: "
+                         "scikit-learn's 1 / (alpha (t0 + t)) with t0 from Bottou's heuristic and "
+                         "L2 weight decay alpha, t the step)"),
+    "alpha": (float, f"--lr-schedule optimal: the L2 penalty, which also sets the rate (default "
+                     f"{DEFAULT_ALPHA:g}, scikit-learn's)"),
     "warmup": (int, "linear warm-up steps (default 0)"),
     "lr_step_every": (int, "step schedule: decay every this many steps"),
     "lr_gamma": (float, "step schedule: decay factor (default 0.1)"),
-    "momentum": (float, "momentum coefficient (default 0.9)"),
+    "momentum": (float, "momentum coefficient (default 0.9; adagrad takes none)"),
     "weight_decay": (float, "weight decay (default 0)"),
     "batch_size": (int, "batch size per worker (default 64)"),
     "epochs": (float, "epochs over each worker's slice (exclusive with --steps; default 1)"),
@@ -203,7 +216,7 @@ FLAGS: dict[str, tuple[type, str]] = {
                       "instead of every step, and reads them back then: fewer writes to the cache "
                       "lines all workers share, those rows up to N steps stale (1: every step; "
                       f"default {DEFAULT_HOLD}; applies where the steps run fused: --optimizer sgd "
-                      "on one node, see docs/design/hogwild.md)"),
+                      "or adagrad on one node, see docs/design/hogwild.md)"),
 }
 
 
@@ -320,6 +333,8 @@ def _carried(stored: dict, given: dict) -> dict:
     """The stored settings a resumed run takes: those ``given`` neither sets nor invalidates."""
     if given.get("protocol", stored.get("protocol")) != stored.get("protocol"):
         stored = {k: v for k, v in stored.items() if k not in PER_PROTOCOL}
+    if given.get("lr_schedule", stored.get("lr_schedule")) != "optimal":
+        stored = {k: v for k, v in stored.items() if k != "alpha"}   # optimal's own setting
     if any(k in given for k in RUN_LENGTH):
         stored = {k: v for k, v in stored.items() if k not in RUN_LENGTH}
     return stored
@@ -346,6 +361,7 @@ def validate(s: TrainSettings) -> None:
     if s.tensorboard:
         from psgd.run.tb_events import check_dir
         check_dir(s.tensorboard)
+    fill_defaults(s)
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers, staleness_max=s.staleness_max,
                            replay="--record" if s.record else "--replay" if s.replay else None,
@@ -364,9 +380,8 @@ def validate(s: TrainSettings) -> None:
         s.staleness_max = int(bound)
     elif protocol.bound is None:
         s.staleness = int(bound)
-    if s.lr_schedule not in SCHEDULES:
-        raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if not (math.isfinite(s.lr) and s.lr > 0):
+    check_optimizer(s, protocol.hot_rows)
+    if s.lr is not None and not (math.isfinite(s.lr) and s.lr > 0):
         raise ValueError(f"--lr must be a positive number, got {s.lr}")
     if not 0 <= s.momentum < 1:
         raise ValueError(f"--momentum must be in [0, 1), got {s.momentum}")

@@ -32,7 +32,8 @@ HELP = {
             "for sgd",
 }
 # what `auto` picks, by optimizer (docs/guide/protocols.md; why: docs/design/staleness.md)
-AUTO = {"sgd": "none", "momentum": "dana", "nesterov": "dana", "adam": "dana-adam"}
+AUTO = {"sgd": "none", "momentum": "dana", "nesterov": "dana", "adagrad": "none",
+        "adam": "dana-adam"}
 # where a protocol cannot run auto's pick (hogwild has no server to answer pulls)
 AUTO_FALLBACK = {"dana": "amom", "dana-adam": "none"}
 # methods built on one optimizer's state, by the optimizers they need

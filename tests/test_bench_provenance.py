@@ -113,3 +113,51 @@ def test_every_bench_script_uses_common_and_has_a_make_target():
             continue
         assert re.search(r"^import common\b", text, re.M), f"{path.name} does not use common.py"
         assert f"bench/{path.name}" in makefile, f"{path.name} has no make target"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")
+                                          if p.name not in MODULES
+                                          and p.name != "merge_straggler_runs.py"))
+def test_every_bench_script_offers_out_and_publish(script):
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "--out" in proc.stdout and "--publish" in proc.stdout, proc.stdout
+
+
+def test_merged_straggler_runs_keep_the_synthetic_name(tmp_path):
+    row = {"scenario": "none", "workers": 2, "protocol": "ssp s=1", "seed": 0,
+           "time_to_target": 1.0}
+    for i in (0, 1):
+        (tmp_path / f"r{i}").mkdir()
+        common.write_json(tmp_path / f"r{i}" / "stragglers-synthetic.json",
+                          {"data": common.SYNTHETIC, "settings": {}, "rows": [dict(row, seed=i)]},
+                          common.SYNTHETIC)
+    merge = [sys.executable, str(BENCH / "merge_straggler_runs.py")]
+    proc = subprocess.run([*merge, str(tmp_path / "stragglers.json"), str(tmp_path / "r0"),
+                           str(tmp_path / "r1")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "refusing to write" in proc.stderr
+    assert not (tmp_path / "stragglers.json").exists()
+    out = tmp_path / "stragglers-synthetic.json"
+    proc = subprocess.run([*merge, str(out), str(tmp_path / "r0"), str(tmp_path / "r1")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads(out.read_text())
+    assert [r["seed"] for r in saved["rows"]] == [0, 1]
+    assert saved["provenance"]["dataset"] == common.SYNTHETIC
+
+
+def test_a_published_result_makes_its_docs_page(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    result = common.write_json(tmp_path / "bench" / "results" / "x.json", {"rows": []},
+                               common.NO_DATA)
+    stamp = json.loads(result.read_text())["provenance"]
+    page = common.docs_page("x", "X", "What x measures.", "| a |\n|---|\n| 1 |", [result])
+    assert page == tmp_path / "docs" / "results" / "x.md"
+    text = page.read_text()
+    for row in (f"| command | `{stamp['command']}` |", f"| commit | `{stamp['commit']}`",
+                f"| date (UTC) | {stamp['utc']} |", "| results | `bench/results/x.json` |",
+                f"| machine | {stamp['machine']['cpu']}, {os.cpu_count()} cores |"):
+        assert row in text, row
+    assert text.startswith("# X\n\nWhat x measures.\n\n| a |")

@@ -180,5 +180,5 @@ def _print_order(info: dict, split: str) -> None:
           f"{w['top_share']:.0%}")
     if o["clustered"]:
         print(f"    warning: /{split} rows are clustered by class (mixing {o['mixing']:.3f} < "
-              f"{MIXING_WARN}): workers still get a seeded deal of rows, but reconvert without "
-              f"--keep-order to store them shuffled")
+              f"{MIXING_WARN}); reconvert without --keep-order to store them shuffled (training deals "
+              f"rows to workers either way, but --eval-samples takes the first /test rows)")

@@ -7,7 +7,7 @@ Makes a 3x32x32 uint8 file of ``--rows`` rows (Fashion-MNIST from
 needed; random strokes where the files are absent), written as ``psgd data convert`` writes
 (gzip 4, 256-row chunks). Each measurement is one fresh process that builds
 ``ShardReader(file, 0, W, 64, deal=...)``: wall time of the constructor and the growth of
-peak RSS over the process's RSS before it. Modes alternate within each repeat.
+the process's peak RSS (VmHWM) over its value before it. Modes alternate within each repeat.
 """
 from __future__ import annotations
 
@@ -25,15 +25,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 ONE = """
-import resource, sys, time
+import sys, time
 from psgd.data.reader import ShardReader
+def hwm():   # this process's peak RSS in KiB (ru_maxrss would carry the parent's over exec)
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
 path, w, deal = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "deal"
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = hwm()
 t0 = time.perf_counter()
 r = ShardReader(path, 0, w, 64, seed=0, deal=deal)
 t = time.perf_counter() - t0
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(t, (after - before) / 1024, r.x.nbytes / 2 ** 20)
+print(t, (hwm() - before) / 1024, r.x.nbytes / 2 ** 20)
 """
 
 

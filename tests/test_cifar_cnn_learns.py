@@ -18,7 +18,7 @@ def test_cifar_cnn_with_augmentation_learns_the_colour_synthetic_set(tmp_path):
                                 n_classes=CLASSES, normalize=True)
     reader = ShardReader(path, 0, 1, 32, seed=0, augment=True)
     model = build_model("cifar-cnn", seed=0, input_shape=reader.input_shape, n_classes=CLASSES)
-    model.set_calibration(reader.first_rows(128)[0])
+    model.set_calibration(reader.calibration_rows(128)[0])
     opt = make_optimizer("momentum", model.n_params)
     x_test, y_test = reader.test_set()
     first = model.evaluate(x_test, y_test)[0]

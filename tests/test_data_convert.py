@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from psgd.data import idx, layout, npz
+from psgd.data.order import shuffle_permutation
 from psgd.data.reader import dataset_info
 
 
@@ -38,12 +39,15 @@ def test_idx_gzip_and_raw_round_trip_equals_source_arrays(tmp_path, idx_files):
     assert paths["train_images"].read_bytes()[:2] == b"\x1f\x8b"
     assert paths["test_images"].read_bytes()[:4] == b"\0\0\x08\x03"
     out = idx.convert_idx(*paths.values(), tmp_path / "mnist.h5")
-    with h5py.File(out, "r") as f:
+    tr, te = shuffle_permutation(len(ytr), 0, "train"), shuffle_permutation(len(yte), 0, "test")
+    with h5py.File(out, "r") as f:   # stored in the converters' seeded order, which the file names
         assert f["train/x"].shape == (37, 1, 28, 28) and f["train/x"].dtype == np.uint8
-        np.testing.assert_array_equal(f["train/x"][:, 0], xtr)
-        np.testing.assert_array_equal(f["train/y"][()], ytr)
-        np.testing.assert_array_equal(f["test/x"][:, 0], xte)
-        np.testing.assert_array_equal(f["test/y"][()], yte)
+        np.testing.assert_array_equal(f["train/x"][:, 0], xtr[tr])
+        np.testing.assert_array_equal(f["train/y"][()], ytr[tr])
+        np.testing.assert_array_equal(f["test/x"][:, 0], xte[te])
+        np.testing.assert_array_equal(f["test/y"][()], yte[te])
+        assert f.attrs["row_order"] == "shuffled" and f.attrs["shuffle_seed"] == 0
+        assert "permutation" in f.attrs["row_order_origin"]
         assert f["train/x"].compression == "gzip" and f["train/x"].chunks is not None
         assert f.attrs["n_classes"] == max(ytr.max(), yte.max()) + 1
         assert f.attrs["scale"] == pytest.approx(1 / 255) and f.attrs["offset"] == 0
@@ -74,7 +78,7 @@ def test_npz_uint8_round_trip_keeps_uint8_and_scale_1_over_255(tmp_path):
     xtr, ytr = _mnist_like(rng, 20, side=8)
     xte, yte = _mnist_like(rng, 7, side=8)
     np.savez(tmp_path / "d.npz", x_train=xtr, y_train=ytr, x_test=xte, y_test=yte)
-    out = npz.convert_npz(tmp_path / "d.npz", tmp_path / "d.h5")
+    out = npz.convert_npz(tmp_path / "d.npz", tmp_path / "d.h5", keep_order=True)
     with h5py.File(out, "r") as f:
         assert f["train/x"].dtype == np.uint8 and f["train/x"].shape == (20, 1, 8, 8)
         np.testing.assert_array_equal(f["train/x"][:, 0], xtr)
@@ -89,13 +93,14 @@ def test_npz_float_round_trip_is_float32_scale_1_and_flat_features_stay_flat(tmp
     xtr, xte = rng.normal(size=(30, 5)), rng.normal(size=(9, 5)).astype(np.float32)
     ytr, yte = rng.integers(0, 3, 30), rng.integers(0, 3, 9)
     np.savez(tmp_path / "f.npz", x_train=xtr, y_train=ytr, x_test=xte, y_test=yte)
-    out = npz.convert_npz(tmp_path / "f.npz", tmp_path / "f.h5", n_classes=4)
+    out = npz.convert_npz(tmp_path / "f.npz", tmp_path / "f.h5", n_classes=4, keep_order=True)
     with h5py.File(out, "r") as f:
         assert f["train/x"].dtype == np.float32 and f["train/x"].shape == (30, 5)
         np.testing.assert_array_equal(f["train/x"][()], xtr.astype(np.float32))
         np.testing.assert_array_equal(f["test/x"][()], xte)
         np.testing.assert_array_equal(f["train/y"][()], ytr)
         assert f.attrs["scale"] == 1.0 and f.attrs["n_classes"] == 4
+        assert f.attrs["row_order"] == "source" and "shuffle_seed" not in f.attrs
     assert dataset_info(out)["input_shape"] == (5,)
 
 

@@ -38,7 +38,7 @@ def test_an_idx_folder_with_fashion_mnist_names_converts_from_its_path(tmp_path)
     for name, a in [("train-images-idx3-ubyte.gz", xtr), ("train-labels-idx1-ubyte.gz", ytr.astype(np.uint8)),
                     ("t10k-images-idx3-ubyte.gz", xte), ("t10k-labels-idx1-ubyte.gz", yte.astype(np.uint8))]:
         idx.write_idx(folder / name, a)
-    r = run_convert(folder, "-o", tmp_path / "f.h5", cwd=tmp_path)
+    r = run_convert(folder, "--keep-order", "-o", tmp_path / "f.h5", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "idx" in r.stdout and "(12, 1, 28, 28) uint8" in r.stdout
     got = read(tmp_path / "f.h5")
@@ -52,7 +52,7 @@ def test_an_npz_converts_from_its_path_and_channels_last_arrays_are_warned_about
     r = run_convert("d.npz", "-o", "a.h5", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "looks channels-last" in r.stderr and "--nhwc" in r.stderr
-    r = run_convert("d.npz", "--nhwc", "-o", "b.h5", cwd=tmp_path)
+    r = run_convert("d.npz", "--nhwc", "--keep-order", "-o", "b.h5", cwd=tmp_path)
     assert r.returncode == 0 and "warning" not in r.stderr
     np.testing.assert_array_equal(read(tmp_path / "b.h5")[0], xtr.transpose(0, 3, 1, 2))
 
@@ -71,7 +71,7 @@ def test_a_cifar10_folder_converts_to_3x32x32_uint8(tmp_path, kind):
             rec = np.concatenate([y.astype(np.uint8)[:, None], x.reshape(len(x), -1)], axis=1)
             rec.tofile(folder / f"{name}.bin")
     assert detect(folder) == "cifar10"
-    kind_seen, out = convert_input(folder, tmp_path / "c.h5")
+    kind_seen, out = convert_input(folder, tmp_path / "c.h5", keep_order=True)
     xtr, ytr, xte, yte, attrs = read(out)
     assert xtr.shape == (12, 3, 32, 32) and xtr.dtype == np.uint8 and attrs["n_classes"] == 10
     np.testing.assert_array_equal(xtr, np.concatenate([batches[0][0], batches[1][0]]))
@@ -97,7 +97,7 @@ def image_tree(root, classes, shape=(6, 5), mode="RGB", n=2, seed=0):
 def test_an_image_tree_converts_with_classes_in_sorted_folder_order(tmp_path):
     pytest.importorskip("PIL")
     made = image_tree(tmp_path / "imgs", ["dog", "cat"])
-    r = run_convert(tmp_path / "imgs", "-o", tmp_path / "i.h5", cwd=tmp_path)
+    r = run_convert(tmp_path / "imgs", "--keep-order", "-o", tmp_path / "i.h5", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     xtr, ytr, xte, yte, attrs = read(tmp_path / "i.h5")
     assert xtr.shape == (4, 3, 6, 5) and attrs["n_classes"] == 2
@@ -200,7 +200,7 @@ def test_colour_data_is_normalised_per_channel_by_the_train_statistics(tmp_path)
         raw = f["train/x"][:].astype(np.float64) / 255
     np.testing.assert_allclose(mean, raw.mean(axis=(0, 2, 3)), rtol=1e-9)
     np.testing.assert_allclose(std, raw.std(axis=(0, 2, 3)), rtol=1e-9)
-    x, _ = ShardReader(path, 0, 1, 16).first_rows(300)
+    x, _ = ShardReader(path, 0, 1, 16).calibration_rows(300)
     np.testing.assert_allclose(x.mean(axis=(0, 2, 3)), 0.0, atol=1e-4)
     np.testing.assert_allclose(x.std(axis=(0, 2, 3)), 1.0, atol=1e-4)
     with h5py.File(path, "r+") as f:

@@ -1,9 +1,10 @@
-"""ShardReader: exact per-worker slices, only its slice read, deterministic shuffles; file validation."""
+"""ShardReader: exact per-worker deals of rows, bounded reads, deterministic shuffles; file validation."""
 import h5py
 import numpy as np
 import pytest
 
 from psgd.data import layout
+from psgd.data.order import worker_rows
 from psgd.data.reader import ShardReader, dataset_info, slice_bounds
 
 
@@ -16,7 +17,7 @@ def _write(path, n_train=103, n_test=29, shape=(1, 4, 4), dtype=np.uint8, n_clas
         xtr = rng.normal(size=(n_train, *shape)).astype(np.float32)
         xte = rng.normal(size=(n_test, *shape)).astype(np.float32)
     ytr, yte = rng.integers(0, n_classes, n_train), rng.integers(0, n_classes, n_test)
-    layout.write_dataset(path, xtr, ytr, xte, yte, n_classes=n_classes, source="test")
+    layout.write_dataset(path, xtr, ytr, xte, yte, n_classes=n_classes, source="test", keep_order=True)
     return xtr, ytr, xte, yte
 
 
@@ -40,12 +41,16 @@ def test_union_of_worker_slices_is_the_whole_train_set_without_overlap(data, n_w
     sizes = [r.n_local for r in readers]
     assert sum(sizes) == 103 and max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)
-    assert [r.lo for r in readers] == [0] + [r.hi for r in readers[:-1]]
-    np.testing.assert_array_equal(np.concatenate([r.x for r in readers]), xtr)
-    np.testing.assert_array_equal(np.concatenate([r.y for r in readers]), ytr)
+    rows = np.concatenate([r.rows for r in readers])
+    np.testing.assert_array_equal(np.sort(rows), np.arange(103))   # each row dealt once
+    for r in readers:
+        assert (np.diff(r.rows) > 0).all()
+        np.testing.assert_array_equal(r.x, xtr[r.rows])
+        np.testing.assert_array_equal(r.y, ytr[r.rows])
 
 
-def test_reader_reads_only_its_own_slice(tmp_path, monkeypatch):
+@pytest.mark.parametrize("deal", [True, False])
+def test_reader_holds_only_its_rows_and_a_slice_reads_only_its_slice(tmp_path, monkeypatch, deal):
     path = tmp_path / "big.h5"
     _write(path, n_train=4000, n_test=10, shape=(1, 16, 16))
     reads = []
@@ -57,10 +62,11 @@ def test_reader_reads_only_its_own_slice(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
-    r = ShardReader(path, 2, 5, batch_size=32)
+    r = ShardReader(path, 2, 5, batch_size=32, deal=deal)
     x_bytes = sum(b for name, b in reads if name == "/train/x")
     assert r.n_local == 800
-    assert x_bytes == 800 * 16 * 16                 # exactly its slice, once
+    # a slice reads exactly its rows, once; a deal reads each block of chunks once
+    assert x_bytes == (4000 if deal else 800) * 16 * 16
     assert {name for name, _ in reads} == {"/train/x", "/train/y"}
     assert r.x.nbytes == 800 * 256
 
@@ -102,7 +108,7 @@ def test_shuffle_is_deterministic_per_seed_different_per_epoch_and_covers_the_sl
     assert sorted(a.order(0)) == list(range(a.n_local))
     seen = np.concatenate(ea)  # all but the dropped partial batch, each row once
     assert len(seen) == 32
-    np.testing.assert_array_equal(np.sort(seen), np.sort(ytr[a.lo:a.hi][a.order(0)[:32]]))
+    np.testing.assert_array_equal(np.sort(seen), np.sort(ytr[a.rows][a.order(0)[:32]]))
 
 
 def test_batch_by_global_step_matches_epoch_iteration(data):
@@ -136,7 +142,8 @@ def test_test_set_slices_cover_the_test_split(data):
 def test_float_data_with_offset_is_scaled(tmp_path):
     path = tmp_path / "f.h5"
     x = np.arange(12, dtype=np.float32).reshape(6, 2)
-    layout.write_dataset(path, x, np.arange(6) % 2, x, np.arange(6) % 2, scale=2.0, offset=-1.0)
+    layout.write_dataset(path, x, np.arange(6) % 2, x, np.arange(6) % 2, scale=2.0, offset=-1.0,
+                         keep_order=True)
     xb, _ = ShardReader(path, 0, 1, batch_size=6).batch(0)
     r = ShardReader(path, 0, 1, batch_size=6)
     np.testing.assert_allclose(xb, x[r.order(0)] * 2 - 1)
@@ -208,18 +215,20 @@ def test_wrong_attributes_are_reported(data, attr, value, message):
 def test_labels_outside_classes_in_file_are_reported(data):
     path, _ = data
     _edit(path, lambda f: f["train/y"].__setitem__(50, 9))
-    with pytest.raises(ValueError, match=r"/train/y rows \[0, 103\): label 9 at row 50 is outside \[0, 7\)"):
+    with pytest.raises(ValueError, match=r"/train/y: label 9 at row 50 is outside \[0, 7\)"):
         ShardReader(path, 0, 1, 4)
-    ShardReader(path, 1, 2, 4)  # this worker's slice [52, 103) is clean
+    holder = 0 if 50 in worker_rows(103, 0, 2, seed=0) else 1
+    ShardReader(path, 1 - holder, 2, 4)  # the other worker's dealt rows are clean
 
 
 def test_nan_in_a_workers_slice_is_reported_when_loaded(tmp_path):
     path = tmp_path / "f.h5"
     _write(path, dtype=np.float32)
     _edit(path, lambda f: f["train/x"].__setitem__((60, 0, 1, 1), np.inf))
-    ShardReader(path, 0, 2, 4)  # rows [0, 52) are finite
-    with pytest.raises(ValueError, match=r"f.h5: /train/x rows \[52, 103\): contains NaN or Inf .*first at row 60"):
-        ShardReader(path, 1, 2, 4)
+    holder = 0 if 60 in worker_rows(103, 0, 2, seed=0) else 1
+    ShardReader(path, 1 - holder, 2, 4)  # this worker's dealt rows are finite
+    with pytest.raises(ValueError, match=r"f.h5: /train/x: contains NaN or Inf .*first at row 60"):
+        ShardReader(path, holder, 2, 4)
 
 
 def test_missing_and_non_hdf5_files_are_reported(tmp_path):

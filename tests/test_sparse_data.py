@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from psgd.data import csr, svmlight
+from psgd.data.order import shuffle_permutation
 from psgd.data.reader import dataset_info
 from psgd.data.synth_sparse import make_sparse, write_sparse_synthetic
 
@@ -25,8 +26,8 @@ def _files(tmp_path, train=TRAIN, test=TEST):
 
 def test_svmlight_converts_one_based_multiclass_into_csr(tmp_path):
     a, b = _files(tmp_path)
-    out = svmlight.convert_svmlight(a, b, tmp_path / "s.h5")
-    x, y, attrs = csr.load_rows(out, "train", 0, 4)
+    out = svmlight.convert_svmlight(a, b, tmp_path / "s.h5", keep_order=True)
+    x, y, attrs = csr.load_rows(out, "train", np.arange(4))
     dense = np.zeros((4, 9), np.float32)
     for r, row in enumerate([{0: .5, 3: 2, 6: 1.25}, {1: 1}, {0: 1, 8: -3}, {4: .5}]):
         for j, v in row.items():
@@ -34,7 +35,7 @@ def test_svmlight_converts_one_based_multiclass_into_csr(tmp_path):
     np.testing.assert_array_equal(x.toarray(), dense)
     np.testing.assert_array_equal(y, [1, 0, 1, 2])      # labels -1, 3, 7 in sorted order
     assert attrs["n_features"] == 9 and attrs["n_classes"] == 3
-    xt, yt, _ = csr.load_rows(out, "test", 0, 2)
+    xt, yt, _ = csr.load_rows(out, "test", np.arange(2))
     np.testing.assert_array_equal(yt, [2, 0])
     assert xt.toarray()[1, 8] == 2
     info = dataset_info(out)
@@ -43,8 +44,8 @@ def test_svmlight_converts_one_based_multiclass_into_csr(tmp_path):
 
 def test_svmlight_zero_based_and_declared_features(tmp_path):
     a, b = _files(tmp_path, "1 0:1 3:2\n0 2:1\n", "1 1:1\n")
-    out = svmlight.convert_svmlight(a, b, tmp_path / "s.h5", n_features=10)
-    x, _, attrs = csr.load_rows(out, "train", 0, 2)
+    out = svmlight.convert_svmlight(a, b, tmp_path / "s.h5", n_features=10, keep_order=True)
+    x, _, attrs = csr.load_rows(out, "train", np.arange(2))
     assert attrs["n_features"] == 10
     np.testing.assert_array_equal(x.indices, [0, 3, 2])
 
@@ -69,20 +70,21 @@ def test_svmlight_index_beyond_declared_features(tmp_path):
 
 
 @pytest.mark.parametrize("n_workers", [1, 2, 3, 7])
-def test_csr_reader_slices_exactly_each_workers_rows(tmp_path, n_workers):
+def test_csr_reader_deals_exactly_each_workers_rows(tmp_path, n_workers):
     x, y, xt, yt = make_sparse(50, 10, n_features=300, nnz_per_row=8, seed=3)
     path = write_sparse_synthetic(tmp_path / "s.h5", 50, 10, 300, 10, 8, seed=3)
+    stored = shuffle_permutation(50, 0, "train")   # the writer's seeded order (seed 0)
     seen = []
     for k in range(n_workers):
         r = csr.CSRShardReader(path, k, n_workers, batch_size=1, seed=0)
-        np.testing.assert_array_equal(r.x.toarray(), x.toarray()[r.lo:r.hi])
-        np.testing.assert_array_equal(r.y, y[r.lo:r.hi])
-        seen += list(range(r.lo, r.hi))
+        np.testing.assert_array_equal(r.x.toarray(), x.toarray()[stored[r.rows]])
+        np.testing.assert_array_equal(r.y, y[stored[r.rows]])
+        seen += list(r.rows)
         bx, by = r.batch(0)
         row = r.order(0)[0]
         np.testing.assert_array_equal(bx.toarray()[0], r.x.toarray()[row])
         assert by[0] == r.y[row]
-    assert seen == list(range(50))
+    assert sorted(seen) == list(range(50))
 
 
 def test_csr_batch_slices_and_takes_rows():

@@ -46,12 +46,13 @@ def _read_binary(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return rec[:, 1:].reshape(-1, 3, 32, 32), rec[:, 0]
 
 
-def convert_cifar(folder: str | os.PathLike, out: str | os.PathLike) -> Path:
+def convert_cifar(folder: str | os.PathLike, out: str | os.PathLike, keep_order: bool = False, shuffle_seed: int = 0) -> Path:
     """Convert a CIFAR-10 folder (``data_batch_1..5`` and ``test_batch``, ``.bin`` or not).
 
     Images are stored as (N, 3, 32, 32) uint8 NCHW with scale 1/255 and the train split's
     per-channel mean and std (which the reader normalises by); the train batches present
-    are concatenated in order (at least ``data_batch_1``).
+    are concatenated in order (at least ``data_batch_1``), then stored shuffled unless
+    ``keep_order`` (see :func:`psgd.data.layout.write_dataset`).
     """
     folder = Path(folder)
     kind = cifar_kind(folder)
@@ -64,4 +65,5 @@ def convert_cifar(folder: str | os.PathLike, out: str | os.PathLike) -> Path:
     return layout.write_dataset(out, np.concatenate([p[0] for p in parts]),
                                 np.concatenate([p[1] for p in parts]), x_test, y_test,
                                 n_classes=10, scale=layout.UINT8_SCALE, offset=0.0,
-                                source=f"cifar10-{kind}:{folder.name}", normalize=True)
+                                source=f"cifar10-{kind}:{folder.name}", normalize=True,
+                                keep_order=keep_order, shuffle_seed=shuffle_seed)

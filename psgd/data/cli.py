@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="svmlight: declared number of features (default: largest index + 1)")
     p.add_argument("--index-base", choices=("auto", "0", "1"), default="auto",
                    help="svmlight: indices start at 0 or 1 (auto: 1 unless some index is 0)")
+    p.add_argument("--keep-order", action="store_true",
+                   help="store the rows in the source's order (default: a seeded shuffle of each split, "
+                        "so a source sorted by class, as image folders are, is not split by class "
+                        "between workers)")
+    p.add_argument("--shuffle-seed", type=int, default=0, metavar="N",
+                   help="seed of that shuffle (default 0; stored in the file's attributes)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="output HDF5 file")
 
     p = sub.add_parser("synth", help="write the deterministic synthetic 10-class 1x28x28 dataset",
@@ -111,10 +117,11 @@ def run(args: argparse.Namespace) -> None:
 def _convert(args: argparse.Namespace) -> None:
     from psgd.data import detect, idx, npz
     idx_files = [args.idx_train_images, args.idx_train_labels, args.idx_test_images, args.idx_test_labels]
+    order = {"keep_order": args.keep_order, "shuffle_seed": args.shuffle_seed}
     t0 = time.perf_counter()
     if args.svmlight:
         from psgd.data.svmlight import convert_svmlight
-        out = convert_svmlight(*args.svmlight, args.output, args.features, args.index_base)
+        out = convert_svmlight(*args.svmlight, args.output, args.features, args.index_base, **order)
         print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
         return _print_info(out)
     if args.input and (args.npz or any(idx_files)):
@@ -123,12 +130,12 @@ def _convert(args: argparse.Namespace) -> None:
         raise ValueError("convert: give either --npz or the four --idx-* files, not both")
     if args.input:
         kind, out = detect.convert_input(args.input, args.output, args.classes, nhwc=args.nhwc,
-                                         size=args.size)
+                                         size=args.size, **order)
         print(f"{args.input}: {kind}")
     elif args.npz:
-        out = npz.convert_npz(args.npz, args.output, args.classes, nhwc=args.nhwc)
+        out = npz.convert_npz(args.npz, args.output, args.classes, nhwc=args.nhwc, **order)
     elif all(idx_files):
-        out = idx.convert_idx(*idx_files, args.output, args.classes)
+        out = idx.convert_idx(*idx_files, args.output, args.classes, **order)
     elif any(idx_files):
         names = ["--idx-train-images", "--idx-train-labels", "--idx-test-images", "--idx-test-labels"]
         missing = [n for n, f in zip(names, idx_files) if not f]
@@ -184,3 +191,22 @@ def _print_info(path) -> None:
         n = max(1, s["n"])
         balance = "  ".join(f"{c}:{k}" for c, k in enumerate(counts))
         print(f"    classes {balance}  (min {min(counts) / n:.1%}, max {max(counts) / n:.1%})")
+        _print_order(info, split)
+
+
+def _print_order(info: dict, split: str) -> None:
+    """The class mix per block of rows, and a warning when the classes are clustered."""
+    from psgd.data.order import MIXING_WARN
+    o = info[split]["order"]
+    stated = info["row_order"] or "not recorded"
+    if info["row_order"] == "shuffled":
+        stated += f" (shuffle seed {info['shuffle_seed']})"
+    w = o["worst"]
+    print(f"    order: {stated}; {o['blocks']} blocks of {o['block']} rows, class mixing "
+          f"{o['mixing']:.3f} (block class entropy / a shuffled file's); fewest classes in a "
+          f"block: {w['classes']} in rows [{w['rows'][0]}, {w['rows'][1]}), largest "
+          f"{w['top_share']:.0%}")
+    if o["clustered"]:
+        print(f"    warning: /{split} rows are clustered by class (mixing {o['mixing']:.3f} < "
+              f"{MIXING_WARN}); reconvert without --keep-order to store them shuffled (training deals "
+              f"rows to workers either way, but --eval-samples takes the first /test rows)")

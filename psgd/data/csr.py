@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 
 from psgd.atomic_file import atomic_output
-from psgd.data import layout
+from psgd.data import layout, order
 from psgd.data.slices import slice_bounds
 
 PARTS = ("indptr", "indices", "values", "y")
@@ -81,7 +81,8 @@ def is_sparse(path: str | os.PathLike) -> bool:
 
 
 def write_csr_dataset(path, splits: dict, n_features: int, n_classes: int | None = None,
-                      source: str = "", extra=None) -> Path:
+                      source: str = "", extra=None, keep_order: bool = False,
+                      shuffle_seed: int = 0) -> Path:
     """Check and write a sparse dataset atomically.
 
     Parameters
@@ -96,6 +97,9 @@ def write_csr_dataset(path, splits: dict, n_features: int, n_classes: int | None
         Default max label + 1.
     extra : callable, optional
         ``extra(f)`` adds to the open file before it is renamed into place.
+    keep_order, shuffle_seed
+        As for :func:`psgd.data.layout.write_dataset`: rows are stored in a seeded order
+        unless ``keep_order``.
     """
     out = layout.check_output_path(path)
     ys = {}
@@ -111,10 +115,15 @@ def write_csr_dataset(path, splits: dict, n_features: int, n_classes: int | None
         n_classes = int(max(ys["train"].max(), ys["test"].max())) + 1
     for split in layout.SPLITS:
         layout.check_labels(ys[split], n_classes, f"{out}: {split} y")
+    if not keep_order:
+        perms = {s: order.shuffle_permutation(len(ys[s]), shuffle_seed, s) for s in layout.SPLITS}
+        splits = {s: (take_rows(splits[s][0], perms[s]), ys[s][perms[s]]) for s in layout.SPLITS}
+        ys = {s: splits[s][1] for s in layout.SPLITS}
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(out) as tmp, h5py.File(tmp, "w", track_order=True) as f:
         f.attrs.update({"n_classes": int(n_classes), "n_features": int(n_features), "scale": 1.0,
-                        "offset": 0.0, "source": str(source), "format_version": layout.FORMAT_VERSION})
+                        "offset": 0.0, "source": str(source), "format_version": layout.FORMAT_VERSION,
+                        **order.order_attrs(keep_order, shuffle_seed)})
         for split in layout.SPLITS:
             x = splits[split][0]
             g = f.create_group(split, track_order=True)
@@ -148,7 +157,8 @@ def csr_info(path: str | os.PathLike) -> dict:
     with _open(path) as f:
         attrs = _attrs(f, path)
         d = attrs["n_features"]
-        info = {"path": str(path), **attrs, "input_shape": (d,), "x_dtype": "csr float32", "sparse": True}
+        info = {"path": str(path), **attrs, "input_shape": (d,), "x_dtype": "csr float32", "sparse": True,
+                **order.stated_order(f.attrs)}
         for split in layout.SPLITS:
             g = f[split]
             labels = g["y"][()]
@@ -159,7 +169,8 @@ def csr_info(path: str | os.PathLike) -> dict:
                            "compression": g["values"].compression,
                            "compression_opts": g["values"].compression_opts,
                            "nnz": int(g["values"].shape[0]),
-                           "class_counts": np.bincount(labels, minlength=attrs["n_classes"]).tolist()}
+                           "class_counts": np.bincount(labels, minlength=attrs["n_classes"]).tolist(),
+                           "order": order.class_mixing(labels, attrs["n_classes"])}
     return info
 
 
@@ -190,36 +201,61 @@ def _attrs(f: h5py.File, path) -> dict:
             "source": source.decode() if isinstance(source, bytes) else str(source)}
 
 
-def load_rows(path, split: str, lo: int, hi: int) -> tuple[CSRBatch, np.ndarray, dict]:
-    """Rows ``[lo, hi)`` of ``split``, read alone from the file: (x, y int64, attributes)."""
+def _range(g, indptr: np.ndarray, lo: int, hi: int, n_features: int) -> CSRBatch:
+    """Rows ``[lo, hi)`` of the open split ``g`` whose whole indptr is ``indptr``."""
+    a, b = int(indptr[lo]), int(indptr[hi])
+    return CSRBatch(indptr[lo:hi + 1] - a, g["indices"][a:b].astype(np.int32),
+                    g["values"][a:b].astype(np.float32), n_features)
+
+
+def concat(parts: list, n_features: int) -> CSRBatch:
+    """The rows of the batches ``parts``, one after the other."""
+    if not parts:
+        return CSRBatch(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32), n_features)
+    offsets = np.cumsum([0] + [p.nnz for p in parts[:-1]])
+    indptr = np.concatenate([[0]] + [p.indptr[1:] + o for p, o in zip(parts, offsets)]).astype(np.int64)
+    return CSRBatch(indptr, np.concatenate([p.indices for p in parts]),
+                    np.concatenate([p.values for p in parts]), n_features)
+
+
+def load_rows(path, split: str, rows: np.ndarray) -> tuple[CSRBatch, np.ndarray, dict]:
+    """The sorted ``rows`` of ``split``, read a block of rows at a time (only blocks that
+    hold one): (x, y int64, attributes)."""
+    rows = np.asarray(rows, np.int64)
     with _open(path) as f:
         attrs = _attrs(f, path)
-        g = f[split]
-        indptr = g["indptr"][lo:hi + 1].astype(np.int64)
-        a, b = int(indptr[0]), int(indptr[-1])
-        x = CSRBatch(indptr - a, g["indices"][a:b].astype(np.int32), g["values"][a:b].astype(np.float32),
-                     attrs["n_features"])
-        y = g["y"][lo:hi].astype(np.int64)
-    check_csr(x, attrs["n_features"], f"{path}: /{split} rows [{lo}, {hi})")
+        g, d = f[split], attrs["n_features"]
+        indptr = g["indptr"][()].astype(np.int64)
+        n, step, parts, start = len(indptr) - 1, layout.WRITE_ROWS, [], 0
+        for lo in range(0, n, step):
+            end = int(np.searchsorted(rows, lo + step))
+            if end > start:
+                block = _range(g, indptr, lo, min(lo + step, n), d)
+                parts.append(take_rows(block, rows[start:end] - lo))
+            start = end
+        x = concat(parts, d)
+        y = g["y"][()][rows].astype(np.int64)
+    check_csr(x, attrs["n_features"], f"{path}: /{split} ({len(rows)} rows read)")
     return x, y, attrs
 
 
 class CSRShardReader:
-    """A worker's contiguous slice of a sparse /train, batched like :class:`psgd.data.reader.ShardReader`.
+    """The sparse /train rows dealt to a worker, batched like :class:`psgd.data.reader.ShardReader`.
 
-    Same constructor, attributes and methods (``order``, ``epoch``, ``batch``, ``test_set``);
-    a batch's ``x`` is a :class:`CSRBatch`.
+    Same constructor, attributes and methods (``order``, ``epoch``, ``batch``,
+    ``calibration_rows``, ``test_set``); a batch's ``x`` is a :class:`CSRBatch`.
     """
 
-    def __init__(self, path, worker: int, n_workers: int, batch_size: int, seed: int = 0) -> None:
+    def __init__(self, path, worker: int, n_workers: int, batch_size: int, seed: int = 0,
+                 deal: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         self.path, self.worker, self.n_workers = str(path), int(worker), int(n_workers)
         self.batch_size, self.seed = int(batch_size), int(seed)
         with _open(path) as f:
             self.n_train = int(f["train/y"].shape[0])
-        self.lo, self.hi = slice_bounds(self.n_train, self.worker, self.n_workers)
-        self.x, self.y, attrs = load_rows(path, "train", self.lo, self.hi)
+        self.rows = order.worker_rows(self.n_train, self.worker, self.n_workers, self.seed, deal)
+        self.x, self.y, attrs = load_rows(path, "train", self.rows)
         self.n_local = len(self.y)
         self.n_classes, self.n_features = attrs["n_classes"], attrs["n_features"]
         self.input_shape = (self.n_features,)
@@ -257,17 +293,18 @@ class CSRShardReader:
         for i in range(self.steps_per_epoch):
             yield self.batch(e * self.steps_per_epoch + i)
 
-    def first_rows(self, n: int) -> tuple[CSRBatch, np.ndarray]:
-        """The first ``min(n, n_local)`` rows of this worker's slice, in file order."""
-        return self.x[:n], self.y[:n]
+    def calibration_rows(self, n: int) -> tuple[CSRBatch, np.ndarray]:
+        """``min(n, n_local)`` of this worker's rows drawn at random by (seed, worker)."""
+        pick = order.calibration_sample(self.n_local, n, self.seed, self.worker)
+        return self.x[pick], self.y[pick]
 
     def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[CSRBatch, np.ndarray]:
         """This evaluator's contiguous slice of /test."""
         with _open(self.path) as f:
             n = int(f["test/y"].shape[0])
-        x, y, _ = load_rows(self.path, "test", *slice_bounds(n, worker, n_workers))
+        x, y, _ = load_rows(self.path, "test", np.arange(*slice_bounds(n, worker, n_workers)))
         return x, y
 
     def __repr__(self) -> str:
         return (f"CSRShardReader({self.path!r}, worker={self.worker}, n_workers={self.n_workers}, "
-                f"rows=[{self.lo}, {self.hi}), batch_size={self.batch_size})")
+                f"{self.n_local} of {self.n_train} rows, batch_size={self.batch_size})")

@@ -58,16 +58,21 @@ def detect(path: str | os.PathLike) -> str:
 
 
 def convert_input(path: str | os.PathLike, out: str | os.PathLike, n_classes: int | None = None,
-                  *, nhwc: bool = False, size: tuple | None = None) -> tuple[str, Path]:
-    """Detect the kind of ``path`` and convert it to ``out``; returns (kind, written file)."""
+                  *, nhwc: bool = False, size: tuple | None = None, keep_order: bool = False,
+                  shuffle_seed: int = 0) -> tuple[str, Path]:
+    """Detect the kind of ``path`` and convert it to ``out``; returns (kind, written file).
+
+    Rows are stored shuffled by ``shuffle_seed`` unless ``keep_order``.
+    """
     kind = detect(path)
     p = Path(path)
+    order = {"keep_order": keep_order, "shuffle_seed": shuffle_seed}
     if kind == "npz":
-        return kind, npz.convert_npz(p, out, n_classes, nhwc=nhwc)
+        return kind, npz.convert_npz(p, out, n_classes, nhwc=nhwc, **order)
     if kind == "idx":
         f = find_idx(p)
         return kind, idx.convert_idx(f["train images"], f["train labels"], f["test images"],
-                                     f["test labels"], out, n_classes)
+                                     f["test labels"], out, n_classes, **order)
     if kind == "cifar10":
-        return kind, cifar.convert_cifar(p, out)
-    return kind, images.convert_image_tree(p, out, size=size)
+        return kind, cifar.convert_cifar(p, out, **order)
+    return kind, images.convert_image_tree(p, out, size=size, **order)

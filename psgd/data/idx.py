@@ -131,11 +131,12 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, *, gz: bool | None = N
 
 def convert_idx(train_images: str | os.PathLike, train_labels: str | os.PathLike,
                 test_images: str | os.PathLike, test_labels: str | os.PathLike,
-                out: str | os.PathLike, n_classes: int | None = None) -> Path:
+                out: str | os.PathLike, n_classes: int | None = None, keep_order: bool = False, shuffle_seed: int = 0) -> Path:
     """Convert four MNIST-style IDX files into one psgd HDF5 dataset at ``out``.
 
     Images (N, H, W) are stored as (N, 1, H, W) uint8 with scale 1/255; labels
-    as int32. ``n_classes`` defaults to max label + 1.
+    as int32. ``n_classes`` defaults to max label + 1.  Rows are stored shuffled unless
+    ``keep_order`` (see :func:`psgd.data.layout.write_dataset`).
     """
     layout.check_output_path(out)
     arrays = {}
@@ -152,4 +153,4 @@ def convert_idx(train_images: str | os.PathLike, train_labels: str | os.PathLike
              f"{Path(test_images).name},{Path(test_labels).name}"
     scale = layout.UINT8_SCALE if arrays["train"][0].dtype == np.uint8 else None
     return layout.write_dataset(out, *arrays["train"], *arrays["test"], n_classes=n_classes,
-                                scale=scale, offset=0.0, source=source)
+                                scale=scale, offset=0.0, source=source, keep_order=keep_order, shuffle_seed=shuffle_seed)

@@ -59,13 +59,14 @@ def _is_gray(Image, path: Path) -> bool:
 
 
 def convert_image_tree(folder: str | os.PathLike, out: str | os.PathLike,
-                       size: tuple | None = None) -> Path:
+                       size: tuple | None = None, keep_order: bool = False, shuffle_seed: int = 0) -> Path:
     """Convert ``folder/train/<class>/*`` and ``folder/test/<class>/*`` into a psgd HDF5 dataset.
 
     Class ids follow the sorted names of ``train``'s class folders (``test`` may lack some
     but not add any).  Images become uint8 NCHW with scale 1/255: 1 channel when every
     image is greyscale, else RGB (3) with the train split's per-channel mean and std.  All must share one size unless ``size`` (H, W)
-    is given, which resizes them.
+    is given, which resizes them.  The files are read class by class, so the rows are
+    stored shuffled unless ``keep_order`` (see :func:`psgd.data.layout.write_dataset`).
     """
     Image = _pillow()
     folder = Path(folder)
@@ -93,4 +94,5 @@ def convert_image_tree(folder: str | os.PathLike, out: str | os.PathLike,
         arrays[split] = (np.stack(xs), np.asarray(ys, np.int32))
     return layout.write_dataset(out, *arrays["train"], *arrays["test"], n_classes=len(names),
                                 scale=layout.UINT8_SCALE, offset=0.0,
-                                source=f"images:{folder.name}:" + ",".join(names), normalize=rgb)
+                                source=f"images:{folder.name}:" + ",".join(names), normalize=rgb,
+                                keep_order=keep_order, shuffle_seed=shuffle_seed)

@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 
 from psgd.atomic_file import atomic_output
+from psgd.data import order
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")
@@ -15,6 +16,7 @@ DATASETS = tuple(f"/{split}/{part}" for split in SPLITS for part in ("x", "y"))
 X_DTYPES = (np.dtype(np.uint8), np.dtype(np.float32))
 Y_DTYPE = np.dtype(np.int32)
 CHUNK_ROWS = 256           # rows per HDF5 chunk: about one batch
+WRITE_ROWS = 16 * CHUNK_ROWS   # rows per write: whole chunks
 COMPRESSION = "gzip"
 COMPRESSION_LEVEL = 4
 UINT8_SCALE = 1.0 / 255.0
@@ -134,7 +136,7 @@ def check_labels(y: np.ndarray, n_classes: int, name: str) -> None:
 def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndarray,
                   x_test: np.ndarray, y_test: np.ndarray, n_classes: int | None = None,
                   scale: float | None = None, offset: float = 0.0, source: str = "",
-                  normalize: bool = False) -> Path:
+                  normalize: bool = False, keep_order: bool = False, shuffle_seed: int = 0) -> Path:
     """Validate the four arrays and write them atomically as one psgd HDF5 dataset.
 
     Parameters
@@ -156,6 +158,13 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
         For (N, C, H, W) images: also store the train split's per-channel mean and
         standard deviation of ``x * scale + offset`` as ``channel_mean`` and
         ``channel_std``, which the reader subtracts and divides by.
+    keep_order : bool
+        Store the rows in the order given.  By default each split is stored in the seeded
+        order of :func:`psgd.data.order.shuffle_permutation`, so a source sorted by class
+        does not come out sorted; the attributes ``row_order``, ``shuffle_seed`` and
+        ``row_order_origin`` record which.
+    shuffle_seed : int
+        Seed of that permutation.
 
     Returns
     -------
@@ -166,7 +175,10 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
     xs, ys, x_scale = _prepare_splits(out, {"train": (x_train, y_train), "test": (x_test, y_test)})
     attrs = {"n_classes": _check_classes(out, ys, n_classes),
              "scale": float(x_scale if scale is None else scale), "offset": float(offset),
-             "source": str(source), "format_version": FORMAT_VERSION}
+             "source": str(source), "format_version": FORMAT_VERSION,
+             **order.order_attrs(keep_order, shuffle_seed)}
+    perms = {split: None if keep_order else order.shuffle_permutation(len(ys[split]), shuffle_seed, split)
+             for split in SPLITS}
     if not _scaling_ok(attrs["scale"], attrs["offset"]):
         raise ValueError(f"{out}: scale must be finite and non-zero and offset finite, "
                          f"got scale={attrs['scale']} offset={attrs['offset']}")
@@ -175,7 +187,7 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
                                                                     attrs["offset"])
     _make_parent(out)
     with atomic_output(out) as tmp:
-        _write_file(tmp, attrs, xs, ys)
+        _write_file(tmp, attrs, xs, ys, perms)
     return out
 
 
@@ -226,14 +238,14 @@ def _check_classes(out: Path, ys: dict, n_classes: int | None) -> int:
     return n_classes
 
 
-def _write_file(path: Path, attrs: dict, xs: dict, ys: dict) -> None:
+def _write_file(path: Path, attrs: dict, xs: dict, ys: dict, perms: dict) -> None:
     with h5py.File(path, "w", track_order=True) as f:
         for key, value in attrs.items():
             f.attrs[key] = value
         for split in SPLITS:
             g = f.create_group(split, track_order=True)
-            _create(g, "x", xs[split])
-            _create(g, "y", ys[split])
+            _create(g, "x", xs[split], perms[split])
+            _create(g, "y", ys[split], perms[split])
 
 
 def _scaling_ok(scale: float, offset: float) -> bool:
@@ -241,11 +253,15 @@ def _scaling_ok(scale: float, offset: float) -> bool:
     return bool(np.isfinite(scale) and scale != 0 and np.isfinite(offset))
 
 
-def _create(group: h5py.Group, name: str, data: np.ndarray) -> None:
+def _create(group: h5py.Group, name: str, data: np.ndarray, perm: np.ndarray | None) -> None:
+    """Write ``data`` (rows in the order ``perm``, when given) as chunked, compressed ``group/name``."""
     rows = max(1, min(CHUNK_ROWS, len(data)))
-    group.create_dataset(name, data=data, chunks=(rows, *data.shape[1:]),
-                         compression=COMPRESSION, compression_opts=COMPRESSION_LEVEL,
-                         shuffle=data.dtype.itemsize > 1, track_times=False)
+    ds = group.create_dataset(name, shape=data.shape, dtype=data.dtype, chunks=(rows, *data.shape[1:]),
+                              compression=COMPRESSION, compression_opts=COMPRESSION_LEVEL,
+                              shuffle=data.dtype.itemsize > 1, track_times=False)
+    step = WRITE_ROWS
+    for lo in range(0, len(data), step):   # a block at a time: no second copy of the split
+        ds[lo:lo + step] = data[lo:lo + step] if perm is None else data[perm[lo:lo + step]]
 
 
 def open_checked(path: str | os.PathLike) -> h5py.File:

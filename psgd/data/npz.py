@@ -47,11 +47,12 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def convert_npz(path: str | os.PathLike, out: str | os.PathLike, n_classes: int | None = None,
-                *, nhwc: bool = False) -> Path:
+                *, nhwc: bool = False, keep_order: bool = False, shuffle_seed: int = 0) -> Path:
     """Convert an .npz with keys x_train, y_train, x_test, y_test into a psgd HDF5 dataset.
 
     uint8 inputs stay uint8 with scale 1/255, floats become float32 with scale 1;
     (N, H, W) images become (N, 1, H, W); ``nhwc`` transposes 4-d channels-last input.
+    Rows are stored shuffled unless ``keep_order`` (see :func:`psgd.data.layout.write_dataset`).
     """
     layout.check_output_path(out)
     a = read_npz(path)
@@ -73,4 +74,4 @@ def convert_npz(path: str | os.PathLike, out: str | os.PathLike, n_classes: int 
         layout.check_labels(ys[split], n_classes, f"{path}: y_{split}")
     return layout.write_dataset(out, xs["train"], ys["train"], xs["test"], ys["test"],
                                 n_classes=n_classes, scale=None, offset=0.0,
-                                source=f"npz:{Path(path).name}")
+                                source=f"npz:{Path(path).name}", keep_order=keep_order, shuffle_seed=shuffle_seed)

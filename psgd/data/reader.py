@@ -1,4 +1,4 @@
-"""Per-worker reading of a psgd HDF5 dataset: each worker loads only its own slice of /train."""
+"""Per-worker reading of a psgd HDF5 dataset: each worker loads only the /train rows dealt to it."""
 from __future__ import annotations
 
 import os
@@ -6,9 +6,11 @@ from typing import Iterator
 
 import numpy as np
 
-from psgd.data import csr, layout
+from psgd.data import csr, layout, order
 from psgd.data.augment import crop_flip
 from psgd.data.slices import slice_bounds
+
+READ_ROWS = 4 * layout.CHUNK_ROWS   # rows per read when dealt rows are picked from whole chunks
 
 
 def dataset_info(path: str | os.PathLike) -> dict:
@@ -21,8 +23,10 @@ def dataset_info(path: str | os.PathLike) -> dict:
         (lists, or None), ``source``, ``format_version``,
         ``input_shape`` (tuple: (C, H, W) or (D,)), ``x_dtype`` (str) and per split
         (``"train"``, ``"test"``) a dict with ``n``, ``x_shape``, ``x_dtype``,
-        ``y_dtype``, ``chunks``, ``compression`` and ``class_counts`` (list of
-        n_classes ints; labels are read, samples are not).
+        ``y_dtype``, ``chunks``, ``compression``, ``class_counts`` (list of
+        n_classes ints; labels are read, samples are not) and ``order``
+        (:func:`psgd.data.order.class_mixing` of its labels); ``row_order`` and
+        ``shuffle_seed``: how the converter ordered the rows (None when it did not say).
 
     Raises
     ------
@@ -34,7 +38,7 @@ def dataset_info(path: str | os.PathLike) -> dict:
     with layout.open_checked(path) as f:
         attrs = layout.check_layout(f, path)
         info = {"path": str(path), **attrs, "input_shape": tuple(f["train/x"].shape[1:]),
-                "x_dtype": str(f["train/x"].dtype)}
+                "x_dtype": str(f["train/x"].dtype), **order.stated_order(f.attrs)}
         for split in layout.SPLITS:
             x, y = f[split]["x"], f[split]["y"]
             labels = y[()]
@@ -44,21 +48,56 @@ def dataset_info(path: str | os.PathLike) -> dict:
                 "y_dtype": str(y.dtype), "chunks": x.chunks, "compression": x.compression,
                 "compression_opts": x.compression_opts,
                 "class_counts": np.bincount(labels, minlength=attrs["n_classes"]).tolist(),
+                "order": order.class_mixing(labels, attrs["n_classes"]),
             }
     return info
 
 
-def _load_slice(path, split: str, part: int, n_parts: int) -> tuple[np.ndarray, np.ndarray, dict, int]:
-    """Read rows ``[lo, hi)`` of ``/split`` (only those), check them; return x (stored dtype), y, attrs, n."""
+def split_rows(path, split: str) -> int:
+    """Rows in ``/split`` of a (checked) dense psgd dataset."""
+    with layout.open_checked(path) as f:
+        return int(f[split]["x"].shape[0])
+
+
+def read_rows(ds, rows: np.ndarray) -> np.ndarray:
+    """``ds[rows]`` for sorted distinct ``rows``, read a block of whole chunks at a time.
+
+    Only blocks that hold a wanted row are read; memory is the result plus one block.
+    """
+    rows = np.asarray(rows, np.int64)
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows):   # one contiguous range
+        return ds[int(rows[0]):int(rows[-1]) + 1]
+    out = np.empty((len(rows), *ds.shape[1:]), ds.dtype)
+    step = READ_ROWS
+    ends = np.searchsorted(rows, np.arange(step, ds.shape[0] + step, step))
+    start = 0
+    for b, end in enumerate(ends):
+        if end > start:
+            lo = b * step
+            out[start:end] = ds[lo:min(lo + step, ds.shape[0])][rows[start:end] - lo]
+        start = end
+    return out
+
+
+def _load_rows(path, split: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Read the sorted ``rows`` of ``/split`` (only the blocks that hold them), check them;
+    return x (stored dtype), y int64, attrs."""
     with layout.open_checked(path) as f:
         attrs = layout.check_layout(f, path)
-        n = f[split]["x"].shape[0]
-        lo, hi = slice_bounds(n, part, n_parts)
-        x = f[split]["x"][lo:hi]
-        y = f[split]["y"][lo:hi].astype(np.int64)
-    layout.check_finite(x, f"{path}: /{split}/x rows [{lo}, {hi})", first_row=lo)
-    layout.check_labels(y, attrs["n_classes"], f"{path}: /{split}/y rows [{lo}, {hi})")
-    return x, y, attrs, n
+        x = read_rows(f[split]["x"], rows)
+        y = read_rows(f[split]["y"], rows).astype(np.int64)
+    what = f"{path}: /{split}"
+    if x.dtype.kind == "f":
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if bad.any():
+            raise ValueError(f"{what}/x: contains NaN or Inf ({int(bad.sum())} bad samples of the "
+                             f"{len(rows)} read, first at row {int(rows[np.flatnonzero(bad)[0]])})")
+    bad = (y < 0) | (y >= attrs["n_classes"])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{what}/y: label {int(y[i])} at row {int(rows[i])} is outside "
+                         f"[0, {attrs['n_classes']}) ({int(bad.sum())} such labels)")
+    return x, y, attrs
 
 
 def _to_float(x: np.ndarray, attrs: dict) -> np.ndarray:
@@ -79,10 +118,11 @@ def _to_float(x: np.ndarray, attrs: dict) -> np.ndarray:
 
 
 class ShardReader:
-    """Worker ``worker`` of ``n_workers``: its contiguous slice of /train, shuffled batches, a /test slice.
+    """Worker ``worker`` of ``n_workers``: the /train rows dealt to it, shuffled batches, a /test slice.
 
-    The slice ``[lo, hi)`` (first ``n % W`` workers get one more row) is read
-    once into memory in its stored dtype; the file is not kept open.
+    Its rows (:func:`psgd.data.order.worker_rows`: a seeded deal of all rows, the first
+    ``n % W`` workers one more) are read once into memory, in file order and their stored
+    dtype; the file is not kept open.
     Batches are converted to float32 with the file's ``scale`` and ``offset``.
 
     Parameters
@@ -94,20 +134,23 @@ class ShardReader:
     batch_size : int
         Rows per batch; the last partial batch of an epoch is dropped.
     seed : int
-        With ``worker`` and the epoch, fixes the shuffle order.
+        Fixes the deal of rows to workers, and with ``worker`` and the epoch the shuffle order.
     augment : bool
         :meth:`batch` crops each image from its zero padding of H // 8 pixels (at least 1;
         4 for 32x32) and flips it left-right half the time, drawn from (seed, worker,
         step), so a resumed run sees the batches an uninterrupted one saw.
+    deal : bool
+        False: the contiguous slice ``[lo, hi)`` of /train instead of a deal, which leaves
+        each worker's classes to the file's order.
 
     Attributes
     ----------
     n_train : int
         Rows in the whole /train split.
     n_local : int
-        Rows in this worker's slice.
-    lo, hi : int
-        The slice ``[lo, hi)`` of /train.
+        Rows this worker holds.
+    rows : ndarray, int64, shape (n_local,)
+        Their rows in /train, ascending.
     input_shape : tuple of int
         (C, H, W) or (D,).
     n_classes : int
@@ -116,7 +159,7 @@ class ShardReader:
     """
 
     def __init__(self, path: str | os.PathLike, worker: int, n_workers: int, batch_size: int,
-                 seed: int = 0, augment: bool = False) -> None:
+                 seed: int = 0, augment: bool = False, deal: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         if seed < 0:
@@ -125,8 +168,9 @@ class ShardReader:
         self.path = str(path)
         self.worker, self.n_workers = int(worker), int(n_workers)
         self.batch_size, self.seed = int(batch_size), int(seed)
-        self.x, self.y, attrs, self.n_train = _load_slice(path, "train", self.worker, self.n_workers)
-        self.lo, self.hi = slice_bounds(self.n_train, self.worker, self.n_workers)
+        self.n_train = split_rows(path, "train")
+        self.rows = order.worker_rows(self.n_train, self.worker, self.n_workers, self.seed, deal)
+        self.x, self.y, attrs = _load_rows(path, "train", self.rows)
         self.n_local = len(self.y)
         self.input_shape = tuple(self.x.shape[1:])
         self.n_classes = attrs["n_classes"]
@@ -179,9 +223,11 @@ class ShardReader:
             x = crop_flip(x, np.random.default_rng([self.seed, self.worker, int(step), 1]), self.augment)
         return x, y
 
-    def first_rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """The first ``min(n, n_local)`` rows of this worker's slice, in file order, as :meth:`epoch` yields."""
-        return _to_float(self.x[:n], self._attrs), self.y[:n]
+    def calibration_rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``min(n, n_local)`` of this worker's rows drawn at random by (seed, worker), as :meth:`epoch`
+        yields: the samples batch-norm statistics are computed from."""
+        pick = order.calibration_sample(self.n_local, n, self.seed, self.worker)
+        return _to_float(self.x[pick], self._attrs), self.y[pick]
 
     def test_set(self, worker: int = 0, n_workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """This evaluator's contiguous slice of /test (near-equal split over ``n_workers``).
@@ -191,9 +237,10 @@ class ShardReader:
         x : ndarray, float32, shape (m, *input_shape)
         y : ndarray, int64, shape (m,)
         """
-        x, y, attrs, _ = _load_slice(self.path, "test", worker, n_workers)
+        lo, hi = slice_bounds(split_rows(self.path, "test"), worker, n_workers)
+        x, y, attrs = _load_rows(self.path, "test", np.arange(lo, hi))
         return _to_float(x, attrs), y
 
     def __repr__(self) -> str:
         return (f"ShardReader({self.path!r}, worker={self.worker}, n_workers={self.n_workers}, "
-                f"rows=[{self.lo}, {self.hi}), batch_size={self.batch_size})")
+                f"{self.n_local} of {self.n_train} rows, batch_size={self.batch_size})")

@@ -73,7 +73,8 @@ def _label(token: bytes, p: Path, number: int) -> int:
 
 
 def convert_svmlight(train: str | os.PathLike, test: str | os.PathLike, output: str | os.PathLike,
-                     n_features: int | None = None, index_base: str = "auto") -> Path:
+                     n_features: int | None = None, index_base: str = "auto", keep_order: bool = False,
+                     shuffle_seed: int = 0) -> Path:
     """Convert a train and a test svmlight file into one sparse psgd dataset.
 
     Parameters
@@ -87,6 +88,9 @@ def convert_svmlight(train: str | os.PathLike, test: str | os.PathLike, output: 
         Declared number of features (default: the largest index seen, plus one).
     index_base : {"auto", "0", "1"}
         Whether indices start at 0 or 1; ``auto``: 1 unless some index is 0.
+    keep_order, shuffle_seed
+        Rows are stored shuffled by ``shuffle_seed`` unless ``keep_order``
+        (see :func:`psgd.data.csr.write_csr_dataset`).
     """
     layout.check_output_path(output)
     parsed = {"train": read_svmlight(train), "test": read_svmlight(test)}
@@ -115,4 +119,5 @@ def convert_svmlight(train: str | os.PathLike, test: str | os.PathLike, output: 
         splits[split] = (csr.CSRBatch(indptr, j.astype(np.int32), values, n_features),
                          np.array([code[c] for c in labels], np.int32))
     source = f"svmlight:{names['train'].name},{names['test'].name}:classes={','.join(map(str, classes))}"
-    return csr.write_csr_dataset(output, splits, n_features, len(classes), source=source)
+    return csr.write_csr_dataset(output, splits, n_features, len(classes), source=source,
+                                 keep_order=keep_order, shuffle_seed=shuffle_seed)

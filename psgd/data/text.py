@@ -71,9 +71,6 @@ def find_documents(folder: str | os.PathLike, test_fraction: float = 0.3,
     for split in SPLITS:
         if not docs[split]:
             raise ValueError(f"{root}: no {split} documents in the class folders")
-        # rows in a seeded random order, not by class: each worker reads a contiguous slice
-        order = np.random.default_rng(seed).permutation(len(docs[split]))
-        docs[split] = [docs[split][i] for i in order]
     return names, docs
 
 
@@ -125,8 +122,10 @@ def convert_text(folder: str | os.PathLike, output: str | os.PathLike, test_frac
     splits = {s: (tfidf(counts[s], vocabulary, idf, len(terms)),
                   np.array([label for _, label in docs[s]], np.int32)) for s in SPLITS}
     source = f"text:{Path(folder).name}:classes={','.join(names)}"
+    # rows stored in a seeded random order (the writer's), not class by class
     out = csr.write_csr_dataset(output, splits, len(terms), len(names), source=source,
-                                extra=lambda f: _write_text_group(f, terms, idf, names, min_df))
+                                extra=lambda f: _write_text_group(f, terms, idf, names, min_df),
+                                shuffle_seed=seed)
     return out
 
 

@@ -68,8 +68,8 @@ class Lead:
         self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None,
                               tensorboard=s.tensorboard)
         self.x_test, self.y_test = job.reader.test_set()
-        # batch-norm statistics for evaluation: recomputed from the lead's first training rows
-        job.model.set_calibration(job.reader.first_rows(CALIBRATION_SAMPLES)[0])
+        # batch-norm statistics for evaluation: recomputed from a seeded sample of the lead's rows
+        job.model.set_calibration(job.reader.calibration_rows(CALIBRATION_SAMPLES)[0])
         if s.eval_samples:
             self.x_test, self.y_test = self.x_test[:s.eval_samples], self.y_test[:s.eval_samples]
         self.log.write("config", **s.as_dict(), run_id=job.run_id, n_workers=roles.n_workers,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from psgd.data.csr import load_rows
+from psgd.data.order import shuffle_permutation
 from psgd.data.text import convert_text, find_documents
 
 DOCS = {
@@ -45,9 +46,10 @@ def test_text_rows_are_the_reference_tfidf_and_the_file_records_how(corpus, tmp_
     out = convert_text(corpus, tmp_path / "t.h5")
     for split in ("train", "test"):
         ref, vocab, idf, labels = _reference(corpus, split)
-        x, y, attrs = load_rows(out, split, 0, len(ref))
-        np.testing.assert_allclose(x.toarray(), ref, rtol=1e-6, atol=1e-7)
-        assert list(y) == labels and sorted(labels) == [0] * len(DOCS[split]["fruit"]) + \
+        x, y, attrs = load_rows(out, split, np.arange(len(ref)))
+        perm = shuffle_permutation(len(ref), 0, split)     # the file's row i is source row perm[i]
+        np.testing.assert_allclose(x.toarray(), ref[perm], rtol=1e-6, atol=1e-7)
+        assert list(y) == [labels[i] for i in perm] and sorted(labels) == [0] * len(DOCS[split]["fruit"]) + \
             [1] * len(DOCS[split]["tools"])
     with h5py.File(out) as f:
         assert [v.decode() for v in f["text/vocabulary"][()]] == vocab
@@ -63,8 +65,10 @@ def test_text_rows_equal_scikit_learns_tfidf_vectorizer(corpus, tmp_path):
     train, test = ([p.read_text() for p, _ in docs[s]] for s in ("train", "test"))
     vec = text.TfidfVectorizer().fit(train)
     for split, docs in (("train", train), ("test", test)):
-        x, _, _ = load_rows(out, split, 0, len(docs))
-        np.testing.assert_allclose(x.toarray(), vec.transform(docs).toarray(), rtol=1e-6, atol=1e-7)
+        x, _, _ = load_rows(out, split, np.arange(len(docs)))
+        perm = shuffle_permutation(len(docs), 0, split)
+        np.testing.assert_allclose(x.toarray(), vec.transform(docs).toarray()[perm], rtol=1e-6,
+                                   atol=1e-7)
 
 
 def test_a_folder_of_class_folders_is_split_by_the_seeded_rule(tmp_path):
@@ -77,8 +81,9 @@ def test_a_folder_of_class_folders_is_split_by_the_seeded_rule(tmp_path):
     other = find_documents(tmp_path, 0.3, seed=1)[1]
     assert names == ["a", "b"] and docs == again and docs != other
     assert 90 < len(docs["test"]) < 150   # about 0.3 of 400
-    labels = [c for _, c in docs["train"]]
-    assert labels != sorted(labels)   # rows shuffled, not by class
+    _, y, _ = load_rows(convert_text(tmp_path, tmp_path / "t.h5"), "train",
+                        np.arange(len(docs["train"])))
+    assert list(y) != sorted(y)   # the file's rows shuffled, not by class
     assert not {p for p, _ in docs["test"]} & {p for p, _ in docs["train"]}
 
 

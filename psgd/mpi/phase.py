@@ -37,6 +37,7 @@ class _State:
         self.current = Current("", time.monotonic(), False, 0)   # read by the watchdog thread
         self.seq = 0
         self.listener: Callable[[str], None] | None = None   # the watchdog's announce
+        self.ask: Callable[[], str] | None = None            # the watchdog's peers
         self.waiting: tuple | None = None   # (seq, describe, when) of the wait noted last
         self.fault = None
         self.fault_read = False
@@ -89,9 +90,18 @@ def current() -> Current:
     return _state.current
 
 
-def listen(listener: Callable[[str], None] | None) -> None:
-    """Call ``listener(label)`` at every phase change (None: stop); the watchdog announces so."""
-    _state.listener = listener
+def listen(listener: Callable[[str], None] | None, ask: Callable[[], str] | None = None) -> None:
+    """Call ``listener(label)`` at every phase change (None: stop); the watchdog announces so.
+
+    ``ask()`` returns what the other ranks say (see :func:`peers`).
+    """
+    _state.listener, _state.ask = listener, ask
+
+
+def peers() -> str:
+    """The watchdog's words on the other ranks ("; rank 2 does not answer ..."), or "" when no
+    watchdog runs; takes up to about a second (for a stall report from the main thread)."""
+    return _state.ask() if _state.ask is not None else ""
 
 
 def covered(describe: Callable[[], str]) -> bool:

@@ -1,7 +1,5 @@
-"""MPI shared memory: whether ranks share a node, allocating a window with one clear error, unlinking at an abort."""
+"""MPI shared memory: whether ranks share a node, and allocating a window with one clear error."""
 from __future__ import annotations
-
-import os
 
 from mpi4py import MPI
 
@@ -32,27 +30,3 @@ def on_one_node(comm: MPI.Intracomm) -> bool:
         return node.Get_size() == comm.Get_size()
     finally:
         node.Free()
-
-
-def unlink_mapped() -> list[str]:
-    """Unlink the files in /dev/shm that this process maps (MPICH's node segment, shared windows).
-
-    For a rank about to end the job with ``MPI_Abort``: no rank frees them
-    then, and a segment left behind makes a later job of the same name wait in
-    ``MPI_Init``. Every rank of the node has mapped them already; the mappings
-    stay valid until the processes end. Returns the paths unlinked.
-    """
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split(None, 5)[5].strip() for line in maps
-                     if "/dev/shm/" in line and not line.rstrip().endswith("(deleted)")}
-    except OSError:
-        return []
-    gone = []
-    for path in sorted(paths):
-        try:
-            os.unlink(path)
-            gone.append(path)
-        except OSError:
-            pass
-    return gone

@@ -119,12 +119,12 @@ class Poller:
         if not self.reported and waited > settings.stall_timeout:
             self.reported = True
             rank = MPI.COMM_WORLD.Get_rank()
-            print(f"psgd: rank {rank} stalled: waiting {waited:.0f} s for {self._describe()}",
-                  file=sys.stderr, flush=True)
+            print(f"psgd: rank {rank} stalled: waiting {waited:.0f} s for {self._describe()}"
+                  f"{_phase.peers()}", file=sys.stderr, flush=True)
         if waited > settings.stall_abort:
             rank = MPI.COMM_WORLD.Get_rank()
             raise StallError(f"rank {rank} waited {waited:.0f} s (> stall abort limit "
-                             f"{settings.stall_abort:g} s) for {self._describe()}")
+                             f"{settings.stall_abort:g} s) for {self._describe()}{_phase.peers()}")
 
 
 def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None,

@@ -17,6 +17,7 @@ with the phase it announced last and how long ago.
 """
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -24,9 +25,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from psgd.errors import ABORT_GRACE_S
+from psgd.errors import abort_job
 from psgd.mpi import phase as _phase
-from psgd.mpi.shared_memory import unlink_mapped
 
 LABEL_BYTES = 120
 TAG_LABEL, TAG_QUERY, TAG_ANSWER = 1, 2, 3
@@ -73,6 +73,7 @@ class Watchdog:
         self.status = MPI.Status()
         self.reported_seq = -1
         self.done = threading.Event()
+        self.asks: queue.Queue = queue.Queue()   # the main thread's requests for :meth:`peers`
         self.thread = threading.Thread(target=self._run, name="psgd-watchdog", daemon=True)
 
     # ------------------------------------------------------------ main thread
@@ -84,6 +85,17 @@ class Watchdog:
         for r in range(self.size):
             if r != self.rank:
                 self.sends.append((buf, self.comm.Isend(buf, dest=r, tag=TAG_LABEL)))
+
+    def peers(self) -> str:
+        """What the other ranks answer (main thread: a wait outside a timed phase stalls)."""
+        if self.done.is_set():
+            return ""
+        answer: queue.Queue = queue.Queue()
+        self.asks.put(answer)
+        try:
+            return answer.get(timeout=REPLY_S + 1.0)
+        except queue.Empty:
+            return ""
 
     def stop(self) -> None:
         """End the thread (idempotent); announcements stop with it."""
@@ -103,6 +115,8 @@ class Watchdog:
     def _run(self) -> None:
         while not self.done.wait(TICK_S if _phase.current().watched else IDLE_TICK_S):
             self._drain()
+            while not self.asks.empty():
+                self.asks.get().put(self._ask())
             cur = _phase.current()
             if not cur.watched:
                 continue
@@ -123,10 +137,7 @@ class Watchdog:
         print(f"psgd: error: rank {self.rank}: stalled {age:.0f} s (> stall abort limit "
               f"{self.abort:g} s) in phase \"{cur.label}\"{self._waiting()}{peers}",
               file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        unlink_mapped()   # no rank frees the node's shared memory after an abort
-        time.sleep(ABORT_GRACE_S)   # the launcher forwards stderr: let the line through first
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)
 
     def _head(self, cur: _phase.Current, age: float) -> str:
         return f"{age:.0f} s in phase \"{cur.label}\"{self._waiting()}"
@@ -191,7 +202,7 @@ def describe_peers(silent: list[int], heard: dict, answers: dict, mine: str) -> 
 def start(comm: MPI.Intracomm, stall_timeout: float, stall_abort: float) -> Watchdog:
     """Start this rank's watchdog on ``comm`` (see :class:`Watchdog`); phases announce from now on."""
     dog = Watchdog(comm, stall_timeout, stall_abort)
-    _phase.listen(dog.announce)
+    _phase.listen(dog.announce, dog.peers)
     dog.thread.start()
     dog.announce(_phase.current().label)
     return dog

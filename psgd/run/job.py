@@ -301,11 +301,13 @@ def train_main(args: argparse.Namespace) -> None:
     install()
     comm = MPI.COMM_WORLD
     debug = bool(getattr(args, "debug", False))
-    settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug, "check the settings")
     side, request = comm.Idup()   # the watchdog's own messages
     wait.wait(request, "the other ranks to start their stall watchdogs")
-    dog = watchdog.start(side, settings.stall_timeout, settings.stall_abort)
+    dog = watchdog.start(side, wait.settings.stall_timeout, wait.settings.stall_abort)
     try:
+        settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug,
+                                  "check the settings")
+        dog.timeout, dog.abort = settings.stall_timeout, settings.stall_abort
         job = _run(comm, settings, resumed, debug)
         with phase("finishing"):
             wait.barrier(comm, "the other ranks to finish")

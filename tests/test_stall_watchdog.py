@@ -23,10 +23,8 @@ BOUND_S = ABORT_S + 10     # from the freeze to the end of the job
 # protocol -> (ranks, servers)
 LAYOUT = {"bsp": (3, 1), "ssp": (3, 1), "hogwild": (3, 1), "allreduce": (2, 0),
           "gossip": (3, 0), "adpsgd": (2, 0)}
-COMMON = ["checking that every rank could check the settings", "agreeing on the run id",
-          "splitting into servers and workers",
-          "checking that every rank could read the data, build the model and load the checkpoint",
-          "setting up the stop notices"]
+COMMON = ["agreeing on the settings", "agreeing on the run id", "splitting into servers and workers",
+          "agreeing that every rank could build the job", "setting up the stop notices"]
 END = ["agreeing where training ended", "final gather", "finishing"]
 LEAD = ["taking the final parameters"]   # the lead worker (rank S) and, with servers, rank 0
 WORKER = ["making the worker", "starting the protocol", "finishing the protocol"]
@@ -196,6 +194,7 @@ def test_a_phase_fault_parses_and_fires_only_on_its_phase(monkeypatch):
     assert stopped == [faults.signal.SIGSTOP]
     with pytest.raises(ValueError, match="rank=R,phase=LABEL"):
         faults.parse("rank=2,where=x")
+    assert faults.parse("rank=1,phase=a, b and c,kind=hang").phase == "a, b and c"
 
 
 def test_the_report_names_silent_ranks_with_their_last_phase_else_the_others():

@@ -80,13 +80,17 @@ class Fault:
 def parse(text: str) -> Fault:
     """``"rank=R,step=N,kind=K"`` or ``"rank=R,phase=LABEL,kind=K"`` (step defaults to 0,
     kind to raise) as a :class:`Fault`."""
-    fields = {}
+    fields, key = {}, None
     for item in text.split(","):
+        if "=" not in item and key == "phase":   # a comma inside the phase's label
+            fields["phase"] += "," + item
+            continue
         key, sep, value = item.partition("=")
-        if not sep or key.strip() not in ("rank", "step", "kind", "phase"):
+        key = key.strip()
+        if not sep or key not in ("rank", "step", "kind", "phase"):
             raise ValueError(f"{ENV}={text!r}: expected rank=R,step=N,kind=K or "
                              f"rank=R,phase=LABEL,kind=K, got {item!r}")
-        fields[key.strip()] = value.strip()
+        fields[key] = value.strip()
     kind = fields.get("kind", "raise")
     if kind not in KINDS:
         raise ValueError(f"{ENV}={text!r}: kind must be one of {', '.join(KINDS)}")

@@ -64,14 +64,15 @@ class Job:
         return save_checkpoint(s.checkpoint_dir, ckpt)
 
 
-def agree(comm: MPI.Comm, fn, debug: bool, doing: str):
+def agree(comm: MPI.Comm, fn, debug: bool, doing: str, label: str):
     """Run ``fn`` on every rank; if it fails anywhere, rank 0 prints one line and all exit 1.
 
     Set-up errors are the same on every rank more often than not (a bad flag, a
     missing file); gathering them lets the job end with one clear message
     instead of N copies or an MPI_Abort.  ``fn`` must not call collectives.
     The outcomes meet on rank 0 by non-blocking messages, so a rank that never
-    gets there is reported by name (``doing``: what the ranks are doing).
+    gets there is reported by name (``doing``: what the ranks are doing). The outcomes meet
+    in phase ``label``.
     """
     try:
         result, message = fn(), None
@@ -79,7 +80,7 @@ def agree(comm: MPI.Comm, fn, debug: bool, doing: str):
         if debug:
             traceback.print_exc()
         result, message = None, str(exc)
-    with phase(f"checking that every rank could {doing}"):
+    with phase(label):
         messages = _gather_outcomes(comm, message, doing)
     failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
     if failed:
@@ -306,7 +307,7 @@ def train_main(args: argparse.Namespace) -> None:
     dog = watchdog.start(side, wait.settings.stall_timeout, wait.settings.stall_abort)
     try:
         settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug,
-                                  "check the settings")
+                                  "check the settings", "agreeing on the settings")
         dog.timeout, dog.abort = settings.stall_timeout, settings.stall_abort
         job = _run(comm, settings, resumed, debug)
         with phase("finishing"):
@@ -327,7 +328,8 @@ def _run(comm: MPI.Comm, settings: TrainSettings, resumed: Resumed | None, debug
         wait.barrier(comm, "the other ranks to split into servers and workers")
         roles = assign_roles(comm, settings.servers)
     job = agree(comm, lambda: _build(settings, roles, debug, resumed, run_id), debug,
-                "read the data, build the model and load the checkpoint")
+                "read the data, build the model and load the checkpoint",
+                "agreeing that every rank could build the job")
     if comm.Get_rank() == 0:
         _announce(job, resumed)
     with phase("setting up the stop notices"):

@@ -195,12 +195,9 @@ def run_worker(job) -> None:
                 wait.wait(roles.comm.Irecv(model.params, source=0, tag=TAG_FINAL_PARAMS),
                           "rank 0 to send the final parameters")
     final_ckpt = _replica_checkpoint(job, worker, job.end_step, mean) if own_checkpoints else None
-    with phase("final gather"):
-        if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
-            fault.at(job.total_steps)
-        _report(job, worker, lead, {"wall_s": wall, "samples": (end - job.start_step) * s.batch_size,
-                                    "steps": end - job.start_step, **timers}, mean, consensus,
-                final_ckpt)
+    _report(job, worker, lead, {"wall_s": wall, "samples": (end - job.start_step) * s.batch_size,
+                                "steps": end - job.start_step, **timers}, mean, consensus,
+            final_ckpt, fault)
 
 
 def _train(job, worker, lead, runs: bool, timers: dict, fault) -> tuple:
@@ -236,13 +233,17 @@ def _train(job, worker, lead, runs: bool, timers: dict, fault) -> tuple:
     return end, consensus, mean
 
 
-def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt) -> None:
+def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt, fault) -> None:
     """This worker's end-of-run report to the lead; on the lead, the run's summary."""
-    reports = gather_reports(job, {"role": "worker", "rank": job.roles.rank,
-                                   "compensation": getattr(worker, "compensation", None),
-                                   "bytes_sent": worker.stats.get("bytes_sent"),
-                                   "push_bytes": worker.stats.get("push_bytes"),
-                                   "skipped": int(worker.stats.get("skipped", 0)), **report})
+    with phase("final gather"):
+        if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
+            fault.at(job.total_steps)
+        reports = gather_reports(job, {
+            "role": "worker", "rank": job.roles.rank,
+            "compensation": getattr(worker, "compensation", None),
+            "bytes_sent": worker.stats.get("bytes_sent"),
+            "push_bytes": worker.stats.get("push_bytes"),
+            "skipped": int(worker.stats.get("skipped", 0)), **report})
     if lead is not None:
         skipped = 0 if job.roles.n_servers else int(worker.stats.get("skipped", 0))
         if mean is not None:   # each worker skips its own gradients

@@ -199,7 +199,8 @@ def test_a_phase_fault_parses_and_fires_only_on_its_phase(monkeypatch):
 
 def test_the_report_names_silent_ranks_with_their_last_phase_else_the_others():
     now = time.monotonic()
-    heard = {0: ("", now), 1: ("first pull", now - 7), 2: ("making the push window", now - 3)}
+    heard = {0: ("", now, False), 1: ("first pull", now - 7, True),
+             2: ("making the push window", now - 3, True), 3: ("training", now - 9, False)}
     text = watchdog.describe_peers([2], heard, {}, "making the push window")
     assert text.startswith("; rank 2 does not answer")
     assert 'last heard entering phase "making the push window" 3 s ago' in text
@@ -208,6 +209,10 @@ def test_the_report_names_silent_ranks_with_their_last_phase_else_the_others():
     assert text == '; the others answer: rank 1 in "first pull" for 4 s'
     assert watchdog.describe_peers([], heard, {1: ("x", 1.0, now)}, "x") == \
         "; every rank answers, in the same phase"
+    # a rank in the training loop does not answer (its watchdog makes no MPI call there)
+    text = watchdog.describe_peers([2, 3], heard, {}, "making the push window")
+    assert "rank 2 does not answer" in text and "rank 3 does not answer" not in text
+    assert text.endswith('; rank 3 in "training" since 9 s')
 
 
 def test_labels_travel_whole_up_to_their_length():

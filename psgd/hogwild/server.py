@@ -14,7 +14,7 @@ from mpi4py import MPI
 from psgd.config import ProtocolConfig
 from psgd.hogwild.windows import Windows
 from psgd.mpi import faults, wait
-from psgd.mpi.phase import phase
+from psgd.mpi.phase import phase, rma_lock
 from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
@@ -77,10 +77,12 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
                          f"({shard_map.size(shard)},), got {init_shard.dtype} {init_shard.shape}")
     windows = Windows(roles, shard_map, window)
     with phase("publishing the initial parameters"):
-        _publish(windows, init_shard, rank)
+        with rma_lock:
+            _publish(windows, init_shard, rank)
         wait.barrier(comm, "the hogwild workers to attach their windows")
     _idle_until_done(roles, windows, faults.for_rank(rank))
-    final, n_updates = _read_final(windows, rank)
+    with rma_lock:
+        final, n_updates = _read_final(windows, rank)
     result = HogwildResult(staleness_hist=np.zeros(0, np.int64), n_updates=n_updates,
                            window=windows.kind)
     windows.free()

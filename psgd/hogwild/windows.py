@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.mpi import wait
-from psgd.mpi.phase import phase
+from psgd.mpi.phase import phase, rma_lock
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.mpi.shared_memory import allocate_shared, on_one_node
@@ -98,9 +98,10 @@ class Windows:
     def read_counters(self) -> np.ndarray:
         """The update counter and the workers' finished flags (outside a lock_all epoch)."""
         out = np.zeros(self.n_counters, dtype=np.int64)
-        self.counter.Lock(0, MPI.LOCK_SHARED)
-        self.counter.Get(out, 0)
-        self.counter.Unlock(0)
+        with rma_lock:
+            self.counter.Lock(0, MPI.LOCK_SHARED)
+            self.counter.Get(out, 0)
+            self.counter.Unlock(0)
         return out
 
     def any_finished(self) -> bool:

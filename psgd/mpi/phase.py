@@ -11,6 +11,7 @@ Phases nest; the innermost one is the rank's phase.
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, NamedTuple
@@ -19,6 +20,13 @@ from psgd.errors import launcher_rank
 from psgd.mpi import faults
 
 RECENT_S = 1.0   # a wait noted within this long is the one the main thread is in
+
+# Held by the watchdog thread for its MPI calls, and by the main thread around passive-target
+# RMA outside the training loop (hogwild's window locks): MPICH's ch4 RMA state is not safe
+# against another thread driving MPI's progress meanwhile (seen: an assertion in
+# mpidig_rma_callbacks.c; pmodels/mpich#5971, #6292). In the training loop the watchdog makes
+# no MPI call at all.
+rma_lock = threading.RLock()
 
 
 class Current(NamedTuple):

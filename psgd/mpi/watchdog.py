@@ -17,7 +17,6 @@ with the phase it announced last and how long ago.
 """
 from __future__ import annotations
 
-import queue
 import sys
 import threading
 import time
@@ -65,7 +64,8 @@ class Watchdog:
         self.comm, self.timeout, self.abort = comm, float(stall_timeout), float(stall_abort)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         now = time.monotonic()
-        self.heard = {r: ("", now) for r in range(self.size)}   # rank -> (label, heard at)
+        # rank -> (label, heard at, timed): the phase it announced last
+        self.heard = {r: ("", now, False) for r in range(self.size)}
         self.answers: dict[int, tuple[str, float, float]] = {}  # rank -> (label, age, at)
         self.sends: list = []        # (buffer, request) of the main thread's announcements
         self.replies: list = []      # the same, of this thread's queries and answers
@@ -73,29 +73,22 @@ class Watchdog:
         self.status = MPI.Status()
         self.reported_seq = -1
         self.done = threading.Event()
-        self.asks: queue.Queue = queue.Queue()   # the main thread's requests for :meth:`peers`
         self.thread = threading.Thread(target=self._run, name="psgd-watchdog", daemon=True)
 
     # ------------------------------------------------------------ main thread
 
     def announce(self, label: str) -> None:
         """Tell every other rank this rank's phase (main thread, at each phase change)."""
-        self.sends = [(b, q) for b, q in self.sends if not q.Test()]
-        buf = _pack(label)
-        for r in range(self.size):
-            if r != self.rank:
-                self.sends.append((buf, self.comm.Isend(buf, dest=r, tag=TAG_LABEL)))
+        buf = _pack(label, float(_phase.current().watched))
+        with _phase.rma_lock:
+            self.sends = [(b, q) for b, q in self.sends if not q.Test()]
+            for r in range(self.size):
+                if r != self.rank:
+                    self.sends.append((buf, self.comm.Isend(buf, dest=r, tag=TAG_LABEL)))
 
     def peers(self) -> str:
         """What the other ranks answer (main thread: a wait outside a timed phase stalls)."""
-        if self.done.is_set():
-            return ""
-        answer: queue.Queue = queue.Queue()
-        self.asks.put(answer)
-        try:
-            return answer.get(timeout=REPLY_S + 1.0)
-        except queue.Empty:
-            return ""
+        return "" if self.done.is_set() else self._ask()
 
     def stop(self) -> None:
         """End the thread (idempotent); announcements stop with it."""
@@ -114,12 +107,10 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self.done.wait(TICK_S if _phase.current().watched else IDLE_TICK_S):
-            self._drain()
-            while not self.asks.empty():
-                self.asks.get().put(self._ask())
             cur = _phase.current()
-            if not cur.watched:
+            if not cur.watched:   # the training loop: no MPI call from this thread
                 continue
+            self._drain()
             age = time.monotonic() - cur.since
             if age > self.abort:
                 self._end(cur, age)
@@ -147,14 +138,25 @@ class Watchdog:
         what = _phase.waiting_for()
         return f", waiting for {what}" if what else ""
 
-    def _drain(self) -> None:
-        """Take every message that has come: announcements, queries (answered), answers."""
+    def _drain(self) -> bool:
+        """Take every message that has come: announcements, queries (answered), answers;
+        False when the main thread holds :data:`psgd.mpi.phase.rma_lock` (nothing taken)."""
+        if not _phase.rma_lock.acquire(timeout=TICK_S):
+            return False
+        try:
+            self._take()
+        finally:
+            _phase.rma_lock.release()
+        return True
+
+    def _take(self) -> None:
         self.replies = [(b, q) for b, q in self.replies if not q.Test()]
         while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self.status):
             source, tag = self.status.Get_source(), self.status.Get_tag()
             self.comm.Recv(self.inbox, source=source, tag=tag)
             if tag == TAG_LABEL:
-                self.heard[source] = (_unpack(self.inbox)[0], time.monotonic())
+                label, timed = _unpack(self.inbox)
+                self.heard[source] = (label, time.monotonic(), bool(timed))
             elif tag == TAG_ANSWER:
                 label, age = _unpack(self.inbox)
                 self.answers[source] = (label, age, time.monotonic())
@@ -167,10 +169,16 @@ class Watchdog:
         """Ask every other rank its phase; the report's part on the peers ('' when alone)."""
         if self.size == 1:
             return ""
-        asked = time.monotonic()
         query = np.zeros(8 + LABEL_BYTES, np.uint8)
         others = [r for r in range(self.size) if r != self.rank]
-        self.replies += [(query, self.comm.Isend(query, dest=r, tag=TAG_QUERY)) for r in others]
+        if not _phase.rma_lock.acquire(timeout=REPLY_S):
+            return "; (the other ranks not asked: this rank is inside an RMA call)"
+        try:
+            asked = time.monotonic()
+            self.replies += [(query, self.comm.Isend(query, dest=r, tag=TAG_QUERY))
+                             for r in others]
+        finally:
+            _phase.rma_lock.release()
         while time.monotonic() - asked < REPLY_S and not self.done.is_set():
             self._drain()
             if all(self.answers.get(r, ("", 0, 0))[2] >= asked for r in others):
@@ -184,19 +192,29 @@ def describe_peers(silent: list[int], heard: dict, answers: dict, mine: str) -> 
     """The report's part on the other ranks: those that did not answer, with the phase they
     announced last; else those in another phase than ``mine``."""
     now = time.monotonic()
+    # a rank in the training loop answers only when it next waits in a phase: not a suspect
+    busy = [r for r in silent if heard[r][0] and not heard[r][2]]
+    silent = [r for r in silent if r not in busy]
     if silent:
         named = "; ".join(f"rank {r} does not answer (stopped, or stuck holding the GIL), last "
                           f"heard entering phase \"{heard[r][0] or NO_PHASE}\" "
                           f"{now - heard[r][1]:.0f} s ago" for r in silent[:MAX_LISTED])
         more = f"; and {len(silent) - MAX_LISTED} more" if len(silent) > MAX_LISTED else ""
-        return f"; {named}{more}"
+        return f"; {named}{more}" + _busy(busy, heard, now)
     other = [(r, answers[r][0], answers[r][1]) for r in sorted(answers)
-             if answers[r][0] != mine]
+             if answers[r][0] != mine and r not in busy]
     if not other:
-        return "; every rank answers, in the same phase"
+        return ("; every rank answers, in the same phase" if not busy else "") + _busy(busy, heard, now)
     listed = ", ".join(f"rank {r} in \"{label or NO_PHASE}\" for {age:.0f} s"
                        for r, label, age in other[:MAX_LISTED])
     return f"; the others answer: {listed}" + (" ..." if len(other) > MAX_LISTED else "")
+
+
+def _busy(busy: list[int], heard: dict, now: float) -> str:
+    if not busy:
+        return ""
+    return "; " + ", ".join(f"rank {r} in \"{heard[r][0]}\" since {now - heard[r][1]:.0f} s"
+                            for r in busy[:MAX_LISTED])
 
 
 def start(comm: MPI.Intracomm, stall_timeout: float, stall_abort: float) -> Watchdog:

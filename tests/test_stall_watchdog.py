@@ -74,7 +74,8 @@ MATRIX = [pytest.param(*c, marks=() if c in FAST else pytest.mark.slow,
 
 def run_frozen(dataset, protocol: str, rank: int, label: str):
     """Train with ``rank`` stopping itself on entering ``label``; returns (rc, stderr lines,
-    seconds from the freeze to the end or None, processes left, /dev/shm files left)."""
+    seconds from the freeze to the end or None, processes left, (the /dev/shm files the job's
+    ranks mapped at the freeze, those of them left behind))."""
     ranks, servers = LAYOUT[protocol]
     marker = f"watchdog-{os.getpid()}-{time.monotonic_ns()}"
     shm_before = set(os.listdir("/dev/shm"))
@@ -87,13 +88,14 @@ def run_frozen(dataset, protocol: str, rank: int, label: str):
                PSGD_FAULT=f"rank={rank},phase={label},kind=stop")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
-    lines, frozen_at = [], []
+    lines, frozen_at, mapped = [], [], set()
 
     def read():
         for line in proc.stderr:
             lines.append(line.rstrip("\n"))
             if line.startswith("psgd: PSGD_FAULT:") and not frozen_at:
                 frozen_at.append(time.monotonic())
+                mapped.update(_shm_mapped_by(marked_pids(marker, ranks_only=True)))
 
     reader = threading.Thread(target=read)
     reader.start()
@@ -109,15 +111,30 @@ def run_frozen(dataset, protocol: str, rank: int, label: str):
         time.sleep(0.1)
     for pid in left:   # a frozen rank the launcher did not reach: do not leave it behind
         os.kill(pid, 9)
-    shm = shm_left(shm_before)
+    # this job's own segments (other jobs on a shared machine may leave theirs meanwhile)
+    shm = sorted(name for name in shm_left(shm_before) if name in mapped)
     for name in shm:
         Path("/dev/shm", name).unlink(missing_ok=True)
-    return proc.returncode, lines, (ended - frozen_at[0]) if frozen_at else None, left, shm
+    return (proc.returncode, lines, (ended - frozen_at[0]) if frozen_at else None, left,
+            (sorted(mapped), shm))
+
+
+def _shm_mapped_by(pids) -> set:
+    """The /dev/shm files that the processes ``pids`` map."""
+    names = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        names.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in maps
+                     if "/dev/shm/" in line)
+    return names
 
 
 @pytest.mark.parametrize("protocol, rank, label", MATRIX)
 def test_frozen_rank_is_named_with_its_phase_and_the_job_ends(dataset, protocol, rank, label):
-    rc, lines, after_freeze, left, shm = run_frozen(dataset, protocol, rank, label)
+    rc, lines, after_freeze, left, (mapped, shm) = run_frozen(dataset, protocol, rank, label)
     text = "\n".join(lines)
     assert f'PSGD_FAULT: rank {rank} (pid' in text and f'in phase "{label}": stop' in text, text
     assert rc != 0, text
@@ -126,6 +143,7 @@ def test_frozen_rank_is_named_with_its_phase_and_the_job_ends(dataset, protocol,
     errors = [line for line in lines if line.startswith("psgd: error:")]
     assert any(named.search(line) for line in errors), text
     assert not left, f"processes left behind: {left}\n{text}"
+    assert mapped, "no rank was seen mapping shared memory: the check below would be empty"
     assert not shm, f"left in /dev/shm: {shm}\n{text}"
 
 

@@ -10,10 +10,13 @@ blocked in a collective (``Split_type``, ``Win_allocate_shared``, ...), and
 MPI is initialised with ``MPI_THREAD_MULTIPLE``, so it may call MPI.
 
 The peers. On a side communicator, every rank announces each phase change to
-the others, and its watchdog answers queries with its phase. A stalled rank's
-watchdog asks every rank; one that does not answer within ``REPLY_S`` is
-stopped (SIGSTOP), dead to MPI, or holding the GIL, and the report names it
-with the phase it announced last and how long ago.
+the others, and its watchdog answers queries with its phase. A stalled rank
+asks every rank; one that does not answer within ``REPLY_S`` is stopped
+(SIGSTOP), dead to MPI, or holding the GIL, and the report names it with the
+phase it announced last and how long ago. In the training loop (an untimed
+phase) the thread makes no MPI call at all, so a rank there is named as busy
+in it, not as silent; its MPI calls elsewhere are made under
+:data:`psgd.mpi.phase.rma_lock`.
 """
 from __future__ import annotations
 

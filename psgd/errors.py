@@ -46,15 +46,48 @@ def report_and_abort(exc: BaseException, *, debug: bool = False, code: int = 1) 
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
     print(f"psgd: error: {where}{msg}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
     if size > 1:
-        from mpi4py import MPI
-
-        # the launcher forwards our stderr through a pipe it stops reading once the abort
-        # reaches it: seen on a loaded node, the line was lost; give it a moment first
-        time.sleep(ABORT_GRACE_S)
-        MPI.COMM_WORLD.Abort(code)
+        abort_job(code)
+    sys.stdout.flush()
     sys.exit(code)
+
+
+def abort_job(code: int = 1) -> None:
+    """End every rank of the job with ``MPI_Abort`` (callable from any thread), after the
+    message already printed has had a moment to get out, and after unlinking this node's shared
+    memory (see :func:`unlink_mapped_shm`)."""
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    unlink_mapped_shm()
+    # the launcher forwards our stderr through a pipe it stops reading once the abort
+    # reaches it: seen on a loaded node, the line was lost; give it a moment first
+    time.sleep(ABORT_GRACE_S)
+    MPI.COMM_WORLD.Abort(code)
+
+
+def unlink_mapped_shm() -> list[str]:
+    """Unlink the files in /dev/shm that this process maps (MPICH's node segment, shared windows).
+
+    For a rank about to end the job with ``MPI_Abort``: no rank frees them
+    then, and a segment left behind makes a later job of the same name wait in
+    ``MPI_Init``. Every rank of the node has mapped them already; the mappings
+    stay valid until the processes end. Returns the paths unlinked.
+    """
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps
+                     if "/dev/shm/" in line and not line.rstrip().endswith("(deleted)")}
+    except OSError:
+        return []
+    gone = []
+    for path in sorted(paths):
+        try:
+            os.unlink(path)
+            gone.append(path)
+        except OSError:
+            pass
+    return gone
 
 
 def _rank_size() -> tuple[int, int]:

@@ -14,6 +14,7 @@ from psgd.collectives.hierarchical_pipeline import (DEFAULT_CHUNK_BYTES, Pipelin
 from psgd.collectives.schedules import DoublingSchedule, RingSchedule, Schedule
 from psgd.collectives.shared_window import SharedBroadcast, SharedSchedule, SharedWindow
 from psgd.env import env_int
+from psgd.mpi.phase import phase
 
 OPS = ("sum", "mean")
 ALGORITHMS = ("auto", "ring", "doubling", "shared", "hierarchical")
@@ -59,7 +60,8 @@ class _CommState:
             raise ValueError("all-reduce algorithm 'shared' needs every rank on one node; "
                              "use 'auto' or 'ring' across nodes")
         if self.window is None:
-            self.window = SharedWindow(self.comm)   # collective, as the call itself is
+            with phase("making the all-reduce shared window"):
+                self.window = SharedWindow(self.comm)   # collective, as the call itself is
         return self.window
 
     def schedule(self, key: tuple, build) -> Schedule:
@@ -72,7 +74,8 @@ class _CommState:
         if schedule is not None:
             self.schedules.move_to_end(key)
             return schedule
-        schedule = self.schedules[key] = build()
+        with phase("making an all-reduce schedule"):
+            schedule = self.schedules[key] = build()
         while len(self.schedules) > _SCHEDULES:
             self.schedules.popitem(last=False)[1].free()
         return schedule
@@ -108,25 +111,34 @@ def _free_state(comm: MPI.Comm, keyval: int, state: _CommState) -> None:
         _live.remove(state)
 
 
-def _free_all() -> None:
-    """At exit, before mpi4py finalises MPI (which calls no Python delete callbacks then):
-    free every state, newest first (a shared window left open fails MPICH's OFI finalize)."""
-    while _live:
-        state = _live.pop()
-        if not MPI.Is_finalized():
-            state.free()
+def free_all() -> None:
+    """Free every all-reduce state, newest first (collective over each state's communicator).
+
+    Runs at exit too, before mpi4py finalises MPI (which calls no Python delete callbacks
+    then): a shared window left open fails MPICH's OFI finalize.
+    """
+    global _last_comm, _last_state
+    _last_comm = _last_state = None
+    if not _live:
+        return
+    with phase("freeing the all-reduce state"):
+        while _live:
+            state = _live.pop()
+            if not MPI.Is_finalized():
+                state.free()
 
 
 def _state(comm: MPI.Comm) -> _CommState:
     global _keyval, _last_comm, _last_state
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_free_state)
-        atexit.register(_free_all)          # after mpi4py's own exit hook, so it runs before
+        atexit.register(free_all)          # after mpi4py's own exit hook, so it runs before
     state = comm.Get_attr(_keyval)
     if state is None:
         if comm.Is_inter():
             raise ValueError("allreduce needs an intra-communicator, got an inter-communicator")
-        state = _CommState(comm)    # collective (Dup): every rank makes its first call together
+        with phase("making the all-reduce communicators"):
+            state = _CommState(comm)   # collective (Dup): every rank makes its first call together
         comm.Set_attr(_keyval, state)
         _live.append(state)
     _last_comm, _last_state = comm, state

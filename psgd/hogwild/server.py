@@ -14,6 +14,7 @@ from mpi4py import MPI
 from psgd.config import ProtocolConfig
 from psgd.hogwild.windows import Windows
 from psgd.mpi import faults, wait
+from psgd.mpi.phase import phase, rma_lock
 from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
@@ -75,18 +76,22 @@ def serve_hogwild(roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
         raise ValueError(f"server {shard}: init shard must be float32 of shape "
                          f"({shard_map.size(shard)},), got {init_shard.dtype} {init_shard.shape}")
     windows = Windows(roles, shard_map, window)
-    _publish(windows, init_shard, rank)
-    wait.barrier(comm, "the hogwild workers to attach their windows")
+    with phase("publishing the initial parameters"):
+        with rma_lock:
+            _publish(windows, init_shard, rank)
+        wait.barrier(comm, "the hogwild workers to attach their windows")
     _idle_until_done(roles, windows, faults.for_rank(rank))
-    final, n_updates = _read_final(windows, rank)
+    with rma_lock:
+        final, n_updates = _read_final(windows, rank)
     result = HogwildResult(staleness_hist=np.zeros(0, np.int64), n_updates=n_updates,
                            window=windows.kind)
     windows.free()
-    if rank == 0:
-        result.params, result.staleness_hist, result.n_skipped = _gather_on_root(
-            roles, shard_map, final)
-    else:
-        wait.wait(comm.Isend(final, 0, PARAMS_TAG), "rank 0 to take the final hogwild shard")
+    with phase("gathering the final shards"):
+        if rank == 0:
+            result.params, result.staleness_hist, result.n_skipped = _gather_on_root(
+                roles, shard_map, final)
+        else:
+            wait.wait(comm.Isend(final, 0, PARAMS_TAG), "rank 0 to take the final hogwild shard")
     result.cpu_s = time.process_time() - cpu0
     result.wall_s = time.perf_counter() - wall0
     return result

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.mpi import wait
+from psgd.mpi.phase import phase, rma_lock
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.mpi.shared_memory import allocate_shared, on_one_node
@@ -47,6 +48,10 @@ class Windows:
     """
 
     def __init__(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
+        with phase("making the hogwild windows"):
+            self._make(roles, shard_map, window)
+
+    def _make(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
         comm = roles.comm
         # the collectives below block, and MPICH's blocking calls spin: a server here early
         # would take a core from workers still importing numba or reading their data
@@ -93,9 +98,10 @@ class Windows:
     def read_counters(self) -> np.ndarray:
         """The update counter and the workers' finished flags (outside a lock_all epoch)."""
         out = np.zeros(self.n_counters, dtype=np.int64)
-        self.counter.Lock(0, MPI.LOCK_SHARED)
-        self.counter.Get(out, 0)
-        self.counter.Unlock(0)
+        with rma_lock:
+            self.counter.Lock(0, MPI.LOCK_SHARED)
+            self.counter.Get(out, 0)
+            self.counter.Unlock(0)
         return out
 
     def any_finished(self) -> bool:
@@ -115,5 +121,6 @@ class Windows:
     def free(self) -> None:
         self.shards = self.count = None
         self.local = None
-        self.params.Free()
-        self.counter.Free()
+        with phase("freeing the hogwild windows"):
+            self.params.Free()
+            self.counter.Free()

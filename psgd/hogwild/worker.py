@@ -23,6 +23,7 @@ from psgd.hogwild.rows import add_dense, fetch_add, load
 from psgd.hogwild.sparse import SparseUpdates
 from psgd.hogwild.windows import Windows
 from psgd.mpi import timeline, wait
+from psgd.mpi.phase import rma_lock
 from psgd.mpi.report import StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
@@ -124,10 +125,11 @@ class HogwildWorker:
         """
         check_flat(params, self.config.n_params, "hogwild params")
         wait.barrier(self.roles.comm, "the servers to publish the initial hogwild parameters")
-        self.windows.params.Lock_all()
-        self.windows.counter.Lock_all()
-        self._started = True
-        self._pull(params)
+        with rma_lock:   # set-up: the watchdog thread may be in MPI meanwhile
+            self.windows.params.Lock_all()
+            self.windows.counter.Lock_all()
+            self._started = True
+            self._pull(params)
 
     def before_batch(self, params: np.ndarray, x) -> None:
         """Sparse model: read into ``params`` the servers' values of the rows batch ``x`` touches
@@ -237,25 +239,32 @@ class HogwildWorker:
 
     def finish(self) -> None:
         """End the epoch, signal the servers, free the windows, send stats to rank 0."""
-        if self._started and self._sparse is not None and self._last_params is not None \
-                and self._sparse.pending:   # every row's missed steps, at its present value
-            self._catch_up(self._last_params)
         if self._started:
-            # the finished flag first: with MPICH 5 on one node, Unlock_all of the parameter
-            # window can block while another worker (hung) holds its lock_all; the flag lets
-            # the stall reports of the ranks still polling name that worker
-            self.windows.counter.Accumulate([self._one, MPI.INT64_T], 0,
-                                            (1 + self.roles.worker_index, 1, MPI.INT64_T),
-                                            MPI.SUM)
-            self.windows.counter.Flush(0)
-            self.windows.params.Unlock_all()
-            self.windows.counter.Unlock_all()
-            self._started = False
+            with rma_lock:   # teardown: the watchdog thread may be in MPI meanwhile
+                self._end_epoch()
         else:
             wait.barrier(self.roles.comm, "the servers to publish the initial hogwild parameters")
         windows, roles = self.windows, self.roles
         wait.wait(roles.comm.Ibarrier(), lambda: windows.describe_running(roles),
                   progress=windows.progress)
+        self._after_epoch()
+
+    def _end_epoch(self) -> None:
+        if self._sparse is not None and self._last_params is not None \
+                and self._sparse.pending:   # every row's missed steps, at its present value
+            self._catch_up(self._last_params)
+        # the finished flag first: with MPICH 5 on one node, Unlock_all of the parameter
+        # window can block while another worker (hung) holds its lock_all; the flag lets
+        # the stall reports of the ranks still polling name that worker
+        self.windows.counter.Accumulate([self._one, MPI.INT64_T], 0,
+                                        (1 + self.roles.worker_index, 1, MPI.INT64_T),
+                                        MPI.SUM)
+        self.windows.counter.Flush(0)
+        self.windows.params.Unlock_all()
+        self.windows.counter.Unlock_all()
+        self._started = False
+
+    def _after_epoch(self) -> None:
         self.windows.free()
         message = np.concatenate([[self.stats["n_updates"], self.stats["skipped"]],
                                   self.histogram.counts]).astype(np.int64)

@@ -15,7 +15,12 @@ Kinds: ``raise`` raises :class:`InjectedFault`; ``kill`` sends SIGKILL to this
 process (after one line on stderr naming the rank and pid, since a killed
 process can say nothing and MPICH's own message names only the pid);
 ``nan`` writes NaN into the vector passed to :meth:`Fault.at`; ``hang`` sleeps
-forever (alive, not progressing: only the stall abort ends the job).
+forever (alive, not progressing: only the stall abort ends the job); ``stop``
+sends SIGSTOP to this process (frozen, as by ``kill -STOP``: its threads too).
+
+``phase=LABEL`` instead of ``step`` fires on entering the set-up or teardown
+phase of that label (:mod:`psgd.mpi.phase`), e.g.
+``PSGD_FAULT="rank=2,phase=making the push window,kind=stop"``.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import time
 import numpy as np
 
 ENV = "PSGD_FAULT"
-KINDS = ("raise", "kill", "nan", "hang")
+KINDS = ("raise", "kill", "nan", "hang", "stop")
 
 
 class InjectedFault(RuntimeError):
@@ -35,21 +40,29 @@ class InjectedFault(RuntimeError):
 
 
 class Fault:
-    """One injected fault: rank ``rank`` fails with ``kind`` at step ``step``."""
+    """One injected fault: rank ``rank`` fails with ``kind`` at step ``step`` (or on entering
+    phase ``phase``, when given)."""
 
-    __slots__ = ("rank", "step", "kind", "fired")
+    __slots__ = ("rank", "step", "kind", "fired", "phase")
 
-    def __init__(self, rank: int, step: int, kind: str) -> None:
-        self.rank, self.step, self.kind, self.fired = rank, step, kind, False
+    def __init__(self, rank: int, step: int, kind: str, phase: str | None = None) -> None:
+        self.rank, self.step, self.kind, self.fired, self.phase = rank, step, kind, False, phase
 
     def at(self, step: int, vector: np.ndarray | None = None) -> None:
         """Fire (once) when ``step`` reaches this fault's step; ``nan`` poisons ``vector``."""
-        if step >= self.step and not self.fired:
+        if step >= self.step and not self.fired and self.phase is None:
             self.fired = True
             self.fire(step, vector)
 
+    def at_phase(self, label: str) -> None:
+        """Fire (once) on entering the phase this fault names."""
+        if label == self.phase and not self.fired:
+            self.fired = True
+            self.fire(-1)
+
     def fire(self, step: int, vector: np.ndarray | None = None) -> None:
-        where = f"rank {self.rank} (pid {os.getpid()}) at step {step}"
+        where = f"rank {self.rank} (pid {os.getpid()}) " + (
+            f'in phase "{self.phase}"' if self.phase is not None else f"at step {step}")
         if self.kind == "raise":
             raise InjectedFault(f"fault injected by {ENV} at step {step}")
         if self.kind == "nan":
@@ -57,25 +70,32 @@ class Fault:
                 vector[0] = np.nan
             return
         print(f"psgd: {ENV}: {where}: {self.kind}", file=sys.stderr, flush=True)
-        if self.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind in ("kill", "stop"):
+            os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
+            return
         while True:  # hang
             time.sleep(3600)
 
 
 def parse(text: str) -> Fault:
-    """``"rank=R,step=N,kind=K"`` (step defaults to 0, kind to raise) as a :class:`Fault`."""
-    fields = {}
+    """``"rank=R,step=N,kind=K"`` or ``"rank=R,phase=LABEL,kind=K"`` (step defaults to 0,
+    kind to raise) as a :class:`Fault`."""
+    fields, key = {}, None
     for item in text.split(","):
+        if "=" not in item and key == "phase":   # a comma inside the phase's label
+            fields["phase"] += "," + item
+            continue
         key, sep, value = item.partition("=")
-        if not sep or key.strip() not in ("rank", "step", "kind"):
-            raise ValueError(f"{ENV}={text!r}: expected rank=R,step=N,kind=K, got {item!r}")
-        fields[key.strip()] = value.strip()
+        key = key.strip()
+        if not sep or key not in ("rank", "step", "kind", "phase"):
+            raise ValueError(f"{ENV}={text!r}: expected rank=R,step=N,kind=K or "
+                             f"rank=R,phase=LABEL,kind=K, got {item!r}")
+        fields[key] = value.strip()
     kind = fields.get("kind", "raise")
     if kind not in KINDS:
         raise ValueError(f"{ENV}={text!r}: kind must be one of {', '.join(KINDS)}")
     try:
-        return Fault(int(fields["rank"]), int(fields.get("step", 0)), kind)
+        return Fault(int(fields["rank"]), int(fields.get("step", 0)), kind, fields.get("phase"))
     except (KeyError, ValueError):
         raise ValueError(f"{ENV}={text!r}: rank and step must be integers") from None
 

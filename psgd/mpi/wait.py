@@ -4,7 +4,8 @@ MPICH's blocking calls busy-poll, so every wait in psgd polls here instead: a
 few bare polls (or, inside a collective, a ``sched_yield`` spin of ``spin_s``),
 then sleeps growing by ``GROWTH`` up to ``max_sleep``. A wait longer than the
 stall timeout prints who this rank waits for; past the abort limit it raises
-:class:`StallError`. Settings: :func:`configure`, then ``PSGD_STALL_TIMEOUT`` /
+:class:`StallError` (inside a phase the watchdog times, :mod:`psgd.mpi.watchdog`
+reports and ends it instead, naming the wait). Settings: :func:`configure`, then ``PSGD_STALL_TIMEOUT`` /
 ``PSGD_STALL_ABORT`` / ``PSGD_POLL_MAX_SLEEP``, then the defaults below.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable, Sequence, Union
 from mpi4py import MPI
 
 from psgd.env import env_float
+from psgd.mpi import phase as _phase
 
 SPIN = 64                 # polls before the first sleep
 MIN_SLEEP = 2e-5          # seconds
@@ -109,17 +111,20 @@ class Poller:
             mark = self.progress()
             if mark != self.mark:
                 self.mark, self.start, self.reported = mark, time.monotonic(), False
+                _phase.beat()
                 return
+        if _phase.covered(self._describe):
+            return
         waited = time.monotonic() - self.start
         if not self.reported and waited > settings.stall_timeout:
             self.reported = True
             rank = MPI.COMM_WORLD.Get_rank()
-            print(f"psgd: rank {rank} stalled: waiting {waited:.0f} s for {self._describe()}",
-                  file=sys.stderr, flush=True)
+            print(f"psgd: rank {rank} stalled: waiting {waited:.0f} s for {self._describe()}"
+                  f"{_phase.peers()}", file=sys.stderr, flush=True)
         if waited > settings.stall_abort:
             rank = MPI.COMM_WORLD.Get_rank()
             raise StallError(f"rank {rank} waited {waited:.0f} s (> stall abort limit "
-                             f"{settings.stall_abort:g} s) for {self._describe()}")
+                             f"{settings.stall_abort:g} s) for {self._describe()}{_phase.peers()}")
 
 
 def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None,

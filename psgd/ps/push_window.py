@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.mpi import wait as _wait
+from psgd.mpi.phase import phase
 from psgd.mpi.shared_memory import allocate_shared
 
 
@@ -29,6 +30,11 @@ class PushWindow:
     """
 
     def __init__(self, comm: MPI.Intracomm, n_floats: int) -> None:
+        with phase("making the push window"):
+            self._make(comm, n_floats)
+        self._freed = False
+
+    def _make(self, comm: MPI.Intracomm, n_floats: int) -> None:
         # MPICH's collectives busy-poll: meet first with psgd's sleeping barrier, so that a
         # server which gets here long before its workers (they load data first) does not
         # spin a core meanwhile
@@ -43,7 +49,6 @@ class PushWindow:
             f"buffer in the window: {4 * n_floats / 2**20:.1f} MB on this rank)")
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.own = self._segment(self.node.Get_rank())
-        self._freed = False
 
     def _segment(self, node_rank: int) -> np.ndarray:
         mem, _ = self.win.Shared_query(node_rank)
@@ -68,10 +73,11 @@ class PushWindow:
         if self._freed:
             return
         self._freed = True
-        _wait.barrier(self.node, "the ranks of this node to finish with the push window")
-        self.own = None   # the memory goes with the window
-        self.win.Unlock_all()
-        self.win.Free()
-        self.group.Free()
-        self.node_group.Free()
-        self.node.Free()
+        with phase("freeing the push window"):
+            _wait.barrier(self.node, "the ranks of this node to finish with the push window")
+            self.own = None   # the memory goes with the window
+            self.win.Unlock_all()
+            self.win.Free()
+            self.group.Free()
+            self.node_group.Free()
+            self.node.Free()

@@ -19,6 +19,7 @@ from psgd.config import ProtocolConfig
 from psgd.errors import NonFinitePush, PsgdError
 from psgd.mpi import faults, timeline
 from psgd.mpi import wait as _wait
+from psgd.mpi.phase import phase
 from psgd.mpi.report import ServerResult, StalenessHistogram
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
@@ -172,8 +173,9 @@ class _Server:
                               bound_history=(self.adaptive.history if self.adaptive else None),
                               buffer_bytes=self._buffer_bytes(), events=self.order.events(),
                               push_bytes=self.push_bytes)
-        result.params, result.opt_state = self.snapshots.gather_final(self.version,
-                                                                      self.versions.live)
+        with phase("gathering the final shards"):
+            result.params, result.opt_state = self.snapshots.gather_final(self.version,
+                                                                          self.versions.live)
         if self.window is not None:
             self.window.free()
         return result

@@ -13,6 +13,7 @@ from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig
 from psgd.mpi import timeline
 from psgd.mpi import wait as _wait
+from psgd.mpi.phase import phase
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.vectors import check_flat
@@ -190,8 +191,9 @@ class PSWorker:
                                    for s in range(self.shard_map.n_shards)]
                 self._owners[True] = [s for s, shared in enumerate(self._in_window)
                                       for _ in range(1 if shared else 2)]
-        self._post_pull(params, int(clock))
-        self._wait_pull()
+        with phase("first pull"):
+            self._post_pull(params, int(clock))
+            self._wait_pull()
         if self.overlap:
             self._post_pull(self._ahead, int(clock) + 1)
 

@@ -17,6 +17,8 @@ def run(args: argparse.Namespace) -> None:
     timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", TrainSettings.stall_timeout)
     abort = args.stall_abort or env_float("PSGD_STALL_ABORT", TrainSettings.stall_abort)
     initialised = init_watch.start(timeout, abort, launcher_rank())
+    from psgd.mpi import wait
     from psgd.run.job import train_main
     initialised()
+    wait.configure(stall_timeout=timeout, stall_abort=abort)   # until the settings are agreed
     train_main(args)

@@ -14,7 +14,8 @@ from psgd.compress import feedback_on, gain
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
 from psgd.hogwild import DEFAULT_HOLD
-from psgd.mpi import timeline, wait
+from psgd.mpi import timeline, wait, watchdog
+from psgd.mpi.phase import phase
 from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule, optimal_t0
@@ -63,14 +64,15 @@ class Job:
         return save_checkpoint(s.checkpoint_dir, ckpt)
 
 
-def agree(comm: MPI.Comm, fn, debug: bool, doing: str):
+def agree(comm: MPI.Comm, fn, debug: bool, doing: str, label: str):
     """Run ``fn`` on every rank; if it fails anywhere, rank 0 prints one line and all exit 1.
 
     Set-up errors are the same on every rank more often than not (a bad flag, a
     missing file); gathering them lets the job end with one clear message
     instead of N copies or an MPI_Abort.  ``fn`` must not call collectives.
     The outcomes meet on rank 0 by non-blocking messages, so a rank that never
-    gets there is reported by name (``doing``: what the ranks are doing).
+    gets there is reported by name (``doing``: what the ranks are doing). The outcomes meet
+    in phase ``label``.
     """
     try:
         result, message = fn(), None
@@ -78,7 +80,8 @@ def agree(comm: MPI.Comm, fn, debug: bool, doing: str):
         if debug:
             traceback.print_exc()
         result, message = None, str(exc)
-    messages = _gather_outcomes(comm, message, doing)
+    with phase(label):
+        messages = _gather_outcomes(comm, message, doing)
     failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
     if failed:
         if comm.Get_rank() == 0:
@@ -308,17 +311,41 @@ def train_main(args: argparse.Namespace) -> None:
     install()
     comm = MPI.COMM_WORLD
     debug = bool(getattr(args, "debug", False))
-    settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug, "check the settings")
-    run_id = _agreed_run_id(comm, resumed)
-    wait.barrier(comm, "the other ranks to split into servers and workers")
-    roles = assign_roles(comm, settings.servers)
+    side, request = comm.Idup()   # the watchdog's own messages
+    wait.wait(request, "the other ranks to start their stall watchdogs")
+    dog = watchdog.start(side, wait.settings.stall_timeout, wait.settings.stall_abort)
+    try:
+        settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug,
+                                  "check the settings", "agreeing on the settings")
+        dog.timeout, dog.abort = settings.stall_timeout, settings.stall_abort
+        job = _run(comm, settings, resumed, debug)
+        with phase("finishing"):
+            wait.barrier(comm, "the other ranks to finish")
+            dog.stop()
+    finally:
+        dog.stop()
+    ignore()
+    if job.end_step < job.total_steps:
+        raise SystemExit(EXIT_STOPPED)
+
+
+def _run(comm: MPI.Comm, settings: TrainSettings, resumed: Resumed | None, debug: bool) -> Job:
+    """Set up the job (every blocking step a phase the watchdog times), run this rank's role."""
+    with phase("agreeing on the run id"):
+        run_id = _agreed_run_id(comm, resumed)
+    with phase("splitting into servers and workers"):
+        wait.barrier(comm, "the other ranks to split into servers and workers")
+        roles = assign_roles(comm, settings.servers)
     job = agree(comm, lambda: _build(settings, roles, debug, resumed, run_id), debug,
-                "read the data, build the model and load the checkpoint")
+                "read the data, build the model and load the checkpoint",
+                "agreeing that every rank could build the job")
     if comm.Get_rank() == 0:
         _announce(job, resumed)
-    job.stop = StopControl(roles, job.start_step, job.config.staleness)
+    with phase("setting up the stop notices"):
+        job.stop = StopControl(roles, job.start_step, job.config.staleness)
     if settings.timeline:   # one zero for every rank's clock
-        wait.barrier(comm, "the other ranks to start the timeline")
+        with phase("starting the timeline"):
+            wait.barrier(comm, "the other ranks to start the timeline")
         timeline.start()
     if roles.is_server:
         from psgd.run.server_rank import run_server
@@ -328,8 +355,8 @@ def train_main(args: argparse.Namespace) -> None:
         run_worker(job)
     if settings.timeline:
         from psgd.run.trace import save_timeline
-        save_timeline(job)
-    wait.barrier(comm, "the other ranks to finish")
-    ignore()
-    if job.end_step < job.total_steps:
-        raise SystemExit(EXIT_STOPPED)
+        with phase("gathering the timeline"):
+            save_timeline(job)
+    from psgd.collectives.allreduce import free_all
+    free_all()   # in a phase of its own, not at exit, where no watchdog runs
+    return job

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.mpi import timeline, wait
+from psgd.mpi.phase import phase
 from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
 
@@ -25,23 +26,35 @@ def run_server(job) -> None:
         job.save_checkpoint(clock + 1, params, opt_state)
 
     on_snapshot = save_snapshot if roles.rank == 0 and settings.checkpoint_dir else None
-    result = protocol.serve(roles, job.shard_map, job.config,
-                            init_shard=job.shard_map.view(job.model.params, shard).copy(),
-                            init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
-                            start_clock=job.start_step)
-    job.stop.close()
-    job.end_step = job.stop.share_end(job.end_step)   # where the workers stopped
+    with phase("serving", watch=False):   # its set-up and teardown steps are phases of their own
+        result = protocol.serve(roles, job.shard_map, job.config,
+                                init_shard=job.shard_map.view(job.model.params, shard).copy(),
+                                init_opt_state=_shard_state(job, shard), on_snapshot=on_snapshot,
+                                start_clock=job.start_step)
+    with phase("agreeing where training ended"):
+        job.stop.close()
+        job.end_step = job.stop.share_end(job.end_step)   # where the workers stopped
     if timeline.current is not None:
         timeline.current.wall = result.wall_s
     if settings.record:
         from psgd.run.record import save_events
-        save_events(job, result.events)
+        with phase("gathering the recorded events"):
+            save_events(job, result.events)
     if roles.rank == 0:
         if settings.checkpoint_dir and protocol.server_snapshots:
             job.save_checkpoint(job.end_step, result.params, result.opt_state or {})
         final_params = np.ascontiguousarray(result.params, dtype=np.float32)
-        wait.wait(roles.comm.Isend(final_params, dest=roles.lead_worker, tag=TAG_FINAL_PARAMS),
-                  f"worker rank {roles.lead_worker} to take the final parameters")
+        with phase("taking the final parameters"):
+            wait.wait(roles.comm.Isend(final_params, dest=roles.lead_worker,
+                                       tag=TAG_FINAL_PARAMS),
+                      f"worker rank {roles.lead_worker} to take the final parameters")
+    with phase("final gather"):
+        _report(job, result)
+
+
+def _report(job, result) -> None:
+    """This server's end-of-run report to the lead worker."""
+    roles = job.roles
     gather_reports(job, {
         "role": "server", "rank": roles.rank,
         "cpu_s": result.cpu_s, "wall_s": result.wall_s,

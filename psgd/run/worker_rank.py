@@ -9,6 +9,7 @@ import numpy as np
 from psgd.errors import PsgdError
 from psgd.kernels.finite import finite
 from psgd.mpi import faults, timeline, wait
+from psgd.mpi.phase import phase
 from psgd.run.lead import PROTOCOL_TIMERS, TIMERS, Lead
 from psgd.run.reports import TAG_FINAL_PARAMS, gather_reports
 
@@ -162,12 +163,48 @@ def run_worker(job) -> None:
     lead = Lead(job) if roles.rank == roles.lead_worker else None
     own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.server_snapshots
     timers = dict.fromkeys(TIMERS, 0.0)
-    worker = job.protocol.make_worker(roles, job.shard_map, job.config)
+    with phase("making the worker"):
+        worker = job.protocol.make_worker(roles, job.shard_map, job.config)
     job.stop.serve = getattr(worker, "serve", None)
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
     runs = _prepare(job, worker, fault)
     t_start = time.perf_counter()
-    _start_protocol(job, worker)
+    with phase("starting the protocol"):
+        _start_protocol(job, worker)
+    with phase("training", watch=False):
+        end, consensus, mean = _train(job, worker, lead, runs, timers, fault)
+    t_finish = time.perf_counter()
+    with phase("finishing the protocol"):
+        if worker.grad_buffer is not None:
+            model.use_grad_buffer(None)   # finish() frees the window
+        worker.finish()
+        if mean is not None:
+            consensus = worker.average(model.params, mean)
+    with phase("agreeing where training ended"):
+        job.end_step = job.stop.close(end)   # the slowest worker's
+        job.stop.share_end(job.end_step)
+    wall = time.perf_counter() - t_start
+    tl = timeline.current
+    if tl is not None:
+        tl.span("finish", t_finish, t_start + wall, end)
+        tl.wall = wall
+    if lead is not None:
+        lead.bar.close()
+        if roles.n_servers:
+            with phase("taking the final parameters"):
+                wait.wait(roles.comm.Irecv(model.params, source=0, tag=TAG_FINAL_PARAMS),
+                          "rank 0 to send the final parameters")
+    final_ckpt = _replica_checkpoint(job, worker, job.end_step, mean) if own_checkpoints else None
+    _report(job, worker, lead, {"wall_s": wall, "samples": (end - job.start_step) * s.batch_size,
+                                "steps": end - job.start_step, **timers}, mean, consensus,
+            final_ckpt, fault)
+
+
+def _train(job, worker, lead, runs: bool, timers: dict, fault) -> tuple:
+    """The step loop; returns (the clock it ended at, the last consensus distance, the mean
+    model buffer of a decentralized protocol or None)."""
+    s, model = job.settings, job.model
+    own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.server_snapshots
     tl = timeline.current
     # decentralized protocols: the workers' models differ; their mean is logged and saved
     mean = np.empty_like(model.params) if hasattr(worker, "average") else None
@@ -193,38 +230,20 @@ def run_worker(job) -> None:
         if lead is not None and tl is not None:
             tl.span("lead", t_lead, time.perf_counter(), clock)
         clock += 1
-    t_finish = time.perf_counter()
-    if worker.grad_buffer is not None:
-        model.use_grad_buffer(None)   # finish() frees the window
-    worker.finish()
-    if mean is not None:
-        consensus = worker.average(model.params, mean)
-    job.end_step = job.stop.close(end)   # the slowest worker's
-    job.stop.share_end(job.end_step)
-    wall = time.perf_counter() - t_start
-    if tl is not None:
-        tl.span("finish", t_finish, t_start + wall, end)
-        tl.wall = wall
-    if lead is not None:
-        lead.bar.close()
-        if roles.n_servers:
-            wait.wait(roles.comm.Irecv(model.params, source=0, tag=TAG_FINAL_PARAMS),
-                      "rank 0 to send the final parameters")
-    final_ckpt = _replica_checkpoint(job, worker, job.end_step, mean) if own_checkpoints else None
-    if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
-        fault.at(job.total_steps)
-    _report(job, worker, lead, {"wall_s": wall, "samples": (end - job.start_step) * s.batch_size,
-                                "steps": end - job.start_step, **timers}, mean, consensus,
-            final_ckpt)
+    return end, consensus, mean
 
 
-def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt) -> None:
+def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt, fault) -> None:
     """This worker's end-of-run report to the lead; on the lead, the run's summary."""
-    reports = gather_reports(job, {"role": "worker", "rank": job.roles.rank,
-                                   "compensation": getattr(worker, "compensation", None),
-                                   "bytes_sent": worker.stats.get("bytes_sent"),
-                                   "push_bytes": worker.stats.get("push_bytes"),
-                                   "skipped": int(worker.stats.get("skipped", 0)), **report})
+    with phase("final gather"):
+        if fault is not None:   # a fault at step >= the run's steps: at the final gather (tests)
+            fault.at(job.total_steps)
+        reports = gather_reports(job, {
+            "role": "worker", "rank": job.roles.rank,
+            "compensation": getattr(worker, "compensation", None),
+            "bytes_sent": worker.stats.get("bytes_sent"),
+            "push_bytes": worker.stats.get("push_bytes"),
+            "skipped": int(worker.stats.get("skipped", 0)), **report})
     if lead is not None:
         skipped = 0 if job.roles.n_servers else int(worker.stats.get("skipped", 0))
         if mean is not None:   # each worker skips its own gradients

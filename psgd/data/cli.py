@@ -25,10 +25,16 @@ make, convert and inspect psgd HDF5 datasets (/train/x, /train/y, /test/x, /test
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``convert``, ``synth`` and ``info`` sub-commands to the ``data`` parser."""
+    """Add the ``convert``, ``synth``, ``text`` and ``info`` sub-commands to the ``data`` parser."""
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True,
                                 parser_class=type(parser))
+    _add_convert(sub)
+    _add_synth(sub)
+    _add_text(sub)
+    _add_info(sub)
 
+
+def _add_convert(sub) -> None:
     p = sub.add_parser("convert", help="convert an .npz, IDX files, CIFAR-10 batches or image "
                                        "folders into the HDF5 layout",
                        description="Convert INPUT (its kind detected: an .npz; a folder of four IDX "
@@ -63,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seed of that shuffle (default 0; stored in the file's attributes)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="output HDF5 file")
 
+
+def _add_synth(sub) -> None:
     p = sub.add_parser("synth", help="write the deterministic synthetic 10-class 1x28x28 dataset",
                        description="Write the synthetic dataset: each class is a few smooth strokes "
                                    "with random shifts, amplitudes, distractors and noise. The same "
@@ -80,6 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--nnz", type=int, default=40, metavar="K", help="--sparse: nonzeros per row (default 40)")
     p.add_argument("--classes", type=int, default=10, metavar="K", help="--sparse: classes (default 10)")
 
+
+def _add_text(sub) -> None:
     p = sub.add_parser("text", help="vectorise a folder of class folders of text files into "
                                     "sparse TF-IDF rows",
                        description="Each file under FOLDER/<class>/ is a document of that class "
@@ -98,6 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--min-df", type=int, default=1, metavar="N",
                    help="keep tokens found in at least N training documents (default 1)")
 
+
+def _add_info(sub) -> None:
     p = sub.add_parser("info", help="print shapes, dtypes, class balance, scaling and storage of a dataset")
     p.add_argument("file", metavar="FILE", help="a psgd HDF5 dataset")
 

@@ -381,6 +381,17 @@ def validate(s: TrainSettings) -> None:
     elif protocol.bound is None:
         s.staleness = int(bound)
     check_optimizer(s, protocol.hot_rows)
+    _check_numbers(s)
+    straggler.parse(s.straggler)   # the worker indices are checked against the job's workers
+    if s.replay and not os.path.exists(s.replay):
+        raise ValueError(f"--replay {s.replay}: no such file")
+    if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
+        raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
+                         f"--resume, replace the log with --overwrite, or give another --log")
+
+
+def _check_numbers(s: TrainSettings) -> None:
+    """Raise ValueError naming the first numeric setting out of its range."""
     if s.lr is not None and not (math.isfinite(s.lr) and s.lr > 0):
         raise ValueError(f"--lr must be a positive number, got {s.lr}")
     if not 0 <= s.momentum < 1:
@@ -404,12 +415,6 @@ def validate(s: TrainSettings) -> None:
         raise ValueError("--checkpoint-every needs --checkpoint-dir")
     if s.stall_timeout <= 0 or s.stall_abort <= 0:
         raise ValueError("--stall-timeout and --stall-abort must be > 0")
-    straggler.parse(s.straggler)   # the worker indices are checked against the job's workers
-    if s.replay and not os.path.exists(s.replay):
-        raise ValueError(f"--replay {s.replay}: no such file")
-    if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
-        raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
-                         f"--resume, replace the log with --overwrite, or give another --log")
 
 
 def _staleness_comp(s: TrainSettings, protocol) -> None:

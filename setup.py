@@ -24,7 +24,7 @@ setup(
         "mpich": ["mpich"],          # an MPI from PyPI, for machines without one
         "plot": ["matplotlib>=3.6"],
         "images": ["Pillow>=9"],   # psgd data convert of image-folder trees
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "pytest-cov>=7", "coverage>=7.10"],  # patch = subprocess
     },
     entry_points={"console_scripts": ["psgd=psgd.cli:main_and_exit"]},
 )

@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-stragglers-merge
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-stragglers-merge coverage
 
 install: $(STAMP)
 
@@ -30,8 +30,17 @@ endif
 	rm -f $(VENV)/.psgd-installed-*
 	touch $(STAMP)
 
+# the tiers (docs/guide/testing.md). make test: every in-process test and one combined end-to-end
+# run per protocol family, about 4 minutes on 2 cores; starts no daemon, installs nothing
+FAST := (not mpi or e2e) and not slow and not root and not slurm and not soak
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "$(FAST)" tests
+
+# everything but the soak: every launch, the slow runs, root (namespaces) and Slurm tests (as
+# root these apt-get install slurm-wlm and munge and start their daemons), then Open MPI
+test-all: install
+	$(PY) -m pytest -q -m "not soak" tests
+	tests/openmpi/check.sh
 
 # the batch files on a real one-node Slurm (root; installs slurm-wlm and munge when missing)
 test-slurm: install
@@ -41,9 +50,16 @@ test-slurm: install
 test-openmpi:
 	tests/openmpi/check.sh
 
-# the soak test (several minutes) is not part of the quick suite
+# the soak test (several minutes) is in neither tier
 soak: install
 	$(PY) -m pytest -q -m soak tests
+
+# line coverage of psgd/ and kernels/, the ranks mpiexec starts included (.coveragerc):
+# make coverage (test-all's pytest part) or make coverage TIER=fast (make test's selection)
+TIER ?= all
+coverage: install
+	$(PY) -m pytest -q -m "$(if $(filter fast,$(TIER)),$(FAST),not soak)" tests --cov \
+		--cov-report=term --durations=0
 
 demo: install
 	$(PY) -m psgd.demo

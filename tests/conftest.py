@@ -1,8 +1,12 @@
-"""Shared fixtures: a runner for scripts under mpiexec, with a hard timeout and no leftovers."""
+"""Shared fixtures: a runner for scripts under mpiexec, with a hard timeout and no leftovers;
+the test tiers' markers (see docs/guide/testing.md)."""
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -118,3 +122,109 @@ def marked_pids(marker: str, ranks_only: bool = False) -> list[int]:
             continue
         found.append(int(entry.name))
     return sorted(found)
+
+
+def wait_gone(pids, timeout: float) -> list[int]:
+    """Wait until the processes ``pids`` have ended, at most ``timeout`` s; the ones still alive.
+
+    Waits on each process's pidfd (readable when it ends), so it returns as soon as the
+    last one is gone, without a sleep loop.
+    """
+    deadline = time.monotonic() + timeout
+    left = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                left.append(pid)
+        finally:
+            os.close(fd)
+    return left
+
+
+def wait_marked_gone(marker: str, timeout: float, ranks_only: bool = False) -> list[int]:
+    """:func:`wait_gone` for the processes of :func:`marked_pids`; the ones still alive."""
+    deadline = time.monotonic() + timeout
+    while (left := marked_pids(marker, ranks_only)):
+        # a process may start a child just before it ends: look again until none is left
+        if wait_gone(left, max(0.0, deadline - time.monotonic())):
+            return marked_pids(marker, ranks_only)
+    return []
+
+
+# ---- the tiers: markers set here, selected by the Makefile (test, test-all, soak)
+
+# what a test (or a helper it calls) names when it starts ranks
+_LAUNCHERS = {"run_mpi", "mpiexec_path", "mpirun"}
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names) | set(code.co_varnames)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _launches(func, seen: set) -> bool:
+    """Whether ``func`` or a function of its module that it calls (transitively) starts ranks."""
+    code = getattr(func, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    names = _names(code)
+    if names & _LAUNCHERS:
+        return True
+    glob = getattr(func, "__globals__", {})
+    return any(_launches(glob[n], seen) for n in names
+               if isinstance(glob.get(n), types.FunctionType)
+               and glob[n].__module__ == func.__module__)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``mpi`` every test that starts ranks: through the ``mpirun`` fixture, or by
+    calling run_mpi / mpiexec_path itself, in a helper of its module or in a fixture."""
+    for item in items:
+        if item.get_closest_marker("mpi"):
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        funcs = [getattr(item, "function", None)] + [
+            d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs
+            if d.func.__module__ != __name__]
+        if "mpirun" in item.fixturenames or any(_launches(f, set()) for f in funcs if f):
+            item.add_marker("mpi")
+
+
+@pytest.fixture(scope="session")
+def _numba_warm():
+    """Before the session's first launch: compile the kernels most ranks call, once, into numba's
+    on-disk cache (NUMBA_CACHE_DIR, else __pycache__ beside each module), which the ranks then
+    load instead of each compiling them side by side. Seconds when the cache is warm."""
+    subprocess.run([sys.executable, str(MPI_DIR / "warm_numba.py"), "mlp:784-32-10", "lenet"],
+                   check=True, timeout=600, cwd=ROOT)
+
+
+@pytest.fixture(autouse=True)
+def _mpi_marked(request, monkeypatch):
+    """A test not marked ``mpi`` that starts mpiexec fails, naming the mark it lacks, so the
+    fast tier (``-m "not mpi"``) cannot take in a launch unseen."""
+    if request.node.get_closest_marker("mpi"):
+        request.getfixturevalue("_numba_warm")
+        yield
+        return
+    original = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        first = args if isinstance(args, (str, bytes, os.PathLike)) else (args[0] if args else "")
+        name = os.path.basename(os.fsdecode(first).split()[0]) if first else ""
+        if name.startswith(("mpiexec", "mpirun")):
+            pytest.fail(f"{request.node.nodeid} starts {name}: mark it pytest.mark.mpi",
+                        pytrace=False)
+        original(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    yield

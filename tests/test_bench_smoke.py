@@ -40,6 +40,7 @@ def is_number(x):
     return isinstance(x, Number) and not isinstance(x, bool)
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_quick_bench_writes_report_with_every_section_and_table(quick_run):
     text = (quick_run / "REPORT.md").read_text()
@@ -51,6 +52,7 @@ def test_quick_bench_writes_report_with_every_section_and_table(quick_run):
         assert f"]({png})" in text
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_quick_bench_results_json_has_numbers_for_every_run(quick_run):
     res = json.loads((quick_run / "results.json").read_text())
@@ -87,6 +89,7 @@ def test_quick_bench_results_json_has_numbers_for_every_run(quick_run):
     assert all(is_number(r["per_core_efficiency"]) for r in scaling)
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_quick_bench_charts_are_png_files(quick_run):
     from PIL import Image
@@ -98,6 +101,8 @@ def test_quick_bench_charts_are_png_files(quick_run):
             assert "commit" in json.loads(png.text["provenance"]), name
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_bench_async_quick_writes_its_table_json_and_plot(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_async.py"), "--quick",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
@@ -147,6 +152,8 @@ def test_bench_async_add_keeps_the_earlier_grid_and_refuses_other_settings(tmp_p
         bench_async.previous_rows(path, bench_async.cells(args), args)
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_bench_compress_quick_writes_its_table_and_json(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_compress.py"), "--quick",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
@@ -162,6 +169,8 @@ def test_bench_compress_quick_writes_its_table_and_json(tmp_path):
     assert "| qsgd:4 |" in (tmp_path / "compress-quick.md").read_text()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_bench_compress_accuracy_quick_writes_its_table_and_json(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_compress_accuracy.py"),
                            "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
@@ -178,6 +187,8 @@ def test_bench_compress_accuracy_quick_writes_its_table_and_json(tmp_path):
     assert "| 2 | asp | sign |" in (tmp_path / "compress-accuracy-quick-synthetic.md").read_text()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_bench_gossip_quick_writes_its_table_and_json(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gossip.py"), "--quick",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
@@ -193,6 +204,8 @@ def test_bench_gossip_quick_writes_its_table_and_json(tmp_path):
     assert "| 2 | gossip ring |" in text and "vs allreduce" in text
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_bench_stragglers_quick_writes_its_table_json_and_plot(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_stragglers.py"), "--quick",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,

@@ -5,7 +5,7 @@ import time
 import uuid
 
 import pytest
-from conftest import marked_pids
+from conftest import wait_marked_gone
 
 from psgd.mpi.faults import parse
 from psgd.run.metrics import read_log
@@ -31,10 +31,7 @@ def run_job(mpirun, dataset, protocol, fault, *flags, timeout=90):
                           "--lr", "0.05", "--batch-size", 16, "--steps", 40, *flags],
                   timeout=timeout, check=False, env=env)
     elapsed = time.monotonic() - t0
-    deadline = time.monotonic() + 5
-    while (left := marked_pids(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return proc, elapsed, left
+    return proc, elapsed, wait_marked_gone(marker, 5)
 
 
 def _errors(stderr: str) -> list[str]:

@@ -90,8 +90,9 @@ def _train(mpirun, ranks, dataset, tmp_path, *flags, name="run"):
     return read_log(log)
 
 
-@pytest.mark.parametrize("protocol, topo, ranks, optimizer", [
-    ("gossip", "ring", 3, "momentum"), ("adpsgd", "ring", 4, "adam")])
+@pytest.mark.parametrize("protocol, topo, ranks, optimizer", [      # make test keeps gossip
+    pytest.param("gossip", "ring", 3, "momentum", marks=pytest.mark.e2e),
+    ("adpsgd", "ring", 4, "adam")])
 def test_the_mean_model_is_evaluated_logged_and_checkpointed_and_resumes_elsewhere(
         mpirun, dataset, tmp_path, protocol, topo, ranks, optimizer):
     from psgd.nn.model import build_model

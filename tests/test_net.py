@@ -14,7 +14,12 @@ from psgd.run import net
 
 PSGD = [sys.executable, "-m", "psgd", "net"]
 can_make = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
-needs_root = pytest.mark.skipif(not can_make, reason="needs root, ip and tc (iproute2)")
+_can_make = pytest.mark.skipif(not can_make, reason="needs root, ip and tc (iproute2)")
+
+
+def needs_root(test):
+    """Marked ``root`` (make test-all only) and skipped where no namespace can be made."""
+    return pytest.mark.root(_can_make(test))
 
 
 def namespaces() -> str:

@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import run_mpi
 
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
@@ -16,18 +17,78 @@ def result_of(proc):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("servers,workers,transport", [
-    (1, 1, "window"), (1, 2, "window"), (2, 1, "window"), (3, 1, "window"), (3, 2, "window"),
-    (1, 3, "window"), (1, 2, "messages"), (3, 2, "messages"), (1, 3, "messages"),
-    (2, 2, "two-nodes"), (3, 2, "two-nodes")])
-def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, workers, transport):
+BSP_CASES = [(1, 1, "window"), (1, 2, "window"), (2, 1, "window"), (3, 1, "window"),
+             (3, 2, "window"), (1, 3, "window"), (1, 2, "messages"), (3, 2, "messages"),
+             (1, 3, "messages"), (2, 2, "two-nodes"), (3, 2, "two-nodes")]
+
+
+def _bsp(servers, workers, transport):
+    return servers + workers, (["bsp", "--servers", servers, "--steps", 50]
+                               + (["--messages"] if transport == "messages" else []))
+
+
+def _stale(n, servers, protocol, staleness=0, sleep=0.03, steps=15, overlap=False):
+    return n, (["stale", "--servers", servers, "--protocol", protocol, "--staleness", staleness,
+                "--sleep", sleep, "--steps", steps] + (["--overlap"] if overlap else []))
+
+
+# ps_check.py scenarios by name: (ranks, argv). The scenarios of one world size share one
+# launch (``--then``), made when a test first asks for one of them.
+SCENARIOS = {
+    **{("bsp", s, w, t): _bsp(s, w, t) for s, w, t in BSP_CASES if t != "two-nodes"},
+    **{("buffers-bsp", w): (2 + w, ["bsp", "--servers", 2, "--steps", 5, "--optimizer",
+                                    "momentum"]) for w in (1, 3)},
+    **{("buffers-ssp", w): _stale(2 + w, 2, "ssp", 1, sleep=0.0, steps=5) for w in (1, 3)},
+    "snapshots": (4, ["bsp", "--servers", 2, "--steps", 30, "--optimizer", "momentum",
+                      "--snapshot-every", 7]),
+    "resumed": (4, ["bsp", "--servers", 3, "--steps", 20, "--start-clock", 100,
+                    "--optimizer", "momentum", "--snapshot-every", 7]),
+    "ssp-1": _stale(3, 1, "ssp", 1),
+    "ssp-3": _stale(5, 2, "ssp", 3, sleep=0.05),
+    "asp": _stale(5, 2, "asp", sleep=0.05),
+    "ssp-0": _stale(3, 1, "ssp", 0),
+    **{("overlap-one-worker", s): (s + 1, ["overlap", "--servers", s, "--steps", 30, "--overlap"])
+       for s in (1, 2)},
+    **{("overlap-ssp", s): _stale(5, 2, "ssp", s, sleep=0.05, overlap=True) for s in (1, 3)},
+    "cpu": (3, ["cpu", "--servers", 1, "--steps", 10, "--sleep", 0.2]),
+}
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    """The RESULT of a scenario of SCENARIOS, by name (its world size's launch made on first use)."""
+    launched = {}
+
+    def result(key):
+        n = SCENARIOS[key][0]
+        if n not in launched:
+            keys = [k for k, (ranks, _) in SCENARIOS.items() if ranks == n]
+            argv = ["ps_check.py"]
+            for i, k in enumerate(keys):
+                argv += (["--then"] if i else []) + SCENARIOS[k][1]
+            proc = run_mpi(n, argv, timeout=60 + 30 * len(keys), check=False)
+            results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
+                       if line.startswith("RESULT ")]
+            launched[n] = proc, dict(zip(keys, results))     # in order, up to a failure
+        proc, results = launched[n]
+        assert key in results, (f"scenario {key} of the {n}-rank launch gave no RESULT: exit "
+                                f"{proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n"
+                                f"{proc.stderr[-4000:]}")
+        return results[key]
+    return result
+
+
+@pytest.mark.parametrize("servers,workers,transport", BSP_CASES)
+def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, scenario, servers, workers,
+                                                           transport):
     # two-nodes: MPICH splits the ranks into two cliques it treats as nodes (ranks 0, 2, 4
     # and 1, 3), so each worker pushes to some servers through the window, to others by
     # messages, and a bsp server sums lent and received pushes of the same clock
-    env = {"MPIR_CVAR_NUM_CLIQUES": "2"} if transport == "two-nodes" else None
-    proc = mpirun(servers + workers, ["ps_check.py", "bsp", "--servers", servers, "--steps", 50]
-                  + (["--messages"] if transport == "messages" else []), timeout=60, env=env)
-    res = result_of(proc)
+    if transport == "two-nodes":
+        res = result_of(mpirun(servers + workers, ["ps_check.py", *_bsp(servers, workers, "")[1]],
+                               timeout=60, env={"MPIR_CVAR_NUM_CLIQUES": "2"}))
+    else:
+        res = scenario(("bsp", servers, workers, transport))
     assert res["n_updates"] == 50
     assert res["max_err"] < 1e-5
     # bsp's workers take their replies before they push again: every step is in place
@@ -39,61 +100,45 @@ def test_bsp_sgd_equals_serial_sgd_on_concatenated_batches(mpirun, servers, work
     assert res["window_pushes"] == [[n, 50 * workers] for n in window[transport]], res
 
 
-def test_server_buffers_are_the_same_with_one_or_three_workers(mpirun):
+def test_server_buffers_are_the_same_with_one_or_three_workers(scenario):
     shard = [26, 26]  # ShardMap(52, 2)
     for workers in (1, 3):
-        bsp = result_of(mpirun(2 + workers, ["ps_check.py", "bsp", "--servers", 2, "--steps", 5,
-                                             "--optimizer", "momentum"], timeout=60))
+        bsp = scenario(("buffers-bsp", workers))
         assert bsp["buffer_bytes"] == [4 * n * (5 + 1) for n in shard]  # 3 versions, 2 sums, k=1
-        ssp = stale_run(mpirun, 2 + workers, 2, "ssp", 1, sleep=0.0, steps=5)
+        ssp = scenario(("buffers-ssp", workers))
         assert ssp["buffer_bytes"] == [4 * n * 4 for n in shard]  # 3 versions + receive, sgd
 
 
-def test_bsp_momentum_snapshots_equal_serial_state_after_each_clock(mpirun):
-    proc = mpirun(4, ["ps_check.py", "bsp", "--servers", 2, "--steps", 30,
-                      "--optimizer", "momentum", "--snapshot-every", 7], timeout=60)
-    assert result_of(proc)["snapshots"] == [6, 13, 20, 27]
+def test_bsp_momentum_snapshots_equal_serial_state_after_each_clock(scenario):
+    assert scenario("snapshots")["snapshots"] == [6, 13, 20, 27]
 
 
-def test_bsp_resumed_at_clock_100_snapshots_the_resumed_clocks(mpirun):
-    proc = mpirun(4, ["ps_check.py", "bsp", "--servers", 3, "--steps", 20, "--start-clock", 100,
-                      "--optimizer", "momentum", "--snapshot-every", 7], timeout=60)
-    assert result_of(proc)["snapshots"] == [104, 111, 118]
+def test_bsp_resumed_at_clock_100_snapshots_the_resumed_clocks(scenario):
+    assert scenario("resumed")["snapshots"] == [104, 111, 118]
 
 
-def stale_run(mpirun, n, servers, protocol, staleness=0, sleep=0.03, steps=15, overlap=False):
-    return result_of(mpirun(n, ["ps_check.py", "stale", "--servers", servers, "--protocol",
-                                protocol, "--staleness", staleness, "--sleep", sleep,
-                                "--steps", steps] + (["--overlap"] if overlap else []),
-                            timeout=60))
+def test_ssp_staleness_reaches_bound_one_and_never_exceeds_it(scenario):
+    assert scenario("ssp-1")["server_max"] == [1]
 
 
-def test_ssp_staleness_reaches_bound_one_and_never_exceeds_it(mpirun):
-    res = stale_run(mpirun, 3, 1, "ssp", 1)
-    assert res["server_max"] == [1]
+def test_ssp_bound_three_is_tight_on_every_server_and_asp_is_staler(scenario):
+    assert scenario("ssp-3")["server_max"] == [3, 3]
+    assert min(scenario("asp")["server_max"]) > 3
 
 
-def test_ssp_bound_three_is_tight_on_every_server_and_asp_is_staler(mpirun):
-    ssp = stale_run(mpirun, 5, 2, "ssp", 3, sleep=0.05)
-    assert ssp["server_max"] == [3, 3]
-    asp = stale_run(mpirun, 5, 2, "asp", sleep=0.05)
-    assert min(asp["server_max"]) > 3
-
-
-def test_ssp_zero_is_a_barrier_per_clock(mpirun):
-    assert stale_run(mpirun, 3, 1, "ssp", 0)["server_max"] == [0]
+def test_ssp_zero_is_a_barrier_per_clock(scenario):
+    assert scenario("ssp-0")["server_max"] == [0]
 
 
 @pytest.mark.parametrize("servers", [1, 2])
-def test_overlap_with_one_worker_is_sgd_delayed_by_exactly_one_clock(mpirun, servers):
-    res = result_of(mpirun(servers + 1, ["ps_check.py", "overlap", "--servers", servers,
-                                         "--steps", 30, "--overlap"], timeout=60))
+def test_overlap_with_one_worker_is_sgd_delayed_by_exactly_one_clock(scenario, servers):
+    res = scenario(("overlap-one-worker", servers))
     assert res["hists"] == [[1, 29]] * servers
 
 
-def test_overlap_keeps_the_ssp_bound_tight_on_every_server(mpirun):
+def test_overlap_keeps_the_ssp_bound_tight_on_every_server(scenario):
     for s in (1, 3):
-        res = stale_run(mpirun, 5, 2, "ssp", s, sleep=0.05, overlap=True)
+        res = scenario(("overlap-ssp", s))
         assert res["server_max"] == [s, s], (s, res)
         assert all(h[0] <= 3 for h in res["hists"]), res  # only first pushes read fresh params
 
@@ -173,10 +218,8 @@ def test_no_room_for_the_push_window_ends_the_job_with_one_clear_error(mpirun):
     assert "PSGD_PS_PUSH_WINDOW=0" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_server_uses_little_cpu_while_workers_compute(mpirun):
-    proc = mpirun(3, ["ps_check.py", "cpu", "--servers", 1, "--steps", 10, "--sleep", 0.2],
-                  timeout=60)
-    (server,) = result_of(proc)
+def test_server_uses_little_cpu_while_workers_compute(scenario):
+    (server,) = scenario("cpu")
     assert server["wall_s"] >= 2.0
     assert server["fraction"] < 0.2, server
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, marked_pids, run_mpi, shm_left
+from conftest import ROOT, marked_pids, run_mpi, shm_left, wait_marked_gone
 
 from psgd.run.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.root]
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 PROTOCOLS = ("bsp", "ssp", "asp", "hogwild", "allreduce")
 SMALL = ["--model", "mlp:784-32-10", "--eval-every", "0"]
@@ -118,10 +118,7 @@ def test_scancel_stops_the_job_with_a_checkpoint_leaving_nothing_behind(slurm, d
     assert job["JobState"] == "CANCELLED", out
     assert re.search(r"psgd: stopped by SIGTERM at step \d+ of 100000", out), out
     assert list((tmp_path / "ck").glob("ckpt-*.h5")), out
-    deadline = time.monotonic() + 10
-    while marked_pids(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not marked_pids(marker)
+    assert not wait_marked_gone(marker, 10)
     assert not shm_left(shm_before)
 
 

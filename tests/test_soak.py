@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import marked_pids, mpiexec_path, write_synth
+from conftest import marked_pids, mpiexec_path, wait_marked_gone, write_synth
 
 RSS_BOUND_MB = 40.0
 DURATION_S = float(os.environ.get("PSGD_SOAK_SECONDS", "150"))
@@ -100,7 +100,4 @@ def test_soak_six_ranks_no_deadlock_no_memory_growth(dataset, tmp_path, protocol
     assert max(growth.values()) < RSS_BOUND_MB, report
     assert sum(growth.values()) < 2 * RSS_BOUND_MB, report
     assert last_step > 0
-    deadline = time.monotonic() + 10
-    while marked_pids(marker, ranks_only=True) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not marked_pids(marker, ranks_only=True), "ranks left behind after the interrupt"
+    assert not wait_marked_gone(marker, 10, ranks_only=True), "ranks left behind after the interrupt"

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import marked_pids, mpiexec_path, shm_left
+from conftest import marked_pids, mpiexec_path, shm_left, wait_marked_gone
 
 STEPS = 40
 BOUND_S = 40   # the job must be over well before this (stall abort 4 s + start-up on a loaded VM)
@@ -61,10 +61,8 @@ def _run_and_freeze(dataset, tmp_path, when, env=None):
         out, err = proc.communicate()
         pytest.fail(f"hung\n--- stdout\n{out}\n--- stderr\n{err}")
     elapsed = time.monotonic() - start
-    deadline = time.monotonic() + 5   # the launcher may return before its ranks are reaped
-    while (left := marked_pids(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, "a rank was left behind"
+    # the launcher may return before its ranks are reaped
+    assert not wait_marked_gone(marker, 5), "a rank was left behind"
     for name in shm_left(shm_before):   # an aborted MPICH job cannot free its segments
         Path("/dev/shm", name).unlink(missing_ok=True)
     return proc.returncode, err, elapsed, frozen

@@ -4,6 +4,7 @@ import shutil
 import numpy as np
 import pytest
 
+from psgd.protocols import get
 from psgd.run.checkpoint import list_checkpoints, load_checkpoint
 from psgd.run.metrics import read_log
 
@@ -19,21 +20,27 @@ def kinds(records):
     return [r["kind"] for r in records]
 
 
+# make test keeps one of these per protocol family (e2e): asp for the parameter server, whose
+# first run is also recorded and replayed bit for bit, hogwild, and allreduce
 @pytest.mark.parametrize("protocol, ranks, servers, resume_ranks, resume_servers", [
     ("bsp", 3, 1, 4, 2),
     ("ssp", 3, 1, 4, 1),
-    ("asp", 3, 1, 4, 2),
-    ("hogwild", 3, 1, 3, 2),
-    ("allreduce", 2, 0, 3, 0),
+    pytest.param("asp", 3, 1, 4, 2, marks=pytest.mark.e2e),
+    pytest.param("hogwild", 3, 1, 3, 2, marks=pytest.mark.e2e),
+    pytest.param("allreduce", 2, 0, 3, 0, marks=pytest.mark.e2e),
 ])
 def test_protocol_trains_logs_checkpoints_and_resumes_with_other_ranks(
         mpirun, dataset, tmp_path, protocol, ranks, servers, resume_ranks, resume_servers):
     opt = "sgd" if protocol == "hogwild" else "momentum"
     ckdir, log1, log2 = tmp_path / "ck", tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     common = ["--model", MLP, "--protocol", protocol, "--optimizer", opt, "--lr", "0.05",
-              "--batch-size", 16, "--checkpoint-dir", ckdir, "--checkpoint-every", 6]
-    out = train(mpirun, ranks, dataset, *common, "--servers", servers, "--steps", 12,
-                "--eval-every", 6, "--log-every", 3, "--log", log1).stdout
+              "--batch-size", 16, "--checkpoint-every", 6]
+    first = [*common, "--servers", servers, "--steps", 12, "--eval-every", 6, "--log-every", 3]
+    replays = protocol == "asp"     # bsp and ssp replays: test_record_replay.py
+    assert replays <= get(protocol).replayable
+    record = ["--record", tmp_path / "run.rec.h5"] if replays else []
+    out = train(mpirun, ranks, dataset, *first, "--checkpoint-dir", ckdir, "--log", log1,
+                *record).stdout
     assert "final test accuracy" in out
     records = read_log(log1)
     assert kinds(records)[0] == "config" and kinds(records)[-1] == "summary"
@@ -58,6 +65,13 @@ def test_protocol_trains_logs_checkpoints_and_resumes_with_other_ranks(
             [f"dana_velocity_{i}" for i in range(ranks - servers)]
         assert all(np.abs(ck.opt_state[f"dana_velocity_{i}"]).max() > 0 for i in range(2))
 
+    if replays:     # the recorded run again, in the recorded order: the same parameters
+        train(mpirun, ranks, dataset, *first, "--checkpoint-dir", tmp_path / "replay",
+              "--replay", tmp_path / "run.rec.h5")
+        again = load_checkpoint(tmp_path / "replay" / "ckpt-00000012.h5")
+        np.testing.assert_array_equal(again.params, ck.params)
+
+    common += ["--checkpoint-dir", ckdir]
     train(mpirun, resume_ranks, dataset, *common, "--servers", resume_servers, "--steps", 18,
           "--resume", ckdir, "--log", log2)
     summary2 = read_log(log2)[-1]

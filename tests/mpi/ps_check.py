@@ -1,6 +1,7 @@
 """Parameter-server checks under mpiexec: bsp equals serial SGD, ssp staleness bounds, overlap, bad pushes, server CPU.
 
-Usage: ps_check.py MODE [options]; rank 0 prints one ``RESULT {json}`` line.
+Usage: ps_check.py MODE [options] [--then MODE [options] ...]; rank 0 prints one
+``RESULT {json}`` line per scenario, in order (several scenarios share one launch).
 The gradient is linear softmax regression on fixed random data (numpy only).
 """
 import argparse
@@ -8,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -356,13 +358,27 @@ def main():
     ap.add_argument("--bad", default="length")
     ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--messages", action="store_true", help="no push window: pushes by messages")
-    args = ap.parse_args()
-    if args.messages:   # ProtocolConfig's push_window default, read on every rank
-        os.environ["PSGD_PS_PUSH_WINDOW"] = "0"
     comm = MPI.COMM_WORLD
     modes = {"bsp": mode_bsp, "stale": mode_stale, "adaptive": mode_adaptive, "overlap": mode_overlap, "bad": mode_bad,
              "cpu": mode_cpu, "no-room": mode_no_room, "momentum": mode_momentum}
-    modes[args.mode](args, comm)
+    argv, scenarios = sys.argv[1:], [[]]
+    for word in argv:
+        if word == "--then":
+            scenarios.append([])
+        else:
+            scenarios[-1].append(word)
+    window = os.environ.get("PSGD_PS_PUSH_WINDOW")
+    for scenario in scenarios:
+        args = ap.parse_args(scenario)
+        # ProtocolConfig's push_window default, read on every rank
+        if args.messages:
+            os.environ["PSGD_PS_PUSH_WINDOW"] = "0"
+        elif window is None:
+            os.environ.pop("PSGD_PS_PUSH_WINDOW", None)
+        else:
+            os.environ["PSGD_PS_PUSH_WINDOW"] = window
+        modes[args.mode](args, comm)
+        comm.Barrier()
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ from mpi4py import MPI
 from psgd.collectives.allreduce import allreduce
 from psgd.errors import report_and_abort
 
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
 MPI_OPS = {"sum": MPI.SUM}
 
 
@@ -25,8 +23,15 @@ def one_node(c):
         node.Free()
 
 
-ONE_NODE = one_node(comm)
-ALGORITHMS = ("auto", "ring", "doubling", "hierarchical") + (("shared",) if ONE_NODE else ())
+def use(c):
+    """Check on communicator ``c`` (COMM_WORLD, or one of ring_suite.py's sub-communicators)."""
+    global comm, rank, size, ONE_NODE, ALGORITHMS
+    comm, rank, size = c, c.Get_rank(), c.Get_size()
+    ONE_NODE = one_node(comm)
+    ALGORITHMS = ("auto", "ring", "doubling", "hierarchical") + (("shared",) if ONE_NODE else ())
+
+
+use(MPI.COMM_WORLD)
 
 
 def lengths():

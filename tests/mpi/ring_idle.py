@@ -11,6 +11,12 @@ from psgd.mpi import wait
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
+
+
+def use(c):
+    """Wait on communicator ``c`` (COMM_WORLD, or one of ring_suite.py's sub-communicators)."""
+    global comm, rank
+    comm, rank = c, c.Get_rank()
 LATE_S = 1.5
 
 

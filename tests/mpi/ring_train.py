@@ -13,6 +13,12 @@ from psgd.protocols import make_config
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def use(c):
+    """Train on communicator ``c`` (COMM_WORLD, or one of ring_suite.py's sub-communicators)."""
+    global comm, rank, size
+    comm, rank, size = c, c.Get_rank(), c.Get_size()
 D, C, B, STEPS = 20, 5, 8, 60        # features, classes, rows per worker per step, steps
 N = D * C + C
 

@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-stragglers-merge coverage
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage
 
 install: $(STAMP)
 
@@ -104,6 +104,10 @@ bench-hier-chunks: install
 	$(PY) bench/bench_hier_chunks.py $(ARGS)
 
 # rows two sparse hogwild workers share (ARGS="--data SPARSE.h5" or ARGS=--line-transfer)
+# a worker's load time and memory: rows dealt by a permutation against a contiguous slice
+bench-data-order: install
+	$(PY) bench/bench_data_order.py $(ARGS)
+
 bench-sparse-sharing: install
 	$(PY) bench/sparse_sharing.py $(ARGS)
 

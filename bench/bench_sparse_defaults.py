@@ -1,6 +1,6 @@
 """`make bench-sparse`, second part: psgd's sparse defaults against scikit-learn's on real text.
 
-    .venv/bin/python bench/bench_sparse_defaults.py [--quick] [--repeats 3] [--epochs 5]
+    make bench-sparse ARGS="[--quick] [--repeats 3] [--epochs 5] [--publish]"
 
 Two files: the man-page text set (bench/text_corpus.py, then `psgd data text`: TF-IDF with
 L2-normalised rows) and a `psgd data synth --sparse` set. On each, `psgd train --model M`
@@ -8,14 +8,13 @@ with no optimizer, lr or schedule flag (the sparse default), 5 epochs, 1 server,
 on 2 workers, then bsp and asp; and scikit-learn's SGDClassifier with its defaults
 (loss log_loss for linear, hinge for svm) and max_iter=5, on the same file in its own
 process. Times are whole-process wall times of each command (psgd's sources byte-compiled
-first, as pip compiles scikit-learn). Writes bench/results/sparse-defaults.{json,md} with the
-commit, the machine and the date.
+first, as pip compiles scikit-learn). Writes sparse-defaults.{json,md}, stamped, into
+runs/bench/ (--publish: bench/results/).
 """
 from __future__ import annotations
 
 import argparse
 import compileall
-import datetime
 import json
 import os
 import statistics
@@ -29,8 +28,11 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+import common  # noqa: E402
 from protocols import run_bounded  # noqa: E402
 from text_corpus import build  # noqa: E402
+
+DATA = "man-page TF-IDF (bench/text_corpus.py) and psgd data synth --sparse"
 
 SKLEARN = """
 import sys, time, warnings, h5py, numpy as np, scipy.sparse as sp
@@ -65,7 +67,7 @@ def make_data(tmp: Path, args) -> dict:
 
 
 def psgd_run(data: Path, model: str, protocol: str, workers: int, args, log: Path) -> dict:
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(workers + 1), sys.executable, "-m", "psgd",
+    cmd = [common.mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "psgd",
            "train", "--data", str(data), "--model", model, "--protocol", protocol, "--servers", "1",
            "--epochs", str(args.epochs), "--quiet", "--log", str(log), "--overwrite"]
     t0 = time.perf_counter()
@@ -130,18 +132,6 @@ def _groups(rows):
     return out
 
 
-def stamp() -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                if line.startswith("Model name")), "?")
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"commit {commit}{' (dirty)' if dirty else ''}; {cpu}, {os.cpu_count()} cores; {date}"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a small smoke run")
@@ -152,8 +142,9 @@ def main() -> None:
     p.add_argument("--models", default="linear", help="comma-separated: linear, svm")
     p.add_argument("--protocols", default="hogwild,bsp,asp")
     p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--out", type=Path, default=BENCH / "results")
+    common.add_output_arguments(p)
     args, _ = p.parse_known_args()   # bench_sparse.py's flags, given to both by ARGS, pass
+    out = None if args.quick else common.out_dir(args, "sparse-defaults")   # before any run
     if args.quick:
         args.train, args.test, args.repeats, args.epochs = 2000, 400, 1, 1
     for package in ("psgd", "kernels"):
@@ -179,15 +170,13 @@ def main() -> None:
                         print(json.dumps(rows[-1]), flush=True)
     md = table(rows, info)
     print(md)
-    if not args.quick:
-        args.out.mkdir(parents=True, exist_ok=True)
-        command = "make bench-sparse" + (f" ARGS=\"{' '.join(sys.argv[1:])}\"" if sys.argv[1:] else "")
-        (args.out / "sparse-defaults.json").write_text(json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "info": info, "rows": rows,
-             "stamp": stamp()}, indent=1) + "\n")
-        (args.out / "sparse-defaults.md").write_text(f"# {command}\n\n{stamp()}; {args.repeats} "
-                                                     f"repeats (ranges)\n\n" + md)
-
+    if out is not None:
+        common.write_json(out / "sparse-defaults.json",
+                          {"args": {k: str(v) for k, v in vars(args).items()}, "info": info,
+                           "rows": rows}, DATA)
+        common.write_text(out / "sparse-defaults.md",
+                          f"{args.repeats} repeats (ranges)\n\n" + md, DATA)
+        print(f"wrote {out}/sparse-defaults.{{json,md}}")
 
 if __name__ == "__main__":
     main()

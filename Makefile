@@ -14,7 +14,7 @@ else
 EXTRAS := mpich,plot,test
 endif
 
-.PHONY: install test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
+.PHONY: install install-peer bench-peer test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean
 
 install: $(STAMP)
 
@@ -27,6 +27,17 @@ endif
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.psgd-installed-*
 	touch $(STAMP)
+
+# PyTorch (CPU) for the peer harness and bench-peer; not part of `install` (test-all may depend on it)
+PEER_STAMP := $(VENV)/.psgd-peer
+install-peer: $(PEER_STAMP)
+
+$(PEER_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[peer]'
+	touch $(PEER_STAMP)
+
+bench-peer: install-peer
+	$(PY) bench/bench_peer.py $(ARGS)
 
 test: install
 	$(PY) -m pytest -q tests

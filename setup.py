@@ -25,6 +25,7 @@ setup(
         "plot": ["matplotlib>=3.6"],
         "images": ["Pillow>=9"],   # psgd data convert of image-folder trees
         "test": ["pytest>=7"],
+        "peer": ["torch==2.13.0"],  # the PyTorch peer of tests/test_peer_torch.py and bench-peer
     },
     entry_points={"console_scripts": ["psgd=psgd.cli:main_and_exit"]},
 )

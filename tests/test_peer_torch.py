@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from psgd.nn.model import build_model  # noqa: E402
+from psgd.nn.norm import BatchNorm  # noqa: E402
 from psgd.nn.optim import make_optimizer  # noqa: E402
 from psgd.nn.torch_peer import TorchPeer  # noqa: E402
 
@@ -19,15 +20,19 @@ MODELS = {   # name -> (spec, input shape, classes)
 }
 BATCH = 8
 FIRST_STEP_RTOL = 1e-5
-# The trajectory's tolerance, on ||p_psgd - p_torch|| / ||p_torch - p_0|| (the distance moved).
-# Two float32 trajectories differ by summation order (reassociation in GEMMs, Winograd
-# transforms, reductions, BN statistics), ~1e-7 relative per operation, which the training
-# dynamics amplify.  How far: PyTorch's own float32 trajectory against the same run in
-# float64 (bench/peer_float64.py) reaches 2.4e-3 of the distance moved within 100 adam steps
-# on lenet, and psgd's 2.6e-4 under momentum (its 5x5 Winograd convolution rounds more than
-# im2col).  1e-2 is four times the larger; a real difference (a gradient, a momentum form, a
-# decay, a scaling) puts psgd at 1e-1 or more after one step.
-TRAJECTORY_RTOL = 1e-2
+# The trajectory's tolerance.  Two float32 trajectories differ by summation order (reassociation
+# in GEMMs, Winograd transforms, reductions, BN statistics), ~1e-7 relative per operation, which
+# the training dynamics amplify by an amount no fixed number captures: on cifar-cnn (BN over
+# 8 x 2 x 2 values in its last block) PyTorch's own float32 run ends 1.7e-1 of the distance moved
+# away from the same run in float64 within 100 sgd steps, psgd's 5.7e-3 (bench/peer_float64.py).
+# So the exact trajectory, PyTorch in float64 from the same start on the same batches, is the
+# reference: at every step psgd's distance from it must be at most TRAJECTORY_FACTOR times
+# PyTorch float32's (or below FLOOR, float32 rounding of the parameters themselves).  The factor
+# covers psgd's 5x5 Winograd convolution (lenet), whose rounding error is about ten times
+# im2col's; a real difference (a gradient, momentum form, decay or scaling) is off by 1e-1 or
+# more from the first step, which is also held to FIRST_STEP_RTOL against PyTorch float32.
+TRAJECTORY_FACTOR = 32
+FLOOR = 1e-5
 STEPS = 100
 LR = {"sgd": 0.05, "momentum": 0.02, "nesterov": 0.02, "adam": 1e-3}
 
@@ -118,8 +123,11 @@ def trajectory(name, opt, reference: bool = False):
 @pytest.mark.parametrize("opt", list(LR))
 @pytest.mark.parametrize("name", list(MODELS))
 def test_trajectory_of_each_optimizer_matches_torch(name, opt):
-    for step, (err,) in enumerate(trajectory(name, opt)):
-        assert err < (TRAJECTORY_RTOL if step else FIRST_STEP_RTOL), f"{opt} step {step + 1}: {err:.2e}"
+    for step, (err, ours, theirs) in enumerate(trajectory(name, opt, reference=True)):
+        if step == 0:
+            assert err < FIRST_STEP_RTOL, f"{opt} step 1: psgd - torch {err:.2e}"
+        assert ours < max(TRAJECTORY_FACTOR * theirs, FLOOR), \
+            f"{opt} step {step + 1}: psgd {ours:.2e} from float64, PyTorch float32 {theirs:.2e}"
 
 
 @pytest.mark.parametrize("name", ["cifar-cnn", "resnet8"])
@@ -168,3 +176,24 @@ def test_precise_bn_is_torch_cumulative_running_stats_but_with_the_population_va
         assert relerr(ours.var, population) < 1e-5
         n = seen[id(bn)][0].numel() // bn.num_features
         assert relerr(bn.running_var.numpy(), biased.mean(0).numpy() * n / (n - 1)) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["lenet", "cifar-cnn", "resnet8", "dropout-avgpool"])
+def test_default_init_is_pytorchs_default(name):
+    """Every conv and dense token starts as PyTorch's nn.Conv2d / nn.Linear do (kaiming_uniform with
+    a = sqrt(5)): weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)); psgd's former He-normal
+    weights (6x the variance) left batch-normalised layers a sixth of PyTorch's effective step."""
+    spec, shape, classes = MODELS[name]
+    model = build_model(spec, seed=5, input_shape=shape, n_classes=classes)
+    torch.manual_seed(5)
+    peer = TorchPeer(model)
+    theirs = peer.flat()   # the same network as PyTorch initialises it
+    ours = model.params
+    for (lo, hi, _), (layer, *_) in zip(peer._ranges, peer.links):
+        fan_in = getattr(layer, "_k_rows", layer.in_shape[0])   # conv: kh*kw*C; dense: n_in
+        if isinstance(layer, BatchNorm):
+            continue
+        a, b = ours[lo:hi], theirs[lo:hi]
+        assert np.abs(a).max() <= 1.0 / np.sqrt(fan_in) + 1e-7, (layer, lo, hi)
+        if hi - lo >= 200:   # enough values for a spread
+            assert 0.9 < a.std() / b.std() < 1.1, (layer, lo, hi, a.std(), b.std())

@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer
 
 install: $(STAMP)
 
@@ -30,6 +30,18 @@ endif
 	rm -f $(VENV)/.psgd-installed-*
 	touch $(STAMP)
 
+# the peers (PyTorch CPU, scikit-learn) for tests/test_peer_torch.py, the text converter's
+# check and bench-peer; not part of `install`: make test-all installs them
+PEER_STAMP := $(VENV)/.psgd-peer
+install-peer: $(PEER_STAMP)
+
+$(PEER_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[peer]'
+	touch $(PEER_STAMP)
+
+bench-peer: install-peer
+	$(PY) bench/bench_peer.py $(ARGS)
+
 # the tiers (docs/guide/testing.md). make test: every in-process test and one combined end-to-end
 # run per protocol family, about 4 minutes on 2 cores; starts no daemon, installs nothing
 FAST := (not mpi or e2e) and not slow and not root and not slurm and not soak
@@ -38,7 +50,7 @@ test: install
 
 # everything but the soak: every launch, the slow runs, root (namespaces) and Slurm tests (as
 # root these apt-get install slurm-wlm and munge and start their daemons), then Open MPI
-test-all: install
+test-all: install install-peer
 	$(PY) -m pytest -q -m "not soak" tests
 	tests/openmpi/check.sh
 

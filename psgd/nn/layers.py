@@ -26,6 +26,31 @@ WINOGRAD_CHUNK_BYTES = 1 << 20  # transformed tiles and their products per Winog
 WINOGRAD_MIN_CHANNELS = 32  # fewer input channels: im2col as fast or faster (bench/bench_winograd.py)
 WINOGRAD5_MIN_CHANNELS = 16  # the same for 5x5 kernels, F(2x2, 5x5)
 KEEP_TILES_BYTES = 8 << 20  # a 5x5 Winograd conv keeps its batch's transformed input up to this size
+INITS = ("uniform", "he", "glorot")
+
+
+def init_weights(w: np.ndarray, b: np.ndarray, fan_in: int, fan_out: int, init: str,
+                 rng: np.random.Generator) -> None:
+    """Fill a layer's weights ``w`` and biases ``b`` in place.
+
+    ``"uniform"`` is PyTorch's default for nn.Linear and nn.Conv2d (kaiming_uniform with
+    a = sqrt(5)): weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)).  ``"he"``: weights
+    normal with std sqrt(2/fan_in); ``"glorot"``: weights U(+-sqrt(6/(fan_in+fan_out))); both
+    with zero biases.
+    """
+    if init == "uniform":
+        bound = 1.0 / math.sqrt(fan_in)
+        w[...] = rng.uniform(-bound, bound, w.shape)
+        b[...] = rng.uniform(-bound, bound, b.shape)
+        return
+    if init == "he":
+        w[...] = rng.normal(0.0, math.sqrt(2.0 / fan_in), w.shape)
+    elif init == "glorot":
+        lim = math.sqrt(6.0 / (fan_in + fan_out))
+        w[...] = rng.uniform(-lim, lim, w.shape)
+    else:
+        raise ValueError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
+    b[...] = 0.0
 
 
 class Layer:
@@ -91,8 +116,8 @@ class Layer:
 class Dense(Layer):
     """Affine layer ``y = x @ w + b``; ``w`` is (n_in, n_out), ``b`` is (n_out,).
 
-    ``init`` is ``"he"`` (normal, std sqrt(2/n_in), for layers followed by ReLU) or
-    ``"glorot"`` (uniform, limit sqrt(6/(n_in+n_out)), for the output layer); biases start at 0.
+    ``init`` is one of :data:`INITS` (see :func:`init_weights`; ``"uniform"``, PyTorch's
+    default, is what the spec builder gives).
     With ``relu=True`` the layer is the affine map then ReLU, applied in the bias pass
     forward and in the bias-gradient pass backward (the model builders make ``dense-relu``
     so); its backward then overwrites ``dy`` with the masked gradient when ``dy`` is a
@@ -113,13 +138,7 @@ class Dense(Layer):
         self.dw, self.db = grads["w"], grads["b"]
 
     def init_params(self, rng):
-        n_in, n_out = self.w.shape
-        if self.init == "he":
-            self.w[...] = rng.normal(0.0, math.sqrt(2.0 / n_in), self.w.shape)
-        else:
-            lim = math.sqrt(6.0 / (n_in + n_out))
-            self.w[...] = rng.uniform(-lim, lim, self.w.shape)
-        self.b[...] = 0.0
+        init_weights(self.w, self.b, *self.w.shape, self.init, rng)
 
     def forward(self, x):
         self._x = x
@@ -150,16 +169,17 @@ class Conv2D(Layer):
 
     One parameter array ``wb`` of shape (kh*kw*C + 1, F): weights ``w`` (kh, kw, C, F) then
     bias ``b`` (F,), both exposed as views (see :mod:`psgd.kernels.conv`).  ``k`` is an int
-    (square) or a pair (kh, kw).  Zero padding ``pad`` on all sides; He-normal init
-    (std sqrt(2 / (kh*kw*C))), biases 0.  ``winograd``: compute a stride-1 3x3 convolution by
+    (square) or a pair (kh, kw).  Zero padding ``pad`` on all sides; ``init`` as
+    for :class:`Dense` (default PyTorch's, U(+-1/sqrt(kh*kw*C)) for weights and biases).  ``winograd``: compute a stride-1 3x3 convolution by
     Winograd F(2x2, 3x3) (:mod:`psgd.kernels.winograd`), or a stride-1 5x5 one by F(2x2, 5x5)
     (:mod:`psgd.kernels.winograd5`), rather than im2col; None (the default) chooses it when the
     input has at least ``WINOGRAD_MIN_CHANNELS`` (3x3) or ``WINOGRAD5_MIN_CHANNELS`` (5x5) channels.
     """
 
     def __init__(self, in_shape: tuple, filters: int, k, stride: int = 1, pad: int = 0,
-                 winograd: bool | None = None) -> None:
+                 winograd: bool | None = None, init: str = "uniform") -> None:
         super().__init__()
+        self.init = init
         h, w, c = in_shape
         kh, kw = (k, k) if isinstance(k, int) else tuple(k)
         oh, ow = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
@@ -193,8 +213,8 @@ class Conv2D(Layer):
         self.dw, self.db = self.dwb[:-1].reshape(wshape), self.dwb[-1]
 
     def init_params(self, rng):
-        self.w[...] = rng.normal(0.0, math.sqrt(2.0 / self._k_rows), self.w.shape)
-        self.b[...] = 0.0
+        init_weights(self.w, self.b, self._k_rows, self._k_rows // self.in_shape[2] * self.out_shape[2],
+                     self.init, rng)
 
     def forward(self, x):
         n = x.shape[0]

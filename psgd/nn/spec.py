@@ -25,6 +25,8 @@ TOKENS = {
 }
 TOKEN_HELP = "; ".join(TOKENS.values())
 MONOTONE = ("relu", "lrelu", "tanh", "sigmoid")
+#: the init of every conv and dense token: PyTorch's default (see psgd.nn.layers.init_weights)
+INIT = "uniform"
 
 _CIFAR_CNN = ("conv:32x3:pad1-bn-relu-conv:32x3:pad1-bn-relu-pool:2-"
               "conv:64x3:pad1-bn-relu-conv:64x3:pad1-bn-relu-pool:2-"
@@ -96,7 +98,7 @@ def _conv(t: _Token, shape: tuple) -> Layer:
     oh, ow = (shape[0] + 2 * opt["pad"] - kh) // opt["s"] + 1, (shape[1] + 2 * opt["pad"] - kw) // opt["s"] + 1
     if oh < 1 or ow < 1:
         raise t.fail(f"does not fit its {_fmt(shape)} input: it would leave {max(oh, 0)}x{max(ow, 0)} pixels")
-    return Conv2D(shape, f, (kh, kw), stride=opt["s"], pad=opt["pad"])
+    return Conv2D(shape, f, (kh, kw), stride=opt["s"], pad=opt["pad"], init=INIT)
 
 
 def _pool(t: _Token, shape: tuple, cls) -> Layer:
@@ -111,7 +113,7 @@ def _pool(t: _Token, shape: tuple, cls) -> Layer:
     return cls(shape, k=k, stride=s)
 
 
-def _layer(t: _Token, shape: tuple, prev: Layer | None, seed: int, last: bool) -> Layer:
+def _layer(t: _Token, shape: tuple, prev: Layer | None, seed: int) -> Layer:
     """The layer one token makes on input ``shape`` (per sample, channels-last for images)."""
     image = len(shape) == 3
     # whose output buffer an activation may overwrite: layers whose backward does not read it
@@ -139,7 +141,7 @@ def _layer(t: _Token, shape: tuple, prev: Layer | None, seed: int, last: bool) -
         n = t.number(t.args[0], what="a positive integer")
         if n < 1:
             raise t.fail("needs a positive width")
-        return Dense(shape[0], n, init="glorot" if last else "he")
+        return Dense(shape[0], n, init=INIT)
     if name == "relu":
         return ReLU(shape, inplace=inplace)
     if name == "lrelu":
@@ -217,7 +219,7 @@ def build_layers(spec: str, input_shape: tuple, seed: int = 0) -> tuple[list[Lay
     fused = 0
     for t in tokens:
         prev = layers[-1] if layers else None
-        layer = _layer(t, shape, prev, seed, t is tokens[-1])
+        layer = _layer(t, shape, prev, seed)
         if type(layer) is ReLU and isinstance(prev, (BatchNorm, Dense)) and not prev.relu:
             prev.relu = True  # 'bn-relu', 'dense:N-relu': one layer, one pass over memory less each way
             fused += 1

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import common  # noqa: E402
 import peer_data  # noqa: E402
 from peer_torch_train import train_torch  # noqa: E402
 
@@ -34,7 +33,7 @@ def train_psgd(path: Path, model: str, *, ranks: int, epochs: int, batch_size: i
     with h5py.File(path, "r") as f:
         n = f["train/y"].shape[0]
     per_epoch = (n // ranks) // batch_size
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(ranks), sys.executable, "-m", "psgd", "train",
+    cmd = [common.mpiexec(), "-n", str(ranks), sys.executable, "-m", "psgd", "train",
            "--data", str(path), "--model", model, "--protocol", "allreduce", "--servers", "0",
            "--optimizer", "momentum", "--momentum", "0.9", "--lr", str(lr), "--batch-size", str(batch_size),
            "--epochs", str(epochs), "--seed", str(seed), "--eval-every", str(per_epoch),
@@ -75,18 +74,18 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=2000, help="test rows per file (0: all 10000)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    common.add_output_arguments(ap)
     args = ap.parse_args()
+    out = common.out_dir(args, "peer")   # before any run
     seeds = [int(s) for s in args.seeds.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-peer-"))
     files = {"fashion": peer_data.fashion(tmp / "fashion.h5", args.train, args.test),
              "colour": peer_data.colour(tmp / "colour.h5", args.train, args.test)}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    print(f"bench-peer: commit {commit}, {platform.node()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-          f"{args.train or 60000} train / {args.test or 10000} test rows; momentum 0.9 lr {args.lr}, "
-          f"batch {args.batch_size} per rank; seeds {args.seeds}", flush=True)
-    print("| model | ranks | augment | epoch | psgd acc | torch acc | psgd - torch | psgd samples/s | "
-          "torch samples/s |\n|---|---|---|---|---|---|---|---|---|", flush=True)
+    lines = [f"{args.train or 60000} train / {args.test or 10000} test rows; momentum 0.9 lr "
+             f"{args.lr}, batch {args.batch_size} per rank; seeds {args.seeds}", "",
+             "| model | ranks | augment | epoch | psgd acc | torch acc | psgd - torch | "
+             "psgd samples/s | torch samples/s |", "|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for model in args.models.split(","):
         for ranks in map(int, args.ranks.split(",")):
             for aug in args.augment.split(","):
@@ -97,10 +96,12 @@ def main() -> None:
                 theirs = cell(train_torch, seeds, path=str(files[MODELS[model]]), model=model,
                               momentum=0.9, **kw)
                 for e, (a, b) in enumerate(zip(ours, theirs), 1):
-                    print(f"| {model} | {ranks} | {aug} | {e} | {fmt(a, len(seeds))} | {fmt(b, len(seeds))} | "
-                          f"{100 * (a['mean'] - b['mean']):+.1f} pt | {a['rate']:.0f} | {b['rate']:.0f} |",
-                          flush=True)
-
+                    lines.append(f"| {model} | {ranks} | {aug} | {e} | {fmt(a, len(seeds))} | "
+                                 f"{fmt(b, len(seeds))} | {100 * (a['mean'] - b['mean']):+.1f} pt "
+                                 f"| {a['rate']:.0f} | {b['rate']:.0f} |")
+                    print(lines[-1], flush=True)
+    data = "Fashion-MNIST (lenet) and tinted Fashion-MNIST 3x32x32 (cifar-cnn, resnet8)"
+    print(f"wrote {common.write_text(out / 'peer.md', chr(10).join(lines), data)}")
 
 if __name__ == "__main__":
     main()

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from peer_torch_train import evaluate, load  # noqa: E402
 
 from psgd.nn.model import CALIBRATION_SAMPLES, build_model  # noqa: E402
@@ -68,20 +69,22 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    common.add_output_arguments(ap)
     args = ap.parse_args()
+    out = common.out_dir(args, "peer-swap")
     torch.set_num_threads(2)
     data = load(args.data)
-    print(f"{args.model} on {args.data}: {len(data[1])} train, {len(data[3])} test rows; momentum 0.9, "
-          f"lr {args.lr}, batch {args.batch_size}, seed {args.seed}")
-    print("| trained by | init | epoch | test acc (precise BN) | test acc (torch eval mode) |")
-    print("|---|---|---|---|---|")
+    lines = [f"{args.model} on {args.data}: {len(data[1])} train, {len(data[3])} test rows; "
+             f"momentum 0.9, lr {args.lr}, batch {args.batch_size}, seed {args.seed}", "",
+             "| trained by | init | epoch | test acc (precise BN) | test acc (torch eval mode) |",
+             "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for framework, init in (("psgd", "psgd"), ("psgd", "torch"), ("torch", "torch"), ("torch", "psgd")):
-        t0 = time.perf_counter()
         for epoch, (acc, tacc) in enumerate(run(args, data, framework, init), 1):
             t = "" if tacc is None else f"{tacc:.4f}"
-            print(f"| {framework} | {init} | {epoch} | {acc:.4f} | {t} |", flush=True)
-        print(f"<!-- {framework}/{init}: {time.perf_counter() - t0:.0f} s -->", flush=True)
-
+            lines.append(f"| {framework} | {init} | {epoch} | {acc:.4f} | {t} |")
+            print(lines[-1], flush=True)
+    print(f"wrote {common.write_text(out / 'peer-swap.md', chr(10).join(lines), args.data)}")
 
 if __name__ == "__main__":
     main()

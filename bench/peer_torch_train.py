@@ -17,9 +17,9 @@ from psgd.nn.torch_peer import TorchPeer
 def load(path: str) -> tuple:
     """Train and test arrays, float32 with the file's scaling and normalisation (as psgd reads them)."""
     reader = ShardReader(path, 0, 1, 1)
-    x = reader.first_rows(reader.n_local)[0]
+    x, y = reader.calibration_rows(reader.n_local)   # every row (in a seeded order), as floats
     xt, yt = reader.test_set()
-    return x, reader.y.copy(), xt, yt, reader.n_classes
+    return x, y, xt, yt, reader.n_classes
 
 
 def crop_flip(x: torch.Tensor, g: torch.Generator, pad: int) -> torch.Tensor:

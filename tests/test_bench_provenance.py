@@ -17,7 +17,8 @@ sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 
 # helper modules of the scripts (imported, never run as a benchmark of their own)
-MODULES = {"common.py", "report.py", "training.py", "protocols.py", "text_corpus.py"}
+MODULES = {"common.py", "report.py", "training.py", "protocols.py", "text_corpus.py",
+           "peer_data.py", "peer_torch_train.py"}
 
 
 def git(*args):

@@ -174,7 +174,7 @@ def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset,
     from psgd.run.metrics import read_log
     log = tmp_path / "run.jsonl"
     mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--model", "lenet", "--quiet",
-               "--protocol", *protocol, "--overlap", "--lr", "0.05", "--batch-size", 32,
+               "--protocol", *protocol, "--overlap", "--lr", "0.1", "--batch-size", 32,
                "--steps", 100, "--log", log], timeout=180)
     records = read_log(log)
     assert records[0]["overlap"] is True

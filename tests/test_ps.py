@@ -175,7 +175,7 @@ def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset,
     log = tmp_path / "run.jsonl"
     mpirun(3, ["-m", "psgd", "train", "--data", dataset, "--model", "lenet", "--quiet",
                "--protocol", *protocol, "--overlap", "--lr", "0.1", "--batch-size", 32,
-               "--steps", 100, "--log", log], timeout=180)
+               "--steps", 200, "--log", log], timeout=180)
     records = read_log(log)
     assert records[0]["overlap"] is True
     summary = records[-1]
@@ -183,7 +183,7 @@ def test_lenet_trains_with_overlap_and_records_honest_staleness(mpirun, dataset,
     assert summary["test_accuracy"] > 0.3, summary  # chance is 0.1; measured 0.57-0.67 (ssp)
     assert summary["window_pushes"] == 0, summary   # overlap pushes by messages
     hist = summary["staleness_histogram"]
-    assert sum(hist) == 2 * 100 and hist[0] <= 2, hist  # only each worker's first push is fresh
+    assert sum(hist) == 2 * 200 and hist[0] <= 2, hist  # only each worker's first push is fresh
     if protocol[0] == "ssp":
         assert len(hist) == 2, hist                      # never above the bound s = 1
 

@@ -228,3 +228,19 @@ def _mpi_marked(request, monkeypatch):
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
     yield
+
+
+def assert_resumed_alike(tmp_path, full, part) -> None:
+    """A run resumed at step 10 into ``part`` ends (step 20) bit-equal to the unbroken one in
+    ``full``: parameters, momentum, and the final evaluation of logs full.jsonl / part.jsonl."""
+    import numpy as np
+
+    from psgd.run.checkpoint import load_checkpoint
+    from psgd.run.metrics import read_log
+    a, b = load_checkpoint(full / "ckpt-00000020.h5"), load_checkpoint(part / "ckpt-00000020.h5")
+    np.testing.assert_array_equal(a.params, b.params)
+    np.testing.assert_array_equal(a.opt_state["velocity"], b.opt_state["velocity"])
+    assert not np.array_equal(a.params, load_checkpoint(full / "ckpt-00000010.h5").params)
+    # the evaluation's batch-norm statistics are recomputed, so the resumed run evaluates alike
+    ends = [read_log(tmp_path / f"{name}.jsonl")[-1] for name in ("full", "part")]
+    assert ends[0]["test_loss"] == ends[1]["test_loss"]

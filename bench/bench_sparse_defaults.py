@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import compileall
 import json
-import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time

@@ -69,7 +69,9 @@ def _signal_mid_run(dataset, tmp_path, protocol, n, servers, rank, sig, marker):
     """Run, send ``sig`` to ``rank`` once training runs; returns (out, err, rc, ckdir)."""
     ckdir, log = tmp_path / "part", tmp_path / "part.jsonl"
     before = set(os.listdir("/dev/shm"))
-    proc = _start(n, ["--data", dataset, *_common(protocol, servers),
+    # 5 ms a step: 600 steps take 3 s or more, so the run cannot end before the signal lands
+    # (fused hogwild ran all 600 in 0.3 s); the sleeps do not change the numbers
+    proc = _start(n, ["--data", dataset, *_common(protocol, servers), "--straggler", "all:p=1,d=0.005",
                       "--checkpoint-dir", ckdir, "--resume", "auto", "--log", log], marker)
     _wait_for_training(log, proc)
     os.kill(_rank_pid(marker, rank), sig)

@@ -83,6 +83,17 @@ def _push(shards, bounds, count, w, touched, k, change, caught, lam, slot, held,
 
 
 @njit(cache=True)
+def _update(w, g, touched, last, logs, t, lr, lam, change, acc, eps, scratch):
+    """Step ``t`` on the ``touched`` rows into ``change``: LazyDecaySGD's (and its ``logs`` entry),
+    or with ``acc`` LazyAdagrad's; whether the step is finite."""
+    if acc is None:
+        finite = sparse_step(w, g, touched, last, logs, t, lr, lam, change)
+        logs[t + 1] = logs[t] + np.log1p(-lr * lam)
+        return finite
+    return adagrad_rows_step(w, g, acc, touched, lr, eps, change, scratch, False)
+
+
+@njit(cache=True)
 def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, values, y, rows,
                  batch, lrs, hinge, last, logs, t, lam, check, skip_nonfinite, losses, corrects,
                  staleness, slot, hot, hold, acc=None, eps=0.0):
@@ -125,13 +136,7 @@ def sparse_steps(shards, bounds, count, params, grad, prev, indptr, indices, val
         if check and not (np.isfinite(loss) and _finite_rows(g, touched)):
             done, status = step, BAD_LOSS if not np.isfinite(loss) else BAD_GRAD
             break
-        # the step (LazyDecaySGD.step, or LazyAdagrad.step) and the push
-        if acc is None:
-            finite = sparse_step(w, g, touched, last, logs, t + step, lrs[step], lam, change)
-            logs[t + step + 1] = logs[t + step] + np.log1p(-lrs[step] * lam)
-        else:
-            finite = adagrad_rows_step(w, g, acc, touched, lrs[step], eps, change, scratch, False)
-        if not finite:
+        if not _update(w, g, touched, last, logs, t + step, lrs[step], lam, change, acc, eps, scratch):
             if not skip_nonfinite:
                 done, status = step, BAD_UPDATE
                 break

@@ -161,13 +161,14 @@ def _closed_form_eager_run(w0, grads, lrs, alpha):
     yield (anchor.astype(np.float64) * factors[:, None]).astype(np.float32)
 
 
-def test_lazy_decay_under_the_optimal_schedule_is_bit_equal_to_the_closed_form_eager_rule():
+@pytest.mark.parametrize("kind,lr", [("optimal", 0.0), ("cosine", 0.5)])
+def test_lazy_decay_is_bit_equal_to_the_closed_form_eager_rule(kind, lr):
     # float32 as the models hold it; rows read are compared bit for bit at every step, every
     # row at the end. The per-step product, rounded at every step, agrees only to float32
     # rounding, and this run is long enough to show that it differs in some bits.
     rng = np.random.default_rng(7)
     n_rows, k, alpha, steps = 50, 3, 1e-2, 600
-    schedule = make_schedule("optimal", 0.0, steps, alpha=alpha)
+    schedule = make_schedule(kind, lr, steps, alpha=alpha)
     lrs = [schedule(t) for t in range(steps)]
     w0 = rng.standard_normal((n_rows, k)).astype(np.float32)
     batches, grads = [], []

@@ -6,7 +6,7 @@ import pytest
 
 from psgd.kernels.optim import adagrad_step
 from psgd.nn.lazy_adagrad import LazyAdagrad
-from psgd.nn.lazy_decay import LazyDecaySGD
+from psgd.nn.lazy_decay import LazyDecaySGD, decay_factor
 from psgd.nn.optim import Adagrad, make_optimizer, make_schedule, optimal_t0
 
 
@@ -139,3 +139,56 @@ def test_lazy_decay_under_the_optimal_schedule_equals_eager_on_touched_rows():
     np.testing.assert_allclose(lazy, eager, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(eager[never], w0[never] * factor, rtol=1e-10)
     assert math.isfinite(factor) and not np.allclose(eager, w0)
+
+
+def _closed_form_eager_run(w0, grads, lrs, alpha):
+    """The eager rule :mod:`psgd.nn.lazy_decay` reproduces, on every row at every step, in
+    plain numpy: a row holds its value after its last step (``anchor``) and that step's index;
+    at step t it is ``anchor * prod_{s=last}^{t-1} (1 - lr_s alpha)``, one rounding; a row with
+    a nonzero gradient is stepped from that value and re-anchored. Yields each step's values
+    (float32, every row) before the step; then the values after the last step."""
+    anchor, last = w0.copy(), np.zeros(len(w0), np.int64)
+    logs = np.zeros(len(lrs) + 1)
+    for t, (g, lr) in enumerate(zip(grads, lrs)):
+        factors = np.array([decay_factor(logs, a, t) for a in last])
+        now = (anchor.astype(np.float64) * factors[:, None]).astype(np.float32)
+        yield now
+        rows = np.flatnonzero(np.any(g != 0, axis=1))
+        stepped = (1.0 - lr * alpha) * now[rows].astype(np.float64) - lr * g[rows].astype(np.float64)
+        anchor[rows], last[rows] = stepped.astype(np.float32), t + 1
+        logs[t + 1] = logs[t] + np.log1p(-lr * alpha)
+    factors = np.array([decay_factor(logs, a, len(lrs)) for a in last])
+    yield (anchor.astype(np.float64) * factors[:, None]).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind,lr", [("optimal", 0.0), ("cosine", 0.5)])
+def test_lazy_decay_is_bit_equal_to_the_closed_form_eager_rule(kind, lr):
+    # float32 as the models hold it; rows read are compared bit for bit at every step, every
+    # row at the end. The per-step product, rounded at every step, agrees only to float32
+    # rounding, and this run is long enough to show that it differs in some bits.
+    rng = np.random.default_rng(7)
+    n_rows, k, alpha, steps = 50, 3, 1e-2, 600
+    schedule = make_schedule(kind, lr, steps, alpha=alpha)
+    lrs = [schedule(t) for t in range(steps)]
+    w0 = rng.standard_normal((n_rows, k)).astype(np.float32)
+    batches, grads = [], []
+    for t in range(steps):
+        rows = np.sort(rng.choice(n_rows, size=int(rng.integers(0, 5)), replace=False))
+        g = np.zeros((n_rows, k), np.float32)
+        g[rows] = rng.standard_normal((len(rows), k)).astype(np.float32)
+        batches.append(rows)
+        grads.append(g)
+    eager = _closed_form_eager_run(w0, grads, lrs, alpha)
+    lazy, opt = w0.copy(), LazyDecaySGD(n_rows, k, alpha)
+    per_step = w0.copy()
+    for t in range(steps):
+        now, rows = next(eager), batches[t]
+        opt.catch_up_rows(lazy, rows)   # in place, before the batch reads them
+        np.testing.assert_array_equal(lazy[rows].view(np.uint32), now[rows].view(np.uint32))
+        assert opt.step_in_place(lazy, grads[t], rows, lrs[t])
+        per_step = per_step - np.float32(lrs[t]) * (grads[t] + np.float32(alpha) * per_step)
+    final = next(eager)
+    opt.catch_up_rows(lazy, np.arange(n_rows))
+    np.testing.assert_array_equal(lazy.view(np.uint32), final.view(np.uint32))
+    np.testing.assert_allclose(per_step, final, rtol=1e-4, atol=1e-6)
+    assert not np.array_equal(per_step, final)

@@ -4,14 +4,26 @@ Eager SGD with decay ``lam`` scales every row by ``1 - lr_t * lam`` at every ste
 touched or not. Lazily, row r remembers the step ``last[r]`` up to which it is decayed;
 when step t's batch reads it, before the forward pass, it is scaled by
 ``prod_{s = last[r]}^{t-1} (1 - lr_s * lam)`` (kept as a running sum of logs, so any
-learning-rate schedule is caught up exactly; :func:`decay_rows`), so the gradient is taken
+learning-rate schedule is caught up; :func:`decay_rows`), so the gradient is taken
 where eager SGD takes it; then step t is taken eagerly. :meth:`catch_up` brings every row
 to the present.
+
+Bit for bit, this is the eager rule that scales a row by that closed form from the value it
+had after its last step (:func:`decay_factor`, one rounding), not by ``1 - lr_s * lam`` once
+per step (one rounding per step, which no O(1) catch-up reproduces); the two agree up to those
+roundings. docs/design/hogwild.md states the rule; tests/test_adagrad.py checks both.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+
+@njit(cache=True)
+def decay_factor(logs, a, t):
+    """``prod_{s=a}^{t-1} (1 - lr_s * lam)`` from ``logs[t] = sum_{s<t} log(1 - lr_s * lam)``
+    (float64; 1.0 when ``a == t``): the one factor every decay of a row goes through."""
+    return 1.0 if a == t else np.exp(logs[t] - logs[a])
 
 
 @njit(cache=True)
@@ -21,7 +33,7 @@ def decay_rows(w, rows, last, logs, t, change):
     k = w.shape[1]
     for m in range(rows.size):
         r = rows[m]
-        factor = np.exp(logs[t] - logs[last[r]])
+        factor = decay_factor(logs, last[r], t)
         for c in range(k):
             old = w[r, c]
             w[r, c] = factor * old
@@ -30,9 +42,10 @@ def decay_rows(w, rows, last, logs, t, change):
 
 
 @njit(cache=True)
-def sparse_step(w, g, rows, last, logs, t, lr, lam, delta):
+def sparse_step(w, g, rows, last, logs, t, lr, lam, delta, in_place=False):
     """delta[rows] = (w[rows] caught up and stepped at t) - w[rows]; ``last[rows] = t + 1``
-    (rows already brought to t by :func:`decay_rows` are only stepped).
+    (rows already brought to t by :func:`decay_rows` are only stepped); with ``in_place``
+    the stepped values are also written to ``w[rows]``.
 
     Returns whether every value of ``delta`` is finite.
     """
@@ -41,12 +54,14 @@ def sparse_step(w, g, rows, last, logs, t, lr, lam, delta):
     bad = False
     for m in range(rows.size):
         r = rows[m]
-        factor = np.exp(logs[t] - logs[last[r]]) * keep if lam != 0.0 else 1.0
+        factor = decay_factor(logs, last[r], t) * keep if lam != 0.0 else 1.0
         for c in range(k):
             new = factor * w[r, c] - lr * g[r, c]
             delta[m, c] = new - w[r, c]
             x = delta[m, c]
             bad |= x - x != 0
+            if in_place:
+                w[r, c] = new
         last[r] = t + 1
     return not bad
 
@@ -77,8 +92,10 @@ class LazyDecaySGD:
         if self.t + steps + 1 >= len(self.logs):
             self.logs = np.concatenate([self.logs, np.zeros(max(len(self.logs), steps + 1))])
 
-    def step(self, w: np.ndarray, g: np.ndarray, rows: np.ndarray, lr: float) -> np.ndarray:
-        """The change (len(rows), row_len) that step ``t`` makes to ``w[rows]`` (not applied here).
+    def step(self, w: np.ndarray, g: np.ndarray, rows: np.ndarray, lr: float,
+             in_place: bool = False) -> np.ndarray:
+        """The change (len(rows), row_len) that step ``t`` makes to ``w[rows]`` (written there too
+        only with ``in_place``).
 
         ``w``, ``g``: (n_rows, row_len); ``rows``: distinct int64 row ids, the only rows where
         ``g`` may be non-zero.
@@ -86,10 +103,15 @@ class LazyDecaySGD:
         lam = self.weight_decay
         self.reserve(1, lr)
         delta = np.empty((len(rows), self.row_len), w.dtype)
-        sparse_step(w, g, rows, self.last, self.logs, self.t, float(lr), lam, delta)
+        sparse_step(w, g, rows, self.last, self.logs, self.t, float(lr), lam, delta, in_place)
         self.logs[self.t + 1] = self.logs[self.t] + np.log1p(-lr * lam)
         self.t += 1
         return delta
+
+    def step_in_place(self, w: np.ndarray, g: np.ndarray, rows: np.ndarray, lr: float) -> bool:
+        """:meth:`step` written into ``w[rows]`` (each value rounded once); whether it was finite."""
+        delta = self.step(w, g, rows, lr, in_place=True)
+        return bool(np.isfinite(delta).all())
 
     def catch_up_rows(self, w: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Bring ``w[rows]`` (in place) to the present decay, before a batch's forward pass reads
@@ -99,7 +121,6 @@ class LazyDecaySGD:
         return change
 
     def catch_up(self, w: np.ndarray) -> np.ndarray:
-        """The change (n_rows, row_len) that brings every row of ``w`` to the present decay."""
-        factor = np.exp(self.logs[self.t] - self.logs[self.last])
-        self.last[:] = self.t
-        return ((factor[:, None] - 1.0) * w).astype(w.dtype)
+        """The change (n_rows, row_len) that brings every row of ``w`` to the present decay
+        (``w`` itself is not written; :meth:`catch_up_rows` over every row writes it)."""
+        return self.catch_up_rows(w.copy(), np.arange(self.n_rows, dtype=np.int64))

@@ -87,19 +87,20 @@ class Protocol:
         topology it cannot run on (the protocol then takes ``--topology``);
         None: no ``--topology``.
     worker : str
-        ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
-        config)`` with ``start(params, clock)``, ``step(params, grad, clock,
-        lr)``, ``finish()``, ``stats``, ``optimizer`` (None when the servers
-        own it) and ``grad_buffer`` (None, or where the gradient should be
-        computed); a decentralized worker also has ``average(params, out) ->
-        consensus distance`` (collective), its models differing per worker, and may
-        have ``serve`` (None, or what to run while the run's stop checks wait).
+        ``"module:Class"`` of the worker half, a :class:`psgd.halves.WorkerHalf` with the
+        shape of :class:`psgd.protocols.interfaces.WorkerHalf` (a decentralized one also
+        that of :class:`~psgd.protocols.interfaces.DecentralizedWorker`).
     server : str or None
-        ``"module:function"`` of the server half: ``serve(roles, shard_map,
-        config, init_shard, init_opt_state, on_snapshot, start_clock)``
-        returning a :class:`psgd.mpi.report.ServerResult`.
+        ``"module:function"`` of the server half
+        (:class:`psgd.protocols.interfaces.ServerHalf`).
+    cost : str or None
+        ``"module:function"`` of its rows in ``psgd plan``: ``function(job, network, name)``
+        returning ``{row name: (seconds per worker step, synchronous)}``
+        (:mod:`psgd.plan.cost`); None: no rows.
     update_rule : str or None
-        ``"module:Class"`` of a parameter server's update rule.
+        ``"module:Class"`` of a parameter server's update rule, a
+        :class:`psgd.ps.update.UpdateRuleBase` with the shape of
+        :class:`psgd.protocols.interfaces.UpdateRule`.
     """
 
     name: str
@@ -127,6 +128,7 @@ class Protocol:
     momentum_gain: bool = False
     hot_rows: bool = False
     graph: str | None = None
+    cost: str | None = None
 
     def staleness_bound(self, staleness: int | str | None,
                         staleness_max: int | None = None) -> float:
@@ -314,6 +316,10 @@ class Protocol:
                               update_rule=_load(self.update_rule) if self.update_rule else None,
                               **settings)
 
+    def cost_model(self):
+        """The function named by :attr:`cost` (imported now)."""
+        return _load(self.cost)
+
     def make_worker(self, roles, shard_map, config: ProtocolConfig):
         """The worker half of this protocol for this rank."""
         return _load(self.worker)(roles, shard_map, config)
@@ -351,25 +357,28 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
            server_snapshots=True, replayable=True, compresses=True)
+_COST = "psgd.plan.cost:"   # the cost models, imported only by psgd plan
 _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
-    Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS,
+    Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, cost=_COST + "bsp_rows",
              momentum_correction=True, momentum_gain=True, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
+             cost=_COST + "async_rows",
              momentum_correction=True, summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
         "online, up to --staleness-max); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
+             cost=_COST + "async_rows",
              **_STALE, momentum_correction=True,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
         server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
-        hot_rows=True,
+        hot_rows=True, cost=_COST + "hogwild_rows",
         optimizers=("sgd", "momentum", "nesterov", "adagrad"), resumes_optimizer=False,
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
@@ -389,6 +398,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
         compresses=True, feedback_refused=("fp16",), momentum_correction=True,
+        cost=_COST + "allreduce_rows",
         feedback_note=(": its ring rounds every partial sum to half precision, which no "
                        "worker's residual could hold"),
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "
@@ -396,14 +406,14 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                  "of half-precision messages; qsgd, topk, sign: an all-gather of encodings)")),
     Protocol(
         "gossip", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
-        graph="psgd.gossip.topology:mixing_matrix",
+        graph="psgd.gossip.topology:mixing_matrix", cost=_COST + "gossip_rows",
         summary=("decentralized synchronous gossip (D-PSGD, Lian et al. 2017; --servers 0): each "
                  "worker keeps its own model and optimizer, and every step averages it with its "
                  "neighbours on --topology ring, torus, exponential or complete (default ring), "
                  "then steps with its own gradient")),
     Protocol(
         "adpsgd", servers=False, worker="psgd.gossip.adpsgd:AdpsgdWorker",
-        graph="psgd.gossip.adpsgd:partners",
+        graph="psgd.gossip.adpsgd:partners", cost=_COST + "adpsgd_rows",
         summary=("asynchronous gossip (AD-PSGD, Lian et al. 2018; --servers 0): each worker "
                  "keeps its own model and, whenever ready, averages it with one neighbour "
                  "drawn at random (seeded) on --topology, with no global step (only the log "

@@ -11,7 +11,6 @@ import importlib
 import math
 from dataclasses import dataclass
 
-from psgd.compress import gain, momentum
 from psgd.config import ProtocolConfig
 from psgd.nn.optim import OPTIMIZERS
 from psgd.ps import compensation
@@ -182,36 +181,6 @@ class Protocol:
         if comp_lambda is not None and not comp_lambda >= 0:
             raise ValueError(f"--comp-lambda must be >= 0, got {comp_lambda}")
         return resolved
-
-    def momentum_at_gain(self, setting: str, *, optimizer: str, feedback: bool) -> bool:
-        """Whether the servers step plain SGD at the momentum's gain (``--momentum-correction``,
-        resolved: :func:`psgd.compress.gain.in_force`); ValueError for ``gain`` without momentum."""
-        return gain.in_force(setting, applies=self.momentum_gain, optimizer=optimizer,
-                             feedback=feedback)
-
-    def momentum_corrected(self, setting: str, *, optimizer: str, feedback: bool,
-                           staleness_comp: str | None = None, gain_feedback: bool = False) -> bool:
-        """Whether momentum moves to the workers (``--momentum-correction``, resolved): not
-        where the servers step at its gain (:meth:`momentum_at_gain` with ``gain_feedback``).
-
-        Raises
-        ------
-        ValueError
-            As :func:`psgd.compress.momentum.resolve`; ``on`` with a
-            ``--staleness-comp`` that rewrites the gradients (dcasgd, gap: the
-            servers would get velocities).
-        """
-        if self.momentum_at_gain(setting, optimizer=optimizer, feedback=gain_feedback):
-            return False
-        method = self.compensation(staleness_comp, optimizer, worker_momentum=True)
-        composes = method in compensation.WITH_WORKER_MOMENTUM
-        if setting == "on" and not composes:
-            raise ValueError(f"--momentum-correction on does not apply with --staleness-comp "
-                             f"{method}, which rewrites each gradient before the momentum sums "
-                             f"it (the servers would get velocities); use "
-                             f"{' or '.join(compensation.WITH_WORKER_MOMENTUM)}")
-        return momentum.resolve(setting, applies=self.momentum_correction and composes,
-                                optimizer=optimizer, feedback=feedback)
 
     def topology(self, topology: str | None, n_workers: int | None = None) -> str | None:
         """The topology in force, given ``--topology`` (None: the default), checked for

@@ -20,6 +20,7 @@ from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule, optimal_t0
 from psgd.protocols import Protocol, get
+from psgd.protocols.momentum import plan as momentum_plan
 from psgd.run.checkpoint import (AUTO, Checkpoint, foreign_checkpoints, load_checkpoint,
                                  new_run_id, save_checkpoint)
 from psgd.run.settings import Resumed, TrainSettings, resolve_run
@@ -162,31 +163,25 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.alpha
                    if settings.lr_schedule == "optimal" else settings.weight_decay}
-    worker_momentum, optimizer, momentum_gain = None, settings.optimizer, 0.0
     gain_feedback = gain.auto_feedback(settings.compress, feedback, settings.compress_bucket)
-    if protocol.momentum_at_gain(settings.momentum_correction, optimizer=settings.optimizer,
-                                 feedback=gain_feedback):
-        optimizer, opt_hparams, base = gain.server_step(settings.momentum,
-                                                        settings.weight_decay, base)
-        momentum_gain = settings.momentum
-    elif protocol.momentum_corrected(settings.momentum_correction, optimizer=settings.optimizer,
-                                     feedback=feedback, staleness_comp=settings.staleness_comp):
-        worker_momentum = {**opt_hparams, "nesterov": settings.optimizer == "nesterov"}
-        opt_hparams = {"momentum": 0.0, "weight_decay": 0.0}   # the workers apply both
+    where = momentum_plan(protocol, settings.momentum_correction, optimizer=settings.optimizer,
+                         momentum=settings.momentum, weight_decay=settings.weight_decay,
+                         opt_hparams=opt_hparams, schedule=base, feedback=feedback,
+                         gain_feedback=gain_feedback, staleness_comp=settings.staleness_comp)
     config = protocol.config(
         model.n_params, staleness=settings.staleness, staleness_max=settings.staleness_max,
         overlap=settings.overlap,
-        optimizer=optimizer,
-        opt_hparams=opt_hparams,
-        lr_schedule=base,  # clocks are the run's steps, also after a resume
+        optimizer=where.optimizer,
+        opt_hparams=where.opt_hparams,
+        lr_schedule=where.schedule,  # clocks are the run's steps, also after a resume
         staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
         snapshot_every=settings.checkpoint_every,
         skip_nonfinite=settings.skip_nonfinite, record=settings.record is not None,
         replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
         topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
-        error_feedback=feedback, worker_momentum=worker_momentum,
-        momentum_gain=momentum_gain, hold_hot=_hold_hot(settings, info, protocol))
+        error_feedback=feedback, worker_momentum=where.worker_momentum,
+        momentum_gain=where.momentum_gain, hold_hot=_hold_hot(settings, info, protocol))
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),

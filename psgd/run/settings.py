@@ -15,6 +15,7 @@ from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
 from psgd.run.optimizer_defaults import (DENSE_DEFAULT, SPARSE_DEFAULT, check_optimizer,
                                          default_text, fill_defaults)
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
+from psgd.protocols.momentum import mode as momentum_mode
 from psgd.ps import compensation
 from psgd.run import straggler
 
@@ -374,8 +375,8 @@ def validate(s: TrainSettings) -> None:
                          f"--hold-hot applies to --protocol {names(hot_rows=True)} on sparse "
                          f"data, not {s.protocol}")
     _staleness_comp(s, protocol)
-    protocol.momentum_corrected(s.momentum_correction, optimizer=s.optimizer, feedback=False,
-                                staleness_comp=s.staleness_comp)
+    momentum_mode(protocol, s.momentum_correction, optimizer=s.optimizer, feedback=False,
+                  staleness_comp=s.staleness_comp)
     if s.staleness == AUTO:
         s.staleness_max = int(bound)
     elif protocol.bound is None:

@@ -33,6 +33,18 @@ def test_defaults_fill_protocol_dependent_values(data):
     assert s.servers == 0
 
 
+def test_validation_fills_a_copy_and_leaves_its_input_as_it_was(data):
+    from dataclasses import asdict
+
+    from psgd.run.settings import TrainSettings, validate
+    given = TrainSettings(data=data, protocol="asp", staleness_lr="inverse", log_every=0)
+    before = asdict(given)
+    filled = validate(given)
+    assert asdict(given) == before
+    assert (filled.servers, filled.staleness_comp, filled.optimizer, filled.log_every) == \
+        (1, "inverse", "sgd", 1)
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--lr", "-1"], "--lr must be a positive"),
     (["--protocol", "bsp", "--staleness", "2"], "--staleness applies to --protocol ssp only"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from psgd.config import ProtocolConfig
 from psgd.nn.optim import OPTIMIZERS
@@ -96,6 +96,10 @@ class Protocol:
         ``"module:function"`` of its rows in ``psgd plan``: ``function(job, network, name)``
         returning ``{row name: (seconds per worker step, synchronous)}``
         (:mod:`psgd.plan.cost`); None: no rows.
+    example : dict
+        The example run the job scripts, the fault tests and the Open MPI check start
+        (:meth:`example_run`): what differs from 3 ranks, the entry's servers, momentum (or
+        its first optimizer) and ``jobs/configs/NAME.toml``.
     update_rule : str or None
         ``"module:Class"`` of a parameter server's update rule, a
         :class:`psgd.ps.update.UpdateRuleBase` with the shape of
@@ -128,6 +132,7 @@ class Protocol:
     hot_rows: bool = False
     graph: str | None = None
     cost: str | None = None
+    example: dict = field(default_factory=dict, hash=False)
 
     def staleness_bound(self, staleness: int | str | None,
                         staleness_max: int | None = None) -> float:
@@ -285,6 +290,13 @@ class Protocol:
                               update_rule=_load(self.update_rule) if self.update_rule else None,
                               **settings)
 
+    def example_run(self) -> dict:
+        """``ranks``, ``servers``, ``optimizer`` and ``config`` (a path from the repository
+        root) of the entry's example run: the defaults, then :attr:`example`."""
+        optimizer = "momentum" if "momentum" in self.optimizers else self.optimizers[0]
+        return {"ranks": 3, "servers": int(self.servers), "optimizer": optimizer,
+                "config": f"jobs/configs/{self.name}.toml", **self.example}
+
     def cost_model(self):
         """The function named by :attr:`cost` (imported now)."""
         return _load(self.cost)
@@ -298,6 +310,15 @@ class Protocol:
         if self.server is None:
             raise ValueError(f"--protocol {self.name} has no server ranks")
         return _load(self.server)(roles, shard_map, config, **kwargs)
+
+
+def register(entry: Protocol) -> Protocol:
+    """Add ``entry`` to :data:`PROTOCOLS` (a plugin's protocol, :mod:`psgd.plugins`); ValueError
+    if its name is taken."""
+    if entry.name in PROTOCOLS:
+        raise ValueError(f"protocol {entry.name!r} is registered already")
+    PROTOCOLS[entry.name] = entry
+    return entry
 
 
 def names(**match) -> str:
@@ -347,7 +368,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
         server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
-        hot_rows=True, cost=_COST + "hogwild_rows",
+        hot_rows=True, cost=_COST + "hogwild_rows", example={"optimizer": "sgd"},
         optimizers=("sgd", "momentum", "nesterov", "adagrad"), resumes_optimizer=False,
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
@@ -367,7 +388,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
         compresses=True, feedback_refused=("fp16",), momentum_correction=True,
-        cost=_COST + "allreduce_rows",
+        cost=_COST + "allreduce_rows", example={"ranks": 2},
         feedback_note=(": its ring rounds every partial sum to half precision, which no "
                        "worker's residual could hold"),
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "
@@ -382,7 +403,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                  "then steps with its own gradient")),
     Protocol(
         "adpsgd", servers=False, worker="psgd.gossip.adpsgd:AdpsgdWorker",
-        graph="psgd.gossip.adpsgd:partners", cost=_COST + "adpsgd_rows",
+        graph="psgd.gossip.adpsgd:partners", cost=_COST + "adpsgd_rows", example={"ranks": 2},
         summary=("asynchronous gossip (AD-PSGD, Lian et al. 2018; --servers 0): each worker "
                  "keeps its own model and, whenever ready, averages it with one neighbour "
                  "drawn at random (seeded) on --topology, with no global step (only the log "

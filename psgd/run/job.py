@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +157,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     model = _model(settings, info)
     total = _total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
+    settings = replace(settings, hold_hot=_hold_hot(settings, info, protocol))
     resume = _resume(settings, resumed, model, total, protocol)
     foreign = _check_checkpoint_dir(settings, run_id)
     base = _schedule(settings, total, model)
@@ -181,7 +182,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
         topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
         error_feedback=feedback, worker_momentum=where.worker_momentum,
-        momentum_gain=where.momentum_gain, hold_hot=_hold_hot(settings, info, protocol))
+        momentum_gain=where.momentum_gain, hold_hot=settings.hold_hot or 1)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),
@@ -210,17 +211,16 @@ def _schedule(settings: TrainSettings, total: int, model):
                          alpha=settings.alpha or 0.0, t0=t0)
 
 
-def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int:
-    """--hold-hot in force: 1 where no rows are held; where they are, written back to the
-    settings (the default too), so the log's config record and checkpoints show it."""
+def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int | None:
+    """--hold-hot in force: None where no rows are held; where they are, the given value or
+    the default (the job's settings carry it, so the log's config record and checkpoints
+    show it)."""
     if settings.hold_hot is not None and not info.get("sparse"):
         raise ValueError(f"--hold-hot applies to a sparse model (linear or svm on CSR data); "
                          f"{settings.data} is dense")
     if not (protocol.hot_rows and info.get("sparse")):
-        return 1
-    if settings.hold_hot is None:
-        settings.hold_hot = DEFAULT_HOLD
-    return settings.hold_hot
+        return None
+    return DEFAULT_HOLD if settings.hold_hot is None else settings.hold_hot
 
 
 def _model(settings: TrainSettings, info: dict):

@@ -6,7 +6,7 @@ import math
 import os
 import textwrap
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from psgd import compress
@@ -311,8 +311,7 @@ def resolve_run(args: argparse.Namespace, environ=os.environ) -> tuple[TrainSett
             given[f.name] = _coerce(f.name, env_value, f"environment PSGD_{f.name.upper()}")
     _flag_wins_run_length(given, args)
     resumed, stored = _from_checkpoint(given)
-    settings = TrainSettings(**{**_carried(stored, given), **given})
-    validate(settings)
+    settings = validate(TrainSettings(**{**_carried(stored, given), **given}))
     if resumed is not None:
         resumed.changed = [f"{name} {stored[name]} -> {getattr(settings, name)}" for name in given
                            if name in stored and stored[name] != getattr(settings, name)]
@@ -348,8 +347,10 @@ def _flag_wins_run_length(values: dict, args: argparse.Namespace) -> None:
             values.pop(other, None)
 
 
-def validate(s: TrainSettings) -> None:
-    """Raise ValueError naming the first bad setting."""
+def validate(given: TrainSettings) -> TrainSettings:
+    """The settings with their defaults filled in (``given`` is left as it was); ValueError
+    naming the first bad setting."""
+    s = replace(given)
     if s.data is None:
         raise ValueError("no dataset: pass --data FILE (make one with `python -m psgd data synth -o FILE`)")
     if not os.path.exists(s.data):
@@ -389,6 +390,7 @@ def validate(s: TrainSettings) -> None:
     if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
         raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
                          f"--resume, replace the log with --overwrite, or give another --log")
+    return s
 
 
 def _check_numbers(s: TrainSettings) -> None:

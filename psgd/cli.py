@@ -19,6 +19,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import psgd  # noqa: E402
+from psgd import plugins  # noqa: E402
 from psgd.errors import launcher_rank, report_and_abort  # noqa: E402
 
 # name -> (module, one-line help)
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     if _chosen_command(argv) == "train":   # a stop signal from the first moment on
         from psgd.run.signals import install
         install()
+    try:
+        plugins.load()   # before the parser: their protocols, compressors and layers show in --help
+    except ValueError as exc:
+        report_and_abort(exc, debug="--debug" in argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False))

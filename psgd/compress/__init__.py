@@ -19,7 +19,19 @@ HELP = {"none": "float32 as computed",
         "sign": "one bit per element and the bucket's mean magnitude",
         "sparse": "the nonzeros as index + value where that is smaller (lossless; sparse models)"}
 
-__all__ = ["HEADER_BYTES", "Compressor", "make", "check", "NONE", "HELP"]
+__all__ = ["HEADER_BYTES", "Compressor", "make", "check", "register", "NONE", "HELP"]
+_REGISTERED: dict = {}   # name -> factory(arg, bucket, seed), from register()
+
+
+def register(spec: str, help_text: str, factory) -> None:
+    """Add a compressor from outside psgd: ``spec`` as :data:`HELP` writes it (``name`` or
+    ``name:ARG``), one line of help, and ``factory(arg, bucket, seed)`` returning the
+    :class:`Compressor` (ValueError for a bad ``arg``). ValueError if the name is taken."""
+    name = spec.partition(":")[0]
+    if name in _REGISTERED or any(k.partition(":")[0] == name for k in HELP):
+        raise ValueError(f"compressor {name!r} is registered already")
+    HELP[spec] = help_text
+    _REGISTERED[name] = factory
 
 
 def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor | None:
@@ -64,6 +76,8 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
         if not 0 < fraction <= 1:
             raise ValueError(f"--compress {spec}: the fraction must be in (0, 1]")
         return TopK(fraction)
+    if name in _REGISTERED:
+        return _REGISTERED[name](arg, bucket, seed)
     raise ValueError(f"--compress {spec!r} is not one of {', '.join(HELP)}")
 
 

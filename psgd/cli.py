@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         install()
     try:
         plugins.load()   # before the parser: their protocols, compressors and layers show in --help
-    except ValueError as exc:
-        report_and_abort(exc, debug="--debug" in argv)
+    except Exception as exc:  # noqa: BLE001 - a plugin that fails to load ends every rank
+        report_and_abort(exc, debug="--debug" in argv, code=2, values_are_usage=True)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False))
@@ -126,4 +126,5 @@ def main(argv: list[str] | None = None) -> None:
             print("psgd: interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
     except BaseException as exc:  # noqa: BLE001 - the failure rule: report, end every rank
-        report_and_abort(exc, debug=debug)
+        # a training rank's ValueError after set-up (which reports its own) is a bug
+        report_and_abort(exc, debug=debug, values_are_usage=args.command != "train")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import os
 
+from psgd.errors import UsageError
+
 VARIABLE = "PSGD_PLUGINS"
 
 
@@ -17,7 +19,7 @@ def load(environ=os.environ) -> list[str]:
 
     Raises
     ------
-    ValueError
+    UsageError
         A module that does not import (the message names it and the variable).
     """
     names = [n.strip() for n in environ.get(VARIABLE, "").split(",") if n.strip()]
@@ -25,6 +27,6 @@ def load(environ=os.environ) -> list[str]:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise ValueError(f"{VARIABLE}: cannot import {name!r} ({exc}); put its folder on "
+            raise UsageError(f"{VARIABLE}: cannot import {name!r} ({exc}); put its folder on "
                              f"PYTHONPATH") from None
     return names

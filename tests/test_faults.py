@@ -49,6 +49,19 @@ CASES = [(p, "worker", kind) for p in LAYOUT for kind in ("raise", "kill")]
 CASES += [(p, "server", "raise") for p in LAYOUT if LAYOUT[p][1]]
 
 
+def test_a_numpy_error_on_a_rank_reads_as_a_bug_naming_the_rank(mpirun, dataset):
+    """Not as a bad flag: numpy's ValueError is no UsageError."""
+    proc, _, left = run_job(mpirun, dataset, "bsp", "rank=2,step=5,kind=numpy")
+    assert proc.returncode != 0 and not left
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("psgd: error: rank 2: this is a bug in psgd: ValueError: operands "
+                                "could not be broadcast together"), proc.stderr
+    path = errors[0].split("(traceback in ")[1].split(";")[0]
+    assert "faults.py" in open(path).read()
+    os.unlink(path)
+
+
 @pytest.mark.parametrize("protocol, where, kind", CASES)
 def test_failed_rank_ends_job_quickly_and_is_named(mpirun, dataset, protocol, where, kind):
     check_failed_rank(mpirun, dataset, protocol, where, kind)
@@ -66,7 +79,10 @@ def check_failed_rank(mpirun, dataset, protocol, where, kind, env=None):
     if kind == "raise":
         errors = _errors(proc.stderr)
         assert len(errors) == 1, proc.stderr
-        assert errors[0].startswith(f"psgd: error: rank {rank}: InjectedFault"), proc.stderr
+        # an exception psgd did not expect reads as a bug, its traceback in a file
+        assert errors[0].startswith(f"psgd: error: rank {rank}: this is a bug in psgd: "
+                                    f"InjectedFault"), proc.stderr
+        assert f".rank{rank}.traceback; --debug prints it)" in errors[0], proc.stderr
     else:
         # a killed process says nothing, and MPICH names a pid (not always the killed one's,
         # when several die together): the injector's line names the rank and its pid

@@ -145,3 +145,17 @@ def test_a_closed_stdout_ends_a_command_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert err == ""
+
+
+def test_help_groups_every_flag_by_feature(capsys):
+    from psgd.run.flag_groups import GROUPS
+    from psgd.run.settings import FLAGS
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(FLAGS)   # each flag in one group
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    out = capsys.readouterr().out
+    for title, names in GROUPS.items():
+        section = out.split(f"\n{title}:\n")[1].split("\n\n")[0]
+        for name in names:
+            assert f"--{name.replace('_', '-')}" in section, (title, name)

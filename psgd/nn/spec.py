@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+from psgd.errors import UsageError
+
 from psgd.nn.elementwise import Dropout, LeakyReLU, Sigmoid, Tanh
 from psgd.nn.layers import (AvgPool2D, ChannelsLast, Conv2D, Dense, Flatten, GlobalAvgPool, Layer,
                             MaxPool2D, ReLU)
@@ -44,7 +46,7 @@ PRESETS = {
 }
 
 
-class SpecError(ValueError):
+class SpecError(UsageError):
     """A spec that does not parse or does not fit its input; the message names the token."""
 
 
@@ -54,7 +56,7 @@ def register(token: str, help_text: str, make) -> None:
     ``shape`` (per sample; raise SpecError or ValueError for bad ones)."""
     global TOKEN_HELP
     if token in TOKENS:
-        raise ValueError(f"layer token {token!r} is registered already")
+        raise UsageError(f"layer token {token!r} is registered already")
     TOKENS[token] = help_text
     _REGISTERED[token] = make
     TOKEN_HELP = "; ".join(TOKENS.values())

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from psgd.errors import UsageError
+
 SMALL_BYTES = 256 * 1024      # psgd's all-reduce: recursive doubling below this, else the ring
 STEP_PASSES = 4               # an optimizer step's passes over its vector (a sum adds one per push)
 COORDINATE_BYTES = 8          # a sparse update's int32 index + float32 value per coordinate
@@ -104,24 +106,24 @@ class Job:
 def check(job: Job, net: Network) -> None:
     """Raise ValueError (one line) for inputs no job can have."""
     if job.workers < 1:
-        raise ValueError(f"need at least 1 worker, got {job.workers}")
+        raise UsageError(f"need at least 1 worker, got {job.workers}")
     if job.servers < 0:
-        raise ValueError(f"servers must be >= 0, got {job.servers}")
+        raise UsageError(f"servers must be >= 0, got {job.servers}")
     if job.n_params < 1 or job.batch < 1 or job.per_node < 1:
-        raise ValueError("the model needs >= 1 parameter, the batch and ranks per node >= 1")
+        raise UsageError("the model needs >= 1 parameter, the batch and ranks per node >= 1")
     if not job.compute_s > 0:
-        raise ValueError(f"compute time per sample must be > 0 s, got {job.compute_s}")
+        raise UsageError(f"compute time per sample must be > 0 s, got {job.compute_s}")
     if not net.bandwidth > 0 or not net.shm_bandwidth > 0:
-        raise ValueError("bandwidth must be > 0")
+        raise UsageError("bandwidth must be > 0")
     if net.latency < 0:
-        raise ValueError(f"latency must be >= 0 s, got {net.latency}")
+        raise UsageError(f"latency must be >= 0 s, got {net.latency}")
     c = job.compression
     if not c.ratio > 0 or c.encode_s < 0 or c.decode_s < 0:
-        raise ValueError("the compression ratio must be > 0 and its codec times >= 0")
+        raise UsageError("the compression ratio must be > 0 and its codec times >= 0")
     if job.cliques is not None and not 1 <= job.cliques <= job.ranks:
-        raise ValueError(f"nodes must be between 1 and the {job.ranks} ranks, got {job.cliques}")
+        raise UsageError(f"nodes must be between 1 and the {job.ranks} ranks, got {job.cliques}")
     if job.touched is not None and not 0 < job.touched <= job.n_params:
-        raise ValueError(f"a step must touch between 1 and the {job.n_params} parameters, got "
+        raise UsageError(f"a step must touch between 1 and the {job.n_params} parameters, got "
                          f"{job.touched}")
 
 

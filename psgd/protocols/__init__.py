@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from psgd.config import ProtocolConfig
+from psgd.errors import UsageError
 from psgd.nn.optim import OPTIMIZERS
 from psgd.ps import compensation
 
@@ -313,10 +314,10 @@ class Protocol:
 
 
 def register(entry: Protocol) -> Protocol:
-    """Add ``entry`` to :data:`PROTOCOLS` (a plugin's protocol, :mod:`psgd.plugins`); ValueError
+    """Add ``entry`` to :data:`PROTOCOLS` (a plugin's protocol, :mod:`psgd.plugins`); UsageError
     if its name is taken."""
     if entry.name in PROTOCOLS:
-        raise ValueError(f"protocol {entry.name!r} is registered already")
+        raise UsageError(f"protocol {entry.name!r} is registered already")
     PROTOCOLS[entry.name] = entry
     return entry
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from psgd.compress import gain
 from psgd.compress.momentum import MOMENTUM_OPTIMIZERS, SETTINGS
+from psgd.errors import UsageError
 from psgd.ps import compensation
 
 
@@ -44,7 +45,7 @@ def mode(protocol, setting: str, *, optimizer: str, feedback: bool, gain_feedbac
     """
     has_momentum = optimizer in MOMENTUM_OPTIMIZERS
     if setting == "gain" and not has_momentum:
-        raise ValueError(f"--momentum-correction gain needs --optimizer momentum or nesterov, "
+        raise UsageError(f"--momentum-correction gain needs --optimizer momentum or nesterov, "
                          f"not {optimizer}")
     if protocol.momentum_gain and has_momentum and (
             setting == "gain" or setting == "auto" and gain_feedback):
@@ -52,14 +53,14 @@ def mode(protocol, setting: str, *, optimizer: str, feedback: bool, gain_feedbac
     method = protocol.compensation(staleness_comp, optimizer, worker_momentum=True)
     composes = method in compensation.WITH_WORKER_MOMENTUM
     if setting == "on" and not composes:
-        raise ValueError(f"--momentum-correction on does not apply with --staleness-comp "
+        raise UsageError(f"--momentum-correction on does not apply with --staleness-comp "
                          f"{method}, which rewrites each gradient before the momentum sums "
                          f"it (the servers would get velocities); use "
                          f"{' or '.join(compensation.WITH_WORKER_MOMENTUM)}")
     if setting not in SETTINGS:
-        raise ValueError(f"--momentum-correction {setting!r} is not auto, on, off or gain")
+        raise UsageError(f"--momentum-correction {setting!r} is not auto, on, off or gain")
     if setting == "on" and not has_momentum:
-        raise ValueError(f"--momentum-correction on needs --optimizer momentum or nesterov, "
+        raise UsageError(f"--momentum-correction on needs --optimizer momentum or nesterov, "
                          f"not {optimizer}")
     moves = setting == "on" or setting == "auto" and feedback
     return "workers" if protocol.momentum_correction and composes and has_momentum and moves \

@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 from psgd.compress import feedback_on, gain
 from psgd.config import ProtocolConfig
-from psgd.errors import PsgdError
+from psgd.env import psgd_variables
+from psgd.errors import PsgdError, set_traceback_base
 from psgd.hogwild import DEFAULT_HOLD
 from psgd.mpi import timeline, wait, watchdog
 from psgd.mpi.phase import phase
@@ -23,7 +24,7 @@ from psgd.protocols import Protocol, get
 from psgd.protocols.momentum import plan as momentum_plan
 from psgd.run.checkpoint import (AUTO, Checkpoint, foreign_checkpoints, load_checkpoint,
                                  new_run_id, save_checkpoint)
-from psgd.run.settings import Resumed, TrainSettings, resolve_run
+from psgd.run.settings import FLAG_VARIABLES, Resumed, TrainSettings, resolve_run
 from psgd.run import straggler
 from psgd.run.signals import EXIT_STOPPED, ignore, install
 from psgd.run.stop import StopControl
@@ -301,6 +302,15 @@ def _announce(job: Job, resumed: Resumed | None) -> None:
               f"{resumed.step}{changed}", flush=True)
 
 
+def _notice_unknown_variables() -> None:
+    """One line naming the ``PSGD_*`` variables psgd does not read (a typo, or a knob of
+    another version), so none is ignored silently."""
+    _, unknown = psgd_variables(FLAG_VARIABLES)
+    if unknown:
+        print(f"psgd: notice: ignoring {', '.join(unknown)}: not a psgd flag's variable or knob "
+              f"(docs/guide/environment.md)", file=sys.stderr, flush=True)
+
+
 def train_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd train`` on every rank."""
     install()
@@ -313,6 +323,9 @@ def train_main(args: argparse.Namespace) -> None:
         settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug,
                                   "check the settings", "agreeing on the settings")
         dog.timeout, dog.abort = settings.stall_timeout, settings.stall_abort
+        set_traceback_base(settings.log)
+        if comm.Get_rank() == 0:
+            _notice_unknown_variables()
         job = _run(comm, settings, resumed, debug)
         with phase("finishing"):
             wait.barrier(comm, "the other ranks to finish")

@@ -12,6 +12,7 @@ from pathlib import Path
 from psgd import compress
 from psgd.hogwild import DEFAULT_HOLD
 from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
+from psgd.run.flag_groups import GROUPS
 from psgd.run.optimizer_defaults import (DENSE_DEFAULT, SPARSE_DEFAULT, check_optimizer,
                                          default_text, fill_defaults)
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
@@ -114,6 +115,10 @@ class TrainSettings:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+#: each setting's environment variable, PSGD_<NAME> (psgd.env.KNOBS are the others)
+FLAG_VARIABLES = frozenset(f"PSGD_{f.name.upper()}" for f in fields(TrainSettings))
 
 
 # flag name -> (type, help); bools are store_true flags
@@ -223,13 +228,15 @@ FLAGS: dict[str, tuple[type, str]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="TOML", help="TOML file of settings (flags override it)")
+    group_of = {name: title for title, names in GROUPS.items() for name in names}
+    groups = {title: parser.add_argument_group(title) for title in [*GROUPS, "other"]}
     for name, (kind, help_text) in FLAGS.items():
-        flag = "--" + name.replace("_", "-")
+        flag, group = "--" + name.replace("_", "-"), groups[group_of.get(name, "other")]
         if kind is bool:
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+            group.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
-            parser.add_argument(flag, type=kind, default=None, help=help_text,
-                                metavar=name.upper())
+            group.add_argument(flag, type=kind, default=None, help=help_text,
+                               metavar=name.upper())
 
 
 def _coerce(name: str, value, source: str):

@@ -19,6 +19,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import psgd  # noqa: E402
+from psgd import plugins  # noqa: E402
 from psgd.errors import launcher_rank, report_and_abort  # noqa: E402
 
 # name -> (module, one-line help)
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     if _chosen_command(argv) == "train":   # a stop signal from the first moment on
         from psgd.run.signals import install
         install()
+    try:
+        plugins.load()   # before the parser: their protocols, compressors and layers show in --help
+    except Exception as exc:  # noqa: BLE001 - a plugin that fails to load ends every rank
+        report_and_abort(exc, debug="--debug" in argv, code=2, values_are_usage=True)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False))
@@ -121,4 +126,5 @@ def main(argv: list[str] | None = None) -> None:
             print("psgd: interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
     except BaseException as exc:  # noqa: BLE001 - the failure rule: report, end every rank
-        report_and_abort(exc, debug=debug)
+        # a training rank's ValueError after set-up (which reports its own) is a bug
+        report_and_abort(exc, debug=debug, values_are_usage=args.command != "train")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -11,6 +12,11 @@ ABORT_GRACE_S = 0.3  # between the message and MPI_Abort
 
 class PsgdError(Exception):
     """A user-facing error: bad input, bad config, a failed run.  Printed as one line."""
+
+
+class UsageError(PsgdError, ValueError):
+    """What the user can fix (a flag, a file, a launch): printed as one line, exit 2 where
+    the command line was wrong."""
 
 
 class NonFinitePush(PsgdError):
@@ -31,20 +37,51 @@ def launcher_rank() -> int:
     return 0
 
 
-def report_and_abort(exc: BaseException, *, debug: bool = False, code: int = 1) -> None:
+_traceback_base = {"path": None}   # set_traceback_base(): where a bug's traceback is written
+
+
+def set_traceback_base(log: str | None) -> None:
+    """A bug's traceback goes to ``<log>.rank<R>.traceback`` (None: the temp folder's
+    ``psgd-<pid>``)."""
+    _traceback_base["path"] = log
+
+
+def _bug(exc: BaseException, rank: int, debug: bool) -> str:
+    """The line for an exception psgd did not expect: its traceback is written to a file
+    (printed already with ``debug``)."""
+    head = f"this is a bug in psgd: {type(exc).__name__}: {exc}"
+    if debug:
+        return f"{head} (traceback above)"
+    base = _traceback_base["path"] or os.path.join(tempfile.gettempdir(), f"psgd-{os.getpid()}")
+    path = f"{base}.rank{rank}.traceback"
+    try:
+        with open(path, "w") as f:
+            traceback.print_exception(exc, file=f)
+    except OSError as err:
+        return f"{head} (its traceback could not be written to {path}: {err}; --debug prints it)"
+    return f"{head} (traceback in {path}; --debug prints it)"
+
+
+def report_and_abort(exc: BaseException, *, debug: bool = False, code: int = 1,
+                     values_are_usage: bool = False) -> None:
     """Print one line naming this rank and the cause, then end every rank of the job.
 
+    A :class:`PsgdError` (and ``UsageError``) is its message; an OSError its type and
+    message; a ValueError too where ``values_are_usage`` (the single-process commands,
+    whose input parsing raises it); anything else is a bug in psgd (:func:`_bug`).
     Under MPI with more than one rank this calls ``MPI_Abort`` (after flushing the
     message), so no other rank is left hanging; alone it exits with ``code``.
     """
     rank, size = _rank_size()
     where = f"rank {rank}: " if size > 1 else ""
-    if isinstance(exc, (PsgdError, ValueError)) and not debug:
-        msg = str(exc)
-    else:
-        msg = f"{type(exc).__name__}: {exc}"
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, PsgdError) or values_are_usage and isinstance(exc, ValueError):
+        msg = f"{type(exc).__name__}: {exc}" if debug else str(exc)
+    elif isinstance(exc, OSError):
+        msg = f"{type(exc).__name__}: {exc}"
+    else:
+        msg = _bug(exc, rank, debug)
     print(f"psgd: error: {where}{msg}", file=sys.stderr, flush=True)
     if size > 1:
         abort_job(code)

@@ -8,6 +8,7 @@ import pytest
 
 from psgd.nn.optim import make_optimizer
 from psgd.protocols import get, make_config
+from psgd.protocols.momentum import mode as momentum_mode
 from psgd.ps import compensation
 from psgd.ps.compensation import amom
 from psgd.ps.ssp import SspUpdate
@@ -202,10 +203,10 @@ def test_auto_falls_back_to_amom_where_dana_cannot_run():
     assert compensation.resolve("auto", "momentum", worker_momentum=True) == "amom"
     assert make_config("asp", 4, optimizer="momentum",
                        worker_momentum={"momentum": MU}).staleness_comp == "amom"
-    assert get("asp").momentum_corrected("auto", optimizer="momentum", feedback=True,
-                                         staleness_comp="auto")
-    assert not get("asp").momentum_corrected("auto", optimizer="momentum", feedback=True,
-                                             staleness_comp="dana")
+    assert momentum_mode(get("asp"), "auto", optimizer="momentum", feedback=True,
+                         staleness_comp="auto") == "workers"
+    assert momentum_mode(get("asp"), "auto", optimizer="momentum", feedback=True,
+                         staleness_comp="dana") == "servers"
     # nor dana-adam, where no server answers the reads (hogwild refuses adam before this)
     assert compensation.resolve("auto", "adam", get("hogwild").compensations) == "none"
 

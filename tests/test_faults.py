@@ -8,23 +8,30 @@ import pytest
 from conftest import wait_marked_gone
 
 from psgd.mpi.faults import parse
+from psgd.protocols import PROTOCOLS
 from psgd.run.metrics import read_log
 
 MLP = "mlp:784-32-10"
 BOUND_S = 30          # a failed job must be gone within this many seconds
-# protocol -> (ranks, servers, a non-lead worker rank)
-LAYOUT = {"bsp": (3, 1, 2), "ssp": (3, 1, 2), "asp": (3, 1, 2), "hogwild": (3, 1, 2),
-          "allreduce": (2, 0, 1), "gossip": (3, 0, 1), "adpsgd": (2, 0, 1)}
 
 
-def run_job(mpirun, dataset, protocol, fault, *flags, timeout=90):
-    """Train under ``protocol`` with ``PSGD_FAULT=fault``; return (proc, seconds, leftover pids)."""
-    ranks, servers, _ = LAYOUT[protocol]
+def layout(protocol: str) -> tuple[int, int, int, str]:
+    """(ranks, servers, the first non-lead worker's rank, optimizer) of the entry's example run."""
+    run = PROTOCOLS[protocol].example_run()
+    return run["ranks"], run["servers"], run["servers"] + 1, run["optimizer"]
+
+
+LAYOUT = {name: layout(name) for name in PROTOCOLS}
+
+
+def run_job(mpirun, dataset, protocol, fault, *flags, timeout=90, env=None):
+    """Train under ``protocol`` with ``PSGD_FAULT=fault`` (and ``env``); return (proc, seconds,
+    leftover pids)."""
+    ranks, servers, _, opt = layout(protocol)
     marker = uuid.uuid4().hex
-    env = {"PSGD_TEST_MARK": marker}
+    env = {**(env or {}), "PSGD_TEST_MARK": marker}
     if fault:
         env["PSGD_FAULT"] = fault
-    opt = "sgd" if protocol == "hogwild" else "momentum"
     t0 = time.monotonic()
     proc = mpirun(ranks, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", MLP,
                           "--protocol", protocol, "--servers", servers, "--optimizer", opt,
@@ -42,10 +49,29 @@ CASES = [(p, "worker", kind) for p in LAYOUT for kind in ("raise", "kill")]
 CASES += [(p, "server", "raise") for p in LAYOUT if LAYOUT[p][1]]
 
 
+def test_a_numpy_error_on_a_rank_reads_as_a_bug_naming_the_rank(mpirun, dataset):
+    """Not as a bad flag: numpy's ValueError is no UsageError."""
+    proc, _, left = run_job(mpirun, dataset, "bsp", "rank=2,step=5,kind=numpy")
+    assert proc.returncode != 0 and not left
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("psgd: error: rank 2: this is a bug in psgd: ValueError: operands "
+                                "could not be broadcast together"), proc.stderr
+    path = errors[0].split("(traceback in ")[1].split(";")[0]
+    assert "faults.py" in open(path).read()
+    os.unlink(path)
+
+
 @pytest.mark.parametrize("protocol, where, kind", CASES)
 def test_failed_rank_ends_job_quickly_and_is_named(mpirun, dataset, protocol, where, kind):
-    rank = 0 if where == "server" else LAYOUT[protocol][2]
-    proc, elapsed, left = run_job(mpirun, dataset, protocol, f"rank={rank},step=5,kind={kind}")
+    check_failed_rank(mpirun, dataset, protocol, where, kind)
+
+
+def check_failed_rank(mpirun, dataset, protocol, where, kind, env=None):
+    """A fault (``kind``) on a ``where`` rank ends the job within BOUND_S, naming the rank."""
+    rank = 0 if where == "server" else layout(protocol)[2]
+    proc, elapsed, left = run_job(mpirun, dataset, protocol, f"rank={rank},step=5,kind={kind}",
+                                  env=env)
     assert proc.returncode != 0, proc.stderr
     assert elapsed < BOUND_S, (elapsed, proc.stderr)
     assert not left, f"processes left behind: {left}"
@@ -53,7 +79,10 @@ def test_failed_rank_ends_job_quickly_and_is_named(mpirun, dataset, protocol, wh
     if kind == "raise":
         errors = _errors(proc.stderr)
         assert len(errors) == 1, proc.stderr
-        assert errors[0].startswith(f"psgd: error: rank {rank}: InjectedFault"), proc.stderr
+        # an exception psgd did not expect reads as a bug, its traceback in a file
+        assert errors[0].startswith(f"psgd: error: rank {rank}: this is a bug in psgd: "
+                                    f"InjectedFault"), proc.stderr
+        assert f".rank{rank}.traceback; --debug prints it)" in errors[0], proc.stderr
     else:
         # a killed process says nothing, and MPICH names a pid (not always the killed one's,
         # when several die together): the injector's line names the rank and its pid

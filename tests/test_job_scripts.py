@@ -7,10 +7,39 @@ from pathlib import Path
 
 import pytest
 
+from psgd import protocols as registry
 from psgd.mpi.roles import check_servers
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOCOLS = ("bsp", "ssp", "asp", "hogwild", "allreduce", "gossip", "adpsgd")
+PROTOCOLS = tuple(registry.PROTOCOLS)
+
+
+def check_example_config(entry, root=ROOT, data=None):
+    """The entry's example config (:meth:`psgd.protocols.Protocol.example_run`) names the
+    protocol and passes psgd train's validation (with ``data`` for its dataset)."""
+    import argparse
+
+    from psgd.run.settings import add_arguments, resolve
+    run = entry.example_run()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = ["--config", str(root / run["config"])] + (["--data", str(data)] if data else [])
+    s = resolve(parser.parse_args(args), environ={})
+    assert s.protocol == entry.name
+    assert s.servers == run["servers"]
+
+
+def test_every_protocol_has_its_job_scripts_and_no_script_outlives_its_protocol():
+    for folder, suffix in (("configs", ".toml"), ("slurm", ".sbatch"), ("mpirun", ".sh")):
+        found = {p.stem for p in (ROOT / "jobs" / folder).glob(f"*{suffix}")} - {"run"}
+        assert found == set(PROTOCOLS), folder
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_example_config_passes_validation(tmp_path, protocol):
+    data = tmp_path / "d.h5"
+    data.touch()
+    check_example_config(registry.PROTOCOLS[protocol], data=data)
 
 
 def _fake(bin_dir: Path, name: str) -> None:

@@ -5,8 +5,10 @@ import shutil
 import numpy as np
 import pytest
 
-from psgd.compress.momentum import WorkerMomentum, resolve
+from psgd.compress.momentum import WorkerMomentum
 from psgd.kernels.optim import momentum_step
+from psgd.protocols import get
+from psgd.protocols.momentum import mode
 from psgd.run.checkpoint import list_checkpoints, load_checkpoint
 
 MLP = "mlp:784-32-10"
@@ -36,16 +38,20 @@ def test_a_step_along_the_workers_direction_is_the_momentum_step(nesterov):
 
 
 def test_auto_moves_momentum_where_error_feedback_runs_and_on_needs_momentum():
-    assert resolve("auto", applies=True, optimizer="momentum", feedback=True)
-    assert not resolve("auto", applies=True, optimizer="momentum", feedback=False)
-    assert not resolve("auto", applies=False, optimizer="nesterov", feedback=True)
-    assert not resolve("auto", applies=True, optimizer="sgd", feedback=True)
-    assert resolve("on", applies=True, optimizer="nesterov", feedback=False)
-    assert not resolve("off", applies=True, optimizer="momentum", feedback=True)
+    asp, hogwild = get("asp"), get("hogwild")
+
+    def moves(protocol, setting, optimizer, feedback):
+        return mode(protocol, setting, optimizer=optimizer, feedback=feedback) == "workers"
+    assert moves(asp, "auto", "momentum", True)
+    assert not moves(asp, "auto", "momentum", False)
+    assert not moves(hogwild, "auto", "nesterov", True)   # its entry has no momentum_correction
+    assert not moves(asp, "auto", "sgd", True)
+    assert moves(asp, "on", "nesterov", False)
+    assert not moves(asp, "off", "momentum", True)
     with pytest.raises(ValueError, match="needs --optimizer momentum or nesterov, not adam"):
-        resolve("on", applies=True, optimizer="adam", feedback=True)
+        mode(asp, "on", optimizer="adam", feedback=True)
     with pytest.raises(ValueError, match="'yes' is not auto, on, off or gain"):
-        resolve("yes", applies=True, optimizer="momentum", feedback=True)
+        mode(asp, "yes", optimizer="momentum", feedback=True)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from psgd.protocols import get
+from psgd.protocols.momentum import mode
 
 MU, LR, N, BUCKET, STEPS = 0.9, 0.05, 1000, 512, 6
 
@@ -21,21 +22,19 @@ def test_auto_steps_at_the_gain_under_bsp_with_sign_and_error_feedback_only():
     assert not auto_feedback("qsgd:4", True, 512)
     assert not auto_feedback("none", False, 512)
     bsp = get("bsp")
-    assert bsp.momentum_at_gain("auto", optimizer="momentum", feedback=True)
-    assert bsp.momentum_at_gain("auto", optimizer="nesterov", feedback=True)
-    assert not bsp.momentum_corrected("auto", optimizer="momentum", feedback=True,
-                                      gain_feedback=True)
-    assert bsp.momentum_corrected("auto", optimizer="momentum", feedback=True,
-                                  gain_feedback=False)   # top-k
-    assert not bsp.momentum_at_gain("auto", optimizer="momentum", feedback=False)
-    assert not bsp.momentum_corrected("auto", optimizer="momentum", feedback=False)
-    assert not bsp.momentum_at_gain("auto", optimizer="sgd", feedback=True)
-    assert bsp.momentum_at_gain("gain", optimizer="momentum", feedback=False)
-    assert bsp.momentum_corrected("on", optimizer="momentum", feedback=True)
-    assert not bsp.momentum_at_gain("on", optimizer="momentum", feedback=True)
+
+    def where(protocol, setting, optimizer="momentum", feedback=True, gain_feedback=False):
+        return mode(protocol, setting, optimizer=optimizer, feedback=feedback,
+                    gain_feedback=gain_feedback)
+    assert where(bsp, "auto", gain_feedback=True) == "gain"
+    assert where(bsp, "auto", "nesterov", gain_feedback=True) == "gain"
+    assert where(bsp, "auto") == "workers"   # top-k
+    assert where(bsp, "auto", feedback=False) == "servers"
+    assert where(bsp, "auto", "sgd", gain_feedback=True) == "servers"
+    assert where(bsp, "gain", feedback=False) == "gain"
+    assert where(bsp, "on", gain_feedback=True) == "workers"
     for name in ("ssp", "asp", "allreduce"):
-        assert not get(name).momentum_at_gain("auto", optimizer="momentum", feedback=True)
-        assert get(name).momentum_corrected("auto", optimizer="momentum", feedback=True)
+        assert where(get(name), "auto", gain_feedback=True) == "workers"
 
 
 def test_the_servers_step_is_sgd_at_the_momentums_gain():
@@ -71,3 +70,22 @@ def test_bsp_sign_at_the_gain_follows_a_numpy_reference(mpirun):
     got = np.array(json.loads(proc.stdout.split("RESULT ", 1)[1])["params"])
     want = sign_reference(3)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_plan_moves_the_momentum_where_the_mode_says():
+    from psgd.protocols.momentum import plan
+    hparams = {"momentum": MU, "weight_decay": 1e-3}
+
+    def run(setting, gain_feedback):
+        return plan(get("bsp"), setting, optimizer="nesterov", momentum=MU, weight_decay=1e-3,
+                    opt_hparams=hparams, schedule=lambda clock: LR, feedback=True,
+                    gain_feedback=gain_feedback, staleness_comp=None)
+    gain = run("auto", True)
+    assert (gain.optimizer, gain.opt_hparams, gain.worker_momentum) == (
+        "sgd", {"weight_decay": 1e-3}, None)
+    assert gain.momentum_gain == MU and gain.schedule(0) == pytest.approx(LR / (1 - MU))
+    workers = run("on", True)
+    assert workers.worker_momentum == {**hparams, "nesterov": True}
+    assert workers.opt_hparams == {"momentum": 0.0, "weight_decay": 0.0}
+    servers = run("off", True)
+    assert (servers.optimizer, servers.opt_hparams, servers.momentum_gain) == ("nesterov", hparams, 0.0)

@@ -177,7 +177,8 @@ def test_balanced_servers_match_total_worker_bandwidth():
 
 def test_predict_rows_and_the_recommendation_prefers_sync_unless_async_is_much_faster():
     p = predict(job(workers=4, servers=4), Network(BW, 1e-5))
-    assert set(p) == {"bsp", "ssp", "asp", "hogwild", "allreduce ring", "allreduce hierarchical"}
+    assert set(p) == {"bsp", "ssp", "asp", "hogwild", "allreduce ring", "allreduce hierarchical",
+                      "gossip", "adpsgd"}
     for row in p.values():
         assert row["samples_per_s"] == pytest.approx(4 * 64 / row["step_s"])
         assert 0 < row["efficiency"] <= 1
@@ -310,3 +311,24 @@ def test_plan_refuses_sparse_inputs_that_do_not_fit_with_one_line(args, words):
                            "--workers", "2", *args], capture_output=True, text=True)
     assert proc.returncode != 0
     assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_gossip_hides_the_ring_exchange_behind_compute_and_adpsgd_pays_one_swap():
+    """4 workers, one per node on a switch: a gossip worker sends B to each of its 2 ring
+    neighbours and receives 2 B, overlapped with the next gradient; adpsgd swaps B each way with
+    one partner after it, asynchronously."""
+    net = Network(BW, 0.0, shm_bandwidth=SHM)
+    p = predict(job(servers=1), net)
+    assert p["gossip"]["step_s"] == pytest.approx(max(TC, 2 * B / BW) + (3 + 4) * B / SHM)
+    assert p["adpsgd"]["step_s"] == pytest.approx(TC + B / BW + (2 + 4) * B / SHM)
+    assert p["gossip"]["sync"] and not p["adpsgd"]["sync"]
+
+
+def test_every_registry_entry_with_a_cost_model_gets_its_rows(monkeypatch):
+    from psgd.protocols import PROTOCOLS, Protocol
+    entry = Protocol("lockstep", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
+                     summary="a test protocol", cost="psgd.plan.cost:adpsgd_rows")
+    monkeypatch.setitem(PROTOCOLS, "lockstep", entry)
+    p = predict(job(servers=1), Network(BW, 0.0))
+    assert p["lockstep"] == p["adpsgd"]
+    assert {n.split()[0] for n in p} == {n for n, e in PROTOCOLS.items() if e.cost}

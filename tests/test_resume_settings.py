@@ -26,7 +26,7 @@ def saved_run(directory, data, run_id="run-a", step=40, **changes):
     """A checkpoint as `psgd train` saves it: its run's validated settings in the header."""
     run = settings.TrainSettings(data=str(data), model=MLP, optimizer="adam", lr=0.001,
                                  protocol="ssp", staleness=3, epochs=2.0, **changes)
-    settings.validate(run)
+    run = settings.validate(run)
     ckpt = Checkpoint(params=np.zeros(784 * 32 + 32 + 32 * 10 + 10, np.float32), model_spec=MLP,
                       step=step, optimizer=run.optimizer, config=run.as_dict(), run_id=run_id)
     return save_checkpoint(directory, ckpt)

@@ -33,6 +33,18 @@ def test_defaults_fill_protocol_dependent_values(data):
     assert s.servers == 0
 
 
+def test_validation_fills_a_copy_and_leaves_its_input_as_it_was(data):
+    from dataclasses import asdict
+
+    from psgd.run.settings import TrainSettings, validate
+    given = TrainSettings(data=data, protocol="asp", staleness_lr="inverse", log_every=0)
+    before = asdict(given)
+    filled = validate(given)
+    assert asdict(given) == before
+    assert (filled.servers, filled.staleness_comp, filled.optimizer, filled.log_every) == \
+        (1, "inverse", "sgd", 1)
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--lr", "-1"], "--lr must be a positive"),
     (["--protocol", "bsp", "--staleness", "2"], "--staleness applies to --protocol ssp only"),
@@ -133,3 +145,18 @@ def test_a_closed_stdout_ends_a_command_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert err == ""
+
+
+def test_help_groups_the_flags_by_feature(capsys):
+    """Each grouped flag is a flag, in one section; a flag in none is shown under "other"."""
+    from psgd.run.flag_groups import GROUPS
+    from psgd.run.settings import FLAGS
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert len(grouped) == len(set(grouped)) and set(grouped) <= set(FLAGS)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    out = capsys.readouterr().out
+    for title, names in GROUPS.items():
+        section = out.split(f"\n{title}:\n")[1].split("\n\n")[0]
+        for name in names:
+            assert f"--{name.replace('_', '-')}" in section, (title, name)

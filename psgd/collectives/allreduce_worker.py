@@ -14,6 +14,7 @@ from psgd.compress import make as make_compressor
 from psgd.compress.momentum import WorkerMomentum
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
+from psgd.halves import WorkerHalf
 from psgd.kernels.finite import finite
 from psgd.mpi import timeline
 from psgd.mpi import wait as _wait
@@ -22,7 +23,7 @@ from psgd.nn.optim import make_optimizer
 from psgd.nn.vectors import check_flat
 
 
-class AllreduceWorker:
+class AllreduceWorker(WorkerHalf):
     """Synchronous data-parallel SGD over the workers' communicator, with replica checks.
 
     Every worker holds the full flat parameter vector and its own optimizer.
@@ -56,8 +57,6 @@ class AllreduceWorker:
         ``check_s`` (replica checks) and ``step_s`` (all of :meth:`step`); and the
         counts ``steps``, ``checks`` and ``skipped``.
     """
-
-    grad_buffer = None
 
     def __init__(self, roles: Roles, shard_map, config: ProtocolConfig,
                  check_every: int = 100) -> None:

@@ -7,6 +7,7 @@ worker's gradient shard by shard with the error-feedback residual.
 from __future__ import annotations
 
 from psgd.compress.base import HEADER_BYTES, Compressor
+from psgd.errors import UsageError
 
 NONE = "none"
 DEFAULT_BUCKET = 512
@@ -19,7 +20,19 @@ HELP = {"none": "float32 as computed",
         "sign": "one bit per element and the bucket's mean magnitude",
         "sparse": "the nonzeros as index + value where that is smaller (lossless; sparse models)"}
 
-__all__ = ["HEADER_BYTES", "Compressor", "make", "check", "NONE", "HELP"]
+__all__ = ["HEADER_BYTES", "Compressor", "make", "check", "register", "NONE", "HELP"]
+_REGISTERED: dict = {}   # name -> factory(arg, bucket, seed), from register()
+
+
+def register(spec: str, help_text: str, factory) -> None:
+    """Add a compressor from outside psgd: ``spec`` as :data:`HELP` writes it (``name`` or
+    ``name:ARG``), one line of help, and ``factory(arg, bucket, seed)`` returning the
+    :class:`Compressor` (ValueError for a bad ``arg``). ValueError if the name is taken."""
+    name = spec.partition(":")[0]
+    if name in _REGISTERED or any(k.partition(":")[0] == name for k in HELP):
+        raise UsageError(f"compressor {name!r} is registered already")
+    HELP[spec] = help_text
+    _REGISTERED[name] = factory
 
 
 def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor | None:
@@ -27,7 +40,7 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
 
     ``seed`` starts qsgd's random rounding (a worker passes one of its own)."""
     if not isinstance(bucket, int) or bucket < 1:
-        raise ValueError(f"--compress-bucket must be >= 1, got {bucket}")
+        raise UsageError(f"--compress-bucket must be >= 1, got {bucket}")
     name, _, arg = spec.partition(":")
     if name == NONE and not arg:
         return None
@@ -46,12 +59,12 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
         try:
             bits = int(text)
         except ValueError:
-            raise ValueError(f"--compress {spec}: qsgd takes the bits per element, "
+            raise UsageError(f"--compress {spec}: qsgd takes the bits per element, "
                              f"e.g. qsgd:4") from None
         if not 1 <= bits <= 8:
-            raise ValueError(f"--compress {spec}: bits must be in 1..8")
+            raise UsageError(f"--compress {spec}: bits must be in 1..8")
         if scale and scale not in SCALES:
-            raise ValueError(f"--compress {spec}: qsgd's scale is {' or '.join(SCALES)}, "
+            raise UsageError(f"--compress {spec}: qsgd's scale is {' or '.join(SCALES)}, "
                              f"e.g. qsgd:{bits}:{SCALES[0]}")
         return Qsgd(bits, bucket, seed, scale or DEFAULT_SCALE)
     if name == "topk":
@@ -59,21 +72,23 @@ def make(spec: str, bucket: int = DEFAULT_BUCKET, seed: int = 0) -> Compressor |
         try:
             fraction = float(arg)
         except ValueError:
-            raise ValueError(f"--compress {spec}: topk takes the fraction kept, "
+            raise UsageError(f"--compress {spec}: topk takes the fraction kept, "
                              f"e.g. topk:0.01") from None
         if not 0 < fraction <= 1:
-            raise ValueError(f"--compress {spec}: the fraction must be in (0, 1]")
+            raise UsageError(f"--compress {spec}: the fraction must be in (0, 1]")
         return TopK(fraction)
-    raise ValueError(f"--compress {spec!r} is not one of {', '.join(HELP)}")
+    if name in _REGISTERED:
+        return _REGISTERED[name](arg, bucket, seed)
+    raise UsageError(f"--compress {spec!r} is not one of {', '.join(HELP)}")
 
 
 def check(spec: str, bucket: int, feedback: str) -> None:
     """Validate ``--compress``, ``--compress-bucket`` and ``--error-feedback`` together."""
     comp = make(spec, bucket)
     if feedback not in ("auto", "on", "off"):
-        raise ValueError(f"--error-feedback {feedback!r} is not auto, on or off")
+        raise UsageError(f"--error-feedback {feedback!r} is not auto, on or off")
     if comp is None and feedback == "on":
-        raise ValueError("--error-feedback on needs a --compress other than none")
+        raise UsageError("--error-feedback on needs a --compress other than none")
 
 
 def feedback_on(spec: str, feedback: str, bucket: int = DEFAULT_BUCKET) -> bool:

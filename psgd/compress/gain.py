@@ -9,8 +9,6 @@ them forward here.
 """
 from __future__ import annotations
 
-from psgd.compress.momentum import MOMENTUM_OPTIMIZERS
-
 
 class ScaledSchedule:
     """``schedule(clock) * factor``: the learning rate of the servers' SGD step."""
@@ -28,17 +26,6 @@ def auto_feedback(spec: str, feedback: bool, bucket: int) -> bool:
     from psgd.compress import make
     comp = make(spec, bucket)
     return feedback and comp is not None and comp.momentum_gain
-
-
-def in_force(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> bool:
-    """Whether the servers step at the momentum's gain: ``gain``, or ``auto`` where error
-    feedback runs (``feedback``: :func:`auto_feedback`) with momentum under a protocol it
-    ``applies`` to (the registry entry's ``momentum_gain``, which refuses ``gain`` elsewhere)."""
-    has_momentum = optimizer in MOMENTUM_OPTIMIZERS
-    if setting == "gain" and not has_momentum:
-        raise ValueError(f"--momentum-correction gain needs --optimizer momentum or nesterov, "
-                         f"not {optimizer}")
-    return applies and has_momentum and (setting == "gain" or setting == "auto" and feedback)
 
 
 def server_step(momentum: float, weight_decay: float, schedule) -> tuple[str, dict, ScaledSchedule]:

@@ -50,25 +50,3 @@ class WorkerMomentum:
             momentum_direction(grad[part], params[part], self.velocity[part], out[part], mu,
                                self.weight_decay, self.nesterov)
         return out
-
-
-def resolve(setting: str, *, applies: bool, optimizer: str, feedback: bool) -> bool:
-    """Whether momentum moves to the workers: ``auto`` does where error feedback runs.
-
-    ``applies``: the workers can keep the servers' momentum (the registry
-    entry's ``momentum_correction`` and the staleness compensation:
-    :meth:`psgd.protocols.Protocol.momentum_corrected`, which refuses ``on``
-    elsewhere).
-
-    Raises
-    ------
-    ValueError
-        An unknown setting; ``on`` without momentum.
-    """
-    if setting not in SETTINGS:
-        raise ValueError(f"--momentum-correction {setting!r} is not auto, on, off or gain")
-    has_momentum = optimizer in MOMENTUM_OPTIMIZERS
-    if setting == "on" and not has_momentum:
-        raise ValueError(f"--momentum-correction on needs --optimizer momentum or nesterov, "
-                         f"not {optimizer}")
-    return applies and has_momentum and (setting == "on" or setting == "auto" and feedback)

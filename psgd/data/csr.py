@@ -246,6 +246,8 @@ class CSRShardReader:
     ``calibration_rows``, ``test_set``); a batch's ``x`` is a :class:`CSRBatch`.
     """
 
+    rows_in_runs = True   # :meth:`batch_rows` gives the rows of a run of batches at once
+
     def __init__(self, path, worker: int, n_workers: int, batch_size: int, seed: int = 0,
                  deal: bool = True) -> None:
         if batch_size < 1:

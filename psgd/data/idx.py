@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from psgd.data import layout
+from psgd.errors import UsageError
 
 GZIP_MAGIC = b"\x1f\x8b"
 # IDX type code -> big-endian numpy dtype
@@ -24,15 +25,15 @@ def _read_bytes(path: Path) -> bytes:
         head = fh.read(2)
     if head != GZIP_MAGIC:
         if path.suffix == ".gz":
-            raise ValueError(f"{path}: named .gz but is not gzip-compressed (no gzip magic bytes)")
+            raise UsageError(f"{path}: named .gz but is not gzip-compressed (no gzip magic bytes)")
         return path.read_bytes()
     try:
         with gzip.open(path, "rb") as fh:
             return fh.read()
     except EOFError:
-        raise ValueError(f"{path}: truncated gzip file (compressed stream ends early)") from None
+        raise UsageError(f"{path}: truncated gzip file (compressed stream ends early)") from None
     except (gzip.BadGzipFile, zlib.error) as exc:
-        raise ValueError(f"{path}: corrupt gzip file ({exc})") from None
+        raise UsageError(f"{path}: corrupt gzip file ({exc})") from None
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
@@ -58,24 +59,24 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     p = layout.check_input_file(path, "IDX file")
     raw = _read_bytes(p)
     if len(raw) < 4:
-        raise ValueError(f"{p}: truncated IDX file ({len(raw)} bytes, shorter than the 4-byte magic number)")
+        raise UsageError(f"{p}: truncated IDX file ({len(raw)} bytes, shorter than the 4-byte magic number)")
     magic = int.from_bytes(raw[:4], "big")
     code, ndim = raw[2], raw[3]
     if raw[:2] != b"\0\0" or code not in IDX_DTYPES or ndim == 0:
-        raise ValueError(f"{p}: not an IDX file (magic number 0x{magic:08x}; expected "
+        raise UsageError(f"{p}: not an IDX file (magic number 0x{magic:08x}; expected "
                          f"0x{IMAGES_MAGIC:08x} for images or 0x{LABELS_MAGIC:08x} for labels)")
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ValueError(f"{p}: truncated IDX file (header needs {header} bytes, file has {len(raw)})")
+        raise UsageError(f"{p}: truncated IDX file (header needs {header} bytes, file has {len(raw)})")
     dims = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
     dtype = IDX_DTYPES[code]
     expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
     found = len(raw) - header
     if found < expected:
-        raise ValueError(f"{p}: truncated IDX file (header says {dims}, needing {expected} data bytes, "
+        raise UsageError(f"{p}: truncated IDX file (header says {dims}, needing {expected} data bytes, "
                          f"found {found})")
     if found > expected:
-        raise ValueError(f"{p}: IDX file has {found - expected} unexpected bytes after the data "
+        raise UsageError(f"{p}: IDX file has {found - expected} unexpected bytes after the data "
                          f"(header says {dims})")
     return np.frombuffer(raw, dtype=dtype, count=expected // dtype.itemsize,
                          offset=header).reshape(dims).astype(dtype.newbyteorder("="))
@@ -90,10 +91,10 @@ def read_idx_images(path: str | os.PathLike) -> np.ndarray:
     """
     a = read_idx(path)
     if a.ndim == 1:
-        raise ValueError(f"{path}: this is an IDX labels file (1 dimension, {a.shape[0]} entries), "
+        raise UsageError(f"{path}: this is an IDX labels file (1 dimension, {a.shape[0]} entries), "
                          f"expected an images file (3 dimensions: N, H, W)")
     if a.ndim != 3:
-        raise ValueError(f"{path}: expected an IDX images file with 3 dimensions (N, H, W), got {a.shape}")
+        raise UsageError(f"{path}: expected an IDX images file with 3 dimensions (N, H, W), got {a.shape}")
     return a[:, None, :, :]
 
 
@@ -107,9 +108,9 @@ def read_idx_labels(path: str | os.PathLike) -> np.ndarray:
     a = read_idx(path)
     if a.ndim != 1:
         kind = "an IDX images file" if a.ndim == 3 else f"an IDX file with shape {a.shape}"
-        raise ValueError(f"{path}: this is {kind}, expected a labels file (1 dimension)")
+        raise UsageError(f"{path}: this is {kind}, expected a labels file (1 dimension)")
     if a.dtype.kind not in "iu":
-        raise ValueError(f"{path}: labels must be integers, IDX type is {a.dtype}")
+        raise UsageError(f"{path}: labels must be integers, IDX type is {a.dtype}")
     return a
 
 
@@ -121,7 +122,7 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, *, gz: bool | None = N
     a = np.asarray(array)
     code = IDX_CODES.get(a.dtype.newbyteorder("="))
     if code is None:
-        raise ValueError(f"{path}: IDX cannot store dtype {a.dtype}")
+        raise UsageError(f"{path}: IDX cannot store dtype {a.dtype}")
     body = (bytes([0, 0, code, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape)
             + a.astype(IDX_DTYPES[code]).tobytes())
     if gz is None:
@@ -143,7 +144,7 @@ def convert_idx(train_images: str | os.PathLike, train_labels: str | os.PathLike
     for split, images, labels in (("train", train_images, train_labels), ("test", test_images, test_labels)):
         x, y = read_idx_images(images), read_idx_labels(labels)
         if len(x) != len(y):
-            raise ValueError(f"{images}: has {len(x)} images but {labels} has {len(y)} labels")
+            raise UsageError(f"{images}: has {len(x)} images but {labels} has {len(y)} labels")
         arrays[split] = (x, y)
     if n_classes is None:
         n_classes = int(max(arrays["train"][1].max(), arrays["test"][1].max())) + 1

@@ -9,6 +9,7 @@ import numpy as np
 
 from psgd.atomic_file import atomic_output
 from psgd.data import order
+from psgd.errors import UsageError
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")
@@ -26,9 +27,9 @@ def check_input_file(path: str | os.PathLike, what: str = "input file") -> Path:
     """Return ``path`` as a Path, or raise ValueError if it is not an existing regular file."""
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"{p}: {what} does not exist")
+        raise UsageError(f"{p}: {what} does not exist")
     if not p.is_file():
-        raise ValueError(f"{p}: {what} is not a regular file")
+        raise UsageError(f"{p}: {what} is not a regular file")
     return p
 
 
@@ -40,10 +41,10 @@ def check_output_path(path: str | os.PathLike) -> Path:
     """
     p = Path(path)
     if p.is_dir():
-        raise ValueError(f"{p}: output path is a directory")
+        raise UsageError(f"{p}: output path is a directory")
     existing = next(d for d in p.absolute().parents if d.exists())
     if not existing.is_dir():
-        raise ValueError(f"{p}: {existing} is not a directory")
+        raise UsageError(f"{p}: {existing} is not a directory")
     return p
 
 
@@ -51,7 +52,7 @@ def _make_parent(p: Path) -> None:
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"{p}: cannot make output directory {p.parent} ({exc.strerror})") from None
+        raise UsageError(f"{p}: cannot make output directory {p.parent} ({exc.strerror})") from None
 
 
 def prepare_x(x: np.ndarray, name: str, *, nhwc: bool = False) -> tuple[np.ndarray, float, float]:
@@ -79,16 +80,16 @@ def prepare_x(x: np.ndarray, name: str, *, nhwc: bool = False) -> tuple[np.ndarr
     elif x.ndim == 4 and nhwc:
         x = x.transpose(0, 3, 1, 2)
     elif x.ndim not in (2, 4):
-        raise ValueError(f"{name}: expected shape (N, D), (N, H, W) or (N, C, H, W), got {x.shape}")
+        raise UsageError(f"{name}: expected shape (N, D), (N, H, W) or (N, C, H, W), got {x.shape}")
     if x.shape[0] == 0:
-        raise ValueError(f"{name}: has no samples")
+        raise UsageError(f"{name}: has no samples")
     if x.dtype.kind in "biu":
         if x.size and (x.min() < 0 or x.max() > 255):
             x = x.astype(np.float32)
         else:
             return np.ascontiguousarray(x, dtype=np.uint8), UINT8_SCALE, 0.0
     elif x.dtype.kind != "f":
-        raise ValueError(f"{name}: expected numeric samples, got dtype {x.dtype}")
+        raise UsageError(f"{name}: expected numeric samples, got dtype {x.dtype}")
     x32 = np.ascontiguousarray(x, dtype=np.float32)
     check_finite(x32, name)
     return x32, 1.0, 0.0
@@ -104,7 +105,7 @@ def check_finite(x: np.ndarray, name: str, first_row: int = 0) -> None:
     bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.ndim > 1 else ~np.isfinite(x)
     if bad.any():
         row = first_row + int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}: contains NaN or Inf ({int(bad.sum())} bad samples, first at row {row})")
+        raise UsageError(f"{name}: contains NaN or Inf ({int(bad.sum())} bad samples, first at row {row})")
 
 
 def prepare_y(y: np.ndarray, name: str) -> np.ndarray:
@@ -113,14 +114,14 @@ def prepare_y(y: np.ndarray, name: str) -> np.ndarray:
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
-        raise ValueError(f"{name}: labels must have shape (N,), got {y.shape}")
+        raise UsageError(f"{name}: labels must have shape (N,), got {y.shape}")
     if y.dtype.kind == "f":
         if not np.isfinite(y).all() or (y != np.round(y)).any():
-            raise ValueError(f"{name}: labels must be integer class ids, got non-integral {y.dtype} values")
+            raise UsageError(f"{name}: labels must be integer class ids, got non-integral {y.dtype} values")
     elif y.dtype.kind not in "biu":
-        raise ValueError(f"{name}: labels must be integer class ids, got dtype {y.dtype}")
+        raise UsageError(f"{name}: labels must be integer class ids, got dtype {y.dtype}")
     if y.size and (y.min() < np.iinfo(np.int32).min or y.max() > np.iinfo(np.int32).max):
-        raise ValueError(f"{name}: label values {y.min()}..{y.max()} do not fit int32")
+        raise UsageError(f"{name}: label values {y.min()}..{y.max()} do not fit int32")
     return y.astype(Y_DTYPE)
 
 
@@ -129,7 +130,7 @@ def check_labels(y: np.ndarray, n_classes: int, name: str) -> None:
     bad = (y < 0) | (y >= n_classes)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}: label {int(y[i])} at row {i} is outside [0, {n_classes}) "
+        raise UsageError(f"{name}: label {int(y[i])} at row {i} is outside [0, {n_classes}) "
                          f"({int(bad.sum())} such labels)")
 
 
@@ -180,7 +181,7 @@ def write_dataset(path: str | os.PathLike, x_train: np.ndarray, y_train: np.ndar
     perms = {split: None if keep_order else order.shuffle_permutation(len(ys[split]), shuffle_seed, split)
              for split in SPLITS}
     if not _scaling_ok(attrs["scale"], attrs["offset"]):
-        raise ValueError(f"{out}: scale must be finite and non-zero and offset finite, "
+        raise UsageError(f"{out}: scale must be finite and non-zero and offset finite, "
                          f"got scale={attrs['scale']} offset={attrs['offset']}")
     if normalize and xs["train"].ndim == 4:
         attrs["channel_mean"], attrs["channel_std"] = channel_stats(xs["train"], attrs["scale"],
@@ -216,9 +217,9 @@ def _prepare_splits(out: Path, arrays: dict) -> tuple[dict, dict, float]:
         scales.append(s)
         ys[split] = prepare_y(y, f"{out}: {split} y")
         if len(xs[split]) != len(ys[split]):
-            raise ValueError(f"{out}: {split} has {len(xs[split])} samples but {len(ys[split])} labels")
+            raise UsageError(f"{out}: {split} has {len(xs[split])} samples but {len(ys[split])} labels")
     if xs["train"].shape[1:] != xs["test"].shape[1:]:
-        raise ValueError(f"{out}: train samples have shape {xs['train'].shape[1:]} but test "
+        raise UsageError(f"{out}: train samples have shape {xs['train'].shape[1:]} but test "
                          f"samples {xs['test'].shape[1:]}")
     if xs["train"].dtype != xs["test"].dtype:  # one scale for both splits
         xs = {k: v.astype(np.float32) * np.float32(s) for (k, v), s in zip(xs.items(), scales)}
@@ -232,7 +233,7 @@ def _check_classes(out: Path, ys: dict, n_classes: int | None) -> int:
         n_classes = int(max(ys["train"].max(), ys["test"].max())) + 1
     n_classes = int(n_classes)
     if n_classes < 1:
-        raise ValueError(f"{out}: number of classes must be >= 1, got {n_classes}")
+        raise UsageError(f"{out}: number of classes must be >= 1, got {n_classes}")
     for split in SPLITS:
         check_labels(ys[split], n_classes, f"{out}: {split} y")
     return n_classes
@@ -275,11 +276,11 @@ def open_checked(path: str | os.PathLike) -> h5py.File:
     """
     p = check_input_file(path, "dataset file")
     if not h5py.is_hdf5(p):
-        raise ValueError(f"{p}: not an HDF5 file")
+        raise UsageError(f"{p}: not an HDF5 file")
     try:
         f = h5py.File(p, "r")
     except OSError as exc:
-        raise ValueError(f"{p}: cannot open as HDF5 ({exc})") from None
+        raise UsageError(f"{p}: cannot open as HDF5 ({exc})") from None
     try:
         check_layout(f, p)
     except BaseException:
@@ -293,41 +294,41 @@ def check_layout(f: h5py.File, name: str | os.PathLike) -> dict:
     for ds in DATASETS:
         obj = f.get(ds)
         if obj is None:
-            raise ValueError(f"{name}: missing dataset {ds}")
+            raise UsageError(f"{name}: missing dataset {ds}")
         if not isinstance(obj, h5py.Dataset):
-            raise ValueError(f"{name}: {ds} is not a dataset")
+            raise UsageError(f"{name}: {ds} is not a dataset")
     for split in SPLITS:
         x, y = f[split]["x"], f[split]["y"]
         if x.dtype not in X_DTYPES:
-            raise ValueError(f"{name}: /{split}/x has dtype {x.dtype}, expected uint8 or float32")
+            raise UsageError(f"{name}: /{split}/x has dtype {x.dtype}, expected uint8 or float32")
         if x.ndim not in (2, 4):
-            raise ValueError(f"{name}: /{split}/x has shape {x.shape}, expected (N, D) or (N, C, H, W)")
+            raise UsageError(f"{name}: /{split}/x has shape {x.shape}, expected (N, D) or (N, C, H, W)")
         if y.dtype.kind not in "iu" or y.ndim != 1:
-            raise ValueError(f"{name}: /{split}/y must be integer class ids of shape (N,), "
+            raise UsageError(f"{name}: /{split}/y must be integer class ids of shape (N,), "
                              f"got {y.dtype} {y.shape}")
         if x.shape[0] != y.shape[0]:
-            raise ValueError(f"{name}: /{split}/x has {x.shape[0]} rows but /{split}/y has {y.shape[0]}")
+            raise UsageError(f"{name}: /{split}/x has {x.shape[0]} rows but /{split}/y has {y.shape[0]}")
     if f["train/x"].shape[1:] != f["test/x"].shape[1:]:
-        raise ValueError(f"{name}: /train/x samples have shape {f['train/x'].shape[1:]} but /test/x "
+        raise UsageError(f"{name}: /train/x samples have shape {f['train/x'].shape[1:]} but /test/x "
                          f"samples {f['test/x'].shape[1:]}")
     attrs = {}
     for key in ("n_classes", "scale", "offset", "format_version"):
         if key not in f.attrs:
-            raise ValueError(f"{name}: missing root attribute '{key}'")
+            raise UsageError(f"{name}: missing root attribute '{key}'")
         value = np.asarray(f.attrs[key])
         if value.shape != () or value.dtype.kind not in "iuf":
-            raise ValueError(f"{name}: root attribute '{key}' must be a number, got {f.attrs[key]!r}")
+            raise UsageError(f"{name}: root attribute '{key}' must be a number, got {f.attrs[key]!r}")
         attrs[key] = value.item()
     if float(attrs["n_classes"]) != int(attrs["n_classes"]) or attrs["n_classes"] < 1:
-        raise ValueError(f"{name}: attribute n_classes must be a positive integer, got {attrs['n_classes']}")
+        raise UsageError(f"{name}: attribute n_classes must be a positive integer, got {attrs['n_classes']}")
     attrs["n_classes"] = int(attrs["n_classes"])
     if int(attrs["format_version"]) != FORMAT_VERSION:
-        raise ValueError(f"{name}: format_version {attrs['format_version']} is not supported "
+        raise UsageError(f"{name}: format_version {attrs['format_version']} is not supported "
                          f"(this psgd reads version {FORMAT_VERSION})")
     attrs["format_version"] = int(attrs["format_version"])
     attrs["scale"], attrs["offset"] = float(attrs["scale"]), float(attrs["offset"])
     if not _scaling_ok(attrs["scale"], attrs["offset"]):
-        raise ValueError(f"{name}: attributes scale={attrs['scale']} offset={attrs['offset']} "
+        raise UsageError(f"{name}: attributes scale={attrs['scale']} offset={attrs['offset']} "
                          f"must be finite with scale non-zero")
     source = f.attrs.get("source", "")
     attrs["source"] = source.decode() if isinstance(source, bytes) else str(source)
@@ -337,10 +338,10 @@ def check_layout(f: h5py.File, name: str | os.PathLike) -> dict:
         for key in ("channel_mean", "channel_std"):
             value = np.asarray(f.attrs.get(key, []), dtype=np.float64)
             if value.shape != (c,) or f["train/x"].ndim != 4 or not np.isfinite(value).all():
-                raise ValueError(f"{name}: attribute {key} must hold {c} finite numbers, one per "
+                raise UsageError(f"{name}: attribute {key} must hold {c} finite numbers, one per "
                                  f"channel of (N, C, H, W) images (and channel_mean and "
                                  f"channel_std go together), got {f.attrs.get(key)!r}")
             attrs[key] = value.tolist()
         if min(attrs["channel_std"]) <= 0:
-            raise ValueError(f"{name}: attribute channel_std must be positive, got {attrs['channel_std']}")
+            raise UsageError(f"{name}: attribute channel_std must be positive, got {attrs['channel_std']}")
     return attrs

@@ -158,6 +158,8 @@ class ShardReader:
         ``n_local // batch_size``.
     """
 
+    rows_in_runs = False   # no ``batch_rows``: batches are read one by one
+
     def __init__(self, path: str | os.PathLike, worker: int, n_workers: int, batch_size: int,
                  seed: int = 0, augment: bool = False, deal: bool = True) -> None:
         if batch_size < 1:

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from psgd.config import ProtocolConfig
 from psgd.gossip import averaging, topology
+from psgd.halves import WorkerHalf
 from psgd.mpi import wait
 from psgd.mpi.roles import Roles
 from psgd.nn.optim import make_optimizer
@@ -53,7 +54,7 @@ def choose(seed: int, clock: int, active: int, options: list[int]) -> int:
     return options[int(np.random.default_rng((seed, active, clock)).integers(len(options)))]
 
 
-class AdpsgdWorker:
+class AdpsgdWorker(WorkerHalf):
     """One worker of AD-PSGD: its own model and optimizer, averaged pairwise without global steps.
 
     Parameters
@@ -77,8 +78,6 @@ class AdpsgdWorker:
         ``serve_s``, ``optimizer_s``, ``step_s``; ``steps``, ``skipped``, ``averages``
         (pairings this worker took part in), ``bytes_sent`` and ``degree``.
     """
-
-    grad_buffer = None
 
     def __init__(self, roles: Roles, shard_map, config: ProtocolConfig,
                  ordered: bool = False) -> None:

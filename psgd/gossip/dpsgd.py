@@ -8,13 +8,14 @@ from mpi4py import MPI
 
 from psgd.config import ProtocolConfig
 from psgd.gossip import averaging, topology
+from psgd.halves import WorkerHalf
 from psgd.mpi import wait
 from psgd.mpi.roles import Roles
 from psgd.nn.optim import make_optimizer
 from psgd.nn.vectors import check_flat
 
 
-class GossipWorker:
+class GossipWorker(WorkerHalf):
     """One worker of D-PSGD: its own model and optimizer, mixed with its neighbours' every step.
 
     The exchange of a step's models (``Ineighbor_allgather`` on a distributed
@@ -40,8 +41,6 @@ class GossipWorker:
         ``optimizer_s``, ``step_s``; ``steps``, ``skipped`` (non-finite gradients
         skipped), ``bytes_sent`` (model bytes this worker sent) and ``degree``.
     """
-
-    grad_buffer = None
 
     def __init__(self, roles: Roles, shard_map, config: ProtocolConfig) -> None:
         self.comm = roles.worker_comm

@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from psgd.errors import UsageError
+
 TOPOLOGIES = ("ring", "torus", "exponential", "complete")
 DEFAULT = "ring"
 
@@ -26,7 +28,7 @@ def torus_shape(n: int) -> tuple[int, int]:
     for rows in range(math.isqrt(n), 1, -1):
         if n % rows == 0:
             return rows, n // rows
-    raise ValueError(f"--topology torus needs W = R x C workers with R, C >= 2, but W = {n} "
+    raise UsageError(f"--topology torus needs W = R x C workers with R, C >= 2, but W = {n} "
                      f"is not such a product (use ring, exponential or complete)")
 
 
@@ -39,9 +41,9 @@ def neighbours(name: str, n: int) -> list[list[int]]:
         An unknown topology, or one impossible for ``n`` (a torus of a prime W).
     """
     if name not in TOPOLOGIES:
-        raise ValueError(f"--topology {name!r} is not one of {', '.join(TOPOLOGIES)}")
+        raise UsageError(f"--topology {name!r} is not one of {', '.join(TOPOLOGIES)}")
     if n < 1:
-        raise ValueError(f"a topology needs at least one worker, got {n}")
+        raise UsageError(f"a topology needs at least one worker, got {n}")
     if name == "ring":
         offsets = [(i, (i + s) % n) for i in range(n) for s in (-1, 1)]
     elif name == "exponential":

@@ -13,6 +13,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from psgd.errors import UsageError
 from psgd.mpi import wait
 from psgd.mpi.phase import phase, rma_lock
 from psgd.mpi.roles import Roles
@@ -25,7 +26,7 @@ WINDOW_KINDS = ("auto", "shared", "allocate", "create")
 def _window_kind(comm: MPI.Intracomm, window: str | None) -> tuple[str, bool]:
     kind = window or os.environ.get("PSGD_HOGWILD_WINDOW") or "auto"
     if kind not in WINDOW_KINDS:
-        raise ValueError(f"unknown hogwild window kind {kind!r}; choose one of "
+        raise UsageError(f"PSGD_HOGWILD_WINDOW={kind!r} is not a window kind; choose one of "
                          f"{', '.join(WINDOW_KINDS)}")
     one_node = on_one_node(comm)
     if kind == "auto":

@@ -17,6 +17,7 @@ from numba import njit
 
 from psgd.config import ProtocolConfig
 from psgd.errors import PsgdError
+from psgd.halves import WorkerHalf
 from psgd.hogwild import fused
 from psgd.hogwild.server import STATS_TAG
 from psgd.hogwild.rows import add_dense, fetch_add, load
@@ -44,7 +45,7 @@ def _delta_is_finite(new, old, delta):
     return finite
 
 
-class HogwildWorker:
+class HogwildWorker(WorkerHalf):
     """Worker half: local optimizer step, Accumulate the delta, Get fresh parameters.
 
     Parameters

@@ -1,4 +1,4 @@
-"""Fault injection for tests: ``PSGD_FAULT="rank=R,step=N,kind=raise|kill|nan|hang"`` makes rank R fail.
+"""Fault injection for tests: ``PSGD_FAULT="rank=R,step=N,kind=raise|kill|nan|hang|numpy"`` makes rank R fail.
 
 Read once per rank with :func:`for_rank`, which returns ``None`` when the
 variable is unset or names another rank, so the hook in a training loop is a
@@ -11,7 +11,8 @@ single ``if fault is not None`` per step.  ``step`` means:
 * on a hogwild server, the number of updates all workers have made (the global
   counter).
 
-Kinds: ``raise`` raises :class:`InjectedFault`; ``kill`` sends SIGKILL to this
+Kinds: ``raise`` raises :class:`InjectedFault`; ``numpy`` makes numpy raise its own
+ValueError (adding vectors of different lengths, as a kernel's bug would); ``kill`` sends SIGKILL to this
 process (after one line on stderr naming the rank and pid, since a killed
 process can say nothing and MPICH's own message names only the pid);
 ``nan`` writes NaN into the vector passed to :meth:`Fault.at`; ``hang`` sleeps
@@ -31,8 +32,10 @@ import time
 
 import numpy as np
 
+from psgd.errors import UsageError
+
 ENV = "PSGD_FAULT"
-KINDS = ("raise", "kill", "nan", "hang", "stop")
+KINDS = ("raise", "kill", "nan", "hang", "stop", "numpy")
 
 
 class InjectedFault(RuntimeError):
@@ -65,6 +68,8 @@ class Fault:
             f'in phase "{self.phase}"' if self.phase is not None else f"at step {step}")
         if self.kind == "raise":
             raise InjectedFault(f"fault injected by {ENV} at step {step}")
+        if self.kind == "numpy":
+            np.add(np.zeros(2, np.float32), np.zeros(3, np.float32))
         if self.kind == "nan":
             if vector is not None and vector.size:
                 vector[0] = np.nan
@@ -88,16 +93,16 @@ def parse(text: str) -> Fault:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or key not in ("rank", "step", "kind", "phase"):
-            raise ValueError(f"{ENV}={text!r}: expected rank=R,step=N,kind=K or "
+            raise UsageError(f"{ENV}={text!r}: expected rank=R,step=N,kind=K or "
                              f"rank=R,phase=LABEL,kind=K, got {item!r}")
         fields[key] = value.strip()
     kind = fields.get("kind", "raise")
     if kind not in KINDS:
-        raise ValueError(f"{ENV}={text!r}: kind must be one of {', '.join(KINDS)}")
+        raise UsageError(f"{ENV}={text!r}: kind must be one of {', '.join(KINDS)}")
     try:
         return Fault(int(fields["rank"]), int(fields.get("step", 0)), kind, fields.get("phase"))
     except (KeyError, ValueError):
-        raise ValueError(f"{ENV}={text!r}: rank and step must be integers") from None
+        raise UsageError(f"{ENV}={text!r}: rank and step must be integers") from None
 
 
 def for_rank(rank: int) -> Fault | None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+from psgd.errors import UsageError
+
 from psgd.nn.elementwise import Dropout, LeakyReLU, Sigmoid, Tanh
 from psgd.nn.layers import (AvgPool2D, ChannelsLast, Conv2D, Dense, Flatten, GlobalAvgPool, Layer,
                             MaxPool2D, ReLU)
@@ -24,6 +26,7 @@ TOKENS = {
     "res": "res:F[:sS] (residual block of two 3x3 convs with bn)",
 }
 TOKEN_HELP = "; ".join(TOKENS.values())
+_REGISTERED: dict = {}   # token -> make(args, shape), from register()
 MONOTONE = ("relu", "lrelu", "tanh", "sigmoid")
 #: the init of every conv and dense token: PyTorch's default (see psgd.nn.layers.init_weights)
 INIT = "uniform"
@@ -43,8 +46,20 @@ PRESETS = {
 }
 
 
-class SpecError(ValueError):
+class SpecError(UsageError):
     """A spec that does not parse or does not fit its input; the message names the token."""
+
+
+def register(token: str, help_text: str, make) -> None:
+    """Add a layer token from outside psgd: one line of help (as :data:`TOKENS`) and
+    ``make(args, shape)``, the layer for the token's ``:``-separated arguments on input
+    ``shape`` (per sample; raise SpecError or ValueError for bad ones)."""
+    global TOKEN_HELP
+    if token in TOKENS:
+        raise UsageError(f"layer token {token!r} is registered already")
+    TOKENS[token] = help_text
+    _REGISTERED[token] = make
+    TOKEN_HELP = "; ".join(TOKENS.values())
 
 
 def _fmt(shape: tuple) -> str:
@@ -122,6 +137,11 @@ def _layer(t: _Token, shape: tuple, prev: Layer | None, seed: int) -> Layer:
     name = t.name
     if name not in TOKENS and name != "maxpool":
         raise t.fail(f"is not a layer; expected one of: {TOKEN_HELP}")
+    if name in _REGISTERED:
+        try:
+            return _REGISTERED[name](tuple(t.args), shape)
+        except ValueError as exc:
+            raise t.fail(str(exc)) from None
     if name in ("conv", "pool", "maxpool", "avgpool", "gap", "flatten", "res") and not image:
         raise t.fail(f"needs an image (HxWxC) input, but follows {_fmt(shape)}")
     if name in ("gap", "flatten", "relu", "tanh", "sigmoid", "bn"):

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from psgd.errors import UsageError
+
 SMALL_BYTES = 256 * 1024      # psgd's all-reduce: recursive doubling below this, else the ring
 STEP_PASSES = 4               # an optimizer step's passes over its vector (a sum adds one per push)
 COORDINATE_BYTES = 8          # a sparse update's int32 index + float32 value per coordinate
@@ -104,24 +106,24 @@ class Job:
 def check(job: Job, net: Network) -> None:
     """Raise ValueError (one line) for inputs no job can have."""
     if job.workers < 1:
-        raise ValueError(f"need at least 1 worker, got {job.workers}")
+        raise UsageError(f"need at least 1 worker, got {job.workers}")
     if job.servers < 0:
-        raise ValueError(f"servers must be >= 0, got {job.servers}")
+        raise UsageError(f"servers must be >= 0, got {job.servers}")
     if job.n_params < 1 or job.batch < 1 or job.per_node < 1:
-        raise ValueError("the model needs >= 1 parameter, the batch and ranks per node >= 1")
+        raise UsageError("the model needs >= 1 parameter, the batch and ranks per node >= 1")
     if not job.compute_s > 0:
-        raise ValueError(f"compute time per sample must be > 0 s, got {job.compute_s}")
+        raise UsageError(f"compute time per sample must be > 0 s, got {job.compute_s}")
     if not net.bandwidth > 0 or not net.shm_bandwidth > 0:
-        raise ValueError("bandwidth must be > 0")
+        raise UsageError("bandwidth must be > 0")
     if net.latency < 0:
-        raise ValueError(f"latency must be >= 0 s, got {net.latency}")
+        raise UsageError(f"latency must be >= 0 s, got {net.latency}")
     c = job.compression
     if not c.ratio > 0 or c.encode_s < 0 or c.decode_s < 0:
-        raise ValueError("the compression ratio must be > 0 and its codec times >= 0")
+        raise UsageError("the compression ratio must be > 0 and its codec times >= 0")
     if job.cliques is not None and not 1 <= job.cliques <= job.ranks:
-        raise ValueError(f"nodes must be between 1 and the {job.ranks} ranks, got {job.cliques}")
+        raise UsageError(f"nodes must be between 1 and the {job.ranks} ranks, got {job.cliques}")
     if job.touched is not None and not 0 < job.touched <= job.n_params:
-        raise ValueError(f"a step must touch between 1 and the {job.n_params} parameters, got "
+        raise UsageError(f"a step must touch between 1 and the {job.n_params} parameters, got "
                          f"{job.touched}")
 
 
@@ -363,43 +365,84 @@ def balanced_servers(workers: int, worker_bw: float, server_bw: float) -> int:
     return max(1, math.ceil(workers * worker_bw / server_bw - 1e-9))
 
 
+def bsp_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
+    """The bsp row: its clock (:func:`bsp_step_s`), synchronous."""
+    return {name: (bsp_step_s(job, net), True)}
+
+
+def async_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
+    """An ssp or asp row: a worker step at :func:`async_rate` (the bound is not modelled)."""
+    return {name: (job.workers / async_rate(job, net), False)}
+
+
+def hogwild_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
+    """The hogwild row: one-sided accumulates, never compressed; a sparse model's update and
+    read move index + value of the touched coordinates."""
+    plain = replace(job, compression=NONE)
+    rate = async_rate(plain, net, job.update_bytes, job.update_bytes, job.update_bytes)
+    return {name: (job.workers / rate, False)}
+
+
+def allreduce_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
+    """The all-reduce rows: the flat ring and the hierarchical one, or under compression the
+    one flat schedule psgd compresses through (ring or gather)."""
+    if job.compression == NONE:
+        return {f"{name} ring": (ring_step_s(job, net), True),
+                f"{name} hierarchical": (hierarchical_step_s(job, net), True)}
+    return {f"{name} {'ring' if job.compression.ring else 'gather'}": (ring_step_s(job, net), True)}
+
+
+def gossip_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
+    """The D-PSGD row on the default topology: each worker sends its model to each neighbour
+    while the next gradient is computed, then mixes d + 1 models and steps."""
+    from psgd.gossip.topology import DEFAULT, neighbours
+    near = neighbours(DEFAULT, job.workers)
+    t = Traffic(job)
+    for i, js in enumerate(near):
+        for j in js:
+            t.carry(i, j, job.nbytes)
+    degree = max(map(len, near))
+    mix_s = (degree + 1 + STEP_PASSES) * job.nbytes / net.shm_bandwidth
+    return {name: (max(job.compute_step_s, t.seconds(net, degree)) + mix_s, True)}
+
+
+def adpsgd_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
+    """The AD-PSGD row: after each gradient a worker swaps models with one neighbour (all pairs
+    of the ring at once, the busiest case), averages the two and steps; no global step."""
+    t = Traffic(job)
+    for i in range(0, job.workers - 1, 2):
+        t.carry(i, i + 1, job.nbytes)
+        t.carry(i + 1, i, job.nbytes)
+    exchange_s = t.seconds(net, 2) if job.workers > 1 else 0.0
+    return {name: (job.compute_step_s + exchange_s
+                   + (2 + STEP_PASSES) * job.nbytes / net.shm_bandwidth, False)}
+
+
 def predict(job: Job, net: Network) -> dict[str, dict]:
     """Predicted step time, throughput and scaling efficiency of each protocol.
+
+    Each registry entry's ``cost`` (:class:`psgd.protocols.Protocol`) gives its rows.
 
     Returns
     -------
     dict
         name -> {"step_s": seconds per worker step, "samples_per_s", "efficiency"
         (throughput over W workers computing alone, without communication),
-        "sync": bool}. PS protocols need ``job.servers`` >= 1, the all-reduce ones
-        run on ``job.workers`` ranks without servers.
+        "sync": bool}. PS protocols need ``job.servers`` >= 1, the others run on
+        ``job.workers`` ranks without servers.
     """
+    from psgd.protocols import PROTOCOLS
     check(job, net)
     ideal = job.workers * job.batch / (job.batch * job.compute_s)
     out: dict[str, dict] = {}
-
-    def row(name, step_s, sync):
-        rate = job.workers / step_s                  # worker steps per second
-        out[name] = {"step_s": step_s, "samples_per_s": rate * job.batch,
-                     "efficiency": rate * job.batch / ideal, "sync": sync}
-
-    if job.servers:
-        row("bsp", bsp_step_s(job, net), True)
-        asp = job.workers / async_rate(job, net)
-        for name in ("ssp", "asp"):
-            row(name, asp, False)
-        # hogwild's one-sided accumulates are never compressed; a sparse model's update and
-        # read move index + value of the touched coordinates
-        hogwild = replace(job, compression=NONE)
-        row("hogwild", job.workers / async_rate(hogwild, net, job.update_bytes, job.update_bytes,
-                                                job.update_bytes), False)
-    flat = job.without_servers()
-    if job.compression == NONE:
-        row("allreduce ring", ring_step_s(flat, net), True)
-        row("allreduce hierarchical", hierarchical_step_s(flat, net), True)
-    else:           # psgd compresses through one flat schedule
-        row("allreduce ring" if job.compression.ring else "allreduce gather",
-            ring_step_s(flat, net), True)
+    for entry in PROTOCOLS.values():
+        if entry.cost is None or (entry.servers and not job.servers):
+            continue
+        rows = entry.cost_model()(job if entry.servers else job.without_servers(), net, entry.name)
+        for name, (step_s, sync) in rows.items():
+            rate = job.workers / step_s                  # worker steps per second
+            out[name] = {"step_s": step_s, "samples_per_s": rate * job.batch,
+                         "efficiency": rate * job.batch / ideal, "sync": sync}
     return out
 
 

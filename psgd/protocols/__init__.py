@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from psgd.compress import gain, momentum
 from psgd.config import ProtocolConfig
+from psgd.errors import UsageError
 from psgd.nn.optim import OPTIMIZERS
 from psgd.ps import compensation
 
@@ -87,19 +87,24 @@ class Protocol:
         topology it cannot run on (the protocol then takes ``--topology``);
         None: no ``--topology``.
     worker : str
-        ``"module:Class"`` of the worker half: ``Class(roles, shard_map,
-        config)`` with ``start(params, clock)``, ``step(params, grad, clock,
-        lr)``, ``finish()``, ``stats``, ``optimizer`` (None when the servers
-        own it) and ``grad_buffer`` (None, or where the gradient should be
-        computed); a decentralized worker also has ``average(params, out) ->
-        consensus distance`` (collective), its models differing per worker, and may
-        have ``serve`` (None, or what to run while the run's stop checks wait).
+        ``"module:Class"`` of the worker half, a :class:`psgd.halves.WorkerHalf` with the
+        shape of :class:`psgd.protocols.interfaces.WorkerHalf` (a decentralized one also
+        that of :class:`~psgd.protocols.interfaces.DecentralizedWorker`).
     server : str or None
-        ``"module:function"`` of the server half: ``serve(roles, shard_map,
-        config, init_shard, init_opt_state, on_snapshot, start_clock)``
-        returning a :class:`psgd.mpi.report.ServerResult`.
+        ``"module:function"`` of the server half
+        (:class:`psgd.protocols.interfaces.ServerHalf`).
+    cost : str or None
+        ``"module:function"`` of its rows in ``psgd plan``: ``function(job, network, name)``
+        returning ``{row name: (seconds per worker step, synchronous)}``
+        (:mod:`psgd.plan.cost`); None: no rows.
+    example : dict
+        The example run the job scripts, the fault tests and the Open MPI check start
+        (:meth:`example_run`): what differs from 3 ranks, the entry's servers, momentum (or
+        its first optimizer) and ``jobs/configs/NAME.toml``.
     update_rule : str or None
-        ``"module:Class"`` of a parameter server's update rule.
+        ``"module:Class"`` of a parameter server's update rule, a
+        :class:`psgd.ps.update.UpdateRuleBase` with the shape of
+        :class:`psgd.protocols.interfaces.UpdateRule`.
     """
 
     name: str
@@ -127,6 +132,8 @@ class Protocol:
     momentum_gain: bool = False
     hot_rows: bool = False
     graph: str | None = None
+    cost: str | None = None
+    example: dict = field(default_factory=dict, hash=False)
 
     def staleness_bound(self, staleness: int | str | None,
                         staleness_max: int | None = None) -> float:
@@ -180,36 +187,6 @@ class Protocol:
         if comp_lambda is not None and not comp_lambda >= 0:
             raise ValueError(f"--comp-lambda must be >= 0, got {comp_lambda}")
         return resolved
-
-    def momentum_at_gain(self, setting: str, *, optimizer: str, feedback: bool) -> bool:
-        """Whether the servers step plain SGD at the momentum's gain (``--momentum-correction``,
-        resolved: :func:`psgd.compress.gain.in_force`); ValueError for ``gain`` without momentum."""
-        return gain.in_force(setting, applies=self.momentum_gain, optimizer=optimizer,
-                             feedback=feedback)
-
-    def momentum_corrected(self, setting: str, *, optimizer: str, feedback: bool,
-                           staleness_comp: str | None = None, gain_feedback: bool = False) -> bool:
-        """Whether momentum moves to the workers (``--momentum-correction``, resolved): not
-        where the servers step at its gain (:meth:`momentum_at_gain` with ``gain_feedback``).
-
-        Raises
-        ------
-        ValueError
-            As :func:`psgd.compress.momentum.resolve`; ``on`` with a
-            ``--staleness-comp`` that rewrites the gradients (dcasgd, gap: the
-            servers would get velocities).
-        """
-        if self.momentum_at_gain(setting, optimizer=optimizer, feedback=gain_feedback):
-            return False
-        method = self.compensation(staleness_comp, optimizer, worker_momentum=True)
-        composes = method in compensation.WITH_WORKER_MOMENTUM
-        if setting == "on" and not composes:
-            raise ValueError(f"--momentum-correction on does not apply with --staleness-comp "
-                             f"{method}, which rewrites each gradient before the momentum sums "
-                             f"it (the servers would get velocities); use "
-                             f"{' or '.join(compensation.WITH_WORKER_MOMENTUM)}")
-        return momentum.resolve(setting, applies=self.momentum_correction and composes,
-                                optimizer=optimizer, feedback=feedback)
 
     def topology(self, topology: str | None, n_workers: int | None = None) -> str | None:
         """The topology in force, given ``--topology`` (None: the default), checked for
@@ -314,6 +291,17 @@ class Protocol:
                               update_rule=_load(self.update_rule) if self.update_rule else None,
                               **settings)
 
+    def example_run(self) -> dict:
+        """``ranks``, ``servers``, ``optimizer`` and ``config`` (a path from the repository
+        root) of the entry's example run: the defaults, then :attr:`example`."""
+        optimizer = "momentum" if "momentum" in self.optimizers else self.optimizers[0]
+        return {"ranks": 3, "servers": int(self.servers), "optimizer": optimizer,
+                "config": f"jobs/configs/{self.name}.toml", **self.example}
+
+    def cost_model(self):
+        """The function named by :attr:`cost` (imported now)."""
+        return _load(self.cost)
+
     def make_worker(self, roles, shard_map, config: ProtocolConfig):
         """The worker half of this protocol for this rank."""
         return _load(self.worker)(roles, shard_map, config)
@@ -323,6 +311,15 @@ class Protocol:
         if self.server is None:
             raise ValueError(f"--protocol {self.name} has no server ranks")
         return _load(self.server)(roles, shard_map, config, **kwargs)
+
+
+def register(entry: Protocol) -> Protocol:
+    """Add ``entry`` to :data:`PROTOCOLS` (a plugin's protocol, :mod:`psgd.plugins`); UsageError
+    if its name is taken."""
+    if entry.name in PROTOCOLS:
+        raise UsageError(f"protocol {entry.name!r} is registered already")
+    PROTOCOLS[entry.name] = entry
+    return entry
 
 
 def names(**match) -> str:
@@ -351,25 +348,28 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
            server_snapshots=True, replayable=True, compresses=True)
+_COST = "psgd.plan.cost:"   # the cost models, imported only by psgd plan
 _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
-    Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS,
+    Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, cost=_COST + "bsp_rows",
              momentum_correction=True, momentum_gain=True, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
+             cost=_COST + "async_rows",
              momentum_correction=True, summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
         "online, up to --staleness-max); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
+             cost=_COST + "async_rows",
              **_STALE, momentum_correction=True,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
         server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
-        hot_rows=True,
+        hot_rows=True, cost=_COST + "hogwild_rows", example={"optimizer": "sgd"},
         optimizers=("sgd", "momentum", "nesterov", "adagrad"), resumes_optimizer=False,
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
@@ -389,6 +389,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
         compresses=True, feedback_refused=("fp16",), momentum_correction=True,
+        cost=_COST + "allreduce_rows", example={"ranks": 2},
         feedback_note=(": its ring rounds every partial sum to half precision, which no "
                        "worker's residual could hold"),
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "
@@ -396,14 +397,14 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                  "of half-precision messages; qsgd, topk, sign: an all-gather of encodings)")),
     Protocol(
         "gossip", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
-        graph="psgd.gossip.topology:mixing_matrix",
+        graph="psgd.gossip.topology:mixing_matrix", cost=_COST + "gossip_rows",
         summary=("decentralized synchronous gossip (D-PSGD, Lian et al. 2017; --servers 0): each "
                  "worker keeps its own model and optimizer, and every step averages it with its "
                  "neighbours on --topology ring, torus, exponential or complete (default ring), "
                  "then steps with its own gradient")),
     Protocol(
         "adpsgd", servers=False, worker="psgd.gossip.adpsgd:AdpsgdWorker",
-        graph="psgd.gossip.adpsgd:partners",
+        graph="psgd.gossip.adpsgd:partners", cost=_COST + "adpsgd_rows", example={"ranks": 2},
         summary=("asynchronous gossip (AD-PSGD, Lian et al. 2018; --servers 0): each worker "
                  "keeps its own model and, whenever ready, averages it with one neighbour "
                  "drawn at random (seeded) on --topology, with no global step (only the log "

@@ -11,12 +11,13 @@ import numpy as np
 from psgd.config import ProtocolConfig
 from psgd.errors import NonFinitePush
 from psgd.kernels.finite import add_into, finite
+from psgd.ps.update import UpdateRuleBase
 from psgd.ps.versions import ShardVersions
 
 STALENESS_BOUND = 0
 
 
-class BspUpdate:
+class BspUpdate(UpdateRuleBase):
     """Accumulate the pushes of one clock; step when the version advances.
 
     Two float32 shard-length buffers: the sum and the receive buffer.  The
@@ -73,34 +74,6 @@ class BspUpdate:
             self.accum, self.incoming = self.incoming, self.accum
             self.held, self.accum_src, self.held_src = False, None, None
         return self.incoming
-
-    def replied(self, worker: int, clock: int, live: np.ndarray) -> np.ndarray:
-        """``live``, sent as it is: every push is computed on the version it waits for."""
-        return live
-
-    def worker_done(self, worker: int) -> None:
-        """Nothing to forget: a bsp step keeps nothing per worker."""
-
-    def state(self) -> dict:
-        """No state of its own beside the optimizer's, for checkpoints."""
-        return {}
-
-    def load_state(self, state: dict) -> None:
-        """Nothing to take back from a resumed checkpoint."""
-
-    def reply_sent(self, worker: int, clock: int, request) -> None:
-        """Never called: every reply is ``live``."""
-
-    def requests(self) -> list:
-        """None: every reply is ``live``, whose sends the shard's versions track."""
-        return []
-
-    def compensation(self) -> None:
-        """None: a bsp step has no stale push to compensate."""
-
-    def worker_momentum(self) -> float:
-        """The momentum of the workers' velocities (``--momentum-correction``; else 0)."""
-        return float((self.config.worker_momentum or {}).get("momentum", 0.0))
 
     def push(self, grad: np.ndarray, clock: int, staleness: int, source: int,
              borrowed: bool = False, worker: int = 0) -> bool:

@@ -11,10 +11,11 @@ import numpy as np
 from psgd.config import ProtocolConfig
 from psgd.kernels.finite import finite
 from psgd.ps import compensation
+from psgd.ps.update import UpdateRuleBase
 from psgd.ps.versions import ShardVersions
 
 
-class SspUpdate:
+class SspUpdate(UpdateRuleBase):
     """One optimizer step per push, with the learning rate of the push's clock.
 
     Memory: one float32 receive buffer of the shard's length, the
@@ -102,10 +103,3 @@ class SspUpdate:
     def compensation(self) -> dict:
         """What the staleness compensation did, for the run's summary."""
         return self.comp.summary()
-
-    def idle(self) -> None:
-        """Nothing is left unchecked between pushes."""
-
-    def advance(self, old_version: int, new_version: int) -> bool:
-        """Nothing to do when the version advances."""
-        return True

@@ -11,6 +11,7 @@ from psgd.compress.feedback import PushEncoder
 from psgd.compress.momentum import WorkerMomentum
 from psgd.compress import make as make_compressor
 from psgd.config import ProtocolConfig
+from psgd.halves import WorkerHalf
 from psgd.mpi import timeline
 from psgd.mpi import wait as _wait
 from psgd.mpi.phase import phase
@@ -32,7 +33,7 @@ def _pairs(n_servers: int) -> list:
     return [s for s in range(n_servers) for _ in range(2)]
 
 
-class PSWorker:
+class PSWorker(WorkerHalf):
     """The worker side of bsp/ssp/asp: push a gradient, pull the next parameters.
 
     The protocol itself lives on the servers (they hold a pull back until the

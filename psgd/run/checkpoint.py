@@ -13,6 +13,7 @@ import numpy as np
 
 import psgd
 from psgd.atomic_file import atomic_output
+from psgd.errors import UsageError
 
 FORMAT_VERSION = 1
 NAME_RE = re.compile(r"^ckpt-(\d{8})\.h5$")
@@ -127,17 +128,17 @@ def resume_path(resume: str | None, checkpoint_dir: str | None) -> Path | None:
         return None
     if resume == AUTO:
         if not checkpoint_dir:
-            raise ValueError("--resume auto needs --checkpoint-dir")
+            raise UsageError("--resume auto needs --checkpoint-dir")
         found = list_checkpoints(checkpoint_dir)
         return found[-1] if found else None
     path = Path(resume)
     if path.is_dir():
         found = list_checkpoints(path)
         if not found:
-            raise ValueError(f"--resume {path}: no checkpoint (ckpt-*.h5) in that directory")
+            raise UsageError(f"--resume {path}: no checkpoint (ckpt-*.h5) in that directory")
         return found[-1]
     if not path.exists():
-        raise ValueError(f"--resume {path}: no such file or directory")
+        raise UsageError(f"--resume {path}: no such file or directory")
     return path
 
 
@@ -146,11 +147,11 @@ def read_header(path: str | os.PathLike) -> dict:
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
-        raise ValueError(f"checkpoint {path}: not a readable HDF5 file ({exc})") from None
+        raise UsageError(f"checkpoint {path}: not a readable HDF5 file ({exc})") from None
     with f:
         attrs = dict(f.attrs)
     if "step" not in attrs or "model_spec" not in attrs:
-        raise ValueError(f"checkpoint {path}: missing attribute 'step' (not a psgd checkpoint?)")
+        raise UsageError(f"checkpoint {path}: missing attribute 'step' (not a psgd checkpoint?)")
     return {"step": int(attrs["step"]), "run_id": str(attrs.get("run_id", "")),
             "config": _config(path, attrs)}
 
@@ -159,9 +160,9 @@ def _config(path, attrs: dict) -> dict:
     try:
         config = json.loads(attrs.get("config", "{}"))
     except json.JSONDecodeError:
-        raise ValueError(f"checkpoint {path}: attribute 'config' is not valid JSON") from None
+        raise UsageError(f"checkpoint {path}: attribute 'config' is not valid JSON") from None
     if not isinstance(config, dict):
-        raise ValueError(f"checkpoint {path}: attribute 'config' is not a JSON object")
+        raise UsageError(f"checkpoint {path}: attribute 'config' is not a JSON object")
     return config
 
 
@@ -171,29 +172,29 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
-        raise ValueError(f"checkpoint {path}: not a readable HDF5 file ({exc})") from None
+        raise UsageError(f"checkpoint {path}: not a readable HDF5 file ({exc})") from None
     with f:
         attrs = dict(f.attrs)
         for key in ("format_version", "model_spec", "step", "n_params"):
             if key not in attrs:
-                raise ValueError(f"checkpoint {path}: missing attribute {key!r} (not a psgd checkpoint?)")
+                raise UsageError(f"checkpoint {path}: missing attribute {key!r} (not a psgd checkpoint?)")
         if int(attrs["format_version"]) != FORMAT_VERSION:
-            raise ValueError(f"checkpoint {path}: format version {attrs['format_version']} "
+            raise UsageError(f"checkpoint {path}: format version {attrs['format_version']} "
                              f"is not supported (this psgd reads {FORMAT_VERSION})")
         if "params" not in f:
-            raise ValueError(f"checkpoint {path}: missing dataset /params")
+            raise UsageError(f"checkpoint {path}: missing dataset /params")
         params = np.asarray(f["params"][...], dtype=np.float32)
         n = int(attrs["n_params"])
         if params.shape != (n,):
-            raise ValueError(f"checkpoint {path}: /params has shape {params.shape}, "
+            raise UsageError(f"checkpoint {path}: /params has shape {params.shape}, "
                              f"attribute n_params says {n}")
         if not np.isfinite(params).all():
-            raise ValueError(f"checkpoint {path}: /params holds non-finite values")
+            raise UsageError(f"checkpoint {path}: /params holds non-finite values")
         opt_state: dict = {}
         for key, ds in f.get("optimizer", {}).items():
             value = np.asarray(ds[...], dtype=np.float32)
             if value.shape != (n,):
-                raise ValueError(f"checkpoint {path}: /optimizer/{key} has shape {value.shape}, "
+                raise UsageError(f"checkpoint {path}: /optimizer/{key} has shape {value.shape}, "
                                  f"expected ({n},)")
             opt_state[key] = value
         opt_state["steps"] = int(attrs.get("optimizer_steps", 0))

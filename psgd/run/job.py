@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 from psgd.compress import feedback_on, gain
 from psgd.config import ProtocolConfig
-from psgd.errors import PsgdError
+from psgd.env import psgd_variables
+from psgd.errors import PsgdError, set_traceback_base
 from psgd.hogwild import DEFAULT_HOLD
 from psgd.mpi import timeline, wait, watchdog
 from psgd.mpi.phase import phase
@@ -20,9 +21,10 @@ from psgd.mpi.roles import Roles, assign_roles, check_servers
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule, optimal_t0
 from psgd.protocols import Protocol, get
+from psgd.protocols.momentum import plan as momentum_plan
 from psgd.run.checkpoint import (AUTO, Checkpoint, foreign_checkpoints, load_checkpoint,
                                  new_run_id, save_checkpoint)
-from psgd.run.settings import Resumed, TrainSettings, resolve_run
+from psgd.run.settings import FLAG_VARIABLES, Resumed, TrainSettings, resolve_run
 from psgd.run import straggler
 from psgd.run.signals import EXIT_STOPPED, ignore, install
 from psgd.run.stop import StopControl
@@ -156,37 +158,32 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
     model = _model(settings, info)
     total = _total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
+    settings = replace(settings, hold_hot=_hold_hot(settings, info, protocol))
     resume = _resume(settings, resumed, model, total, protocol)
     foreign = _check_checkpoint_dir(settings, run_id)
     base = _schedule(settings, total, model)
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.alpha
                    if settings.lr_schedule == "optimal" else settings.weight_decay}
-    worker_momentum, optimizer, momentum_gain = None, settings.optimizer, 0.0
     gain_feedback = gain.auto_feedback(settings.compress, feedback, settings.compress_bucket)
-    if protocol.momentum_at_gain(settings.momentum_correction, optimizer=settings.optimizer,
-                                 feedback=gain_feedback):
-        optimizer, opt_hparams, base = gain.server_step(settings.momentum,
-                                                        settings.weight_decay, base)
-        momentum_gain = settings.momentum
-    elif protocol.momentum_corrected(settings.momentum_correction, optimizer=settings.optimizer,
-                                     feedback=feedback, staleness_comp=settings.staleness_comp):
-        worker_momentum = {**opt_hparams, "nesterov": settings.optimizer == "nesterov"}
-        opt_hparams = {"momentum": 0.0, "weight_decay": 0.0}   # the workers apply both
+    where = momentum_plan(protocol, settings.momentum_correction, optimizer=settings.optimizer,
+                         momentum=settings.momentum, weight_decay=settings.weight_decay,
+                         opt_hparams=opt_hparams, schedule=base, feedback=feedback,
+                         gain_feedback=gain_feedback, staleness_comp=settings.staleness_comp)
     config = protocol.config(
         model.n_params, staleness=settings.staleness, staleness_max=settings.staleness_max,
         overlap=settings.overlap,
-        optimizer=optimizer,
-        opt_hparams=opt_hparams,
-        lr_schedule=base,  # clocks are the run's steps, also after a resume
+        optimizer=where.optimizer,
+        opt_hparams=where.opt_hparams,
+        lr_schedule=where.schedule,  # clocks are the run's steps, also after a resume
         staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
         snapshot_every=settings.checkpoint_every,
         skip_nonfinite=settings.skip_nonfinite, record=settings.record is not None,
         replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
         topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
-        error_feedback=feedback, worker_momentum=worker_momentum,
-        momentum_gain=momentum_gain, hold_hot=_hold_hot(settings, info, protocol))
+        error_feedback=feedback, worker_momentum=where.worker_momentum,
+        momentum_gain=where.momentum_gain, hold_hot=settings.hold_hot or 1)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),
@@ -215,17 +212,16 @@ def _schedule(settings: TrainSettings, total: int, model):
                          alpha=settings.alpha or 0.0, t0=t0)
 
 
-def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int:
-    """--hold-hot in force: 1 where no rows are held; where they are, written back to the
-    settings (the default too), so the log's config record and checkpoints show it."""
+def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int | None:
+    """--hold-hot in force: None where no rows are held; where they are, the given value or
+    the default (the job's settings carry it, so the log's config record and checkpoints
+    show it)."""
     if settings.hold_hot is not None and not info.get("sparse"):
         raise ValueError(f"--hold-hot applies to a sparse model (linear or svm on CSR data); "
                          f"{settings.data} is dense")
     if not (protocol.hot_rows and info.get("sparse")):
-        return 1
-    if settings.hold_hot is None:
-        settings.hold_hot = DEFAULT_HOLD
-    return settings.hold_hot
+        return None
+    return DEFAULT_HOLD if settings.hold_hot is None else settings.hold_hot
 
 
 def _model(settings: TrainSettings, info: dict):
@@ -306,6 +302,15 @@ def _announce(job: Job, resumed: Resumed | None) -> None:
               f"{resumed.step}{changed}", flush=True)
 
 
+def _notice_unknown_variables() -> None:
+    """One line naming the ``PSGD_*`` variables psgd does not read (a typo, or a knob of
+    another version), so none is ignored silently."""
+    _, unknown = psgd_variables(FLAG_VARIABLES)
+    if unknown:
+        print(f"psgd: notice: ignoring {', '.join(unknown)}: not a psgd flag's variable or knob "
+              f"(docs/guide/environment.md)", file=sys.stderr, flush=True)
+
+
 def train_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd train`` on every rank."""
     install()
@@ -318,6 +323,9 @@ def train_main(args: argparse.Namespace) -> None:
         settings, resumed = agree(comm, lambda: _local_setup(args, comm), debug,
                                   "check the settings", "agreeing on the settings")
         dog.timeout, dog.abort = settings.stall_timeout, settings.stall_abort
+        set_traceback_base(settings.log)
+        if comm.Get_rank() == 0:
+            _notice_unknown_variables()
         job = _run(comm, settings, resumed, debug)
         with phase("finishing"):
             wait.barrier(comm, "the other ranks to finish")

@@ -6,10 +6,12 @@ import time
 
 import numpy as np
 
+from psgd.env import psgd_variables
 from psgd.nn.model import CALIBRATION_SAMPLES
 from psgd.run.metrics import MetricsLog
 from psgd.run.progress import progress_bar
 from psgd.run.reports import merge_histograms
+from psgd.run.settings import FLAG_VARIABLES
 from psgd.run.signals import EXIT_STOPPED, signal_name
 
 PROTOCOL_TIMERS = ("push_s", "pull_s", "wait_s", "allreduce_s")   # the protocol's worker.stats
@@ -72,7 +74,9 @@ class Lead:
         job.model.set_calibration(job.reader.calibration_rows(CALIBRATION_SAMPLES)[0])
         if s.eval_samples:
             self.x_test, self.y_test = self.x_test[:s.eval_samples], self.y_test[:s.eval_samples]
-        self.log.write("config", **s.as_dict(), run_id=job.run_id, n_workers=roles.n_workers,
+        environment = psgd_variables(FLAG_VARIABLES)[0]   # what the lead read (flags win)
+        self.log.write("config", **s.as_dict(), environment=environment, run_id=job.run_id,
+                       n_workers=roles.n_workers,
                        n_servers=roles.n_servers, n_params=job.model.n_params,
                        total_steps=job.total_steps, start_step=job.start_step)
         self.bar = progress_bar(job.total_steps, job.start_step, enabled=not s.quiet)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from psgd.errors import UsageError
 from psgd.nn.optim import DEFAULT_ALPHA, SCHEDULES
 from psgd.nn.sparse import is_sparse_spec
 
@@ -32,28 +33,28 @@ def check_optimizer(s, sparse_steps: bool = False) -> None:
     """Check the schedule, --alpha and --momentum against the optimizer; fill their defaults.
     ``sparse_steps``: the protocol steps a sparse model's touched rows only (hogwild)."""
     if s.lr_schedule not in SCHEDULES:
-        raise ValueError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
+        raise UsageError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
     if s.lr_schedule == "optimal":
         if s.lr is not None:
-            raise ValueError("--lr has no effect under --lr-schedule optimal (its rate is "
+            raise UsageError("--lr has no effect under --lr-schedule optimal (its rate is "
                              "1 / (alpha (t0 + t))): drop --lr, or set --alpha")
         if s.weight_decay:
-            raise ValueError("--lr-schedule optimal takes its L2 penalty from --alpha: give "
+            raise UsageError("--lr-schedule optimal takes its L2 penalty from --alpha: give "
                              "--alpha, not --weight-decay")
         if s.alpha is None:
             s.alpha = DEFAULT_ALPHA
         if not (math.isfinite(s.alpha) and 0 < s.alpha < 1):
-            raise ValueError(f"--alpha must be in (0, 1), got {s.alpha}")
+            raise UsageError(f"--alpha must be in (0, 1), got {s.alpha}")
     elif s.alpha is not None:
-        raise ValueError(f"--alpha is the L2 penalty of --lr-schedule optimal; with "
+        raise UsageError(f"--alpha is the L2 penalty of --lr-schedule optimal; with "
                          f"--lr-schedule {s.lr_schedule} use --weight-decay")
     if s.optimizer == "adagrad":
         if s.momentum:
-            raise ValueError(f"--optimizer adagrad takes no --momentum (got {s.momentum}): "
+            raise UsageError(f"--optimizer adagrad takes no --momentum (got {s.momentum}): "
                              f"AdaGrad scales each coordinate's step and keeps no velocity")
         s.momentum = 0.0
         if s.weight_decay and sparse_steps and is_sparse_spec(s.model):
-            raise ValueError(f"--optimizer adagrad with --weight-decay moves every row at every "
+            raise UsageError(f"--optimizer adagrad with --weight-decay moves every row at every "
                              f"step, which --protocol {s.protocol}'s sparse steps cannot do "
                              f"lazily; drop --weight-decay")
     elif s.momentum is None:

@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import psgd
 from psgd.atomic_file import atomic_output
+from psgd.errors import UsageError
 from psgd.mpi import wait
 from psgd.ps.order import DONE, NAMES
 
@@ -79,32 +80,32 @@ def load_events(path: str, settings, n_servers: int, n_workers: int, start_step:
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
-        raise ValueError(f"--replay {path}: not a readable record ({exc})") from None
+        raise UsageError(f"--replay {path}: not a readable record ({exc})") from None
     with f:
         attrs = dict(f.attrs)
         if int(attrs.get("format_version", -1)) != FORMAT_VERSION or "settings" not in attrs:
-            raise ValueError(f"--replay {path}: not a psgd record (format version "
+            raise UsageError(f"--replay {path}: not a psgd record (format version "
                              f"{attrs.get('format_version', 'missing')})")
         recorded = json.loads(attrs["settings"])
         this = _shape(settings, n_servers, n_workers, start_step)
         differ = [k for k in this if recorded.get(k) != this[k]]
         if differ:
-            raise ValueError(f"--replay {path}: recorded with " + ", ".join(
+            raise UsageError(f"--replay {path}: recorded with " + ", ".join(
                 f"{k} {recorded.get(k)}" for k in differ) + "; this run has " + ", ".join(
                 f"{k} {this[k]}" for k in differ))
         if int(attrs.get("end_step", -1)) != total_steps:
-            raise ValueError(f"--replay {path}: the recorded run was stopped at step "
+            raise UsageError(f"--replay {path}: the recorded run was stopped at step "
                              f"{attrs.get('end_step')} of {total_steps}; a replay runs to the end, "
                              f"past what was recorded (replay a run that ran to its end)")
         counts = [int(n) for n in attrs.get("n_events", [])]
         if len(counts) != n_servers:
-            raise ValueError(f"--replay {path}: holds {len(counts)} shards' events, "
+            raise UsageError(f"--replay {path}: holds {len(counts)} shards' events, "
                              f"expected {n_servers}")
         shards = []
         for k, n in enumerate(counts):
             ds = f.get(f"shard_{k}/events")
             if ds is None or ds.shape != (n, 3):
-                raise ValueError(f"--replay {path}: shard {k}'s events are cut short or missing "
+                raise UsageError(f"--replay {path}: shard {k}'s events are cut short or missing "
                                  f"({None if ds is None else ds.shape[0]} of {n})")
             shards.append(_check(path, k, np.asarray(ds[...], np.int32), n_workers))
     return tuple(shards)
@@ -113,8 +114,8 @@ def load_events(path: str, settings, n_servers: int, n_workers: int, start_step:
 def _check(path, shard: int, events: np.ndarray, n_workers: int) -> np.ndarray:
     kinds, workers = events[:, 0], events[:, 1]
     if not np.isin(kinds, list(NAMES)).all() or ((workers < 0) | (workers >= n_workers)).any():
-        raise ValueError(f"--replay {path}: shard {shard}'s events hold an unknown kind or worker")
+        raise UsageError(f"--replay {path}: shard {shard}'s events hold an unknown kind or worker")
     if np.count_nonzero(kinds == DONE) != n_workers:
-        raise ValueError(f"--replay {path}: shard {shard}'s events end before every worker "
+        raise UsageError(f"--replay {path}: shard {shard}'s events end before every worker "
                          f"was done (a cut-short record)")
     return events

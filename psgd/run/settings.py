@@ -6,15 +6,17 @@ import math
 import os
 import textwrap
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from psgd import compress
 from psgd.hogwild import DEFAULT_HOLD
 from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
+from psgd.run.flag_groups import GROUPS
 from psgd.run.optimizer_defaults import (DENSE_DEFAULT, SPARSE_DEFAULT, check_optimizer,
                                          default_text, fill_defaults)
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
+from psgd.protocols.momentum import mode as momentum_mode
 from psgd.ps import compensation
 from psgd.run import straggler
 
@@ -113,6 +115,10 @@ class TrainSettings:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+#: each setting's environment variable, PSGD_<NAME> (psgd.env.KNOBS are the others)
+FLAG_VARIABLES = frozenset(f"PSGD_{f.name.upper()}" for f in fields(TrainSettings))
 
 
 # flag name -> (type, help); bools are store_true flags
@@ -222,13 +228,15 @@ FLAGS: dict[str, tuple[type, str]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="TOML", help="TOML file of settings (flags override it)")
+    group_of = {name: title for title, names in GROUPS.items() for name in names}
+    groups = {title: parser.add_argument_group(title) for title in [*GROUPS, "other"]}
     for name, (kind, help_text) in FLAGS.items():
-        flag = "--" + name.replace("_", "-")
+        flag, group = "--" + name.replace("_", "-"), groups[group_of.get(name, "other")]
         if kind is bool:
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+            group.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
-            parser.add_argument(flag, type=kind, default=None, help=help_text,
-                                metavar=name.upper())
+            group.add_argument(flag, type=kind, default=None, help=help_text,
+                               metavar=name.upper())
 
 
 def _coerce(name: str, value, source: str):
@@ -310,8 +318,7 @@ def resolve_run(args: argparse.Namespace, environ=os.environ) -> tuple[TrainSett
             given[f.name] = _coerce(f.name, env_value, f"environment PSGD_{f.name.upper()}")
     _flag_wins_run_length(given, args)
     resumed, stored = _from_checkpoint(given)
-    settings = TrainSettings(**{**_carried(stored, given), **given})
-    validate(settings)
+    settings = validate(TrainSettings(**{**_carried(stored, given), **given}))
     if resumed is not None:
         resumed.changed = [f"{name} {stored[name]} -> {getattr(settings, name)}" for name in given
                            if name in stored and stored[name] != getattr(settings, name)]
@@ -347,8 +354,10 @@ def _flag_wins_run_length(values: dict, args: argparse.Namespace) -> None:
             values.pop(other, None)
 
 
-def validate(s: TrainSettings) -> None:
-    """Raise ValueError naming the first bad setting."""
+def validate(given: TrainSettings) -> TrainSettings:
+    """The settings with their defaults filled in (``given`` is left as it was); ValueError
+    naming the first bad setting."""
+    s = replace(given)
     if s.data is None:
         raise ValueError("no dataset: pass --data FILE (make one with `python -m psgd data synth -o FILE`)")
     if not os.path.exists(s.data):
@@ -374,8 +383,8 @@ def validate(s: TrainSettings) -> None:
                          f"--hold-hot applies to --protocol {names(hot_rows=True)} on sparse "
                          f"data, not {s.protocol}")
     _staleness_comp(s, protocol)
-    protocol.momentum_corrected(s.momentum_correction, optimizer=s.optimizer, feedback=False,
-                                staleness_comp=s.staleness_comp)
+    momentum_mode(protocol, s.momentum_correction, optimizer=s.optimizer, feedback=False,
+                  staleness_comp=s.staleness_comp)
     if s.staleness == AUTO:
         s.staleness_max = int(bound)
     elif protocol.bound is None:
@@ -388,6 +397,7 @@ def validate(s: TrainSettings) -> None:
     if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
         raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
                          f"--resume, replace the log with --overwrite, or give another --log")
+    return s
 
 
 def _check_numbers(s: TrainSettings) -> None:

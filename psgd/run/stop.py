@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.env import env_int
+from psgd.errors import UsageError
 from psgd.mpi import wait
 from psgd.run.signals import received, set_notify
 
@@ -44,7 +45,7 @@ class StopControl:
     def __init__(self, roles, start_clock: int, bound: float, every: int | None = None) -> None:
         fixed = every or env_int("PSGD_STOP_EVERY", 0)   # 0: follow the time per clock
         if fixed < 0:
-            raise ValueError(f"PSGD_STOP_EVERY must be >= 0 (0: adaptive), got {fixed}")
+            raise UsageError(f"PSGD_STOP_EVERY must be >= 0 (0: adaptive), got {fixed}")
         # a check more often than the bound would bound the workers' spread tighter
         self.least = int(bound) + 1 if math.isfinite(bound) else 0
         self.most = max(fixed or DEFAULT_EVERY, self.least)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from psgd.errors import UsageError
+
 FORMAT = "WORKERS:KEY=VALUE[,KEY=VALUE][;...] (WORKERS all, k or a-b; keys slow, p, d)"
 _DRAW_KEY = 0x5EED57  # the pause draws' stream, apart from the data's shuffling
 
@@ -35,9 +37,9 @@ def _number(entry: str, key: str, text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"--straggler {entry!r}: {key} must be a number, got {text!r}") from None
+        raise UsageError(f"--straggler {entry!r}: {key} must be a number, got {text!r}") from None
     if not np.isfinite(value):
-        raise ValueError(f"--straggler {entry!r}: {key} must be finite, got {text!r}")
+        raise UsageError(f"--straggler {entry!r}: {key} must be finite, got {text!r}")
     return value
 
 
@@ -49,10 +51,10 @@ def _workers(entry: str, text: str) -> tuple[int, int | None]:
     try:
         first, last = int(lo), int(hi if sep else lo)
     except ValueError:
-        raise ValueError(f"--straggler {entry!r}: workers must be all, k or a-b, "
+        raise UsageError(f"--straggler {entry!r}: workers must be all, k or a-b, "
                          f"got {text!r}") from None
     if first < 0 or last < first:
-        raise ValueError(f"--straggler {entry!r}: workers {text!r} is not a range of worker "
+        raise UsageError(f"--straggler {entry!r}: workers {text!r} is not a range of worker "
                          f"indices >= 0")
     return first, last
 
@@ -70,32 +72,32 @@ def parse(spec: str | None) -> list[tuple[int, int | None, Slowdown]]:
             continue
         who, sep, body = entry.partition(":")
         if not sep or not body.strip():
-            raise ValueError(f"--straggler {entry!r}: expected {FORMAT}")
+            raise UsageError(f"--straggler {entry!r}: expected {FORMAT}")
         first, last = _workers(entry, who.strip())
         slow = Slowdown()
         for item in body.split(","):
             key, eq, value = (x.strip() for x in item.partition("="))
             if not eq:
-                raise ValueError(f"--straggler {entry!r}: {item.strip()!r} is not KEY=VALUE")
+                raise UsageError(f"--straggler {entry!r}: {item.strip()!r} is not KEY=VALUE")
             if key == "slow":
                 slow.factor = _number(entry, key, value)
                 if slow.factor < 1:
-                    raise ValueError(f"--straggler {entry!r}: slow=f needs f >= 1 (f times "
+                    raise UsageError(f"--straggler {entry!r}: slow=f needs f >= 1 (f times "
                                      f"slower), got {value}")
             elif key == "p":
                 slow.p = _number(entry, key, value)
                 if not 0 <= slow.p <= 1:
-                    raise ValueError(f"--straggler {entry!r}: p is a probability in [0, 1], "
+                    raise UsageError(f"--straggler {entry!r}: p is a probability in [0, 1], "
                                      f"got {value}")
             elif key == "d":
                 slow.d_relative = value.endswith("x")
                 slow.d = _number(entry, key, value[:-1] if slow.d_relative else value)
                 if slow.d < 0:
-                    raise ValueError(f"--straggler {entry!r}: d must be >= 0, got {value}")
+                    raise UsageError(f"--straggler {entry!r}: d must be >= 0, got {value}")
             else:
-                raise ValueError(f"--straggler {entry!r}: unknown key {key!r} (slow, p or d)")
+                raise UsageError(f"--straggler {entry!r}: unknown key {key!r} (slow, p or d)")
         if (slow.p > 0) != (slow.d > 0):
-            raise ValueError(f"--straggler {entry!r}: a transient pause needs both p > 0 "
+            raise UsageError(f"--straggler {entry!r}: a transient pause needs both p > 0 "
                              f"and d > 0")
         entries.append((first, last, slow))
     return entries
@@ -106,13 +108,13 @@ def for_worker(spec: str | None, worker: int, n_workers: int) -> Slowdown:
     out = Slowdown()
     for first, last, slow in parse(spec):
         if (last if last is not None else first) >= n_workers:
-            raise ValueError(f"--straggler names worker {last if last is not None else first}, "
+            raise UsageError(f"--straggler names worker {last if last is not None else first}, "
                              f"but the job has {n_workers} workers (0..{n_workers - 1})")
         if first <= worker and (last is None or worker <= last):
             out.factor *= slow.factor
             if slow.p > 0:
                 if out.p > 0:
-                    raise ValueError(f"--straggler gives worker {worker} two transient pauses; "
+                    raise UsageError(f"--straggler gives worker {worker} two transient pauses; "
                                      f"give one p and d per worker")
                 out.p, out.d, out.d_relative = slow.p, slow.d, slow.d_relative
     return out

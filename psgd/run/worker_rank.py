@@ -22,7 +22,7 @@ def _start_protocol(job, worker) -> None:
     if job.resume is not None and worker.optimizer is not None and job.protocol.resumes_optimizer:
         worker.optimizer.load_state_dict(job.resume.opt_state)
     velocity = job.resume.opt_state.get("velocity") if job.resume is not None else None
-    if getattr(worker, "momentum", None) is not None and velocity is not None:
+    if worker.momentum is not None and velocity is not None:
         # momentum correction: the step's velocity is the mean of the workers' last pushes
         worker.momentum.velocity[:] = velocity
     worker.start(job.model.params, clock=job.start_step)
@@ -38,8 +38,7 @@ def _train_step(job, worker, clock: int, timers: dict, fault) -> tuple[float, in
     t_data = time.perf_counter()
     x, y = job.reader.batch(clock)
     t_read = time.perf_counter()
-    if hasattr(worker, "before_batch"):   # hogwild reads a sparse model's rows of this batch
-        worker.before_batch(model.params, x)
+    worker.before_batch(model.params, x)   # hogwild reads a sparse model's rows of this batch
     t0 = time.perf_counter()
     if model.stochastic:   # dropout masks fixed by (seed, worker, step): a resume draws the same
         model.reseed(job.roles.worker_index, clock)
@@ -79,14 +78,13 @@ def _nonfinite(job, what: str, clock: int) -> PsgdError:
 def _runs_steps(job, worker, fault) -> bool:
     """Whether this worker takes its steps in runs (hogwild's :meth:`run_steps`) rather than
     one by one: nothing per step needs Python (no --straggler, dropout or PSGD_FAULT)."""
-    return (hasattr(worker, "runs_steps") and worker.runs_steps() and job.straggler is None
-            and fault is None and not job.model.stochastic and hasattr(job.reader, "batch_rows"))
+    return (worker.runs_steps() and job.straggler is None and fault is None
+            and not job.model.stochastic and job.reader.rows_in_runs)
 
 
 def _prepare(job, worker, fault) -> bool:
     """Set-up before the training clock starts; returns :func:`_runs_steps`."""
-    if hasattr(worker, "use_model"):   # hogwild pushes a sparse model's touched rows only
-        worker.use_model(job.model)
+    worker.use_model(job.model)   # hogwild pushes a sparse model's touched rows only
     runs = _runs_steps(job, worker, fault)
     if runs:   # numba's first call of the run kernel is set-up, not training: take none
         worker.run_steps(job.model.params, job.reader.x, job.reader.y, np.zeros(0, np.int64),
@@ -165,7 +163,7 @@ def run_worker(job) -> None:
     timers = dict.fromkeys(TIMERS, 0.0)
     with phase("making the worker"):
         worker = job.protocol.make_worker(roles, job.shard_map, job.config)
-    job.stop.serve = getattr(worker, "serve", None)
+    job.stop.serve = worker.serve
     fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
     runs = _prepare(job, worker, fault)
     t_start = time.perf_counter()
@@ -207,7 +205,7 @@ def _train(job, worker, lead, runs: bool, timers: dict, fault) -> tuple:
     own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.server_snapshots
     tl = timeline.current
     # decentralized protocols: the workers' models differ; their mean is logged and saved
-    mean = np.empty_like(model.params) if hasattr(worker, "average") else None
+    mean = np.empty_like(model.params) if job.protocol.decentralized else None
     consensus = None
     end, clock = job.total_steps, job.start_step
     while clock < job.total_steps:
@@ -220,7 +218,7 @@ def _train(job, worker, lead, runs: bool, timers: dict, fault) -> tuple:
             consensus = worker.average(model.params, mean)
         t_lead = time.perf_counter()
         saves = own_checkpoints and _saves_at(s, step, job.total_steps)
-        if lead is not None and hasattr(worker, "read_all") and (saves or lead.evaluates_at(step)):
+        if lead is not None and (saves or lead.evaluates_at(step)):
             worker.read_all(model.params)   # a worker that reads only its batches' rows
         if lead is not None:
             lead.after_steps(clock, losses, corrects, n, timers, worker.stats.get("staleness"),
@@ -240,7 +238,7 @@ def _report(job, worker, lead, report: dict, mean, consensus, final_ckpt, fault)
             fault.at(job.total_steps)
         reports = gather_reports(job, {
             "role": "worker", "rank": job.roles.rank,
-            "compensation": getattr(worker, "compensation", None),
+            "compensation": worker.compensation,
             "bytes_sent": worker.stats.get("bytes_sent"),
             "push_bytes": worker.stats.get("push_bytes"),
             "skipped": int(worker.stats.get("skipped", 0)), **report})

@@ -21,13 +21,15 @@ data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
 "$PY" -m psgd data synth -o "$data/synth.h5" --train 1200 --test 200 > /dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-for protocol in bsp ssp asp hogwild allreduce; do
-    servers=1; [ "$protocol" = allreduce ] && servers=0
-    out=$(MPIEXEC="mpirun.openmpi" PY="$PY" NP=3 jobs/mpirun/run.sh "$protocol" --data "$data/synth.h5" \
+# every registry entry's example run: protocol, ranks, servers
+runs=$("$PY" -c 'from psgd.protocols import PROTOCOLS
+for p in PROTOCOLS.values(): r = p.example_run(); print(p.name, r["ranks"], r["servers"])')
+while read -r protocol ranks servers; do
+    out=$(MPIEXEC="mpirun.openmpi" PY="$PY" NP="$ranks" jobs/mpirun/run.sh "$protocol" --data "$data/synth.h5" \
         --model mlp:784-32-10 --servers "$servers" --steps 20 --eval-every 0 --quiet \
-        --log "$data/$protocol.jsonl" --checkpoint-dir "$data/$protocol")
+        --log "$data/$protocol.jsonl" --checkpoint-dir "$data/$protocol" < /dev/null)
     echo "$out" | grep -E "final test accuracy 0\.[0-9]{4}" || { echo "$out"; exit 1; }
-done
+done <<< "$runs"
 # a stop: mpirun forwards SIGUSR1 to every rank; the run checkpoints and exits 75
 PSGD_STOP_EVERY=8 mpirun.openmpi -n 3 "$PY" -m psgd train --data "$data/synth.h5" --protocol bsp \
     --model mlp:784-32-10 --steps 100000 --eval-every 0 --quiet --log "$data/stop.jsonl" \

@@ -1,0 +1,98 @@
+"""Each simulated worker's compute time per step: drawn from a measured distribution.
+
+The samples come from a constant (``--compute-ms``), a real run's
+``--timeline`` trace (its workers' ``compute`` spans) or JSON-lines log (each
+worker's mean compute per step, from the summary), or a profile of the model
+here (:func:`psgd.plan.command.measure_compute_s`). Heavy-tailed jitter
+(``--jitter``) multiplies each draw by a mean-one factor; ``--straggler``
+(the spec of `psgd train`, parsed by :mod:`psgd.run.straggler`) adds the
+waits its workers would sleep.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from psgd.run import straggler as straggler_spec
+
+JITTER_FORMAT = "lognormal:SIGMA or pareto:ALPHA (ALPHA > 1)"
+
+
+def samples_from_file(path: str) -> np.ndarray:
+    """Seconds of compute per step found in a psgd timeline (Chrome trace) or JSON-lines log.
+
+    Raises
+    ------
+    ValueError
+        One line: the file is unreadable, or neither of psgd's formats.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--compute-from {path}: cannot read ({exc})") from None
+    try:
+        trace = json.loads(text)
+    except json.JSONDecodeError:
+        trace = None
+    if isinstance(trace, dict) and isinstance(trace.get("traceEvents"), list):
+        found = [e["dur"] * 1e-6 for e in trace["traceEvents"]
+                 if e.get("name") == "compute" and e.get("ph") == "X" and e.get("dur", 0) > 0]
+    else:
+        found = _from_log(text)
+    if not found:
+        raise ValueError(f"--compute-from {path}: not a psgd profile (a `psgd train --timeline` "
+                         f"trace with compute spans, or a `--log` with its summary)")
+    return np.asarray(found, np.float64)
+
+
+def _from_log(text: str) -> list[float]:
+    """Each worker's mean compute per step from a log's summary record (none: [])."""
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            return []
+        if isinstance(record, dict) and record.get("kind") == "summary":
+            return [w["compute_s"] / w["steps"] for w in record.get("workers", [])
+                    if w.get("steps") and w.get("compute_s", 0) > 0]
+    return []
+
+
+def jitter_factors(spec: str | None, rng: np.random.Generator, shape) -> np.ndarray:
+    """Mean-one multiplicative jitter of ``shape``; ones without a spec."""
+    if not spec:
+        return np.ones(shape)
+    kind, _, value = spec.partition(":")
+    try:
+        x = float(value)
+    except ValueError:
+        x = float("nan")
+    if kind == "lognormal" and x >= 0:
+        return np.exp(x * rng.standard_normal(shape) - x * x / 2)
+    if kind == "pareto" and x > 1:
+        return (x - 1) / x * (1.0 + rng.pareto(x, shape))
+    raise ValueError(f"--jitter {spec!r}: expected {JITTER_FORMAT}")
+
+
+def compute_times(samples: np.ndarray, workers: int, steps: int, seed: int = 0,
+                  jitter: str | None = None, straggler: str | None = None) -> np.ndarray:
+    """Seconds of each worker's compute at each step, float64 (workers, steps).
+
+    Draws ``samples`` with replacement, times the jitter, plus what
+    ``--straggler`` would make each worker wait after that compute (the same
+    seeded pauses as a real run with this ``seed``).
+    """
+    samples = np.asarray(samples, np.float64)
+    if samples.size == 0 or not (samples > 0).all() or not np.isfinite(samples).all():
+        raise ValueError("compute times must be finite and > 0 s")
+    rng = np.random.default_rng([seed, 0x5137])
+    times = samples[rng.integers(0, samples.size, (workers, steps))]
+    times *= jitter_factors(jitter, rng, times.shape)
+    for w in range(workers):
+        slow = straggler_spec.for_worker(straggler, w, workers)
+        if slow.active:
+            emulated = straggler_spec.Straggler(slow, seed, w, sleep=lambda _s: None)
+            times[w] += [emulated.after_compute(c, times[w, c]) for c in range(steps)]
+    return times

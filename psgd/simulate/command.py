@@ -94,13 +94,13 @@ def _network(args, n_params: int, samples: np.ndarray, settings, workers: int):
     return job, net
 
 
-def _simulate(protocol, settings, pjob, net, times):
+def _simulate(protocol, staleness, pjob, net, times):
     from psgd.simulate.events import simulate
     from psgd.simulate.links import Links
     from psgd.simulate.rules import rules_for
-    rules = rules_for(protocol, settings.staleness, pjob, net)
+    rules = rules_for(protocol, staleness, pjob, net)
     t0 = time.perf_counter()
-    schedule = simulate(rules, times, settings.servers, Links(pjob, net))
+    schedule = simulate(rules, times, pjob.servers, Links(pjob, net))
     return schedule, time.perf_counter() - t0
 
 
@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> None:
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
                               settings.straggler)
         pjob, net = _network(args, n_params, samples, settings, args.workers)
-        schedule, wall = _simulate(protocol, settings, pjob, net, times)
-        bsp, _ = _simulate(get("bsp"), settings, pjob, net, times)
+        schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times)
+        bsp, _ = _simulate(get("bsp"), None, pjob, net, times)
     except ValueError as exc:
         raise PsgdError(str(exc)) from None
     out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),

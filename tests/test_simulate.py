@@ -121,14 +121,25 @@ def test_jitter_is_heavy_tailed_with_mean_one(spec):
 
 
 def test_compute_times_come_from_a_timeline_or_a_log(tmp_path):
+    """A timeline: per worker the gaps between its step spans (else its compute spans)."""
+    steps = [{"name": "step", "ph": "X", "ts": ts, "dur": 500, "pid": 2} for ts in (0, 2500, 7000)]
     trace = {"traceEvents": [{"name": "compute", "ph": "X", "ts": 0, "dur": d, "pid": 1}
-                             for d in (1000, 3000)] + [{"name": "push", "ph": "X", "dur": 7}]}
+                             for d in (1000, 3000)] + [{"name": "push", "ph": "X", "dur": 7}]
+             + steps}
     (tmp_path / "t.json").write_text(json.dumps(trace))
-    np.testing.assert_allclose(samples_from_file(str(tmp_path / "t.json")), [1e-3, 3e-3])
+    one, two = samples_from_file(str(tmp_path / "t.json"))
+    np.testing.assert_allclose(one, [1e-3, 3e-3])
+    np.testing.assert_allclose(two, [2e-3, 4e-3])
     log = [{"kind": "step", "loss": 1.0},
            {"kind": "summary", "workers": [{"compute_s": 2.0, "steps": 100}]}]
     (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(r) for r in log))
-    np.testing.assert_allclose(samples_from_file(str(tmp_path / "l.jsonl")), [0.02])
+    np.testing.assert_allclose(samples_from_file(str(tmp_path / "l.jsonl"))[0], [0.02])
+
+
+def test_each_worker_draws_from_its_own_samples_when_there_is_one_set_per_worker():
+    t = compute_times([np.array([1.0, 3.0]), np.array([7.0])], 2, 100)
+    assert set(t[0]) == {1.0, 3.0} and set(t[1]) == {7.0}
+    assert set(compute_times([np.array([1.0]), np.array([7.0])], 3, 100).ravel()) == {1.0, 7.0}
 
 
 def test_describe_and_tv_distance():

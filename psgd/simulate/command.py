@@ -56,17 +56,17 @@ def _settings(args):
     return settings
 
 
-def _samples(args, settings) -> np.ndarray:
+def _samples(args, settings) -> list:
     from psgd.simulate.compute import samples_from_file
     if args.compute_ms is not None:
         if not args.compute_ms > 0:
             raise PsgdError(f"--compute-ms must be > 0, got {args.compute_ms}")
-        return np.array([args.compute_ms * 1e-3])
+        return [np.array([args.compute_ms * 1e-3])]
     if args.compute_from:
         return samples_from_file(args.compute_from)
     from psgd.plan.command import measure_compute_s
-    return np.array([measure_compute_s(settings.model, settings.batch_size, seconds=1.0)
-                     * settings.batch_size])
+    return [np.array([measure_compute_s(settings.model, settings.batch_size, seconds=1.0)
+                      * settings.batch_size])]
 
 
 def _check(args, settings, protocol) -> None:
@@ -82,12 +82,12 @@ def _check(args, settings, protocol) -> None:
                         "and --compress")
 
 
-def _network(args, n_params: int, samples: np.ndarray, settings, workers: int):
+def _network(args, n_params: int, mean_s: float, settings, workers: int):
     from psgd.plan.command import parse_bandwidth
     from psgd.plan.cost import Job, Network, check
     if args.per_node < 1:
         raise PsgdError(f"--per-node must be >= 1, got {args.per_node}")
-    job = Job(n_params, float(samples.mean()) / settings.batch_size, settings.batch_size,
+    job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
               workers, settings.servers, args.per_node)
     net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
     check(job, net)
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> None:
         samples = _samples(args, settings)
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
                               settings.straggler)
-        pjob, net = _network(args, n_params, samples, settings, args.workers)
+        pjob, net = _network(args, n_params, float(times.mean()), settings, args.workers)
         schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times)
         bsp, _ = _simulate(get("bsp"), None, pjob, net, times)
     except ValueError as exc:

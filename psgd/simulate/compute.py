@@ -19,8 +19,11 @@ from psgd.run import straggler as straggler_spec
 JITTER_FORMAT = "lognormal:SIGMA or pareto:ALPHA (ALPHA > 1)"
 
 
-def samples_from_file(path: str) -> np.ndarray:
-    """Seconds of compute per step found in a psgd timeline (Chrome trace) or JSON-lines log.
+def samples_from_file(path: str) -> list[np.ndarray]:
+    """Seconds each worker spends per step outside the protocol, from a psgd timeline (Chrome
+    trace: the gaps between a worker's ``step`` spans, its first step left out, else its
+    ``compute`` spans) or JSON-lines log (each worker's mean compute per step, from the
+    summary); one float64 array per worker found.
 
     Raises
     ------
@@ -37,14 +40,29 @@ def samples_from_file(path: str) -> np.ndarray:
     except json.JSONDecodeError:
         trace = None
     if isinstance(trace, dict) and isinstance(trace.get("traceEvents"), list):
-        found = [e["dur"] * 1e-6 for e in trace["traceEvents"]
-                 if e.get("name") == "compute" and e.get("ph") == "X" and e.get("dur", 0) > 0]
+        found = _from_trace(trace["traceEvents"])
     else:
-        found = _from_log(text)
+        found = [np.array([m]) for m in _from_log(text)]
+    found = [f for f in found if f.size and (f > 0).all()]
     if not found:
         raise ValueError(f"--compute-from {path}: not a psgd profile (a `psgd train --timeline` "
                          f"trace with compute spans, or a `--log` with its summary)")
-    return np.asarray(found, np.float64)
+    return found
+
+
+def _from_trace(events: list) -> list[np.ndarray]:
+    spans: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") in ("step", "compute") and e.get("dur", 0) > 0:
+            spans.setdefault((e.get("pid"), e["name"]), []).append((e["ts"], e["dur"]))
+    out = []
+    for pid in sorted({pid for pid, _ in spans}, key=str):
+        steps = sorted(spans.get((pid, "step"), []))
+        if len(steps) > 2:
+            out.append(np.array([b[0] - a[0] - a[1] for a, b in zip(steps, steps[1:])]) * 1e-6)
+        elif (pid, "compute") in spans:
+            out.append(np.array([d for _, d in spans[(pid, "compute")]]) * 1e-6)
+    return out
 
 
 def _from_log(text: str) -> list[float]:
@@ -76,19 +94,25 @@ def jitter_factors(spec: str | None, rng: np.random.Generator, shape) -> np.ndar
     raise ValueError(f"--jitter {spec!r}: expected {JITTER_FORMAT}")
 
 
-def compute_times(samples: np.ndarray, workers: int, steps: int, seed: int = 0,
+def compute_times(samples, workers: int, steps: int, seed: int = 0,
                   jitter: str | None = None, straggler: str | None = None) -> np.ndarray:
     """Seconds of each worker's compute at each step, float64 (workers, steps).
 
-    Draws ``samples`` with replacement, times the jitter, plus what
-    ``--straggler`` would make each worker wait after that compute (the same
-    seeded pauses as a real run with this ``seed``).
+    ``samples``: seconds (array-like), or a list of one array per worker. Each
+    worker draws with replacement from its own array when there is one per
+    worker, else from all of them pooled; times the jitter; plus what
+    ``--straggler`` would make it wait after that compute (the same seeded
+    pauses as a real run with this ``seed``).
     """
-    samples = np.asarray(samples, np.float64)
-    if samples.size == 0 or not (samples > 0).all() or not np.isfinite(samples).all():
+    per_worker = [np.asarray(s, np.float64).ravel() for s in
+                  (samples if isinstance(samples, list) else [samples])]
+    pooled = np.concatenate(per_worker)
+    if pooled.size == 0 or not (pooled > 0).all() or not np.isfinite(pooled).all():
         raise ValueError("compute times must be finite and > 0 s")
     rng = np.random.default_rng([seed, 0x5137])
-    times = samples[rng.integers(0, samples.size, (workers, steps))]
+    own = len(per_worker) == workers
+    times = np.stack([(per_worker[w] if own else pooled)[
+        rng.integers(0, (per_worker[w] if own else pooled).size, steps)] for w in range(workers)])
     times *= jitter_factors(jitter, rng, times.shape)
     for w in range(workers):
         slow = straggler_spec.for_worker(straggler, w, workers)

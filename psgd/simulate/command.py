@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "lognormal:SIGMA or pareto:ALPHA")
     sim.add_argument("--bandwidth", default="10gbit", help="each node's link (default 10gbit)")
     sim.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
+    sim.add_argument("--shm-bandwidth", default="32gbit", help="copies within a node "
+                     "(default 32gbit)")
     sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
     sim.add_argument("--shared-link", action="store_true", help="all nodes share one link")
     sim.add_argument("--train", action="store_true", help="train along the simulated order "
@@ -89,7 +91,8 @@ def _network(args, n_params: int, mean_s: float, settings, workers: int):
         raise PsgdError(f"--per-node must be >= 1, got {args.per_node}")
     job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
               workers, settings.servers, args.per_node)
-    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
+    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
+                  parse_bandwidth(args.shm_bandwidth))
     check(job, net)
     return job, net
 

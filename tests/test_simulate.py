@@ -136,9 +136,9 @@ def test_compute_times_come_from_a_timeline_or_a_log(tmp_path):
     np.testing.assert_allclose(samples_from_file(str(tmp_path / "l.jsonl"))[0], [0.02])
 
 
-def test_each_worker_draws_from_its_own_samples_when_there_is_one_set_per_worker():
-    t = compute_times([np.array([1.0, 3.0]), np.array([7.0])], 2, 100)
-    assert set(t[0]) == {1.0, 3.0} and set(t[1]) == {7.0}
+def test_each_worker_takes_its_own_samples_in_order_when_there_is_one_set_per_worker():
+    t = compute_times([np.array([1.0, 3.0, 2.0]), np.array([7.0])], 2, 5)
+    assert t[0].tolist() == [1.0, 3.0, 2.0, 1.0, 3.0] and t[1].tolist() == [7.0] * 5
     assert set(compute_times([np.array([1.0]), np.array([7.0])], 3, 100).ravel()) == {1.0, 7.0}
 
 

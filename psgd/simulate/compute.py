@@ -98,9 +98,10 @@ def compute_times(samples, workers: int, steps: int, seed: int = 0,
                   jitter: str | None = None, straggler: str | None = None) -> np.ndarray:
     """Seconds of each worker's compute at each step, float64 (workers, steps).
 
-    ``samples``: seconds (array-like), or a list of one array per worker. Each
-    worker draws with replacement from its own array when there is one per
-    worker, else from all of them pooled; times the jitter; plus what
+    ``samples``: seconds (array-like), or a list of one array per worker. With
+    one array per worker each worker takes its own in order (cycled: a real
+    run's bursts stay bursts), else draws with replacement from all of them
+    pooled; times the jitter; plus what
     ``--straggler`` would make it wait after that compute (the same seeded
     pauses as a real run with this ``seed``).
     """
@@ -110,9 +111,10 @@ def compute_times(samples, workers: int, steps: int, seed: int = 0,
     if pooled.size == 0 or not (pooled > 0).all() or not np.isfinite(pooled).all():
         raise ValueError("compute times must be finite and > 0 s")
     rng = np.random.default_rng([seed, 0x5137])
-    own = len(per_worker) == workers
-    times = np.stack([(per_worker[w] if own else pooled)[
-        rng.integers(0, (per_worker[w] if own else pooled).size, steps)] for w in range(workers)])
+    if len(per_worker) == workers:   # each worker's own times, in their order (bursts kept)
+        times = np.stack([np.resize(per_worker[w], steps) for w in range(workers)])
+    else:
+        times = pooled[rng.integers(0, pooled.size, (workers, steps))]
     times *= jitter_factors(jitter, rng, times.shape)
     for w in range(workers):
         slow = straggler_spec.for_worker(straggler, w, workers)

@@ -135,14 +135,12 @@ def _trace(path: Path) -> dict:
 
 
 def real_rate(spans: dict) -> float:
-    """Updates/s over the training loop: each worker's steps after its first, over their span."""
-    rate = 0.0
-    for (pid, name), steps in spans.items():
-        if name == "step" and len(steps) > 2:
-            steps = sorted(steps)
-            rate += (len(steps) - 1) / ((steps[-1][0] + steps[-1][1] - steps[0][0] - steps[0][1])
-                                        * 1e-6)
-    return rate
+    """Updates/s over the training loop: the steps after each worker's first, over the time
+    from the first worker's first step to the last worker's last (as the simulator counts)."""
+    runs = [sorted(v) for (pid, name), v in spans.items() if name == "step" and len(v) > 2]
+    start = min(r[0][0] + r[0][1] for r in runs)
+    end = max(r[-1][0] + r[-1][1] for r in runs)
+    return sum(len(r) - 1 for r in runs) / ((end - start) * 1e-6)
 
 
 def pull_us(spans: dict) -> float:
@@ -212,7 +210,7 @@ def _cell(tmp: Path, data: Path, W: int, proto: str, comp: str, compute_ms: floa
         argv += ["--data", data, "--epochs", 2, *TRAIN, *COMP[comp], "--train", "--log", log,
                  "--eval-every", max(1, 60000 // (W * 64) // 4)]
     else:
-        argv += ["--steps", 100]
+        argv += ["--steps", 20]
     sim = simulate(tmp, *argv)
     cell = {"W": W, "S": S, "protocol": proto, "comp": comp, "updates_per_s": sim["updates_per_s"],
             "staleness_mean": sim["staleness"]["mean"], "staleness_max": sim["staleness"]["max"],

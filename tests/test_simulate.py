@@ -122,14 +122,17 @@ def test_jitter_is_heavy_tailed_with_mean_one(spec):
 
 def test_compute_times_come_from_a_timeline_or_a_log(tmp_path):
     """A timeline: per worker the gaps between its step spans (else its compute spans)."""
-    steps = [{"name": "step", "ph": "X", "ts": ts, "dur": 500, "pid": 2} for ts in (0, 2500, 7000)]
+    steps = [{"name": "step", "ph": "X", "ts": ts, "dur": 500, "pid": p}
+             for p, first in ((2, 0), (3, 1000)) for ts in (first, first + 2500, first + 7000)]
     trace = {"traceEvents": [{"name": "compute", "ph": "X", "ts": 0, "dur": d, "pid": 1}
                              for d in (1000, 3000)] + [{"name": "push", "ph": "X", "dur": 7}]
              + steps}
     (tmp_path / "t.json").write_text(json.dumps(trace))
-    one, two = samples_from_file(str(tmp_path / "t.json"))
+    one, two, three = samples_from_file(str(tmp_path / "t.json"))
     np.testing.assert_allclose(one, [1e-3, 3e-3])
-    np.testing.assert_allclose(two, [2e-3, 4e-3])
+    # led by the median gap, plus the worker's late start (1 ms for the third)
+    np.testing.assert_allclose(two, [3e-3, 2e-3, 4e-3])
+    np.testing.assert_allclose(three, [4e-3, 2e-3, 4e-3])
     log = [{"kind": "step", "loss": 1.0},
            {"kind": "summary", "workers": [{"compute_s": 2.0, "steps": 100}]}]
     (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(r) for r in log))

@@ -21,8 +21,8 @@ JITTER_FORMAT = "lognormal:SIGMA or pareto:ALPHA (ALPHA > 1)"
 
 def samples_from_file(path: str) -> list[np.ndarray]:
     """Seconds each worker spends per step outside the protocol, from a psgd timeline (Chrome
-    trace: the gaps between a worker's ``step`` spans, its first step left out, else its
-    ``compute`` spans) or JSON-lines log (each worker's mean compute per step, from the
+    trace: the gaps between a worker's ``step`` spans, led by its median gap plus how much
+    later than the first worker it started its first step; else its ``compute`` spans) or JSON-lines log (each worker's mean compute per step, from the
     summary); one float64 array per worker found.
 
     Raises
@@ -56,10 +56,13 @@ def _from_trace(events: list) -> list[np.ndarray]:
         if e.get("ph") == "X" and e.get("name") in ("step", "compute") and e.get("dur", 0) > 0:
             spans.setdefault((e.get("pid"), e["name"]), []).append((e["ts"], e["dur"]))
     out = []
+    firsts = [min(v)[0] for (_, name), v in spans.items() if name == "step" and len(v) > 2]
     for pid in sorted({pid for pid, _ in spans}, key=str):
         steps = sorted(spans.get((pid, "step"), []))
-        if len(steps) > 2:
-            out.append(np.array([b[0] - a[0] - a[1] for a, b in zip(steps, steps[1:])]) * 1e-6)
+        if len(steps) > 2:   # the first step carries the worker's late start in the run
+            gaps = [b[0] - a[0] - a[1] for a, b in zip(steps, steps[1:])]
+            late = steps[0][0] - min(firsts)
+            out.append(np.array([late + float(np.median(gaps))] + gaps) * 1e-6)
         elif (pid, "compute") in spans:
             out.append(np.array([d for _, d in spans[(pid, "compute")]]) * 1e-6)
     return out

@@ -225,7 +225,7 @@ def _cell(tmp: Path, data: Path, W: int, proto: str, comp: str, compute_ms: floa
     return cell
 
 
-def table(tmp: Path, data: Path, quick: bool, target: float) -> tuple[list, float]:
+def table(tmp: Path, data: Path, quick: bool, target: float, save) -> tuple[list, float]:
     from psgd.plan.command import measure_compute_s
     compute_ms = measure_compute_s(TABLE_MODEL, 64, seconds=1.0) * 64e3
     cells = []
@@ -233,6 +233,7 @@ def table(tmp: Path, data: Path, quick: bool, target: float) -> tuple[list, floa
         for proto in PROTOCOLS:
             for comp in ("none",) if proto == "bsp" else COMP:
                 cells.append(_cell(tmp, data, W, proto, comp, compute_ms, W <= 256, target))
+                save(cells, compute_ms)
     return cells, compute_ms
 
 
@@ -270,14 +271,22 @@ def main() -> None:
     common.add_output_arguments(ap)
     args = ap.parse_args()
     out = common.out_dir(args, "simulate")
+    stem = common.result_stem("simulate", args.quick)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = common.dataset(tmp, args.quick, "bench-simulate", train=20000 if args.quick else None)
-        result = {"speed": speed(args.quick), "target": args.target,
-                  "validation": [] if args.skip_validation else validate(tmp, data.path, args.quick)}
-        result["table"], result["compute_ms"] = table(tmp, data.path, args.quick, args.target)
-    stem = common.result_stem("simulate", args.quick)
-    common.write_json(out / f"{stem}.json", result, data.name)
+        result = {"target": args.target, "table": [], "compute_ms": float("nan")}
+
+        def save(cells=None, compute_ms=None):   # after each part: a cut-short run keeps its cells
+            if cells is not None:
+                result["table"], result["compute_ms"] = cells, compute_ms
+            common.write_json(out / f"{stem}.json", result, data.name)
+
+        result["speed"] = speed(args.quick)
+        save()
+        result["validation"] = [] if args.skip_validation else validate(tmp, data.path, args.quick)
+        save()
+        table(tmp, data.path, args.quick, args.target, save)
     common.write_text(out / f"{stem}.md", markdown(result), data.name)
     print(f"bench-simulate: wrote {out / stem}.{{json,md}}")
 

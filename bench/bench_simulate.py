@@ -280,13 +280,16 @@ def main() -> None:
         def save(cells=None, compute_ms=None):   # after each part: a cut-short run keeps its cells
             if cells is not None:
                 result["table"], result["compute_ms"] = cells, compute_ms
-            common.write_json(out / f"{stem}.json", result, data.name)
+            (out / f"{stem}.partial.json").unlink(missing_ok=True)   # one stamp, not one per save
+            common.write_json(out / f"{stem}.partial.json", result, data.name)
 
         result["speed"] = speed(args.quick)
         save()
         result["validation"] = [] if args.skip_validation else validate(tmp, data.path, args.quick)
         save()
         table(tmp, data.path, args.quick, args.target, save)
+    common.write_json(out / f"{stem}.json", result, data.name)
+    (out / f"{stem}.partial.json").unlink()
     common.write_text(out / f"{stem}.md", markdown(result), data.name)
     print(f"bench-simulate: wrote {out / stem}.{{json,md}}")
 

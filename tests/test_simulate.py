@@ -160,6 +160,7 @@ def simulate_cli(tmp_path, *argv):
 
 @pytest.mark.parametrize("argv,message", [
     (["--workers", 0], "--workers must be >= 1"),
+    (["--workers", 4, "--servers", 0], "--servers must be >= 1"),
     (["--workers", 4, "--protocol", "allreduce"], "simulate models the parameter-server"),
     (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
     (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),

@@ -54,7 +54,8 @@ def _settings(args):
     given = {f.name: getattr(args, f.name) for f in fields(TrainSettings)
              if getattr(args, f.name, None) is not None}
     settings = TrainSettings(**given)
-    settings.servers = settings.servers or 1
+    if settings.servers is None:
+        settings.servers = 1
     return settings
 
 

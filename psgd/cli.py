@@ -28,6 +28,8 @@ COMMANDS = {
     "data": ("psgd.data.cli", "make, convert and inspect HDF5 datasets"),
     "plot": ("psgd.plot", "draw PNG charts from JSON-lines training logs"),
     "plan": ("psgd.plan.command", "predict each protocol's throughput on a cluster and pick one"),
+    "simulate": ("psgd.simulate.command", "simulate a protocol at W workers: throughput, staleness, "
+                 "training along the simulated order"),
     "net": ("psgd.run.net", "run a command on N emulated nodes behind a rate-limited network"),
 }
 

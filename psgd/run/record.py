@@ -54,16 +54,25 @@ def save_events(job, events: np.ndarray) -> Path | None:
         buf = np.empty(status.Get_count(MPI.BYTE) // 4, np.int32)
         comm.Recv(buf, source=rank, tag=TAG_RECORD)
         shards.append(buf.reshape(-1, 3))
-    shape = _shape(job.settings, roles.n_servers, roles.n_workers, job.start_step)
-    path = Path(job.settings.record)
+    return write_events(job.settings, shards, roles.n_workers, job.start_step, job.end_step,
+                        job.run_id)
+
+
+def write_events(settings, shards: list, n_workers: int, start_step: int, end_step: int,
+                 run_id: str) -> Path:
+    """Write ``settings.record``: each shard's int32 (n_k, 3) events, atomically
+    (`psgd train --record`, and `psgd simulate`'s schedule)."""
+    n_servers = len(shards)
+    shape = _shape(settings, n_servers, n_workers, start_step)
+    path = Path(settings.record)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path) as tmp, h5py.File(tmp, "w") as f:
         for k, ev in enumerate(shards):
-            f.create_dataset(f"shard_{k}/events", data=ev)
+            f.create_dataset(f"shard_{k}/events", data=np.ascontiguousarray(ev, np.int32))
         f.attrs.update({"format_version": FORMAT_VERSION, "psgd_version": psgd.__version__,
-                        "run_id": job.run_id, "n_servers": roles.n_servers,
-                        "n_workers": roles.n_workers, "start_step": job.start_step,
-                        "end_step": job.end_step, "n_events": [len(ev) for ev in shards],
+                        "run_id": run_id, "n_servers": n_servers,
+                        "n_workers": n_workers, "start_step": start_step,
+                        "end_step": end_step, "n_events": [len(ev) for ev in shards],
                         "settings": json.dumps(shape, sort_keys=True)})
     return path
 

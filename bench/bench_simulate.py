@@ -1,0 +1,298 @@
+"""`make bench-simulate`: psgd simulate's speed, its validation against real runs, and its table.
+
+    .venv/bin/python bench/bench_simulate.py [--quick] [--out DIR | --publish]
+
+1. Speed: the event loop alone at 1,024 workers x about 100,000 updates (asp
+   on 4 servers, and bsp), wall seconds; SimPy's on the same model at a tenth
+   of the updates, side by side, when SimPy imports (``SIMPY_PATH`` may name
+   a folder that holds it; it is no dependency of psgd).
+2. Validation: real ``mpiexec`` runs of LeNet at W = 2, 4 under bsp, ssp s=2
+   and asp, without and with ``--straggler W-1:slow=3``, each with
+   ``--timeline``; the simulator takes each worker's times between steps from
+   the run's timeline, in order (a straggler's sleeps included: on two shared
+   cores they also free a core for the others, which drawing the spec anew
+   would miss), each message's latency the median pull the run measured;
+   compared: updates/s over the
+   training loop and the staleness histogram's total-variation distance.
+3. The table: W = 16, 64, 256, 1024, predicted updates/s and staleness for
+   bsp, ssp s=2 and asp (with and without compensation), and up to W = 256
+   the accuracy of training along the simulated order (``--train``).
+
+Writes simulate.json and simulate.md into runs/bench/simulate-TIME/ (--publish:
+bench/results/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--staleness", "2"],
+             "asp": ["--protocol", "asp"]}
+COMP = {"none": ["--staleness-comp", "none"], "dana": ["--staleness-comp", "dana"]}
+TRAIN = ["--optimizer", "momentum", "--lr", "0.05", "--skip-nonfinite"]
+
+
+def psgd(*argv, timeout=600, ranks=None) -> str:
+    cmd = [sys.executable, "-m", "psgd", *map(str, argv)]
+    if ranks:
+        cmd = [common.mpiexec(), "-n", str(ranks), *cmd]
+    proc = common.run_bounded(cmd, timeout, cwd=common.ROOT)
+    if proc.returncode:
+        raise SystemExit(f"bench-simulate: {' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def simulate(tmp: Path, *argv) -> dict:
+    out = tmp / "sim.json"
+    psgd("simulate", *argv, "--json", out)
+    return json.loads(out.read_text())
+
+
+# ---- 1. speed ---------------------------------------------------------------------------
+
+def _loop(protocol: str, W: int, T: int, S: int, n_params: int = 61_706):
+    from psgd.plan.cost import Job, Network
+    from psgd.protocols import get
+    from psgd.simulate.compute import compute_times
+    from psgd.simulate.events import simulate as run_loop
+    from psgd.simulate.links import Links
+    from psgd.simulate.rules import rules_for
+    times = compute_times([0.02], W, T, jitter="lognormal:0.5")
+    job, net = Job(n_params, 0.02 / 64, 64, W, S), Network(1.25e9)
+    rules = rules_for(get(protocol), None, job, net)
+    t0 = time.perf_counter()
+    sch = run_loop(rules, times, S, Links(job, net))
+    return time.perf_counter() - t0, sch, rules, times
+
+
+def _simpy_asp(simpy, times: np.ndarray, rules, latency: float = 20e-6) -> float:
+    """The same asp model in SimPy on one server: compute, push, the server's step, the reply."""
+    env = simpy.Environment()
+    server = simpy.Resource(env, capacity=1)
+    wire = rules.push_bytes / 1.25e9
+
+    def worker(w):
+        for c in range(times.shape[1]):
+            yield env.timeout(times[w, c])
+            yield env.timeout(wire + latency)
+            with server.request() as req:
+                yield req
+                yield env.timeout(rules.push_s)
+            yield env.timeout(wire + latency)
+
+    for w in range(times.shape[0]):
+        env.process(worker(w))
+    t0 = time.perf_counter()
+    env.run()
+    return time.perf_counter() - t0
+
+
+def speed(quick: bool) -> dict:
+    W, T = 1024, 10 if quick else 98
+    out = {}
+    for protocol, S in (("asp", 4), ("bsp", 4), ("asp", 1)):
+        wall, sch, _, _ = _loop(protocol, W, T, S)
+        out[f"{protocol} S={S}"] = {"workers": W, "updates": sch.updates, "wall_s": wall,
+                                    "events": int(len(sch.order))}
+        print(f"speed: {protocol} W={W} S={S}: {sch.updates} updates in {wall:.1f} s", flush=True)
+    if os.environ.get("SIMPY_PATH"):
+        sys.path.insert(0, os.environ["SIMPY_PATH"])
+    try:
+        import simpy
+    except ImportError:
+        out["simpy"] = "not installed"
+        return out
+    wall, sch, rules, times = _loop("asp", W, max(2, T // 10), 1)
+    simpy_s = _simpy_asp(simpy, times, rules)
+    out["simpy"] = {"version": simpy.__version__, "workers": W, "updates": sch.updates,
+                    "simpy_wall_s": simpy_s, "heap_wall_s": wall}
+    print(f"speed: SimPy {simpy.__version__} {simpy_s:.2f} s, the heap {wall:.2f} s "
+          f"({sch.updates} updates, one server)", flush=True)
+    return out
+
+
+# ---- 2. validation against real runs ------------------------------------------------------
+
+def _trace(path: Path) -> dict:
+    spans: dict = {}
+    for e in json.loads(path.read_text())["traceEvents"]:
+        if e.get("ph") == "X":
+            spans.setdefault((e["pid"], e["name"]), []).append((e["ts"], e["dur"]))
+    return spans
+
+
+def real_rate(spans: dict) -> float:
+    """Updates/s over the training loop: the steps after each worker's first, over the time
+    from the first worker's first step to the last worker's last (as the simulator counts)."""
+    runs = [sorted(v) for (pid, name), v in spans.items() if name == "step" and len(v) > 2]
+    start = min(r[0][0] + r[0][1] for r in runs)
+    end = max(r[-1][0] + r[-1][1] for r in runs)
+    return sum(len(r) - 1 for r in runs) / ((end - start) * 1e-6)
+
+
+def pull_us(spans: dict) -> float:
+    """The median time a pull's transfer took (after the servers answered), microseconds:
+    on ranks that share two cores, mostly waiting for a core, taken as each message's latency."""
+    return float(np.median([d for (pid, name), v in spans.items() if name == "pull"
+                            for _, d in v[1:]]))
+
+
+def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int) -> tuple:
+    name = f"{proto.replace(' ', '').replace('=', '')}-w{W}{'-slow' if slow else ''}"
+    tl, log = tmp / f"{name}.json", tmp / f"{name}.jsonl"
+    extra = ["--straggler", f"{W - 1}:slow=3"] if slow else []
+    psgd("train", "--data", data, "--model", "lenet", "--batch-size", 32, "--steps", steps,
+         *PROTOCOLS[proto], *extra, "--timeline", tl, "--log", log, "--quiet", ranks=W + 1)
+    summary = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    return tl, summary
+
+
+def validate(tmp: Path, data: Path, quick: bool) -> list:
+    from psgd.simulate.stats import tv_distance
+    rows, steps = [], 30 if quick else 100
+    for W in (2,) if quick else (2, 4):
+        for proto in PROTOCOLS:
+            for slow in (False, True):
+                tl, summary = _real(tmp, data, W, proto, slow, steps)
+                spans = _trace(tl)
+                sim = simulate(tmp, "--workers", W, "--model", "lenet", "--batch-size", 32,
+                               "--steps", steps, *PROTOCOLS[proto], "--compute-from", tl,
+                               "--per-node", W + 1, "--latency-us", f"{pull_us(spans):.1f}")
+                real = real_rate(spans)
+                row = {"W": W, "protocol": proto, "straggler": slow, "real_updates_per_s": real,
+                       "sim_updates_per_s": sim["updates_per_s"],
+                       "ratio": sim["updates_per_s"] / real,
+                       "tv": tv_distance(summary["staleness_histogram"],
+                                         sim["staleness"]["histogram"]),
+                       "real_staleness": summary["staleness_histogram"],
+                       "sim_staleness": sim["staleness"]["histogram"]}
+                rows.append(row)
+                print(f"validate: W={W} {proto}{' slow' if slow else ''}: real {real:.1f}/s, "
+                      f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), "
+                      f"TV {row['tv']:.3f}", flush=True)
+    return rows
+
+
+# ---- 3. the table -----------------------------------------------------------------------
+
+TABLE_MODEL = "mlp:784-128-10"
+
+
+def _first_at(log: Path, target: float) -> float | None:
+    """Simulated seconds of the first evaluation at ``target`` test accuracy (None: never)."""
+    for line in log.read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "eval" and r["test_acc"] >= target:
+            return r["simulated_s"]
+    return None
+
+
+def _cell(tmp: Path, data: Path, W: int, proto: str, comp: str, compute_ms: float,
+          train: bool, target: float) -> dict:
+    S = max(1, W // 16)
+    log = tmp / f"t-{W}-{proto}-{comp}.jsonl".replace(" ", "").replace("=", "")
+    argv = ["--workers", W, "--servers", S, "--model", TABLE_MODEL, *PROTOCOLS[proto],
+            "--compute-ms", compute_ms, "--jitter", "lognormal:0.5", "--batch-size", 64]
+    if train:
+        argv += ["--data", data, "--epochs", 2, *TRAIN, *COMP[comp], "--train", "--log", log,
+                 "--eval-every", max(1, 60000 // (W * 64) // 4)]
+    else:
+        argv += ["--steps", 20]
+    sim = simulate(tmp, *argv)
+    cell = {"W": W, "S": S, "protocol": proto, "comp": comp, "updates_per_s": sim["updates_per_s"],
+            "staleness_mean": sim["staleness"]["mean"], "staleness_max": sim["staleness"]["max"],
+            "bsp_updates_per_s": sim["bsp"]["updates_per_s"]}
+    if train:
+        cell.update(test_acc=sim["training"]["test_acc"], simulated_s=sim["simulated_s"],
+                    time_to_target_s=_first_at(log, target),
+                    train_wall_s=sim["training"]["seconds"])
+    print(f"table: W={W} {proto} {comp}: {cell['updates_per_s']:.0f}/s, staleness mean "
+          f"{cell['staleness_mean']:.2f} max {cell['staleness_max']}"
+          + (f", accuracy {cell['test_acc']:.4f}" if train else ""), flush=True)
+    return cell
+
+
+def table(tmp: Path, data: Path, quick: bool, target: float, save) -> tuple[list, float]:
+    from psgd.plan.command import measure_compute_s
+    compute_ms = measure_compute_s(TABLE_MODEL, 64, seconds=1.0) * 64e3
+    cells = []
+    for W in (16, 64) if quick else (16, 64, 256, 1024):
+        for proto in PROTOCOLS:
+            for comp in ("none",) if proto == "bsp" else COMP:
+                cells.append(_cell(tmp, data, W, proto, comp, compute_ms, W <= 256, target))
+                save(cells, compute_ms)
+    return cells, compute_ms
+
+
+def markdown(result: dict) -> str:
+    lines = ["## Speed", "", "| run | workers | updates | wall s |", "|---|---|---|---|"]
+    for name, r in result["speed"].items():
+        if name != "simpy":
+            lines.append(f"| {name} | {r['workers']} | {r['updates']} | {r['wall_s']:.1f} |")
+    lines += ["", f"SimPy: {json.dumps(result['speed'].get('simpy'))}", "", "## Validation", "",
+              "| W | protocol | straggler | real updates/s | simulated | ratio | staleness TV |",
+              "|---|---|---|---|---|---|---|"]
+    for r in result["validation"]:
+        lines.append(f"| {r['W']} | {r['protocol']} | {'W-1 slow=3' if r['straggler'] else '-'} "
+                     f"| {r['real_updates_per_s']:.1f} | {r['sim_updates_per_s']:.1f} | "
+                     f"{r['ratio']:.2f} | {r['tv']:.3f} |")
+    lines += ["", f"## Table ({TABLE_MODEL}, compute {result['compute_ms']:.2f} ms per batch "
+              f"of 64, 10gbit switched)", "",
+              "| W | S | protocol | comp | updates/s | x bsp | staleness mean | max | "
+              f"test acc | sim. s to {result['target']:.0%} |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in result["table"]:
+        t = c.get("time_to_target_s")
+        lines.append(f"| {c['W']} | {c['S']} | {c['protocol']} | {c['comp']} | "
+                     f"{c['updates_per_s']:.0f} | {c['updates_per_s'] / c['bsp_updates_per_s']:.2f}"
+                     f" | {c['staleness_mean']:.2f} | {c['staleness_max']} | "
+                     f"{c.get('test_acc', float('nan')):.4f} | "
+                     f"{'-' if t is None else f'{t:.2f}'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer cells, synthetic data")
+    ap.add_argument("--target", type=float, default=0.80, help="test accuracy to time")
+    ap.add_argument("--skip-validation", action="store_true")
+    common.add_output_arguments(ap)
+    args = ap.parse_args()
+    out = common.out_dir(args, "simulate")
+    stem = common.result_stem("simulate", args.quick)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        data = common.dataset(tmp, args.quick, "bench-simulate", train=20000 if args.quick else None)
+        result = {"target": args.target, "table": [], "compute_ms": float("nan")}
+
+        def save(cells=None, compute_ms=None):   # after each part: a cut-short run keeps its cells
+            if cells is not None:
+                result["table"], result["compute_ms"] = cells, compute_ms
+            (out / f"{stem}.partial.json").unlink(missing_ok=True)   # one stamp, not one per save
+            common.write_json(out / f"{stem}.partial.json", result, data.name)
+
+        result["speed"] = speed(args.quick)
+        save()
+        result["validation"] = [] if args.skip_validation else validate(tmp, data.path, args.quick)
+        save()
+        table(tmp, data.path, args.quick, args.target, save)
+    common.write_json(out / f"{stem}.json", result, data.name)
+    (out / f"{stem}.partial.json").unlink()
+    common.write_text(out / f"{stem}.md", markdown(result), data.name)
+    print(f"bench-simulate: wrote {out / stem}.{{json,md}}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""`psgd simulate`: predict a protocol's throughput and staleness at W workers, and train along it."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import fields
+
+import numpy as np
+
+from psgd.errors import PsgdError
+
+DESCRIPTION = """\
+Simulate W workers and S servers under bsp, ssp, asp or hogwild, one event at a
+time: compute times drawn from a measured distribution, pushes and pulls on the
+links of psgd plan's cost model. Prints the predicted updates/s, the staleness
+distribution and utilisation beside bsp's at the same W. With --data and
+--train it also trains the model in the simulated order (the real update rule
+and staleness compensation); --record writes the order in psgd train --record's
+format, which psgd train --replay runs to the same parameters, bit for bit.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`psgd train`'s flags (the run the simulation stands for) and the simulator's own."""
+    from psgd.run.settings import add_arguments as train_arguments
+    train_arguments(parser)
+    sim = parser.add_argument_group("simulation")
+    sim.add_argument("--workers", type=int, required=True, help="simulated workers W")
+    src = sim.add_mutually_exclusive_group()
+    src.add_argument("--compute-ms", type=float, help="each step's compute, milliseconds")
+    src.add_argument("--compute-from", metavar="FILE", help="draw step times from a real run's "
+                     "--timeline trace or --log (default: profile --model here)")
+    sim.add_argument("--jitter", help="heavy-tailed factor on each step's compute: "
+                     "lognormal:SIGMA or pareto:ALPHA")
+    sim.add_argument("--bandwidth", default="10gbit", help="each node's link (default 10gbit)")
+    sim.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
+    sim.add_argument("--shm-bandwidth", default="32gbit", help="copies within a node "
+                     "(default 32gbit)")
+    sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
+    sim.add_argument("--shared-link", action="store_true", help="all nodes share one link")
+    sim.add_argument("--train", action="store_true", help="train along the simulated order "
+                     "(needs --data)")
+    sim.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+
+
+def _settings(args):
+    """The run's settings: resolved and validated as `psgd train`'s with --data, else as given."""
+    from psgd.run.settings import TrainSettings, resolve
+    if args.data is not None:
+        return resolve(args)
+    if args.train or args.record:
+        raise PsgdError("--train and --record need --data (the run they stand for)")
+    given = {f.name: getattr(args, f.name) for f in fields(TrainSettings)
+             if getattr(args, f.name, None) is not None}
+    settings = TrainSettings(**given)
+    if settings.servers is None:
+        settings.servers = 1
+    return settings
+
+
+def _samples(args, settings) -> list:
+    from psgd.simulate.compute import samples_from_file
+    if args.compute_ms is not None:
+        if not args.compute_ms > 0:
+            raise PsgdError(f"--compute-ms must be > 0, got {args.compute_ms}")
+        return [np.array([args.compute_ms * 1e-3])]
+    if args.compute_from:
+        return samples_from_file(args.compute_from)
+    from psgd.plan.command import measure_compute_s
+    return [np.array([measure_compute_s(settings.model, settings.batch_size, seconds=1.0)
+                      * settings.batch_size])]
+
+
+def _check(args, settings, protocol) -> None:
+    if args.workers < 1:
+        raise PsgdError(f"--workers must be >= 1, got {args.workers}")
+    if settings.servers < 1:
+        raise PsgdError(f"--servers must be >= 1 for {protocol.name}, got {settings.servers}")
+    if (args.train or settings.record) and not protocol.replayable:
+        raise PsgdError(f"--train and --record follow a server's order, which {protocol.name} "
+                        f"has not{protocol.replay_note}")
+    if args.train and (settings.overlap or settings.compress != "none"):
+        raise PsgdError("--train simulates workers that push plain gradients: drop --overlap "
+                        "and --compress")
+
+
+def _network(args, n_params: int, mean_s: float, settings, workers: int):
+    from psgd.plan.command import parse_bandwidth
+    from psgd.plan.cost import Job, Network, check
+    if args.per_node < 1:
+        raise PsgdError(f"--per-node must be >= 1, got {args.per_node}")
+    job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
+              workers, settings.servers, args.per_node)
+    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
+                  parse_bandwidth(args.shm_bandwidth))
+    check(job, net)
+    return job, net
+
+
+def _simulate(protocol, staleness, pjob, net, times):
+    from psgd.simulate.events import simulate
+    from psgd.simulate.links import Links
+    from psgd.simulate.rules import rules_for
+    rules = rules_for(protocol, staleness, pjob, net)
+    t0 = time.perf_counter()
+    schedule = simulate(rules, times, pjob.servers, Links(pjob, net))
+    return schedule, time.perf_counter() - t0
+
+
+def run(args: argparse.Namespace) -> None:
+    from psgd.protocols import get
+    from psgd.simulate.compute import compute_times
+    from psgd.simulate.stats import summary
+    try:
+        settings = _settings(args)
+        protocol = get(settings.protocol)
+        _check(args, settings, protocol)
+        job = None
+        if settings.data is not None:
+            from psgd.simulate.train import build_job
+            job = build_job(settings, args.workers)
+        n_params = job.model.n_params if job else _n_params(settings.model)
+        steps = job.total_steps if job else settings.steps or 100
+        samples = _samples(args, settings)
+        times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
+                              settings.straggler)
+        pjob, net = _network(args, n_params, float(times.mean()), settings, args.workers)
+        schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times)
+        bsp, _ = _simulate(get("bsp"), None, pjob, net, times)
+    except ValueError as exc:
+        raise PsgdError(str(exc)) from None
+    out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),
+           "workers": args.workers, "servers": settings.servers, "steps": steps,
+           "n_params": n_params, "compute_ms_mean": float(times.mean() * 1e3),
+           "simulation_wall_s": wall, **summary(schedule),
+           "bsp": {k: v for k, v in summary(bsp).items() if k != "delay"}}
+    if settings.record:
+        _record(settings, schedule, args.workers, steps)
+        out["record"] = settings.record
+    if args.train:
+        from psgd.simulate.report import train_and_log
+        out["training"] = train_and_log(job, schedule, args.workers)
+    from psgd.simulate.report import print_summary
+    print_summary(out)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=1)
+
+
+def _n_params(spec: str) -> int:
+    from psgd.plan.command import _build
+    return _build(spec).n_params
+
+
+def _record(settings, schedule, workers: int, steps: int) -> None:
+    from psgd.run.record import write_events
+    order = schedule.order
+    shards = [order[order[:, 0] == s, 1:] for s in range(settings.servers)]
+    write_events(settings, shards, workers, 0, steps, "simulated")

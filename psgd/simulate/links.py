@@ -1,0 +1,53 @@
+"""The network of a simulated job: each transfer queues for the links of :mod:`psgd.plan.cost`.
+
+Ranks sit on nodes as :class:`psgd.plan.cost.Job` places them (servers 0..S-1,
+then the workers). A transfer between nodes holds the sender's outgoing and
+the receiver's incoming link (switched), or the one link every node shares,
+for its bytes over the bandwidth, then lands a latency later; within a node it
+is one copy at the shared-memory bandwidth. One transfer's time alone is
+:meth:`psgd.plan.cost.Traffic.seconds` of it.
+"""
+from __future__ import annotations
+
+from psgd.plan.cost import Job, Network, Traffic
+
+
+def transfer_s(job: Job, net: Network, a: int, b: int, nbytes: float) -> float:
+    """Seconds one transfer of ``nbytes`` from rank ``a`` to rank ``b`` takes on idle links."""
+    t = Traffic(job)
+    t.carry(a, b, nbytes)
+    return t.seconds(net, 1)
+
+
+class Links:
+    """When each link is next free; :meth:`send` queues a transfer and says when it lands."""
+
+    def __init__(self, job: Job, net: Network) -> None:
+        self.job, self.net = job, net
+        self.node = [job.node(r) for r in range(job.ranks)]
+        self.out_free = [0.0] * job.k
+        self.in_free = [0.0] * job.k
+        self.busy_s = 0.0   # link-seconds of transfers between nodes (utilisation)
+
+    def send(self, a: int, b: int, nbytes: float, t: float) -> float:
+        """A transfer ready at ``t``: the time it has landed at ``b``."""
+        net = self.net
+        na, nb = self.node[a], self.node[b]
+        if na == nb:
+            return t + nbytes / net.shm_bandwidth + net.latency
+        wire = nbytes / net.bandwidth
+        self.busy_s += wire if net.shared else 2 * wire   # link-seconds held
+        if net.shared:   # one link: the out list's first entry stands for it
+            start = max(t, self.out_free[0])
+            self.out_free[0] = start + wire
+        else:
+            start = max(t, self.out_free[na], self.in_free[nb])
+            self.out_free[na] = self.in_free[nb] = start + wire
+        return start + wire + net.latency
+
+    def utilisation(self, seconds: float) -> float:
+        """Busy fraction of the links over ``seconds``: the shared one, or the mean node link."""
+        if seconds <= 0:
+            return 0.0
+        links = 1 if self.net.shared else 2 * self.job.k
+        return self.busy_s / (links * seconds)

@@ -1,0 +1,184 @@
+"""psgd simulate: the event loop's invariants, its links against psgd plan's cost model,
+compute-time sources, and bad input in one line."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from psgd.errors import PsgdError
+from psgd.plan.cost import Job, Network, async_rate, bsp_step_s
+from psgd.ps.order import PUSHED, REPLIED
+from psgd.protocols import get
+from psgd.simulate.compute import compute_times, samples_from_file
+from psgd.simulate.events import Rules, simulate
+from psgd.simulate.links import Links
+from psgd.simulate.rules import rules_for
+from psgd.simulate.stats import describe, tv_distance
+
+FREE = Network(bandwidth=1e30, latency=0.0, shm_bandwidth=math.inf)
+
+
+def run(protocol, times, servers=1, staleness=None, n_params=1000, net=FREE):
+    W = times.shape[0]
+    job = Job(n_params, 1e-3, 1, W, servers)
+    return simulate(rules_for(get(protocol), staleness, job, net), times, servers, Links(job, net))
+
+
+def jittery(W, T, seed=0):
+    return np.random.default_rng(seed).pareto(1.5, (W, T)) * 1e-3 + 1e-4
+
+
+@pytest.mark.parametrize("W,S", [(1, 1), (5, 2), (16, 3)])
+def test_bsp_every_push_is_fresh(W, S):
+    net = Network(bandwidth=1e8, latency=3e-5)
+    sch = run("bsp", jittery(W, 30), S, net=net, n_params=50_000)
+    assert sch.staleness.tolist() == [W * 30 * S]
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_ssp_staleness_never_exceeds_its_bound(bound):
+    times = jittery(12, 60, seed=bound)
+    times[3] *= 20   # a straggler keeps the others at the bound
+    sch = run("ssp", times, 2, staleness=bound)
+    assert sch.staleness.size - 1 == bound   # reached, never passed
+    # asp on the same times goes past it
+    assert run("asp", times, 2).staleness.size - 1 > bound
+
+
+def test_asp_with_equal_compute_has_w_minus_1_updates_between_read_and_push():
+    W, T = 8, 40
+    sch = run("asp", np.full((W, T), 1e-3))
+    # the first round reads fewer updates; from then on every push is W - 1 updates late
+    assert sch.delay[W - 1] == W * T - (W - 1) and sch.delay[:W - 1].sum() == W - 1
+    assert sch.staleness.size <= 2   # and at most 1 clock stale
+
+
+@pytest.mark.parametrize("W,c", [(4, 1e-3), (32, 2.5e-3)])
+def test_bsp_throughput_with_free_links_is_w_over_c(W, c):
+    sch = run("bsp", np.full((W, 50), c))
+    assert sch.updates / sch.seconds == pytest.approx(W / c, rel=1e-9)
+
+
+def first_replies(sch) -> dict:
+    first = {}
+    for (_s, kind, _w, clock), t in zip(sch.order.tolist(), sch.times):
+        if kind == REPLIED:
+            first.setdefault(clock, t)
+    return first
+
+
+@pytest.mark.parametrize("W,shared", [(6, True), (1, False), (6, False)])
+def test_a_bsp_clock_takes_what_the_plan_cost_model_predicts(W, shared):
+    """Between two clocks' first replies: compute, every push, every pull, on plan's links. On
+    one shared link plan schedules them transfer by transfer, as the simulator does; on a
+    switch plan lets the phases follow one another, which the simulator's pulls and pushes
+    overlap (one worker's push travels while the next one's reply does): then plan's clock is
+    an upper bound, and compute plus the busiest link's pushes a lower one."""
+    c, n = 4e-3, 200_000
+    net = Network(bandwidth=1.25e8, latency=5e-5, shared=shared, shm_bandwidth=math.inf)
+    job = Job(n, c, 1, W, 1)
+    first = first_replies(run("bsp", np.full((W, 10), c), n_params=n, net=net))
+    clock = first[5] - first[4]
+    if shared or W == 1:
+        assert clock == pytest.approx(bsp_step_s(job, net), rel=1e-9)
+    else:
+        assert c + W * 4 * n / net.bandwidth < clock < bsp_step_s(job, net)
+
+
+def test_asp_throughput_is_near_the_plan_cost_model():
+    W, c, n = 16, 5e-3, 500_000
+    net = Network(bandwidth=1.25e9, latency=2e-5, shm_bandwidth=4e9)
+    job = Job(n, c, 1, W, 2)
+    sch = run("asp", np.full((W, 200), c), 2, n_params=n, net=net)
+    assert sch.updates / sch.seconds == pytest.approx(async_rate(job, net), rel=0.15)
+
+
+def test_the_simulated_order_is_a_server_order_record_can_hold():
+    sch = run("ssp", jittery(4, 10), 2, staleness=1)
+    for s in range(2):
+        ev = sch.order[sch.order[:, 0] == s]
+        assert (ev[:, 1] == PUSHED).sum() == 40 and (ev[:, 1] == REPLIED).sum() == 44
+        for w in range(4):   # each worker: reply c, push c, reply c + 1, ..., done
+            mine = ev[(ev[:, 2] == w)][:, 1:].tolist()
+            assert mine[0] == [REPLIED, w, 0] and mine[-1][0] == 3
+            assert [k for k, _, _ in mine[:-1]] == [REPLIED, PUSHED] * 10 + [REPLIED]
+
+
+def test_a_straggler_spec_slows_its_worker_as_train_would():
+    base = compute_times([2e-3], 4, 50, seed=1)
+    slow = compute_times([2e-3], 4, 50, seed=1, straggler="2:slow=3")
+    np.testing.assert_allclose(slow[2], 3 * base[2])
+    np.testing.assert_array_equal(slow[[0, 1, 3]], base[[0, 1, 3]])
+    paused = compute_times([2e-3], 4, 2000, seed=1, straggler="all:p=0.1,d=0.05")
+    assert ((paused > 0.04).mean()) == pytest.approx(0.1, abs=0.02)
+
+
+@pytest.mark.parametrize("spec", ["lognormal:0.8", "pareto:1.8"])
+def test_jitter_is_heavy_tailed_with_mean_one(spec):
+    t = compute_times([1.0], 100, 2000, jitter=spec)
+    assert t.mean() == pytest.approx(1.0, rel=0.05) and t.max() > 5 * np.median(t)
+
+
+def test_compute_times_come_from_a_timeline_or_a_log(tmp_path):
+    """A timeline: per worker the gaps between its step spans (else its compute spans)."""
+    steps = [{"name": "step", "ph": "X", "ts": ts, "dur": 500, "pid": p}
+             for p, first in ((2, 0), (3, 1000)) for ts in (first, first + 2500, first + 7000)]
+    trace = {"traceEvents": [{"name": "compute", "ph": "X", "ts": 0, "dur": d, "pid": 1}
+                             for d in (1000, 3000)] + [{"name": "push", "ph": "X", "dur": 7}]
+             + steps}
+    (tmp_path / "t.json").write_text(json.dumps(trace))
+    one, two, three = samples_from_file(str(tmp_path / "t.json"))
+    np.testing.assert_allclose(one, [1e-3, 3e-3])
+    # led by the median gap, plus the worker's late start (1 ms for the third)
+    np.testing.assert_allclose(two, [3e-3, 2e-3, 4e-3])
+    np.testing.assert_allclose(three, [4e-3, 2e-3, 4e-3])
+    log = [{"kind": "step", "loss": 1.0},
+           {"kind": "summary", "workers": [{"compute_s": 2.0, "steps": 100}]}]
+    (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(r) for r in log))
+    np.testing.assert_allclose(samples_from_file(str(tmp_path / "l.jsonl"))[0], [0.02])
+
+
+def test_each_worker_takes_its_own_samples_in_order_when_there_is_one_set_per_worker():
+    t = compute_times([np.array([1.0, 3.0, 2.0]), np.array([7.0])], 2, 5)
+    assert t[0].tolist() == [1.0, 3.0, 2.0, 1.0, 3.0] and t[1].tolist() == [7.0] * 5
+    assert set(compute_times([np.array([1.0]), np.array([7.0])], 3, 100).ravel()) == {1.0, 7.0}
+
+
+def test_describe_and_tv_distance():
+    d = describe([1, 0, 3])
+    assert d["mean"] == pytest.approx(1.5) and d["p50"] == 2 and d["max"] == 2
+    assert tv_distance([1, 1], [1, 1, 0]) == 0.0 and tv_distance([1, 0], [0, 2]) == 1.0
+
+
+def simulate_cli(tmp_path, *argv):
+    from psgd.cli import build_parser
+    from psgd.simulate.command import run as run_simulate
+    argv = ["simulate", *map(str, argv)]
+    run_simulate(build_parser(argv).parse_args(argv))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workers", 0], "--workers must be >= 1"),
+    (["--workers", 4, "--servers", 0], "--servers must be >= 1"),
+    (["--workers", 4, "--protocol", "allreduce"], "simulate models the parameter-server"),
+    (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
+    (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),
+    (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
+])
+def test_bad_input_is_one_line(tmp_path, argv, message):
+    (tmp_path / "PROFILE").write_text('{"kind": "step"}\n')
+    source = [] if "--compute-from" in argv else ["--compute-ms", 1]
+    argv = [str(tmp_path / a) if a == "PROFILE" else a for a in argv]
+    with pytest.raises(PsgdError) as err:
+        simulate_cli(tmp_path, *source, "--model", "mlp:784-10", *argv)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_command_prints_and_writes_its_summary(tmp_path, capsys):
+    simulate_cli(tmp_path, "--workers", 8, "--protocol", "ssp", "--staleness", 2, "--model",
+                 "mlp:784-10", "--compute-ms", 2, "--jitter", "lognormal:1", "--steps", 50,
+                 "--json", tmp_path / "s.json")
+    out = json.loads((tmp_path / "s.json").read_text())
+    assert out["staleness"]["max"] <= 2 and out["bsp"]["staleness"]["max"] == 0
+    assert out["updates"] == 400 and "updates/s" in capsys.readouterr().out

@@ -8,7 +8,7 @@ from psgd.protocols import PROTOCOLS
 ROOT = Path(__file__).resolve().parents[1]
 # each package may import only from the layers below it (and foundation modules at the top)
 LAYERS = ["kernels", "nn data compress", "mpi", "collectives ps hogwild gossip", "protocols",
-          "run plan", "cli"]
+          "run plan", "simulate", "cli"]
 FOUNDATION = {"psgd.errors", "psgd.env", "psgd.config", "psgd.atomic_file", "psgd.halves"}
 
 
@@ -102,6 +102,12 @@ def test_find_cycle_finds_a_cycle_and_only_a_cycle():
 def test_psgd_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_package_has_a_layer():
+    listed = {name for names in LAYERS for name in names.split()}
+    packages = {p.parent.name for p in (ROOT / "psgd").glob("*/__init__.py")}
+    assert packages <= listed, f"packages in no layer of LAYERS: {sorted(packages - listed)}"
 
 
 def test_layers_import_only_downward():

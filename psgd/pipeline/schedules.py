@@ -1,0 +1,72 @@
+"""The order of a stage's forward and backward microbatch ops (GPipe, 1F1B), and a bubble simulator."""
+from __future__ import annotations
+
+FORWARD, BACKWARD = "F", "B"
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def stage_ops(schedule: str, stages: int, stage: int, microbatches: int) -> list[tuple[str, int]]:
+    """Stage ``stage``'s ops for one batch, in order: ``(FORWARD | BACKWARD, microbatch)``.
+
+    ``gpipe``: every forward, then every backward.  ``1f1b`` (PipeDream-Flush):
+    ``K - s - 1`` warm-up forwards, then one forward and one backward in turn, then
+    the remaining backwards; the backwards run in the same (ascending) order, so
+    the gradients accumulate as under gpipe.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    m = microbatches
+    if schedule == "gpipe":
+        return [(FORWARD, i) for i in range(m)] + [(BACKWARD, i) for i in range(m)]
+    warm = min(stages - stage - 1, m)
+    ops = [(FORWARD, i) for i in range(warm)]
+    for i in range(m - warm):
+        ops += [(FORWARD, warm + i), (BACKWARD, i)]
+    return ops + [(BACKWARD, i) for i in range(m - warm, m)]
+
+
+def in_flight(schedule: str, stages: int, stage: int, microbatches: int) -> int:
+    """The most microbatches whose forward ran and backward did not, at once, on ``stage``."""
+    peak = live = 0
+    for kind, _ in stage_ops(schedule, stages, stage, microbatches):
+        live += 1 if kind == FORWARD else -1
+        peak = max(peak, live)
+    return peak
+
+
+def simulate(schedule: str, stages: int, microbatches: int, forward: float = 1.0,
+             backward: float = 2.0) -> list[float]:
+    """Each stage's idle fraction of the batch's span, for ops of equal cost on every stage.
+
+    Every op starts when its stage is free and its inputs exist: forward ``(s, m)``
+    after ``(s - 1, m)``'s forward, backward ``(s, m)`` after ``(s + 1, m)``'s backward.
+    GPipe and 1F1B both give ``(K - 1) / (M + K - 1)`` on every stage.
+    """
+    orders = [stage_ops(schedule, stages, s, microbatches) for s in range(stages)]
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * stages
+    nxt = [0] * stages
+    while any(nxt[s] < len(orders[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            while nxt[s] < len(orders[s]):
+                kind, m = orders[s][nxt[s]]
+                dep = (FORWARD, s - 1, m) if kind == FORWARD else (BACKWARD, s + 1, m)
+                if kind == FORWARD and s == 0 or kind == BACKWARD and s == stages - 1:
+                    dep = (FORWARD, s, m) if kind == BACKWARD else None
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[s], done.get(dep, 0.0))
+                free[s] = done[kind, s, m] = start + (forward if kind == FORWARD else backward)
+                nxt[s] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"schedule {schedule} deadlocks at K={stages}, M={microbatches}")
+    span = max(free)
+    busy = microbatches * (forward + backward)
+    return [1.0 - busy / span for _ in range(stages)]
+
+
+def predicted_bubble(stages: int, microbatches: int) -> float:
+    """GPipe's bubble fraction ``(K - 1) / (M + K - 1)``."""
+    return (stages - 1) / (microbatches + stages - 1)

@@ -55,6 +55,8 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     settings, resumed = resolve_run(args)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     opts.check(settings.batch_size)
+    from psgd.data.reader import dataset_info
+    partition.check_stages(_model(settings, dataset_info(settings.data)), opts.stages)
     if comm.Get_size() % opts.stages:
         raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not D "
                          f"replicas x {opts.stages} stages (give a multiple of {opts.stages} ranks)")
@@ -64,7 +66,6 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
 def _cut(settings, opts, model) -> tuple[list[int], list | None]:
     """Units per stage (--partition's, or the profile's dynamic program) and the profiled
     unit costs (None for given counts).  Run on rank 0, whose cut every rank takes."""
-    partition.check_stages(model, opts.stages)
     counts = opts.counts()
     if counts is not None:
         partition.layer_bounds(model, counts)   # checks that they cover the model

@@ -8,22 +8,22 @@ import numpy as np
 from psgd.pipeline.schedules import FORWARD
 
 
-def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None) -> tuple[float, int, float]:
+def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None) -> tuple[float, int, list]:
     """Run ``ops`` (:func:`psgd.pipeline.schedules.stage_ops`) for the microbatches ``g0 + m``.
 
     ``xs``: the microbatch inputs on the first stage; ``ys``: the labels on the last;
     ``key``: (replica, step), with the microbatch the dropout seed.  Returns the
     summed loss and correct count over the microbatches (zeros but on the last stage)
-    and the seconds spent computing.
+    and the seconds spent computing forwards and backwards.
     """
-    loss, correct, busy = 0.0, 0, 0.0
+    loss, correct, busy = 0.0, 0, [0.0, 0.0]
     for kind, m in ops:
         g = g0 + m
         if kind == FORWARD:
             x = xs[m] if stage.first else links.recv_activation(g)
             t = time.perf_counter()
             out = stage.forward(m, x, (*key, m), None if ys is None else ys[m])
-            busy += time.perf_counter() - t
+            busy[0] += time.perf_counter() - t
             if stage.last:
                 loss, correct = loss + out[0], correct + out[1]
             else:
@@ -32,7 +32,7 @@ def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None) -> tuple
             dy = None if stage.last else links.recv_gradient(g)
             t = time.perf_counter()
             dx = stage.backward(m, dy)
-            busy += time.perf_counter() - t
+            busy[1] += time.perf_counter() - t
             links.release(g)
             if not stage.first:
                 links.send_gradient(g, dx)

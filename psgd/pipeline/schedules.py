@@ -34,14 +34,18 @@ def in_flight(schedule: str, stages: int, stage: int, microbatches: int) -> int:
     return peak
 
 
-def simulate(schedule: str, stages: int, microbatches: int, forward: float = 1.0,
-             backward: float = 2.0) -> list[float]:
-    """Each stage's idle fraction of the batch's span, for ops of equal cost on every stage.
+def simulate(schedule: str, stages: int, microbatches: int, forward=1.0,
+             backward=2.0) -> list[float]:
+    """Each stage's idle fraction of the batch's span.
 
-    Every op starts when its stage is free and its inputs exist: forward ``(s, m)``
-    after ``(s - 1, m)``'s forward, backward ``(s, m)`` after ``(s + 1, m)``'s backward.
-    GPipe and 1F1B both give ``(K - 1) / (M + K - 1)`` on every stage.
+    ``forward``, ``backward``: one microbatch's op time, the same on every stage (a
+    number) or per stage (a sequence).  Every op starts when its stage is free and its
+    inputs exist: forward ``(s, m)`` after ``(s - 1, m)``'s forward, backward ``(s, m)``
+    after ``(s + 1, m)``'s backward.  With equal times GPipe and 1F1B both give
+    ``(K - 1) / (M + K - 1)`` on every stage.
     """
+    fw = list(forward) if hasattr(forward, "__len__") else [forward] * stages
+    bw = list(backward) if hasattr(backward, "__len__") else [backward] * stages
     orders = [stage_ops(schedule, stages, s, microbatches) for s in range(stages)]
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * stages
@@ -57,14 +61,13 @@ def simulate(schedule: str, stages: int, microbatches: int, forward: float = 1.0
                 if dep is not None and dep not in done:
                     break
                 start = max(free[s], done.get(dep, 0.0))
-                free[s] = done[kind, s, m] = start + (forward if kind == FORWARD else backward)
+                free[s] = done[kind, s, m] = start + (fw[s] if kind == FORWARD else bw[s])
                 nxt[s] += 1
                 progressed = True
         if not progressed:
             raise RuntimeError(f"schedule {schedule} deadlocks at K={stages}, M={microbatches}")
     span = max(free)
-    busy = microbatches * (forward + backward)
-    return [1.0 - busy / span for _ in range(stages)]
+    return [1.0 - microbatches * (fw[s] + bw[s]) / span for s in range(stages)]
 
 
 def predicted_bubble(stages: int, microbatches: int) -> float:

@@ -18,7 +18,7 @@ class PipelineTrainer:
         self.stage, self.links, self.grid, self.options = stage, links, grid, options
         self.optimizer = optimizer
         self.ops = stage_ops(options.schedule, grid.stages, grid.stage, options.microbatches)
-        self.busy = 0.0
+        self.busy = [0.0, 0.0]   # seconds in forwards, in backwards
         self.steps_run = 0
 
     def step(self, step: int, lr: float, x=None, y=None) -> tuple[float, int]:
@@ -31,7 +31,7 @@ class PipelineTrainer:
         ys = split(y, m) if stage.last else None
         loss, correct, busy = run_batch(stage, self.links, self.ops, self.steps_run * m,
                                         (self.grid.replica, step), xs, ys)
-        self.busy += busy
+        self.busy = [a + b for a, b in zip(self.busy, busy)]
         if self.grid.replicas > 1:
             allreduce(self.grid.replica_comm, stage.acc, "sum", label=f" of stage {self.grid.stage}")
         self.optimizer.step(stage.params, stage.acc, lr, scale=1.0 / (m * self.grid.replicas))

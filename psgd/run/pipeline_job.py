@@ -14,7 +14,7 @@ from psgd.nn.optim import make_optimizer
 from psgd.pipeline import options as pipeline_options
 from psgd.pipeline import partition
 from psgd.pipeline.grid import Grid
-from psgd.pipeline.schedules import in_flight, predicted_bubble
+from psgd.pipeline.schedules import in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get, names
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -199,16 +199,20 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
     """Every stage's idle fraction, peak stored activation bytes and parameter bytes, on rank 0."""
     stage, opts = run.trainer.stage, run.options
     mine = np.array([wall, waited, stage.peak_inputs * stage.input_bytes,
-                     stage.params.nbytes, stage.peak_inputs], np.float64)
-    rows = np.zeros((run.grid.stages, 5)) if run.grid.stage == 0 else None
+                     stage.params.nbytes, stage.peak_inputs, *run.trainer.busy], np.float64)
+    rows = np.zeros((run.grid.stages, 7)) if run.grid.stage == 0 else None
     wait.wait(run.grid.row_comm.Igather(mine, rows, root=0), "the stages to send their summary")
     if rows is None or run.grid.replica != 0:
         return None
     steps = run.total - run.start
+    per_op = rows[:, 5:] / (steps * opts.microbatches)   # seconds per microbatch op
     return {"stages": opts.stages, "microbatches": opts.microbatches, "schedule": opts.schedule,
             "replicas": run.grid.replicas, "steps": steps,
             "samples_per_s": steps * run.settings.batch_size * run.grid.replicas / rows[:, 0].max(),
             "predicted_bubble": predicted_bubble(opts.stages, opts.microbatches),
+            "simulated_idle": simulate(opts.schedule, opts.stages, opts.microbatches,
+                                       per_op[:, 0], per_op[:, 1]),
+            "forward_s": per_op[:, 0].tolist(), "backward_s": per_op[:, 1].tolist(),
             "idle": (rows[:, 1] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
             "peak_microbatches": rows[:, 4].astype(int).tolist(),
             "param_bytes": rows[:, 3].astype(int).tolist()}

@@ -234,3 +234,53 @@ def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
     assert refused(SimpleNamespace(pipeline=2)) is None
     with pytest.raises(ValueError, match="--microbatches applies to pipeline runs; give --pipeline K"):
         from_args(SimpleNamespace(pipeline=None, microbatches=4))
+
+
+# -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------
+def run_pipedream_threads(spec, k, n, stash=True, opt="momentum"):
+    from psgd.pipeline.asynchronous import AsyncTrainer
+    models = [make(spec) for _ in range(k)]
+    us = partition.units(models[0])
+    bounds = partition.layer_bounds(models[0], [len(us) // k + (i < len(us) % k) for i in range(k)])
+    fwd, bwd = [queue.Queue() for _ in range(k)], [queue.Queue() for _ in range(k)]
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((n, 4, *models[0].input_shape)).astype(np.float32)
+    ys = rng.integers(0, 10, (n, 4))
+    lr = lambda g: 0.05 / (1 + g)  # noqa: E731
+    trainers, errors = [], []
+    for s, (a, b) in enumerate(bounds):
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash)
+        grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
+        trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
+                                     make_optimizer(opt, stage.hi - stage.lo)))
+
+    def work(t):
+        try:
+            t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(t,)) for t in trainers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
+
+
+@pytest.mark.parametrize("spec,k", [(MLP, 3), (BN_CONV, 2), (MLP, 4)])
+def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k):
+    from psgd.pipeline.reference import reference_pipedream
+    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12)
+    ref = make(spec)
+    reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr)
+    assert not np.array_equal(ref.params, make(spec).params)
+    np.testing.assert_array_equal(params, ref.params)
+
+
+def test_pipedream_without_stashing_runs_backwards_on_newer_weights():
+    from psgd.pipeline.reference import reference_pipedream
+    params, bounds, xs, ys, lr = run_pipedream_threads(MLP, 3, 12, stash=False)
+    ref = make(MLP)
+    reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr)
+    assert np.isfinite(params).all() and not np.array_equal(params, ref.params)

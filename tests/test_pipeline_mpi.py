@@ -21,6 +21,8 @@ def diff(out: str) -> float:
     (3, ["lenet", 3, 8, "gpipe", 3]),
     (4, ["resnet8", 4, 8, "1f1b", 2]),
     (3, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 3, 1, "gpipe", 3]),
+    (3, ["mlp:20-16-16-12-10", 3, 4, "pipedream", 5]),
+    (2, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 2, 2, "pipedream", 4]),
 ])
 def test_pipeline_over_mpi_equals_serial_exactly(mpirun, ranks, args):
     proc = mpirun(ranks, ["pipeline_check.py", *args], timeout=300)
@@ -66,6 +68,9 @@ def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dat
     (2, ["--compress", "topk:0.1"], "--compress does not work under --pipeline"),
     (2, ["--protocol", "ssp"], "--protocol ssp does not combine the replicas"),
     (2, ["--memory-per-rank", "10k"], "no cut into 2 stages fits --memory-per-rank 10240"),
+    (2, ["--schedule", "pipedream", "--checkpoint-dir", "ck", "--checkpoint-every", 1],
+     "--checkpoint-every: a --schedule pipedream run has microbatches in flight"),
+    (2, ["--weight-stashing", "off"], "--weight-stashing applies to --schedule pipedream, not 1f1b"),
 ])
 def test_bad_pipeline_input_is_one_line(mpirun, dataset, ranks, flags, message):
     proc = mpirun(ranks, train(dataset, "--steps", 2, *flags), timeout=60, check=False)

@@ -4,25 +4,25 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from psgd.pipeline.schedules import SCHEDULES
+from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 
 AUTO = "auto"
 # settings of `psgd train` that a pipeline does not run: their flags are refused
 REFUSED = {
     "servers": "the stage replicas combine their gradients by all-reduce, without servers",
-    "staleness": "gpipe and 1f1b are synchronous",
-    "staleness_max": "gpipe and 1f1b are synchronous",
-    "staleness_comp": "gpipe and 1f1b are synchronous",
-    "comp_lambda": "gpipe and 1f1b are synchronous",
-    "staleness_lr": "gpipe and 1f1b are synchronous",
-    "overlap": "a stage's steps are synchronous",
+    "staleness": "the schedule fixes every stage's staleness",
+    "staleness_max": "the schedule fixes every stage's staleness",
+    "staleness_comp": "the schedule fixes every stage's staleness",
+    "comp_lambda": "the schedule fixes every stage's staleness",
+    "staleness_lr": "the schedule fixes every stage's staleness",
+    "overlap": "the schedule decides what overlaps",
     "topology": "the stage replicas combine their gradients by all-reduce",
     "compress": "the stage replicas' all-reduce sends uncompressed gradients",
     "error_feedback": "nothing is compressed",
     "momentum_correction": "nothing is compressed",
     "straggler": "straggler emulation runs in the data-parallel worker loop only",
-    "record": "a synchronous pipeline has no order of pushes to record",
-    "replay": "a synchronous pipeline has no order of pushes to replay",
+    "record": "a pipeline's order is fixed by its schedule: nothing to record",
+    "replay": "a pipeline's order is fixed by its schedule: nothing to replay",
     "timeline": "not written by pipeline runs yet",
     "tensorboard": "not written by pipeline runs yet",
     "eval_every": "a pipeline run evaluates once, at the end",
@@ -40,6 +40,7 @@ class PipelineOptions:
     schedule: str = "1f1b"
     partition: str = AUTO           # auto, or layer-unit counts per stage "3,2,4"
     memory_per_rank: int | None = None   # bytes; None: no cap
+    stash: bool = True              # pipedream: weight stashing
 
     def counts(self) -> list[int] | None:
         """The ``--partition`` counts, or None for ``auto``."""
@@ -67,6 +68,9 @@ class PipelineOptions:
         if batch_size % self.microbatches:
             raise ValueError(f"--microbatches {self.microbatches} does not divide --batch-size "
                              f"{batch_size}")
+        if not self.stash and self.schedule not in ASYNCHRONOUS:
+            raise ValueError(f"--weight-stashing applies to --schedule "
+                             f"{', '.join(ASYNCHRONOUS)}, not {self.schedule}")
         if self.memory_per_rank is not None and self.memory_per_rank <= 0:
             raise ValueError(f"--memory-per-rank must be positive bytes, got {self.memory_per_rank}")
         self.counts()
@@ -85,6 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--partition", default=None, metavar="CUT",
                        help="auto (balance profiled layer costs; default) or layer-unit "
                             "counts per stage, e.g. 3,2,4")
+    group.add_argument("--weight-stashing", choices=("on", "off"), default=None,
+                       help="pipedream: each backward runs on the weights its forward used "
+                            "(on, the default); off shows what stashing corrects")
     group.add_argument("--memory-per-rank", type=_bytes, default=None, metavar="BYTES",
                        help="auto partition: each stage's parameters, gradients and stored "
                             "activations must fit (e.g. 200M, 2G)")
@@ -101,7 +108,8 @@ def _bytes(text: str) -> int:
 
 def from_args(args: argparse.Namespace) -> PipelineOptions | None:
     """The options of ``args`` (None without --pipeline); a pipeline flag alone is an error."""
-    given = [f for f in ("microbatches", "schedule", "partition", "memory_per_rank")
+    given = [f for f in ("microbatches", "schedule", "partition", "memory_per_rank",
+                         "weight_stashing")
              if getattr(args, f, None) is not None]
     if getattr(args, "pipeline", None) is None:
         if given:
@@ -110,7 +118,8 @@ def from_args(args: argparse.Namespace) -> PipelineOptions | None:
         return None
     return PipelineOptions(stages=args.pipeline, microbatches=args.microbatches or 1,
                            schedule=args.schedule or "1f1b", partition=args.partition or AUTO,
-                           memory_per_rank=args.memory_per_rank)
+                           memory_per_rank=args.memory_per_rank,
+                           stash=getattr(args, "weight_stashing", None) != "off")
 
 
 def refused(args: argparse.Namespace) -> str | None:

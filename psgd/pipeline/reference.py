@@ -22,3 +22,27 @@ def reference_step(model, optimizer, x, y, microbatches: int, lr: float, key: tu
         total += loss
     optimizer.step(model.params, acc, lr, scale=1.0 / microbatches)
     return total / microbatches
+
+
+def reference_pipedream(model, optimizer, xs, ys, bounds, lr) -> list[float]:
+    """PipeDream with weight stashing on one process: microbatch g (``xs[g]``, ``ys[g]``)
+    runs forward and backward on stage s's weights after ``max(0, g - (K - s - 1))`` of its
+    updates, and then every stage steps once with its part of that gradient at ``lr(g)``.
+    Returns each microbatch's loss; ``model.params`` ends as the pipeline's do."""
+    from psgd.pipeline.schedules import versions_behind
+    k = len(bounds)
+    ranges = [[(lo, hi) for i, _, lo, hi in model.param_ranges if a <= i < b] for a, b in bounds]
+    spans = [(min(r[0] for r in rs), max(r[1] for r in rs)) if rs else (0, 0) for rs in ranges]
+    history, losses = [model.params.copy()], []
+    for g in range(len(xs)):
+        for s, (lo, hi) in enumerate(spans):
+            model.params[lo:hi] = history[max(0, g - versions_behind(k, s))][lo:hi]
+        if model.stochastic:
+            model.reseed(0, g)
+        loss, _ = model.loss_and_grad(xs[g], ys[g])
+        losses.append(loss)
+        latest = history[-1].copy()
+        optimizer.step(latest, model.grad, lr(g))
+        history.append(latest)
+    model.params[:] = history[-1]
+    return losses

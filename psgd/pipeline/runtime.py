@@ -8,11 +8,13 @@ import numpy as np
 from psgd.pipeline.schedules import FORWARD
 
 
-def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None) -> tuple[float, int, list]:
+def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None,
+              after_backward=None) -> tuple[float, int, list]:
     """Run ``ops`` (:func:`psgd.pipeline.schedules.stage_ops`) for the microbatches ``g0 + m``.
 
     ``xs``: the microbatch inputs on the first stage; ``ys``: the labels on the last;
-    ``key``: (replica, step), with the microbatch the dropout seed.  Returns the
+    ``key``: (replica, step), with the microbatch the dropout seed;
+    ``after_backward(m)``: called after each backward (an asynchronous schedule's step).  Returns the
     summed loss and correct count over the microbatches (zeros but on the last stage)
     and the seconds spent computing forwards and backwards.
     """
@@ -36,6 +38,8 @@ def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None) -> tuple
             links.release(g)
             if not stage.first:
                 links.send_gradient(g, dx)
+            if after_backward is not None:
+                after_backward(m)
     return loss, correct, busy
 
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 FORWARD, BACKWARD = "F", "B"
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "pipedream")
+ASYNCHRONOUS = ("pipedream",)   # a step after every microbatch, no flush between batches
 
 
 def stage_ops(schedule: str, stages: int, stage: int, microbatches: int) -> list[tuple[str, int]]:
@@ -11,7 +12,8 @@ def stage_ops(schedule: str, stages: int, stage: int, microbatches: int) -> list
     ``gpipe``: every forward, then every backward.  ``1f1b`` (PipeDream-Flush):
     ``K - s - 1`` warm-up forwards, then one forward and one backward in turn, then
     the remaining backwards; the backwards run in the same (ascending) order, so
-    the gradients accumulate as under gpipe.
+    the gradients accumulate as under gpipe.  ``pipedream`` is 1F1B over all the
+    run's microbatches at once (``microbatches`` is then their total): no flush.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
@@ -23,6 +25,12 @@ def stage_ops(schedule: str, stages: int, stage: int, microbatches: int) -> list
     for i in range(m - warm):
         ops += [(FORWARD, warm + i), (BACKWARD, i)]
     return ops + [(BACKWARD, i) for i in range(m - warm, m)]
+
+
+def versions_behind(stages: int, stage: int) -> int:
+    """Under ``pipedream``, microbatch g's forward on ``stage`` sees the weights after
+    ``max(0, g - versions_behind)`` of its updates: its warm-up forwards."""
+    return stages - stage - 1
 
 
 def in_flight(schedule: str, stages: int, stage: int, microbatches: int) -> int:

@@ -21,8 +21,10 @@ class Stage:
         The most microbatch inputs held at once.
     """
 
-    def __init__(self, model, a: int, b: int, first: bool, last: bool) -> None:
+    def __init__(self, model, a: int, b: int, first: bool, last: bool, stash: bool = False) -> None:
         self.model, self.a, self.b = model, a, b
+        self.stash = stash                     # weight stashing (PipeDream): see :meth:`backward`
+        self._stashed: dict[int, np.ndarray] = {}
         self.first, self.last = first, last
         ranges = [(lo, hi) for i, _, lo, hi in model.param_ranges if a <= i < b]
         self.lo = min((lo for lo, _ in ranges), default=0)
@@ -44,6 +46,8 @@ class Stage:
     def forward(self, m: int, x: np.ndarray, key: tuple, y: np.ndarray | None = None):
         """Run microbatch ``m``: the output activation, or on the last stage (loss, correct)."""
         self.inputs[m] = (x, y, key)
+        if self.stash:
+            self._stashed[m] = self.params.copy()
         self.peak_inputs = max(self.peak_inputs, len(self.inputs))
         self.input_bytes = max(self.input_bytes, x.nbytes)
         return self._run(m)
@@ -61,8 +65,17 @@ class Stage:
 
     def backward(self, m: int, dy: np.ndarray | None) -> np.ndarray | None:
         """Microbatch ``m``'s backward from ``dy`` (the last stage: from its loss); adds its
-        parameter gradient to :attr:`acc` and returns the input's gradient (None on stage 0)."""
+        parameter gradient to :attr:`acc` and returns the input's gradient (None on stage 0).
+
+        With :attr:`stash` the backward (and its recomputed forward) runs on the weights
+        microbatch ``m``'s forward used; the current ones are put back after it.
+        """
+        current = None
+        stashed = self._stashed.pop(m) if self.stash else None
         if self._live != m:
+            if stashed is not None:
+                current = self.params.copy()
+                self.params[:] = stashed
             self._run(m)
         if self.last:
             dy = self.model._dlogits
@@ -72,4 +85,6 @@ class Stage:
         np.add(self.acc, self.model.grad[self.lo:self.hi], out=self.acc)
         del self.inputs[m]
         self._live = None
+        if current is not None:
+            self.params[:] = current
         return None if self.first else dy

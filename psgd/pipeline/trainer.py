@@ -39,10 +39,11 @@ class PipelineTrainer:
         return loss, correct
 
 
-def slots(options, stages: int, stage: int) -> int:
-    """Receive buffers per direction on ``stage``: its bound on in-flight microbatches plus one."""
-    from psgd.pipeline.schedules import in_flight
-    m = options.microbatches
+def slots(options, stages: int, stage: int, total: int) -> int:
+    """Receive buffers per direction on ``stage``: its bound on in-flight microbatches plus
+    one (``total``: the run's microbatches, which an asynchronous schedule runs as one)."""
+    from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight
+    m = total if options.schedule in ASYNCHRONOUS else options.microbatches
     return min(m, in_flight(options.schedule, stages, stage, m) + 1)
 
 
@@ -50,15 +51,21 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
                   batches: int) -> PipelineTrainer:
     """This rank's trainer: stage ``grid.stage`` over layers ``bounds[grid.stage]``, its links
     sized for ``batches`` steps of ``batch_size`` rows, ``make_optimizer(n)`` for its slice."""
+    from psgd.pipeline.asynchronous import AsyncTrainer
+    from psgd.pipeline.schedules import ASYNCHRONOUS
     from psgd.pipeline.stage import Stage
     from psgd.pipeline.transport import Links
     k, s = grid.stages, grid.stage
     a, b = bounds[s]
-    stage = Stage(model, a, b, first=s == 0, last=s == k - 1)
-    micro = batch_size // options.microbatches
+    asynchronous = options.schedule in ASYNCHRONOUS
+    stage = Stage(model, a, b, first=s == 0, last=s == k - 1, stash=asynchronous and options.stash)
+    micro, total = batch_size // options.microbatches, batches * options.microbatches
     shape_in = (micro, *model.layers[a].in_shape)
     shape_out = (micro, *model.layers[b - 1].out_shape)
     links = Links(grid.p2p, s, grid.prev, grid.next, shape_in, shape_out, model.dtype,
-                  slots(options, k, s), slots(options, k, s + 1) if s + 1 < k else 0,
-                  slots(options, k, s - 1) if s > 0 else 0, batches * options.microbatches)
-    return PipelineTrainer(stage, links, grid, options, make_optimizer(stage.hi - stage.lo))
+                  slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
+                  slots(options, k, s - 1, total) if s > 0 else 0, total)
+    optimizer = make_optimizer(stage.hi - stage.lo)
+    if asynchronous:
+        return AsyncTrainer(stage, links, grid, optimizer)
+    return PipelineTrainer(stage, links, grid, options, optimizer)

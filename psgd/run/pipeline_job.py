@@ -13,8 +13,9 @@ from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer
 from psgd.pipeline import options as pipeline_options
 from psgd.pipeline import partition
+from psgd.pipeline.asynchronous import Microbatches
 from psgd.pipeline.grid import Grid
-from psgd.pipeline.schedules import in_flight, predicted_bubble, simulate
+from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get, names
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -55,6 +56,9 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     settings, resumed = resolve_run(args)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     opts.check(settings.batch_size)
+    if opts.schedule in ASYNCHRONOUS and settings.checkpoint_every:
+        raise ValueError(f"--checkpoint-every: a --schedule {opts.schedule} run has microbatches "
+                         f"in flight at every step; it writes its checkpoint at the end only")
     from psgd.data.reader import dataset_info
     partition.check_stages(_model(settings, dataset_info(settings.data)), opts.stages)
     if comm.Get_size() % opts.stages:
@@ -154,9 +158,19 @@ def _save(run: PipelineRun, step: int) -> None:
 def _train(run: PipelineRun) -> tuple[float, float, list]:
     """The steps; the wall seconds, the seconds this stage waited on its neighbours and the
     last stage's (step, loss, accuracy, seconds) records."""
-    s, trainer, stage = run.settings, run.trainer, run.trainer.stage
     wait.barrier(run.grid.p2p, "the other stages to start")
-    t0, records = time.perf_counter(), []
+    t0 = time.perf_counter()
+    train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
+    records = train(run, t0)
+    run.trainer.links.finish()
+    wall = time.perf_counter() - t0
+    wait.barrier(run.grid.p2p, "the other stages to finish their steps")
+    return wall, run.trainer.links.waited, records
+
+
+def _train_steps(run: PipelineRun, t0: float) -> list:
+    s, trainer, stage = run.settings, run.trainer, run.trainer.stage
+    records = []
     for step in range(run.start, run.total):
         x = y = None
         if run.reader is not None:
@@ -169,10 +183,20 @@ def _train(run: PipelineRun) -> tuple[float, float, list]:
                             time.perf_counter() - t0))
         if s.checkpoint_every and done % s.checkpoint_every == 0 and done < run.total:
             _save(run, done)
-    trainer.links.finish()
-    wall = time.perf_counter() - t0
-    wait.barrier(run.grid.p2p, "the other stages to finish their steps")
-    return wall, trainer.links.waited, records
+    return records
+
+
+def _train_asynchronous(run: PipelineRun, t0: float) -> list:
+    """The whole run as one schedule; one record (the mean loss over it) from the last stage."""
+    m, stage, reader = run.options.microbatches, run.trainer.stage, run.reader
+    batch = lambda i, part: reader.batch(run.start + i)[part]  # noqa: E731
+    xs = Microbatches(lambda i: run.model._check_x(batch(i, 0)), m) if stage.first else None
+    ys = Microbatches(lambda i: batch(i, 1), m) if stage.last else None
+    n = (run.total - run.start) * m
+    run.trainer.run(n, lambda g: run.lr(run.start + g // m), xs, ys)
+    samples = n * (run.settings.batch_size // m)
+    return [(run.total, run.trainer.loss / n, run.trainer.correct / samples,
+             time.perf_counter() - t0)] if stage.last else []
 
 
 def _logged(run: PipelineRun, done: int) -> bool:
@@ -184,7 +208,8 @@ def _log_steps(run: PipelineRun, log: MetricsLog, records: list) -> None:
     grid = run.grid
     if grid.replica != 0 or not (grid.stage in (0, grid.stages - 1)):
         return
-    n = sum(_logged(run, d) for d in range(run.start + 1, run.total + 1))
+    n = 1 if run.options.schedule in ASYNCHRONOUS else \
+        sum(_logged(run, d) for d in range(run.start + 1, run.total + 1))
     rows = np.array(records, np.float64).reshape(-1, 4) if records else np.zeros((n, 4))
     if grid.stages > 1:
         req = grid.row_comm.Isend(rows, dest=0, tag=4903) if grid.stage else \
@@ -206,12 +231,13 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
         return None
     steps = run.total - run.start
     per_op = rows[:, 5:] / (steps * opts.microbatches)   # seconds per microbatch op
+    # microbatches between flushes: a batch's, or (asynchronous) the whole run's
+    m = steps * opts.microbatches if opts.schedule in ASYNCHRONOUS else opts.microbatches
     return {"stages": opts.stages, "microbatches": opts.microbatches, "schedule": opts.schedule,
             "replicas": run.grid.replicas, "steps": steps,
             "samples_per_s": steps * run.settings.batch_size * run.grid.replicas / rows[:, 0].max(),
-            "predicted_bubble": predicted_bubble(opts.stages, opts.microbatches),
-            "simulated_idle": simulate(opts.schedule, opts.stages, opts.microbatches,
-                                       per_op[:, 0], per_op[:, 1]),
+            "predicted_bubble": predicted_bubble(opts.stages, m),
+            "simulated_idle": simulate(opts.schedule, opts.stages, m, per_op[:, 0], per_op[:, 1]),
             "forward_s": per_op[:, 0].tolist(), "backward_s": per_op[:, 1].tolist(),
             "idle": (rows[:, 1] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
             "peak_microbatches": rows[:, 4].astype(int).tolist(),

@@ -1,6 +1,7 @@
 """A pipeline's parameters after some steps against the serial reference (tests/test_pipeline_mpi.py).
 
-Usage: pipeline_check.py SPEC K M SCHEDULE STEPS [DTYPE] [OPTIMIZER]; ranks = D x K.
+Usage: pipeline_check.py SPEC K M SCHEDULE STEPS [DTYPE] [OPTIMIZER]; ranks = D x K (D = 1
+for pipedream).
 Rank 0 prints ``max |pipeline - serial| = X`` (exactly 0 expected for D = 1) and
 each stage's peak stored inputs.
 """
@@ -15,7 +16,8 @@ from psgd.nn.optim import make_optimizer
 from psgd.pipeline.grid import Grid
 from psgd.pipeline.options import PipelineOptions
 from psgd.pipeline.partition import layer_bounds, units
-from psgd.pipeline.reference import reference_step
+from psgd.pipeline.asynchronous import Microbatches
+from psgd.pipeline.reference import reference_pipedream, reference_step
 from psgd.pipeline.trainer import build_trainer
 
 SHAPE = {"lenet": (1, 28, 28)}
@@ -47,8 +49,12 @@ def main():
     trainer = build_trainer(model, grid, options, bounds, lambda n: make_optimizer(opt, n),
                             BATCH, steps)
     xs, ys = batches(model, steps, grid.replicas)
-    for t in range(steps):
-        trainer.step(t, 0.05, model._check_x(xs[t, grid.replica]), ys[t, grid.replica])
+    if schedule == "pipedream":   # the steps as one schedule of steps x M microbatches
+        trainer.run(steps * m, lambda g: 0.05, Microbatches(lambda t: xs[t, grid.replica], m),
+                    Microbatches(lambda t: ys[t, grid.replica], m))
+    else:
+        for t in range(steps):
+            trainer.step(t, 0.05, model._check_x(xs[t, grid.replica]), ys[t, grid.replica])
     trainer.links.finish()
     params = grid.gather(trainer.stage.params.copy(), model.n_params)
     peaks = np.zeros(comm.Get_size(), np.int64)
@@ -56,7 +62,11 @@ def main():
     if comm.Get_rank() == 0:
         ref = make()
         ropt = make_optimizer(opt, ref.n_params)
-        for t in range(steps):
+        if schedule == "pipedream":
+            b = BATCH // m
+            reference_pipedream(ref, ropt, xs[:, 0].reshape(steps * m, b, *model.input_shape),
+                                ys[:, 0].reshape(steps * m, b), bounds, lambda g: 0.05)
+        for t in range(steps if schedule != "pipedream" else 0):
             if grid.replicas == 1:
                 reference_step(ref, ropt, xs[t, 0], ys[t, 0], m, 0.05)
             else:  # D replicas: the serial step on all D x M microbatches

@@ -43,15 +43,22 @@ def train(data, *flags):
 
 @pytest.mark.e2e
 def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dataset, tmp_path):
-    a, b, log = tmp_path / "a", tmp_path / "b", tmp_path / "log.jsonl"
+    a, b, log, tl = tmp_path / "a", tmp_path / "b", tmp_path / "log.jsonl", tmp_path / "tl.json"
     proc = mpirun(2, train(dataset, "--steps", 8, "--checkpoint-dir", a, "--checkpoint-every", 4,
-                           "--log", log, "--schedule", "gpipe"), timeout=120)
+                           "--log", log, "--schedule", "gpipe", "--timeline", tl), timeout=120)
     assert "psgd:   stage 1: layers" in proc.stdout and "idle per stage" in proc.stdout
     records = [json.loads(l) for l in log.read_text().splitlines()]
     summary = next(r for r in records if r["kind"] == "summary")["pipeline"]
     assert len(summary["idle"]) == 2 and all(0 <= f < 1 for f in summary["idle"])
     assert summary["peak_microbatches"] == [4, 4]
     assert [r["step"] for r in records if r["kind"] == "step"][-1] == 8
+    trace = json.loads(tl.read_text())
+    for rank in (0, 1):   # the timeline's waits are the summary's idle time
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank]
+        assert sum(e["name"] == "forward" for e in spans) == 8 * 4
+        waited = sum(e["dur"] for e in spans if e["name"] in ("send", "recv")) * 1e-6
+        wall = trace["otherData"]["wall_s"][str(rank)]
+        assert waited / wall == pytest.approx(summary["idle"][rank], rel=1e-3, abs=1e-5)
     mpirun(2, train(dataset, "--steps", 8, "--checkpoint-dir", b, "--schedule", "gpipe",
                     "--resume", a / "ckpt-00000004.h5"), timeout=120)
     one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")

@@ -23,7 +23,6 @@ REFUSED = {
     "straggler": "straggler emulation runs in the data-parallel worker loop only",
     "record": "a pipeline's order is fixed by its schedule: nothing to record",
     "replay": "a pipeline's order is fixed by its schedule: nothing to replay",
-    "timeline": "not written by pipeline runs yet",
     "tensorboard": "not written by pipeline runs yet",
     "eval_every": "a pipeline run evaluates once, at the end",
     "hold_hot": "sparse models are not cut into stages",

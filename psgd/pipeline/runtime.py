@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 
+from psgd.mpi import timeline
 from psgd.pipeline.schedules import FORWARD
 
 
@@ -25,7 +26,7 @@ def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None,
             x = xs[m] if stage.first else links.recv_activation(g)
             t = time.perf_counter()
             out = stage.forward(m, x, (*key, m), None if ys is None else ys[m])
-            busy[0] += time.perf_counter() - t
+            busy[0] += _span("forward", t, g)
             if stage.last:
                 loss, correct = loss + out[0], correct + out[1]
             else:
@@ -34,13 +35,21 @@ def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None,
             dy = None if stage.last else links.recv_gradient(g)
             t = time.perf_counter()
             dx = stage.backward(m, dy)
-            busy[1] += time.perf_counter() - t
+            busy[1] += _span("backward", t, g)
             links.release(g)
             if not stage.first:
                 links.send_gradient(g, dx)
             if after_backward is not None:
                 after_backward(m)
     return loss, correct, busy
+
+
+def _span(kind: str, t0: float, g: int) -> float:
+    """Seconds since ``t0``, recorded as a ``--timeline`` span of microbatch ``g`` when on."""
+    t1 = time.perf_counter()
+    if timeline.current is not None:
+        timeline.current.span(kind, t0, t1, clock=g)
+    return t1 - t0
 
 
 def split(batch: np.ndarray, microbatches: int) -> list[np.ndarray]:

@@ -1,7 +1,10 @@
 """A pipeline's training step on one rank: the schedule, the replicas' all-reduce, the optimizer step."""
 from __future__ import annotations
 
+import time
+
 from psgd.collectives.allreduce import allreduce
+from psgd.mpi import timeline
 from psgd.pipeline.runtime import run_batch, split
 from psgd.pipeline.schedules import stage_ops
 
@@ -32,9 +35,12 @@ class PipelineTrainer:
         loss, correct, busy = run_batch(stage, self.links, self.ops, self.steps_run * m,
                                         (self.grid.replica, step), xs, ys)
         self.busy = [a + b for a, b in zip(self.busy, busy)]
+        t = time.perf_counter()
         if self.grid.replicas > 1:
             allreduce(self.grid.replica_comm, stage.acc, "sum", label=f" of stage {self.grid.stage}")
         self.optimizer.step(stage.params, stage.acc, lr, scale=1.0 / (m * self.grid.replicas))
+        if timeline.current is not None:
+            timeline.current.span("optimizer", t, time.perf_counter(), clock=step)
         self.steps_run += 1
         return loss, correct
 

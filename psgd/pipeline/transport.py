@@ -13,7 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait
+from psgd.mpi import timeline, wait
 
 TAG_FORWARD, TAG_BACKWARD = 4901, 4902
 
@@ -23,6 +23,7 @@ class _Channel:
 
     def __init__(self, comm, peer: int, shape: tuple, dtype, slots: int, send: bool, tag: int):
         self.bufs = [np.empty(shape, dtype) for _ in range(slots)]
+        self.send = send
         init = comm.Send_init if send else comm.Recv_init
         self.reqs = [init(buf, peer, tag) for buf in self.bufs]
         self.started = [False] * slots
@@ -36,14 +37,18 @@ class _Channel:
         self.started[k] = True
 
     def complete(self, g: int, what) -> float:
-        """Wait for slot ``g``'s request, if started; the seconds waited."""
+        """Wait for slot ``g``'s request, if started; the seconds waited (a ``--timeline``
+        span ``send`` or ``recv`` of microbatch ``g`` when on)."""
         k = self.slot(g)
         if not self.started[k]:
             return 0.0
         t = time.perf_counter()
         wait.wait(self.reqs[k], what)
         self.started[k] = False
-        return time.perf_counter() - t
+        t1 = time.perf_counter()
+        if timeline.current is not None:
+            timeline.current.span("send" if self.send else "recv", t, t1, clock=g)
+        return t1 - t
 
     def free(self) -> None:
         for req in self.reqs:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi import wait
+from psgd.mpi import timeline, wait
 from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer
 from psgd.pipeline import options as pipeline_options
@@ -159,13 +160,27 @@ def _train(run: PipelineRun) -> tuple[float, float, list]:
     """The steps; the wall seconds, the seconds this stage waited on its neighbours and the
     last stage's (step, loss, accuracy, seconds) records."""
     wait.barrier(run.grid.p2p, "the other stages to start")
+    if run.settings.timeline:   # one zero for every rank's clock
+        timeline.start()
     t0 = time.perf_counter()
     train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
     records = train(run, t0)
     run.trainer.links.finish()
     wall = time.perf_counter() - t0
     wait.barrier(run.grid.p2p, "the other stages to finish their steps")
+    if run.settings.timeline:
+        _save_timeline(run, wall)
     return wall, run.trainer.links.waited, records
+
+
+def _save_timeline(run: PipelineRun, wall: float) -> None:
+    """--timeline: every stage's forward, backward, send, receive and optimizer spans, one
+    process per rank, written by rank 0 (psgd.run.trace's Chrome trace)."""
+    from psgd.run.trace import save_timeline
+    timeline.current.wall = wall
+    comm = MPI.COMM_WORLD
+    roles = SimpleNamespace(comm=comm, rank=comm.Get_rank(), lead_worker=0, n_servers=0)
+    save_timeline(SimpleNamespace(roles=roles, settings=run.settings))
 
 
 def _train_steps(run: PipelineRun, t0: float) -> list:

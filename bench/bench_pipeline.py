@@ -1,5 +1,5 @@
 """Pipeline parallelism measured: bubble against (K-1)/(M+K-1), 1f1b's memory against gpipe's,
-throughput against data parallelism on the same ranks.
+throughput against data parallelism on the same ranks, pipedream's learning against gpipe's.
 
 Run as ``python bench/bench_pipeline.py`` (``make bench-pipeline``): every row is one
 ``psgd train --pipeline`` (or ``--protocol allreduce``) run under mpiexec on synthetic data,
@@ -68,6 +68,20 @@ def throughput_rows(data, tmp, steps):
             {"run": "allreduce W=2, batch 32 each", "samples_per_s": dp["samples_per_s"]}]
 
 
+def learning_rows(data, tmp, steps, seeds):
+    """gpipe against pipedream with and without weight stashing: equal samples, test accuracy."""
+    runs = {"gpipe": ["--schedule", "gpipe"], "pipedream": ["--schedule", "pipedream"],
+            "pipedream, no stash": ["--schedule", "pipedream", "--weight-stashing", "off"]}
+    rows = []
+    for name, flags in runs.items():
+        acc = [train(data, tmp, 2, f"learn-{name}-{seed}".replace(" ", "").replace(",", ""),
+                     "--model", "lenet", "--pipeline", 2, "--microbatches", 4, "--batch-size", 32,
+                     "--steps", steps, "--seed", seed, "--lr", 0.05, "--optimizer", "momentum",
+                     *flags)["test_accuracy"] for seed in range(seeds)]
+        rows.append({"schedule": name, "test_accuracy": acc})
+    return rows
+
+
 def markdown(res: dict) -> str:
     f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     out = ["## Bubble (K = 2, balanced stages, 1f1b)", "",
@@ -83,6 +97,9 @@ def markdown(res: dict) -> str:
     out += ["", f"## Throughput ({BIG}, 2 ranks, global batch 64)", "",
             "| run | samples/s |", "|---|---|"]
     out += [f"| {r['run']} | {r['samples_per_s']:.1f} |" for r in res["throughput"]]
+    out += ["", "## Learning (lenet, K = 2, M = 4, batch 32, momentum, lr 0.05, equal samples)", "",
+            "| schedule | test accuracy per seed |", "|---|---|"]
+    out += [f"| {r['schedule']} | {f(r['test_accuracy'])} |" for r in res["learning"]]
     return "\n".join(out) + "\n"
 
 
@@ -90,6 +107,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30, help="steps per bubble/memory run (default 30)")
     ap.add_argument("--big-steps", type=int, default=6, help="steps per throughput run (default 6)")
+    ap.add_argument("--learn-steps", type=int, default=150, help="steps per learning run (default 150)")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per learning row (default 2)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     out = common.out_dir(args, "pipeline")
@@ -98,7 +117,8 @@ def main() -> None:
         data = common.dataset(tmp, True, "bench-pipeline", train=4096)
         res = {"bubble": bubble_rows(data.path, tmp, args.steps),
                "memory": memory_rows(data.path, tmp, args.steps),
-               "throughput": throughput_rows(data.path, tmp, args.big_steps)}
+               "throughput": throughput_rows(data.path, tmp, args.big_steps),
+               "learning": learning_rows(data.path, tmp, args.learn_steps, args.seeds)}
     stem = common.result_stem("pipeline", True)
     common.write_json(out / f"{stem}.json", res, data.name)
     text = markdown(res)

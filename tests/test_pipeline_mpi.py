@@ -84,3 +84,18 @@ def test_bad_pipeline_input_is_one_line(mpirun, dataset, ranks, flags, message):
     assert proc.returncode != 0
     errors = [l for l in proc.stderr.splitlines() if "error" in l]
     assert len(errors) == 1 and message in errors[0], proc.stderr
+
+
+def test_checkpoints_pass_between_pipeline_and_data_parallel_bit_exactly(mpirun, dataset, tmp_path):
+    """M = 1, one replica: a pipeline step is the single worker's step, so either run resumes
+    the other's checkpoint and ends where the uninterrupted one does."""
+    common = ["-m", "psgd", "train", "--quiet", "--data", dataset, "--model", "mlp:784-64-64-10",
+              "--batch-size", 32, "--lr", 0.05, "--optimizer", "momentum", "--steps", 8]
+    pipe, dp = ["--pipeline", 2, "--microbatches", 1], ["--protocol", "allreduce"]
+    for first, second, ranks in ((pipe, dp, (2, 1)), (dp, pipe, (1, 2))):
+        a, b = tmp_path / f"a{ranks[0]}", tmp_path / f"b{ranks[0]}"
+        mpirun(ranks[0], [*common, *first, "--checkpoint-dir", a, "--checkpoint-every", 4])
+        mpirun(ranks[1], [*common, *second, "--checkpoint-dir", b, "--resume", a / "ckpt-00000004.h5"])
+        one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")
+        assert np.array_equal(one.params, two.params)
+        assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])

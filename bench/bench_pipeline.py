@@ -68,6 +68,19 @@ def throughput_rows(data, tmp, steps):
             {"run": "allreduce W=2, batch 32 each", "samples_per_s": dp["samples_per_s"]}]
 
 
+def partition_rows(data, tmp, steps):
+    """lenet on 2 stages: the auto cut's samples/s against every cut's, measured."""
+    common = ["--model", "lenet", "--pipeline", 2, "--microbatches", 4, "--batch-size", 32,
+              "--steps", steps]
+    auto = train(data, tmp, 2, "cut-auto", *common)["pipeline"]
+    n = sum(auto["cut"])
+    rows = [{"cut": auto["cut"], "auto": True, "samples_per_s": auto["samples_per_s"]}]
+    for c in range(1, n):
+        p = train(data, tmp, 2, f"cut-{c}", *common, "--partition", f"{c},{n - c}")["pipeline"]
+        rows.append({"cut": p["cut"], "auto": False, "samples_per_s": p["samples_per_s"]})
+    return rows
+
+
 def learning_rows(data, tmp, steps, seeds):
     """gpipe against pipedream with and without weight stashing: equal samples, test accuracy."""
     runs = {"gpipe": ["--schedule", "gpipe"], "pipedream": ["--schedule", "pipedream"],
@@ -97,6 +110,11 @@ def markdown(res: dict) -> str:
     out += ["", f"## Throughput ({BIG}, 2 ranks, global batch 64)", "",
             "| run | samples/s |", "|---|---|"]
     out += [f"| {r['run']} | {r['samples_per_s']:.1f} |" for r in res["throughput"]]
+    best = max(r["samples_per_s"] for r in res["partition"] if not r["auto"])
+    out += ["", "## The auto cut against every cut (lenet, K = 2, M = 4, batch 32)", "",
+            "| cut (units per stage) | samples/s | of the best measured cut |", "|---|---|---|"]
+    out += [f"| {','.join(map(str, r['cut']))}{' (auto)' if r['auto'] else ''} | "
+            f"{r['samples_per_s']:.0f} | {r['samples_per_s'] / best:.2f} |" for r in res["partition"]]
     out += ["", "## Learning (lenet, K = 2, M = 4, batch 32, momentum, lr 0.05, equal samples)", "",
             "| schedule | test accuracy per seed |", "|---|---|"]
     out += [f"| {r['schedule']} | {f(r['test_accuracy'])} |" for r in res["learning"]]
@@ -118,6 +136,7 @@ def main() -> None:
         res = {"bubble": bubble_rows(data.path, tmp, args.steps),
                "memory": memory_rows(data.path, tmp, args.steps),
                "throughput": throughput_rows(data.path, tmp, args.big_steps),
+               "partition": partition_rows(data.path, tmp, args.steps),
                "learning": learning_rows(data.path, tmp, args.learn_steps, args.seeds)}
     stem = common.result_stem("pipeline", True)
     common.write_json(out / f"{stem}.json", res, data.name)

@@ -41,6 +41,7 @@ class PipelineRun:
     start: int
     lr: object
     run_id: str
+    counts: list
 
 
 def _setup(args: argparse.Namespace, comm: MPI.Comm):
@@ -110,7 +111,7 @@ def _build(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipeline
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
                              seed=settings.seed, augment=settings.augment)
     return PipelineRun(settings, opts, grid, model, trainer, reader, total, start,
-                       _schedule(settings, total, model), run_id)
+                       _schedule(settings, total, model), run_id, list(counts))
 
 
 def _resume(settings, resumed, model, total: int) -> int:
@@ -249,6 +250,7 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
     # microbatches between flushes: a batch's, or (asynchronous) the whole run's
     m = steps * opts.microbatches if opts.schedule in ASYNCHRONOUS else opts.microbatches
     return {"stages": opts.stages, "microbatches": opts.microbatches, "schedule": opts.schedule,
+            "cut": run.counts,
             "replicas": run.grid.replicas, "steps": steps,
             "samples_per_s": steps * run.settings.batch_size * run.grid.replicas / rows[:, 0].max(),
             "predicted_bubble": predicted_bubble(opts.stages, m),

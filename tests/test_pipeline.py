@@ -237,7 +237,7 @@ def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
 
 
 # -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------
-def run_pipedream_threads(spec, k, n, stash=True, opt="momentum"):
+def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False):
     from psgd.pipeline.asynchronous import AsyncTrainer
     models = [make(spec) for _ in range(k)]
     us = partition.units(models[0])
@@ -252,7 +252,7 @@ def run_pipedream_threads(spec, k, n, stash=True, opt="momentum"):
         stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
         trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
-                                     make_optimizer(opt, stage.hi - stage.lo)))
+                                     make_optimizer(opt, stage.hi - stage.lo), vertical=vertical))
 
     def work(t):
         try:
@@ -268,14 +268,22 @@ def run_pipedream_threads(spec, k, n, stash=True, opt="momentum"):
     return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
 
 
-@pytest.mark.parametrize("spec,k", [(MLP, 3), (BN_CONV, 2), (MLP, 4)])
-def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k):
+@pytest.mark.parametrize("spec,k,vertical", [(MLP, 3, False), (BN_CONV, 2, False), (MLP, 4, False),
+                                             (MLP, 4, True), (BN_CONV, 3, True)])
+def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k, vertical):
     from psgd.pipeline.reference import reference_pipedream
-    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12)
+    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12, vertical=vertical)
     ref = make(spec)
-    reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr)
+    reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr,
+                        vertical=vertical)
     assert not np.array_equal(ref.params, make(spec).params)
     np.testing.assert_array_equal(params, ref.params)
+
+
+def test_vertical_sync_differs_from_plain_pipedream():
+    a = run_pipedream_threads(MLP, 3, 12)[0]
+    b = run_pipedream_threads(MLP, 3, 12, vertical=True)[0]
+    assert not np.array_equal(a, b)
 
 
 def test_pipedream_without_stashing_runs_backwards_on_newer_weights():

@@ -30,8 +30,10 @@ class AsyncTrainer:
     stashing (the stage's ``stash``) the backward runs on the weights its forward used.
     """
 
-    def __init__(self, stage, links, grid, optimizer) -> None:
+    def __init__(self, stage, links, grid, optimizer, vertical: bool = False) -> None:
         self.stage, self.links, self.grid, self.optimizer = stage, links, grid, optimizer
+        self.vertical = vertical
+        self.versions = {0: stage.params.copy()} if vertical else {}
         self.busy = [0.0, 0.0]
         self.loss = 0.0       # the last stage's summed microbatch losses
         self.correct = 0
@@ -45,8 +47,14 @@ class AsyncTrainer:
                 allreduce(grid.replica_comm, stage.acc, "sum", label=f" of stage {grid.stage}")
             self.optimizer.step(stage.params, stage.acc, lr(g), scale=1.0 / grid.replicas)
             stage.acc[:] = 0.0
+            if self.vertical:
+                self.versions[g + 1] = stage.params.copy()
+                self.versions.pop(g + 1 - grid.stage - 1, None)
 
         stage.begin_batch()
+        if self.vertical:
+            lag = grid.stages - 1
+            stage.weights_for = lambda g: self.versions[max(0, g - lag)]
         ops = stage_ops("pipedream", grid.stages, grid.stage, n)
         self.loss, self.correct, self.busy = run_batch(stage, self.links, ops, 0, (grid.replica,),
                                                        xs, ys, step)

@@ -40,6 +40,7 @@ class PipelineOptions:
     partition: str = AUTO           # auto, or layer-unit counts per stage "3,2,4"
     memory_per_rank: int | None = None   # bytes; None: no cap
     stash: bool = True              # pipedream: weight stashing
+    vertical_sync: bool = False     # pipedream: every stage runs a microbatch on stage 0's version
 
     def counts(self) -> list[int] | None:
         """The ``--partition`` counts, or None for ``auto``."""
@@ -67,6 +68,9 @@ class PipelineOptions:
         if batch_size % self.microbatches:
             raise ValueError(f"--microbatches {self.microbatches} does not divide --batch-size "
                              f"{batch_size}")
+        if self.vertical_sync and (self.schedule not in ASYNCHRONOUS or not self.stash):
+            raise ValueError(f"--vertical-sync applies to --schedule {', '.join(ASYNCHRONOUS)} "
+                             f"with weight stashing")
         if not self.stash and self.schedule not in ASYNCHRONOUS:
             raise ValueError(f"--weight-stashing applies to --schedule "
                              f"{', '.join(ASYNCHRONOUS)}, not {self.schedule}")
@@ -91,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--weight-stashing", choices=("on", "off"), default=None,
                        help="pipedream: each backward runs on the weights its forward used "
                             "(on, the default); off shows what stashing corrects")
+    group.add_argument("--vertical-sync", action="store_true", default=None,
+                       help="pipedream: every stage runs microbatch g on its weights after "
+                            "g - (K - 1) updates, the version stage 0 used (PipeDream's "
+                            "vertical sync)")
     group.add_argument("--memory-per-rank", type=_bytes, default=None, metavar="BYTES",
                        help="auto partition: each stage's parameters, gradients and stored "
                             "activations must fit (e.g. 200M, 2G)")
@@ -108,7 +116,7 @@ def _bytes(text: str) -> int:
 def from_args(args: argparse.Namespace) -> PipelineOptions | None:
     """The options of ``args`` (None without --pipeline); a pipeline flag alone is an error."""
     given = [f for f in ("microbatches", "schedule", "partition", "memory_per_rank",
-                         "weight_stashing")
+                         "weight_stashing", "vertical_sync")
              if getattr(args, f, None) is not None]
     if getattr(args, "pipeline", None) is None:
         if given:
@@ -118,7 +126,8 @@ def from_args(args: argparse.Namespace) -> PipelineOptions | None:
     return PipelineOptions(stages=args.pipeline, microbatches=args.microbatches or 1,
                            schedule=args.schedule or "1f1b", partition=args.partition or AUTO,
                            memory_per_rank=args.memory_per_rank,
-                           stash=getattr(args, "weight_stashing", None) != "off")
+                           stash=getattr(args, "weight_stashing", None) != "off",
+                           vertical_sync=bool(getattr(args, "vertical_sync", None)))
 
 
 def refused(args: argparse.Namespace) -> str | None:

@@ -24,10 +24,11 @@ def reference_step(model, optimizer, x, y, microbatches: int, lr: float, key: tu
     return total / microbatches
 
 
-def reference_pipedream(model, optimizer, xs, ys, bounds, lr) -> list[float]:
+def reference_pipedream(model, optimizer, xs, ys, bounds, lr, vertical: bool = False) -> list[float]:
     """PipeDream with weight stashing on one process: microbatch g (``xs[g]``, ``ys[g]``)
     runs forward and backward on stage s's weights after ``max(0, g - (K - s - 1))`` of its
-    updates, and then every stage steps once with its part of that gradient at ``lr(g)``.
+    updates (``vertical``: ``max(0, g - (K - 1))`` on every stage), and then every stage
+    steps once with its part of that gradient at ``lr(g)``.
     Returns each microbatch's loss; ``model.params`` ends as the pipeline's do."""
     from psgd.pipeline.schedules import versions_behind
     k = len(bounds)
@@ -36,7 +37,8 @@ def reference_pipedream(model, optimizer, xs, ys, bounds, lr) -> list[float]:
     history, losses = [model.params.copy()], []
     for g in range(len(xs)):
         for s, (lo, hi) in enumerate(spans):
-            model.params[lo:hi] = history[max(0, g - versions_behind(k, s))][lo:hi]
+            behind = k - 1 if vertical else versions_behind(k, s)
+            model.params[lo:hi] = history[max(0, g - behind)][lo:hi]
         if model.stochastic:
             model.reseed(0, g)
         loss, _ = model.loss_and_grad(xs[g], ys[g])

@@ -25,6 +25,8 @@ class Stage:
         self.model, self.a, self.b = model, a, b
         self.stash = stash                     # weight stashing (PipeDream): see :meth:`backward`
         self._stashed: dict[int, np.ndarray] = {}
+        self._on_current: set[int] = set()     # forwards that ran on the then-current weights
+        self.weights_for = None                # vertical sync: m -> the slice's version for m
         self.first, self.last = first, last
         ranges = [(lo, hi) for i, _, lo, hi in model.param_ranges if a <= i < b]
         self.lo = min((lo for lo, _ in ranges), default=0)
@@ -44,13 +46,25 @@ class Stage:
         self.acc[:] = 0.0
 
     def forward(self, m: int, x: np.ndarray, key: tuple, y: np.ndarray | None = None):
-        """Run microbatch ``m``: the output activation, or on the last stage (loss, correct)."""
+        """Run microbatch ``m``: the output activation, or on the last stage (loss, correct).
+
+        With :attr:`weights_for` (vertical sync) the forward runs on ``weights_for(m)``,
+        an older version of the slice, and the current weights are put back after it.
+        """
         self.inputs[m] = (x, y, key)
-        if self.stash:
-            self._stashed[m] = self.params.copy()
         self.peak_inputs = max(self.peak_inputs, len(self.inputs))
         self.input_bytes = max(self.input_bytes, x.nbytes)
-        return self._run(m)
+        older = self.weights_for(m) if self.weights_for is not None else None
+        if self.stash:
+            self._stashed[m] = self.params.copy() if older is None else older
+        if older is None:
+            self._on_current.add(m)
+            return self._run(m)
+        current = self.params.copy()
+        self.params[:] = older
+        out = self._run(m)
+        self.params[:] = current
+        return out
 
     def _run(self, m: int):
         x, y, key = self.inputs[m]
@@ -72,10 +86,12 @@ class Stage:
         """
         current = None
         stashed = self._stashed.pop(m) if self.stash else None
+        unchanged = self._live == m and m in self._on_current   # no step since its forward
+        self._on_current.discard(m)
+        if stashed is not None and not unchanged:
+            current = self.params.copy()
+            self.params[:] = stashed
         if self._live != m:
-            if stashed is not None:
-                current = self.params.copy()
-                self.params[:] = stashed
             self._run(m)
         if self.last:
             dy = self.model._dlogits

@@ -73,5 +73,5 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
                   slots(options, k, s - 1, total) if s > 0 else 0, total)
     optimizer = make_optimizer(stage.hi - stage.lo)
     if asynchronous:
-        return AsyncTrainer(stage, links, grid, optimizer)
+        return AsyncTrainer(stage, links, grid, optimizer, vertical=options.vertical_sync)
     return PipelineTrainer(stage, links, grid, options, optimizer)

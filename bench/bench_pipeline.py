@@ -82,16 +82,20 @@ def partition_rows(data, tmp, steps):
 
 
 def learning_rows(data, tmp, steps, seeds):
-    """gpipe against pipedream with and without weight stashing: equal samples, test accuracy."""
-    runs = {"gpipe": ["--schedule", "gpipe"], "pipedream": ["--schedule", "pipedream"],
-            "pipedream, no stash": ["--schedule", "pipedream", "--weight-stashing", "off"]}
+    """gpipe against pipedream (with and without weight stashing, with vertical sync) on equal
+    samples; pipedream steps every microbatch, so it takes lr / M: the same rate per sample."""
+    m, lr = 4, 0.05
+    pd = ["--schedule", "pipedream", "--lr", lr / m]
+    runs = {"gpipe": ["--schedule", "gpipe", "--lr", lr], "pipedream": pd,
+            "pipedream, vertical sync": [*pd, "--vertical-sync"],
+            "pipedream, no stash": [*pd, "--weight-stashing", "off"]}
     rows = []
     for name, flags in runs.items():
-        acc = [train(data, tmp, 2, f"learn-{name}-{seed}".replace(" ", "").replace(",", ""),
-                     "--model", "lenet", "--pipeline", 2, "--microbatches", 4, "--batch-size", 32,
-                     "--steps", steps, "--seed", seed, "--lr", 0.05, "--optimizer", "momentum",
-                     *flags)["test_accuracy"] for seed in range(seeds)]
-        rows.append({"schedule": name, "test_accuracy": acc})
+        tag = "".join(ch for ch in name if ch.isalnum())
+        acc = [train(data, tmp, 2, f"learn-{tag}-{seed}", "--model", "lenet", "--pipeline", 2,
+                     "--microbatches", m, "--batch-size", 32, "--steps", steps, "--seed", seed,
+                     "--optimizer", "momentum", *flags)["test_accuracy"] for seed in range(seeds)]
+        rows.append({"schedule": name, "lr": flags[flags.index("--lr") + 1], "test_accuracy": acc})
     return rows
 
 
@@ -115,9 +119,14 @@ def markdown(res: dict) -> str:
             "| cut (units per stage) | samples/s | of the best measured cut |", "|---|---|---|"]
     out += [f"| {','.join(map(str, r['cut']))}{' (auto)' if r['auto'] else ''} | "
             f"{r['samples_per_s']:.0f} | {r['samples_per_s'] / best:.2f} |" for r in res["partition"]]
-    out += ["", "## Learning (lenet, K = 2, M = 4, batch 32, momentum, lr 0.05, equal samples)", "",
-            "| schedule | test accuracy per seed |", "|---|---|"]
-    out += [f"| {r['schedule']} | {f(r['test_accuracy'])} |" for r in res["learning"]]
+    return "\n".join(out) + "\n"
+
+
+def learning_markdown(res: dict) -> str:
+    out = ["## Learning (lenet, K = 2, M = 4, batch 32, momentum, equal samples)", "",
+           "| schedule | lr | test accuracy per seed |", "|---|---|---|"]
+    out += [f"| {r['schedule']} | {r['lr']:g} | {', '.join(f'{a:.3f}' for a in r['test_accuracy'])} |"
+            for r in res["learning"]]
     return "\n".join(out) + "\n"
 
 
@@ -127,21 +136,30 @@ def main() -> None:
     ap.add_argument("--big-steps", type=int, default=6, help="steps per throughput run (default 6)")
     ap.add_argument("--learn-steps", type=int, default=150, help="steps per learning run (default 150)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per learning row (default 2)")
+    ap.add_argument("--only", choices=("timing", "learning"), default=None,
+                    help="run one part: timing (bubble, memory, throughput, cut) or learning "
+                         "(each writes its own result files)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     out = common.out_dir(args, "pipeline")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         data = common.dataset(tmp, True, "bench-pipeline", train=4096)
-        res = {"bubble": bubble_rows(data.path, tmp, args.steps),
-               "memory": memory_rows(data.path, tmp, args.steps),
-               "throughput": throughput_rows(data.path, tmp, args.big_steps),
-               "partition": partition_rows(data.path, tmp, args.steps),
-               "learning": learning_rows(data.path, tmp, args.learn_steps, args.seeds)}
-    stem = common.result_stem("pipeline", True)
-    common.write_json(out / f"{stem}.json", res, data.name)
-    text = markdown(res)
-    common.write_text(out / f"{stem}.md", text, data.name)
+        if args.only != "learning":
+            res = {"bubble": bubble_rows(data.path, tmp, args.steps),
+                   "memory": memory_rows(data.path, tmp, args.steps),
+                   "throughput": throughput_rows(data.path, tmp, args.big_steps),
+                   "partition": partition_rows(data.path, tmp, args.steps)}
+            _write(out, "pipeline", res, markdown(res), data.name)
+        if args.only != "timing":
+            res = {"learning": learning_rows(data.path, tmp, args.learn_steps, args.seeds)}
+            _write(out, "pipeline-learning", res, learning_markdown(res), data.name)
+
+
+def _write(out: Path, base: str, res: dict, text: str, data: str) -> None:
+    stem = common.result_stem(base, True)
+    common.write_json(out / f"{stem}.json", res, data)
+    common.write_text(out / f"{stem}.md", text, data)
     print(text)
 
 

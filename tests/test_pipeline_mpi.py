@@ -99,3 +99,11 @@ def test_checkpoints_pass_between_pipeline_and_data_parallel_bit_exactly(mpirun,
         one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")
         assert np.array_equal(one.params, two.params)
         assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])
+
+
+def test_a_pipeline_flag_without_pipeline_is_one_usage_line(mpirun, dataset):
+    proc = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--microbatches", 4], timeout=60,
+                  check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "psgd train: error: --microbatches applies to pipeline runs; give --pipeline K (see --help)"]

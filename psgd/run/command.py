@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from psgd.env import env_float
 from psgd.pipeline import options as pipeline_options
@@ -20,7 +21,12 @@ def run(args: argparse.Namespace) -> None:
     from psgd.errors import launcher_rank
     from psgd.run import init_watch
 
-    pipeline_options.from_args(args)   # a pipeline flag without --pipeline: one line, no MPI
+    try:   # a pipeline flag without --pipeline: a usage error, printed once, before MPI starts
+        pipeline_options.from_args(args)
+    except ValueError as exc:
+        if launcher_rank() == 0:
+            print(f"psgd train: error: {exc} (see --help)", file=sys.stderr, flush=True)
+        sys.exit(2)
 
     # the flags as given (the config file is read later); MPI_Init is the import of job
     timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", TrainSettings.stall_timeout)

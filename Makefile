@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-simulate
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-simulate bench-pipeline
 
 install: $(STAMP)
 
@@ -148,6 +148,10 @@ bench-compress-time: install
 # prediction, and the all-reduce's bus bandwidth there (root: psgd net; about 10 minutes)
 bench-net: install
 	$(PY) bench/bench_net.py $(ARGS)
+
+# pipeline parallelism: bubble vs (K-1)/(M+K-1), 1f1b vs gpipe memory, vs allreduce (a few minutes)
+bench-pipeline: install
+	$(PY) bench/bench_pipeline.py $(ARGS)
 
 # staleness compensation x protocols x W x seeds, LeNet and MLP: about two hours on 2 cores
 # (ARGS=--quick: a smoke run; ARGS="--models lenet --seeds 0,1": the table of docs/results/staleness.md, 35 min)

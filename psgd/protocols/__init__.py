@@ -77,6 +77,8 @@ class Protocol:
     hot_rows : bool
         ``--hold-hot`` applies: sparse workers hold their changes to the rows most batches
         touch (:mod:`psgd.hogwild.hot`).
+    pipelines : tuple of str
+        The ``--pipeline`` schedules under which it combines each stage's replicas.
     momentum_gain : bool
         ``--momentum-correction gain`` applies, and ``auto`` means it with error
         feedback (:mod:`psgd.compress.gain`): the servers step plain SGD at the
@@ -131,6 +133,7 @@ class Protocol:
     momentum_correction: bool = False
     momentum_gain: bool = False
     hot_rows: bool = False
+    pipelines: tuple[str, ...] = ()   # --pipeline schedules whose stage replicas it combines
     graph: str | None = None
     cost: str | None = None
     example: dict = field(default_factory=dict, hash=False)
@@ -390,6 +393,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
         compresses=True, feedback_refused=("fp16",), momentum_correction=True,
         cost=_COST + "allreduce_rows", example={"ranks": 2},
+        pipelines=("gpipe", "1f1b", "pipedream"),
         feedback_note=(": its ring rounds every partial sum to half precision, which no "
                        "worker's residual could hold"),
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "

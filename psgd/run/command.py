@@ -2,16 +2,31 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from psgd.env import env_float
-from psgd.run.settings import DESCRIPTION, TrainSettings, add_arguments
+from psgd.pipeline import options as pipeline_options
+from psgd.run import settings
+from psgd.run.settings import DESCRIPTION, TrainSettings
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    settings.add_arguments(parser)
+    pipeline_options.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> None:
     from psgd.errors import launcher_rank
     from psgd.run import init_watch
+
+    try:   # a pipeline flag without --pipeline: a usage error, printed once, before MPI starts
+        pipeline_options.from_args(args)
+    except ValueError as exc:
+        if launcher_rank() == 0:
+            print(f"psgd train: error: {exc} (see --help)", file=sys.stderr, flush=True)
+        sys.exit(2)
 
     # the flags as given (the config file is read later); MPI_Init is the import of job
     timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", TrainSettings.stall_timeout)
@@ -21,4 +36,8 @@ def run(args: argparse.Namespace) -> None:
     from psgd.run.job import train_main
     initialised()
     wait.configure(stall_timeout=timeout, stall_abort=abort)   # until the settings are agreed
+    if args.pipeline is not None:
+        from psgd.run.pipeline_job import train_pipeline
+        train_pipeline(args)
+        return
     train_main(args)

@@ -1,0 +1,167 @@
+"""Pipeline parallelism measured: bubble against (K-1)/(M+K-1), 1f1b's memory against gpipe's,
+throughput against data parallelism on the same ranks, pipedream's learning against gpipe's.
+
+Run as ``python bench/bench_pipeline.py`` (``make bench-pipeline``): every row is one
+``psgd train --pipeline`` (or ``--protocol allreduce``) run under mpiexec on synthetic data,
+read back from its JSON-lines log.  The idle fraction of a stage is the time it waited on
+its neighbours over its wall time; "simulated" replays the schedule with each stage's
+measured forward and backward time per microbatch (psgd.pipeline.schedules.simulate).
+Writes pipeline.json (and .md) into runs/bench/pipeline-TIME/ (``--publish``: bench/results/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402
+
+BALANCED = "mlp:784-1024-1024-1024-1024-10"   # cut 2,3: two stages of about 1.9M parameters
+BIG = "mlp:784-4096-4096-4096-10"             # about 37M parameters
+
+
+def train(data: Path, tmp: Path, ranks: int, name: str, *flags) -> dict:
+    """One run; its summary record."""
+    log = tmp / f"{name}.jsonl"
+    cmd = [common.mpiexec(), "-n", str(ranks), sys.executable, "-m", "psgd", "train", "--quiet",
+           "--data", str(data), "--log", str(log), "--overwrite", "--lr", "0.01", *map(str, flags)]
+    proc = common.run_bounded(cmd, 600, cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"bench-pipeline: {name} failed:\n{proc.stderr}")
+    return next(json.loads(l) for l in log.read_text().splitlines() if '"summary"' in l)
+
+
+def bubble_rows(data, tmp, steps):
+    rows = []
+    for m in (1, 4, 8):
+        p = train(data, tmp, 2, f"bubble-m{m}", "--model", BALANCED, "--pipeline", 2,
+                  "--partition", "2,3", "--microbatches", m, "--batch-size", 64,
+                  "--steps", steps)["pipeline"]
+        rows.append({"K": 2, "M": m, "formula": p["predicted_bubble"], "simulated": p["simulated_idle"],
+                     "measured": p["idle"], "samples_per_s": p["samples_per_s"]})
+    return rows
+
+
+def memory_rows(data, tmp, steps):
+    rows = []
+    for k in (2, 4):
+        for schedule in ("gpipe", "1f1b"):
+            p = train(data, tmp, k, f"memory-{k}-{schedule}", "--model", "lenet", "--pipeline", k,
+                      "--microbatches", 8, "--batch-size", 64, "--schedule", schedule,
+                      "--steps", steps)["pipeline"]
+            rows.append({"K": k, "M": 8, "schedule": schedule, "microbatches_held": p["peak_microbatches"],
+                         "activation_bytes": p["activation_bytes"]})
+    return rows
+
+
+def throughput_rows(data, tmp, steps):
+    pipe = train(data, tmp, 2, "throughput-pipeline", "--model", BIG, "--pipeline", 2,
+                 "--microbatches", 8, "--batch-size", 64, "--steps", steps, "--optimizer", "sgd")
+    dp = train(data, tmp, 2, "throughput-allreduce", "--model", BIG, "--protocol", "allreduce",
+               "--batch-size", 32, "--steps", steps, "--optimizer", "sgd")
+    return [{"run": "pipeline K=2 M=8, batch 64", "samples_per_s": pipe["pipeline"]["samples_per_s"],
+             "idle": pipe["pipeline"]["idle"]},
+            {"run": "allreduce W=2, batch 32 each", "samples_per_s": dp["samples_per_s"]}]
+
+
+def partition_rows(data, tmp, steps):
+    """lenet on 2 stages: the auto cut's samples/s against every cut's, measured."""
+    common = ["--model", "lenet", "--pipeline", 2, "--microbatches", 4, "--batch-size", 32,
+              "--steps", steps]
+    auto = train(data, tmp, 2, "cut-auto", *common)["pipeline"]
+    n = sum(auto["cut"])
+    rows = [{"cut": auto["cut"], "auto": True, "samples_per_s": auto["samples_per_s"]}]
+    for c in range(1, n):
+        p = train(data, tmp, 2, f"cut-{c}", *common, "--partition", f"{c},{n - c}")["pipeline"]
+        rows.append({"cut": p["cut"], "auto": False, "samples_per_s": p["samples_per_s"]})
+    return rows
+
+
+def learning_rows(data, tmp, steps, seeds):
+    """gpipe against pipedream (with and without weight stashing, with vertical sync) on equal
+    samples; pipedream steps every microbatch, so it takes lr / M: the same rate per sample."""
+    m, lr = 4, 0.05
+    pd = ["--schedule", "pipedream", "--lr", lr / m]
+    runs = {"gpipe": ["--schedule", "gpipe", "--lr", lr], "pipedream": pd,
+            "pipedream, vertical sync": [*pd, "--vertical-sync"],
+            "pipedream, no stash": [*pd, "--weight-stashing", "off"]}
+    rows = []
+    for name, flags in runs.items():
+        tag = "".join(ch for ch in name if ch.isalnum())
+        acc = [train(data, tmp, 2, f"learn-{tag}-{seed}", "--model", "lenet", "--pipeline", 2,
+                     "--microbatches", m, "--batch-size", 32, "--steps", steps, "--seed", seed,
+                     "--optimizer", "momentum", *flags)["test_accuracy"] for seed in range(seeds)]
+        rows.append({"schedule": name, "lr": flags[flags.index("--lr") + 1], "test_accuracy": acc})
+    return rows
+
+
+def markdown(res: dict) -> str:
+    f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    out = ["## Bubble (K = 2, balanced stages, 1f1b)", "",
+           "| M | (K-1)/(M+K-1) | simulated per stage | measured per stage | samples/s |",
+           "|---|---|---|---|---|"]
+    out += [f"| {r['M']} | {r['formula']:.3f} | {f(r['simulated'])} | {f(r['measured'])} | "
+            f"{r['samples_per_s']:.0f} |" for r in res["bubble"]]
+    out += ["", "## Stored activations (lenet, M = 8)", "",
+            "| K | schedule | microbatches held per stage | peak activation bytes per stage |",
+            "|---|---|---|---|"]
+    out += [f"| {r['K']} | {r['schedule']} | {r['microbatches_held']} | "
+            f"{[int(b) for b in r['activation_bytes']]} |" for r in res["memory"]]
+    out += ["", f"## Throughput ({BIG}, 2 ranks, global batch 64)", "",
+            "| run | samples/s |", "|---|---|"]
+    out += [f"| {r['run']} | {r['samples_per_s']:.1f} |" for r in res["throughput"]]
+    best = max(r["samples_per_s"] for r in res["partition"] if not r["auto"])
+    out += ["", "## The auto cut against every cut (lenet, K = 2, M = 4, batch 32)", "",
+            "| cut (units per stage) | samples/s | of the best measured cut |", "|---|---|---|"]
+    out += [f"| {','.join(map(str, r['cut']))}{' (auto)' if r['auto'] else ''} | "
+            f"{r['samples_per_s']:.0f} | {r['samples_per_s'] / best:.2f} |" for r in res["partition"]]
+    return "\n".join(out) + "\n"
+
+
+def learning_markdown(res: dict) -> str:
+    out = ["## Learning (lenet, K = 2, M = 4, batch 32, momentum, equal samples)", "",
+           "| schedule | lr | test accuracy per seed |", "|---|---|---|"]
+    out += [f"| {r['schedule']} | {r['lr']:g} | {', '.join(f'{a:.3f}' for a in r['test_accuracy'])} |"
+            for r in res["learning"]]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30, help="steps per bubble/memory run (default 30)")
+    ap.add_argument("--big-steps", type=int, default=6, help="steps per throughput run (default 6)")
+    ap.add_argument("--learn-steps", type=int, default=150, help="steps per learning run (default 150)")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per learning row (default 2)")
+    ap.add_argument("--only", choices=("timing", "learning"), default=None,
+                    help="run one part: timing (bubble, memory, throughput, cut) or learning "
+                         "(each writes its own result files)")
+    common.add_output_arguments(ap)
+    args = ap.parse_args()
+    out = common.out_dir(args, "pipeline")
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        data = common.dataset(tmp, True, "bench-pipeline", train=4096)
+        if args.only != "learning":
+            res = {"bubble": bubble_rows(data.path, tmp, args.steps),
+                   "memory": memory_rows(data.path, tmp, args.steps),
+                   "throughput": throughput_rows(data.path, tmp, args.big_steps),
+                   "partition": partition_rows(data.path, tmp, args.steps)}
+            _write(out, "pipeline", res, markdown(res), data.name)
+        if args.only != "timing":
+            res = {"learning": learning_rows(data.path, tmp, args.learn_steps, args.seeds)}
+            _write(out, "pipeline-learning", res, learning_markdown(res), data.name)
+
+
+def _write(out: Path, base: str, res: dict, text: str, data: str) -> None:
+    stem = common.result_stem(base, True)
+    common.write_json(out / f"{stem}.json", res, data)
+    common.write_text(out / f"{stem}.md", text, data)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Cutting a model's layers into K contiguous stages: by given counts, or PipeDream's dynamic program."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One unit (a layer, with an in-place activation after it) on one microbatch."""
+
+    seconds: float        # forward plus backward
+    in_bytes: int         # its input activation
+    out_bytes: int        # its output activation
+    param_bytes: int
+
+
+def units(model) -> list[tuple[int, int]]:
+    """The model's cuttable units as layer ranges ``[a, b)``; a residual block is one layer.
+
+    An in-place activation stays with the layer before it (it overwrites that layer's
+    output, which a stage boundary would hand to another rank).
+    """
+    starts = [i for i, layer in enumerate(model.layers) if i == 0 or not getattr(layer, "inplace", False)]
+    return list(zip(starts, starts[1:] + [len(model.layers)]))
+
+
+def layer_bounds(model, counts: list[int]) -> list[tuple[int, int]]:
+    """Each stage's layer range ``[a, b)`` for ``counts`` units per stage."""
+    us = units(model)
+    if sum(counts) != len(us):
+        raise ValueError(f"--partition {','.join(map(str, counts))} covers {sum(counts)} layer "
+                         f"units, but model {model.spec} has {len(us)}")
+    edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    return [(us[lo][0], us[hi - 1][1]) for lo, hi in zip(edges[:-1], edges[1:])]
+
+
+def check_stages(model, stages: int) -> None:
+    n = len(units(model))
+    if stages > n:
+        raise ValueError(f"--pipeline {stages} is more stages than model {model.spec}'s {n} "
+                         f"layer units (each stage needs at least one)")
+
+
+def profile(model, microbatch: int, repeats: int = 3, seed: int = 0) -> list[UnitCost]:
+    """Time each unit's forward and backward on a random microbatch (best of ``repeats``)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((microbatch, *model.input_shape)).astype(model.dtype)
+    model._set_mode("train")
+    us = units(model)
+    best = [np.inf] * len(us)
+    for _ in range(repeats):
+        acts, times, a = [], [], x
+        for lo, hi in us:
+            acts.append(a)
+            t = time.perf_counter()
+            for layer in model.layers[lo:hi]:
+                a = layer.forward(a)
+            times.append(time.perf_counter() - t)
+        dy = np.ones_like(a) / a.size
+        for j in range(len(us) - 1, -1, -1):
+            lo, hi = us[j]
+            t = time.perf_counter()
+            for i in range(hi - 1, lo - 1, -1):
+                dy = model.layers[i].backward(dy, need_dx=True)
+            best[j] = min(best[j], times[j] + time.perf_counter() - t)
+        outs = acts[1:] + [a]
+    itemsize = model.dtype.itemsize
+    return [UnitCost(best[j], acts[j].nbytes, outs[j].nbytes,
+                     itemsize * sum(int(np.prod(s)) for layer in model.layers[lo:hi]
+                                    for _, s in layer.param_shapes()))
+            for j, (lo, hi) in enumerate(us)]
+
+
+def stage_memory(costs: list[UnitCost], in_flight: int) -> int:
+    """Bytes a stage holds: parameters, gradient and its accumulation, ``in_flight`` stored
+    inputs, and one microbatch's activations inside it."""
+    return (3 * sum(c.param_bytes for c in costs) + in_flight * costs[0].in_bytes
+            + sum(c.out_bytes for c in costs))
+
+
+def stage_time(costs: list[UnitCost], seconds_per_byte: float, last: bool) -> float:
+    """A stage's compute per microbatch plus sending its output and receiving its gradient."""
+    send = 0.0 if last else 2 * costs[-1].out_bytes * seconds_per_byte
+    return sum(c.seconds for c in costs) + send
+
+
+def best_cut(costs: list[UnitCost], stages: int, in_flight, memory: int | None = None,
+             seconds_per_byte: float = 0.0) -> list[int]:
+    """PipeDream's dynamic program: unit counts per stage minimising the slowest stage.
+
+    ``in_flight(s)``: stored microbatches on stage ``s`` (the schedule's bound), for the
+    memory cap ``memory`` (bytes per rank; None: none).  Raises ValueError when no cut fits.
+    """
+    n, inf = len(costs), float("inf")
+    # best[k][j]: the slowest of stages 0..k-1 holding units [0, j); cut[k][j]: where stage k-1 starts
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for j in range(k, n - (stages - k) + 1):
+            for i in range(k - 1, j):
+                part = costs[i:j]
+                if memory is not None and stage_memory(part, in_flight(k - 1)) > memory:
+                    continue
+                t = max(best[k - 1][i], stage_time(part, seconds_per_byte, j == n))
+                if t < best[k][j]:
+                    best[k][j], cut[k][j] = t, i
+    if best[stages][n] == inf:
+        need = max(stage_memory([c], in_flight(0)) for c in costs)
+        raise ValueError(f"no cut into {stages} stages fits --memory-per-rank {memory} bytes "
+                         f"(the largest single unit alone needs {need})")
+    counts, j = [], n
+    for k in range(stages, 0, -1):
+        counts.append(j - cut[k][j])
+        j = cut[k][j]
+    return counts[::-1]
+
+
+def slowest(costs: list[UnitCost], counts: list[int], seconds_per_byte: float = 0.0) -> float:
+    """The slowest stage's time per microbatch under ``counts``."""
+    edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    return max(stage_time(costs[a:b], seconds_per_byte, b == len(costs))
+               for a, b in zip(edges[:-1], edges[1:]))

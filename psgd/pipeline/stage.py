@@ -1,0 +1,106 @@
+"""One stage: its layers' forward and backward per microbatch, their inputs kept until the backward."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Stage:
+    """Layers ``[a, b)`` of ``model``; parameters ``model.params[lo:hi]``.
+
+    Every layer keeps the state of its last forward only (psgd's layers reuse their
+    buffers), so a stage stores each in-flight microbatch's *input* and, when the
+    layers last ran another microbatch, runs the forward again before the backward
+    (GPipe's re-materialisation).  The recomputed forward is the same arithmetic, so
+    the gradients are those a single process computes.
+
+    Attributes
+    ----------
+    acc : (hi - lo,) model dtype
+        The sum of this batch's microbatch gradients, in backward order.
+    peak_inputs : int
+        The most microbatch inputs held at once.
+    """
+
+    def __init__(self, model, a: int, b: int, first: bool, last: bool, stash: bool = False) -> None:
+        self.model, self.a, self.b = model, a, b
+        self.stash = stash                     # weight stashing (PipeDream): see :meth:`backward`
+        self._stashed: dict[int, np.ndarray] = {}
+        self._on_current: set[int] = set()     # forwards that ran on the then-current weights
+        self.weights_for = None                # vertical sync: m -> the slice's version for m
+        self.first, self.last = first, last
+        ranges = [(lo, hi) for i, _, lo, hi in model.param_ranges if a <= i < b]
+        self.lo = min((lo for lo, _ in ranges), default=0)
+        self.hi = max((hi for _, hi in ranges), default=0)
+        self.acc = np.zeros(self.hi - self.lo, model.dtype)
+        self.inputs: dict[int, tuple] = {}
+        self.peak_inputs = 0
+        self.input_bytes = 0
+        self._live: int | None = None
+        self._first_dx = model._first_param_layer if first else -1
+
+    @property
+    def params(self) -> np.ndarray:
+        return self.model.params[self.lo:self.hi]
+
+    def begin_batch(self) -> None:
+        self.acc[:] = 0.0
+
+    def forward(self, m: int, x: np.ndarray, key: tuple, y: np.ndarray | None = None):
+        """Run microbatch ``m``: the output activation, or on the last stage (loss, correct).
+
+        With :attr:`weights_for` (vertical sync) the forward runs on ``weights_for(m)``,
+        an older version of the slice, and the current weights are put back after it.
+        """
+        self.inputs[m] = (x, y, key)
+        self.peak_inputs = max(self.peak_inputs, len(self.inputs))
+        self.input_bytes = max(self.input_bytes, x.nbytes)
+        older = self.weights_for(m) if self.weights_for is not None else None
+        if self.stash:
+            self._stashed[m] = self.params.copy() if older is None else older
+        if older is None:
+            self._on_current.add(m)
+            return self._run(m)
+        current = self.params.copy()
+        self.params[:] = older
+        out = self._run(m)
+        self.params[:] = current
+        return out
+
+    def _run(self, m: int):
+        x, y, key = self.inputs[m]
+        model = self.model
+        if model.stochastic:
+            model.reseed(*key)
+        for layer in model.layers[self.a:self.b]:
+            layer.set_mode("train")
+            x = layer.forward(x)
+        self._live = m
+        return model._loss(x, y) if self.last else x
+
+    def backward(self, m: int, dy: np.ndarray | None) -> np.ndarray | None:
+        """Microbatch ``m``'s backward from ``dy`` (the last stage: from its loss); adds its
+        parameter gradient to :attr:`acc` and returns the input's gradient (None on stage 0).
+
+        With :attr:`stash` the backward (and its recomputed forward) runs on the weights
+        microbatch ``m``'s forward used; the current ones are put back after it.
+        """
+        current = None
+        stashed = self._stashed.pop(m) if self.stash else None
+        unchanged = self._live == m and m in self._on_current   # no step since its forward
+        self._on_current.discard(m)
+        if stashed is not None and not unchanged:
+            current = self.params.copy()
+            self.params[:] = stashed
+        if self._live != m:
+            self._run(m)
+        if self.last:
+            dy = self.model._dlogits
+        layers = self.model.layers
+        for i in range(self.b - 1, self.a - 1, -1):
+            dy = layers[i].backward(dy, need_dx=i > self._first_dx)
+        np.add(self.acc, self.model.grad[self.lo:self.hi], out=self.acc)
+        del self.inputs[m]
+        self._live = None
+        if current is not None:
+            self.params[:] = current
+        return None if self.first else dy

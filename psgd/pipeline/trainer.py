@@ -1,0 +1,77 @@
+"""A pipeline's training step on one rank: the schedule, the replicas' all-reduce, the optimizer step."""
+from __future__ import annotations
+
+import time
+
+from psgd.collectives.allreduce import allreduce
+from psgd.mpi import timeline
+from psgd.pipeline.runtime import run_batch, split
+from psgd.pipeline.schedules import stage_ops
+
+
+class PipelineTrainer:
+    """Stage ``stage`` of a pipeline, replica ``replica`` of ``grid.replicas``.
+
+    Each step accumulates the M microbatch gradients in backward order, sums them over
+    the stage's replicas (psgd's all-reduce), and steps ``optimizer`` (made for the
+    stage's slice) with ``scale = 1 / (M D)``: the mean over the D x M microbatches.
+    """
+
+    def __init__(self, stage, links, grid, options, optimizer) -> None:
+        self.stage, self.links, self.grid, self.options = stage, links, grid, options
+        self.optimizer = optimizer
+        self.ops = stage_ops(options.schedule, grid.stages, grid.stage, options.microbatches)
+        self.busy = [0.0, 0.0]   # seconds in forwards, in backwards
+        self.steps_run = 0
+
+    def step(self, step: int, lr: float, x=None, y=None) -> tuple[float, int]:
+        """One batch (``x`` on the first stage, ``y`` on the last); the summed microbatch
+        losses and correct count on the last stage (zeros elsewhere)."""
+        m = self.options.microbatches
+        stage = self.stage
+        stage.begin_batch()
+        xs = split(x, m) if stage.first else None
+        ys = split(y, m) if stage.last else None
+        loss, correct, busy = run_batch(stage, self.links, self.ops, self.steps_run * m,
+                                        (self.grid.replica, step), xs, ys)
+        self.busy = [a + b for a, b in zip(self.busy, busy)]
+        t = time.perf_counter()
+        if self.grid.replicas > 1:
+            allreduce(self.grid.replica_comm, stage.acc, "sum", label=f" of stage {self.grid.stage}")
+        self.optimizer.step(stage.params, stage.acc, lr, scale=1.0 / (m * self.grid.replicas))
+        if timeline.current is not None:
+            timeline.current.span("optimizer", t, time.perf_counter(), clock=step)
+        self.steps_run += 1
+        return loss, correct
+
+
+def slots(options, stages: int, stage: int, total: int) -> int:
+    """Receive buffers per direction on ``stage``: its bound on in-flight microbatches plus
+    one (``total``: the run's microbatches, which an asynchronous schedule runs as one)."""
+    from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight
+    m = total if options.schedule in ASYNCHRONOUS else options.microbatches
+    return min(m, in_flight(options.schedule, stages, stage, m) + 1)
+
+
+def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
+                  batches: int) -> PipelineTrainer:
+    """This rank's trainer: stage ``grid.stage`` over layers ``bounds[grid.stage]``, its links
+    sized for ``batches`` steps of ``batch_size`` rows, ``make_optimizer(n)`` for its slice."""
+    from psgd.pipeline.asynchronous import AsyncTrainer
+    from psgd.pipeline.schedules import ASYNCHRONOUS
+    from psgd.pipeline.stage import Stage
+    from psgd.pipeline.transport import Links
+    k, s = grid.stages, grid.stage
+    a, b = bounds[s]
+    asynchronous = options.schedule in ASYNCHRONOUS
+    stage = Stage(model, a, b, first=s == 0, last=s == k - 1, stash=asynchronous and options.stash)
+    micro, total = batch_size // options.microbatches, batches * options.microbatches
+    shape_in = (micro, *model.layers[a].in_shape)
+    shape_out = (micro, *model.layers[b - 1].out_shape)
+    links = Links(grid.p2p, s, grid.prev, grid.next, shape_in, shape_out, model.dtype,
+                  slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
+                  slots(options, k, s - 1, total) if s > 0 else 0, total)
+    optimizer = make_optimizer(stage.hi - stage.lo)
+    if asynchronous:
+        return AsyncTrainer(stage, links, grid, optimizer, vertical=options.vertical_sync)
+    return PipelineTrainer(stage, links, grid, options, optimizer)

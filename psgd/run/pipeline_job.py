@@ -1,0 +1,338 @@
+"""`psgd train --pipeline K`: set-up agreed by every rank, the pipeline's steps, checkpoints, summary."""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.mpi import timeline, wait
+from psgd.mpi.phase import phase
+from psgd.nn.optim import make_optimizer
+from psgd.pipeline import options as pipeline_options
+from psgd.pipeline import partition
+from psgd.pipeline.asynchronous import Microbatches
+from psgd.pipeline.grid import Grid
+from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
+from psgd.pipeline.trainer import build_trainer
+from psgd.protocols import get, names
+from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from psgd.run.job import _agreed_run_id, _model, _schedule, _total_steps, agree
+from psgd.run.metrics import MetricsLog
+from psgd.run.settings import resolve_run
+
+DEFAULT_PROTOCOL = "allreduce"
+
+
+@dataclass
+class PipelineRun:
+    """What every rank set up before the first step."""
+
+    settings: object
+    options: object
+    grid: Grid
+    model: object
+    trainer: object
+    reader: object
+    total: int
+    start: int
+    lr: object
+    run_id: str
+    counts: list
+
+
+def _setup(args: argparse.Namespace, comm: MPI.Comm):
+    refused = pipeline_options.refused(args)
+    if refused:
+        raise ValueError(refused)
+    args.protocol = args.protocol or DEFAULT_PROTOCOL
+    opts = pipeline_options.from_args(args)
+    if opts.schedule not in get(args.protocol).pipelines and opts.schedule in \
+            pipeline_options.SCHEDULES:
+        raise ValueError(f"--protocol {args.protocol} does not combine the replicas of a "
+                         f"--schedule {opts.schedule} pipeline; "
+                         f"{names(pipelines=get(DEFAULT_PROTOCOL).pipelines)} does")
+    settings, resumed = resolve_run(args)
+    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    opts.check(settings.batch_size)
+    if opts.schedule in ASYNCHRONOUS and settings.checkpoint_every:
+        raise ValueError(f"--checkpoint-every: a --schedule {opts.schedule} run has microbatches "
+                         f"in flight at every step; it writes its checkpoint at the end only")
+    from psgd.data.reader import dataset_info
+    partition.check_stages(_model(settings, dataset_info(settings.data)), opts.stages)
+    if comm.Get_size() % opts.stages:
+        raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not D "
+                         f"replicas x {opts.stages} stages (give a multiple of {opts.stages} ranks)")
+    return settings, resumed, opts
+
+
+def _cut(settings, opts, model) -> tuple[list[int], list | None]:
+    """Units per stage (--partition's, or the profile's dynamic program) and the profiled
+    unit costs (None for given counts).  Run on rank 0, whose cut every rank takes."""
+    counts = opts.counts()
+    if counts is not None:
+        partition.layer_bounds(model, counts)   # checks that they cover the model
+        return counts, None
+    costs = partition.profile(model, settings.batch_size // opts.microbatches)
+    bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
+    return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank), costs
+
+
+def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int], list | None]:
+    """Rank 0's cut on every rank (one line and exit 1 everywhere when it finds none)."""
+    def on_rank0():
+        if comm.Get_rank() != 0:
+            return None, None
+        from psgd.data.reader import dataset_info
+        return _cut(settings, opts, _model(settings, dataset_info(settings.data)))
+    counts, costs = agree(comm, on_rank0, debug, "cut the model into stages", "agreeing on the cut")
+    buf = np.array(counts or [0] * opts.stages, np.int64)
+    wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the cut")
+    return buf.tolist(), costs
+
+
+def _build(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
+    from psgd.data.reader import ShardReader, dataset_info
+    info = dataset_info(settings.data)
+    model = _model(settings, info)
+    total = _total_steps(settings, info, model, grid.replicas)
+    bounds = partition.layer_bounds(model, counts)
+    hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
+    make = lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
+    start = _resume(settings, resumed, model, total)
+    trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start)
+    if start:
+        _load_optimizer(trainer, load_checkpoint(resumed.path))
+    reader = None
+    if trainer.stage.first or trainer.stage.last:
+        reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
+                             seed=settings.seed, augment=settings.augment)
+    return PipelineRun(settings, opts, grid, model, trainer, reader, total, start,
+                       _schedule(settings, total, model), run_id, list(counts))
+
+
+def _resume(settings, resumed, model, total: int) -> int:
+    """The step the run starts at; a checkpoint's parameters are loaded into ``model``."""
+    if resumed is None:
+        return 0
+    ckpt = load_checkpoint(resumed.path)
+    if ckpt.model_spec != settings.model or ckpt.params.shape != model.params.shape:
+        raise ValueError(f"checkpoint {resumed.path} is of model {ckpt.model_spec!r}, "
+                         f"not --model {settings.model!r}")
+    if ckpt.optimizer != settings.optimizer:
+        raise ValueError(f"checkpoint {resumed.path} was trained with optimizer "
+                         f"{ckpt.optimizer}; resume with --optimizer {ckpt.optimizer}")
+    if ckpt.step >= total:
+        raise ValueError(f"checkpoint {resumed.path} is at step {ckpt.step}, at or past the "
+                         f"run's {total} steps: nothing left to train")
+    model.params[:] = ckpt.params
+    return ckpt.step
+
+
+def _load_optimizer(trainer, ckpt: Checkpoint) -> None:
+    lo, hi = trainer.stage.lo, trainer.stage.hi
+    state = {k: (v[lo:hi] if isinstance(v, np.ndarray) and v.ndim == 1 else v)
+             for k, v in ckpt.opt_state.items()}
+    trainer.optimizer.load_state_dict(state)
+
+
+def _save(run: PipelineRun, step: int) -> None:
+    """Gather replica 0's stage slices (parameters, optimizer state) and write one checkpoint."""
+    s, model, opt = run.settings, run.model, run.trainer.optimizer
+    params = run.grid.gather(run.trainer.stage.params.copy(), model.n_params)
+    state = {}
+    for key, value in opt.state_dict().items():
+        full = run.grid.gather(np.ascontiguousarray(value), model.n_params) \
+            if isinstance(value, np.ndarray) else value
+        state[key] = full
+    if params is None:
+        return
+    config = {**s.as_dict(), "pipeline": vars(run.options).copy()}
+    save_checkpoint(s.checkpoint_dir, Checkpoint(
+        params=params, model_spec=s.model, step=step, optimizer=s.optimizer, opt_state=state,
+        clocks=np.asarray([step] * run.grid.replicas), protocol=s.protocol, seed=s.seed,
+        config=config, run_id=run.run_id))
+
+
+def _train(run: PipelineRun) -> tuple[float, float, list]:
+    """The steps; the wall seconds, the seconds this stage waited on its neighbours and the
+    last stage's (step, loss, accuracy, seconds) records."""
+    wait.barrier(run.grid.p2p, "the other stages to start")
+    if run.settings.timeline:   # one zero for every rank's clock
+        timeline.start()
+    t0 = time.perf_counter()
+    train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
+    records = train(run, t0)
+    run.trainer.links.finish()
+    wall = time.perf_counter() - t0
+    wait.barrier(run.grid.p2p, "the other stages to finish their steps")
+    if run.settings.timeline:
+        _save_timeline(run, wall)
+    return wall, run.trainer.links.waited, records
+
+
+def _save_timeline(run: PipelineRun, wall: float) -> None:
+    """--timeline: every stage's forward, backward, send, receive and optimizer spans, one
+    process per rank, written by rank 0 (psgd.run.trace's Chrome trace)."""
+    from psgd.run.trace import save_timeline
+    timeline.current.wall = wall
+    comm = MPI.COMM_WORLD
+    roles = SimpleNamespace(comm=comm, rank=comm.Get_rank(), lead_worker=0, n_servers=0)
+    save_timeline(SimpleNamespace(roles=roles, settings=run.settings))
+
+
+def _train_steps(run: PipelineRun, t0: float) -> list:
+    s, trainer, stage = run.settings, run.trainer, run.trainer.stage
+    records = []
+    for step in range(run.start, run.total):
+        x = y = None
+        if run.reader is not None:
+            x, y = run.reader.batch(step)
+            x = run.model._check_x(x) if stage.first else None
+        loss, correct = trainer.step(step, run.lr(step), x, y if stage.last else None)
+        done = step + 1
+        if stage.last and _logged(run, done):
+            records.append((done, loss / run.options.microbatches, correct / s.batch_size,
+                            time.perf_counter() - t0))
+        if s.checkpoint_every and done % s.checkpoint_every == 0 and done < run.total:
+            _save(run, done)
+    return records
+
+
+def _train_asynchronous(run: PipelineRun, t0: float) -> list:
+    """The whole run as one schedule; one record (the mean loss over it) from the last stage."""
+    m, stage, reader = run.options.microbatches, run.trainer.stage, run.reader
+    batch = lambda i, part: reader.batch(run.start + i)[part]  # noqa: E731
+    xs = Microbatches(lambda i: run.model._check_x(batch(i, 0)), m) if stage.first else None
+    ys = Microbatches(lambda i: batch(i, 1), m) if stage.last else None
+    n = (run.total - run.start) * m
+    run.trainer.run(n, lambda g: run.lr(run.start + g // m), xs, ys)
+    samples = n * (run.settings.batch_size // m)
+    return [(run.total, run.trainer.loss / n, run.trainer.correct / samples,
+             time.perf_counter() - t0)] if stage.last else []
+
+
+def _logged(run: PipelineRun, done: int) -> bool:
+    return done % run.settings.log_every == 0 or done == run.total
+
+
+def _log_steps(run: PipelineRun, log: MetricsLog, records: list) -> None:
+    """Replica 0's step records, from its last stage to rank 0, into the log."""
+    grid = run.grid
+    if grid.replica != 0 or not (grid.stage in (0, grid.stages - 1)):
+        return
+    n = 1 if run.options.schedule in ASYNCHRONOUS else \
+        sum(_logged(run, d) for d in range(run.start + 1, run.total + 1))
+    rows = np.array(records, np.float64).reshape(-1, 4) if records else np.zeros((n, 4))
+    if grid.stages > 1:
+        req = grid.row_comm.Isend(rows, dest=0, tag=4903) if grid.stage else \
+            grid.row_comm.Irecv(rows, source=grid.stages - 1, tag=4903)
+        wait.wait(req, "the last stage to send its step records")
+    if grid.stage == 0:
+        for step, loss, acc, seconds in rows:
+            log.write("step", step=int(step), loss=loss, accuracy=acc, seconds=seconds)
+
+
+def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
+    """Every stage's idle fraction, peak stored activation bytes and parameter bytes, on rank 0."""
+    stage, opts = run.trainer.stage, run.options
+    mine = np.array([wall, waited, stage.peak_inputs * stage.input_bytes,
+                     stage.params.nbytes, stage.peak_inputs, *run.trainer.busy], np.float64)
+    rows = np.zeros((run.grid.stages, 7)) if run.grid.stage == 0 else None
+    wait.wait(run.grid.row_comm.Igather(mine, rows, root=0), "the stages to send their summary")
+    if rows is None or run.grid.replica != 0:
+        return None
+    steps = run.total - run.start
+    per_op = rows[:, 5:] / (steps * opts.microbatches)   # seconds per microbatch op
+    # microbatches between flushes: a batch's, or (asynchronous) the whole run's
+    m = steps * opts.microbatches if opts.schedule in ASYNCHRONOUS else opts.microbatches
+    return {"stages": opts.stages, "microbatches": opts.microbatches, "schedule": opts.schedule,
+            "cut": run.counts,
+            "replicas": run.grid.replicas, "steps": steps,
+            "samples_per_s": steps * run.settings.batch_size * run.grid.replicas / rows[:, 0].max(),
+            "predicted_bubble": predicted_bubble(opts.stages, m),
+            "simulated_idle": simulate(opts.schedule, opts.stages, m, per_op[:, 0], per_op[:, 1]),
+            "forward_s": per_op[:, 0].tolist(), "backward_s": per_op[:, 1].tolist(),
+            "idle": (rows[:, 1] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
+            "peak_microbatches": rows[:, 4].astype(int).tolist(),
+            "param_bytes": rows[:, 3].astype(int).tolist()}
+
+
+def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
+    """Replica 0's whole vector on rank 0, evaluated on the test split there (None elsewhere)."""
+    params = run.grid.gather(run.trainer.stage.params.copy(), run.model.n_params)
+    if params is None:
+        return None
+    model, reader, s = run.model, run.reader, run.settings
+    model.params[:] = params
+    x, y = reader.test_set()
+    if s.eval_samples:
+        x, y = x[:s.eval_samples], y[:s.eval_samples]
+    if model.batchnorms:
+        from psgd.nn.model import CALIBRATION_SAMPLES
+        model.set_calibration(reader.calibration_rows(CALIBRATION_SAMPLES)[0])
+    return model.evaluate(x, y)
+
+
+def _announce(run: PipelineRun, counts: list[int], costs) -> None:
+    """Rank 0: the grid, the cut and each stage's predicted time, parameters and input bytes."""
+    opts, model = run.options, run.model
+    print(f"psgd: pipeline of {opts.stages} stages x {run.grid.replicas} replica(s), "
+          f"--schedule {opts.schedule}, {opts.microbatches} microbatch(es) of "
+          f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}",
+          flush=True)
+    edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    for s, (a, b) in enumerate(partition.layer_bounds(model, counts)):
+        n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
+        line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
+                f"{type(model.layers[b - 1]).__name__}), {n * model.dtype.itemsize} parameter bytes")
+        if costs is not None:
+            part = costs[edges[s]:edges[s + 1]]
+            line += (f", predicted {1e3 * sum(c.seconds for c in part):.2f} ms and "
+                     f"{part[0].in_bytes} input bytes per microbatch")
+        print(line, flush=True)
+
+
+def _finish(run: PipelineRun, log: MetricsLog, wall: float, waited: float) -> None:
+    """Summary, final checkpoint and evaluation; rank 0 prints and logs them."""
+    summary = _summary(run, wall, waited)
+    if run.settings.checkpoint_dir:
+        _save(run, run.total)
+    result = _evaluate(run)
+    if summary is None:
+        return
+    idle = ", ".join(f"{f:.3f}" for f in summary["idle"])
+    print(f"psgd: {summary['samples_per_s']:.1f} samples/s; idle per stage {idle} "
+          f"(predicted bubble {summary['predicted_bubble']:.3f}); peak activation bytes "
+          f"{[int(b) for b in summary['activation_bytes']]}; parameter bytes "
+          f"{summary['param_bytes']}", flush=True)
+    loss, acc = result
+    print(f"psgd: test loss {loss:.4f}, accuracy {acc:.4f}", flush=True)
+    log.write("summary", pipeline=summary, test_loss=loss, test_accuracy=acc)
+
+
+def train_pipeline(args: argparse.Namespace) -> None:
+    """Entry point of ``psgd train --pipeline K`` on every rank."""
+    comm = MPI.COMM_WORLD
+    debug = bool(getattr(args, "debug", False))
+    settings, resumed, opts = agree(comm, lambda: _setup(args, comm), debug,
+                                    "check the settings", "agreeing on the settings")
+    with phase("agreeing on the run id"):
+        run_id = _agreed_run_id(comm, resumed)
+    counts, costs = _agreed_cut(comm, settings, opts, debug)
+    with phase("splitting into replicas and stages"):
+        grid = Grid(comm, opts.stages)
+    run = agree(comm, lambda: _build(settings, opts, resumed, grid, run_id, counts), debug,
+                "read the data, build the stages and load the checkpoint",
+                "agreeing that every stage could be built")
+    if comm.Get_rank() == 0:
+        _announce(run, counts, costs)
+    log = MetricsLog(settings.log if comm.Get_rank() == 0 else None, append=resumed is not None)
+    wall, waited, records = _train(run)
+    _log_steps(run, log, records)
+    _finish(run, log, wall, waited)
+    log.close()
+    run.grid.free()

@@ -1,0 +1,294 @@
+"""Pipeline parallelism in one process: schedules, the partitioner, options, and stages run in
+threads (one model copy each) against the serial reference, bit for bit."""
+import itertools
+import queue
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from psgd.nn.model import build_model
+from psgd.nn.optim import make_optimizer
+from psgd.pipeline import partition
+from psgd.pipeline.options import PipelineOptions, from_args, refused
+from psgd.pipeline.reference import reference_step
+from psgd.pipeline.schedules import BACKWARD, FORWARD, in_flight, predicted_bubble, simulate, stage_ops
+from psgd.pipeline.stage import Stage
+from psgd.pipeline.trainer import PipelineTrainer
+
+MLP = "mlp:12-16-16-16-10"
+BN_CONV = "conv:6x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10"
+RESNET = "conv:8x3:pad1-bn-relu-res:8-res:16:s2-gap-dense:10"
+SHAPE = (3, 8, 8)
+BATCH = 16
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_every_microbatch_runs_forward_then_backward_once_on_every_stage(schedule):
+    for k, m in itertools.product(range(1, 6), range(1, 10)):
+        for s in range(k):
+            ops = stage_ops(schedule, k, s, m)
+            assert sorted(ops) == sorted([(FORWARD, i) for i in range(m)] + [(BACKWARD, i) for i in range(m)])
+            assert all(ops.index((FORWARD, i)) < ops.index((BACKWARD, i)) for i in range(m))
+            assert [i for kind, i in ops if kind == BACKWARD] == list(range(m))  # gradient order
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_simulated_bubble_equals_gpipe_formula(schedule):
+    for k, m in itertools.product(range(1, 6), (1, 2, 4, 8)):
+        for idle in simulate(schedule, k, m, forward=1.0, backward=2.0):
+            assert idle == pytest.approx(predicted_bubble(k, m))
+
+
+def test_1f1b_holds_K_minus_s_microbatches_and_gpipe_all_M():
+    for k, m in itertools.product(range(1, 6), (1, 4, 8)):
+        for s in range(k):
+            assert in_flight("1f1b", k, s, m) == min(k - s, m)
+            assert in_flight("gpipe", k, s, m) == m
+
+
+def test_unknown_schedule_is_one_line():
+    with pytest.raises(ValueError, match="unknown schedule 'zigzag'; choose one of gpipe, 1f1b"):
+        stage_ops("zigzag", 2, 0, 4)
+
+
+# -- stages in threads ----------------------------------------------------------------------
+class _Links:
+    """In-process links: a queue into each stage per direction, messages copied as MPI would."""
+
+    def __init__(self, s, fwd, bwd):
+        self.s, self.fwd, self.bwd, self.waited = s, fwd, bwd, 0.0
+
+    def recv_activation(self, g):
+        return self.fwd[self.s].get(timeout=60)
+
+    def recv_gradient(self, g):
+        return self.bwd[self.s].get(timeout=60)
+
+    def send_activation(self, g, x):
+        self.fwd[self.s + 1].put(x.copy())
+
+    def send_gradient(self, g, dx):
+        self.bwd[self.s - 1].put(dx.copy())
+
+    def release(self, g):
+        pass
+
+
+def make(spec, dtype=np.float32):
+    return build_model(spec, seed=5, dtype=dtype, input_shape=SHAPE, n_classes=10)
+
+
+def data(model, steps):
+    rng = np.random.default_rng(11)
+    return (rng.standard_normal((steps, BATCH, *model.input_shape)).astype(model.dtype),
+            rng.integers(0, 10, (steps, BATCH)))
+
+
+def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
+    """K stages, each in a thread with its own model copy; the whole vector after ``steps``."""
+    models = [make(spec, dtype) for _ in range(k)]
+    us = partition.units(models[0])
+    counts = [len(us) // k + (i < len(us) % k) for i in range(k)]
+    bounds = partition.layer_bounds(models[0], counts)
+    fwd, bwd = [queue.Queue() for _ in range(k)], [queue.Queue() for _ in range(k)]
+    options = PipelineOptions(stages=k, microbatches=m, schedule=schedule)
+    xs, ys = data(models[0], steps)
+    trainers, errors = [], []
+    for s, (a, b) in enumerate(bounds):
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1)
+        grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
+        trainers.append(PipelineTrainer(stage, _Links(s, fwd, bwd), grid, options,
+                                        make_optimizer(opt, stage.hi - stage.lo)))
+
+    def work(t):
+        try:
+            for step in range(steps):
+                t.step(step, 0.05, xs[step] if t.stage.first else None,
+                       ys[step] if t.stage.last else None)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(t,)) for t in trainers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    return np.concatenate([t.stage.params for t in trainers]), trainers, (xs, ys)
+
+
+def serial(spec, m, steps, xs, ys, opt="momentum", dtype=np.float32):
+    model = make(spec, dtype)
+    o = make_optimizer(opt, model.n_params)
+    for step in range(steps):
+        reference_step(model, o, xs[step], ys[step], m, 0.05)
+    return model.params
+
+
+def check_equal(spec, k, m, schedule, steps=3, **kw):
+    params, trainers, (xs, ys) = run_threads(spec, k, m, schedule, steps, **kw)
+    ref = serial(spec, m, steps, xs, ys, **kw)
+    assert not np.array_equal(ref, make(spec, kw.get("dtype", np.float32)).params)  # it trained
+    np.testing.assert_array_equal(params, ref)
+    return trainers
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_equals_serial_microbatch_sgd_bit_for_bit(schedule):
+    check_equal(MLP, 3, 4, schedule)
+    check_equal(BN_CONV, 2, 4, schedule, opt="adam")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,k,m,schedule", [
+    (spec, k, m, sch) for spec in (MLP, BN_CONV, "resnet8", "lenet") for k in (2, 3, 4)
+    for m in (1, 4, 8) for sch in ("gpipe", "1f1b")])
+def test_pipeline_equals_serial_on_the_whole_matrix(spec, k, m, schedule):
+    check_equal(spec, k, m, schedule, steps=50)
+
+
+def test_float64_pipeline_equals_serial_and_1f1b_stores_K_minus_s_inputs():
+    trainers = check_equal(MLP, 4, 8, "1f1b", dtype=np.float64, opt="sgd")
+    assert [t.stage.peak_inputs for t in trainers] == [4, 3, 2, 1]
+    trainers = check_equal(MLP, 4, 8, "gpipe", dtype=np.float64, opt="sgd")
+    assert [t.stage.peak_inputs for t in trainers] == [8, 8, 8, 8]
+
+
+# -- partition ------------------------------------------------------------------------------
+def test_a_residual_block_is_one_unit_and_an_inplace_activation_stays_with_its_layer():
+    model = make(RESNET)
+    us = partition.units(model)
+    assert sum(hi - lo for lo, hi in us) == len(model.layers)
+    assert all(type(model.layers[lo]).__name__ != "ReLU" for lo, _ in us)
+    assert sum(type(model.layers[lo]).__name__ == "Residual" for lo, _ in us) == 2
+
+
+def random_costs(rng, n):
+    return [partition.UnitCost(float(rng.uniform(0.1, 2)), int(rng.integers(1, 100)),
+                               int(rng.integers(1, 100)), int(rng.integers(0, 50))) for _ in range(n)]
+
+
+def compositions(n, k):
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *cuts, n)
+        yield [b - a for a, b in zip(edges[:-1], edges[1:])]
+
+
+def test_dynamic_program_finds_the_exhaustive_best_cut():
+    rng = np.random.default_rng(0)
+    for n, k in [(5, 2), (7, 3), (8, 4), (9, 3)]:
+        costs = random_costs(rng, n)
+        counts = partition.best_cut(costs, k, lambda s: 1)
+        best = min(partition.slowest(costs, c) for c in compositions(n, k))
+        assert partition.slowest(costs, counts) == pytest.approx(best)
+
+
+def test_memory_cap_is_respected_and_one_that_no_cut_fits_is_one_line():
+    rng = np.random.default_rng(1)
+    costs = random_costs(rng, 8)
+    bound = lambda s: 3 - s  # noqa: E731
+    cap = min(max(partition.stage_memory(costs[a:a + c], bound(s))
+                  for s, (a, c) in enumerate(zip(np.cumsum([0] + cc[:-1]), cc)))
+              for cc in compositions(8, 3))
+    counts = partition.best_cut(costs, 3, bound, memory=cap)
+    edges = np.cumsum([0] + counts)
+    assert all(partition.stage_memory(costs[edges[s]:edges[s + 1]], bound(s)) <= cap for s in range(3))
+    with pytest.raises(ValueError, match="no cut into 3 stages fits --memory-per-rank"):
+        partition.best_cut(costs, 3, bound, memory=cap - 1)
+
+
+def test_cut_errors_are_one_line():
+    model = make(MLP)
+    with pytest.raises(ValueError, match="--pipeline 5 is more stages than model .* 4 layer units"):
+        partition.check_stages(model, 5)
+    with pytest.raises(ValueError, match="--partition 1,2 covers 3 layer units, but model .* has 4"):
+        partition.layer_bounds(model, [1, 2])
+
+
+def test_profile_gives_every_unit_its_bytes():
+    model = make(BN_CONV)
+    costs = partition.profile(model, 4, repeats=1)
+    assert len(costs) == len(partition.units(model))
+    assert sum(c.param_bytes for c in costs) == model.params.nbytes
+    assert all(a.out_bytes == b.in_bytes for a, b in zip(costs, costs[1:]))
+
+
+# -- options --------------------------------------------------------------------------------
+@pytest.mark.parametrize("opts,batch,message", [
+    (dict(stages=2, microbatches=0), 16, "--microbatches needs M >= 1, got 0"),
+    (dict(stages=2, schedule="zigzag"), 16, "unknown --schedule 'zigzag'"),
+    (dict(stages=2, microbatches=3), 16, "--microbatches 3 does not divide --batch-size 16"),
+    (dict(stages=2, partition="3,x"), 16, "--partition must be auto or unit counts"),
+    (dict(stages=3, partition="3,2"), 16, "--partition 3,2 must give 3 positive counts"),
+    (dict(stages=2, memory_per_rank=0), 16, "--memory-per-rank must be positive"),
+])
+def test_bad_pipeline_options_are_one_line(opts, batch, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        PipelineOptions(**opts).check(batch)
+
+
+def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
+    args = SimpleNamespace(pipeline=2, compress="topk:0.01", servers=None)
+    assert refused(args).startswith("--compress does not work under --pipeline")
+    assert refused(SimpleNamespace(pipeline=2)) is None
+    with pytest.raises(ValueError, match="--microbatches applies to pipeline runs; give --pipeline K"):
+        from_args(SimpleNamespace(pipeline=None, microbatches=4))
+
+
+# -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------
+def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False):
+    from psgd.pipeline.asynchronous import AsyncTrainer
+    models = [make(spec) for _ in range(k)]
+    us = partition.units(models[0])
+    bounds = partition.layer_bounds(models[0], [len(us) // k + (i < len(us) % k) for i in range(k)])
+    fwd, bwd = [queue.Queue() for _ in range(k)], [queue.Queue() for _ in range(k)]
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((n, 4, *models[0].input_shape)).astype(np.float32)
+    ys = rng.integers(0, 10, (n, 4))
+    lr = lambda g: 0.05 / (1 + g)  # noqa: E731
+    trainers, errors = [], []
+    for s, (a, b) in enumerate(bounds):
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash)
+        grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
+        trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
+                                     make_optimizer(opt, stage.hi - stage.lo), vertical=vertical))
+
+    def work(t):
+        try:
+            t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(t,)) for t in trainers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
+
+
+@pytest.mark.parametrize("spec,k,vertical", [(MLP, 3, False), (BN_CONV, 2, False), (MLP, 4, False),
+                                             (MLP, 4, True), (BN_CONV, 3, True)])
+def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k, vertical):
+    from psgd.pipeline.reference import reference_pipedream
+    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12, vertical=vertical)
+    ref = make(spec)
+    reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr,
+                        vertical=vertical)
+    assert not np.array_equal(ref.params, make(spec).params)
+    np.testing.assert_array_equal(params, ref.params)
+
+
+def test_vertical_sync_differs_from_plain_pipedream():
+    a = run_pipedream_threads(MLP, 3, 12)[0]
+    b = run_pipedream_threads(MLP, 3, 12, vertical=True)[0]
+    assert not np.array_equal(a, b)
+
+
+def test_pipedream_without_stashing_runs_backwards_on_newer_weights():
+    from psgd.pipeline.reference import reference_pipedream
+    params, bounds, xs, ys, lr = run_pipedream_threads(MLP, 3, 12, stash=False)
+    ref = make(MLP)
+    reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr)
+    assert np.isfinite(params).all() and not np.array_equal(params, ref.params)

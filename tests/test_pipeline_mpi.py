@@ -1,0 +1,109 @@
+"""Pipelines under mpiexec: the exact arithmetic over real links, the CLI end to end with a
+bit-exact resume, and bad input as one line."""
+import json
+
+import numpy as np
+import pytest
+
+from psgd.run.checkpoint import load_checkpoint
+
+MLP = "mlp:784-32-32-16-10"
+
+
+def diff(out: str) -> float:
+    line = next(l for l in out.splitlines() if l.startswith("max |pipeline - serial| = "))
+    return float(line.rsplit("=", 1)[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks,args", [
+    (2, ["mlp:20-16-16-12-10", 2, 4, "1f1b", 5]),
+    (3, ["lenet", 3, 8, "gpipe", 3]),
+    (4, ["resnet8", 4, 8, "1f1b", 2]),
+    (3, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 3, 1, "gpipe", 3]),
+    (3, ["mlp:20-16-16-12-10", 3, 4, "pipedream", 5]),
+    (2, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 2, 2, "pipedream", 4]),
+])
+def test_pipeline_over_mpi_equals_serial_exactly(mpirun, ranks, args):
+    proc = mpirun(ranks, ["pipeline_check.py", *args], timeout=300)
+    assert diff(proc.stdout) == 0.0, proc.stdout
+
+
+@pytest.mark.slow
+def test_two_replicas_of_a_two_stage_pipeline_match_serial_on_all_their_microbatches(mpirun):
+    proc = mpirun(4, ["pipeline_check.py", "mlp:20-16-16-12-10", 2, 4, "1f1b", 5, "float64"],
+                  timeout=300)
+    assert diff(proc.stdout) < 1e-12, proc.stdout
+
+
+def train(data, *flags):
+    return ["-m", "psgd", "train", "--quiet", "--data", data, "--model", MLP, "--batch-size", 16,
+            "--lr", 0.05, "--optimizer", "momentum", "--pipeline", 2, "--microbatches", 4, *flags]
+
+
+@pytest.mark.e2e
+def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dataset, tmp_path):
+    a, b, log, tl = tmp_path / "a", tmp_path / "b", tmp_path / "log.jsonl", tmp_path / "tl.json"
+    proc = mpirun(2, train(dataset, "--steps", 8, "--checkpoint-dir", a, "--checkpoint-every", 4,
+                           "--log", log, "--schedule", "gpipe", "--timeline", tl), timeout=120)
+    assert "psgd:   stage 1: layers" in proc.stdout and "idle per stage" in proc.stdout
+    records = [json.loads(l) for l in log.read_text().splitlines()]
+    summary = next(r for r in records if r["kind"] == "summary")["pipeline"]
+    assert len(summary["idle"]) == 2 and all(0 <= f < 1 for f in summary["idle"])
+    assert summary["peak_microbatches"] == [4, 4]
+    assert [r["step"] for r in records if r["kind"] == "step"][-1] == 8
+    trace = json.loads(tl.read_text())
+    for rank in (0, 1):   # the timeline's waits are the summary's idle time
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank]
+        assert sum(e["name"] == "forward" for e in spans) == 8 * 4
+        waited = sum(e["dur"] for e in spans if e["name"] in ("send", "recv")) * 1e-6
+        wall = trace["otherData"]["wall_s"][str(rank)]
+        assert waited / wall == pytest.approx(summary["idle"][rank], rel=1e-3, abs=1e-5)
+    mpirun(2, train(dataset, "--steps", 8, "--checkpoint-dir", b, "--schedule", "gpipe",
+                    "--resume", a / "ckpt-00000004.h5"), timeout=120)
+    one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")
+    assert np.array_equal(one.params, two.params)
+    assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])
+
+
+@pytest.mark.parametrize("ranks,flags,message", [
+    (2, ["--pipeline", 5], "--pipeline 5 is more stages than model mlp:784-32-32-16-10's 4 layer units"),
+    (2, ["--microbatches", 3], "--microbatches 3 does not divide --batch-size 16"),
+    (3, [], "--pipeline 2: the 3 ranks are not D replicas x 2 stages"),
+    (2, ["--schedule", "zigzag"], "unknown --schedule 'zigzag'"),
+    (2, ["--partition", "1,2"], "--partition 1,2 covers 3 layer units, but model"),
+    (2, ["--compress", "topk:0.1"], "--compress does not work under --pipeline"),
+    (2, ["--protocol", "ssp"], "--protocol ssp does not combine the replicas"),
+    (2, ["--memory-per-rank", "10k"], "no cut into 2 stages fits --memory-per-rank 10240"),
+    (2, ["--schedule", "pipedream", "--checkpoint-dir", "ck", "--checkpoint-every", 1],
+     "--checkpoint-every: a --schedule pipedream run has microbatches in flight"),
+    (2, ["--weight-stashing", "off"], "--weight-stashing applies to --schedule pipedream, not 1f1b"),
+])
+def test_bad_pipeline_input_is_one_line(mpirun, dataset, ranks, flags, message):
+    proc = mpirun(ranks, train(dataset, "--steps", 2, *flags), timeout=60, check=False)
+    assert proc.returncode != 0
+    errors = [l for l in proc.stderr.splitlines() if "error" in l]
+    assert len(errors) == 1 and message in errors[0], proc.stderr
+
+
+def test_checkpoints_pass_between_pipeline_and_data_parallel_bit_exactly(mpirun, dataset, tmp_path):
+    """M = 1, one replica: a pipeline step is the single worker's step, so either run resumes
+    the other's checkpoint and ends where the uninterrupted one does."""
+    common = ["-m", "psgd", "train", "--quiet", "--data", dataset, "--model", "mlp:784-64-64-10",
+              "--batch-size", 32, "--lr", 0.05, "--optimizer", "momentum", "--steps", 8]
+    pipe, dp = ["--pipeline", 2, "--microbatches", 1], ["--protocol", "allreduce"]
+    for first, second, ranks in ((pipe, dp, (2, 1)), (dp, pipe, (1, 2))):
+        a, b = tmp_path / f"a{ranks[0]}", tmp_path / f"b{ranks[0]}"
+        mpirun(ranks[0], [*common, *first, "--checkpoint-dir", a, "--checkpoint-every", 4])
+        mpirun(ranks[1], [*common, *second, "--checkpoint-dir", b, "--resume", a / "ckpt-00000004.h5"])
+        one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")
+        assert np.array_equal(one.params, two.params)
+        assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])
+
+
+def test_a_pipeline_flag_without_pipeline_is_one_usage_line(mpirun, dataset):
+    proc = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--microbatches", 4], timeout=60,
+                  check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "psgd train: error: --microbatches applies to pipeline runs; give --pipeline K (see --help)"]

@@ -7,7 +7,7 @@ from psgd.protocols import PROTOCOLS
 
 ROOT = Path(__file__).resolve().parents[1]
 # each package may import only from the layers below it (and foundation modules at the top)
-LAYERS = ["kernels", "nn data compress", "mpi", "collectives ps hogwild gossip", "protocols", "run",
+LAYERS = ["kernels", "nn data compress", "mpi", "collectives ps hogwild gossip tensor", "protocols", "run",
           "cli"]
 FOUNDATION = {"psgd.errors", "psgd.env", "psgd.config", "psgd.atomic_file"}
 

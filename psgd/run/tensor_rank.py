@@ -166,7 +166,7 @@ def _finish(comm, part, s, setup: dict, log, step: int, times: list) -> None:
     loss, acc = serial.evaluate(x, y)
     ms = 1e3 * float(np.median(times[1:] or times))
     d, t = comm.Get_size() // part.Get_size(), part.Get_size()
-    log.write("summary", steps=step, test_loss=loss, test_acc=acc, grid=[d, t], axis=setup["axis"],
+    log.write("summary", steps=step, test_loss=loss, test_accuracy=acc, grid=[d, t], axis=setup["axis"],
               step_ms=ms, param_bytes_per_rank=int(most[0]), param_bytes_serial=int(serial.params.nbytes))
     log.close()
     print(f"psgd: {setup['axis']} grid D={d} x T={t}: {step} steps, test loss {loss:.4f}, "

@@ -5,14 +5,16 @@ Spaces: a *replicated* array is one logical value held by every rank of ``comm``
 (its inner product sums over ranks); a *root* array lives on rank 0 only.  Every
 pair satisfies <F x, y> = <x, F* y> in these inner products (tests/mpi/tensor_adjoint.py).
 Splits are along axis 0 in ``sizes`` (:func:`split_sizes`); non-blocking calls are
-completed with :func:`psgd.mpi.wait.wait`, so a waiting rank sleeps instead of spinning.
+completed as psgd's all-reduce completes its own (:mod:`psgd.collectives.schedules`): a
+short yield spin, since the partners are inside the same call, then backoff sleeps.
 """
 from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
 
-from psgd.mpi.wait import wait, waitall
+from psgd.collectives.schedules import complete as wait
+from psgd.collectives.schedules import complete_all as waitall
 
 HALO_TAG = 7150
 

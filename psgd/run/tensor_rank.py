@@ -96,12 +96,12 @@ def run(comm, settings, debug: bool, agree) -> TensorJob:
 def _build(s, part, replica: int, n_replicas: int, axis: str) -> dict:
     from psgd.data.reader import ShardReader, dataset_info
     from psgd.nn.model import build_model
-    from psgd.tensor.dense import split_dense_chain
+    from psgd.tensor.conv import split_tensor
     from psgd.tensor.model import TensorModel
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
     serial = build_model(s.model, seed=s.seed, input_shape=info["input_shape"], n_classes=info["n_classes"])
-    model = TensorModel(serial, split_spatial if axis == "spatial" else split_dense_chain, part)
+    model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
     return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis}

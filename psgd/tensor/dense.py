@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from psgd.kernels.dense import dense_backward_input, dense_backward_params, dense_forward
-from psgd.nn.layers import Dense, Layer
+from psgd.nn.layers import Dense, Elementwise, Layer
 from psgd.tensor import primitives as pr
 
 
@@ -118,8 +118,8 @@ class RowDense(Layer):
 def split_dense_chain(layers: list, comm) -> list:
     """Pair the Dense layers of ``layers`` column-then-row; a Dense left alone gathers.
 
-    Only a run of Dense layers directly after one another forms pairs (the activations
-    are fused into Dense); other layers are kept as they are (replicated).
+    Two Dense layers with only elementwise activations between them form a pair; other
+    layers are kept as they are (replicated).
     """
     out, i = [], 0
     while i < len(layers):
@@ -128,10 +128,12 @@ def split_dense_chain(layers: list, comm) -> list:
             out.append(layer)
             i += 1
             continue
-        partner = layers[i + 1] if i + 1 < len(layers) else None
-        if isinstance(partner, Dense):
-            out += [ColumnDense(layer, comm), RowDense(partner, comm)]
-            i += 2
+        j = i + 1
+        while j < len(layers) and isinstance(layers[j], Elementwise):
+            j += 1                       # an activation between the two acts on split features
+        if j < len(layers) and isinstance(layers[j], Dense):
+            out += [ColumnDense(layer, comm), *layers[i + 1:j], RowDense(layers[j], comm)]
+            i = j + 1
         else:
             out.append(ColumnDense(layer, comm, gather=True))
             i += 1

@@ -3,7 +3,9 @@
 Each rank holds a local flat parameter vector and its map ``index`` into the serial
 model's flat vector.  A parameter is ``"split"`` (this rank's slice), ``"replicated"``
 (every rank holds it and computes the same gradient) or ``"partial"`` (every rank holds
-it and computes part of its gradient: one all-reduce after backward completes it).
+it and computes part of its gradient: one all-reduce after backward completes it); a layer's
+``select(name, index)`` gives its part of a serial parameter and the kind (or an array of
+kinds, one per element, where a parameter mixes them).
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ class TensorModel:
                     raise AssertionError(f"{layer}: {name} selects {idx.shape}, expected {shape}")
                 views.append((j, name, sum(p.size for p in pieces), shape))
                 pieces.append(idx.reshape(-1))
-                kinds.append(np.full(idx.size, KINDS.index(kind), np.int8))
+                code = np.vectorize(KINDS.index, otypes=[np.int8])(kind) if np.ndim(kind) else KINDS.index(kind)
+                kinds.append(np.broadcast_to(np.asarray(code, np.int8), idx.shape).reshape(-1))
         self.index = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         kind = np.concatenate(kinds) if kinds else np.zeros(0, np.int8)
         self.owned = (kind == 0) | (comm.Get_rank() == 0)

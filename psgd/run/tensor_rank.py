@@ -119,6 +119,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
     while step < total:
         t0 = time.perf_counter()
         x, y = reader.batch(step)
+        model.reseed(reader.worker, step)
         loss, correct = model.loss_and_grad(x, y)
         if n_rep > 1:
             allreduce(replicas, model.grad, label="tensor grid gradients")

@@ -14,6 +14,7 @@ import copy
 import numpy as np
 
 from psgd.kernels.loss import softmax_cross_entropy
+from psgd.nn.elementwise import Dropout
 from psgd.nn.model import Model
 from psgd.tensor import primitives as pr
 
@@ -78,6 +79,15 @@ class TensorModel:
             g[name] = self.grad[start:start + n].reshape(shape)
         for j, (p, g) in by_layer.items():
             self.layers[j].bind(p, g)
+
+    def reseed(self, *key: int) -> None:
+        """As :meth:`psgd.nn.model.Model.reseed`: each dropout layer's masks from (seed, its index
+        in the serial model, *key), so a replicated dropout draws what the serial one draws."""
+        drops = [layer for layer in self.layers if isinstance(layer, Dropout)]
+        serial = [i for i, layer in enumerate(self.serial.layers) if isinstance(layer, Dropout)]
+        for layer, i in zip(drops, serial):
+            index = i if layer.mask_index is None else layer.mask_index
+            layer.reseed([self.serial.seed, index, *map(int, key)])
 
     def loss_and_grad(self, x, y) -> tuple[float, int]:
         """As :meth:`psgd.nn.model.Model.loss_and_grad`, on this rank's part of the model."""

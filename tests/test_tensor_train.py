@@ -73,3 +73,22 @@ def test_a_ps_protocol_under_tensor_is_refused(mpirun, dataset, tmp_path):
     out = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", "mlp:784-8-10",
                      "--tensor", 2, "--protocol", "ssp", "--steps", 2], check=False)
     assert out.returncode != 0 and "give a protocol without servers" in out.stderr, out.stderr
+
+
+@pytest.mark.mpi
+def test_sigterm_to_one_rank_stops_every_rank_of_the_grid_at_one_step(dataset, tmp_path):
+    import os
+    import signal
+
+    from psgd.run.signals import EXIT_STOPPED
+    from test_stop import _finish, _rank_pid, _start, _wait_for_training
+    marker, log = f"tensor-stop-{os.getpid()}", tmp_path / "log.jsonl"
+    proc = _start(4, ["--data", dataset, "--model", "mlp:784-32-10", "--protocol", "allreduce",
+                      "--grid", "2,2", "--steps", 5000, "--batch-size", 16, "--log-every", 5,
+                      "--quiet", "--log", log], marker)
+    _wait_for_training(log, proc)
+    os.kill(_rank_pid(marker, 3), signal.SIGTERM)
+    out, err = _finish(proc)
+    assert proc.returncode == EXIT_STOPPED, (out, err)
+    assert "stopped by SIGTERM" in out and "Traceback" not in err, (out, err)
+    assert 0 < summary(log)["steps"] < 5000

@@ -27,7 +27,8 @@ REFUSED = (("compress", "none", "--compress"), ("straggler", None, "--straggler"
            ("timeline", None, "--timeline"), ("checkpoint_dir", None, "--checkpoint-dir"),
            ("resume", None, "--resume"), ("tensorboard", None, "--tensorboard"),
            ("augment", False, "--augment"), ("overlap", False, "--overlap"),
-           ("skip_nonfinite", False, "--skip-nonfinite"), ("hold_hot", None, "--hold-hot"))
+           ("skip_nonfinite", False, "--skip-nonfinite"), ("hold_hot", None, "--hold-hot"),
+           ("eval_every", 0, "--eval-every"))
 
 
 def wanted(s) -> bool:

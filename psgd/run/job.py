@@ -122,7 +122,11 @@ def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
     settings, resumed = resolve_run(args)
     # before the first wait on other ranks, so that it is reported as a stall too
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
-    check_servers(settings.servers, comm.Get_size())
+    from psgd.run import tensor_rank
+    if tensor_rank.wanted(settings):
+        tensor_rank.check(settings, comm.Get_size())
+    else:
+        check_servers(settings.servers, comm.Get_size())
     return settings, resumed
 
 
@@ -326,7 +330,11 @@ def train_main(args: argparse.Namespace) -> None:
         set_traceback_base(settings.log)
         if comm.Get_rank() == 0:
             _notice_unknown_variables()
-        job = _run(comm, settings, resumed, debug)
+        from psgd.run import tensor_rank
+        if tensor_rank.wanted(settings):
+            job = tensor_rank.run(comm, settings, debug, agree)
+        else:
+            job = _run(comm, settings, resumed, debug)
         with phase("finishing"):
             wait.barrier(comm, "the other ranks to finish")
             dog.stop()

@@ -112,6 +112,9 @@ class TrainSettings:
     augment: bool = False
     straggler: str | None = None      # straggler emulation spec (psgd.run.straggler)
     hold_hot: int | None = None       # sparse hogwild: steps a worker holds its hot rows' changes
+    tensor: int | None = None         # model parallelism inside layers (psgd.run.tensor_rank)
+    spatial: int | None = None
+    grid: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -223,6 +226,12 @@ FLAGS: dict[str, tuple[type, str]] = {
                       "lines all workers share, those rows up to N steps stale (1: every step; "
                       f"default {DEFAULT_HOLD}; applies where the steps run fused: --optimizer sgd "
                       "or adagrad on one node, see docs/design/hogwild.md)"),
+    "tensor": (int, "split every dense layer over T ranks, Megatron-style (column- then "
+                    "row-parallel pairs); the job's ranks / T data replicas (--protocol allreduce; "
+                    "see docs/guide/tensor.md)"),
+    "spatial": (int, "split conv, pool and batch-norm layers over P ranks by image height, with "
+                     "halo exchange (--protocol allreduce; see docs/guide/tensor.md)"),
+    "grid": (str, "D,T: D data replicas x T model parts (--tensor, or --spatial when given)"),
 }
 
 

@@ -1,0 +1,156 @@
+"""Conv layers split by channels under --tensor (filter parallelism), paired like dense layers.
+
+A column conv computes a slice of the output channels from the replicated input (its
+backward all-reduces the input gradient); the next conv takes those channels as its
+input slice and all-reduces its partial sums, adding the replicated bias once after the
+sum.  Between the two, ReLU, pooling and batch norm act on the local channels (batch
+norm's statistics are per channel, so local).  A column conv left without a partner
+all-gathers its channels before the first layer that needs them all.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from psgd.nn.layers import AvgPool2D, Conv2D, Elementwise, Layer, MaxPool2D
+from psgd.nn.norm import BatchNorm
+from psgd.tensor import primitives as pr
+from psgd.tensor.dense import check_width, split_dense_chain
+
+
+def _channels_first(x):
+    return np.ascontiguousarray(np.moveaxis(x, -1, 0))
+
+
+def _channels_last(x):
+    return np.ascontiguousarray(np.moveaxis(x, 0, -1))
+
+
+def _conv(conv: Conv2D, in_shape: tuple, filters: int) -> Conv2D:
+    return Conv2D(in_shape, filters, (conv.kh, conv.kw), conv.stride, conv.pad, winograd=conv.winograd)
+
+
+class ColumnConv(Layer):
+    """Output channels [c0, c1) of ``conv`` from the replicated input."""
+
+    def __init__(self, conv: Conv2D, comm) -> None:
+        super().__init__()
+        f = conv.out_shape[2]
+        check_width(f, comm.Get_size(), f"{conv}'s filters")
+        self.comm, self.sizes = comm, pr.split_sizes(f, comm.Get_size())
+        self.c0, self.c1 = pr.split_bounds(f, comm.Get_size(), comm.Get_rank())
+        self.inner = _conv(conv, conv.in_shape, self.c1 - self.c0)
+        self.in_shape, self.out_shape = conv.in_shape, self.inner.out_shape
+
+    def param_shapes(self):
+        return self.inner.param_shapes()
+
+    def select(self, name, index):
+        return index[:, self.c0:self.c1], "split"
+
+    def bind(self, params, grads):
+        self.inner.bind(params, grads)
+
+    def forward(self, x):
+        return self.inner.forward(pr.copy_forward(x, self.comm))
+
+    def backward(self, dy, need_dx=True):
+        dx = self.inner.backward(np.ascontiguousarray(dy), need_dx)
+        return pr.copy_adjoint(dx, self.comm) if need_dx else None
+
+
+class RowConv(Layer):
+    """``conv`` on input channels [r0, r1): partial sums all-reduced, then the bias added once."""
+
+    def __init__(self, conv: Conv2D, comm) -> None:
+        super().__init__()
+        h, w, c = conv.in_shape
+        check_width(c, comm.Get_size(), f"{conv}'s input channels")
+        self.comm, self.kh, self.kw, self.c = comm, conv.kh, conv.kw, c
+        self.r0, self.r1 = pr.split_bounds(c, comm.Get_size(), comm.Get_rank())
+        self.inner = _conv(conv, (h, w, self.r1 - self.r0), conv.out_shape[2])
+        self.in_shape, self.out_shape = self.inner.in_shape, conv.out_shape
+        self.own = np.zeros(0)
+
+    def param_shapes(self):
+        return self.inner.param_shapes()
+
+    def select(self, name, index):
+        f = index.shape[1]
+        w = index[:-1].reshape(self.kh, self.kw, self.c, f)[:, :, self.r0:self.r1].reshape(-1, f)
+        kind = np.full(w.shape[0] + 1, "split", object)
+        kind[-1] = "replicated"
+        return np.concatenate([w, index[-1:]]), kind[:, None]
+
+    def bind(self, params, grads):
+        self.wb, self.dwb = params["wb"], grads["wb"]
+        self.own = np.zeros_like(self.wb)     # the weights with a zero bias row, for the kernel
+        self.own_grad = np.zeros_like(self.dwb)
+        self.inner.bind({"wb": self.own}, {"wb": self.own_grad})
+
+    def forward(self, x):
+        self.own[:-1] = self.wb[:-1]
+        out = pr.allreduce_forward(self.inner.forward(x), self.comm)
+        out += self.wb[-1]
+        return out
+
+    def backward(self, dy, need_dx=True):
+        dy = pr.allreduce_adjoint(np.ascontiguousarray(dy), self.comm)
+        dx = self.inner.backward(dy, need_dx)
+        self.dwb[:-1] = self.own_grad[:-1]
+        self.dwb[-1] = dy.reshape(-1, dy.shape[-1]).sum(axis=0)
+        return dx
+
+
+class GatherChannels(Layer):
+    """Local channels -> all channels on every rank; backward keeps the local ones."""
+
+    def __init__(self, sizes: list, shape: tuple, comm) -> None:
+        super().__init__()
+        self.comm, self.sizes = comm, sizes
+        self.in_shape, self.out_shape = (*shape[:-1], sizes[comm.Get_rank()]), tuple(shape)
+
+    def forward(self, x):
+        return _channels_last(pr.allgather_forward(_channels_first(x), self.comm, self.sizes))
+
+    def backward(self, dy, need_dx=True):
+        return _channels_last(pr.allgather_adjoint(_channels_first(dy), self.comm, self.sizes)) if need_dx else None
+
+
+class LocalBatchNorm(BatchNorm):
+    """Batch norm on the local channels [c0, c1) of a column conv's output."""
+
+    def __init__(self, bn: BatchNorm, shape: tuple, c0: int, c1: int) -> None:
+        super().__init__(shape, bn.eps, bn.relu)
+        self.c0, self.c1 = c0, c1
+
+    def select(self, name, index):
+        return index[self.c0:self.c1], "split"
+
+
+def split_conv_channels(layers: list, comm) -> list:
+    """Pair the conv layers of ``layers`` column-then-row over ``comm``; dense layers are left
+    for :func:`psgd.tensor.dense.split_dense_chain`."""
+    out, split = [], None        # split: the column conv whose channels the layers now carry
+    for layer in layers:
+        if isinstance(layer, Conv2D):
+            if split is None:
+                split = ColumnConv(layer, comm)
+                out.append(split)
+            else:
+                out.append(RowConv(layer, comm))
+                split = None
+        elif split is None or isinstance(layer, Elementwise):
+            out.append(layer)
+        elif isinstance(layer, BatchNorm):
+            out.append(LocalBatchNorm(layer, (*layer.in_shape[:-1], split.c1 - split.c0), split.c0, split.c1))
+        elif isinstance(layer, (MaxPool2D, AvgPool2D)):
+            out.append(type(layer)((*layer.in_shape[:-1], split.c1 - split.c0), layer.k, layer.stride))
+        else:
+            out += [GatherChannels(split.sizes, layer.in_shape, comm), layer]
+            split = None
+    return out
+
+
+def split_tensor(layers: list, comm) -> list:
+    """Everything --tensor splits: conv channels, then the dense chain."""
+    return split_dense_chain(split_conv_channels(layers, comm), comm)

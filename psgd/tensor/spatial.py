@@ -1,0 +1,197 @@
+"""Spatial parallelism: conv and pool layers split along the image height, with halo exchange.
+
+Rank r computes output rows ``split_sizes(OH, P)[r]``.  It needs input rows
+[o0*s - pad, (o1-1)*s - pad + kh): those outside its own slab come from its neighbours
+(the halo), those outside the image are zeros.  The local op then runs with no
+padding on an explicitly padded slab.  Conv weights are replicated with a partial
+gradient (one all-reduce completes it); batch norm all-reduces its statistics, so its
+parameter gradients come out whole.  Before the first layer that needs whole images
+(flatten, global pool, dense) the slabs are all-gathered.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, Layer, MaxPool2D
+from psgd.nn.norm import BatchNorm
+from psgd.tensor import primitives as pr
+
+
+def _height_first(x):
+    return np.ascontiguousarray(np.moveaxis(x, 1, 0))
+
+
+def _batch_first(x):
+    return np.ascontiguousarray(np.moveaxis(x, 0, 1))
+
+
+class SplitHeight(Layer):
+    """Replicated (B, H, W, C) -> this rank's rows; backward all-gathers."""
+
+    def __init__(self, shape: tuple, comm) -> None:
+        super().__init__()
+        self.comm, self.sizes = comm, pr.split_sizes(shape[0], comm.Get_size())
+        self.in_shape = tuple(shape)
+        self.out_shape = (self.sizes[comm.Get_rank()], *shape[1:])
+
+    def forward(self, x):
+        return _batch_first(pr.split_forward(_height_first(x), self.comm, self.sizes))
+
+    def backward(self, dy, need_dx=True):
+        return _batch_first(pr.split_adjoint(_height_first(dy), self.comm, self.sizes)) if need_dx else None
+
+
+class GatherHeight(SplitHeight):
+    """This rank's rows -> replicated whole images; backward keeps this rank's rows."""
+
+    def __init__(self, sizes: list, shape: tuple, comm) -> None:
+        Layer.__init__(self)
+        self.comm, self.sizes = comm, sizes
+        self.in_shape, self.out_shape = (sizes[comm.Get_rank()], *shape[1:]), tuple(shape)
+
+    def forward(self, x):
+        return _batch_first(pr.allgather_forward(_height_first(x), self.comm, self.sizes))
+
+    def backward(self, dy, need_dx=True):
+        return _batch_first(pr.allgather_adjoint(_height_first(dy), self.comm, self.sizes)) if need_dx else None
+
+
+class SpatialWindow(Layer):
+    """A conv or pool layer on this rank's rows; ``in_sizes``: every rank's input rows."""
+
+    def __init__(self, layer, in_sizes: list, comm) -> None:
+        super().__init__()
+        kh = layer.kh if isinstance(layer, Conv2D) else layer.k
+        pad = layer.pad if isinstance(layer, Conv2D) else 0
+        h, w, c = layer.in_shape
+        oh, ow, f = layer.out_shape
+        p, r = comm.Get_size(), comm.Get_rank()
+        out_sizes = pr.split_sizes(oh, p)
+        self.comm, self.pad, self.out_sizes = comm, pad, out_sizes
+        starts = np.concatenate(([0], np.cumsum(in_sizes))).tolist()
+        need = []
+        for q in range(p):
+            o0 = sum(out_sizes[:q])
+            a, b = o0 * layer.stride - pad, (o0 + out_sizes[q] - 1) * layer.stride - pad + kh
+            need.append((a, b))
+            if out_sizes[q] < 1 or in_sizes[q] < kh:
+                raise ValueError(f"--spatial {p}: {layer} would leave rank {q} {in_sizes[q]} input rows "
+                                 f"of {h} (at least {kh}, the kernel height, needed); use a smaller --spatial")
+        self.lo = [max(0, starts[q] - max(a, 0)) for q, (a, b) in enumerate(need)]
+        self.hi = [max(0, min(b, h) - starts[q + 1]) for q, (a, b) in enumerate(need)]
+        for q in range(p):
+            if self.lo[q] > (in_sizes[q - 1] if q else 0) or self.hi[q] > (in_sizes[q + 1] if q + 1 < p else 0):
+                raise ValueError(f"--spatial {p}: {layer} needs a halo deeper than a neighbour's "
+                                 f"{min(in_sizes)} rows; use a smaller --spatial")
+        a, b = need[r]
+        self.rows = b - a                        # rows of the padded slab
+        self.take = (max(a, 0) - (starts[r] - self.lo[r]), min(b, h) - (starts[r] - self.lo[r]))
+        self.at = max(a, 0) - a                  # where the taken rows go in the padded slab
+        self.in_shape, self.out_shape = (in_sizes[r], w, c), (out_sizes[r], ow, f)
+        slab = (self.rows, w + 2 * pad, c)
+        if isinstance(layer, Conv2D):
+            self.inner = Conv2D(slab, f, (layer.kh, layer.kw), layer.stride, 0, winograd=False)
+        else:
+            self.inner = type(layer)(slab, layer.k, layer.stride)
+        if self.inner.out_shape[0] != out_sizes[r]:
+            raise AssertionError(f"{layer}: slab gives {self.inner.out_shape[0]} rows, not {out_sizes[r]}")
+
+    def param_shapes(self):
+        return self.inner.param_shapes()
+
+    def select(self, name, index):
+        return index, "partial"
+
+    def bind(self, params, grads):
+        self.inner.bind(params, grads)
+
+    def forward(self, x):
+        ext = pr.halo_forward(_height_first(x), self.comm, self.lo, self.hi)
+        n, w, pad = x.shape[0], x.shape[2], self.pad
+        slab = self._buf("slab", (n, self.rows, w + 2 * pad, x.shape[3]), x.dtype)
+        slab[...] = 0
+        t0, t1 = self.take
+        slab[:, self.at:self.at + t1 - t0, pad:pad + w] = np.moveaxis(ext[t0:t1], 0, 1)
+        return self.inner.forward(slab)
+
+    def backward(self, dy, need_dx=True):
+        dslab = self.inner.backward(np.ascontiguousarray(dy), need_dx)
+        if not need_dx:
+            return None
+        r, (t0, t1), pad = self.comm.Get_rank(), self.take, self.pad
+        w = dslab.shape[2] - 2 * pad
+        dext = np.zeros((self.lo[r] + self.in_shape[0] + self.hi[r], dy.shape[0], w, dslab.shape[3]),
+                        dslab.dtype)
+        dext[t0:t1] = np.moveaxis(dslab[:, self.at:self.at + t1 - t0, pad:pad + w], 1, 0)
+        return _batch_first(pr.halo_adjoint(dext, self.comm, self.lo, self.hi))
+
+
+class SpatialBatchNorm(Layer):
+    """Batch norm whose per-channel sums are all-reduced over the spatial group (train mode)."""
+
+    def __init__(self, bn: BatchNorm, shape: tuple, comm) -> None:
+        super().__init__()
+        self.comm, self.eps, self.relu = comm, bn.eps, bn.relu
+        self.in_shape = self.out_shape = tuple(shape)
+
+    def param_shapes(self):
+        return [("gamma", (self.in_shape[-1],)), ("beta", (self.in_shape[-1],))]
+
+    def bind(self, params, grads):
+        self.gamma, self.beta = params["gamma"], params["beta"]
+        self.dgamma, self.dbeta = grads["gamma"], grads["beta"]
+
+    def forward(self, x):
+        c = x.shape[-1]
+        x2 = x.reshape(-1, c).astype(np.float64)
+        sums = pr.allreduce_forward(np.concatenate(([x2.shape[0]], x2.sum(0), (x2 * x2).sum(0))), self.comm)
+        n, mean = sums[0], sums[1:c + 1] / sums[0]
+        self._invstd = 1.0 / np.sqrt(np.maximum(sums[c + 1:] / n - mean ** 2, 0.0) + self.eps)
+        self._n, self._xhat = n, (x2 - mean) * self._invstd
+        out = self.gamma * self._xhat + self.beta
+        if self.relu:
+            out = np.maximum(out, 0.0)
+        self._out = out
+        return out.astype(x.dtype).reshape(x.shape)
+
+    def backward(self, dy, need_dx=True):
+        c = dy.shape[-1]
+        g = dy.reshape(-1, c).astype(np.float64)
+        if self.relu:
+            g = np.where(self._out > 0, g, 0.0)
+        sums = pr.allreduce_forward(np.concatenate((g.sum(0), (g * self._xhat).sum(0))), self.comm)
+        sb, sg = sums[:c], sums[c:]
+        self.dbeta[...], self.dgamma[...] = sb, sg
+        if not need_dx:
+            return None
+        dx = self.gamma * self._invstd / self._n * (self._n * g - sb - self._xhat * sg)
+        return dx.astype(dy.dtype).reshape(dy.shape)
+
+
+def split_spatial(layers: list, comm) -> list:
+    """The serial ``layers`` of a conv net with their conv, pool and BN layers split by height."""
+    out, sizes, shape, gathered = [], None, None, False
+    for layer in layers:
+        if gathered:
+            out.append(layer)
+        elif sizes is None:
+            out.append(layer)
+            if isinstance(layer, ChannelsLast):
+                shape = layer.out_shape
+                split = SplitHeight(shape, comm)
+                out.append(split)
+                sizes = split.sizes
+        elif isinstance(layer, (Conv2D, MaxPool2D, AvgPool2D)):
+            win = SpatialWindow(layer, sizes, comm)
+            out.append(win)
+            sizes, shape = win.out_sizes, layer.out_shape
+        elif isinstance(layer, BatchNorm):
+            out.append(SpatialBatchNorm(layer, (sizes[comm.Get_rank()], *shape[1:]), comm))
+        elif isinstance(layer, Elementwise):
+            out.append(layer)
+        else:
+            out += [GatherHeight(sizes, shape, comm), layer]
+            gathered = True
+    if sizes is None:
+        raise ValueError("--spatial needs a model with conv layers (an image input); this one has none")
+    return out

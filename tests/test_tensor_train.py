@@ -1,0 +1,94 @@
+"""`psgd train --tensor/--spatial/--grid` end to end: the same run as serial or data-parallel
+training, and the bad input it refuses in one line."""
+import pytest
+
+from psgd.run.metrics import read_log
+
+
+def train(mpirun, n, data, log, *flags, check=True, timeout=240):
+    return mpirun(n, ["-m", "psgd", "train", "--data", data, "--quiet", "--protocol", "allreduce",
+                      "--log", str(log), *map(str, flags)], timeout=timeout, check=check)
+
+
+def summary(log):
+    return [r for r in read_log(log) if r["kind"] == "summary"][-1]
+
+
+@pytest.mark.e2e
+@pytest.mark.mpi
+def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpirun, dataset, tmp_path):
+    """D=2 x T=2 (Megatron pair, uneven 45-wide layer, momentum) against plain all-reduce on
+    2 ranks: the same batches, so the same test loss to float32 round-off."""
+    flags = ["--model", "mlp:784-45-33-10", "--optimizer", "momentum", "--lr", "0.05",
+             "--batch-size", 16, "--steps", 30]
+    train(mpirun, 4, dataset, tmp_path / "grid.jsonl", *flags, "--grid", "2,2")
+    train(mpirun, 2, dataset, tmp_path / "dp.jsonl", *flags)
+    grid, dp = summary(tmp_path / "grid.jsonl"), summary(tmp_path / "dp.jsonl")
+    assert grid["test_loss"] == pytest.approx(dp["test_loss"], rel=1e-4)
+    assert grid["param_bytes_serial"] == (784 * 45 + 45 + 45 * 33 + 33 + 33 * 10 + 10) * 4
+    # the largest part (rank 0's): 23 of layer 1's 45 columns, 23 of layer 2's rows and its
+    # whole bias, and 5 of the last layer's 10 columns (it gathers)
+    assert grid["param_bytes_per_rank"] == (784 * 23 + 23 + 23 * 33 + 33 + 33 * 5 + 5) * 4
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.parametrize("flags", [["--model", "mlp:784-64-64-10", "--tensor", 2],
+                                   ["--model", "lenet", "--tensor", 2],
+                                   ["--model", "conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-relu-pool:2-"
+                                               "flatten-dense:10", "--spatial", 2]])
+def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dataset, tmp_path, flags):
+    """Plain SGD at a modest rate: with momentum 0.9 at lr 0.02 this small data set is
+    overfitted, and float32 round-off alone (--spatial 1 against serial) moves the test
+    loss by more than half, so the comparison would measure chaos, not the split."""
+    common = ["--optimizer", "sgd", "--lr", "0.01", "--batch-size", 32, "--steps", 500,
+              "--log-every", 100, "--model", flags[1]]
+    train(mpirun, 2, dataset, tmp_path / "split.jsonl", *common, *flags[2:], timeout=600)
+    train(mpirun, 1, dataset, tmp_path / "serial.jsonl", *common, timeout=600)
+    split, serial = summary(tmp_path / "split.jsonl"), summary(tmp_path / "serial.jsonl")
+    assert split["test_loss"] == pytest.approx(serial["test_loss"], rel=0.01)
+    last = [[r for r in read_log(tmp_path / f) if r["kind"] == "step"][-1]["loss"]
+            for f in ("split.jsonl", "serial.jsonl")]
+    assert last[0] == pytest.approx(last[1], rel=0.01)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, flags, line", [
+    (3, ["--model", "mlp:784-8-10", "--grid", "2,2"], "--grid 2,2 needs 4 ranks, the job has 3"),
+    (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--timeline", "t.json"],
+     "--timeline is not supported with --tensor"),
+    (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--compress", "topk:0.1"],
+     "--compress is not supported with --tensor"),
+    (2, ["--model", "mlp:784-8-10", "--spatial", 2], "--spatial needs a model with conv layers"),
+    (2, ["--model", "mlp:784-1-10", "--tensor", 2], "--tensor 2 is larger than dense layer 784->1"),
+])
+def test_bad_tensor_input_gives_one_clear_line(mpirun, dataset, tmp_path, ranks, flags, line):
+    out = train(mpirun, ranks, dataset, tmp_path / "x.jsonl", "--steps", 2, *flags, check=False)
+    errors = [x for x in out.stderr.splitlines() if x.startswith("psgd: error")]
+    assert out.returncode != 0 and len(errors) == 1 and line in errors[0], out.stderr
+
+
+@pytest.mark.mpi
+def test_a_ps_protocol_under_tensor_is_refused(mpirun, dataset, tmp_path):
+    out = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", "mlp:784-8-10",
+                     "--tensor", 2, "--protocol", "ssp", "--steps", 2], check=False)
+    assert out.returncode != 0 and "give a protocol without servers" in out.stderr, out.stderr
+
+
+@pytest.mark.mpi
+def test_sigterm_to_one_rank_stops_every_rank_of_the_grid_at_one_step(dataset, tmp_path):
+    import os
+    import signal
+
+    from psgd.run.signals import EXIT_STOPPED
+    from test_stop import _finish, _rank_pid, _start, _wait_for_training
+    marker, log = f"tensor-stop-{os.getpid()}", tmp_path / "log.jsonl"
+    proc = _start(4, ["--data", dataset, "--model", "mlp:784-32-10", "--protocol", "allreduce",
+                      "--grid", "2,2", "--steps", 5000, "--batch-size", 16, "--log-every", 5,
+                      "--quiet", "--log", log], marker)
+    _wait_for_training(log, proc)
+    os.kill(_rank_pid(marker, 3), signal.SIGTERM)
+    out, err = _finish(proc)
+    assert proc.returncode == EXIT_STOPPED, (out, err)
+    assert "stopped by SIGTERM" in out and "Traceback" not in err, (out, err)
+    assert 0 < summary(log)["steps"] < 5000

@@ -25,6 +25,7 @@ from psgd.errors import launcher_rank, report_and_abort  # noqa: E402
 COMMANDS = {
     "train": ("psgd.run.command", "train a model under mpiexec/srun (one process per rank)"),
     "data": ("psgd.data.cli", "make, convert and inspect HDF5 datasets"),
+    "join": ("psgd.elastic.join", "join a running elastic run (psgd train --elastic) as one worker"),
     "plot": ("psgd.plot", "draw PNG charts from JSON-lines training logs"),
     "plan": ("psgd.plan.command", "predict each protocol's throughput on a cluster and pick one"),
     "net": ("psgd.run.net", "run a command on N emulated nodes behind a rate-limited network"),

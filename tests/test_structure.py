@@ -7,8 +7,8 @@ from psgd.protocols import PROTOCOLS
 
 ROOT = Path(__file__).resolve().parents[1]
 # each package may import only from the layers below it (and foundation modules at the top)
-LAYERS = ["kernels", "nn data compress", "mpi", "collectives ps hogwild gossip", "protocols", "run",
-          "cli"]
+LAYERS = ["kernels", "nn data compress", "mpi", "collectives ps hogwild gossip", "protocols",
+          "run elastic", "cli"]
 FOUNDATION = {"psgd.errors", "psgd.env", "psgd.config", "psgd.atomic_file"}
 
 

@@ -81,6 +81,9 @@ class Protocol:
         ``--momentum-correction gain`` applies, and ``auto`` means it with error
         feedback (:mod:`psgd.compress.gain`): the servers step plain SGD at the
         momentum's gain on every worker's push of a clock at once.
+    elastic : bool
+        ``--elastic`` applies: workers may be lost and join while the servers run
+        (:mod:`psgd.elastic`); it needs a worker half that waits on no other worker.
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -126,6 +129,7 @@ class Protocol:
     momentum_correction: bool = False
     momentum_gain: bool = False
     hot_rows: bool = False
+    elastic: bool = False
     graph: str | None = None
 
     def staleness_bound(self, staleness: int | str | None,
@@ -364,7 +368,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
         "online, up to --staleness-max); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
-             **_STALE, momentum_correction=True,
+             **_STALE, momentum_correction=True, elastic=True,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",

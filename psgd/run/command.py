@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import argparse
 
+from psgd.elastic import options as elastic_options
 from psgd.env import env_float
-from psgd.run.settings import DESCRIPTION, TrainSettings, add_arguments
+from psgd.run.settings import DESCRIPTION, TrainSettings
+from psgd.run.settings import add_arguments as add_settings
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_settings(parser)
+    elastic_options.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -21,4 +28,9 @@ def run(args: argparse.Namespace) -> None:
     from psgd.run.job import train_main
     initialised()
     wait.configure(stall_timeout=timeout, stall_abort=abort)   # until the settings are agreed
+    if getattr(args, "elastic", None):
+        from psgd.elastic.serve import serve_main
+        return serve_main(args)
+    if hasattr(args, "elastic"):
+        elastic_options.check(args)
     train_main(args)

@@ -96,7 +96,8 @@ def serve_main(args: argparse.Namespace) -> None:
 
     def event(kind: str, **fields) -> None:
         log.write(kind, **fields)
-        print(f"psgd: {_say(kind, fields)}", flush=True)
+        if kind != "step":
+            print(f"psgd: {_say(kind, fields)}", flush=True)
 
     def snapshot(clock, params, opt_state):
         job.save_checkpoint(clock + 1, params, opt_state)
@@ -113,7 +114,8 @@ def serve_main(args: argparse.Namespace) -> None:
         on_snapshot=snapshot if settings.checkpoint_dir else None, start_clock=0,
         door=door, welcome=lambda w, clock: welcome, updates=job.total_steps,
         no_worker_s=args.no_worker_timeout or options.DEFAULT_NO_WORKER_S, event=event,
-        stopped=lambda: f"stopped by {signal_name(received())}" if received() else "")
+        stopped=lambda: f"stopped by {signal_name(received())}" if received() else "",
+        log_every=settings.log_every)
     result = server.run()
     door.close()
     code = _finish(job, server, result, log, time.perf_counter() - t0)

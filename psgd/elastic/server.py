@@ -42,11 +42,13 @@ class ElasticServer(_Server):
         ``event(kind, **fields)``: a join, a loss, a worker done, the end (logged by the job).
     stopped : callable
         ``stopped() -> str``: why to end the run now (a stop signal), or "".
+    log_every : int
+        A ``step`` event every this many updates.
     """
 
     def __init__(self, roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                  start_clock, *, door, welcome, updates: int, no_worker_s: float,
-                 event, stopped) -> None:
+                 event, stopped, log_every: int = 20) -> None:
         super().__init__(roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                          start_clock)
         self.links: Links = roles.comm
@@ -60,6 +62,7 @@ class ElasticServer(_Server):
         self.sent: list = []                        # welcome messages (buffer, request)
         self.over, self.abandoned = False, False
         self.empty_since = time.monotonic()
+        self.log_every, self.logged = max(int(log_every), 1), 0
 
     # ------------------------------------------------------------ the loop's hooks
 
@@ -106,6 +109,10 @@ class ElasticServer(_Server):
             self.state[w] = DONE
             self.links.drop(w)
             self.event("left", worker=w, **self._tally(w), how="done")
+        if self.n_pushes % self.log_every == 0 and self.n_pushes > self.logged:
+            self.logged = self.n_pushes
+            self.event("step", updates=self.n_pushes, version=self.version,
+                       live=len(self.links.live))
         if not self.over and self.n_pushes >= self.updates:
             self._end(f"{self.n_pushes} updates applied")
 

@@ -129,9 +129,11 @@ def test_a_killed_worker_job_is_dropped_and_the_run_reaches_its_accuracy(tmp_pat
     workers = _pushes(cut)
     assert workers[0]["state"] == "lost" and workers[1]["state"] == "done", workers
     assert "lost: silent" in cut_run.output("server")
-    # the servers count the run's length: both runs applied every update, none half-applied
-    assert cut["updates"] == whole["updates"] == UPDATES
-    assert sum(w["pushes"] for w in cut["workers"]) == UPDATES
+    # the servers count the run's length (a worker's push already on its way when the count
+    # is reached is applied too), and every push counted was applied whole
+    for summary in (whole, cut):
+        assert UPDATES <= summary["updates"] < UPDATES + 2, summary
+        assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
     assert 0.3 * UPDATES <= workers[0]["pushes"] < 0.6 * UPDATES
     # the same number of updates from the same distribution; asp's order differs run to run
     # (docs/results/elastic.md: the spread of repeated uninterrupted runs is under 0.02)
@@ -146,7 +148,8 @@ def test_a_worker_that_joins_mid_run_pulls_the_model_and_its_pushes_count(tmp_pa
     assert joined and joined[0]["updates"] >= 0.4 * UPDATES, joined
     assert joined[0]["clock"] > 0        # it started at the servers' clock, not at 0
     assert workers[2]["state"] == "done" and workers[2]["pushes"] > 0, workers
-    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"] == UPDATES
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
+    assert UPDATES <= summary["updates"] < UPDATES + 3
     assert "the servers ended the run" in run.output("joiner2")
 
 

@@ -2,8 +2,9 @@
 
 With MPICH 5.0.2, a thread waiting in ``MPI_Comm_accept`` blocks every other thread's sends
 (docs/design/elastic.md), so the servers cannot wait for joiners on a thread while they
-train. A joiner writes ``PORT_FILE.knock.<id>`` and then calls ``MPI_Comm_connect``; the
-servers look for knocks between messages and accept one connection per knock.
+train; and two joiners connecting at once crash the accepting process (SIGBUS). So a joiner
+writes ``PORT_FILE.knock.<id>`` and waits for ``PORT_FILE.turn.<id>``; the servers look for
+knocks between messages and, one joiner at a time, write its turn file and accept it.
 """
 from __future__ import annotations
 
@@ -16,16 +17,28 @@ import uuid
 
 from mpi4py import MPI
 
-KNOCK = ".knock."
+KNOCK, TURN = ".knock.", ".turn."
 LOOK_EVERY_S = 0.25   # how often the servers look for knocks
 
 
-def knock(port_file: str) -> str:
-    """Announce a joiner (before its ``MPI_Comm_connect``); returns the knock file's path."""
-    path = f"{port_file}{KNOCK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with open(path, "w", encoding="utf-8"):
+def knock(port_file: str, wait_s: float) -> None:
+    """Announce a joiner and wait for its turn to call ``MPI_Comm_connect``.
+
+    Raises
+    ------
+    ValueError
+        The servers gave no turn within ``wait_s`` seconds.
+    """
+    name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with open(port_file + KNOCK + name, "w", encoding="utf-8"):
         pass
-    return path
+    deadline = time.monotonic() + wait_s
+    while not os.path.exists(port_file + TURN + name):
+        if time.monotonic() > deadline:
+            os.unlink(port_file + KNOCK + name)
+            raise ValueError(f"the servers at {port_file} did not admit this worker within "
+                             f"{wait_s:g} s (--wait)")
+        time.sleep(0.02)
 
 
 class Door:
@@ -52,13 +65,15 @@ class Door:
     def admit(self, knock_file: str) -> MPI.Intercomm:
         """Accept the connection of the joiner that wrote ``knock_file`` (collective over the
         server job's ``comm``)."""
-        os.unlink(knock_file)
+        turn = self.port_file + TURN + knock_file[len(self.port_file + KNOCK):]
+        os.replace(knock_file, turn)
         done = threading.Event()
         threading.Thread(target=self._guard, args=(done, knock_file), daemon=True).start()
         try:
             return self.comm.Accept(self.port, root=0)
         finally:
             done.set()
+            os.unlink(turn)
 
     def _guard(self, done: threading.Event, knock_file: str) -> None:
         if not done.wait(self.accept_s):

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port-file", required=True, metavar="PATH",
                         help="the file the server job wrote its port name to (--port-file)")
     parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
-                        help="how long to wait for the servers' welcome (default 60)")
+                        help="how long to wait for the servers to admit this worker (default 60)")
 
 
 def _port(path: str) -> str:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     from psgd.elastic.door import knock
-    knock(args.port_file)
+    knock(args.port_file, args.wait)
     inter = MPI.COMM_SELF.Connect(port)
     welcome = _welcome(inter, args.wait)
     pushes = _train(inter, welcome, bool(getattr(args, "debug", False)))

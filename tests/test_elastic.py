@@ -106,15 +106,16 @@ def _pushes(summary: dict) -> dict:
     return {w["worker"]: w for w in summary["workers"]}
 
 
-def _run(tmp_path, data, kill_at: float | None = None, join_at: float | None = None) -> tuple:
-    run = Run(tmp_path, data)
+def _run(tmp_path, data, kill_at: float | None = None, join_at: float | None = None,
+         updates: int = UPDATES) -> tuple:
+    run = Run(tmp_path, data, updates)
     first = [run.join(0), run.join(1)]
     if kill_at is not None:   # SIGKILL joiner 0's whole mpiexec job mid-run
-        _until(f"{kill_at:.0%} of the updates", lambda: run.updates() >= kill_at * UPDATES,
+        _until(f"{kill_at:.0%} of the updates", lambda: run.updates() >= kill_at * updates,
                run.procs)
         os.killpg(first[0].pid, signal.SIGKILL)
     if join_at is not None:
-        _until(f"{join_at:.0%} of the updates", lambda: run.updates() >= join_at * UPDATES,
+        _until(f"{join_at:.0%} of the updates", lambda: run.updates() >= join_at * updates,
                run.procs)
         run.join(2)
     return run, run.finish()
@@ -134,7 +135,7 @@ def test_a_killed_worker_job_is_dropped_and_the_run_reaches_its_accuracy(tmp_pat
     for summary in (whole, cut):
         assert UPDATES <= summary["updates"] < UPDATES + 2, summary
         assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
-    assert 0.3 * UPDATES <= workers[0]["pushes"] < 0.6 * UPDATES
+    assert 0.1 * UPDATES <= workers[0]["pushes"] < 0.4 * UPDATES   # its share of 30 %
     # the same number of updates from the same distribution; asp's order differs run to run
     # (docs/results/elastic.md: the spread of repeated uninterrupted runs is under 0.02)
     assert cut["test_accuracy"] >= whole["test_accuracy"] - 0.03, (cut, whole)
@@ -142,14 +143,15 @@ def test_a_killed_worker_job_is_dropped_and_the_run_reaches_its_accuracy(tmp_pat
 
 @pytest.mark.slow
 def test_a_worker_that_joins_mid_run_pulls_the_model_and_its_pushes_count(tmp_path, data):
-    run, summary = _run(tmp_path, data, join_at=0.4)
+    updates = 4 * UPDATES   # long enough for the joiner to start (a few seconds) and push
+    run, summary = _run(tmp_path, data, join_at=0.3, updates=updates)
     workers = _pushes(summary)
     joined = [r for r in _records(run.log) if r["kind"] == "joined" and r["worker"] == 2]
-    assert joined and joined[0]["updates"] >= 0.4 * UPDATES, joined
+    assert joined and joined[0]["updates"] >= 0.3 * updates, joined
     assert joined[0]["clock"] > 0        # it started at the servers' clock, not at 0
     assert workers[2]["state"] == "done" and workers[2]["pushes"] > 0, workers
     assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
-    assert UPDATES <= summary["updates"] < UPDATES + 3
+    assert updates <= summary["updates"] < updates + 3
     assert "the servers ended the run" in run.output("joiner2")
 
 

@@ -2,8 +2,9 @@
 
 Each run is a server job (`psgd train --elastic`) and `psgd join` jobs, every one its own
 mpiexec. ``cut``: W workers from the start, one SIGKILLed (its whole mpiexec) at 30 % of the
-updates, a new one joining at 50 %. ``whole``: the same W workers, uninterrupted. Both apply
-the same number of updates (counted by the server). Prints a markdown table; writes JSON.
+updates, a new one joining at 50 %. ``whole``: the same W workers, uninterrupted. ``fewer``:
+W - 1 workers throughout. All apply the same number of updates (counted by the server), so
+the same samples. Prints a markdown table; writes JSON.
 """
 from __future__ import annotations
 
@@ -41,7 +42,11 @@ def _until(test, timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def one_run(tmp: Path, data: Path, a, cut: bool) -> dict:
+SCENARIOS = {"whole": "uninterrupted", "cut": "lose 1 at 30 %, gain 1 at 50 %",
+             "fewer": "one worker fewer throughout"}
+
+
+def one_run(tmp: Path, data: Path, a, scenario: str) -> dict:
     """One elastic run; its server's summary with the wall time from the first join."""
     port, log = tmp / "port", tmp / "log.jsonl"
     server = _job(["train", "--elastic", "--protocol", "asp", "--data", data, "--model", a.model,
@@ -49,9 +54,9 @@ def one_run(tmp: Path, data: Path, a, cut: bool) -> dict:
                    "--epochs", a.epochs, "--seed", a.seed, "--port-file", port, "--log", log,
                    "--log-every", 50, "--stall-timeout", a.stall_timeout], tmp / "server.out")
     _until(port.exists)
-    joiners = [_job(["join", "--port-file", port], tmp / f"join{k}.out") for k in range(a.workers)]
-    total = None
-    if cut:
+    n = a.workers - (scenario == "fewer")
+    joiners = [_job(["join", "--port-file", port], tmp / f"join{k}.out") for k in range(n)]
+    if scenario == "cut":
         _until(lambda: log.exists() and '"total_updates"' in log.read_text())
         total = json.loads(log.read_text().splitlines()[0])["total_updates"]
         _until(lambda: _updates(log) >= 0.3 * total)
@@ -62,7 +67,7 @@ def one_run(tmp: Path, data: Path, a, cut: bool) -> dict:
         p.wait(timeout=900)
     records = [json.loads(x) for x in log.read_text().splitlines()]
     summary = next(r for r in records if r["kind"] == "summary")
-    return {"cut": cut, "wall_s": summary["wall_s"], "test_accuracy": summary["test_accuracy"],
+    return {"scenario": scenario, "wall_s": summary["wall_s"], "test_accuracy": summary["test_accuracy"],
             "updates": summary["updates"], "workers": summary["workers"],
             "events": [r for r in records if r["kind"] in ("joined", "lost", "left")]}
 
@@ -84,13 +89,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = dataset(Path(tmp), a.quick, "bench_elastic")
         runs = []
+        print(f"| run ({a.workers} workers) | updates | wall s | test accuracy |\n|---|---|---|---|",
+              flush=True)
         for r in range(a.repeats):
-            for cut in (False, True):
-                d = Path(tmp) / f"run{r}-{'cut' if cut else 'whole'}"
+            for scenario in SCENARIOS:
+                d = Path(tmp) / f"run{r}-{scenario}"
                 d.mkdir()
-                runs.append(one_run(d, data.path, a, cut))
-                print(f"| {'lose 1 at 30 %, gain 1 at 50 %' if cut else 'uninterrupted'} | "
-                      f"{runs[-1]['updates']} | {runs[-1]['wall_s']:.1f} | "
+                runs.append(one_run(d, data.path, a, scenario))
+                print(f"| {SCENARIOS[scenario]} | {runs[-1]['updates']} | {runs[-1]['wall_s']:.1f} | "
                       f"{runs[-1]['test_accuracy']:.4f} |", flush=True)
     write_json(out / f"{result_stem('elastic', a.quick)}.json",
                {"args": vars(a), "runs": runs}, data.name)

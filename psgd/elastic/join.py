@@ -91,9 +91,10 @@ def _train(inter, welcome: dict, debug: bool) -> int:
         raise ValueError(f"the run's data {settings.data} is not on this node")
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     roles = Roles(comm=inter, rank=S, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
-    # the whole training set in an order of this slot's own
-    job = _build(replace(settings, seed=settings.seed + 1 + slot), roles, debug, None,
-                 welcome["run_id"])
+    # the whole training set in an order of this slot's own; the servers write every file
+    mine = replace(settings, seed=settings.seed + 1 + slot, checkpoint_dir=None, log=None,
+                   tensorboard=None, record=None)
+    job = _build(mine, roles, debug, None, welcome["run_id"])
     model, reader = job.model, job.reader
     worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False))
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull

@@ -18,7 +18,7 @@ from psgd.mpi import wait
 from psgd.mpi.roles import Roles
 from psgd.protocols import get, names
 from psgd.run.checkpoint import new_run_id
-from psgd.run.job import _build
+from psgd.run.job import _announce, _build
 from psgd.run.metrics import MetricsLog
 from psgd.run.settings import TrainSettings, resolve_run
 from psgd.run.signals import EXIT_STOPPED, received, signal_name
@@ -86,13 +86,33 @@ def serve_main(args: argparse.Namespace) -> None:
     job = _build(settings, Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1,
                                  worker_comm=None), bool(getattr(args, "debug", False)), None,
                  run_id)
+    _announce(job, None)   # --overwrite: another run's checkpoints go
     slots = args.max_workers or options.DEFAULT_MAX_WORKERS
-    links = Links(comm, slots, settings.stall_timeout)
-    roles = Roles(comm=links, rank=0, size=1 + slots, n_servers=1, n_workers=slots,
-                  worker_comm=None)
     log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
     log.write("config", **settings.as_dict(), run_id=run_id, elastic=True, max_workers=slots,
               n_params=job.model.n_params, total_updates=job.total_steps)
+    port = MPI.Open_port()
+    door = Door(comm, port, args.port_file, settings.stall_timeout)
+    _publish(port, args.port_file)
+    t0 = time.perf_counter()
+    server = _server(job, comm, slots, door, log,
+                     args.no_worker_timeout or options.DEFAULT_NO_WORKER_S)
+    result = server.run()
+    door.close()
+    code = _finish(job, server, result, log, time.perf_counter() - t0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
+            no_worker_s: float) -> ElasticServer:
+    """The server of ``job``'s shard, its events logged (and all but steps printed)."""
+    s = job.settings
+    roles = Roles(comm=Links(comm, slots, s.stall_timeout), rank=0, size=1 + slots,
+                  n_servers=1, n_workers=slots, worker_comm=None)
+    welcome = {"settings": {**s.as_dict(), "data": os.path.abspath(s.data)},
+               "run_id": job.run_id, "servers": 1}
 
     def event(kind: str, **fields) -> None:
         log.write(kind, **fields)
@@ -102,26 +122,14 @@ def serve_main(args: argparse.Namespace) -> None:
     def snapshot(clock, params, opt_state):
         job.save_checkpoint(clock + 1, params, opt_state)
 
-    welcome = {"settings": {**settings.as_dict(), "data": os.path.abspath(settings.data)},
-               "run_id": run_id, "servers": 1}
-    port = MPI.Open_port()
-    door = Door(comm, port, args.port_file, settings.stall_timeout)
-    _publish(port, args.port_file)
-    t0 = time.perf_counter()
-    server = ElasticServer(
+    return ElasticServer(
         roles, job.shard_map, replace(job.config, push_window=False),
         init_shard=job.model.params.copy(), init_opt_state=None,
-        on_snapshot=snapshot if settings.checkpoint_dir else None, start_clock=0,
+        on_snapshot=snapshot if s.checkpoint_dir else None, start_clock=0,
         door=door, welcome=lambda w, clock: welcome, updates=job.total_steps,
-        no_worker_s=args.no_worker_timeout or options.DEFAULT_NO_WORKER_S, event=event,
+        no_worker_s=no_worker_s, event=event,
         stopped=lambda: f"stopped by {signal_name(received())}" if received() else "",
-        log_every=settings.log_every)
-    result = server.run()
-    door.close()
-    code = _finish(job, server, result, log, time.perf_counter() - t0)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        log_every=s.log_every)
 
 
 def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) -> int:

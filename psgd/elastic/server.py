@@ -58,6 +58,7 @@ class ElasticServer(_Server):
         self.n_done = self.W
         self.state = [FREE] * self.W
         self.first = np.zeros(self.W, np.int64)     # the clock each worker started at
+        self.span = np.full((self.W, 2), -1, np.int64)   # updates applied when it came, left
         self.data_reqs: list = [None] * self.W      # each worker's reply in flight
         self.sent: list = []                        # welcome messages (buffer, request)
         self.over, self.abandoned = False, False
@@ -107,6 +108,7 @@ class ElasticServer(_Server):
             self.state[w] = LIVE
         if self.done[w] and self.state[w] == LIVE:
             self.state[w] = DONE
+            self.span[w, 1] = self.n_pushes
             self.links.drop(w)
             self.event("left", worker=w, **self._tally(w), how="done")
         if self.n_pushes % self.log_every == 0 and self.n_pushes > self.logged:
@@ -134,7 +136,7 @@ class ElasticServer(_Server):
             return
         clock = self.version
         self._send_welcome(inter, {**self.welcome(w, clock), "slot": w, "clock": clock})
-        self.state[w], self.first[w] = JOINING, clock
+        self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
         self.pushes[w], self.done[w] = clock, False
         self.n_done -= 1
         self.links.add(w, inter)
@@ -147,6 +149,7 @@ class ElasticServer(_Server):
     def _drop(self, w: int, why: str) -> None:
         """Declare worker ``w`` lost: nothing of it is applied or awaited any more."""
         self.state[w] = LOST
+        self.span[w, 1] = self.n_pushes
         self.links.drop(w)
         self.pending = [p for p in self.pending if p[0] != self.S + w]
         dead = self.data_reqs[w]
@@ -173,6 +176,8 @@ class ElasticServer(_Server):
         self._answer_pulls()
 
     def roster(self) -> list[dict]:
-        """Every slot that was taken: its state and pushes."""
-        return [{"worker": w, "state": self.state[w], **self._tally(w)}
+        """Every slot that was taken: its state, pushes, and the updates applied when it
+        joined and when it left (-1: it did not)."""
+        return [{"worker": w, "state": self.state[w], **self._tally(w),
+                 "joined_at": int(self.span[w, 0]), "left_at": int(self.span[w, 1])}
                 for w in range(self.W) if self.state[w] != FREE]

@@ -67,6 +67,12 @@ class ElasticServer(_Server):
 
     # ------------------------------------------------------------ the loop's hooks
 
+    def _describe(self) -> str:
+        if not self.links.live:
+            return (f"a worker to join (none connected; the run ends after "
+                    f"{self.no_worker_s:g} s without one, --no-worker-timeout)")
+        return super()._describe()
+
     def _serving(self) -> bool:
         return not self.over or bool(self.links.live) or bool(self.snapshots.assembling)
 

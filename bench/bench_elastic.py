@@ -18,12 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, add_output_arguments, dataset, mpiexec, out_dir, result_stem, write_json
+import common
 
 
 def _job(args: list, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([mpiexec(), "-n", "1", sys.executable, "-m", "psgd", *map(str, args)],
-                            stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=ROOT,
+    return subprocess.Popen([common.mpiexec(), "-n", "1", sys.executable, "-m", "psgd", *map(str, args)],
+                            stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=common.ROOT,
                             start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
@@ -83,11 +83,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stall-timeout", default="3")
     ap.add_argument("--quick", action="store_true", help="synthetic data")
-    add_output_arguments(ap)
+    common.add_output_arguments(ap)
     a = ap.parse_args()
-    out = out_dir(a, "elastic")
+    out = common.out_dir(a, "elastic")
     with tempfile.TemporaryDirectory() as tmp:
-        data = dataset(Path(tmp), a.quick, "bench_elastic")
+        data = common.dataset(Path(tmp), a.quick, "bench_elastic")
         runs = []
         print(f"| run ({a.workers} workers) | updates | wall s | test accuracy |\n|---|---|---|---|",
               flush=True)
@@ -98,7 +98,7 @@ def main() -> None:
                 runs.append(one_run(d, data.path, a, scenario))
                 print(f"| {SCENARIOS[scenario]} | {runs[-1]['updates']} | {runs[-1]['wall_s']:.1f} | "
                       f"{runs[-1]['test_accuracy']:.4f} |", flush=True)
-    write_json(out / f"{result_stem('elastic', a.quick)}.json",
+    common.write_json(out / f"{common.result_stem('elastic', a.quick)}.json",
                {"args": vars(a), "runs": runs}, data.name)
 
 

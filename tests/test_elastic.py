@@ -135,7 +135,7 @@ def test_a_killed_worker_job_is_dropped_and_the_run_reaches_its_accuracy(tmp_pat
     for summary in (whole, cut):
         assert UPDATES <= summary["updates"] < UPDATES + 2, summary
         assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
-    assert 0.1 * UPDATES <= workers[0]["pushes"] < 0.4 * UPDATES   # its share of 30 %
+    assert 0.05 * UPDATES <= workers[0]["pushes"] < 0.4 * UPDATES   # its share of 30 %
     assert workers[0]["left_at"] >= 0.3 * UPDATES and workers[1]["left_at"] >= UPDATES
     # the same number of updates from the same distribution; asp's order differs run to run
     # (docs/results/elastic.md: the spread of repeated uninterrupted runs is under 0.02)

@@ -22,7 +22,8 @@ import common
 
 
 def _job(args: list, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([common.mpiexec(), "-n", "1", sys.executable, "-m", "psgd", *map(str, args)],
+    cmd = [common.mpiexec(), "-n", "1", sys.executable, "-m", "psgd", *map(str, args)]
+    return subprocess.Popen(cmd,
                             stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=common.ROOT,
                             start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 

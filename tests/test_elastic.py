@@ -26,7 +26,8 @@ def data(tmp_path_factory):
 
 def _start(args: list, out) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PSGD_STALL_ABORT="120")
-    return subprocess.Popen([mpiexec_path(), "-n", "1", sys.executable, "-m", "psgd", *map(str, args)],
+    cmd = [mpiexec_path(), "-n", "1", sys.executable, "-m", "psgd", *map(str, args)]
+    return subprocess.Popen(cmd,
                             stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True)
 

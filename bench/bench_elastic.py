@@ -68,7 +68,8 @@ def one_run(tmp: Path, data: Path, a, scenario: str) -> dict:
         p.wait(timeout=900)
     records = [json.loads(x) for x in log.read_text().splitlines()]
     summary = next(r for r in records if r["kind"] == "summary")
-    return {"scenario": scenario, "wall_s": summary["wall_s"], "test_accuracy": summary["test_accuracy"],
+    return {"scenario": scenario, "wall_s": summary["wall_s"],
+            "test_accuracy": summary["test_accuracy"],
             "updates": summary["updates"], "workers": summary["workers"],
             "events": [r for r in records if r["kind"] in ("joined", "lost", "left")]}
 
@@ -90,14 +91,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = common.dataset(Path(tmp), a.quick, "bench_elastic")
         runs = []
-        print(f"| run ({a.workers} workers) | updates | wall s | test accuracy |\n|---|---|---|---|",
-              flush=True)
+        print(f"| run ({a.workers} workers) | updates | wall s | test accuracy |\n"
+              f"|---|---|---|---|", flush=True)
         for r in range(a.repeats):
             for scenario in SCENARIOS:
                 d = Path(tmp) / f"run{r}-{scenario}"
                 d.mkdir()
                 runs.append(one_run(d, data.path, a, scenario))
-                print(f"| {SCENARIOS[scenario]} | {runs[-1]['updates']} | {runs[-1]['wall_s']:.1f} | "
+                print(f"| {SCENARIOS[scenario]} | {runs[-1]['updates']} | "
+                      f"{runs[-1]['wall_s']:.1f} | "
                       f"{runs[-1]['test_accuracy']:.4f} |", flush=True)
     common.write_json(out / f"{common.result_stem('elastic', a.quick)}.json",
                {"args": vars(a), "runs": runs}, data.name)

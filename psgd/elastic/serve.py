@@ -153,7 +153,8 @@ def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) ->
               abandoned=server.abandoned, checkpoint=str(ckpt) if ckpt else None)
     log.close()
     lost = sum(r["state"] == "lost" for r in roster)
-    print(f"psgd: {s.model} with {s.protocol}, elastic: {server.n_pushes} updates from {len(roster)} "
+    print(f"psgd: {s.model} with {s.protocol}, elastic: {server.n_pushes} updates from "
+          f"{len(roster)} "
           f"worker(s), {lost} lost, in {wall:.1f} s; final test accuracy {acc:.4f} "
           f"(loss {loss:.4f})" + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)
     if server.abandoned:

@@ -136,7 +136,8 @@ class ElasticServer(_Server):
         """Welcome a worker that connected: a slot, the clock it starts at, the run's settings."""
         w = self.state.index(FREE) if FREE in self.state else -1
         if self.over or w < 0:
-            why = "the run is over" if self.over else f"all {self.W} slots were taken (--max-workers)"
+            why = ("the run is over" if self.over else
+                   f"all {self.W} slots were taken (--max-workers)")
             self._send_welcome(inter, {"refused": why})
             self.event("refused", why=why)
             return

@@ -102,7 +102,7 @@ def main() -> None:
                       f"{runs[-1]['wall_s']:.1f} | "
                       f"{runs[-1]['test_accuracy']:.4f} |", flush=True)
     common.write_json(out / f"{common.result_stem('elastic', a.quick)}.json",
-               {"args": vars(a), "runs": runs}, data.name)
+                      {"args": vars(a), "runs": runs}, data.name)
 
 
 if __name__ == "__main__":

@@ -1,1 +1,1 @@
-"""Elastic asynchronous training: a server job that workers (each its own MPI job) join and leave."""
+"""Elastic asynchronous training: a server job that worker jobs join and leave while it trains."""

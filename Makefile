@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-simulate bench-pipeline bench-tensor
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-simulate bench-pipeline bench-tensor bench-elastic
 
 install: $(STAMP)
 
@@ -173,6 +173,9 @@ bench-gossip: install
 # a wide MLP split over T ranks (--tensor) against D data replicas and the grid (a few minutes)
 bench-tensor: install
 	$(PY) bench/bench_tensor.py $(ARGS)
+
+bench-elastic: install   # a run that loses a worker and gains one, against an uninterrupted one
+	$(PY) bench/bench_elastic.py $(ARGS)
 
 # stragglers (none, one 3x slower, transient pauses) x bsp, ssp s=1,3,8, asp, ssp auto x W=2,4 x 3
 # seeds, LeNet on Fashion-MNIST: time to a target test accuracy (ARGS=--quick: a smoke run;

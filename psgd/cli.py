@@ -26,6 +26,7 @@ from psgd.errors import launcher_rank, report_and_abort  # noqa: E402
 COMMANDS = {
     "train": ("psgd.run.command", "train a model under mpiexec/srun (one process per rank)"),
     "data": ("psgd.data.cli", "make, convert and inspect HDF5 datasets"),
+    "join": ("psgd.elastic.join", "join a running elastic run (psgd train --elastic) as one worker"),
     "plot": ("psgd.plot", "draw PNG charts from JSON-lines training logs"),
     "plan": ("psgd.plan.command", "predict each protocol's throughput on a cluster and pick one"),
     "simulate": ("psgd.simulate.command", "simulate a protocol at W workers: throughput, staleness, "

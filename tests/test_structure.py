@@ -8,7 +8,7 @@ from psgd.protocols import PROTOCOLS
 ROOT = Path(__file__).resolve().parents[1]
 # each package may import only from the layers below it (and foundation modules at the top)
 LAYERS = ["kernels", "nn data compress", "mpi", "collectives ps hogwild gossip pipeline tensor",
-          "protocols", "run plan", "simulate", "cli"]
+          "protocols", "run plan elastic", "simulate", "cli"]
 FOUNDATION = {"psgd.errors", "psgd.env", "psgd.config", "psgd.atomic_file", "psgd.halves"}
 
 

@@ -83,6 +83,9 @@ class Protocol:
         ``--momentum-correction gain`` applies, and ``auto`` means it with error
         feedback (:mod:`psgd.compress.gain`): the servers step plain SGD at the
         momentum's gain on every worker's push of a clock at once.
+    elastic : bool
+        ``--elastic`` applies: workers may be lost and join while the servers run
+        (:mod:`psgd.elastic`); it needs a worker half that waits on no other worker.
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -134,6 +137,7 @@ class Protocol:
     momentum_gain: bool = False
     hot_rows: bool = False
     pipelines: tuple[str, ...] = ()   # --pipeline schedules whose stage replicas it combines
+    elastic: bool = False
     graph: str | None = None
     cost: str | None = None
     example: dict = field(default_factory=dict, hash=False)
@@ -367,7 +371,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         "online, up to --staleness-max); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
              cost=_COST + "async_rows",
-             **_STALE, momentum_correction=True,
+             **_STALE, momentum_correction=True, elastic=True,
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",

@@ -103,6 +103,7 @@ class _Server:
         self.frame = (np.zeros(self.compressor.max_bytes(self.n), np.uint8)
                       if self.compressor is not None else None)
         self.push_bytes = 0   # control header and payload of every push, as received
+        self.reply_shard = self.shard   # a reply's shard field (messages.OVER: the run is over)
 
     # ------------------------------------------------------------ the loop
 
@@ -132,7 +133,7 @@ class _Server:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         poller = _wait.Poller(self._describe)
         tl, idle_since = timeline.current, wall0
-        while self.n_done < self.W or self.snapshots.assembling:
+        while self._serving():
             msg = comm.Improbe(self.order.source(self.S), TAG_CTRL, status)
             if msg is not None:
                 t0 = time.perf_counter()
@@ -151,6 +152,8 @@ class _Server:
                         idle_since = self._span(tl, idle_since, t0, "snapshot")
                     continue
             self.versions.reap()
+            if self._between():
+                poller = _wait.Poller(self._describe)
             if poller.waited() > IDLE_WORK_S:
                 self.rule.idle()
             poller.idle()
@@ -179,6 +182,15 @@ class _Server:
         if self.window is not None:
             self.window.free()
         return result
+
+    def _serving(self) -> bool:
+        """Whether the loop goes on: a worker is not done, or a snapshot is assembling."""
+        return self.n_done < self.W or bool(self.snapshots.assembling)
+
+    def _between(self) -> bool:
+        """Work between messages when none is waiting; True when the set of workers changed
+        (an elastic server admits and drops workers here, :mod:`psgd.elastic.server`)."""
+        return False
 
     def _span(self, tl, idle_since: float, t0: float, kind: str | None = None) -> float:
         """The message just handled (from ``t0``) and the idle gap before it, as timeline spans."""
@@ -340,7 +352,7 @@ class _Server:
             _wait.wait(self.hdr_reqs[w], f"rank {dest} to take its previous reply header")
         self.order.replied(w, clock)
         bound = int(self.bound) if math.isfinite(self.bound) else -1
-        self.reply_hdr[w, :4] = (bound, int((now - since) * 1e6), self.version, self.shard)
+        self.reply_hdr[w, :4] = (bound, int((now - since) * 1e6), self.version, self.reply_shard)
         reply_momentum(self.reply_hdr)[w] = self.rule.worker_momentum()
         if self.adaptive is not None:
             self.adaptive.answered(w, now - since)

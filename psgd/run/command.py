@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from psgd.elastic import options as elastic_options
 from psgd.env import env_float
 from psgd.pipeline import options as pipeline_options
 from psgd.run import settings
@@ -15,14 +16,16 @@ __all__ = ["DESCRIPTION", "add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings.add_arguments(parser)
     pipeline_options.add_arguments(parser)
+    elastic_options.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> None:
     from psgd.errors import launcher_rank
     from psgd.run import init_watch
 
-    try:   # a pipeline flag without --pipeline: a usage error, printed once, before MPI starts
+    try:   # a pipeline or elastic flag without its mode: a usage error, printed once, before MPI
         pipeline_options.from_args(args)
+        elastic_options.check(args)
     except ValueError as exc:
         if launcher_rank() == 0:
             print(f"psgd train: error: {exc} (see --help)", file=sys.stderr, flush=True)
@@ -40,4 +43,7 @@ def run(args: argparse.Namespace) -> None:
         from psgd.run.pipeline_job import train_pipeline
         train_pipeline(args)
         return
+    if args.elastic:
+        from psgd.elastic.serve import serve_main
+        return serve_main(args)
     train_main(args)

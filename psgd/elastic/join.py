@@ -1,0 +1,111 @@
+"""`psgd join`: one worker of an elastic run, its own MPI job, connected to the servers' port.
+
+The worker learns everything from the servers (settings, its slot, the clock it starts at),
+pulls the current parameters, and pushes like any asp worker until a pull reply says the run
+is over. It reads the whole training set in an order of its own (seeded by its slot), so a
+lost worker leaves no rows unread.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+DESCRIPTION = """Join a running elastic run (psgd train --elastic) as one more worker.
+
+Run it as its own MPI job, e.g. `mpiexec -n 1 psgd join --port-file run/port`, as often as
+workers are wanted; each such job is one worker, and its loss does not stop the run. The
+settings (model, data, optimizer) come from the servers; the data file's path must reach
+the same file here (the servers send it as an absolute path)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port-file", required=True, metavar="PATH",
+                        help="the file the server job wrote its port name to (--port-file)")
+    parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                        help="how long to wait for the servers to admit this worker (default 60)")
+
+
+def _port(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            port = fh.read().strip()
+    except FileNotFoundError:
+        raise ValueError(f"--port-file {path}: no such file (is the server job running? it "
+                         f"writes the file once its port is open, and removes it at the end)"
+                         ) from None
+    if not port:
+        raise ValueError(f"--port-file {path} is empty")
+    return port
+
+
+def _welcome(inter, wait_s: float) -> dict:
+    """The servers' first message: the run's settings, this worker's slot and first clock."""
+    from mpi4py import MPI
+
+    from psgd.elastic.server import TAG_WELCOME
+    status, deadline = MPI.Status(), time.monotonic() + wait_s
+    while (msg := inter.Improbe(0, TAG_WELCOME, status)) is None:
+        if time.monotonic() > deadline:
+            raise ValueError(f"no welcome from the servers within {wait_s:g} s (--wait)")
+        time.sleep(0.01)
+    buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+    msg.Recv(buf)
+    welcome = json.loads(bytes(buf).decode())
+    if "refused" in welcome:
+        raise ValueError(f"the servers refused this worker: {welcome['refused']}")
+    return welcome
+
+
+def run(args: argparse.Namespace) -> None:
+    port = _port(args.port_file)
+    from mpi4py import MPI
+
+    from psgd.elastic.door import knock
+    knock(args.port_file, args.wait)
+    inter = MPI.COMM_SELF.Connect(port)
+    welcome = _welcome(inter, args.wait)
+    pushes = _train(inter, welcome, bool(getattr(args, "debug", False)))
+    print(f"psgd: worker {welcome['slot']}: {pushes} pushes from clock {welcome['clock']}; the "
+          f"servers ended the run", flush=True)
+    sys.stdout.flush()
+    os._exit(0)   # MPI_Finalize could wait on the server job, which leaves the same way
+
+
+def _train(inter, welcome: dict, debug: bool) -> int:
+    """Train as worker ``welcome['slot']`` until the servers say the run is over; the pushes."""
+    from psgd.elastic.worker import ElasticWorker
+    from psgd.mpi import wait
+    from psgd.mpi.roles import Roles
+    from psgd.run.job import _build
+    from psgd.run.settings import TrainSettings
+
+    slot, clock, S = welcome["slot"], welcome["clock"], welcome["servers"]
+    settings = TrainSettings(**welcome["settings"])
+    if not os.path.exists(settings.data):
+        raise ValueError(f"the run's data {settings.data} is not on this node")
+    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    roles = Roles(comm=inter, rank=S, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
+    # the whole training set in an order of this slot's own; the servers write every file
+    mine = replace(settings, seed=settings.seed + 1 + slot, checkpoint_dir=None, log=None,
+                   tensorboard=None, record=None)
+    job = _build(mine, roles, debug, None, welcome["run_id"])
+    model, reader = job.model, job.reader
+    worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False))
+    model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
+    worker.start(model.params, clock)
+    first = clock
+    while not worker.over:
+        if model.stochastic:
+            model.reseed(slot, clock)
+        x, y = reader.batch(clock)
+        model.loss_and_grad(x, y)
+        worker.step(model.params, model.grad, clock)
+        clock += 1
+    worker.finish()
+    return clock - first

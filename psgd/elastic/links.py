@@ -1,0 +1,95 @@
+"""The servers' view of joined workers: one intercommunicator per worker, addressed as job ranks.
+
+:class:`Links` stands in for the job communicator of :mod:`psgd.ps.server`: rank ``S + w``
+is the one remote rank of worker ``w``'s intercommunicator (from ``MPI_Comm_accept``), and
+ranks below S are the server job's own. So the server loop, its messages and its update
+rule run unchanged, each worker isolated on its own intercommunicator.
+"""
+from __future__ import annotations
+
+import time
+
+from mpi4py import MPI
+
+
+class WorkerLost(Exception):
+    """A message of worker ``w`` that was due never came (its link is silent)."""
+
+    def __init__(self, w: int) -> None:
+        super().__init__(f"worker {w} went silent")
+        self.w = w
+
+
+class Links:
+    """A communicator-like object over the server job's ranks and the workers' links.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The server job's communicator (S ranks, all servers).
+    slots : int
+        The most workers that may join over the run (slot ``w`` is rank ``S + w``).
+    silence_s : float
+        A message due from a worker (a push's payload after its header) that has not come
+        this long after the worker's last one raises :class:`WorkerLost`.
+    """
+
+    def __init__(self, comm: MPI.Comm, slots: int, silence_s: float) -> None:
+        self.comm, self.S = comm, comm.Get_size()
+        self.slots, self.silence_s = int(slots), float(silence_s)
+        self.inter: list = [None] * self.slots   # None: not joined, or dropped
+        self.heard = [0.0] * self.slots           # time.monotonic() of the last message
+        self.live: list[int] = []                 # joined and not dropped, in join order
+        self._next = 0                            # round-robin start of an any-source probe
+
+    def Get_rank(self) -> int:   # noqa: N802 - mpi4py's names
+        return self.comm.Get_rank()
+
+    def Get_size(self) -> int:   # noqa: N802
+        return self.S + self.slots
+
+    def add(self, w: int, inter: MPI.Intercomm) -> None:
+        """Worker ``w`` joined over ``inter``."""
+        self.inter[w] = inter
+        self.heard[w] = time.monotonic()
+        self.live.append(w)
+
+    def drop(self, w: int) -> None:
+        """Forget worker ``w``: no message of it is probed again (its link stays open: a
+        disconnect would wait on the worker)."""
+        self.inter[w] = None
+        if w in self.live:
+            self.live.remove(w)
+
+    def Improbe(self, source: int, tag: int, status: MPI.Status):   # noqa: N802
+        """``MPI_Improbe`` on the rank ``source`` names (any source: every live link, then
+        the servers); the status carries the job rank of the sender."""
+        if source == MPI.ANY_SOURCE:
+            n = len(self.live)
+            for i in range(n):
+                w = self.live[(self._next + i) % n]
+                msg = self._probe(w, tag, status)
+                if msg is not None:
+                    self._next = (self._next + i + 1) % max(n, 1)
+                    return msg
+            return self.comm.Improbe(MPI.ANY_SOURCE, tag, status)
+        if source < self.S:
+            return self.comm.Improbe(source, tag, status)
+        w = source - self.S
+        msg = self._probe(w, tag, status) if self.inter[w] is not None else None
+        if msg is None and time.monotonic() - self.heard[w] > self.silence_s:
+            raise WorkerLost(w)
+        return msg
+
+    def _probe(self, w: int, tag: int, status: MPI.Status):
+        msg = self.inter[w].Improbe(0, tag, status)
+        if msg is not None:
+            status.Set_source(self.S + w)
+            self.heard[w] = time.monotonic()
+        return msg
+
+    def Isend(self, buf, dest: int, tag: int) -> MPI.Request:   # noqa: N802
+        """``MPI_Isend`` to job rank ``dest`` (a server, or a joined worker's link)."""
+        if dest < self.S:
+            return self.comm.Isend(buf, dest, tag)
+        return self.inter[dest - self.S].Isend(buf, 0, tag)

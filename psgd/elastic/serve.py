@@ -1,0 +1,164 @@
+"""`psgd train --elastic`: the server job of an elastic run, from its port to its summary."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.elastic import options
+from psgd.elastic.links import Links
+from psgd.elastic.door import Door
+from psgd.elastic.server import ElasticServer
+from psgd.mpi import wait
+from psgd.mpi.roles import Roles
+from psgd.protocols import get, names
+from psgd.run.checkpoint import new_run_id
+from psgd.run.job import _announce, _build
+from psgd.run.metrics import MetricsLog
+from psgd.run.settings import TrainSettings, resolve_run
+from psgd.run.signals import EXIT_STOPPED, received, signal_name
+
+
+def _settings(args: argparse.Namespace, comm: MPI.Comm) -> TrainSettings:
+    """The run's settings, refused with one line where the elastic run cannot take them."""
+    options.check(args)
+    settings, resumed = resolve_run(args)
+    protocol = get(settings.protocol)
+    if not protocol.elastic:
+        raise ValueError(f"--elastic runs --protocol {names(elastic=True)} so far, not "
+                         f"{settings.protocol}: its servers must not wait for any worker in "
+                         f"particular")
+    if comm.Get_size() != 1 or settings.servers != 1:
+        raise ValueError(f"--elastic runs one server rank so far: start the server job with "
+                         f"mpiexec -n 1 and --servers 1 (got {comm.Get_size()} rank(s), "
+                         f"--servers {settings.servers}); workers join with `psgd join`")
+    if not args.port_file:
+        raise ValueError("--elastic needs --port-file PATH: where the workers find the servers "
+                         "(a shared file system across nodes)")
+    if resumed is not None:
+        raise ValueError("--elastic does not resume from a checkpoint yet: start a fresh run "
+                         "(its checkpoints hold the parameters and optimizer state)")
+    if str(settings.staleness_comp).startswith("dana"):
+        raise ValueError(f"--elastic runs without --staleness-comp {settings.staleness_comp} "
+                         f"(its replies to a lost worker would be waited on): pass "
+                         f"--staleness-comp none, or --optimizer sgd")
+    if (args.no_worker_timeout or options.DEFAULT_NO_WORKER_S) >= settings.stall_abort:
+        raise ValueError("--no-worker-timeout must be below --stall-abort")
+    return settings
+
+
+def _publish(port: str, path: str) -> None:
+    """Write the port name to ``path`` (atomically: a joiner never reads half of it)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(port + "\n")
+    os.replace(tmp, path)
+    print(f"psgd: elastic server ready: workers join with `mpiexec -n 1 psgd join --port-file "
+          f"{path}`", flush=True)
+
+
+def _say(kind: str, fields: dict) -> str:
+    w = fields.get("worker")
+    if kind == "joined":
+        return f"worker {w} joined at clock {fields['clock']} ({fields['updates']} updates so far)"
+    if kind in ("left", "lost"):
+        how = "finished" if kind == "left" else f"lost: {fields['why']}"
+        return (f"worker {w} {how}; it pushed {fields['pushes']} times (clocks "
+                f"{fields['first_clock']}..{fields['last_clock']})")
+    if kind == "refused":
+        return f"a joiner was refused: {fields['why']}"
+    return f"run over: {fields['why']}"
+
+
+def serve_main(args: argparse.Namespace) -> None:
+    """Entry point of ``psgd train --elastic`` (one rank): serve until the run's updates are
+    applied, then evaluate, checkpoint and leave by ``os._exit`` (a lost worker's requests stay
+    pending, and MPI_Finalize would wait on them)."""
+    comm = MPI.COMM_WORLD
+    settings = _settings(args, comm)
+    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    run_id = new_run_id()
+    job = _build(settings, Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1,
+                                 worker_comm=None), bool(getattr(args, "debug", False)), None,
+                 run_id)
+    _announce(job, None)   # --overwrite: another run's checkpoints go
+    slots = args.max_workers or options.DEFAULT_MAX_WORKERS
+    log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
+    log.write("config", **settings.as_dict(), run_id=run_id, elastic=True, max_workers=slots,
+              n_params=job.model.n_params, total_updates=job.total_steps)
+    port = MPI.Open_port()
+    door = Door(comm, port, args.port_file, settings.stall_timeout)
+    _publish(port, args.port_file)
+    t0 = time.perf_counter()
+    server = _server(job, comm, slots, door, log,
+                     args.no_worker_timeout or options.DEFAULT_NO_WORKER_S)
+    result = server.run()
+    door.close()
+    code = _finish(job, server, result, log, time.perf_counter() - t0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
+            no_worker_s: float) -> ElasticServer:
+    """The server of ``job``'s shard, its events logged (and all but steps printed)."""
+    s = job.settings
+    roles = Roles(comm=Links(comm, slots, s.stall_timeout), rank=0, size=1 + slots,
+                  n_servers=1, n_workers=slots, worker_comm=None)
+    welcome = {"settings": {**s.as_dict(), "data": os.path.abspath(s.data)},
+               "run_id": job.run_id, "servers": 1}
+
+    def event(kind: str, **fields) -> None:
+        log.write(kind, **fields)
+        if kind != "step":
+            print(f"psgd: {_say(kind, fields)}", flush=True)
+
+    def snapshot(clock, params, opt_state):
+        job.save_checkpoint(clock + 1, params, opt_state)
+
+    return ElasticServer(
+        roles, job.shard_map, replace(job.config, push_window=False),
+        init_shard=job.model.params.copy(), init_opt_state=None,
+        on_snapshot=snapshot if s.checkpoint_dir else None, start_clock=0,
+        door=door, welcome=lambda w, clock: welcome, updates=job.total_steps,
+        no_worker_s=no_worker_s, event=event,
+        stopped=lambda: f"stopped by {signal_name(received())}" if received() else "",
+        log_every=s.log_every)
+
+
+def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) -> int:
+    """Evaluate the final parameters, write the summary and the last checkpoint; the exit code."""
+    from psgd.data.reader import ShardReader
+    from psgd.nn.model import CALIBRATION_SAMPLES
+    s, model = job.settings, job.model
+    model.params[:] = result.params
+    reader = ShardReader(s.data, 0, 1, s.batch_size, seed=s.seed)
+    model.set_calibration(reader.calibration_rows(CALIBRATION_SAMPLES)[0])
+    x, y = reader.test_set()
+    if s.eval_samples:
+        x, y = x[:s.eval_samples], y[:s.eval_samples]
+    loss, acc = model.evaluate(x, y)
+    ckpt = (job.save_checkpoint(server.version, result.params, result.opt_state or {})
+            if s.checkpoint_dir else None)
+    roster = server.roster()
+    log.write("summary", updates=server.n_pushes, samples=server.n_pushes * s.batch_size,
+              wall_s=wall, test_loss=loss, test_accuracy=acc, workers=roster,
+              staleness_histogram=np.asarray(result.staleness_hist).tolist(),
+              abandoned=server.abandoned, checkpoint=str(ckpt) if ckpt else None)
+    log.close()
+    lost = sum(r["state"] == "lost" for r in roster)
+    print(f"psgd: {s.model} with {s.protocol}, elastic: {server.n_pushes} updates from "
+          f"{len(roster)} "
+          f"worker(s), {lost} lost, in {wall:.1f} s; final test accuracy {acc:.4f} "
+          f"(loss {loss:.4f})" + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)
+    if server.abandoned:
+        print("psgd: error: the run ended early: no worker was connected for "
+              f"{server.no_worker_s:g} s (--no-worker-timeout)", file=sys.stderr, flush=True)
+        return 1
+    return EXIT_STOPPED if received() else 0

@@ -1,0 +1,190 @@
+"""The elastic server: psgd's parameter-server loop over joined workers, who may come and go.
+
+:class:`ElasticServer` is :mod:`psgd.ps.server`'s loop and update rule, with
+:class:`psgd.elastic.links.Links` as its communicator. Between messages it admits the
+workers that knock (:mod:`psgd.elastic.door`), and drops a worker
+silent longer than the stall timeout; the run ends when the servers have applied the
+run's updates, counted here, or when no worker has been connected for the no-worker timeout.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.elastic.links import Links, WorkerLost
+from psgd.errors import PsgdError
+from psgd.ps.messages import OVER
+from psgd.ps.server import _Server
+
+TAG_WELCOME = 7201
+FREE, JOINING, LIVE, DONE, LOST = "free", "joining", "live", "done", "lost"
+
+
+class ElasticServer(_Server):
+    """Serve one shard to whoever is connected until ``updates`` pushes are applied.
+
+    Parameters
+    ----------
+    roles : psgd.mpi.roles.Roles
+        ``comm`` a :class:`Links`; ``n_workers`` its slots (each join takes one).
+    door : psgd.elastic.door.Door
+        Where joiners knock.
+    welcome : callable
+        ``welcome(slot, clock) -> dict``: what a new worker is told (settings, run id).
+    updates : int
+        The run's length: pushes applied over all workers.
+    no_worker_s : float
+        The run ends (abandoned) after this long without a connected worker.
+    event : callable
+        ``event(kind, **fields)``: a join, a loss, a worker done, the end (logged by the job).
+    stopped : callable
+        ``stopped() -> str``: why to end the run now (a stop signal), or "".
+    log_every : int
+        A ``step`` event every this many updates.
+    """
+
+    def __init__(self, roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
+                 start_clock, *, door, welcome, updates: int, no_worker_s: float,
+                 event, stopped, log_every: int = 20) -> None:
+        super().__init__(roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
+                         start_clock)
+        self.links: Links = roles.comm
+        self.door, self.welcome, self.event, self.stopped = door, welcome, event, stopped
+        self.updates, self.no_worker_s = int(updates), float(no_worker_s)
+        self.done[:] = True          # a slot counts in the version only while its worker is in
+        self.n_done = self.W
+        self.state = [FREE] * self.W
+        self.first = np.zeros(self.W, np.int64)     # the clock each worker started at
+        self.span = np.full((self.W, 2), -1, np.int64)   # updates applied when it came, left
+        self.data_reqs: list = [None] * self.W      # each worker's reply in flight
+        self.sent: list = []                        # welcome messages (buffer, request)
+        self.over, self.abandoned = False, False
+        self.empty_since = time.monotonic()
+        self.log_every, self.logged = max(int(log_every), 1), 0
+
+    # ------------------------------------------------------------ the loop's hooks
+
+    def _describe(self) -> str:
+        if not self.links.live:
+            return (f"a worker to join (none connected; the run ends after "
+                    f"{self.no_worker_s:g} s without one, --no-worker-timeout)")
+        return super()._describe()
+
+    def _serving(self) -> bool:
+        return not self.over or bool(self.links.live) or bool(self.snapshots.assembling)
+
+    def _between(self) -> bool:
+        changed = False
+        for knock in self.door.knocks():
+            self._admit(self.door.admit(knock))
+            changed = True
+        now = time.monotonic()
+        for w in list(self.links.live):
+            silent = now - self.links.heard[w]
+            if self.state[w] == JOINING and silent > self.no_worker_s:
+                self._drop(w, f"sent nothing for {silent:.0f} s after joining")
+                changed = True
+            elif self.state[w] == LIVE and silent > self.links.silence_s:
+                self._drop(w, f"silent for {silent:.1f} s (--stall-timeout "
+                              f"{self.links.silence_s:g})")
+                changed = True
+        if not self.over and self.stopped():
+            self._end(self.stopped())
+        if self.links.live:
+            self.empty_since = now
+        elif not self.over and now - self.empty_since > self.no_worker_s:
+            self.abandoned = True
+            self._end(f"no worker connected for {self.no_worker_s:g} s (--no-worker-timeout)")
+        return changed
+
+    def _control(self, msg: MPI.Message, status: MPI.Status) -> None:
+        w = status.Get_source() - self.S
+        try:
+            super()._control(msg, status)
+        except WorkerLost as lost:   # its push's header came, its payload never did
+            self._drop(lost.w, "its push's payload never came (the push is discarded)")
+            return
+        except PsgdError as exc:     # a worker that breaks the protocol leaves, not the run
+            self._drop(w, f"refused: {exc}")
+            return
+        if self.state[w] == JOINING:
+            self.state[w] = LIVE
+        if self.done[w] and self.state[w] == LIVE:
+            self.state[w] = DONE
+            self.span[w, 1] = self.n_pushes
+            self.links.drop(w)
+            self.event("left", worker=w, **self._tally(w), how="done")
+        if self.n_pushes % self.log_every == 0 and self.n_pushes > self.logged:
+            self.logged = self.n_pushes
+            self.event("step", updates=self.n_pushes, version=self.version,
+                       live=len(self.links.live))
+        if not self.over and self.n_pushes >= self.updates:
+            self._end(f"{self.n_pushes} updates applied")
+
+    def _reply(self, dest: int, w: int, clock: int, since: float, now: float) -> None:
+        reqs = self.versions.reqs[self.versions.index]
+        before = len(reqs)
+        super()._reply(dest, w, clock, since, now)
+        self.data_reqs[w] = reqs[-1] if len(reqs) > before else None
+
+    # ------------------------------------------------------------ joins, losses, the end
+
+    def _admit(self, inter: MPI.Intercomm) -> None:
+        """Welcome a worker that connected: a slot, the clock it starts at, the run's settings."""
+        w = self.state.index(FREE) if FREE in self.state else -1
+        if self.over or w < 0:
+            why = ("the run is over" if self.over else
+                   f"all {self.W} slots were taken (--max-workers)")
+            self._send_welcome(inter, {"refused": why})
+            self.event("refused", why=why)
+            return
+        clock = self.version
+        self._send_welcome(inter, {**self.welcome(w, clock), "slot": w, "clock": clock})
+        self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
+        self.pushes[w], self.done[w] = clock, False
+        self.n_done -= 1
+        self.links.add(w, inter)
+        self.event("joined", worker=w, clock=clock, updates=self.n_pushes)
+
+    def _send_welcome(self, inter: MPI.Intercomm, message: dict) -> None:
+        buf = np.frombuffer(json.dumps(message).encode(), np.uint8).copy()
+        self.sent.append((buf, inter.Isend(buf, 0, TAG_WELCOME)))   # kept: the worker may die
+
+    def _drop(self, w: int, why: str) -> None:
+        """Declare worker ``w`` lost: nothing of it is applied or awaited any more."""
+        self.state[w] = LOST
+        self.span[w, 1] = self.n_pushes
+        self.links.drop(w)
+        self.pending = [p for p in self.pending if p[0] != self.S + w]
+        dead = self.data_reqs[w]
+        if dead is not None:   # its reply may never be received: not waited on
+            for reqs in self.versions.reqs:
+                reqs[:] = [r for r in reqs if r is not dead]
+        self.data_reqs[w], self.hdr_reqs[w] = None, None
+        self.order.done(w)
+        self.rule.worker_done(w)
+        self.done[w] = True
+        self.n_done += 1
+        self.event("lost", worker=w, **self._tally(w), why=why)
+        self._update_version()
+
+    def _tally(self, w: int) -> dict:
+        return {"first_clock": int(self.first[w]), "last_clock": int(self.pushes[w]) - 1,
+                "pushes": int(self.pushes[w] - self.first[w]), "updates": self.n_pushes}
+
+    def _end(self, why: str) -> None:
+        """From now on every pull is answered with the final parameters and ``OVER``."""
+        self.over = True
+        self.reply_shard = OVER
+        self.event("end", why=why, updates=self.n_pushes, abandoned=self.abandoned)
+        self._answer_pulls()
+
+    def roster(self) -> list[dict]:
+        """Every slot that was taken: its state, pushes, and the updates applied when it
+        joined and when it left (-1: it did not)."""
+        return [{"worker": w, "state": self.state[w], **self._tally(w),
+                 "joined_at": int(self.span[w, 0]), "left_at": int(self.span[w, 1])}
+                for w in range(self.W) if self.state[w] != FREE]

@@ -1,0 +1,22 @@
+"""The worker half of an elastic run: an asp worker that stops when a reply says the run is over."""
+from __future__ import annotations
+
+from psgd.ps.messages import OVER
+from psgd.ps.worker import PSWorker
+
+
+class ElasticWorker(PSWorker):
+    """:class:`psgd.ps.worker.PSWorker` over the servers' intercommunicator (``roles.comm``,
+    server s is remote rank s), without the push window (no memory is shared across jobs).
+
+    Attributes
+    ----------
+    over : bool
+        A server answered a pull with ``OVER``: the run is over; call :meth:`finish`.
+    """
+
+    over = False
+
+    def _wait_pull(self) -> None:
+        super()._wait_pull()
+        self.over = self.over or bool((self._reply_hdr[:, 3] == OVER).any())

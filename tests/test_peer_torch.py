@@ -46,8 +46,10 @@ MIN_SMOOTH_STEPS = 5   # a kink before this many steps leaves too little traject
 # under adam, whose first step already moves rounding-level gradients (a conv bias before batch
 # norm) by lr, a sign, so that psgd and float64 start apart and may flip from step 2 (cifar-cnn)
 # psgd's gradient against float64's from the same parameters, at steps with no flip: float32
-# rounding of a forward and backward (im2col ~1e-6, lenet's Winograd up to ~2e-5 by step 10)
-GRAD_RTOL = 1e-4
+# rounding of a forward and backward, ~1e-6 with im2col; lenet's Winograd 2e-5 by step 10, and
+# 1.3e-4 by step 97 of nesterov, as the 32 rows are fitted and the batch gradient becomes a small
+# sum of larger terms (rounding is relative to the terms).  A wrong formula is off by 1e-1 or more.
+GRAD_RTOL = 1e-3
 MAX_KINK_STEPS = 10   # of STEPS: flips are rare events at rounding-level inputs, not the rule
 STEPS = 100
 FAST_SAME_PARAMS = {("resnet8", "sgd"), ("lenet", "adam")}

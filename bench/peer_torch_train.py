@@ -72,8 +72,9 @@ def _run(rank: int, world: int, cfg: dict, data, out) -> None:
             loss.backward()
             opt.step()
         seconds = time.perf_counter() - t0
-        if rank == 0:
-            out.put((epoch + 1, evaluate(net, xt, yt), (len(perm) // b) * b * world / seconds))
+        if rank == 0:   # the bare module: DDP's forward broadcasts the BN buffers, a collective
+            plain = net.module if world > 1 else net   # that rank 1 would never join (a hang)
+            out.put((epoch + 1, evaluate(plain, xt, yt), (len(perm) // b) * b * world / seconds))
     if world > 1:
         dist.barrier()
 

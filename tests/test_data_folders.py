@@ -207,3 +207,16 @@ def test_colour_data_is_normalised_per_channel_by_the_train_statistics(tmp_path)
         f.attrs["channel_std"] = [1.0, 2.0]
     with pytest.raises(ValueError, match="channel_std must hold 3 finite numbers"):
         ShardReader(path, 0, 1, 16)
+
+
+def test_two_workers_draw_different_crops_and_flips_at_the_same_step(tmp_path):
+    """Each worker augments with its own stream (seed, worker, step): were they the same, two ranks
+    would see half the augmentation diversity of one rank over the same samples."""
+    x, y, xt, yt = make_synthetic(64, 8, channels=3)
+    x[:] = x[0]   # every row the same image: only the draws can tell two batches apart
+    path = layout.write_dataset(tmp_path / "c.h5", x, y, xt, yt, n_classes=10)
+    w0, w1 = (ShardReader(path, w, 2, 16, seed=1, augment=True) for w in (0, 1))
+    for step in (0, 3):
+        a, b = w0.batch(step)[0], w1.batch(step)[0]
+        same = [np.array_equal(a[i], b[i]) for i in range(16)]
+        assert sum(same) < 8, f"step {step}: {sum(same)} of 16 images augmented alike on both workers"

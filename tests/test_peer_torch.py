@@ -5,10 +5,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from psgd.nn.layers import Dense, MaxPool2D, ReLU  # noqa: E402
 from psgd.nn.model import build_model  # noqa: E402
 from psgd.nn.norm import BatchNorm  # noqa: E402
 from psgd.nn.optim import make_optimizer  # noqa: E402
-from psgd.nn.torch_peer import TorchPeer  # noqa: E402
+from psgd.nn.residual import Residual  # noqa: E402
+from psgd.nn.torch_peer import Block, TorchPeer  # noqa: E402
 
 MODELS = {   # name -> (spec, input shape, classes)
     "lenet": ("lenet", None, None),
@@ -32,13 +34,25 @@ FIRST_STEP_RTOL = 1e-5
 # im2col's; a real difference (a gradient, momentum form, decay or scaling) is off by 1e-1 or
 # more from the first step, which is also held to FIRST_STEP_RTOL against PyTorch float32.
 TRAJECTORY_FACTOR = 32
-FLOOR = 1e-3   # of the distance moved: where PyTorch float32 stays nearer exact than that, psgd
-               # need not stay within 32 times (resnet8 sgd and lenet adam reach 3.6e-4 and 2.4e-4
-               # where PyTorch float32 is at 2e-6 and 6e-6; Winograd's rounding is the suspect)
+FLOOR = 1e-3   # of the distance moved
+# ... but only up to the first kink: the first step where one ReLU's sign or one max-pool's arg-max
+# differs between psgd's forward and float64's (an input within rounding of 0, or a near tie).
+# From there the two follow different pieces of a piecewise-smooth loss and separate for a real
+# reason, however small the rounding that tipped it (bench/peer_kinks.py: resnet8-sgd's first
+# flip, one ReLU at step 11, moves the distance from 2.7e-6 to 5.8e-4 and the next steps flip
+# hundreds; lenet-adam's first ReLU flip is at step 11 and its distance reaches 1e-3 later).
+# What holds at every step is test_each_steps_gradient_matches_float64_from_the_same_parameters.
+MIN_SMOOTH_STEPS = 5   # a kink before this many steps leaves too little trajectory to check, except
+# under adam, whose first step already moves rounding-level gradients (a conv bias before batch
+# norm) by lr, a sign, so that psgd and float64 start apart and may flip from step 2 (cifar-cnn)
+# psgd's gradient against float64's from the same parameters, at steps with no flip: float32
+# rounding of a forward and backward, ~1e-6 with im2col; lenet's Winograd 2e-5 by step 10, and
+# 1.3e-4 by step 97 of nesterov, as the 32 rows are fitted and the batch gradient becomes a small
+# sum of larger terms (rounding is relative to the terms).  A wrong formula is off by 1e-1 or more.
+GRAD_RTOL = 1e-3
+MAX_KINK_STEPS = 10   # of STEPS: flips are rare events at rounding-level inputs, not the rule
 STEPS = 100
-# psgd ends ~1e-3 of the distance moved from the float64 run by step 40 where PyTorch float32 is at
-# ~5e-6 (2026-12-04); rounding (Winograd) or a real difference, not yet told apart:
-UNEXPLAINED = {("resnet8", "sgd"), ("lenet", "adam")}
+FAST_SAME_PARAMS = {("resnet8", "sgd"), ("lenet", "adam")}
 LR = {"sgd": 0.05, "momentum": 0.02, "nesterov": 0.02, "adam": 1e-3}
 
 
@@ -93,16 +107,69 @@ def test_first_step_logits_loss_and_every_gradient_match_torch(name):
         assert relerr(model.grad[lo:hi], g_torch[lo:hi]) < FIRST_STEP_RTOL, (i, arr)
 
 
+def psgd_switches(model) -> list:
+    """The sign mask of each ReLU and the arg-max of each max-pool in psgd's last forward, NCHW,
+    in forward order (a residual block's inner ReLU before its output's)."""
+    out = []
+
+    def visit(layer):
+        if isinstance(layer, Residual):
+            for part in layer.parts:
+                visit(part)
+            out.append(layer._out > 0)
+        elif isinstance(layer, ReLU) or (isinstance(layer, Dense) and layer.relu):
+            out.append(layer._out > 0)
+        elif isinstance(layer, BatchNorm) and layer.relu:
+            out.append(layer._o2.reshape(-1, *layer.out_shape) > 0)
+        elif isinstance(layer, MaxPool2D):
+            out.append(layer._argmax.copy())   # ih * W + iw, as torch's indices
+    for layer in model.layers:
+        visit(layer)
+    return [a.transpose(0, 3, 1, 2) if a.ndim == 4 else a for a in out]
+
+
+def record_switches(peer) -> list:
+    """A list that each torch forward of ``peer.net`` fills with the same switches as psgd_switches."""
+    seen = []
+
+    def relu(m, inp, out):
+        seen.append((out > 0).numpy())
+
+    def pool(m, inp, out):
+        seen.append(torch.nn.functional.max_pool2d(inp[0], m.kernel_size, m.stride,
+                                                   return_indices=True)[1].numpy())
+    for m in peer.net.modules():
+        if isinstance(m, (torch.nn.ReLU, Block)):
+            m.register_forward_hook(relu)
+        elif isinstance(m, torch.nn.MaxPool2d):
+            m.register_forward_hook(pool)
+    return seen
+
+
+def flips(model, seen: list) -> list:
+    """Per ReLU / max-pool, how many signs or arg-maxes psgd's last forward and the torch one differ in."""
+    ours = psgd_switches(model)
+    assert len(ours) == len(seen)
+    return [int((a != b).sum()) for a, b in zip(ours, seen)]
+
+
+def float64_peer(model):
+    ref = TorchPeer(model, dropout="psgd")
+    ref.net.double()
+    ref.load(model.params)
+    return ref, record_switches(ref)
+
+
 def trajectory(name, opt, reference: bool = False):
     """psgd and PyTorch (float32) over STEPS steps from the same start on the same batches; yields
     after each step ||p_psgd - p_torch|| / ||p_torch - p_0||, and with ``reference`` also the
-    distances of psgd and of PyTorch from PyTorch in float64, relative to its distance moved."""
+    distances of psgd and of PyTorch from PyTorch in float64, relative to its distance moved, and
+    the number of ReLU signs and max-pool arg-maxes in which psgd's forward and float64's differed."""
     model, peer, x, y = setup(name)
     nets = [peer]
     if reference:
-        nets.append(TorchPeer(model, dropout="psgd"))
-        nets[1].net.double()
-        nets[1].load(model.params)
+        ref, seen = float64_peer(model)
+        nets.append(ref)
     wd = 5e-4 if opt in ("momentum", "adam") else 0.0
     ours = make_optimizer(opt, model.n_params, weight_decay=wd)
     opts = [torch_optimizer(opt, p.net.parameters(), LR[opt], wd) for p in nets]
@@ -121,17 +188,19 @@ def trajectory(name, opt, reference: bool = False):
         out = [np.linalg.norm(model.params - ps[0]) / np.linalg.norm(ps[0] - p0)]
         if reference:
             moved = np.linalg.norm(ps[1] - p0)
-            out += [np.linalg.norm(model.params - ps[1]) / moved, np.linalg.norm(ps[0] - ps[1]) / moved]
+            out += [np.linalg.norm(model.params - ps[1]) / moved, np.linalg.norm(ps[0] - ps[1]) / moved,
+                    sum(flips(model, seen))]
+            seen.clear()
         yield out
 
 
 @pytest.mark.parametrize("opt", list(LR))
 @pytest.mark.parametrize("name", list(MODELS))
-def test_trajectory_of_each_optimizer_matches_torch(name, opt, request):
-    if (name, opt) in UNEXPLAINED:
-        request.applymarker(pytest.mark.xfail(reason="psgd strays from float64 over 100x more than "
-                                               "PyTorch float32 here; not yet explained (issue 43)"))
-    for step, (err, ours, theirs) in enumerate(trajectory(name, opt, reference=True)):
+def test_trajectory_of_each_optimizer_matches_float64_up_to_the_first_kink(name, opt):
+    for step, (err, ours, theirs, flipped) in enumerate(trajectory(name, opt, reference=True)):
+        if flipped:   # psgd and float64 now on different pieces of the loss: see MIN_SMOOTH_STEPS
+            assert step >= MIN_SMOOTH_STEPS or opt == "adam", f"{opt}: a ReLU or max-pool flips at step {step + 1}"
+            break
         if step == 0 and opt != "adam":
             assert err < FIRST_STEP_RTOL, f"{opt} step 1: psgd - torch {err:.2e}"
         # adam's first step is lr * g / (|g| + eps), a sign where |g| is at rounding level (a conv
@@ -139,6 +208,35 @@ def test_trajectory_of_each_optimizer_matches_torch(name, opt, request):
         # reference as every later one is
         assert ours < max(TRAJECTORY_FACTOR * theirs, FLOOR), \
             f"{opt} step {step + 1}: psgd {ours:.2e} from float64, PyTorch float32 {theirs:.2e}"
+
+
+# 100 steps of psgd and float64 each: the two cases that strayed before the kinks were understood
+# stay in the fast tier, the other 18 are slow
+@pytest.mark.parametrize("name, opt", [pytest.param(n, o, marks=[] if (n, o) in FAST_SAME_PARAMS
+                                                    else [pytest.mark.slow])
+                                       for n in MODELS for o in LR])
+def test_each_steps_gradient_matches_float64_from_the_same_parameters(name, opt):
+    """Along psgd's own trajectory, float64 is given psgd's parameters before every step: psgd's
+    gradient is then float64's to GRAD_RTOL at every step where no ReLU or max-pool flips, and a
+    flip (one element whose input is at rounding level) is rare."""
+    model, _, x, y = setup(name)
+    ref, seen = float64_peer(model)
+    ours = make_optimizer(opt, model.n_params, weight_decay=5e-4 if opt in ("momentum", "adam") else 0.0)
+    kinks = 0
+    for step in range(STEPS):
+        s = (step % 4) * BATCH
+        ref.load(model.params.astype(np.float64))
+        model.reseed(0, step)
+        model.loss_and_grad(x[s:s + BATCH], y[s:s + BATCH])
+        seen.clear()
+        torch_step(ref, x[s:s + BATCH], y[s:s + BATCH])
+        if sum(flips(model, seen)):
+            kinks += 1
+        else:
+            err = relerr(model.grad, ref.flat("grad", np.float64))
+            assert err < GRAD_RTOL, f"{opt} step {step + 1}: gradient {err:.2e} from float64's"
+        ours.step(model.params, model.grad, LR[opt])
+    assert kinks <= MAX_KINK_STEPS, f"{opt}: {kinks} of {STEPS} steps flip a ReLU or max-pool"
 
 
 @pytest.mark.parametrize("name", ["cifar-cnn", "resnet8"])

@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-simulate bench-pipeline bench-tensor bench-elastic
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-peer-kinks bench-simulate bench-pipeline bench-tensor bench-elastic
 
 install: $(STAMP)
 
@@ -49,6 +49,10 @@ bench-peer-swap: install-peer
 # how far float32 trajectories stray from PyTorch in float64 (the harness's tolerance)
 bench-peer-float64: install-peer
 	$(PY) bench/peer_float64.py $(ARGS)
+
+# the first step where a ReLU sign or a max-pool arg-max differs from PyTorch float64 (#43's kinks)
+bench-peer-kinks: install-peer
+	$(PY) bench/peer_kinks.py $(ARGS)
 
 # the tiers (docs/guide/testing.md). make test: every in-process test and one combined end-to-end
 # run per protocol family, about 4 minutes on 2 cores; starts no daemon, installs nothing

@@ -1,7 +1,7 @@
 """Where psgd's float32 trajectory leaves the exact (PyTorch float64) one: per step, the ReLU signs and
 max-pool arg-maxes in which the two forwards differ, beside the gradient's and the parameters' distance.
 
-    .venv/bin/python bench/peer_kinks.py --model resnet8 --optimizer sgd [--same-params]
+    make bench-peer-kinks ARGS="--model resnet8 --optimizer sgd [--same-params] [--publish]"
 
 With --same-params the float64 net is given psgd's parameters before every step, so the gradient
 error is that of one step from the same point.
@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 import test_peer_torch as harness  # noqa: E402
 
 
@@ -47,10 +49,18 @@ def main() -> None:
     ap.add_argument("--optimizer", default="sgd", choices=list(harness.LR))
     ap.add_argument("--steps", type=int, default=harness.STEPS)
     ap.add_argument("--same-params", action="store_true")
+    common.add_output_arguments(ap)
     args = ap.parse_args()
-    print("step | flips per ReLU / max-pool | gradient rel. error | psgd - float64")
+    out = common.out_dir(args, "peer-kinks")
+    lines = ["| step | flips per ReLU / max-pool | gradient rel. error | psgd - float64 |",
+             "|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for step, flips, gerr, dist in run(args.model, args.optimizer, args.same_params, args.steps):
-        print(f"{step:4d} | {flips} | {gerr:.1e} | {dist:.1e}")
+        lines.append(f"| {step} | {flips} | {gerr:.1e} | {dist:.1e} |")
+        print(lines[-1], flush=True)
+    name = f"peer-kinks-{args.model}-{args.optimizer}{'-same' if args.same_params else ''}.md"
+    data = "the peer harness's random batches"
+    print(f"wrote {common.write_text(out / name, chr(10).join(lines), data)}")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,23 @@ def data(model, steps):
             rng.integers(0, 10, (steps, BATCH)))
 
 
+def _run_in_threads(work, trainers):
+    """``work(trainer)`` for every stage at once, one thread each; any stage's error fails the test."""
+    errors = []
+
+    def guarded(t):
+        try:
+            work(t)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in trainers]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+
+
 def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
     """K stages, each in a thread with its own model copy; the whole vector after ``steps``."""
     models = [make(spec, dtype) for _ in range(k)]
@@ -95,7 +112,7 @@ def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
     fwd, bwd = [queue.Queue() for _ in range(k)], [queue.Queue() for _ in range(k)]
     options = PipelineOptions(stages=k, microbatches=m, schedule=schedule)
     xs, ys = data(models[0], steps)
-    trainers, errors = [], []
+    trainers = []
     for s, (a, b) in enumerate(bounds):
         stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
@@ -103,18 +120,10 @@ def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
                                         make_optimizer(opt, stage.hi - stage.lo)))
 
     def work(t):
-        try:
-            for step in range(steps):
-                t.step(step, 0.05, xs[step] if t.stage.first else None,
-                       ys[step] if t.stage.last else None)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-    threads = [threading.Thread(target=work, args=(t,)) for t in trainers]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not errors, errors
+        for step in range(steps):
+            t.step(step, 0.05, xs[step] if t.stage.first else None,
+                   ys[step] if t.stage.last else None)
+    _run_in_threads(work, trainers)
     return np.concatenate([t.stage.params for t in trainers]), trainers, (xs, ys)
 
 
@@ -247,7 +256,7 @@ def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False
     xs = rng.standard_normal((n, 4, *models[0].input_shape)).astype(np.float32)
     ys = rng.integers(0, 10, (n, 4))
     lr = lambda g: 0.05 / (1 + g)  # noqa: E731
-    trainers, errors = [], []
+    trainers = []
     for s, (a, b) in enumerate(bounds):
         stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
@@ -255,16 +264,8 @@ def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False
                                      make_optimizer(opt, stage.hi - stage.lo), vertical=vertical))
 
     def work(t):
-        try:
-            t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-    threads = [threading.Thread(target=work, args=(t,)) for t in trainers]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not errors, errors
+        t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
+    _run_in_threads(work, trainers)
     return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
 
 

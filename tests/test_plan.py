@@ -327,7 +327,7 @@ def test_gossip_hides_the_ring_exchange_behind_compute_and_adpsgd_pays_one_swap(
 def test_every_registry_entry_with_a_cost_model_gets_its_rows(monkeypatch):
     from psgd.protocols import PROTOCOLS, Protocol
     entry = Protocol("lockstep", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
-                     summary="a test protocol", cost="psgd.plan.cost:adpsgd_rows")
+                     summary="a test protocol", cost="psgd.plan.rows:adpsgd_rows")
     monkeypatch.setitem(PROTOCOLS, "lockstep", entry)
     p = predict(job(servers=1), Network(BW, 0.0))
     assert p["lockstep"] == p["adpsgd"]

@@ -355,7 +355,7 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
            server_snapshots=True, replayable=True, compresses=True)
-_COST = "psgd.plan.cost:"   # the cost models, imported only by psgd plan
+_COST = "psgd.plan.rows:"   # the cost models, imported only by psgd plan
 _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (

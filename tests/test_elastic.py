@@ -128,16 +128,18 @@ def test_a_killed_worker_job_is_dropped_and_the_run_reaches_its_accuracy(tmp_pat
     (tmp_path / "cut").mkdir()
     _, whole = _run(tmp_path / "whole", data)
     cut_run, cut = _run(tmp_path / "cut", data, kill_at=0.3)
-    workers = _pushes(cut)
-    assert workers[0]["state"] == "lost" and workers[1]["state"] == "done", workers
+    # the two joiners knock at once, so which slot the killed one got is the order of admission
+    states = sorted(w["state"] for w in cut["workers"])
+    assert states == ["done", "lost"], cut["workers"]
+    lost, done = sorted(cut["workers"], key=lambda w: w["state"] == "done")
     assert "lost: silent" in cut_run.output("server")
     # the servers count the run's length (a worker's push already on its way when the count
     # is reached is applied too), and every push counted was applied whole
     for summary in (whole, cut):
         assert UPDATES <= summary["updates"] < UPDATES + 2, summary
         assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
-    assert 0.05 * UPDATES <= workers[0]["pushes"] < 0.4 * UPDATES   # its share of 30 %
-    assert workers[0]["left_at"] >= 0.3 * UPDATES and workers[1]["left_at"] >= UPDATES
+    assert 0.05 * UPDATES <= lost["pushes"] < 0.4 * UPDATES   # its share of 30 %
+    assert lost["left_at"] >= 0.3 * UPDATES and done["left_at"] >= UPDATES
     # the same number of updates from the same distribution; asp's order differs run to run
     # (docs/results/elastic.md: the spread of repeated uninterrupted runs is under 0.02)
     assert cut["test_accuracy"] >= whole["test_accuracy"] - 0.03, (cut, whole)

@@ -64,6 +64,8 @@ def _welcome(inter, wait_s: float) -> dict:
 
 def run(args: argparse.Namespace) -> None:
     port = _port(args.port_file)
+    from psgd.elastic import no_cross_memory_attach
+    no_cross_memory_attach()
     from mpi4py import MPI
 
     from psgd.elastic.door import knock
@@ -82,7 +84,7 @@ def _train(inter, welcome: dict, debug: bool) -> int:
     from psgd.elastic.worker import ElasticWorker
     from psgd.mpi import wait
     from psgd.mpi.roles import Roles
-    from psgd.run.job import _build
+    from psgd.run.job import build_job
     from psgd.run.settings import TrainSettings
 
     slot, clock, S = welcome["slot"], welcome["clock"], welcome["servers"]
@@ -94,7 +96,7 @@ def _train(inter, welcome: dict, debug: bool) -> int:
     # the whole training set in an order of this slot's own; the servers write every file
     mine = replace(settings, seed=settings.seed + 1 + slot, checkpoint_dir=None, log=None,
                    tensorboard=None, record=None)
-    job = _build(mine, roles, debug, None, welcome["run_id"])
+    job = build_job(mine, roles, debug, None, welcome["run_id"])
     model, reader = job.model, job.reader
     worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False))
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull

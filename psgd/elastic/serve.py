@@ -18,7 +18,7 @@ from psgd.mpi import wait
 from psgd.mpi.roles import Roles
 from psgd.protocols import get, names
 from psgd.run.checkpoint import new_run_id
-from psgd.run.job import _announce, _build
+from psgd.run.job import announce, build_job
 from psgd.run.metrics import MetricsLog
 from psgd.run.settings import TrainSettings, resolve_run
 from psgd.run.signals import EXIT_STOPPED, received, signal_name
@@ -83,10 +83,9 @@ def serve_main(args: argparse.Namespace) -> None:
     settings = _settings(args, comm)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     run_id = new_run_id()
-    job = _build(settings, Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1,
-                                 worker_comm=None), bool(getattr(args, "debug", False)), None,
-                 run_id)
-    _announce(job, None)   # --overwrite: another run's checkpoints go
+    roles = Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1, worker_comm=None)
+    job = build_job(settings, roles, bool(getattr(args, "debug", False)), None, run_id)
+    announce(job, None)   # --overwrite: another run's checkpoints go
     slots = args.max_workers or options.DEFAULT_MAX_WORKERS
     log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
     log.write("config", **settings.as_dict(), run_id=run_id, elastic=True, max_workers=slots,

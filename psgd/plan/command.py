@@ -48,7 +48,7 @@ def _sparse_sizes(spec: str) -> tuple[int, int]:
         raise PsgdError(f"psgd plan --model {spec}: give the sizes, {SPEC_HELP}") from None
 
 
-def _build(spec: str):
+def model_of_spec(spec: str):
     from psgd.nn.model import build_model
     from psgd.nn.sparse import build_sparse_model, is_sparse_spec
     try:
@@ -76,7 +76,7 @@ def measure_compute_s(spec: str, batch: int, seconds: float = 2.0, nnz: float | 
     (``nnz``: nonzeros per sample of a sparse model's batch)."""
     import numpy as np
 
-    model = _build(spec)
+    model = model_of_spec(spec)
     rng = np.random.default_rng(0)
     x = _batch(model, batch, nnz, rng)
     y = rng.integers(0, model.n_classes, batch)
@@ -185,7 +185,7 @@ def _touched(args, model) -> float | None:
 def run(args: argparse.Namespace) -> None:
     if args.per_node < 1 or args.batch_size < 1:
         raise PsgdError("--per-node and --batch-size must be >= 1")
-    model = _build(args.model) if args.model else None
+    model = model_of_spec(args.model) if args.model else None
     n_params = model.n_params if model else int(args.params)
     touched = _touched(args, model)
     if args.compute_us is not None:

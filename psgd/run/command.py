@@ -31,6 +31,9 @@ def run(args: argparse.Namespace) -> None:
             print(f"psgd train: error: {exc} (see --help)", file=sys.stderr, flush=True)
         sys.exit(2)
 
+    if args.elastic:
+        from psgd.elastic import no_cross_memory_attach
+        no_cross_memory_attach()
     # the flags as given (the config file is read later); MPI_Init is the import of job
     timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", TrainSettings.stall_timeout)
     abort = args.stall_abort or env_float("PSGD_STALL_ABORT", TrainSettings.stall_abort)

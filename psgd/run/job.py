@@ -130,7 +130,7 @@ def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
     return settings, resumed
 
 
-def _agreed_run_id(comm: MPI.Comm, resumed: Resumed | None) -> str:
+def agreed_run_id(comm: MPI.Comm, resumed: Resumed | None) -> str:
     """The resumed run's id, or a new one made on rank 0: the same string on every rank."""
     buf = np.zeros(RUN_ID_BYTES, np.uint8)
     if comm.Get_rank() == 0:
@@ -153,19 +153,19 @@ def _check_checkpoint_dir(settings: TrainSettings, run_id: str) -> list[Path]:
     return foreign
 
 
-def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed | None,
-           run_id: str) -> Job:
+def build_job(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed | None,
+              run_id: str) -> Job:
     from psgd.data.csr import CSRShardReader
     from psgd.data.reader import ShardReader, dataset_info
 
     info = dataset_info(settings.data)
-    model = _model(settings, info)
-    total = _total_steps(settings, info, model, roles.n_workers)
+    model = model_for_data(settings, info)
+    total = total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
     settings = replace(settings, hold_hot=_hold_hot(settings, info, protocol))
     resume = _resume(settings, resumed, model, total, protocol)
     foreign = _check_checkpoint_dir(settings, run_id)
-    base = _schedule(settings, total, model)
+    base = lr_by_clock(settings, total, model)
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.alpha
                    if settings.lr_schedule == "optimal" else settings.weight_decay}
@@ -207,7 +207,7 @@ def _build(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed 
                straggler=slow if roles.is_worker else None)
 
 
-def _schedule(settings: TrainSettings, total: int, model):
+def lr_by_clock(settings: TrainSettings, total: int, model):
     """The learning rate by clock; ``optimal``'s t0 from the model's loss (hinge for svm)."""
     loss = "hinge" if getattr(model, "kind", None) == "svm" else "log"
     t0 = optimal_t0(settings.alpha, loss) if settings.lr_schedule == "optimal" else None
@@ -228,7 +228,7 @@ def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int | 
     return DEFAULT_HOLD if settings.hold_hot is None else settings.hold_hot
 
 
-def _model(settings: TrainSettings, info: dict):
+def model_for_data(settings: TrainSettings, info: dict):
     """The model of --model, checked against the kind of data (sparse CSR or dense)."""
     from psgd.nn import sparse
     is_sparse = sparse.is_sparse_spec(settings.model)
@@ -250,7 +250,7 @@ def _replay_events(settings: TrainSettings, roles: Roles, resume, total: int) ->
     return events if roles.is_server else None
 
 
-def _total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> int:
+def total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> int:
     """The run's steps per worker, once the dataset is known to fit the model."""
     if tuple(info["input_shape"]) != tuple(model.input_shape) and \
             int(np.prod(info["input_shape"])) != int(np.prod(model.input_shape)):
@@ -293,7 +293,7 @@ def _resume(settings: TrainSettings, resumed: Resumed | None, model, total: int,
     return resume
 
 
-def _announce(job: Job, resumed: Resumed | None) -> None:
+def announce(job: Job, resumed: Resumed | None) -> None:
     """Rank 0: say what was resumed and changed, and remove another run's checkpoints (--overwrite)."""
     if job.foreign:  # listed again: a file this run has written since carries its id
         for path in foreign_checkpoints(job.settings.checkpoint_dir, job.run_id):
@@ -348,15 +348,15 @@ def train_main(args: argparse.Namespace) -> None:
 def _run(comm: MPI.Comm, settings: TrainSettings, resumed: Resumed | None, debug: bool) -> Job:
     """Set up the job (every blocking step a phase the watchdog times), run this rank's role."""
     with phase("agreeing on the run id"):
-        run_id = _agreed_run_id(comm, resumed)
+        run_id = agreed_run_id(comm, resumed)
     with phase("splitting into servers and workers"):
         wait.barrier(comm, "the other ranks to split into servers and workers")
         roles = assign_roles(comm, settings.servers)
-    job = agree(comm, lambda: _build(settings, roles, debug, resumed, run_id), debug,
+    job = agree(comm, lambda: build_job(settings, roles, debug, resumed, run_id), debug,
                 "read the data, build the model and load the checkpoint",
                 "agreeing that every rank could build the job")
     if comm.Get_rank() == 0:
-        _announce(job, resumed)
+        announce(job, resumed)
     with phase("setting up the stop notices"):
         job.stop = StopControl(roles, job.start_step, job.config.staleness)
     if settings.timeline:   # one zero for every rank's clock

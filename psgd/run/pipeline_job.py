@@ -20,7 +20,7 @@ from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, s
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get, names
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from psgd.run.job import _agreed_run_id, _model, _schedule, _total_steps, agree
+from psgd.run.job import agree, agreed_run_id, lr_by_clock, model_for_data, total_steps
 from psgd.run.metrics import MetricsLog
 from psgd.run.settings import resolve_run
 
@@ -62,7 +62,7 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
         raise ValueError(f"--checkpoint-every: a --schedule {opts.schedule} run has microbatches "
                          f"in flight at every step; it writes its checkpoint at the end only")
     from psgd.data.reader import dataset_info
-    partition.check_stages(_model(settings, dataset_info(settings.data)), opts.stages)
+    partition.check_stages(model_for_data(settings, dataset_info(settings.data)), opts.stages)
     if comm.Get_size() % opts.stages:
         raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not D "
                          f"replicas x {opts.stages} stages (give a multiple of {opts.stages} ranks)")
@@ -87,18 +87,18 @@ def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int],
         if comm.Get_rank() != 0:
             return None, None
         from psgd.data.reader import dataset_info
-        return _cut(settings, opts, _model(settings, dataset_info(settings.data)))
+        return _cut(settings, opts, model_for_data(settings, dataset_info(settings.data)))
     counts, costs = agree(comm, on_rank0, debug, "cut the model into stages", "agreeing on the cut")
     buf = np.array(counts or [0] * opts.stages, np.int64)
     wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the cut")
     return buf.tolist(), costs
 
 
-def _build(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
+def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
     from psgd.data.reader import ShardReader, dataset_info
     info = dataset_info(settings.data)
-    model = _model(settings, info)
-    total = _total_steps(settings, info, model, grid.replicas)
+    model = model_for_data(settings, info)
+    total = total_steps(settings, info, model, grid.replicas)
     bounds = partition.layer_bounds(model, counts)
     hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
     make = lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
@@ -111,7 +111,7 @@ def _build(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipeline
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
                              seed=settings.seed, augment=settings.augment)
     return PipelineRun(settings, opts, grid, model, trainer, reader, total, start,
-                       _schedule(settings, total, model), run_id, list(counts))
+                       lr_by_clock(settings, total, model), run_id, list(counts))
 
 
 def _resume(settings, resumed, model, total: int) -> int:
@@ -321,11 +321,11 @@ def train_pipeline(args: argparse.Namespace) -> None:
     settings, resumed, opts = agree(comm, lambda: _setup(args, comm), debug,
                                     "check the settings", "agreeing on the settings")
     with phase("agreeing on the run id"):
-        run_id = _agreed_run_id(comm, resumed)
+        run_id = agreed_run_id(comm, resumed)
     counts, costs = _agreed_cut(comm, settings, opts, debug)
     with phase("splitting into replicas and stages"):
         grid = Grid(comm, opts.stages)
-    run = agree(comm, lambda: _build(settings, opts, resumed, grid, run_id, counts), debug,
+    run = agree(comm, lambda: _build_run(settings, opts, resumed, grid, run_id, counts), debug,
                 "read the data, build the stages and load the checkpoint",
                 "agreeing that every stage could be built")
     if comm.Get_rank() == 0:

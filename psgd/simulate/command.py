@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _n_params(spec: str) -> int:
-    from psgd.plan.command import _build
-    return _build(spec).n_params
+    from psgd.plan.command import model_of_spec
+    return model_of_spec(spec).n_params
 
 
 def _record(settings, schedule, workers: int, steps: int) -> None:

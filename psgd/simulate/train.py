@@ -62,10 +62,10 @@ class _Shard:
 
 def build_job(settings, workers: int):
     """`psgd train`'s job for S servers and ``workers`` workers, built as a server rank builds it."""
-    from psgd.run.job import _build
+    from psgd.run.job import build_job
     roles = Roles(comm=None, rank=0, size=settings.servers + workers,
                   n_servers=settings.servers, n_workers=workers, worker_comm=None)
-    return _build(settings, roles, False, None, "simulated")
+    return build_job(settings, roles, False, None, "simulated")
 
 
 def _readers(settings, workers: int) -> list:

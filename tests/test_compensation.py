@@ -199,7 +199,7 @@ def test_synchronous_protocols_run_no_compensation_by_default():
 def test_auto_falls_back_to_amom_where_dana_cannot_run():
     # hogwild has no server to keep per-worker velocities; with --momentum-correction the
     # workers keep the momentum, which dana would need on the server
-    assert compensation.resolve("auto", "momentum", get("hogwild").compensations) == "amom"
+    assert compensation.resolve("auto", "momentum", get("hogwild").compensation_choices()) == "amom"
     assert compensation.resolve("auto", "momentum", worker_momentum=True) == "amom"
     assert make_config("asp", 4, optimizer="momentum",
                        worker_momentum={"momentum": MU}).staleness_comp == "amom"
@@ -208,7 +208,7 @@ def test_auto_falls_back_to_amom_where_dana_cannot_run():
     assert momentum_mode(get("asp"), "auto", optimizer="momentum", feedback=True,
                          staleness_comp="dana") == "servers"
     # nor dana-adam, where no server answers the reads (hogwild refuses adam before this)
-    assert compensation.resolve("auto", "adam", get("hogwild").compensations) == "none"
+    assert compensation.resolve("auto", "adam", get("hogwild").compensation_choices()) == "none"
 
 
 def test_dana_adam_matches_its_numpy_reference_on_a_scripted_run():

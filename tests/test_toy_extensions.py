@@ -1,4 +1,5 @@
-"""A new protocol, compressor and layer are each one module and one registration, from outside
+"""A new protocol, compressor, compensation method and layer are each one module and one
+registration, from outside
 psgd's tree (tests/toys, loaded with PSGD_PLUGINS): --help, validation, psgd plan, the job
 scripts' check, training and the fault tests pick them up."""
 import argparse
@@ -13,9 +14,10 @@ import pytest
 
 from psgd import compress, protocols
 from psgd.nn import spec
+from psgd.ps import compensation
 
 TOYS = Path(__file__).parent / "toys"
-MODULES = ("toy_protocol", "toy_codec", "toy_layer")
+MODULES = ("toy_protocol", "toy_codec", "toy_layer", "toy_comp")
 ENV = {"PSGD_PLUGINS": ",".join(MODULES),
        "PYTHONPATH": os.pathsep.join([str(TOYS), os.environ.get("PYTHONPATH", "")])}
 MODEL = "flatten-dense:32-softsign-dense:10"
@@ -25,7 +27,7 @@ MODEL = "flatten-dense:32-softsign-dense:10"
 def toys(monkeypatch):
     """The toys registered in this process, the registries restored afterwards."""
     saved = [(d, dict(d)) for d in (protocols.PROTOCOLS, compress.HELP, compress._REGISTERED,
-                                    spec.TOKENS, spec._REGISTERED)]
+                                    spec.TOKENS, spec._REGISTERED, compensation.METHODS)]
     monkeypatch.setattr(spec, "TOKEN_HELP", spec.TOKEN_HELP)
     monkeypatch.syspath_prepend(str(TOYS))
     for name in MODULES:
@@ -51,7 +53,7 @@ def test_help_lists_the_toys():
     env = {**os.environ, **ENV}
     out = subprocess.run([sys.executable, "-m", "psgd", "train", "--help"], env=env,
                          capture_output=True, text=True, check=True).stdout
-    for name in ("toymean", "toy16"):   # the layer tokens are listed by a bad --model's error
+    for name in ("toymean", "toy16", "toyhalf"):   # the layer tokens are listed by a bad --model's error
         assert name in out, name
 
 
@@ -80,6 +82,15 @@ def test_validation_applies_the_toys_entries(toys, tmp_path):
     assert resolve(data, "--protocol", "bsp", "--compress", "toy16").compress == "toy16"
     with pytest.raises(ValueError, match="toy16 takes no argument"):
         resolve(data, "--protocol", "bsp", "--compress", "toy16:3")
+    for name in ("asp", "ssp"):
+        assert resolve(data, "--protocol", name, "--staleness-comp", "toyhalf").staleness_comp \
+            == "toyhalf"
+    with pytest.raises(ValueError, match="toyhalf does not apply to --protocol bsp"):
+        resolve(data, "--protocol", "bsp", "--staleness-comp", "toyhalf")
+    assert resolve(data, "--protocol", "asp", "--optimizer", "momentum", "--momentum-correction",
+                   "on", "--staleness-comp", "toyhalf").staleness_comp == "toyhalf"
+    with pytest.raises(ValueError, match="'toyhalf' is registered already"):
+        compensation.register(compensation.METHODS["toyhalf"])
 
 
 def test_plan_and_the_job_scripts_check_take_the_toy_protocol(toys, tmp_path):
@@ -137,6 +148,14 @@ def test_the_toys_train_end_to_end(mpirun, dataset, tmp_path):
     fp16 = train(mpirun, 3, dataset, tmp_path / "d", "--protocol", "bsp", "--compress", "fp16")
     np.testing.assert_array_equal(toy, fp16)
     assert not np.array_equal(toy, mean)
+    # one worker: every push is fresh and the runs are deterministic
+    half = train(mpirun, 2, dataset, tmp_path / "e", "--protocol", "asp", "--staleness-comp",
+                 "toyhalf")
+    slow = train(mpirun, 2, dataset, tmp_path / "f", "--protocol", "asp", "--staleness-comp",
+                 "none", "--lr", "0.025")
+    np.testing.assert_array_equal(half, slow)
+    assert not np.array_equal(half, train(mpirun, 2, dataset, tmp_path / "g", "--protocol",
+                                          "asp", "--staleness-comp", "none"))
 
 
 def test_the_fault_tests_take_the_toy_protocol(toys, mpirun, dataset):

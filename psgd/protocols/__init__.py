@@ -50,9 +50,10 @@ class Protocol:
     resumes_optimizer : bool
         A checkpoint's optimizer state is loaded on resume (which then needs
         the same ``--optimizer``).
-    compensations : tuple of str
-        The ``--staleness-comp`` methods it runs (:mod:`psgd.ps.compensation`);
-        the default is ``auto`` where it runs, else ``none``.
+    compensations : tuple of str or None
+        The ``--staleness-comp`` methods it runs (:mod:`psgd.ps.compensation`; None: every
+        registered method, those registered later included); the default is ``auto`` where
+        it runs, else ``none``.
     compensation_note : str
         Why the others are refused.
     staleness_unit : str
@@ -125,7 +126,7 @@ class Protocol:
     overlap: bool = False
     server_snapshots: bool = False
     resumes_optimizer: bool = True
-    compensations: tuple[str, ...] = ("none",)
+    compensations: tuple[str, ...] | None = ("none",)
     compensation_note: str = ": its steps are never stale"
     staleness_unit: str = "clocks"
     replayable: bool = False
@@ -171,6 +172,14 @@ class Protocol:
             raise ValueError(f"--staleness must be >= 0, got {staleness}")
         return float(staleness)
 
+    def compensation_choices(self) -> tuple[str, ...]:
+        """The ``--staleness-comp`` values it takes."""
+        return compensation.choices() if self.compensations is None else self.compensations
+
+    def default_compensation(self) -> str:
+        """``auto`` where it runs, else ``none``."""
+        return compensation.AUTO if compensation.AUTO in self.compensation_choices() else "none"
+
     def compensation(self, method: str | None, optimizer: str,
                      comp_lambda: float | None = None, worker_momentum: bool = False) -> str:
         """The compensation method that runs, given ``--staleness-comp`` (None: the default);
@@ -181,13 +190,13 @@ class Protocol:
         ValueError
             An unknown method, one this protocol cannot run, or a lambda it does not take.
         """
-        default = "auto" if "auto" in self.compensations else "none"
-        method = default if method is None else method
-        resolved = compensation.resolve(method, optimizer, self.compensations, worker_momentum)
-        if method not in self.compensations:
+        runs = self.compensation_choices()
+        method = self.default_compensation() if method is None else method
+        resolved = compensation.resolve(method, optimizer, runs, worker_momentum)
+        if method not in runs:
             raise ValueError(f"--staleness-comp {method} does not apply to --protocol "
                              f"{self.name}{self.compensation_note}; choose one of "
-                             f"{', '.join(self.compensations)}")
+                             f"{', '.join(runs)}")
         if comp_lambda is not None and resolved != "dcasgd":
             raise ValueError(f"--comp-lambda applies to --staleness-comp dcasgd only, "
                              f"not {method}")
@@ -356,7 +365,7 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
            server_snapshots=True, replayable=True, compresses=True)
 _COST = "psgd.plan.rows:"   # the cost models, imported only by psgd plan
-_STALE = dict(compensations=compensation.CHOICES, compensation_note="")
+_STALE = dict(compensations=None, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, cost=_COST + "bsp_rows",

@@ -51,12 +51,12 @@ def mode(protocol, setting: str, *, optimizer: str, feedback: bool, gain_feedbac
             setting == "gain" or setting == "auto" and gain_feedback):
         return "gain"
     method = protocol.compensation(staleness_comp, optimizer, worker_momentum=True)
-    composes = method in compensation.WITH_WORKER_MOMENTUM
+    composes = method in compensation.with_worker_momentum()
     if setting == "on" and not composes:
         raise UsageError(f"--momentum-correction on does not apply with --staleness-comp "
                          f"{method}, which rewrites each gradient before the momentum sums "
                          f"it (the servers would get velocities); use "
-                         f"{' or '.join(compensation.WITH_WORKER_MOMENTUM)}")
+                         f"{' or '.join(compensation.with_worker_momentum())}")
     if setting not in SETTINGS:
         raise UsageError(f"--momentum-correction {setting!r} is not auto, on, off or gain")
     if setting == "on" and not has_momentum:

@@ -141,8 +141,8 @@ FLAGS: dict[str, tuple[type, str]] = {
     "staleness_max": (int, f"the largest bound --staleness {AUTO} may set (default "
                            f"{DEFAULT_STALENESS_MAX})"),
     "staleness_comp": (str, "staleness compensation on the servers: " + "; ".join(
-        f"{name} ({text})" for name, text in compensation.HELP.items())
-        + f" (default auto for {names(compensations=compensation.CHOICES)} and hogwild, "
+        f"{name} ({text})" for name, text in compensation.help_items().items())
+        + f" (default auto for {names(compensations=None)} and hogwild, "
           f"none where steps are never stale)"),
     "comp_lambda": (float, f"dcasgd's lambda_0 >= 0 (default {compensation.DEFAULT_LAMBDA:g})"),
     "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
@@ -447,4 +447,4 @@ def _staleness_comp(s: TrainSettings, protocol) -> None:
         s.staleness_comp = "inverse"
     protocol.compensation(s.staleness_comp, s.optimizer, s.comp_lambda)
     if s.staleness_comp is None:
-        s.staleness_comp = "auto" if "auto" in protocol.compensations else "none"
+        s.staleness_comp = protocol.default_compensation()

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from psgd.env import env_int
 
 @dataclass
 class ProtocolConfig:
@@ -48,8 +47,8 @@ class ProtocolConfig:
         The decentralized protocols' graph (:mod:`psgd.gossip.topology`); None elsewhere.
     push_window : bool
         A worker's pushes to the servers of its own node go through shared
-        memory (:mod:`psgd.ps.push_window`); False keeps them to messages.
-        Default: ``PSGD_PS_PUSH_WINDOW`` (unset = on).
+        memory (:mod:`psgd.ps.push_window`); False keeps them to messages
+        (``psgd train`` reads ``PSGD_PS_PUSH_WINDOW`` once, at set-up).
     record : bool
         Servers write down the order of their events (``--record``, :mod:`psgd.ps.order`).
     replay : tuple of ndarray or None
@@ -89,7 +88,7 @@ class ProtocolConfig:
     snapshot_every: int = 0
     skip_nonfinite: bool = False
     topology: str | None = None
-    push_window: bool = field(default_factory=lambda: env_int("PSGD_PS_PUSH_WINDOW", 1) != 0)
+    push_window: bool = True
     record: bool = False
     replay: tuple | None = None
     compress: str = "none"

@@ -28,6 +28,11 @@ def env_int(name: str, default: int) -> int:
         raise UsageError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+def ps_push_window() -> bool:
+    """``PSGD_PS_PUSH_WINDOW``: False when set to 0 (pushes by messages only)."""
+    return env_int("PSGD_PS_PUSH_WINDOW", 1) != 0
+
+
 #: psgd's own knobs beside the flags' ``PSGD_<FLAG>`` variables: name -> what it sets
 #: (docs/guide/environment.md is the table users read; a test keeps the two the same)
 KNOBS = {

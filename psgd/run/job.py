@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from psgd.compress import feedback_on, gain
 from psgd.config import ProtocolConfig
-from psgd.env import psgd_variables
+from psgd.env import ps_push_window, psgd_variables
 from psgd.errors import PsgdError, set_traceback_base
 from psgd.hogwild import DEFAULT_HOLD
 from psgd.mpi import timeline, wait, watchdog
@@ -187,7 +187,8 @@ def build_job(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resum
         topology=settings.topology, n_workers=roles.n_workers,
         compress=settings.compress, compress_bucket=settings.compress_bucket,
         error_feedback=feedback, worker_momentum=where.worker_momentum,
-        momentum_gain=where.momentum_gain, hold_hot=settings.hold_hot or 1)
+        momentum_gain=where.momentum_gain, hold_hot=settings.hold_hot or 1,
+        push_window=ps_push_window())
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),

@@ -8,7 +8,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 
@@ -28,6 +27,7 @@ from psgd.ps.worker import PSWorker
 D, K, B, N_BATCHES = 12, 4, 8, 5
 N_PARAMS = K * D + K
 LR = 0.3
+USE_WINDOW = [True]   # off for a scenario given --messages
 
 
 
@@ -35,7 +35,7 @@ def ps_config(protocol, n, staleness=None, **kw):
     """make_config, passing the bound only to a protocol that takes one (ssp)."""
     if get(protocol).bound is not None:
         staleness = None
-    return make_config(protocol, n, staleness=staleness, **kw)
+    return make_config(protocol, n, staleness=staleness, push_window=USE_WINDOW[0], **kw)
 
 def data(n_workers):
     rng = np.random.default_rng(1234)
@@ -183,7 +183,8 @@ def mode_adaptive(args, comm):
     """
     roles = assign_roles(comm, args.servers)
     config = make_config("ssp", N_PARAMS, staleness="auto", staleness_max=args.staleness_max,
-                         overlap=args.overlap, lr_schedule=lambda c: 0.05)
+                         overlap=args.overlap, lr_schedule=lambda c: 0.05,
+                         push_window=USE_WINDOW[0])
     slow, half = roles.n_workers - 1, args.steps // 2
     checked = []
 
@@ -367,16 +368,9 @@ def main():
             scenarios.append([])
         else:
             scenarios[-1].append(word)
-    window = os.environ.get("PSGD_PS_PUSH_WINDOW")
     for scenario in scenarios:
         args = ap.parse_args(scenario)
-        # ProtocolConfig's push_window default, read on every rank
-        if args.messages:
-            os.environ["PSGD_PS_PUSH_WINDOW"] = "0"
-        elif window is None:
-            os.environ.pop("PSGD_PS_PUSH_WINDOW", None)
-        else:
-            os.environ["PSGD_PS_PUSH_WINDOW"] = window
+        USE_WINDOW[0] = not args.messages
         modes[args.mode](args, comm)
         comm.Barrier()
 

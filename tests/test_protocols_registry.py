@@ -1,6 +1,7 @@
 """The protocol registry: what each entry says, that validation and help read it, and that a
 new protocol is one entry."""
 import argparse
+import dataclasses
 import math
 
 import pytest
@@ -95,3 +96,21 @@ def test_a_new_protocol_is_one_entry(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="lockstep has no servers"):
         resolve("--protocol", "lockstep", "--servers", "1")
     assert "lockstep" in settings._protocol_help()
+
+
+def test_abilities_are_one_set_of_known_names_that_validation_reads():
+    from psgd.protocols import ABILITIES, names
+    for entry in PROTOCOLS.values():
+        assert entry.abilities <= set(ABILITIES), entry.name
+    with pytest.raises(ValueError, match=r"unknown abilities \['overlapp'\]"):
+        Protocol("typo", servers=False, worker="x:Y", summary="", abilities=frozenset({"overlapp"}))
+    with pytest.raises(KeyError, match="'compres' is not one of"):
+        get("bsp").can("compres")
+    assert names(able="overlap") == "ssp or asp"
+    assert names(able="compress", servers=True) == "bsp or ssp or asp"
+    # an entry that gains an ability is accepted where it was refused, with no other change
+    plain = Protocol("plain", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
+                     summary="")
+    with pytest.raises(ValueError, match="--compress topk:0.1 applies to --protocol"):
+        plain.check(compress="topk:0.1")
+    dataclasses.replace(plain, abilities=plain.abilities | {"compress"}).check(compress="topk:0.1")

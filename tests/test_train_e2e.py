@@ -37,7 +37,7 @@ def test_protocol_trains_logs_checkpoints_and_resumes_with_other_ranks(
               "--batch-size", 16, "--checkpoint-every", 6]
     first = [*common, "--servers", servers, "--steps", 12, "--eval-every", 6, "--log-every", 3]
     replays = protocol == "asp"     # bsp and ssp replays: test_record_replay.py
-    assert replays <= get(protocol).replayable
+    assert replays <= get(protocol).can("replay")
     record = ["--record", tmp_path / "run.rec.h5"] if replays else []
     out = train(mpirun, ranks, dataset, *first, "--checkpoint-dir", ckdir, "--log", log1,
                 *record).stdout

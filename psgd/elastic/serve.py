@@ -29,8 +29,8 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> TrainSettings:
     options.check(args)
     settings, resumed = resolve_run(args)
     protocol = get(settings.protocol)
-    if not protocol.elastic:
-        raise ValueError(f"--elastic runs --protocol {names(elastic=True)} so far, not "
+    if not protocol.can("elastic"):
+        raise ValueError(f"--elastic runs --protocol {names(able='elastic')} so far, not "
                          f"{settings.protocol}: its servers must not wait for any worker in "
                          f"particular")
     if comm.Get_size() != 1 or settings.servers != 1:

@@ -16,6 +16,26 @@ from psgd.errors import UsageError
 from psgd.nn.optim import OPTIMIZERS
 from psgd.ps import compensation
 
+#: what a protocol may declare it can do (``Protocol.abilities``), and what that means
+ABILITIES = {
+    "overlap": "--overlap (pull during the computation) applies; it also needs a bound >= 1",
+    "server-snapshots": "checkpoints are assembled from the servers' shards (else the lead "
+                        "worker writes its own replica)",
+    "resume-optimizer": "a checkpoint's optimizer state is loaded on resume (which then needs "
+                        "the same --optimizer)",
+    "replay": "--record / --replay apply: its servers handle every push and pull themselves, in "
+              "an order they can write down (psgd.ps.order)",
+    "compress": "--compress applies: its workers push, or all-reduce, through psgd.compress",
+    "momentum-correction": "--momentum-correction on applies (psgd.protocols.momentum): the "
+                           "workers can keep the momentum the step would apply",
+    "momentum-gain": "--momentum-correction gain applies, and auto means it with error "
+                     "feedback (psgd.compress.gain): the servers step plain SGD at the "
+                     "momentum's gain on every worker's push of a clock at once",
+    "hot-rows": "--hold-hot applies: sparse workers hold their changes to the rows most batches "
+                "touch (psgd.hogwild.hot)",
+    "elastic": "--elastic applies: workers may be lost and join while the servers run "
+               "(psgd.elastic); it needs a worker half that waits on no other worker",
+}
 AUTO = "auto"                 # --staleness auto: the servers set the bound (psgd.ps.adaptive)
 DEFAULT_STALENESS_MAX = 16    # its largest value unless --staleness-max says otherwise
 
@@ -41,15 +61,8 @@ class Protocol:
         The optimizers the protocol runs.
     optimizer_note : str
         Why the others are refused (appended to the error).
-    overlap : bool
-        Whether ``--overlap`` (pull during the computation) may be used; it
-        also needs a bound >= 1.
-    server_snapshots : bool
-        Checkpoints are assembled from the servers' shards (else the lead
-        worker writes its own replica).
-    resumes_optimizer : bool
-        A checkpoint's optimizer state is loaded on resume (which then needs
-        the same ``--optimizer``).
+    abilities : frozenset of str
+        What it can do, each a key of :data:`ABILITIES` (which says what each means).
     compensations : tuple of str or None
         The ``--staleness-comp`` methods it runs (:mod:`psgd.ps.compensation`; None: every
         registered method, those registered later included); the default is ``auto`` where
@@ -59,34 +72,12 @@ class Protocol:
     staleness_unit : str
         What its staleness histogram counts: ``clocks`` (a server's version
         minus the one a push was computed on) or ``updates`` (hogwild).
-    replayable : bool
-        ``--record`` / ``--replay`` apply: its servers handle every push and
-        pull themselves, in an order they can write down (:mod:`psgd.ps.order`).
     replay_note : str
         Why not, where it cannot.
-    compresses : bool
-        ``--compress`` applies: its workers push, or all-reduce, through :mod:`psgd.compress`.
     feedback_refused : tuple of str
         Compressors (by name) it runs without ``--error-feedback on``, and why (``feedback_note``).
-    momentum_correction : bool
-        ``--momentum-correction`` applies (:mod:`psgd.compress.momentum`): the
-        workers can keep the momentum the step would apply, because one step
-        averages every worker's push of a clock (the mean of the velocities is
-        the momentum step), or because each push is a step of its own whose
-        momentum the servers send with each pull reply (ssp, asp: the
-        staleness compensation's, which must then leave the gradients alone).
-    hot_rows : bool
-        ``--hold-hot`` applies: sparse workers hold their changes to the rows most batches
-        touch (:mod:`psgd.hogwild.hot`).
     pipelines : tuple of str
         The ``--pipeline`` schedules under which it combines each stage's replicas.
-    momentum_gain : bool
-        ``--momentum-correction gain`` applies, and ``auto`` means it with error
-        feedback (:mod:`psgd.compress.gain`): the servers step plain SGD at the
-        momentum's gain on every worker's push of a clock at once.
-    elastic : bool
-        ``--elastic`` applies: workers may be lost and join while the servers run
-        (:mod:`psgd.elastic`); it needs a worker half that waits on no other worker.
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -123,22 +114,14 @@ class Protocol:
     default_staleness: int = 2
     optimizers: tuple[str, ...] = OPTIMIZERS
     optimizer_note: str = ""
-    overlap: bool = False
-    server_snapshots: bool = False
-    resumes_optimizer: bool = True
+    abilities: frozenset[str] = frozenset({"resume-optimizer"})
     compensations: tuple[str, ...] | None = ("none",)
     compensation_note: str = ": its steps are never stale"
     staleness_unit: str = "clocks"
-    replayable: bool = False
     replay_note: str = ": it has no servers whose order of pushes could be recorded"
-    compresses: bool = False
     feedback_refused: tuple[str, ...] = ()
     feedback_note: str = ""
-    momentum_correction: bool = False
-    momentum_gain: bool = False
-    hot_rows: bool = False
     pipelines: tuple[str, ...] = ()   # --pipeline schedules whose stage replicas it combines
-    elastic: bool = False
     graph: str | None = None
     cost: str | None = None
     example: dict = field(default_factory=dict, hash=False)
@@ -171,6 +154,18 @@ class Protocol:
         if staleness < 0:
             raise ValueError(f"--staleness must be >= 0, got {staleness}")
         return float(staleness)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.abilities) - set(ABILITIES)
+        if unknown:
+            raise UsageError(f"protocol {self.name!r}: unknown abilities {sorted(unknown)}; "
+                             f"known: {', '.join(ABILITIES)}")
+
+    def can(self, ability: str) -> bool:
+        """Whether it has ``ability`` (a key of :data:`ABILITIES`)."""
+        if ability not in ABILITIES:
+            raise KeyError(f"{ability!r} is not one of {', '.join(ABILITIES)}")
+        return ability in self.abilities
 
     def compensation_choices(self) -> tuple[str, ...]:
         """The ``--staleness-comp`` values it takes."""
@@ -246,26 +241,26 @@ class Protocol:
             Naming the first setting the protocol cannot run with.
         """
         bound = self.staleness_bound(staleness, staleness_max)
-        if replay and not self.replayable:
+        if replay and not self.can("replay"):
             raise ValueError(f"{replay} does not apply to --protocol {self.name}"
                              f"{self.replay_note}")
-        if compress != "none" and not self.compresses:
+        if compress != "none" and not self.can("compress"):
             raise ValueError(f"--compress {compress} applies to --protocol "
-                             f"{names(compresses=True)} (pushes to servers, the all-reduce), not "
+                             f"{names(able='compress')} (pushes to servers, the all-reduce), not "
                              f"{self.name}")
         if error_feedback == "on" and compress.partition(":")[0] in self.feedback_refused:
             raise ValueError(f"--error-feedback on does not apply to --compress {compress} under "
                              f"--protocol {self.name}{self.feedback_note}")
-        if momentum_correction == "gain" and not self.momentum_gain:
+        if momentum_correction == "gain" and not self.can("momentum-gain"):
             raise ValueError(f"--momentum-correction gain applies to --protocol "
-                             f"{names(momentum_gain=True)}, whose step averages every worker's "
+                             f"{names(able='momentum-gain')}, whose step averages every worker's "
                              f"push of a clock, not {self.name}")
-        if momentum_correction == "on" and not self.momentum_correction:
+        if momentum_correction == "on" and not self.can("momentum-correction"):
             raise ValueError(f"--momentum-correction on applies to --protocol "
-                             f"{names(momentum_correction=True)}, whose workers can keep the "
+                             f"{names(able='momentum-correction')}, whose workers can keep the "
                              f"momentum of the servers' step, not {self.name}")
-        if overlap and not (self.overlap and bound >= 1):
-            raise ValueError(f"--overlap needs --protocol {names(overlap=True)} with a staleness "
+        if overlap and not (self.can("overlap") and bound >= 1):
+            raise ValueError(f"--overlap needs --protocol {names(able='overlap')} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
                              f"parameters wait for its own push")
         if n_servers is not None and self.servers and n_servers < 1:
@@ -338,10 +333,12 @@ def register(entry: Protocol) -> Protocol:
     return entry
 
 
-def names(**match) -> str:
-    """The protocols whose attributes equal ``match``, as ``a or b`` (e.g. ``names(servers=False)``)."""
+def names(able: str | None = None, **match) -> str:
+    """The protocols that have ability ``able`` (if given) and whose attributes equal
+    ``match``, as ``a or b`` (e.g. ``names(servers=False)``, ``names(able="overlap")``)."""
     return " or ".join(p.name for p in PROTOCOLS.values()
-                       if all(getattr(p, k) == v for k, v in match.items()))
+                       if (able is None or p.can(able))
+                       and all(getattr(p, k) == v for k, v in match.items()))
 
 
 def _load(ref: str):
@@ -362,31 +359,30 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
     return get(name).config(n_params, **settings)
 
 
-_PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
-           server_snapshots=True, replayable=True, compresses=True)
+_PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve")
+_PS_CAN = frozenset({"server-snapshots", "replay", "compress", "resume-optimizer",
+                     "momentum-correction"})
 _COST = "psgd.plan.rows:"   # the cost models, imported only by psgd plan
 _STALE = dict(compensations=None, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, cost=_COST + "bsp_rows",
-             momentum_correction=True, momentum_gain=True, summary=(
+             abilities=_PS_CAN | {"momentum-gain"}, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
-    Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
-             cost=_COST + "async_rows",
-             momentum_correction=True, summary=(
+    Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, **_PS, **_STALE,
+             cost=_COST + "async_rows", abilities=_PS_CAN | {"overlap"}, summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
         "online, up to --staleness-max); pushes are applied on arrival")),
-    Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, overlap=True, **_PS,
-             cost=_COST + "async_rows",
-             **_STALE, momentum_correction=True, elastic=True,
+    Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, **_PS,
+             cost=_COST + "async_rows", **_STALE, abilities=_PS_CAN | {"overlap", "elastic"},
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
         server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
-        hot_rows=True, cost=_COST + "hogwild_rows", example={"optimizer": "sgd"},
-        optimizers=("sgd", "momentum", "nesterov", "adagrad"), resumes_optimizer=False,
+        abilities=frozenset({"hot-rows"}), cost=_COST + "hogwild_rows",
+        example={"optimizer": "sgd"}, optimizers=("sgd", "momentum", "nesterov", "adagrad"),
         compensations=("none", "inverse", "amom", "auto"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
                            "which dcasgd and gap need"),
@@ -404,7 +400,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
             "on the workers (sgd, momentum, nesterov, adagrad; adam is refused)")),
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
-        compresses=True, feedback_refused=("fp16",), momentum_correction=True,
+        abilities=frozenset({"compress", "momentum-correction", "resume-optimizer"}),
+        feedback_refused=("fp16",),
         cost=_COST + "allreduce_rows", example={"ranks": 2},
         pipelines=("gpipe", "1f1b", "pipedream"),
         feedback_note=(": its ring rounds every partial sum to half precision, which no "

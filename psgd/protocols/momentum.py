@@ -33,7 +33,7 @@ def mode(protocol, setting: str, *, optimizer: str, feedback: bool, gain_feedbac
     """``gain``, ``workers`` or ``servers`` for ``--momentum-correction setting``.
 
     ``auto`` takes the gain where ``gain_feedback`` (:func:`psgd.compress.gain.auto_feedback`)
-    and the entry's ``momentum_gain`` allow, else the workers' velocities where error
+    and the entry's ``momentum-gain`` ability allow, else the workers' velocities where error
     ``feedback`` runs and the entry's ``momentum_correction`` and the staleness
     compensation allow.
 
@@ -47,7 +47,7 @@ def mode(protocol, setting: str, *, optimizer: str, feedback: bool, gain_feedbac
     if setting == "gain" and not has_momentum:
         raise UsageError(f"--momentum-correction gain needs --optimizer momentum or nesterov, "
                          f"not {optimizer}")
-    if protocol.momentum_gain and has_momentum and (
+    if protocol.can("momentum-gain") and has_momentum and (
             setting == "gain" or setting == "auto" and gain_feedback):
         return "gain"
     method = protocol.compensation(staleness_comp, optimizer, worker_momentum=True)
@@ -63,7 +63,7 @@ def mode(protocol, setting: str, *, optimizer: str, feedback: bool, gain_feedbac
         raise UsageError(f"--momentum-correction on needs --optimizer momentum or nesterov, "
                          f"not {optimizer}")
     moves = setting == "on" or setting == "auto" and feedback
-    return "workers" if protocol.momentum_correction and composes and has_momentum and moves \
+    return "workers" if protocol.can("momentum-correction") and composes and has_momentum and moves \
         else "servers"
 
 

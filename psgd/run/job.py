@@ -224,7 +224,7 @@ def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int | 
     if settings.hold_hot is not None and not info.get("sparse"):
         raise ValueError(f"--hold-hot applies to a sparse model (linear or svm on CSR data); "
                          f"{settings.data} is dense")
-    if not (protocol.hot_rows and info.get("sparse")):
+    if not (protocol.can("hot-rows") and info.get("sparse")):
         return None
     return DEFAULT_HOLD if settings.hold_hot is None else settings.hold_hot
 
@@ -283,7 +283,7 @@ def _resume(settings: TrainSettings, resumed: Resumed | None, model, total: int,
     if resume.params.shape != model.params.shape:
         raise ValueError(f"checkpoint {path} holds {resume.params.size} parameters, "
                          f"model {settings.model} has {model.params.size}")
-    if resume.optimizer != settings.optimizer and protocol.resumes_optimizer:
+    if resume.optimizer != settings.optimizer and protocol.can("resume-optimizer"):
         raise ValueError(f"checkpoint {path} was trained with optimizer "
                          f"{resume.optimizer}; resume with --optimizer {resume.optimizer}")
     if resume.step >= total:

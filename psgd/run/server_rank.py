@@ -41,7 +41,7 @@ def run_server(job) -> None:
         with phase("gathering the recorded events"):
             save_events(job, result.events)
     if roles.rank == 0:
-        if settings.checkpoint_dir and protocol.server_snapshots:
+        if settings.checkpoint_dir and protocol.can("server-snapshots"):
             job.save_checkpoint(job.end_step, result.params, result.opt_state or {})
         final_params = np.ascontiguousarray(result.params, dtype=np.float32)
         with phase("taking the final parameters"):

@@ -52,7 +52,7 @@ DESCRIPTION = f"""Train a model data-parallel over MPI. Launch one process per r
 Ranks 0..S-1 are parameter servers (S = --servers), the rest are workers.
 Protocols:
 {_protocol_help()}
-With --overlap ({names(overlap=True)}, with s >= 1) a worker asks for the next parameters as
+With --overlap ({names(able='overlap')}, with s >= 1) a worker asks for the next parameters as
 soon as it holds the current ones, so the pull travels during its computation;
 each update is then one clock staler (the bound s still holds).
 
@@ -146,7 +146,7 @@ FLAGS: dict[str, tuple[type, str]] = {
           f"none where steps are never stale)"),
     "comp_lambda": (float, f"dcasgd's lambda_0 >= 0 (default {compensation.DEFAULT_LAMBDA:g})"),
     "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
-    "overlap": (bool, f"{names(overlap=True)} with a staleness bound >= 1: pull the next "
+    "overlap": (bool, f"{names(able='overlap')} with a staleness bound >= 1: pull the next "
                       f"parameters while computing (costs one clock of staleness; see docs/guide/protocols.md)"),
     "topology": (str, f"{names(decentralized=True)}: the workers' graph, one of ring, torus, "
                       f"exponential, complete (default ring)"),
@@ -191,14 +191,14 @@ FLAGS: dict[str, tuple[type, str]] = {
     "stall_abort": (float, "end the job when a rank waits longer than this (default 600)"),
     "skip_nonfinite": (bool, "skip and count pushes holding NaN/Inf instead of failing"),
     "record": (str, f"write the servers' order of pushes and pulls to this HDF5 file "
-                    f"({names(replayable=True)}; see --replay)"),
+                    f"({names(able='replay')}; see --replay)"),
     "replay": (str, "run again exactly as recorded: the same command with --replay FILE "
                     "(and its own --log) gives bit-identical parameters and losses"),
     "timeline": (str, "write every rank's compute, push, wait, pull, all-reduce and server "
                       "spans to this Chrome trace JSON file (Perfetto, chrome://tracing)"),
     "tensorboard": (str, "also write the metrics as TensorBoard event files into this directory "
                          "(tensorboardX: pip install 'psgd[tensorboard]')"),
-    "compress": (str, "compress every push (" + names(compresses=True) + "): " + "; ".join(
+    "compress": (str, "compress every push (" + names(able="compress") + "): " + "; ".join(
         f"{k} ({v})" for k, v in compress.HELP.items()) + " (default none)"),
     "compress_bucket": (int, "elements per bucket of qsgd's norms and sign's scales (default "
                              "512)"),
@@ -209,11 +209,11 @@ FLAGS: dict[str, tuple[type, str]] = {
                                  "(or the average) then take a plain step (Deep Gradient "
                                  "Compression's momentum correction; under ssp and asp the "
                                  "velocity takes the momentum --staleness-comp amom sets; "
-                                 + names(momentum_correction=True) + " with "
+                                 + names(able="momentum-correction") + " with "
                                  "--optimizer momentum or nesterov); gain ("
-                                 + names(momentum_gain=True) + "): the servers step plain SGD "
+                                 + names(able="momentum-gain") + "): the servers step plain SGD "
                                  "at lr / (1 - momentum) on the pushed gradients; auto: where "
-                                 "error feedback runs, gain under " + names(momentum_gain=True)
+                                 "error feedback runs, gain under " + names(able="momentum-gain")
                                  + " with sign, else on"),
     "straggler": (str, "emulate stragglers: " + straggler.FORMAT + "; slow=f: the worker's "
                        "compute takes f times as long (it sleeps (f - 1) x its compute after "
@@ -387,9 +387,9 @@ def validate(given: TrainSettings) -> TrainSettings:
                            error_feedback=s.error_feedback,
                            momentum_correction=s.momentum_correction)
     compress.check(s.compress, s.compress_bucket, s.error_feedback)
-    if s.hold_hot is not None and (s.hold_hot < 1 or not protocol.hot_rows):
+    if s.hold_hot is not None and (s.hold_hot < 1 or not protocol.can("hot-rows")):
         raise ValueError(f"--hold-hot must be >= 1, got {s.hold_hot}" if s.hold_hot < 1 else
-                         f"--hold-hot applies to --protocol {names(hot_rows=True)} on sparse "
+                         f"--hold-hot applies to --protocol {names(able='hot-rows')} on sparse "
                          f"data, not {s.protocol}")
     _staleness_comp(s, protocol)
     momentum_mode(protocol, s.momentum_correction, optimizer=s.optimizer, feedback=False,
@@ -398,7 +398,7 @@ def validate(given: TrainSettings) -> TrainSettings:
         s.staleness_max = int(bound)
     elif protocol.bound is None:
         s.staleness = int(bound)
-    check_optimizer(s, protocol.hot_rows)
+    check_optimizer(s, protocol.can("hot-rows"))
     _check_numbers(s)
     straggler.parse(s.straggler)   # the worker indices are checked against the job's workers
     if s.replay and not os.path.exists(s.replay):

@@ -19,7 +19,7 @@ MAX_RUN = 1024   # the most steps a worker takes in one run between stop checks
 def _start_protocol(job, worker) -> None:
     """Start the worker half of the protocol on the model's parameters."""
     t_start = time.perf_counter()
-    if job.resume is not None and worker.optimizer is not None and job.protocol.resumes_optimizer:
+    if job.resume is not None and worker.optimizer is not None and job.protocol.can("resume-optimizer"):
         worker.optimizer.load_state_dict(job.resume.opt_state)
     velocity = job.resume.opt_state.get("velocity") if job.resume is not None else None
     if worker.momentum is not None and velocity is not None:
@@ -159,7 +159,7 @@ def run_worker(job) -> None:
     """Train this worker's shard of the data for the job's steps."""
     s, roles, model = job.settings, job.roles, job.model
     lead = Lead(job) if roles.rank == roles.lead_worker else None
-    own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.server_snapshots
+    own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.can("server-snapshots")
     timers = dict.fromkeys(TIMERS, 0.0)
     with phase("making the worker"):
         worker = job.protocol.make_worker(roles, job.shard_map, job.config)
@@ -202,7 +202,7 @@ def _train(job, worker, lead, runs: bool, timers: dict, fault) -> tuple:
     """The step loop; returns (the clock it ended at, the last consensus distance, the mean
     model buffer of a decentralized protocol or None)."""
     s, model = job.settings, job.model
-    own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.server_snapshots
+    own_checkpoints = lead is not None and s.checkpoint_dir and not job.protocol.can("server-snapshots")
     tl = timeline.current
     # decentralized protocols: the workers' models differ; their mean is logged and saved
     mean = np.empty_like(model.params) if job.protocol.decentralized else None

@@ -77,7 +77,7 @@ def _check(args, settings, protocol) -> None:
         raise PsgdError(f"--workers must be >= 1, got {args.workers}")
     if settings.servers < 1:
         raise PsgdError(f"--servers must be >= 1 for {protocol.name}, got {settings.servers}")
-    if (args.train or settings.record) and not protocol.replayable:
+    if (args.train or settings.record) and not protocol.can("replay"):
         raise PsgdError(f"--train and --record follow a server's order, which {protocol.name} "
                         f"has not{protocol.replay_note}")
     if args.train and (settings.overlap or settings.compress != "none"):

@@ -47,6 +47,29 @@ def evaluate(net, xt: torch.Tensor, yt: torch.Tensor) -> float:
     return correct / len(yt)
 
 
+def evaluate_precise(net, xt: torch.Tensor, yt: torch.Tensor, calib: torch.Tensor) -> float:
+    """The test accuracy with batch-norm statistics recomputed as psgd computes them (precise
+    BN: the population mean and variance of ``calib``'s rows under the current parameters, no
+    dropout), the running statistics restored afterwards."""
+    bns = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return evaluate(net, xt, yt)
+    saved = [(m.running_mean.clone(), m.running_var.clone(), m.momentum) for m in bns]
+    net.eval()
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None   # a cumulative average: one batch of all the rows gives their statistics
+        m.train()
+    with torch.no_grad():
+        net(calib)
+    acc = evaluate(net, xt, yt)
+    for m, (mean, var, momentum) in zip(bns, saved):
+        m.running_mean.copy_(mean)
+        m.running_var.copy_(var)
+        m.momentum = momentum
+    return acc
+
+
 def _run(rank: int, world: int, cfg: dict, data, out) -> None:
     """One process of the torch run (rank 0 of 1, or one of ``world`` DDP ranks on gloo)."""
     torch.set_num_threads(cfg["threads"])
@@ -60,6 +83,7 @@ def _run(rank: int, world: int, cfg: dict, data, out) -> None:
     x, y, xt, yt = map(torch.from_numpy, (x, y, xt, yt))
     g = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own draws
     b, pad = cfg["batch_size"], max(1, x.shape[2] // 8)
+    calib = x[torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg["seed"]))[:512]]
     for epoch in range(cfg["epochs"]):
         # DistributedSampler's split: one global permutation per epoch, rank r takes r::world
         perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg["seed"] + epoch))[rank::world]
@@ -74,7 +98,8 @@ def _run(rank: int, world: int, cfg: dict, data, out) -> None:
         seconds = time.perf_counter() - t0
         if rank == 0:   # the bare module: DDP's forward broadcasts the BN buffers, a collective
             plain = net.module if world > 1 else net   # that rank 1 would never join (a hang)
-            out.put((epoch + 1, evaluate(plain, xt, yt), (len(perm) // b) * b * world / seconds))
+            out.put((epoch + 1, evaluate(plain, xt, yt), evaluate_precise(plain, xt, yt, calib),
+                     (len(perm) // b) * b * world / seconds))
     if world > 1:
         dist.barrier()
 
@@ -90,7 +115,7 @@ def _ddp_entry(rank: int, world: int, port: int, cfg: dict, data, out) -> None:
 
 def train_torch(path: str, model: str, *, ranks: int, epochs: int, batch_size: int, lr: float,
                 momentum: float, seed: int, augment: bool, port: int = 29517) -> list[dict]:
-    """Per-epoch ``{"epoch", "test_acc", "samples_per_s"}`` of torch on ``ranks`` processes (DDP on gloo
+    """Per-epoch ``{"epoch", "test_acc", "test_acc_precise", "samples_per_s"}`` of torch on ``ranks`` processes (DDP on gloo
     when 2 or more, one thread each; one process with 2 threads otherwise)."""
     cfg = dict(model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
                augment=augment, threads=2 if ranks == 1 else 1)
@@ -102,7 +127,8 @@ def train_torch(path: str, model: str, *, ranks: int, epochs: int, batch_size: i
     else:
         mp.start_processes(_ddp_entry, args=(ranks, port, cfg, data, out), nprocs=ranks, start_method="spawn")
     recs = [out.get() for _ in range(epochs)]
-    return [{"epoch": e, "test_acc": a, "samples_per_s": r} for e, a, r in recs]
+    return [{"epoch": e, "test_acc": a, "test_acc_precise": p, "samples_per_s": r}
+            for e, a, p, r in recs]
 
 
 class _ListQueue(list):

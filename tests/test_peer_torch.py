@@ -1,5 +1,7 @@
 """psgd against the same network in PyTorch: forward, loss, every gradient, optimizer trajectories and
 evaluation statistics, from the same parameters on the same batches (psgd's dropout masks)."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -285,6 +287,27 @@ def test_precise_bn_is_torch_cumulative_running_stats_but_with_the_population_va
         assert relerr(ours.var, population) < 1e-5
         n = seen[id(bn)][0].numel() // bn.num_features
         assert relerr(bn.running_var.numpy(), biased.mean(0).numpy() * n / (n - 1)) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["cifar-cnn", "resnet8"])
+def test_bench_peers_precise_bn_evaluation_is_psgds(name):
+    """bench-peer's torch column 'precise BN' evaluates as psgd does: the same parameters and
+    calibration rows give psgd's test accuracy, and PyTorch's running statistics come back."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        from peer_torch_train import evaluate_precise
+    finally:
+        sys.path.pop(0)
+    model, peer, x, y = setup(name)
+    model.set_calibration(x[:128])
+    _, ours = model.evaluate(x, y)
+    bn = next(m for m in peer.net.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    bn.running_mean.fill_(3.0)
+    theirs = evaluate_precise(peer.net, torch.from_numpy(x), torch.from_numpy(y),
+                              torch.from_numpy(x[:128]))
+    assert theirs == ours
+    assert (bn.running_mean == 3.0).all() and bn.momentum == 0.1
 
 
 @pytest.mark.parametrize("name", ["lenet", "cifar-cnn", "resnet8", "dropout-avgpool"])

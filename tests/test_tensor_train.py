@@ -1,5 +1,6 @@
 """`psgd train --tensor/--spatial/--grid` end to end: the same run as serial or data-parallel
 training, and the bad input it refuses in one line."""
+import numpy as np
 import pytest
 
 from psgd.run.metrics import read_log
@@ -92,3 +93,51 @@ def test_sigterm_to_one_rank_stops_every_rank_of_the_grid_at_one_step(dataset, t
     assert proc.returncode == EXIT_STOPPED, (out, err)
     assert "stopped by SIGTERM" in out and "Traceback" not in err, (out, err)
     assert 0 < summary(log)["steps"] < 5000
+
+
+def _ckpt(directory, step):
+    from psgd.run.checkpoint import load_checkpoint
+    return load_checkpoint(directory / f"ckpt-{step:08d}.h5")
+
+
+@pytest.mark.mpi
+def test_grid_run_resumed_from_its_checkpoint_ends_bit_equal_to_the_unbroken_run(mpirun, dataset, tmp_path):
+    """--grid 2,2 saves the serial flat vector (parts gathered) and takes its part back on load."""
+    from conftest import assert_resumed_alike
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["--model", "mlp:784-45-33-10", "--optimizer", "momentum", "--lr", "0.05",
+              "--batch-size", 16, "--steps", 20, "--checkpoint-every", 10, "--grid", "2,2"]
+    train(mpirun, 4, dataset, tmp_path / "full.jsonl", *common, "--checkpoint-dir", full)
+    part.mkdir()
+    (part / "ckpt-00000010.h5").write_bytes((full / "ckpt-00000010.h5").read_bytes())
+    train(mpirun, 4, dataset, tmp_path / "part.jsonl", *common, "--checkpoint-dir", part, "--resume", part)
+    assert_resumed_alike(tmp_path, full, part)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model, split", [
+    ("mlp:784-45-33-10", "--tensor"), ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:10", "--spatial")])
+def test_a_checkpoint_passes_between_a_split_run_and_a_plain_run_both_ways(mpirun, dataset, tmp_path,
+                                                                          model, split):
+    """Split (2 ranks, one replica) 0 -> 20; plain all-reduce (1 rank) resumes its step 10 and
+    ends as it does; the split run resumes the plain run's step 15 and ends as both do (the
+    same batches and arithmetic, so float32 round-off apart)."""
+    common = ["--model", model, "--optimizer", "momentum", "--lr", "0.05", "--batch-size", 16,
+              "--steps", 20, "--checkpoint-every", 5]
+    dirs = {name: tmp_path / name for name in ("split", "plain", "back")}
+    train(mpirun, 2, dataset, tmp_path / "split.jsonl", *common, split, 2, "--checkpoint-dir", dirs["split"])
+    dirs["plain"].mkdir()
+    (dirs["plain"] / "ckpt-00000010.h5").write_bytes((dirs["split"] / "ckpt-00000010.h5").read_bytes())
+    train(mpirun, 1, dataset, tmp_path / "plain.jsonl", *common, "--checkpoint-dir", dirs["plain"],
+          "--resume", dirs["plain"])
+    dirs["back"].mkdir()
+    (dirs["back"] / "ckpt-00000015.h5").write_bytes((dirs["plain"] / "ckpt-00000015.h5").read_bytes())
+    train(mpirun, 2, dataset, tmp_path / "back.jsonl", *common, split, 2, "--checkpoint-dir", dirs["back"],
+          "--resume", dirs["back"])
+    ends = [_ckpt(dirs[name], 20) for name in ("split", "plain", "back")]
+    start = _ckpt(dirs["split"], 10).params
+    moved = np.abs(ends[0].params - start).max()
+    for other in ends[1:]:
+        assert np.abs(other.params - ends[0].params).max() < 1e-3 * moved
+        np.testing.assert_allclose(other.opt_state["velocity"], ends[0].opt_state["velocity"],
+                                   atol=1e-3 * np.abs(ends[0].opt_state["velocity"]).max())

@@ -289,8 +289,9 @@ def load_toml(path: str) -> dict:
 
 
 # Settings of a run that a resume does not take from its checkpoint: how this attempt runs
+# (a checkpoint holds the serial flat vector, so any grid of model parts resumes it)
 NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort", "record",
-               "replay", "timeline", "tensorboard")
+               "replay", "timeline", "tensorboard", "tensor", "spatial", "grid")
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
 PER_PROTOCOL = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
                 "staleness_lr", "overlap", "topology")

@@ -3,12 +3,15 @@
 World rank w is part ``w % T`` of replica ``w // T``.  The T ranks of a replica split the
 model (:mod:`psgd.tensor`) and read the same batches; the D replicas read their own
 slices, and every parameter's gradient is averaged over them with psgd's all-reduce
-before each rank steps its own part.  Flags this path does not carry are refused.
+before each rank steps its own part.  Checkpoints hold the serial flat vector (the parts
+gathered on save, each rank's part taken on load), so any grid or a plain run resumes them.
+Flags this path does not carry are refused.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
@@ -19,13 +22,14 @@ from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer, make_schedule
 from psgd.protocols import get
 from psgd.run import signals
+from psgd.run.checkpoint import Checkpoint, save_checkpoint
+from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
 from psgd.run.metrics import MetricsLog
 
 # settings this path does not carry, as (field, value when unused, flag)
 REFUSED = (("compress", "none", "--compress"), ("straggler", None, "--straggler"),
            ("record", None, "--record"), ("replay", None, "--replay"),
-           ("timeline", None, "--timeline"), ("checkpoint_dir", None, "--checkpoint-dir"),
-           ("resume", None, "--resume"), ("tensorboard", None, "--tensorboard"),
+           ("timeline", None, "--timeline"), ("tensorboard", None, "--tensorboard"),
            ("augment", False, "--augment"), ("overlap", False, "--overlap"),
            ("skip_nonfinite", False, "--skip-nonfinite"), ("hold_hot", None, "--hold-hot"),
            ("eval_every", 0, "--eval-every"))
@@ -82,19 +86,24 @@ class TensorJob:
     end_step: int
 
 
-def run(comm, settings, debug: bool, agree) -> TensorJob:
+def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
     """Set up the grid and the split model (errors agreed as one line), then train."""
     d, t, axis = grid_shape(settings, comm.Get_size())
     rank = comm.Get_rank()
+    with phase("agreeing on the run id"):
+        run_id = agreed_run_id(comm, resumed)
     with phase("splitting the grid"):
         part = comm.Split(rank // t, rank % t)
         replicas = comm.Split(rank % t, rank // t)
-    setup = agree(comm, lambda: _build(settings, part, rank // t, d, axis), debug,
-                  "build the split model", "agreeing that every rank could split the model")
+    setup = agree(comm, lambda: _build(settings, part, rank // t, d, axis, resumed, run_id), debug,
+                  "build the split model and load the checkpoint",
+                  "agreeing that every rank could split the model")
+    if rank == 0:
+        announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
     return _train(comm, part, replicas, settings, setup)
 
 
-def _build(s, part, replica: int, n_replicas: int, axis: str) -> dict:
+def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str) -> dict:
     from psgd.data.reader import ShardReader, dataset_info
     from psgd.nn.model import build_model
     from psgd.tensor.conv import split_tensor
@@ -102,21 +111,26 @@ def _build(s, part, replica: int, n_replicas: int, axis: str) -> dict:
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
     serial = build_model(s.model, seed=s.seed, input_shape=info["input_shape"], n_classes=info["n_classes"])
-    model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
-    return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis}
+    ckpt = resume_checkpoint(s, resumed, serial, total, get(s.protocol))   # into serial.params
+    model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
+    opt = make_optimizer(s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay)
+    if ckpt is not None:
+        opt.load_state_dict({k: model.split_flat(v) if np.ndim(v) else v for k, v in ckpt.opt_state.items()})
+    return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis,
+            "opt": opt, "start": ckpt.step if ckpt else 0, "run_id": run_id,
+            "foreign": check_checkpoint_dir(s, run_id)}
 
 
 def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
-    model, reader, total = setup["model"], setup["reader"], setup["total"]
+    model, reader, total, opt = setup["model"], setup["reader"], setup["total"], setup["opt"]
     n_rep = replicas.Get_size()
-    opt = make_optimizer(s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay)
     lr = make_schedule(s.lr_schedule, s.lr, total, warmup=s.warmup, step_every=s.lr_step_every,
                        gamma=s.lr_gamma)
-    log = MetricsLog(s.log if comm.Get_rank() == 0 else None)
-    stop, times, step = np.zeros(1, np.int64), [], 0
-    sums = np.zeros(2)
+    log = MetricsLog(s.log if comm.Get_rank() == 0 else None, append=setup["start"] > 0)
+    stop, times, step = np.zeros(1, np.int64), [], setup["start"]
+    sums = np.zeros(3)
     while step < total:
         t0 = time.perf_counter()
         x, y = reader.batch(step)
@@ -127,21 +141,38 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
             model.grad /= n_rep
         opt.step(model.params, model.grad, lr(step))
         times.append(time.perf_counter() - t0)
-        sums += (loss, correct / len(y))
+        sums += (loss, correct / len(y), 1)
         step += 1
         if step % s.log_every == 0 or step == total:
-            _log_step(log, replicas, step, sums / (step % s.log_every or s.log_every))
+            _log_step(log, replicas, step, sums[:2] / sums[2])
             sums[:] = 0
         stop[0] = signals.received()
         wait.wait(comm.Iallreduce(MPI.IN_PLACE, stop, MPI.MAX), "the grid's stop check")
         if stop[0]:
             break
+        if s.checkpoint_dir and s.checkpoint_every and step % s.checkpoint_every == 0 and step < total:
+            _save(comm, s, setup, step)
+    saved = _save(comm, s, setup, step) if s.checkpoint_dir else None
     _finish(comm, part, s, setup, log, step, times)
     free_all()
     if stop[0] and comm.Get_rank() == 0:
-        print(f"psgd: stopped by {signals.signal_name(int(stop[0]))} at step {step} "
-              f"(--{setup['axis']} keeps no checkpoint)", flush=True)
+        kept = f"checkpoint: {saved}" if saved else "no --checkpoint-dir, no checkpoint"
+        print(f"psgd: stopped by {signals.signal_name(int(stop[0]))} at step {step} ({kept})", flush=True)
     return TensorJob(total_steps=total, end_step=step)
+
+
+def _save(comm, s, setup: dict, step: int):
+    """Gather the parts' parameters and optimizer state into serial flat vectors (every
+    replica holds the same); rank 0 writes them as one checkpoint and returns its path."""
+    model = setup["model"]
+    params = model.gather_flat(model.params)
+    state = {k: model.gather_flat(v) if np.ndim(v) else v for k, v in setup["opt"].state_dict().items()}
+    if comm.Get_rank() != 0:
+        return None
+    return save_checkpoint(s.checkpoint_dir, Checkpoint(
+        params=params.astype(np.float32), model_spec=s.model, step=step, optimizer=s.optimizer,
+        opt_state=state, clocks=np.full(comm.Get_size() // model.comm.Get_size(), step, np.int64),
+        protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=setup["run_id"]))
 
 
 def _log_step(log, replicas, step: int, mean: np.ndarray) -> None:

@@ -110,12 +110,14 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     from psgd.tensor.model import TensorModel
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
-    serial = build_model(s.model, seed=s.seed, input_shape=info["input_shape"], n_classes=info["n_classes"])
+    serial = build_model(s.model, seed=s.seed, dtype=np.dtype(s.dtype), input_shape=info["input_shape"],
+                         n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
     ckpt = resume_checkpoint(s, resumed, serial, total, get(s.protocol))   # into serial.params
     model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
-    opt = make_optimizer(s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay)
+    opt = make_optimizer(s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay,
+                         dtype=model.dtype)
     if ckpt is not None:
         opt.load_state_dict({k: model.split_flat(v) if np.ndim(v) else v for k, v in ckpt.opt_state.items()})
     return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis,

@@ -72,10 +72,47 @@ def test_bad_tensor_input_gives_one_clear_line(mpirun, dataset, tmp_path, ranks,
 
 
 @pytest.mark.mpi
-def test_a_ps_protocol_under_tensor_is_refused(mpirun, dataset, tmp_path):
-    out = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", "mlp:784-8-10",
-                     "--tensor", 2, "--protocol", "ssp", "--steps", 2], check=False)
-    assert out.returncode != 0 and "give a protocol without servers" in out.stderr, out.stderr
+@pytest.mark.parametrize("ranks, flags, line", [
+    (3, ["--tensor", 2, "--protocol", "ssp", "--servers", 1], "--servers 1: each of the 2 model parts"),
+    (4, ["--tensor", 2, "--protocol", "hogwild", "--servers", 2], "not hogwild"),
+    (4, ["--tensor", 2, "--protocol", "bsp", "--servers", 2, "--dtype", "float64"],
+     "the parameter servers hold float32"),
+])
+def test_a_ps_protocol_the_grid_cannot_run_is_refused(mpirun, dataset, ranks, flags, line):
+    out = mpirun(ranks, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", "mlp:784-8-10",
+                         "--steps", 2, *map(str, flags)], check=False)
+    errors = [x for x in out.stderr.splitlines() if x.startswith("psgd: error")]
+    assert out.returncode != 0 and len(errors) == 1 and line in errors[0], out.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, flags", [(6, ["--grid", "2,2", "--servers", 2]),
+                                          (6, ["--tensor", 2, "--servers", 4])])
+def test_bsp_servers_across_the_replicas_equal_serial_sgd_on_the_same_batches(mpirun, dataset, tmp_path,
+                                                                              ranks, flags):
+    """Each part's D replicas push to its own S/T servers; bsp averages and steps once per
+    clock, so every step's loss and the test loss are serial momentum SGD's (float32 round-off)."""
+    model, steps, batch, lr, mu = "mlp:784-45-33-10", 10, 16, 0.0625, 0.875
+    train(mpirun, ranks, dataset, tmp_path / "run.jsonl", "--model", model, *flags, "--protocol", "bsp",
+          "--optimizer", "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
+          "--batch-size", batch, "--steps", steps, "--log-every", 1)
+    replicas = 2 if "--grid" in flags else 1
+    losses, test_loss = _serial_float64(dataset, model, replicas, steps, batch, lr, mu)
+    logged = [r["loss"] for r in read_log(tmp_path / "run.jsonl") if r["kind"] == "step"]
+    np.testing.assert_allclose(logged, losses, rtol=1e-5)
+    assert summary(tmp_path / "run.jsonl")["test_loss"] == pytest.approx(test_loss, rel=1e-5)
+    untrained = _serial_float64(dataset, model, replicas, 0, batch, lr, mu)[1]
+    assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("protocol", ["asp", "ssp"])
+def test_asynchronous_servers_across_the_replicas_train_the_grid(mpirun, dataset, tmp_path, protocol):
+    train(mpirun, 6, dataset, tmp_path / "run.jsonl", "--model", "mlp:784-45-33-10", "--grid", "2,2",
+          "--servers", 2, "--protocol", protocol, "--optimizer", "momentum", "--lr", 0.05,
+          "--batch-size", 32, "--steps", 60)
+    untrained = _serial_float64(dataset, "mlp:784-45-33-10", 1, 0, 32, 0.05, 0.9)[1]
+    assert summary(tmp_path / "run.jsonl")["test_loss"] < untrained - 0.3
 
 
 @pytest.mark.mpi

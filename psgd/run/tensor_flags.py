@@ -5,7 +5,8 @@ DTYPES = ("float32", "float64")
 
 FLAGS: dict[str, tuple[type, str]] = {
     "tensor": (int, "split every dense layer over T ranks, Megatron-style (column- then "
-                    "row-parallel pairs); the job's ranks / T data replicas (--protocol allreduce; "
+                    "row-parallel pairs); the job's ranks / T data replicas (--protocol allreduce, or bsp, "
+                    "ssp, asp with --servers a multiple of T; "
                     "see docs/guide/tensor.md)"),
     "spatial": (int, "split conv, pool and batch-norm layers over P ranks by image height, with "
                      "halo exchange (--protocol allreduce; see docs/guide/tensor.md)"),

@@ -21,9 +21,10 @@ from psgd.mpi import wait
 from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer, make_schedule
 from psgd.protocols import get
-from psgd.run import signals
+from psgd.run import signals, tensor_servers
 from psgd.run.checkpoint import Checkpoint, save_checkpoint
 from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
+from psgd.run.tensor_servers import servers_of
 from psgd.run.metrics import MetricsLog
 
 # settings this path does not carry, as (field, value when unused, flag)
@@ -66,11 +67,10 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
 
 def check(s, world: int) -> None:
     """Refuse what the tensor path does not run, one line each (no message is sent)."""
-    _, _, axis = grid_shape(s, world)
-    protocol = get(s.protocol)
-    if protocol.servers or protocol.decentralized:
-        raise ValueError(f"--{axis} averages the replicas' gradients by all-reduce: give a protocol "
-                         f"without servers or neighbours (--protocol allreduce), not {s.protocol}")
+    if servers_of(s) >= world:
+        raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
+    _, t, axis = grid_shape(s, world - servers_of(s))
+    tensor_servers.check(s, t, axis)
     for name, unused, flag in REFUSED:
         if getattr(s, name) != unused:
             raise ValueError(f"{flag} is not supported with --{axis} or --grid")
@@ -87,20 +87,31 @@ class TensorJob:
 
 
 def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
-    """Set up the grid and the split model (errors agreed as one line), then train."""
-    d, t, axis = grid_shape(settings, comm.Get_size())
-    rank = comm.Get_rank()
+    """Set up the grid (and its server groups) and the split model (errors agreed as one
+    line), then train; a server rank serves its part's group."""
+    n_servers = servers_of(settings)
+    d, t, axis = grid_shape(settings, comm.Get_size() - n_servers)
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
+    groups = tensor_servers.ServerGroups(comm, settings, t) if n_servers else None
     with phase("splitting the grid"):
-        part = comm.Split(rank // t, rank % t)
-        replicas = comm.Split(rank % t, rank // t)
-    setup = agree(comm, lambda: _build(settings, part, rank // t, d, axis, resumed, run_id), debug,
-                  "build the split model and load the checkpoint",
+        grid = tensor_servers.workers_comm(comm, n_servers) if n_servers else comm
+        if grid is not None:
+            rank = grid.Get_rank()
+            part, replicas = grid.Split(rank // t, rank % t), grid.Split(rank % t, rank // t)
+    build = (lambda: None) if grid is None else \
+        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id))
+    setup = agree(comm, build, debug, "build the split model and load the checkpoint",
                   "agreeing that every rank could split the model")
-    if rank == 0:
+    if grid is None:
+        groups.serve(groups.share(None, 0))
+        return TensorJob(total_steps=0, end_step=0)
+    if groups is not None:
+        groups.share(setup["model"].params, setup["total"])
+        setup["worker"] = groups.worker()
+    if grid.Get_rank() == 0:
         announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
-    return _train(comm, part, replicas, settings, setup)
+    return _train(grid, part, replicas, settings, setup)
 
 
 def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str) -> dict:
@@ -116,8 +127,8 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
     ckpt = resume_checkpoint(s, resumed, serial, total, get(s.protocol))   # into serial.params
     model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
-    opt = make_optimizer(s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay,
-                         dtype=model.dtype)
+    opt = None if servers_of(s) else make_optimizer(
+        s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay, dtype=model.dtype)
     if ckpt is not None:
         opt.load_state_dict({k: model.split_flat(v) if np.ndim(v) else v for k, v in ckpt.opt_state.items()})
     return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis,
@@ -126,22 +137,20 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
 
 
 def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
-    model, reader, total, opt = setup["model"], setup["reader"], setup["total"], setup["opt"]
-    n_rep = replicas.Get_size()
+    model, reader, total, worker = setup["model"], setup["reader"], setup["total"], setup.get("worker")
     lr = make_schedule(s.lr_schedule, s.lr, total, warmup=s.warmup, step_every=s.lr_step_every,
                        gamma=s.lr_gamma)
     log = MetricsLog(s.log if comm.Get_rank() == 0 else None, append=setup["start"] > 0)
     stop, times, step = np.zeros(1, np.int64), [], setup["start"]
     sums = np.zeros(3)
+    if worker is not None:
+        worker.start(model.params, step)
     while step < total:
         t0 = time.perf_counter()
         x, y = reader.batch(step)
         model.reseed(reader.worker, step)
         loss, correct = model.loss_and_grad(x, y)
-        if n_rep > 1:
-            allreduce(replicas, model.grad, label="tensor grid gradients")
-            model.grad /= n_rep
-        opt.step(model.params, model.grad, lr(step))
+        _update(setup, replicas, step, lr)
         times.append(time.perf_counter() - t0)
         sums += (loss, correct / len(y), 1)
         step += 1
@@ -154,6 +163,8 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
             break
         if s.checkpoint_dir and s.checkpoint_every and step % s.checkpoint_every == 0 and step < total:
             _save(comm, s, setup, step)
+    if worker is not None:
+        worker.finish()
     saved = _save(comm, s, setup, step) if s.checkpoint_dir else None
     _finish(comm, part, s, setup, log, step, times)
     free_all()
@@ -175,6 +186,23 @@ def _save(comm, s, setup: dict, step: int):
         params=params.astype(np.float32), model_spec=s.model, step=step, optimizer=s.optimizer,
         opt_state=state, clocks=np.full(comm.Get_size() // model.comm.Get_size(), step, np.int64),
         protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=setup["run_id"]))
+
+
+def _update(setup: dict, replicas, step: int, lr) -> None:
+    """Average the gradient over the replicas and step this part: by all-reduce and the local
+    optimizer, or through the part's parameter servers (which pull the next parameters)."""
+    model, worker = setup["model"], setup.get("worker")
+    if worker is not None:
+        grad = model.grad
+        if worker.grad_buffer is not None:
+            worker.grad_buffer[:] = grad
+            grad = worker.grad_buffer
+        worker.step(model.params, grad, step)
+        return
+    if replicas.Get_size() > 1:
+        allreduce(replicas, model.grad, label="tensor grid gradients")
+        model.grad /= replicas.Get_size()
+    setup["opt"].step(model.params, model.grad, lr(step))
 
 
 def _log_step(log, replicas, step: int, mean: np.ndarray) -> None:

@@ -56,8 +56,8 @@ def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dat
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks, flags, line", [
     (3, ["--model", "mlp:784-8-10", "--grid", "2,2"], "--grid 2,2 needs 4 ranks, the job has 3"),
-    (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--timeline", "t.json"],
-     "--timeline is not supported with --tensor"),
+    (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--tensorboard", "tb"],
+     "--tensorboard is not supported with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--compress", "topk:0.1"],
      "--compress is not supported with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--spatial", 2], "--spatial needs a model with conv layers"),
@@ -225,3 +225,21 @@ def test_dtype_float64_grid_run_equals_serial_float64_to_1e12(mpirun, dataset, t
     assert summary(tmp_path / "run.jsonl")["test_loss"] == pytest.approx(test_loss, rel=1e-12)
     untrained = _serial_float64(dataset, model, replicas, 0, batch, lr, mu)[1]
     assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+
+
+@pytest.mark.mpi
+def test_timeline_shows_each_step_and_the_tensor_collectives_inside_its_compute(mpirun, dataset, tmp_path):
+    import json
+    train(mpirun, 2, dataset, tmp_path / "run.jsonl", "--model", "mlp:784-45-33-10", "--tensor", 2,
+          "--steps", 6, "--timeline", tmp_path / "t.json")
+    events = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    for rank in (0, 1):
+        mine = [e for e in events if e["pid"] == rank]
+        names = [e["name"] for e in mine]
+        assert names.count("data") == names.count("compute") == names.count("step") == 6
+        computes = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["name"] == "compute"]
+        collectives = [e for e in mine if e["name"] == "collective"]
+        # a Megatron pair's all-reduce forward, the unpaired last layer's gather, each step
+        assert len(collectives) >= 2 * 6
+        assert all(any(a - 1 <= e["ts"] and e["ts"] + e["dur"] <= b + 1 for a, b in computes)
+                   for e in collectives)

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.collectives.allreduce import allreduce, free_all
-from psgd.mpi import wait
+from psgd.mpi import timeline, wait
 from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer, make_schedule
 from psgd.protocols import get
@@ -30,7 +30,7 @@ from psgd.run.metrics import MetricsLog
 # settings this path does not carry, as (field, value when unused, flag)
 REFUSED = (("compress", "none", "--compress"), ("straggler", None, "--straggler"),
            ("record", None, "--record"), ("replay", None, "--replay"),
-           ("timeline", None, "--timeline"), ("tensorboard", None, "--tensorboard"),
+           ("tensorboard", None, "--tensorboard"),
            ("augment", False, "--augment"), ("overlap", False, "--overlap"),
            ("skip_nonfinite", False, "--skip-nonfinite"), ("hold_hot", None, "--hold-hot"),
            ("eval_every", 0, "--eval-every"))
@@ -145,13 +145,20 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
     sums = np.zeros(3)
     if worker is not None:
         worker.start(model.params, step)
+    if s.timeline:   # one zero for every rank's clock
+        wait.barrier(comm, "the other ranks to start the timeline")
+        timeline.start()
+    begin = time.perf_counter()
     while step < total:
         t0 = time.perf_counter()
         x, y = reader.batch(step)
         model.reseed(reader.worker, step)
+        t1 = time.perf_counter()
         loss, correct = model.loss_and_grad(x, y)
+        t2 = time.perf_counter()
         _update(setup, replicas, step, lr)
         times.append(time.perf_counter() - t0)
+        _spans(step, t0, t1, t2, t0 + times[-1])
         sums += (loss, correct / len(y), 1)
         step += 1
         if step % s.log_every == 0 or step == total:
@@ -165,6 +172,8 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
             _save(comm, s, setup, step)
     if worker is not None:
         worker.finish()
+    if s.timeline:
+        _save_timeline(comm, s, time.perf_counter() - begin)
     saved = _save(comm, s, setup, step) if s.checkpoint_dir else None
     _finish(comm, part, s, setup, log, step, times)
     free_all()
@@ -186,6 +195,22 @@ def _save(comm, s, setup: dict, step: int):
         params=params.astype(np.float32), model_spec=s.model, step=step, optimizer=s.optimizer,
         opt_state=state, clocks=np.full(comm.Get_size() // model.comm.Get_size(), step, np.int64),
         protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=setup["run_id"]))
+
+
+def _spans(step: int, *edges: float) -> None:
+    """--timeline: the step's data, compute (the split forward and backward, its collectives
+    in the detail row) and step (averaging over the replicas, the optimizer) spans."""
+    if timeline.current is not None:
+        for kind, t0, t1 in zip(("data", "compute", "step"), edges, edges[1:]):
+            timeline.current.span(kind, t0, t1, clock=step)
+
+
+def _save_timeline(comm, s, wall: float) -> None:
+    """Every grid rank's spans (the servers' not) to rank 0 of ``comm``, which writes the trace."""
+    from psgd.run.trace import save_timeline
+    timeline.current.wall = wall
+    roles = SimpleNamespace(comm=comm, rank=comm.Get_rank(), lead_worker=0, n_servers=0)
+    save_timeline(SimpleNamespace(roles=roles, settings=s))
 
 
 def _update(setup: dict, replicas, step: int, lr) -> None:

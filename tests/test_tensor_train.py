@@ -1,5 +1,6 @@
 """`psgd train --tensor/--spatial/--grid` end to end: the same run as serial or data-parallel
 training, and the bad input it refuses in one line."""
+import numpy as np
 import pytest
 
 from psgd.run.metrics import read_log
@@ -55,12 +56,14 @@ def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dat
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks, flags, line", [
     (3, ["--model", "mlp:784-8-10", "--grid", "2,2"], "--grid 2,2 needs 4 ranks, the job has 3"),
-    (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--timeline", "t.json"],
-     "--timeline is not supported with --tensor"),
+    (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--tensorboard", "tb"],
+     "--tensorboard is not supported with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--compress", "topk:0.1"],
      "--compress is not supported with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--spatial", 2], "--spatial needs a model with conv layers"),
     (2, ["--model", "mlp:784-1-10", "--tensor", 2], "--tensor 2 is larger than dense layer 784->1"),
+    (1, ["--model", "mlp:784-8-10", "--dtype", "float64"], "--dtype float64 runs only with --tensor"),
+    (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--dtype", "float16"], "--dtype float16: choose one of"),
 ])
 def test_bad_tensor_input_gives_one_clear_line(mpirun, dataset, tmp_path, ranks, flags, line):
     out = train(mpirun, ranks, dataset, tmp_path / "x.jsonl", "--steps", 2, *flags, check=False)
@@ -69,10 +72,47 @@ def test_bad_tensor_input_gives_one_clear_line(mpirun, dataset, tmp_path, ranks,
 
 
 @pytest.mark.mpi
-def test_a_ps_protocol_under_tensor_is_refused(mpirun, dataset, tmp_path):
-    out = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", "mlp:784-8-10",
-                     "--tensor", 2, "--protocol", "ssp", "--steps", 2], check=False)
-    assert out.returncode != 0 and "give a protocol without servers" in out.stderr, out.stderr
+@pytest.mark.parametrize("ranks, flags, line", [
+    (3, ["--tensor", 2, "--protocol", "ssp", "--servers", 1], "--servers 1: each of the 2 model parts"),
+    (4, ["--tensor", 2, "--protocol", "hogwild", "--servers", 2], "not hogwild"),
+    (4, ["--tensor", 2, "--protocol", "bsp", "--servers", 2, "--dtype", "float64"],
+     "the parameter servers hold float32"),
+])
+def test_a_ps_protocol_the_grid_cannot_run_is_refused(mpirun, dataset, ranks, flags, line):
+    out = mpirun(ranks, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", "mlp:784-8-10",
+                         "--steps", 2, *map(str, flags)], check=False)
+    errors = [x for x in out.stderr.splitlines() if x.startswith("psgd: error")]
+    assert out.returncode != 0 and len(errors) == 1 and line in errors[0], out.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, flags", [(6, ["--grid", "2,2", "--servers", 2]),
+                                          (6, ["--tensor", 2, "--servers", 4])])
+def test_bsp_servers_across_the_replicas_equal_serial_sgd_on_the_same_batches(mpirun, dataset, tmp_path,
+                                                                              ranks, flags):
+    """Each part's D replicas push to its own S/T servers; bsp averages and steps once per
+    clock, so every step's loss and the test loss are serial momentum SGD's (float32 round-off)."""
+    model, steps, batch, lr, mu = "mlp:784-45-33-10", 10, 16, 0.0625, 0.875
+    train(mpirun, ranks, dataset, tmp_path / "run.jsonl", "--model", model, *flags, "--protocol", "bsp",
+          "--optimizer", "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
+          "--batch-size", batch, "--steps", steps, "--log-every", 1)
+    replicas = 2 if "--grid" in flags else 1
+    losses, test_loss = _serial_float64(dataset, model, replicas, steps, batch, lr, mu)
+    logged = [r["loss"] for r in read_log(tmp_path / "run.jsonl") if r["kind"] == "step"]
+    np.testing.assert_allclose(logged, losses, rtol=1e-5)
+    assert summary(tmp_path / "run.jsonl")["test_loss"] == pytest.approx(test_loss, rel=1e-5)
+    untrained = _serial_float64(dataset, model, replicas, 0, batch, lr, mu)[1]
+    assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("protocol", ["asp", "ssp"])
+def test_asynchronous_servers_across_the_replicas_train_the_grid(mpirun, dataset, tmp_path, protocol):
+    train(mpirun, 6, dataset, tmp_path / "run.jsonl", "--model", "mlp:784-45-33-10", "--grid", "2,2",
+          "--servers", 2, "--protocol", protocol, "--optimizer", "momentum", "--lr", 0.05,
+          "--batch-size", 32, "--steps", 60)
+    untrained = _serial_float64(dataset, "mlp:784-45-33-10", 1, 0, 32, 0.05, 0.9)[1]
+    assert summary(tmp_path / "run.jsonl")["test_loss"] < untrained - 0.3
 
 
 @pytest.mark.mpi
@@ -92,3 +132,114 @@ def test_sigterm_to_one_rank_stops_every_rank_of_the_grid_at_one_step(dataset, t
     assert proc.returncode == EXIT_STOPPED, (out, err)
     assert "stopped by SIGTERM" in out and "Traceback" not in err, (out, err)
     assert 0 < summary(log)["steps"] < 5000
+
+
+def _ckpt(directory, step):
+    from psgd.run.checkpoint import load_checkpoint
+    return load_checkpoint(directory / f"ckpt-{step:08d}.h5")
+
+
+@pytest.mark.mpi
+def test_grid_run_resumed_from_its_checkpoint_ends_bit_equal_to_the_unbroken_run(mpirun, dataset, tmp_path):
+    """--grid 2,2 saves the serial flat vector (parts gathered) and takes its part back on load."""
+    from conftest import assert_resumed_alike
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["--model", "mlp:784-45-33-10", "--optimizer", "momentum", "--lr", "0.05",
+              "--batch-size", 16, "--steps", 20, "--checkpoint-every", 10, "--grid", "2,2"]
+    train(mpirun, 4, dataset, tmp_path / "full.jsonl", *common, "--checkpoint-dir", full)
+    part.mkdir()
+    (part / "ckpt-00000010.h5").write_bytes((full / "ckpt-00000010.h5").read_bytes())
+    train(mpirun, 4, dataset, tmp_path / "part.jsonl", *common, "--checkpoint-dir", part, "--resume", part)
+    assert_resumed_alike(tmp_path, full, part)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model, split", [
+    ("mlp:784-45-33-10", "--tensor"), ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:10", "--spatial")])
+def test_a_checkpoint_passes_between_a_split_run_and_a_plain_run_both_ways(mpirun, dataset, tmp_path,
+                                                                          model, split):
+    """Split (2 ranks, one replica) 0 -> 20; plain all-reduce (1 rank) resumes its step 10 and
+    ends as it does; the split run resumes the plain run's step 15 and ends as both do (the
+    same batches and arithmetic, so float32 round-off apart)."""
+    common = ["--model", model, "--optimizer", "momentum", "--lr", "0.05", "--batch-size", 16,
+              "--steps", 20, "--checkpoint-every", 5]
+    dirs = {name: tmp_path / name for name in ("split", "plain", "back")}
+    train(mpirun, 2, dataset, tmp_path / "split.jsonl", *common, split, 2, "--checkpoint-dir", dirs["split"])
+    dirs["plain"].mkdir()
+    (dirs["plain"] / "ckpt-00000010.h5").write_bytes((dirs["split"] / "ckpt-00000010.h5").read_bytes())
+    train(mpirun, 1, dataset, tmp_path / "plain.jsonl", *common, "--checkpoint-dir", dirs["plain"],
+          "--resume", dirs["plain"])
+    dirs["back"].mkdir()
+    (dirs["back"] / "ckpt-00000015.h5").write_bytes((dirs["plain"] / "ckpt-00000015.h5").read_bytes())
+    train(mpirun, 2, dataset, tmp_path / "back.jsonl", *common, split, 2, "--checkpoint-dir", dirs["back"],
+          "--resume", dirs["back"])
+    ends = [_ckpt(dirs[name], 20) for name in ("split", "plain", "back")]
+    start = _ckpt(dirs["split"], 10).params
+    moved = np.abs(ends[0].params - start).max()
+    for other in ends[1:]:
+        assert np.abs(other.params - ends[0].params).max() < 1e-3 * moved
+        np.testing.assert_allclose(other.opt_state["velocity"], ends[0].opt_state["velocity"],
+                                   atol=1e-3 * np.abs(ends[0].opt_state["velocity"]).max())
+
+
+def _serial_float64(dataset, spec, replicas, steps, batch, lr, momentum):
+    """Serial float64 training on the grid's batches (replica r's slice at every step, the
+    gradients averaged): the mean loss per step and the final test loss."""
+    from psgd.data.reader import ShardReader, dataset_info
+    from psgd.nn.model import build_model
+    from psgd.nn.optim import make_optimizer
+    info = dataset_info(dataset)
+    model = build_model(spec, seed=0, dtype=np.float64, input_shape=info["input_shape"],
+                        n_classes=info["n_classes"])
+    readers = [ShardReader(dataset, r, replicas, batch, seed=0) for r in range(replicas)]
+    opt = make_optimizer("momentum", model.n_params, momentum=momentum, dtype=np.float64)
+    losses = []
+    for step in range(steps):
+        grad, loss = np.zeros(model.n_params), 0.0
+        for r, reader in enumerate(readers):
+            model.reseed(r, step)
+            loss += model.loss_and_grad(*reader.batch(step))[0]
+            grad += model.grad
+        opt.step(model.params, grad / replicas, lr)
+        losses.append(loss / replicas)
+    model.set_calibration(readers[0].calibration_rows(512)[0])
+    return losses, model.evaluate(*readers[0].test_set())[0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, model, flags", [
+    (4, "mlp:784-45-33-10", ["--grid", "2,2"]),
+    (2, "conv:6x3:pad1-bn-relu-pool:2-conv:5x3:s2-relu-flatten-dense:10", ["--spatial", 2]),
+    (2, "conv:6x3:pad1-relu-conv:5x3-bn-relu-pool:2-flatten-dense:10", ["--tensor", 2])])
+def test_dtype_float64_grid_run_equals_serial_float64_to_1e12(mpirun, dataset, tmp_path, ranks, model, flags):
+    """--dtype float64: every step's loss and the final test loss of the split run equal serial
+    float64 momentum SGD on the same batches to 1e-12 relative (float32 differs near 1e-6)."""
+    steps, batch, lr, mu = 8, 16, 0.0625, 0.875
+    train(mpirun, ranks, dataset, tmp_path / "run.jsonl", "--model", model, *flags, "--dtype", "float64",
+          "--optimizer", "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
+          "--batch-size", batch, "--steps", steps, "--log-every", 1)
+    replicas = 2 if "--grid" in flags else 1
+    losses, test_loss = _serial_float64(dataset, model, replicas, steps, batch, lr, mu)
+    logged = [r["loss"] for r in read_log(tmp_path / "run.jsonl") if r["kind"] == "step"]
+    np.testing.assert_allclose(logged, losses, rtol=1e-12)
+    assert summary(tmp_path / "run.jsonl")["test_loss"] == pytest.approx(test_loss, rel=1e-12)
+    untrained = _serial_float64(dataset, model, replicas, 0, batch, lr, mu)[1]
+    assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+
+
+@pytest.mark.mpi
+def test_timeline_shows_each_step_and_the_tensor_collectives_inside_its_compute(mpirun, dataset, tmp_path):
+    import json
+    train(mpirun, 2, dataset, tmp_path / "run.jsonl", "--model", "mlp:784-45-33-10", "--tensor", 2,
+          "--steps", 6, "--timeline", tmp_path / "t.json")
+    events = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    for rank in (0, 1):
+        mine = [e for e in events if e["pid"] == rank]
+        names = [e["name"] for e in mine]
+        assert names.count("data") == names.count("compute") == names.count("step") == 6
+        computes = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["name"] == "compute"]
+        collectives = [e for e in mine if e["name"] == "collective"]
+        # a Megatron pair's all-reduce forward, the unpaired last layer's gather, each step
+        assert len(collectives) >= 2 * 6
+        assert all(any(a - 1 <= e["ts"] and e["ts"] + e["dur"] <= b + 1 for a, b in computes)
+                   for e in collectives)

@@ -17,8 +17,9 @@ MAX_SPANS = 50_000
 IDLE_MIN_S = 2e-5   # a server's idle gaps shorter than this are not spans of their own
 # span kinds; row 0 is a rank's loop (its spans tile its wall time), row 1 the protocol's detail
 KINDS = ("start", "data", "compute", "straggle", "step", "lead", "finish", "push", "wait", "pull", "allreduce", "optimizer",
-         "apply", "reply", "snapshot", "idle", "forward", "backward", "send", "recv")
-ROW = {"push": 1, "wait": 1, "pull": 1, "allreduce": 1, "optimizer": 1, "send": 1, "recv": 1}
+         "apply", "reply", "snapshot", "idle", "forward", "backward", "send", "recv", "collective")
+ROW = {"push": 1, "wait": 1, "pull": 1, "allreduce": 1, "optimizer": 1, "send": 1, "recv": 1,
+       "collective": 1}   # collective: a tensor group's all-reduce, gather, scatter or halo
 _CODE = {name: i for i, name in enumerate(KINDS)}
 
 

@@ -32,17 +32,19 @@ def _check_slices(params: np.ndarray, grad: np.ndarray, n: int, grad2=None, dst=
 class Optimizer:
     """Base: ``step`` in place, ``step_into`` out of place; each subclass gives its ``_step``.
 
-    ``state_dict()`` returns per-element state as float32 arrays of length ``n``
-    (so shards concatenate into the full vector's state) and scalars as ints.
+    ``state_dict()`` returns per-element state as arrays of length ``n`` in ``dtype``
+    (float32, or float64 for a float64 model; so shards concatenate into the full
+    vector's state) and scalars as ints.
     """
 
     name = "base"
     state_keys: tuple[str, ...] = ()
 
-    def __init__(self, n: int, weight_decay: float = 0.0) -> None:
+    def __init__(self, n: int, weight_decay: float = 0.0, dtype=np.float32) -> None:
         if weight_decay < 0:
             raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
         self.n = int(n)
+        self.dtype = np.dtype(dtype)
         self.weight_decay = float(weight_decay)
         self.steps = 0
 
@@ -84,7 +86,7 @@ class Optimizer:
 
     def load_state_dict(self, state: dict) -> None:
         for key in self.state_keys:
-            value = np.asarray(state[key], dtype=np.float32)
+            value = np.asarray(state[key], dtype=self.dtype)
             if value.shape != (self.n,):
                 raise ValueError(f"{self.name} state {key!r} has shape {value.shape}, "
                                  f"expected ({self.n},)")
@@ -108,14 +110,14 @@ class Momentum(SGD):
     name = "momentum"
     state_keys = ("velocity",)
 
-    def __init__(self, n, momentum=0.9, nesterov=False, weight_decay=0.0):
-        super().__init__(n, weight_decay)
+    def __init__(self, n, momentum=0.9, nesterov=False, weight_decay=0.0, dtype=np.float32):
+        super().__init__(n, weight_decay, dtype)
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
         self.name = "nesterov" if nesterov else "momentum"
-        self.velocity = np.zeros(self.n, dtype=np.float32)
+        self.velocity = np.zeros(self.n, dtype=self.dtype)
 
     def _step(self, src, grad, dst, lr, scale, check, grad2, step):
         from psgd.kernels.optim import momentum_step
@@ -129,14 +131,15 @@ class Adagrad(Optimizer):
     name = "adagrad"
     state_keys = ("acc",)
 
-    def __init__(self, n, eps=ADAGRAD_EPS, initial_accumulator=ADAGRAD_INITIAL, weight_decay=0.0):
-        super().__init__(n, weight_decay)
+    def __init__(self, n, eps=ADAGRAD_EPS, initial_accumulator=ADAGRAD_INITIAL, weight_decay=0.0,
+                 dtype=np.float32):
+        super().__init__(n, weight_decay, dtype)
         if eps <= 0:
             raise ValueError(f"adagrad eps must be > 0, got {eps}")
         if initial_accumulator < 0:
             raise ValueError(f"adagrad's initial accumulator must be >= 0, got {initial_accumulator}")
         self.eps = float(eps)
-        self.acc = np.full(self.n, initial_accumulator, dtype=np.float32)
+        self.acc = np.full(self.n, initial_accumulator, dtype=self.dtype)
 
     def _step(self, src, grad, dst, lr, scale, check, grad2, step):
         from psgd.kernels.optim import adagrad_step
@@ -150,16 +153,16 @@ class Adam(Optimizer):
     name = "adam"
     state_keys = ("m", "v")
 
-    def __init__(self, n, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
-        super().__init__(n, weight_decay)
+    def __init__(self, n, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, dtype=np.float32):
+        super().__init__(n, weight_decay, dtype)
         for label, beta in (("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"adam {label} must be in [0, 1), got {beta}")
         if eps <= 0:
             raise ValueError(f"adam eps must be > 0, got {eps}")
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
-        self.m = np.zeros(self.n, dtype=np.float32)
-        self.v = np.zeros(self.n, dtype=np.float32)
+        self.m = np.zeros(self.n, dtype=self.dtype)
+        self.v = np.zeros(self.n, dtype=self.dtype)
 
     def _step(self, src, grad, dst, lr, scale, check, grad2, step):
         from psgd.kernels.optim import adam_step
@@ -169,19 +172,21 @@ class Adam(Optimizer):
 
 def make_optimizer(name: str, n: int, *, momentum: float = 0.9, weight_decay: float = 0.0,
                    beta1: float = 0.9, beta2: float = 0.999, eps: float | None = None,
-                   initial_accumulator: float = ADAGRAD_INITIAL) -> Optimizer:
-    """Build optimizer ``name`` (one of :data:`OPTIMIZERS`) for a slice of ``n`` parameters."""
+                   initial_accumulator: float = ADAGRAD_INITIAL, dtype=np.float32) -> Optimizer:
+    """Build optimizer ``name`` (one of :data:`OPTIMIZERS`) for a slice of ``n`` parameters
+    of ``dtype`` (its per-element state in the same dtype)."""
     if name == "sgd":
-        return SGD(n, weight_decay=weight_decay)
+        return SGD(n, weight_decay=weight_decay, dtype=dtype)
     if name in ("momentum", "nesterov"):
         return Momentum(n, momentum=momentum, nesterov=(name == "nesterov"),
-                        weight_decay=weight_decay)
+                        weight_decay=weight_decay, dtype=dtype)
     if name == "adagrad":
         return Adagrad(n, eps=ADAGRAD_EPS if eps is None else eps,
-                       initial_accumulator=initial_accumulator, weight_decay=weight_decay)
+                       initial_accumulator=initial_accumulator, weight_decay=weight_decay,
+                       dtype=dtype)
     if name == "adam":
         return Adam(n, beta1=beta1, beta2=beta2, eps=1e-8 if eps is None else eps,
-                    weight_decay=weight_decay)
+                    weight_decay=weight_decay, dtype=dtype)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 

@@ -16,4 +16,5 @@ GROUPS = {
     "record, replay, timeline": ("record", "replay", "timeline"),
     "stragglers": ("straggler",),
     "sparse models": ("hold_hot",),
+    "model parallelism inside layers": ("tensor", "spatial", "grid", "dtype"),
 }

@@ -22,15 +22,14 @@ from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule, optimal_t0
 from psgd.protocols import Protocol, get
 from psgd.protocols.momentum import plan as momentum_plan
-from psgd.run.checkpoint import (AUTO, Checkpoint, foreign_checkpoints, load_checkpoint,
-                                 new_run_id, save_checkpoint)
+from psgd.run.checkpoint import Checkpoint, save_checkpoint
+from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
 from psgd.run.settings import FLAG_VARIABLES, Resumed, TrainSettings, resolve_run
 from psgd.run import straggler
 from psgd.run.signals import EXIT_STOPPED, ignore, install
 from psgd.run.stop import StopControl
 
 MESSAGE_BYTES = 4096   # a set-up error message, as sent to rank 0
-RUN_ID_BYTES = 32
 TAG_SETUP = 31003
 
 
@@ -130,29 +129,6 @@ def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
     return settings, resumed
 
 
-def agreed_run_id(comm: MPI.Comm, resumed: Resumed | None) -> str:
-    """The resumed run's id, or a new one made on rank 0: the same string on every rank."""
-    buf = np.zeros(RUN_ID_BYTES, np.uint8)
-    if comm.Get_rank() == 0:
-        text = (resumed.run_id if resumed else new_run_id()).encode()[:RUN_ID_BYTES]
-        buf[:len(text)] = np.frombuffer(text, np.uint8)
-    wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the run id")
-    return bytes(buf).rstrip(b"\0").decode()
-
-
-def _check_checkpoint_dir(settings: TrainSettings, run_id: str) -> list[Path]:
-    """Another run's checkpoints in --checkpoint-dir: refused, or (--overwrite) returned to remove."""
-    if not settings.checkpoint_dir:
-        return []
-    foreign = foreign_checkpoints(settings.checkpoint_dir, run_id)
-    if foreign and not settings.overwrite:
-        d = settings.checkpoint_dir
-        raise ValueError(f"--checkpoint-dir {d} holds another run's checkpoints (newest "
-                         f"{foreign[-1].name}): continue that run with --resume {d}, replace "
-                         f"them with --overwrite, or give another --checkpoint-dir")
-    return foreign
-
-
 def build_job(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed | None,
               run_id: str) -> Job:
     from psgd.data.csr import CSRShardReader
@@ -163,8 +139,8 @@ def build_job(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resum
     total = total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
     settings = replace(settings, hold_hot=_hold_hot(settings, info, protocol))
-    resume = _resume(settings, resumed, model, total, protocol)
-    foreign = _check_checkpoint_dir(settings, run_id)
+    resume = resume_checkpoint(settings, resumed, model, total, protocol)
+    foreign = check_checkpoint_dir(settings, run_id)
     base = lr_by_clock(settings, total, model)
     feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.alpha
@@ -270,43 +246,6 @@ def total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> i
     return max(1, int(round((settings.epochs or 1.0) * steps_per_epoch)))
 
 
-def _resume(settings: TrainSettings, resumed: Resumed | None, model, total: int,
-            protocol: Protocol) -> Checkpoint | None:
-    """The checkpoint to resume from (its parameters loaded into ``model``), or None."""
-    if resumed is None:
-        return None
-    path = resumed.path
-    resume = load_checkpoint(path)
-    if resume.model_spec != settings.model:
-        raise ValueError(f"checkpoint {path} is of model {resume.model_spec!r}, "
-                         f"not --model {settings.model!r}")
-    if resume.params.shape != model.params.shape:
-        raise ValueError(f"checkpoint {path} holds {resume.params.size} parameters, "
-                         f"model {settings.model} has {model.params.size}")
-    if resume.optimizer != settings.optimizer and protocol.can("resume-optimizer"):
-        raise ValueError(f"checkpoint {path} was trained with optimizer "
-                         f"{resume.optimizer}; resume with --optimizer {resume.optimizer}")
-    if resume.step >= total:
-        raise ValueError(f"checkpoint {path} is at step {resume.step}, at or past the run's "
-                         f"{total} steps: nothing left to train (give more --steps or --epochs"
-                         f"{', or another --checkpoint-dir' if settings.resume == AUTO else ''})")
-    model.params[:] = resume.params
-    return resume
-
-
-def announce(job: Job, resumed: Resumed | None) -> None:
-    """Rank 0: say what was resumed and changed, and remove another run's checkpoints (--overwrite)."""
-    if job.foreign:  # listed again: a file this run has written since carries its id
-        for path in foreign_checkpoints(job.settings.checkpoint_dir, job.run_id):
-            path.unlink(missing_ok=True)
-        print(f"psgd: --overwrite: removed {len(job.foreign)} checkpoint(s) of another run from "
-              f"{job.settings.checkpoint_dir}", flush=True)
-    if resumed is not None:
-        changed = f"; changed: {', '.join(resumed.changed)}" if resumed.changed else ""
-        print(f"psgd: resumed run {job.run_id or '(no id)'} from {resumed.path} at step "
-              f"{resumed.step}{changed}", flush=True)
-
-
 def _notice_unknown_variables() -> None:
     """One line naming the ``PSGD_*`` variables psgd does not read (a typo, or a knob of
     another version), so none is ignored silently."""
@@ -333,7 +272,7 @@ def train_main(args: argparse.Namespace) -> None:
             _notice_unknown_variables()
         from psgd.run import tensor_rank
         if tensor_rank.wanted(settings):
-            job = tensor_rank.run(comm, settings, debug, agree)
+            job = tensor_rank.run(comm, settings, resumed, debug, agree)
         else:
             job = _run(comm, settings, resumed, debug)
         with phase("finishing"):

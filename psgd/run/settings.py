@@ -18,7 +18,7 @@ from psgd.run.optimizer_defaults import (DENSE_DEFAULT, SPARSE_DEFAULT, check_op
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
 from psgd.protocols.momentum import mode as momentum_mode
 from psgd.ps import compensation
-from psgd.run import straggler
+from psgd.run import straggler, tensor_flags
 
 # --staleness auto: the servers set the bound (--resume auto: psgd.run.checkpoint)
 
@@ -115,6 +115,7 @@ class TrainSettings:
     tensor: int | None = None         # model parallelism inside layers (psgd.run.tensor_rank)
     spatial: int | None = None
     grid: str | None = None
+    dtype: str = "float32"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -226,12 +227,7 @@ FLAGS: dict[str, tuple[type, str]] = {
                       "lines all workers share, those rows up to N steps stale (1: every step; "
                       f"default {DEFAULT_HOLD}; applies where the steps run fused: --optimizer sgd "
                       "or adagrad on one node, see docs/design/hogwild.md)"),
-    "tensor": (int, "split every dense layer over T ranks, Megatron-style (column- then "
-                    "row-parallel pairs); the job's ranks / T data replicas (--protocol allreduce; "
-                    "see docs/guide/tensor.md)"),
-    "spatial": (int, "split conv, pool and batch-norm layers over P ranks by image height, with "
-                     "halo exchange (--protocol allreduce; see docs/guide/tensor.md)"),
-    "grid": (str, "D,T: D data replicas x T model parts (--tensor, or --spatial when given)"),
+    **tensor_flags.FLAGS,
 }
 
 
@@ -289,8 +285,9 @@ def load_toml(path: str) -> dict:
 
 
 # Settings of a run that a resume does not take from its checkpoint: how this attempt runs
+# (a checkpoint holds the serial flat vector, so any grid of model parts resumes it)
 NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort", "record",
-               "replay", "timeline", "tensorboard")
+               "replay", "timeline", "tensorboard", *tensor_flags.FLAGS)
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
 PER_PROTOCOL = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
                 "staleness_lr", "overlap", "topology")
@@ -400,6 +397,7 @@ def validate(given: TrainSettings) -> TrainSettings:
         s.staleness = int(bound)
     check_optimizer(s, protocol.can("hot-rows"))
     _check_numbers(s)
+    tensor_flags.check(s)
     straggler.parse(s.straggler)   # the worker indices are checked against the job's workers
     if s.replay and not os.path.exists(s.replay):
         raise ValueError(f"--replay {s.replay}: no such file")

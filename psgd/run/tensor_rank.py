@@ -3,29 +3,34 @@
 World rank w is part ``w % T`` of replica ``w // T``.  The T ranks of a replica split the
 model (:mod:`psgd.tensor`) and read the same batches; the D replicas read their own
 slices, and every parameter's gradient is averaged over them with psgd's all-reduce
-before each rank steps its own part.  Flags this path does not carry are refused.
+before each rank steps its own part.  Checkpoints hold the serial flat vector (the parts
+gathered on save, each rank's part taken on load), so any grid or a plain run resumes them.
+Flags this path does not carry are refused.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
 
 from psgd.collectives.allreduce import allreduce, free_all
-from psgd.mpi import wait
+from psgd.mpi import timeline, wait
 from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer, make_schedule
 from psgd.protocols import get
-from psgd.run import signals
+from psgd.run import signals, tensor_servers
+from psgd.run.checkpoint import Checkpoint, save_checkpoint
+from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
+from psgd.run.tensor_servers import servers_of
 from psgd.run.metrics import MetricsLog
 
 # settings this path does not carry, as (field, value when unused, flag)
 REFUSED = (("compress", "none", "--compress"), ("straggler", None, "--straggler"),
            ("record", None, "--record"), ("replay", None, "--replay"),
-           ("timeline", None, "--timeline"), ("checkpoint_dir", None, "--checkpoint-dir"),
-           ("resume", None, "--resume"), ("tensorboard", None, "--tensorboard"),
+           ("tensorboard", None, "--tensorboard"),
            ("augment", False, "--augment"), ("overlap", False, "--overlap"),
            ("skip_nonfinite", False, "--skip-nonfinite"), ("hold_hot", None, "--hold-hot"),
            ("eval_every", 0, "--eval-every"))
@@ -62,11 +67,10 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
 
 def check(s, world: int) -> None:
     """Refuse what the tensor path does not run, one line each (no message is sent)."""
-    _, _, axis = grid_shape(s, world)
-    protocol = get(s.protocol)
-    if protocol.servers or protocol.decentralized:
-        raise ValueError(f"--{axis} averages the replicas' gradients by all-reduce: give a protocol "
-                         f"without servers or neighbours (--protocol allreduce), not {s.protocol}")
+    if servers_of(s) >= world:
+        raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
+    _, t, axis = grid_shape(s, world - servers_of(s))
+    tensor_servers.check(s, t, axis)
     for name, unused, flag in REFUSED:
         if getattr(s, name) != unused:
             raise ValueError(f"{flag} is not supported with --{axis} or --grid")
@@ -82,66 +86,148 @@ class TensorJob:
     end_step: int
 
 
-def run(comm, settings, debug: bool, agree) -> TensorJob:
-    """Set up the grid and the split model (errors agreed as one line), then train."""
-    d, t, axis = grid_shape(settings, comm.Get_size())
-    rank = comm.Get_rank()
+def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
+    """Set up the grid (and its server groups) and the split model (errors agreed as one
+    line), then train; a server rank serves its part's group."""
+    n_servers = servers_of(settings)
+    d, t, axis = grid_shape(settings, comm.Get_size() - n_servers)
+    with phase("agreeing on the run id"):
+        run_id = agreed_run_id(comm, resumed)
+    groups = tensor_servers.ServerGroups(comm, settings, t) if n_servers else None
     with phase("splitting the grid"):
-        part = comm.Split(rank // t, rank % t)
-        replicas = comm.Split(rank % t, rank // t)
-    setup = agree(comm, lambda: _build(settings, part, rank // t, d, axis), debug,
-                  "build the split model", "agreeing that every rank could split the model")
-    return _train(comm, part, replicas, settings, setup)
+        grid = tensor_servers.workers_comm(comm, n_servers) if n_servers else comm
+        if grid is not None:
+            rank = grid.Get_rank()
+            part, replicas = grid.Split(rank // t, rank % t), grid.Split(rank % t, rank // t)
+    build = (lambda: None) if grid is None else \
+        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id))
+    setup = agree(comm, build, debug, "build the split model and load the checkpoint",
+                  "agreeing that every rank could split the model")
+    if grid is None:
+        groups.serve(groups.share(None, 0))
+        return TensorJob(total_steps=0, end_step=0)
+    if groups is not None:
+        groups.share(setup["model"].params, setup["total"])
+        setup["worker"] = groups.worker()
+    if grid.Get_rank() == 0:
+        announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
+    return _train(grid, part, replicas, settings, setup)
 
 
-def _build(s, part, replica: int, n_replicas: int, axis: str) -> dict:
+def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str) -> dict:
     from psgd.data.reader import ShardReader, dataset_info
     from psgd.nn.model import build_model
     from psgd.tensor.conv import split_tensor
     from psgd.tensor.model import TensorModel
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
-    serial = build_model(s.model, seed=s.seed, input_shape=info["input_shape"], n_classes=info["n_classes"])
-    model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
+    serial = build_model(s.model, seed=s.seed, dtype=np.dtype(s.dtype), input_shape=info["input_shape"],
+                         n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
-    return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis}
+    ckpt = resume_checkpoint(s, resumed, serial, total, get(s.protocol))   # into serial.params
+    model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
+    opt = None if servers_of(s) else make_optimizer(
+        s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay, dtype=model.dtype)
+    if ckpt is not None:
+        opt.load_state_dict({k: model.split_flat(v) if np.ndim(v) else v for k, v in ckpt.opt_state.items()})
+    return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis,
+            "opt": opt, "start": ckpt.step if ckpt else 0, "run_id": run_id,
+            "foreign": check_checkpoint_dir(s, run_id)}
 
 
 def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
-    model, reader, total = setup["model"], setup["reader"], setup["total"]
-    n_rep = replicas.Get_size()
-    opt = make_optimizer(s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay)
+    model, reader, total, worker = setup["model"], setup["reader"], setup["total"], setup.get("worker")
     lr = make_schedule(s.lr_schedule, s.lr, total, warmup=s.warmup, step_every=s.lr_step_every,
                        gamma=s.lr_gamma)
-    log = MetricsLog(s.log if comm.Get_rank() == 0 else None)
-    stop, times, step = np.zeros(1, np.int64), [], 0
-    sums = np.zeros(2)
+    log = MetricsLog(s.log if comm.Get_rank() == 0 else None, append=setup["start"] > 0)
+    stop, times, step = np.zeros(1, np.int64), [], setup["start"]
+    sums = np.zeros(3)
+    if worker is not None:
+        worker.start(model.params, step)
+    if s.timeline:   # one zero for every rank's clock
+        wait.barrier(comm, "the other ranks to start the timeline")
+        timeline.start()
+    begin = time.perf_counter()
     while step < total:
         t0 = time.perf_counter()
         x, y = reader.batch(step)
         model.reseed(reader.worker, step)
+        t1 = time.perf_counter()
         loss, correct = model.loss_and_grad(x, y)
-        if n_rep > 1:
-            allreduce(replicas, model.grad, label="tensor grid gradients")
-            model.grad /= n_rep
-        opt.step(model.params, model.grad, lr(step))
+        t2 = time.perf_counter()
+        _update(setup, replicas, step, lr)
         times.append(time.perf_counter() - t0)
-        sums += (loss, correct / len(y))
+        _spans(step, t0, t1, t2, t0 + times[-1])
+        sums += (loss, correct / len(y), 1)
         step += 1
         if step % s.log_every == 0 or step == total:
-            _log_step(log, replicas, step, sums / (step % s.log_every or s.log_every))
+            _log_step(log, replicas, step, sums[:2] / sums[2])
             sums[:] = 0
         stop[0] = signals.received()
         wait.wait(comm.Iallreduce(MPI.IN_PLACE, stop, MPI.MAX), "the grid's stop check")
         if stop[0]:
             break
+        if s.checkpoint_dir and s.checkpoint_every and step % s.checkpoint_every == 0 and step < total:
+            _save(comm, s, setup, step)
+    if worker is not None:
+        worker.finish()
+    if s.timeline:
+        _save_timeline(comm, s, time.perf_counter() - begin)
+    saved = _save(comm, s, setup, step) if s.checkpoint_dir else None
     _finish(comm, part, s, setup, log, step, times)
     free_all()
     if stop[0] and comm.Get_rank() == 0:
-        print(f"psgd: stopped by {signals.signal_name(int(stop[0]))} at step {step} "
-              f"(--{setup['axis']} keeps no checkpoint)", flush=True)
+        kept = f"checkpoint: {saved}" if saved else "no --checkpoint-dir, no checkpoint"
+        print(f"psgd: stopped by {signals.signal_name(int(stop[0]))} at step {step} ({kept})", flush=True)
     return TensorJob(total_steps=total, end_step=step)
+
+
+def _save(comm, s, setup: dict, step: int):
+    """Gather the parts' parameters and optimizer state into serial flat vectors (every
+    replica holds the same); rank 0 writes them as one checkpoint and returns its path."""
+    model = setup["model"]
+    params = model.gather_flat(model.params)
+    state = {k: model.gather_flat(v) if np.ndim(v) else v for k, v in setup["opt"].state_dict().items()}
+    if comm.Get_rank() != 0:
+        return None
+    return save_checkpoint(s.checkpoint_dir, Checkpoint(
+        params=params.astype(np.float32), model_spec=s.model, step=step, optimizer=s.optimizer,
+        opt_state=state, clocks=np.full(comm.Get_size() // model.comm.Get_size(), step, np.int64),
+        protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=setup["run_id"]))
+
+
+def _spans(step: int, *edges: float) -> None:
+    """--timeline: the step's data, compute (the split forward and backward, its collectives
+    in the detail row) and step (averaging over the replicas, the optimizer) spans."""
+    if timeline.current is not None:
+        for kind, t0, t1 in zip(("data", "compute", "step"), edges, edges[1:]):
+            timeline.current.span(kind, t0, t1, clock=step)
+
+
+def _save_timeline(comm, s, wall: float) -> None:
+    """Every grid rank's spans (the servers' not) to rank 0 of ``comm``, which writes the trace."""
+    from psgd.run.trace import save_timeline
+    timeline.current.wall = wall
+    roles = SimpleNamespace(comm=comm, rank=comm.Get_rank(), lead_worker=0, n_servers=0)
+    save_timeline(SimpleNamespace(roles=roles, settings=s))
+
+
+def _update(setup: dict, replicas, step: int, lr) -> None:
+    """Average the gradient over the replicas and step this part: by all-reduce and the local
+    optimizer, or through the part's parameter servers (which pull the next parameters)."""
+    model, worker = setup["model"], setup.get("worker")
+    if worker is not None:
+        grad = model.grad
+        if worker.grad_buffer is not None:
+            worker.grad_buffer[:] = grad
+            grad = worker.grad_buffer
+        worker.step(model.params, grad, step)
+        return
+    if replicas.Get_size() > 1:
+        allreduce(replicas, model.grad, label="tensor grid gradients")
+        model.grad /= replicas.Get_size()
+    setup["opt"].step(model.params, model.grad, lr(step))
 
 
 def _log_step(log, replicas, step: int, mean: np.ndarray) -> None:

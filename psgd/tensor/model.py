@@ -107,9 +107,18 @@ class TensorModel:
 
     def full_params(self) -> np.ndarray:
         """The serial model's whole flat vector, on every rank of the group (collective)."""
-        full = np.zeros(self.serial.n_params, self.dtype)
-        full[self.index[self.owned]] = self.params[self.owned]
+        return self.gather_flat(self.params)
+
+    def gather_flat(self, local: np.ndarray) -> np.ndarray:
+        """A vector laid out as :attr:`params` (the parameters, an optimizer's state) as the
+        serial model's whole flat vector, on every rank of the group (collective)."""
+        full = np.zeros(self.serial.n_params, local.dtype)
+        full[self.index[self.owned]] = local[self.owned]
         return pr.allreduce_forward(full, self.comm)
+
+    def split_flat(self, full: np.ndarray) -> np.ndarray:
+        """This rank's part of a whole flat vector (the adjoint layout of :meth:`gather_flat`)."""
+        return full[self.index]
 
     def param_bytes(self) -> int:
         """Bytes of this rank's parameters."""

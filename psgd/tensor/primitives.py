@@ -10,13 +10,31 @@ short yield spin, since the partners are inside the same call, then backoff slee
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
-from psgd.collectives.schedules import complete as wait
-from psgd.collectives.schedules import complete_all as waitall
+from psgd.collectives.schedules import complete, complete_all
+from psgd.mpi import timeline
 
 HALO_TAG = 7150
+
+
+def wait(request, what) -> None:
+    """Complete one posted request; under ``--timeline`` its wait is a "collective" span."""
+    t0 = time.perf_counter()
+    complete(request, what)
+    if timeline.current is not None:
+        timeline.current.span("collective", t0, time.perf_counter())
+
+
+def waitall(requests: list, what) -> None:
+    """Complete posted requests (a halo exchange), as :func:`wait`."""
+    t0 = time.perf_counter()
+    complete_all(requests, what)
+    if timeline.current is not None:
+        timeline.current.span("collective", t0, time.perf_counter())
 
 
 def split_sizes(n: int, parts: int) -> list[int]:

@@ -132,7 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-us", type=float, help="compute time per sample, microseconds")
     parser.add_argument("--nnz", type=float, help="nonzero features per sample, for a sparse "
                         "--model linear:D-K or svm:D-K (its batches touch only their rows)")
-    parser.add_argument("--batch-size", type=int, default=64, help="per worker (default 64)")
+    parser.add_argument("--batch-size", "--batch", type=int, default=64,
+                        help="per worker (per replica under --auto; default 64)")
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--workers", default="16,64,256,1024", help="comma-separated worker counts")
     count.add_argument("--ranks", type=int, help="ranks in all, --servers of them servers")
@@ -148,6 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "decode time, both measured here (default none)")
     parser.add_argument("--compress-bucket", type=int, default=512,
                         help="as psgd train's (default 512)")
+    from psgd.plan.auto import add_arguments as auto_arguments
+    auto_arguments(parser)
 
 
 def _jobs(args, n_params: int, compute_s: float, bandwidth: float,
@@ -183,6 +186,9 @@ def _touched(args, model) -> float | None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.auto:
+        from psgd.plan.auto import run_auto
+        return run_auto(args)
     if args.per_node < 1 or args.batch_size < 1:
         raise PsgdError("--per-node and --batch-size must be >= 1")
     model = model_of_spec(args.model) if args.model else None

@@ -49,7 +49,7 @@ def parse_bytes(text: str) -> int:
 def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH) -> profiles.Profile:
     """The profile at ``path`` when that file exists (it must be ``spec``'s), else one
     measured here (and saved at ``path`` when given)."""
-    from psgd.plan.command import model_of_spec
+    from psgd.plan.inputs import model_of_spec
     model = model_of_spec(spec)
     if path and os.path.exists(path):
         prof = profiles.load(path)
@@ -63,7 +63,7 @@ def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH) -> prof
 
 
 def budget_of(args, ranks: int) -> Budget:
-    from psgd.plan.command import parse_bandwidth
+    from psgd.plan.inputs import parse_bandwidth
     from psgd.plan.memory import OPTIMIZER_SLOTS
     if args.memory_per_rank is None:
         raise UsageError("--auto needs --memory-per-rank BYTES (e.g. 2G)")

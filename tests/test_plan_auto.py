@@ -189,3 +189,12 @@ def test_plan_auto_cli_json_and_its_one_line_errors(tmp_path):
         bad = _plan_cli(*base, *args)
         assert bad.returncode != 0 and words in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_stage_with_microbatches_in_flight_runs_its_forward_twice():
+    from psgd.plan.cut import Stages
+    prof = toy_profile()
+    once, twice = Stages(prof, 4, 0.0, 0.0), Stages(prof, 4, 0.0, 0.0, rerun=True)
+    n = len(prof.units)
+    fw = 4 * sum(u.forward_s for u in prof.units)
+    assert twice.seconds(0, n, True) - once.seconds(0, n, True) == pytest.approx(fw)

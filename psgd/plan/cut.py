@@ -48,17 +48,21 @@ def stage_in_flight(schedule: str, stages: int, microbatches: int) -> tuple[int,
 
 @dataclass(frozen=True)
 class Stages:
-    """A profile's prefix sums at one microbatch size, for O(1) stage times and memory."""
+    """A profile's prefix sums at one microbatch size, for O(1) stage times and memory.
+
+    ``rerun``: more than one microbatch is in flight, so a stage runs each forward again
+    before its backward (psgd.pipeline.stage keeps one forward's state per layer)."""
 
     profile: Profile
     microbatch: int
     link_s_per_byte: float
     latency: float
+    rerun: bool = False
 
     def __post_init__(self):
-        u = self.profile.units
+        u, again = self.profile.units, 2 if self.rerun else 1
         object.__setattr__(self, "_compute", np.concatenate([[0.0], np.cumsum(
-            [x.forward_s + x.backward_s for x in u])]) * self.microbatch)
+            [again * x.forward_s + x.backward_s for x in u])]) * self.microbatch)
 
     def seconds(self, i: int, j: int, last: bool) -> float:
         """Compute of units [i, j) on one microbatch, plus sending its output and receiving

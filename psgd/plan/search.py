@@ -127,8 +127,9 @@ def _replica_allreduce_s(budget: Budget, nbytes: float, stride: int, replicas: i
 def _pipeline_plan(profile: Profile, budget: Budget, k: int, m: int, schedule: str,
                    cap: int | None) -> Plan | None:
     d, asynchronous = budget.ranks // k, schedule in ASYNCHRONOUS
-    st = Stages(profile, budget.batch // m, _link_s_per_byte(budget, k), budget.net.latency)
     flight = stage_in_flight(schedule, k, m)
+    st = Stages(profile, budget.batch // m, _link_s_per_byte(budget, k), budget.net.latency,
+                rerun=max(flight) > 1)
 
     def mem(i, j, s):
         return st.memory(i, j, flight[s], budget.slots, asynchronous, d > 1)

@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-peer-kinks bench-simulate bench-pipeline bench-tensor bench-elastic
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-peer-kinks bench-simulate bench-pipeline bench-tensor bench-elastic bench-plan
 
 install: $(STAMP)
 
@@ -177,6 +177,9 @@ bench-gossip: install
 # a wide MLP split over T ranks (--tensor) against D data replicas and the grid (a few minutes)
 bench-tensor: install
 	$(PY) bench/bench_tensor.py $(ARGS)
+
+bench-plan: install   # the plans psgd plan --auto keeps, run on 2 ranks: a few minutes
+	$(PY) bench/bench_plan.py $(ARGS)
 
 bench-elastic: install   # a run that loses a worker and gains one, against an uninterrupted one
 	$(PY) bench/bench_elastic.py $(ARGS)

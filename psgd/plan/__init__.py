@@ -1,1 +1,2 @@
-"""psgd plan: the cost model of each protocol and the command that prints it."""
+"""psgd plan: the cost model of each protocol, the command that prints it, and --auto's
+search over pipelines, tensor splits and protocols."""

@@ -7,6 +7,7 @@ import time
 from psgd.errors import PsgdError
 from psgd.plan.cost import (NONE, Compression, Job, Network, balanced_servers, expected_touched,
                              predict, recommend)
+from psgd.plan.inputs import model_of_spec, parse_bandwidth  # noqa: F401 (simulate's too)
 
 DESCRIPTION = """\
 predict each protocol's step time, throughput and scaling efficiency from the model's
@@ -16,47 +17,8 @@ size, its compute time per sample, the network and W, S (docs/design/cost-model.
   psgd plan --params 25e6 --compute-us 2000 --workers 256 --bandwidth 100gbit --per-node 8
   psgd plan --model mlp:784-2048-256-10 --workers 2 --servers 1 --bandwidth 1gbit --compress sign
   psgd plan --model linear:20000-10 --nnz 40 --batch-size 4 --workers 2,8 --compress sparse
+  psgd plan --auto --model resnet20 --ranks 8 --memory-per-rank 1G --bandwidth 10gbit
 """
-
-_UNITS = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
-def parse_bandwidth(text: str) -> float:
-    """Bytes per second of ``10gbit``, ``100gbit``, ``500mbit`` (or a plain number of bits/s)."""
-    t = text.strip().lower()
-    scale = 1.0
-    if t.endswith("bit"):
-        t = t[:-3]
-        if t and t[-1] in _UNITS:
-            scale, t = _UNITS[t[-1]], t[:-1]
-    try:
-        bits = float(t) * scale
-    except ValueError:
-        raise PsgdError(f"--bandwidth {text!r} is not a bandwidth; give e.g. 10gbit") from None
-    if not bits > 0:
-        raise PsgdError(f"--bandwidth must be > 0, got {text!r}")
-    return bits / 8
-
-
-def _sparse_sizes(spec: str) -> tuple[int, int]:
-    """(D, K) of a ``linear:D-K`` / ``svm:D-K`` spec; PsgdError without the sizes."""
-    from psgd.nn.sparse import SPEC_HELP
-    try:
-        d, k = spec.split(":")[1].split("-")
-        return int(d), int(k)
-    except (IndexError, ValueError):
-        raise PsgdError(f"psgd plan --model {spec}: give the sizes, {SPEC_HELP}") from None
-
-
-def model_of_spec(spec: str):
-    from psgd.nn.model import build_model
-    from psgd.nn.sparse import build_sparse_model, is_sparse_spec
-    try:
-        return build_sparse_model(spec, *_sparse_sizes(spec)) if is_sparse_spec(spec) \
-            else build_model(spec)
-    except ValueError as exc:
-        raise PsgdError(str(exc)) from None
-
 
 def _batch(model, batch: int, nnz: float | None, rng):
     """A random batch for ``model``: dense, or CSR rows of ``nnz`` uniform features."""
@@ -132,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-us", type=float, help="compute time per sample, microseconds")
     parser.add_argument("--nnz", type=float, help="nonzero features per sample, for a sparse "
                         "--model linear:D-K or svm:D-K (its batches touch only their rows)")
-    parser.add_argument("--batch-size", type=int, default=64, help="per worker (default 64)")
+    parser.add_argument("--batch-size", "--batch", type=int, default=64,
+                        help="per worker (per replica under --auto; default 64)")
     count = parser.add_mutually_exclusive_group()
     count.add_argument("--workers", default="16,64,256,1024", help="comma-separated worker counts")
     count.add_argument("--ranks", type=int, help="ranks in all, --servers of them servers")
@@ -148,6 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "decode time, both measured here (default none)")
     parser.add_argument("--compress-bucket", type=int, default=512,
                         help="as psgd train's (default 512)")
+    from psgd.plan.auto import add_arguments as auto_arguments
+    auto_arguments(parser)
 
 
 def _jobs(args, n_params: int, compute_s: float, bandwidth: float,
@@ -183,6 +148,9 @@ def _touched(args, model) -> float | None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.auto:
+        from psgd.plan.auto import run_auto
+        return run_auto(args)
     if args.per_node < 1 or args.batch_size < 1:
         raise PsgdError("--per-node and --batch-size must be >= 1")
     model = model_of_spec(args.model) if args.model else None

@@ -7,7 +7,7 @@ import sys
 from psgd.elastic import options as elastic_options
 from psgd.env import env_float
 from psgd.pipeline import options as pipeline_options
-from psgd.run import settings
+from psgd.run import plan_job, settings
 from psgd.run.settings import DESCRIPTION, TrainSettings
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings.add_arguments(parser)
     pipeline_options.add_arguments(parser)
     elastic_options.add_arguments(parser)
+    plan_job.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -24,6 +25,7 @@ def run(args: argparse.Namespace) -> None:
     from psgd.run import init_watch
 
     try:   # a pipeline or elastic flag without its mode: a usage error, printed once, before MPI
+        plan_job.check(args)
         pipeline_options.from_args(args)
         elastic_options.check(args)
     except ValueError as exc:
@@ -42,6 +44,9 @@ def run(args: argparse.Namespace) -> None:
     from psgd.run.job import train_main
     initialised()
     wait.configure(stall_timeout=timeout, stall_abort=abort)   # until the settings are agreed
+    if args.plan is not None:
+        from mpi4py import MPI
+        plan_job.choose(args, MPI.COMM_WORLD)
     if args.pipeline is not None:
         from psgd.run.pipeline_job import train_pipeline
         train_pipeline(args)

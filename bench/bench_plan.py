@@ -1,0 +1,153 @@
+"""`make bench-plan`: the plans `psgd plan --auto` keeps, run, against its predictions.
+
+    .venv/bin/python bench/bench_plan.py [--ranks 2] [--seconds 3] [--top 3] [--publish]
+
+For each case (a model and a memory budget per rank) the search runs on a profile made
+here; its top plans and the fastest pure plan of each kind (data-parallel, pipeline,
+tensor) run through ``mpiexec -n RANKS python -m psgd train`` with the printed flags on
+the same synthetic data. Reported per plan: predicted and measured samples per second
+(measured: a data plan's last half of the steps, a tensor grid's median step, a
+pipeline's whole run, its first step included) and their ratio; per case:
+whether the top plan's prediction is within 25 % and whether the top plan is within
+10 % of the fastest measured. The search times at 8 and 64 ranks of a ResNet-20 profile
+are measured too. Writes plan-synthetic.{json,md} into runs/bench/plan-TIME/
+(--publish: bench/results/ and docs/results/plan.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+from common import ROOT, mpiexec, run_bounded  # noqa: E402
+
+from psgd.plan.auto import get_profile  # noqa: E402
+from psgd.plan.cost import Network  # noqa: E402
+from psgd.plan.search import Budget, search  # noqa: E402
+
+# (model, memory per rank): a budget every plan fits, and one below data parallelism's need
+CASES = [("mlp:784-512-512-10", 1 << 30), ("mlp:784-512-512-10", 5 << 20), ("lenet", 1 << 30)]
+
+
+def steps_for(plan, args) -> int:
+    """Enough steps for about ``--seconds`` of predicted training (the first step's start-up
+    then weighs little), at least ``--steps``."""
+    per_step = plan.replicas * plan.batch / plan.samples_per_s
+    return int(min(3000, max(args.steps, args.seconds / per_step)))
+
+
+def measured_rate(plan, data: Path, model: str, args, log: Path) -> float:
+    """Samples per second of the run: a data plan's lead over the second half of the steps,
+    a tensor grid's median step, a pipeline's whole run."""
+    steps = steps_for(plan, args)
+    cmd = [mpiexec(), "-n", str(plan.ranks), sys.executable, "-m", "psgd", "train", "--data",
+           str(data), "--model", model, *plan.train_args(), "--steps", str(steps),
+           "--log-every", str(max(1, steps // 2)), "--quiet", "--log", str(log),
+           "--eval-samples", "64"]
+    proc = run_bounded(cmd, args.timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench-plan: {plan.label()} failed: {proc.stderr.strip()[-400:]}")
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    s = [r for r in records if r["kind"] == "summary"][-1]
+    if "pipeline" in s:
+        return s["pipeline"]["samples_per_s"]
+    if "step_ms" in s:
+        return plan.replicas * plan.batch / s["step_ms"] * 1e3
+    return [r for r in records if r["kind"] == "step"][-1]["est_global_samples_per_s"]
+
+
+def chosen(plans: list, top: int) -> list:
+    """The top plans, then the fastest of each kind not among them."""
+    picked = plans[:top]
+    for kind in ("data", "pipeline", "tensor"):
+        pure = next((p for p in plans if p.kind == kind), None)
+        if pure is not None and pure not in picked:
+            picked.append(pure)
+    return picked
+
+
+def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) -> dict:
+    prof = get_profile(model, str(tmp / f"{model.replace(':', '_')}.json"))
+    budget = Budget(args.ranks, memory, Network(args.bandwidth / 8), args.per_node, args.batch_size)
+    plans, _ = search(prof, budget)
+    rows = []
+    for plan in chosen(plans, args.top):
+        rate = measured_rate(plan, data, model, args, tmp / f"{case}-{len(rows)}.jsonl")
+        rows.append({"rank": plans.index(plan) + 1, "plan": plan.label(), "sync": plan.sync,
+                     "predicted": round(plan.samples_per_s, 1), "measured": round(rate, 1),
+                     "ratio": round(rate / plan.samples_per_s, 3),
+                     "memory_mb": round(plan.memory / 2**20, 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    top, best = rows[0], max(r["measured"] for r in rows)
+    return {"model": model, "memory": memory, "rows": rows, "kept": len(plans),
+            "top_within_25": abs(top["ratio"] - 1) <= 0.25,
+            "top_within_10_of_best": top["measured"] >= 0.9 * best}
+
+
+def search_times() -> dict:
+    prof = get_profile("resnet20", None)
+    out = {}
+    for ranks in (8, 64):
+        start = time.perf_counter()
+        search(prof, Budget(ranks, 1 << 30, Network(1.25e9)))
+        out[ranks] = round(time.perf_counter() - start, 3)
+    return out
+
+
+def table(cases: list, times: dict, args) -> str:
+    lines = [f"{args.ranks} ranks on this machine (shared memory), batch {args.batch_size} per "
+             f"replica, at least {args.steps} steps and about {args.seconds:g} s per run, "
+             f"planned for {args.bandwidth / 1e9:g} Gbit/s.", ""]
+    for c in cases:
+        lines += [f"**{c['model']}**, {c['memory'] / 2**20:.0f} MB per rank: {c['kept']} plans "
+                  f"fit; top prediction within 25 %: {'yes' if c['top_within_25'] else 'no'}; "
+                  f"top within 10 % of the best measured: "
+                  f"{'yes' if c['top_within_10_of_best'] else 'no'}", "",
+                  "| # | plan | arithmetic | MB/rank | predicted samples/s | measured | measured/predicted |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['rank']} | {r['plan']} | {'= serial' if r['sync'] else 'async'} | "
+                  f"{r['memory_mb']} | {r['predicted']:.0f} | {r['measured']:.0f} | {r['ratio']:.2f} |"
+                  for r in c["rows"]]
+        lines.append("")
+    lines.append(f"Search time, ResNet-20 profile: {times[8]} s at 8 ranks, {times[64]} s at 64 ranks.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30, help="at least (default 30)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="predicted seconds per run")
+    ap.add_argument("--top", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--bandwidth", type=float, default=80e9, help="bits/s (shared memory)")
+    ap.add_argument("--per-node", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    common.add_output_arguments(ap)
+    args = ap.parse_args()
+    out = common.out_dir(args, "plan")
+    times = search_times()
+    print(json.dumps({"search_s": times}), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = common.dataset(Path(tmp), True, "bench-plan", train=4096)
+        cases = [run_case(i, m, mem, data.path, Path(tmp), args) for i, (m, mem) in enumerate(CASES)]
+    stem = common.result_stem("plan", True)
+    body = table(cases, times, args)
+    files = [common.write_json(out / f"{stem}.json", {"cases": cases, "search_s": times}, data.name),
+             common.write_text(out / f"{stem}.md", body, data.name)]
+    print(body)
+    if args.publish:
+        common.docs_page("plan", "Plans: predicted against measured",
+                         "The plans `psgd plan --auto` keeps, run on this machine, against its "
+                         "predictions (`make bench-plan`).", body, files)
+
+
+if __name__ == "__main__":
+    main()

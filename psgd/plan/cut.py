@@ -1,0 +1,85 @@
+"""Pipeline rows of the planner: PipeDream's dynamic program over contiguous cuts under a
+memory cap, and a cut's step time, bubble and memory under each schedule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight
+from psgd.plan import memory
+from psgd.plan.profile import Profile
+
+
+def best_cut(n: int, stages: int, seconds, fits) -> list[int] | None:
+    """Unit counts per stage minimising the slowest stage, or None when no cut fits.
+
+    ``seconds(i, j, last)``: the stage holding units ``[i, j)``; ``fits(i, j, k)``: whether
+    those units fit as stage ``k``.  O(K n^2) calls (PipeDream's planner, one replica count).
+    """
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for j in range(k, n - (stages - k) + 1):
+            for i in range(k - 1, j):
+                if best[k - 1][i] == inf or not fits(i, j, k - 1):
+                    continue
+                t = max(best[k - 1][i], seconds(i, j, j == n))
+                if t < best[k][j]:
+                    best[k][j], cut[k][j] = t, i
+    if best[stages][n] == inf:
+        return None
+    counts, j = [], n
+    for k in range(stages, 0, -1):
+        counts.append(j - cut[k][j])
+        j = cut[k][j]
+    return counts[::-1]
+
+
+@lru_cache(maxsize=4096)
+def stage_in_flight(schedule: str, stages: int, microbatches: int) -> tuple[int, ...]:
+    """Stored microbatches per stage at the schedule's peak (PipeDream: its warm-up, K - s)."""
+    m = max(microbatches, stages) if schedule in ASYNCHRONOUS else microbatches
+    return tuple(in_flight(schedule, stages, s, m) for s in range(stages))
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A profile's prefix sums at one microbatch size, for O(1) stage times and memory.
+
+    ``rerun``: more than one microbatch is in flight, so a stage runs each forward again
+    before its backward (psgd.pipeline.stage keeps one forward's state per layer)."""
+
+    profile: Profile
+    microbatch: int
+    link_s_per_byte: float
+    latency: float
+    rerun: bool = False
+
+    def __post_init__(self):
+        u, again = self.profile.units, 2 if self.rerun else 1
+        object.__setattr__(self, "_compute", np.concatenate([[0.0], np.cumsum(
+            [again * x.forward_s + x.backward_s for x in u])]) * self.microbatch)
+
+    def seconds(self, i: int, j: int, last: bool) -> float:
+        """Compute of units [i, j) on one microbatch, plus sending its output and receiving
+        that output's gradient (none on the last stage)."""
+        send = 0.0 if last else 2 * (self.latency + self.profile.units[j - 1].out_bytes
+                                     * self.microbatch * self.link_s_per_byte)
+        return float(self._compute[j] - self._compute[i]) + send
+
+    def memory(self, i: int, j: int, flight: int, slots: int, stash: bool, replicated: bool) -> int:
+        return memory.pipeline_stage(list(self.profile.units[i:j]), self.microbatch, flight,
+                                     slots, flight - 1 if stash else 0, replicated)
+
+
+def schedule_time(times: list[float], microbatches: int, asynchronous: bool) -> tuple[float, float]:
+    """(seconds per batch, bubble) of stage times per microbatch: a synchronous schedule
+    fills and drains once (the sum of the stages, then M - 1 of the slowest); PipeDream
+    runs at the slowest stage's pace. The bubble is the stages' mean idle fraction."""
+    slowest, k = max(times), len(times)
+    span = microbatches * slowest if asynchronous else sum(times) + (microbatches - 1) * slowest
+    return span, 1.0 - microbatches * sum(times) / (k * span)

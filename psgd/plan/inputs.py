@@ -1,0 +1,43 @@
+"""What `psgd plan` reads from its flags: a bandwidth, and the model a spec names."""
+from __future__ import annotations
+
+from psgd.errors import PsgdError
+
+_UNITS = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second of ``10gbit``, ``100gbit``, ``500mbit`` (or a plain number of bits/s)."""
+    t = text.strip().lower()
+    scale = 1.0
+    if t.endswith("bit"):
+        t = t[:-3]
+        if t and t[-1] in _UNITS:
+            scale, t = _UNITS[t[-1]], t[:-1]
+    try:
+        bits = float(t) * scale
+    except ValueError:
+        raise PsgdError(f"--bandwidth {text!r} is not a bandwidth; give e.g. 10gbit") from None
+    if not bits > 0:
+        raise PsgdError(f"--bandwidth must be > 0, got {text!r}")
+    return bits / 8
+
+
+def _sparse_sizes(spec: str) -> tuple[int, int]:
+    """(D, K) of a ``linear:D-K`` / ``svm:D-K`` spec; PsgdError without the sizes."""
+    from psgd.nn.sparse import SPEC_HELP
+    try:
+        d, k = spec.split(":")[1].split("-")
+        return int(d), int(k)
+    except (IndexError, ValueError):
+        raise PsgdError(f"psgd plan --model {spec}: give the sizes, {SPEC_HELP}") from None
+
+
+def model_of_spec(spec: str):
+    from psgd.nn.model import build_model
+    from psgd.nn.sparse import build_sparse_model, is_sparse_spec
+    try:
+        return build_sparse_model(spec, *_sparse_sizes(spec)) if is_sparse_spec(spec) \
+            else build_model(spec)
+    except ValueError as exc:
+        raise PsgdError(str(exc)) from None

@@ -1,0 +1,53 @@
+"""Bytes one rank holds under a plan: parameters, gradients, optimizer state, stashed weights,
+activations at the schedule's peak, and the all-reduce, push and compensation buffers."""
+from __future__ import annotations
+
+from psgd.plan.profile import Profile, Unit
+
+# float32 slots per parameter that each optimizer keeps (psgd.nn.optim)
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "adam": 2}
+
+
+def activations(units: tuple[Unit, ...] | list[Unit], samples: int, parts: int = 1) -> int:
+    """One forward's stored activations for ``samples``: the input and every unit's output;
+    a unit whose parameters --tensor splits keeps 1/``parts`` of its output."""
+    out = sum(u.out_bytes // parts if u.split_bytes else u.out_bytes for u in units)
+    return samples * (units[0].in_bytes + out)
+
+
+def allreduce_worker(profile: Profile, batch: int, slots: int) -> int:
+    """A worker of the all-reduce: parameters, gradient, optimizer state, the all-reduce's
+    receive buffer, and the batch's activations."""
+    return (3 + slots) * profile.param_bytes + activations(profile.units, batch)
+
+
+def ps_worker(profile: Profile, batch: int) -> int:
+    """A parameter-server worker: parameters, gradient, the push buffer, the activations (the
+    servers hold the optimizer state)."""
+    return 3 * profile.param_bytes + activations(profile.units, batch)
+
+
+def ps_server(profile: Profile, servers: int, workers: int, slots: int, copies: int) -> int:
+    """A server's shard: parameters, the summed push, optimizer state, and ``copies`` per
+    worker of compensation buffers (a DC-ASGD backup of the parameters each worker read)."""
+    shard = -(-profile.param_bytes // servers)
+    return (2 + slots + copies * workers) * shard
+
+
+def pipeline_stage(units: list[Unit], microbatch: int, in_flight: int, slots: int,
+                   stashed: int = 0, replicated: bool = False) -> int:
+    """A pipeline stage: parameters, gradient and its accumulation, optimizer state,
+    ``stashed`` weight versions (PipeDream), the all-reduce buffer across replicas, the
+    inputs of ``in_flight`` microbatches and one microbatch's activations inside it."""
+    params = sum(u.param_bytes for u in units)
+    return ((3 + slots + stashed + int(replicated)) * params
+            + in_flight * microbatch * units[0].in_bytes
+            + microbatch * sum(u.out_bytes for u in units))
+
+
+def tensor_part(profile: Profile, batch: int, parts: int, slots: int) -> int:
+    """One of ``parts`` tensor ranks: split parameters divided (others whole), their
+    gradient, optimizer state and all-reduce buffer, and the activations (split units' 1/T)."""
+    split = sum(u.split_bytes for u in profile.units)
+    params = profile.param_bytes - split + -(-split // parts)
+    return (3 + slots) * params + activations(profile.units, batch, parts)

@@ -1,0 +1,140 @@
+"""A model's per-unit profile for the planner: forward and backward seconds, activation and
+parameter bytes per cuttable unit, and the optimizer step's seconds per byte; saved as JSON."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from psgd.errors import UsageError
+
+FORMAT = "psgd-profile/1"
+SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor splits
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One cuttable unit (:func:`psgd.pipeline.partition.units`), per sample of a batch.
+
+    ``split_bytes``: the part of ``param_bytes`` that --tensor divides among its parts;
+    ``width``: the narrowest split layer's output width (no more parts than that).
+    """
+
+    name: str
+    forward_s: float
+    backward_s: float
+    in_bytes: int
+    out_bytes: int
+    param_bytes: int
+    split_bytes: int = 0
+    width: int = 0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model spec's units, the batch they were timed at and the optimizer step's s/byte."""
+
+    spec: str
+    batch: int
+    units: tuple[Unit, ...]
+    step_s_per_byte: float
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(u.param_bytes for u in self.units)
+
+    @property
+    def compute_s(self) -> float:
+        """Forward plus backward seconds per sample, the whole model on one core."""
+        return sum(u.forward_s + u.backward_s for u in self.units)
+
+
+def _unit_info(model, lo: int, hi: int) -> tuple[str, int, int]:
+    layers = model.layers[lo:hi]
+    split = [la for la in layers if type(la).__name__ in SPLIT_LAYERS]
+    split_bytes = 4 * sum(int(np.prod(s)) for la in split for _, s in la.param_shapes())
+    width = min((int(la.out_shape[0]) for la in split), default=0)
+    return "+".join(type(la).__name__.lower() for la in layers), split_bytes, width
+
+
+def _time_units(model, x, spans) -> tuple[list[float], list[float], list[np.ndarray]]:
+    acts, fw, bw, a = [], [], [0.0] * len(spans), x
+    for lo, hi in spans:
+        acts.append(a)
+        t = time.perf_counter()
+        for layer in model.layers[lo:hi]:
+            a = layer.forward(a)
+        fw.append(time.perf_counter() - t)
+    dy = np.ones_like(a) / a.size
+    for j in range(len(spans) - 1, -1, -1):
+        lo, hi = spans[j]
+        t = time.perf_counter()
+        for i in range(hi - 1, lo - 1, -1):
+            dy = model.layers[i].backward(dy, need_dx=True)
+        bw[j] = time.perf_counter() - t
+    return fw, bw, acts + [a]
+
+
+def _step_s_per_byte(n: int, seconds: float = 0.1) -> float:
+    from psgd.nn.optim import make_optimizer
+    n = max(1, min(n, 1 << 22))
+    opt = make_optimizer("momentum", n)
+    params, grad = np.zeros(n, np.float32), np.ones(n, np.float32)
+    opt.step(params, grad, 0.01)                    # compile
+    steps, start = 0, time.perf_counter()
+    while steps < 3 or time.perf_counter() - start < seconds:
+        opt.step(params, grad, 0.01)
+        steps += 1
+    return (time.perf_counter() - start) / steps / (4 * n)
+
+
+def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Profile:
+    """Time each unit of ``model`` (a :class:`psgd.nn.model.Model`) on a random batch of
+    ``batch`` samples, best of ``repeats`` after one warm-up pass; per-sample figures."""
+    from psgd.pipeline.partition import units
+    spans = units(model)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *model.input_shape)).astype(model.dtype)
+    model._set_mode("train")
+    _time_units(model, x, spans)                    # compile
+    fw, bw = [np.inf] * len(spans), [np.inf] * len(spans)
+    for _ in range(repeats):
+        f, b, acts = _time_units(model, x, spans)
+        fw, bw = np.minimum(fw, f), np.minimum(bw, b)
+    out = []
+    for j, (lo, hi) in enumerate(spans):
+        name, split_bytes, width = _unit_info(model, lo, hi)
+        params = 4 * sum(int(np.prod(s)) for la in model.layers[lo:hi] for _, s in la.param_shapes())
+        out.append(Unit(name, float(fw[j]) / batch, float(bw[j]) / batch, acts[j].nbytes // batch,
+                        acts[j + 1].nbytes // batch, params, split_bytes, width))
+    return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params))
+
+
+def save(profile: Profile, path: str) -> None:
+    data = {"format": FORMAT, **asdict(profile)}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def load(path: str) -> Profile:
+    """The profile saved at ``path``; UsageError in one line when it is missing or malformed."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--profile {path}: cannot read a JSON profile ({exc})") from None
+    try:
+        if data.pop("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} file")
+        units = tuple(Unit(**u) for u in data.pop("units"))
+        profile = Profile(units=units, **data)
+        bad = [u.name for u in units if min(u.forward_s, u.backward_s, u.in_bytes, u.out_bytes,
+                                            u.param_bytes) < 0]
+        if not units or bad or profile.batch < 1 or not profile.step_s_per_byte >= 0:
+            raise ValueError("empty, or a negative time or size" + (f" in {bad[0]}" if bad else ""))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"--profile {path}: not a psgd profile ({exc}); make one with "
+                         f"psgd plan --auto --model SPEC --profile {path}") from None
+    return profile

@@ -1,0 +1,118 @@
+"""`psgd train --plan auto|FILE`: rank 0 searches (or reads) the plan, every rank gets it by
+broadcast, and its flags (protocol, servers, pipeline, grid) are set before the job starts."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from psgd.errors import PsgdError, UsageError
+
+# the flags a plan sets: giving one beside --plan is refused
+CHOSEN = ("servers", "pipeline", "microbatches", "schedule", "partition", "grid", "tensor",
+          "spatial")
+BUDGET = {"bandwidth": "10gbit", "latency_us": 20.0, "per_node": 1, "profile": None}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("plans (docs/guide/plan-auto.md)")
+    group.add_argument("--plan", metavar="auto|FILE", default=None,
+                       help="auto: run the fastest plan of `psgd plan --auto` for this job's ranks "
+                            "within --memory-per-rank; FILE: a plan saved with psgd plan --auto --json")
+    group.add_argument("--bandwidth", default=None, help="--plan auto: each node's link (default 10gbit)")
+    group.add_argument("--latency-us", type=float, default=None, help="--plan auto: per message (default 20)")
+    group.add_argument("--per-node", type=int, default=None, help="--plan auto: ranks per node (default 1)")
+    group.add_argument("--profile", default=None, metavar="FILE",
+                       help="--plan auto: the per-layer profile (read if it exists, else written)")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before MPI: refuse a budget flag without --plan auto and a flag the plan sets; keep the
+    memory budget away from the pipeline's own --memory-per-rank."""
+    budget = [f for f in BUDGET if getattr(args, f, None) is not None]
+    if args.plan != "auto" and budget:
+        raise ValueError(f"--{budget[0].replace('_', '-')} applies to --plan auto")
+    if args.plan is None:
+        return
+    given = [f for f in CHOSEN if getattr(args, f, None) is not None]
+    if given:
+        raise ValueError(f"--{given[0]} is chosen by --plan; drop one of them")
+    if args.plan == "auto" and (args.memory_per_rank is None or args.model is None):
+        raise ValueError("--plan auto needs --model SPEC and --memory-per-rank BYTES")
+    args.plan_memory, args.memory_per_rank = args.memory_per_rank, None
+
+
+def _read(path: str, ranks: int) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        plan = data["plans"][0] if "plans" in data else data
+        keys = ("kind", "protocol", "ranks", "batch", "train_args")
+        missing = [k for k in keys if k not in plan]
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+        raise UsageError(f"--plan {path}: not a plan of psgd plan --auto --json ({exc})") from None
+    if missing:
+        raise UsageError(f"--plan {path}: not a plan of psgd plan --auto --json (no {missing[0]})")
+    if plan["ranks"] != ranks:
+        raise UsageError(f"--plan {path} is for {plan['ranks']} ranks, the job has {ranks}")
+    return plan
+
+
+def _search(args: argparse.Namespace, ranks: int) -> dict:
+    from psgd.plan import auto
+    budget_args = argparse.Namespace(
+        memory_per_rank=args.plan_memory, optimizer=args.optimizer or "sgd",
+        batch_size=args.batch_size or 64, shared_link=False,
+        **{f: getattr(args, f) if getattr(args, f) is not None else v for f, v in BUDGET.items()})
+    budget = auto.budget_of(budget_args, ranks)
+    plans, _ = auto.search(auto.get_profile(args.model, budget_args.profile), budget)
+    return auto.as_dict(plans[0], args.model, args.data)
+
+
+def apply(args: argparse.Namespace, plan: dict) -> None:
+    """Set the flags of ``plan`` (a dict of :func:`psgd.plan.auto.as_dict`) on ``args``."""
+    words = plan["train_args"]
+    parsed = dict(zip(words[::2], words[1::2]))
+    args.protocol, args.batch_size = parsed["--protocol"], int(parsed["--batch-size"])
+    args.servers = int(parsed["--servers"]) if "--servers" in parsed else None
+    if "--pipeline" in parsed:
+        args.pipeline, args.microbatches = int(parsed["--pipeline"]), int(parsed["--microbatches"])
+        args.schedule, args.partition = parsed["--schedule"], parsed["--partition"]
+    args.grid = parsed.get("--grid")
+
+
+def _broadcast(comm, plan: dict | None) -> dict:
+    """Rank 0's ``plan`` on every rank (JSON bytes by non-blocking broadcasts: rank 0 may
+    still be profiling while the others wait)."""
+    import numpy as np
+
+    from psgd.mpi import wait
+    text = json.dumps(plan).encode() if comm.Get_rank() == 0 else b""
+    size = np.array([len(text)], np.int64)
+    wait.wait(comm.Ibcast(size, root=0), "rank 0 to choose the plan")
+    buf = np.frombuffer(text, np.uint8).copy() if text else np.zeros(int(size[0]), np.uint8)
+    wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the plan")
+    return json.loads(bytes(buf).decode())
+
+
+def choose(args: argparse.Namespace, comm) -> None:
+    """Rank 0 finds the plan and broadcasts it (or its error, which it prints once and every
+    rank exits 1); every rank applies it."""
+    plan = None
+    if comm.Get_rank() == 0:
+        try:
+            plan = _search(args, comm.Get_size()) if args.plan == "auto" \
+                else _read(args.plan, comm.Get_size())
+        except (PsgdError, ValueError) as exc:
+            plan = {"error": str(exc)}
+    plan = _broadcast(comm, plan)
+    if "error" in plan:
+        if comm.Get_rank() == 0:
+            print(f"psgd: error: {plan['error']}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    apply(args, plan)
+    if comm.Get_rank() == 0:
+        print(f"psgd train: plan {plan.get('plan', args.plan)}: predicted "
+              f"{plan.get('step_s', float('nan')) * 1e3:.1f} ms per step, "
+              f"{plan.get('memory_per_rank', 0) / 2**20:.1f} MB per rank; "
+              f"{' '.join(plan['train_args'])}", flush=True)

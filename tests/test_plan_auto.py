@@ -1,0 +1,200 @@
+"""`psgd plan --auto`: the profile, the memory model, the cut's dynamic program, the search and
+the commands it prints."""
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from psgd.errors import UsageError
+from psgd.pipeline.schedules import predicted_bubble, simulate
+from psgd.plan import memory, profile as profiles
+from psgd.plan.auto import as_dict, command
+from psgd.plan.cost import Network
+from psgd.plan.cut import best_cut, schedule_time, stage_in_flight
+from psgd.plan.inputs import model_of_spec
+from psgd.plan.profile import Profile, Unit
+from psgd.plan.search import Budget, search
+
+SPEC = "mlp:20-16-12-8-4"
+
+
+def toy_profile(spec=SPEC, seed=0) -> Profile:
+    """A profile of ``spec``'s real sizes with random times (no timing needed)."""
+    model = model_of_spec(spec)
+    rng = np.random.default_rng(seed)
+    from psgd.pipeline.partition import units
+    out, shape_bytes = [], lambda s: 4 * int(np.prod(s))
+    for lo, hi in units(model):
+        layers = model.layers[lo:hi]
+        params = sum(shape_bytes(s) for la in layers for _, s in la.param_shapes())
+        dense = type(layers[0]).__name__ == "Dense"
+        out.append(Unit(layers[0].__class__.__name__, *rng.uniform(1e-6, 1e-5, 2),
+                        shape_bytes(layers[0].in_shape), shape_bytes(layers[-1].out_shape),
+                        params, params if dense else 0, layers[0].out_shape[0] if dense else 0))
+    return Profile(model.spec, 8, tuple(out), 1e-10)
+
+
+def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
+    model = model_of_spec(SPEC)
+    prof = profiles.profile_model(model, batch=4, repeats=1)
+    assert sum(u.param_bytes for u in prof.units) == 4 * model.n_params
+    for a, b in zip(prof.units, prof.units[1:]):
+        assert a.out_bytes == b.in_bytes                  # a unit's output is the next's input
+    assert prof.units[0].in_bytes == 4 * int(np.prod(model.input_shape))
+    assert all(u.forward_s > 0 and u.backward_s > 0 for u in prof.units)
+    profiles.save(prof, tmp_path / "p.json")
+    assert profiles.load(tmp_path / "p.json") == prof
+
+
+@pytest.mark.parametrize("text, words", [
+    ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
+    ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
+     "empty"),
+])
+def test_a_bad_profile_is_one_line(tmp_path, text, words):
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=words) as err:
+        profiles.load(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_memory_model_against_hand_computed_bytes():
+    u = (Unit("a", 0, 0, 80, 64, 1000, 1000, 16), Unit("b", 0, 0, 64, 16, 200, 0, 0))
+    prof = Profile("x", 1, u, 0.0)
+    assert memory.activations(u, 10) == 10 * (80 + 64 + 16)
+    assert memory.allreduce_worker(prof, 10, 1) == 4 * 1200 + 1600      # params, grad, buf, mom
+    assert memory.ps_worker(prof, 10) == 3 * 1200 + 1600
+    assert memory.ps_server(prof, 3, 4, 2, 1) == (2 + 2 + 4) * 400      # ceil(1200 / 3) = 400
+    # stage [a]: 3 x params + 1 slot + 2 stashed + replica buffer, 3 stored inputs, one microbatch inside
+    assert memory.pipeline_stage(list(u[:1]), 5, 3, 1, 2, True) == 7 * 1000 + 3 * 5 * 80 + 5 * 64
+    # T=4: 1000 split -> 250, 200 whole; activations of the split unit / 4
+    assert memory.tensor_part(prof, 10, 4, 0) == 3 * 450 + 10 * (80 + 16 + 16)
+
+
+def _exhaustive(n, k, seconds, fits):
+    best = None
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *cuts, n)
+        if not all(fits(edges[s], edges[s + 1], s) for s in range(k)):
+            continue
+        t = max(seconds(edges[s], edges[s + 1], edges[s + 1] == n) for s in range(k))
+        if best is None or t < best:
+            best = t
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_cut_dp_equals_exhaustive_search(seed):
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(2, 9)), 0
+    k = int(rng.integers(1, n + 1))
+    cost, size, send = rng.random(n), rng.random(n), rng.random(n) * 0.3
+    cap = float(rng.uniform(0.5, 3.0))
+
+    def seconds(i, j, last):
+        return cost[i:j].sum() + (0.0 if last else send[j - 1])
+
+    def fits(i, j, s):
+        return size[i:j].sum() * (1 + 0.2 * s) <= cap
+
+    counts, want = best_cut(n, k, seconds, fits), _exhaustive(n, k, seconds, fits)
+    if want is None:
+        assert counts is None
+        return
+    edges = np.concatenate([[0], np.cumsum(counts)])
+    assert len(counts) == k and min(counts) >= 1 and edges[-1] == n
+    assert all(fits(edges[s], edges[s + 1], s) for s in range(k))
+    got = max(seconds(edges[s], edges[s + 1], edges[s + 1] == n) for s in range(k))
+    assert got == pytest.approx(want)
+
+
+@pytest.mark.parametrize("k, m", [(2, 1), (3, 4), (4, 8)])
+def test_schedule_time_of_equal_stages_matches_the_simulator(k, m):
+    span, bubble = schedule_time([3.0] * k, m, False)
+    assert bubble == pytest.approx(predicted_bubble(k, m))
+    assert bubble == pytest.approx(simulate("1f1b", k, m, 1.0, 2.0)[0])
+    assert span == pytest.approx((m + k - 1) * 3.0)
+    assert stage_in_flight("gpipe", k, m) == (m,) * k
+
+
+def test_plans_over_the_cap_are_dropped_and_the_fastest_comes_first():
+    prof = toy_profile()
+    loose, _ = search(prof, Budget(4, 1 << 40, Network(1.25e9), batch=8))
+    cap = sorted(p.memory for p in loose)[len(loose) // 3]
+    fit, smallest = search(prof, Budget(4, cap, Network(1.25e9), batch=8))
+    assert fit and all(p.memory <= cap for p in fit)
+    assert smallest.memory == min(p.memory for p in loose)
+    rates = [p.samples_per_s for p in fit]
+    assert rates == sorted(rates, reverse=True)
+    kinds = {p.kind for p in loose}
+    assert kinds == {"data", "pipeline", "tensor"}
+    for p in fit:
+        assert p.sync == (p.staleness == 0)
+
+
+def test_nothing_fits_names_what_the_smallest_needs():
+    prof = toy_profile()
+    _, smallest = search(prof, Budget(2, 1 << 40, Network(1.25e9), batch=8))
+    with pytest.raises(UsageError, match=f"needs {smallest.memory} bytes") as err:
+        search(prof, Budget(2, smallest.memory - 1, Network(1.25e9), batch=8))
+    assert "\n" not in str(err.value)
+
+
+def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan():
+    from psgd.cli import build_parser
+    from psgd.pipeline.options import from_args
+    from psgd.run.tensor_rank import grid_shape
+    prof = toy_profile()
+    fit, _ = search(prof, Budget(4, 1 << 40, Network(1.25e9), batch=8))
+    for plan in fit:
+        words = command(plan, SPEC, "d.h5")
+        assert words[:3] == ["mpiexec", "-n", "4"]
+        args = build_parser(words[4:]).parse_args(words[4:])
+        assert args.protocol == plan.protocol and args.batch_size == plan.batch
+        opts = from_args(args)
+        if plan.kind == "pipeline":
+            assert (opts.stages, opts.microbatches, opts.schedule) == \
+                (plan.stages, plan.microbatches, plan.schedule)
+            assert opts.counts() == list(plan.partition)
+        else:
+            assert opts is None
+        if plan.kind == "tensor":
+            assert grid_shape(args, 4)[:2] == (plan.replicas, plan.parts)
+        assert (args.servers or 0) == plan.servers
+        assert as_dict(plan, SPEC, "d.h5")["command"].startswith("mpiexec -n 4 psgd train")
+
+
+def _plan_cli(*extra):
+    return subprocess.run([sys.executable, "-m", "psgd", "plan", "--auto", *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plan_auto_cli_json_and_its_one_line_errors(tmp_path):
+    path = tmp_path / "p.json"
+    profiles.save(toy_profile(), path)
+    base = ["--model", SPEC, "--profile", str(path), "--bandwidth", "1gbit", "--batch", "8"]
+    out = _plan_cli(*base, "--ranks", "4", "--memory-per-rank", "1M", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["plans"] and data["plans_kept"] >= len(data["plans"])
+    assert all(p["memory_per_rank"] <= 1 << 20 for p in data["plans"])
+    for args, words in [(["--ranks", "4", "--memory-per-rank", "10"], "no plan on 4 ranks fits"),
+                        (["--ranks", "0", "--memory-per-rank", "1M"], "--ranks"),
+                        (["--ranks", "2", "--memory-per-rank", "1M", "--model", "lenet"],
+                         "is of model")]:
+        bad = _plan_cli(*base, *args)
+        assert bad.returncode != 0 and words in bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_stage_with_microbatches_in_flight_runs_its_forward_twice():
+    from psgd.plan.cut import Stages
+    prof = toy_profile()
+    once, twice = Stages(prof, 4, 0.0, 0.0), Stages(prof, 4, 0.0, 0.0, rerun=True)
+    n = len(prof.units)
+    fw = 4 * sum(u.forward_s for u in prof.units)
+    assert twice.seconds(0, n, True) - once.seconds(0, n, True) == pytest.approx(fw)

@@ -1,0 +1,75 @@
+"""`psgd train --plan auto|FILE`: the chosen plan runs; a model over the memory budget gets a
+pipeline or tensor plan; bad plans and flags the plan sets are one line."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from psgd.run.metrics import read_log
+from psgd.plan import memory, profile as profiles
+from psgd.plan.auto import as_dict, get_profile
+from psgd.plan.cost import Network
+from psgd.plan.search import Budget, search
+
+BIG = "mlp:784-512-512-10"        # 2.7 MB of parameters: a data-parallel worker holds 3x that
+
+
+def train(mpirun, n, dataset, *flags, check=True):
+    return mpirun(n, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--steps", "5",
+                      *map(str, flags)], timeout=180, check=check)
+
+
+@pytest.mark.mpi
+def test_plan_auto_runs_a_model_parallel_plan_when_the_model_exceeds_the_budget(
+        mpirun, dataset, tmp_path):
+    budget, prof_path, log = 5 << 20, tmp_path / "p.json", tmp_path / "log.jsonl"
+    out = train(mpirun, 2, dataset, "--model", BIG, "--plan", "auto", "--memory-per-rank",
+                budget, "--profile", prof_path, "--log", log)
+    prof = profiles.load(str(prof_path))
+    assert memory.allreduce_worker(prof, 64, 0) > budget       # data parallelism cannot hold it
+    line = [x for x in out.stdout.splitlines() if x.startswith("psgd train: plan")][0]
+    assert "--grid" in line or "--pipeline" in line, line
+    summary = [r for r in read_log(log) if r["kind"] == "summary"][-1]
+    if "--grid" in line:      # the model's split parameters against what the ranks held
+        held = summary["param_bytes_per_rank"]
+        modelled = memory.tensor_part(prof, 0, 2, 0) // 3
+        assert abs(held - modelled) <= 0.01 * held
+        assert 3 * held <= budget
+
+
+@pytest.mark.mpi
+def test_plan_file_runs_a_saved_pipeline_plan(mpirun, dataset, tmp_path):
+    prof = get_profile(BIG, None, batch=8)
+    fit, _ = search(prof, Budget(2, 1 << 30, Network(1.25e9), batch=64))
+    plan = next(p for p in fit if p.kind == "pipeline" and p.sync)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(as_dict(plan, BIG, dataset)))
+    out = train(mpirun, 2, dataset, "--model", BIG, "--plan", path)
+    assert f"--pipeline 2 --microbatches {plan.microbatches}" in out.stdout
+    assert f"--partition {','.join(map(str, plan.partition))}" in out.stdout
+    wrong = train(mpirun, 3, dataset, "--model", BIG, "--plan", path, check=False)
+    assert wrong.returncode != 0 and "is for 2 ranks, the job has 3" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+
+
+@pytest.mark.mpi
+def test_a_bad_plan_file_or_a_budget_nothing_fits_is_one_line(mpirun, dataset, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for flags, words in [(["--plan", bad], "not a plan of psgd plan --auto"),
+                         (["--plan", "auto", "--memory-per-rank", "100k"], "the smallest")]:
+        out = train(mpirun, 2, dataset, "--model", BIG, *flags, check=False)
+        assert out.returncode != 0 and words in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--plan", "auto", "--pipeline", "2"], "--pipeline is chosen by --plan"),
+    (["--plan", "auto"], "needs --model SPEC and --memory-per-rank"),
+    (["--bandwidth", "1gbit"], "--bandwidth applies to --plan auto"),
+])
+def test_flags_a_plan_sets_or_needs_are_refused_before_mpi(dataset, flags, words):
+    out = subprocess.run([sys.executable, "-m", "psgd", "train", "--data", dataset, "--model",
+                          BIG, *flags], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and words in out.stderr, out.stderr

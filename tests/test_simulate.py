@@ -14,7 +14,7 @@ from psgd.simulate.compute import compute_times, samples_from_file
 from psgd.simulate.events import Rules, simulate
 from psgd.simulate.links import Links
 from psgd.simulate.rules import rules_for
-from psgd.simulate.stats import describe, tv_distance
+from psgd.simulate.stats import describe, steady_rate, tv_distance
 
 FREE = Network(bandwidth=1e30, latency=0.0, shm_bandwidth=math.inf)
 
@@ -58,6 +58,15 @@ def test_asp_with_equal_compute_has_w_minus_1_updates_between_read_and_push():
 def test_bsp_throughput_with_free_links_is_w_over_c(W, c):
     sch = run("bsp", np.full((W, 50), c))
     assert sch.updates / sch.seconds == pytest.approx(W / c, rel=1e-9)
+
+
+def test_the_steady_rate_leaves_out_a_late_start():
+    W, c = 4, 2e-3
+    times = np.full((W, 30), c)
+    times[W - 1, 0] += 1.0   # one worker starts a second late (a real run's compilation)
+    sch = run("bsp", times)
+    assert sch.updates / sch.seconds < 0.2 * W / c
+    assert steady_rate(sch) == pytest.approx(W / c, rel=1e-9)
 
 
 def first_replies(sch) -> dict:

@@ -77,8 +77,8 @@ def _check(args, settings, protocol) -> None:
         raise PsgdError(f"--workers must be >= 1, got {args.workers}")
     if settings.servers < 1:
         raise PsgdError(f"--servers must be >= 1 for {protocol.name}, got {settings.servers}")
-    if (args.train or settings.record) and not protocol.replayable:
-        raise PsgdError(f"--train and --record follow a server's order, which {protocol.name} "
+    if settings.record and not protocol.replayable:
+        raise PsgdError(f"--record writes a server's order, which {protocol.name} "
                         f"has not{protocol.replay_note}")
     if args.train and (settings.overlap or settings.compress != "none"):
         raise PsgdError("--train simulates workers that push plain gradients: drop --overlap "

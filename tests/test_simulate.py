@@ -174,6 +174,7 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
     (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),
     (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
+    (["--workers", 4, "--protocol", "adpsgd", "--servers", 0], "not adpsgd"),
 ])
 def test_bad_input_is_one_line(tmp_path, argv, message):
     (tmp_path / "PROFILE").write_text('{"kind": "step"}\n')
@@ -191,3 +192,15 @@ def test_the_command_prints_and_writes_its_summary(tmp_path, capsys):
     out = json.loads((tmp_path / "s.json").read_text())
     assert out["staleness"]["max"] <= 2 and out["bsp"]["staleness"]["max"] == 0
     assert out["updates"] == 400 and "updates/s" in capsys.readouterr().out
+
+
+def test_the_command_simulates_and_trains_gossip(tmp_path, dataset):
+    simulate_cli(tmp_path, "--workers", 4, "--protocol", "gossip", "--servers", 0, "--model",
+                 "mlp:784-10", "--compute-ms", 2, "--steps", 6, "--data", dataset, "--train",
+                 "--log", tmp_path / "g.jsonl", "--eval-every", 2, "--json", tmp_path / "g.json")
+    out = json.loads((tmp_path / "g.json").read_text())
+    assert out["updates"] == 24 and out["staleness"]["max"] == 0 and out["servers"] == 0
+    evals = [json.loads(line) for line in (tmp_path / "g.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert [e["step"] for e in evals] == [2, 4, 6]
+    assert all(0 < a["simulated_s"] < b["simulated_s"] for a, b in zip(evals, evals[1:]))

@@ -77,14 +77,13 @@ def _readers(settings, workers: int) -> list:
                         augment=settings.augment) for w in range(workers)]
 
 
-class _Workers:
+class VirtualWorkers:
     """The virtual workers: each one's parameters as last replied, and its gradient."""
 
     def __init__(self, job, workers: int) -> None:
         self.model, self.job = job.model, job
         self.readers = _readers(job.settings, workers)
         self.params = np.repeat(job.model.params[None, :], workers, axis=0)
-        self.read = np.zeros((workers, job.shard_map.n_shards), np.int64)
         self.grad = np.zeros_like(job.model.params)
         self.grad_of = (-1, -1)
         self.samples = 0
@@ -107,20 +106,21 @@ class _Workers:
 class _Servers:
     """The parameter servers' shards, stepped by the protocol's update rule."""
 
-    def __init__(self, job, workers: int, vw: _Workers) -> None:
+    def __init__(self, job, workers: int, vw: VirtualWorkers) -> None:
         self.smap, self.vw = job.shard_map, vw
         self.shards = [_Shard(job.config, self.smap.view(job.model.params, s), workers, s)
                        for s in range(self.smap.n_shards)]
+        self.read = np.zeros((workers, self.smap.n_shards), np.int64)   # version each last read
 
     def reply(self, s: int, w: int, clock: int) -> None:
         shard = self.shards[s]
         self.vw.params[w, slice(*self.smap.range(s))] = shard.rule.replied(
             w, clock, shard.versions.live)
-        self.vw.read[w, s] = shard.version
+        self.read[w, s] = shard.version
 
     def push(self, s: int, w: int, clock: int) -> None:
         grad = self.vw.gradient(w, clock)[slice(*self.smap.range(s))]
-        self.shards[s].push(grad, w, clock, int(self.vw.read[w, s]), self.smap.n_shards + w)
+        self.shards[s].push(grad, w, clock, int(self.read[w, s]), self.smap.n_shards + w)
 
     def finish(self, s: int, w: int) -> None:
         self.shards[s].finish(w)
@@ -135,7 +135,7 @@ class _LockFree:
     """Hogwild's memory: a read copies a shard as it is, an update adds the worker's delta
     (its optimizer's step from the parameters it read, taken at its first shard's update)."""
 
-    def __init__(self, job, workers: int, vw: _Workers) -> None:
+    def __init__(self, job, workers: int, vw: VirtualWorkers) -> None:
         config, n = job.config, job.model.n_params
         if config.staleness_comp != "none":
             raise UsageError(f"psgd simulate --train runs hogwild without --staleness-comp, "
@@ -189,7 +189,7 @@ def train_along(job, order: np.ndarray, workers: int, on_eval=None, eval_every: 
     samples)`` is called after every ``eval_every`` pushes.
     """
     from psgd.protocols import get
-    vw = _Workers(job, workers)
+    vw = VirtualWorkers(job, workers)
     lockfree = get(job.settings.protocol).staleness_unit == "updates"
     servers = (_LockFree if lockfree else _Servers)(job, workers, vw)
     t0, pushes = time.perf_counter(), 0

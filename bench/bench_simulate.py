@@ -7,7 +7,7 @@
    of the updates, side by side, when SimPy imports (``SIMPY_PATH`` may name
    a folder that holds it; it is no dependency of psgd).
 2. Validation: real ``mpiexec`` runs (``--model``, default the MLP) at W = 2,
-   4, 8 (``--widths``) under bsp, ssp s=2 and asp, without and with
+   4, 8 (``--widths``) under bsp, ssp s=2, asp, hogwild and gossip, without and with
    ``--straggler W-1:slow=3``, 3 seeds each (``--seeds``), each with
    ``--timeline``; the simulator takes each worker's times between steps from
    the run's timeline, in order (a straggler's sleeps included: on two shared
@@ -44,6 +44,8 @@ import numpy as np  # noqa: E402
 
 PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--staleness", "2"],
              "asp": ["--protocol", "asp"]}
+VALIDATED = {**PROTOCOLS, "hogwild": ["--protocol", "hogwild"],
+             "gossip": ["--protocol", "gossip", "--servers", "0"]}
 COMP = {"none": ["--staleness-comp", "none"], "dana": ["--staleness-comp", "dana"]}
 TRAIN = ["--optimizer", "momentum", "--lr", "0.05", "--skip-nonfinite"]
 
@@ -149,8 +151,8 @@ def real_rate(spans: dict) -> float:
 def pull_us(spans: dict) -> float:
     """The median time a pull's transfer took (after the servers answered), microseconds:
     on ranks that share two cores, mostly waiting for a core, taken as each message's latency."""
-    return float(np.median([d for (pid, name), v in spans.items() if name == "pull"
-                            for _, d in v[1:]]))
+    found = [d for (pid, name), v in spans.items() if name == "pull" for _, d in v[1:]]
+    return float(np.median(found)) if found else float("nan")
 
 
 def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int, model: str,
@@ -159,33 +161,44 @@ def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int, mod
     tl, log = tmp / f"{name}.json", tmp / f"{name}.jsonl"
     extra = ["--straggler", f"{W - 1}:slow=3"] if slow else []
     psgd("train", "--data", data, "--model", model, "--batch-size", 32, "--steps", steps,
-         "--seed", seed, *PROTOCOLS[proto], *extra, "--timeline", tl, "--log", log, "--quiet",
-         ranks=W + 1)
+         "--seed", seed, *VALIDATED[proto], *extra, "--timeline", tl, "--log", log, "--quiet",
+         ranks=W + _servers(proto))
     summary = [json.loads(line) for line in log.read_text().splitlines()][-1]
     return tl, summary
 
 
+def _servers(proto: str) -> int:
+    from psgd.protocols import get
+    return 1 if get(VALIDATED[proto][1]).servers else 0
+
+
+def _tv(real: list, sim: list) -> float | None:
+    """The staleness histograms' distance; None where the protocol has none (gossip)."""
+    from psgd.simulate.stats import tv_distance
+    return tv_distance(real, sim) if sum(real) and sum(sim) else None
+
+
 def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int) -> dict:
     """One real run and its simulation (trained along, at the same seed), compared."""
-    from psgd.simulate.stats import tv_distance
     tl, summary = _real(tmp, data, W, proto, slow, opts.steps, opts.model, seed)
     spans = _trace(tl)
+    pulls = pull_us(spans)
     sim = simulate(tmp, "--workers", W, "--model", opts.model, "--batch-size", 32,
-                   "--steps", opts.steps, "--seed", seed, *PROTOCOLS[proto], "--compute-from", tl,
-                   "--per-node", W + 1, "--latency-us", f"{pull_us(spans):.1f}",
-                   "--data", data, "--train")
+                   "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
+                   "--per-node", W + _servers(proto), "--data", data, "--train",
+                   *([] if math.isnan(pulls) else ["--latency-us", f"{pulls:.1f}"]))
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
            "steps": opts.steps, "real_updates_per_s": real,
            "sim_updates_per_s": sim["steady_updates_per_s"],
            "ratio": sim["steady_updates_per_s"] / real,
            "real_step_ms": W / real * 1e3, "sim_step_ms": W / sim["steady_updates_per_s"] * 1e3,
-           "tv": tv_distance(summary["staleness_histogram"], sim["staleness"]["histogram"]),
+           "tv": _tv(summary["staleness_histogram"], sim["staleness"]["histogram"]),
            "real_acc": summary["test_accuracy"], "sim_acc": sim["training"]["test_acc"],
            "real_staleness": summary["staleness_histogram"],
            "sim_staleness": sim["staleness"]["histogram"]}
     print(f"validate: W={W} {proto}{' slow' if slow else ''} seed {seed}: real {real:.1f}/s, "
-          f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']:.3f}, "
+          f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}, "
           f"accuracy real {row['real_acc']:.4f} sim {row['sim_acc']:.4f}", flush=True)
     return row
 
@@ -193,7 +206,7 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
 def validate(tmp: Path, data: Path, opts) -> list:
     """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation."""
     return [_pair(tmp, data, W, proto, slow, opts, seed)
-            for W in opts.widths for proto in PROTOCOLS for slow in (False, True)
+            for W in opts.widths for proto in VALIDATED for slow in (False, True)
             for seed in range(1, opts.seeds + 1)]
 
 
@@ -204,8 +217,8 @@ def agreement(rows: list) -> list:
         groups.setdefault((r["W"], r["protocol"], r["straggler"]), []).append(r)
     out = []
     for (W, proto, slow), rs in groups.items():
-        mean = {k: float(np.mean([r[k] for r in rs])) for k in (
-            "real_step_ms", "sim_step_ms", "ratio", "tv", "real_acc", "sim_acc")}
+        mean = {k: float(np.mean([r[k] for r in rs])) if rs[0][k] is not None else None
+                for k in ("real_step_ms", "sim_step_ms", "ratio", "tv", "real_acc", "sim_acc")}
         out.append({"W": W, "protocol": proto, "straggler": slow, "seeds": len(rs), **mean,
                     "acc_gap_points": 100 * (mean["sim_acc"] - mean["real_acc"])})
     return out
@@ -273,9 +286,11 @@ def markdown(result: dict) -> str:
               "| staleness TV | real acc | simulated acc | gap (points) |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["agreement"]:
+        tv = "-" if r["tv"] is None else f"{r['tv']:.3f}"
         lines.append(f"| {r['W']} | {r['protocol']} | {'W-1 slow=3' if r['straggler'] else '-'} "
                      f"| {r['seeds']} | {r['real_step_ms']:.2f} | {r['sim_step_ms']:.2f} | "
-                     f"{r['ratio']:.2f} | {r['tv']:.3f} | {r['real_acc']:.4f} | "
+                     f"{r['ratio']:.2f} | {tv} | "
+                     f"{r['real_acc']:.4f} | "
                      f"{r['sim_acc']:.4f} | {r['acc_gap_points']:+.2f} |")
     lines += ["", f"## Table ({TABLE_MODEL}, compute {result['compute_ms']:.2f} ms per batch "
               f"of 64, 10gbit switched)", "",

@@ -206,7 +206,7 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
 def validate(tmp: Path, data: Path, opts) -> list:
     """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation."""
     return [_pair(tmp, data, W, proto, slow, opts, seed)
-            for W in opts.widths for proto in VALIDATED for slow in (False, True)
+            for W in opts.widths for proto in VALIDATED for slow in opts.stragglers
             for seed in range(1, opts.seeds + 1)]
 
 
@@ -321,6 +321,8 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="steps of each validation run "
                     "(default 100; --quick 30)")
     ap.add_argument("--model", default="mlp:784-128-10", help="validation's model")
+    ap.add_argument("--no-straggler", dest="stragglers", action="store_const", const=(False,),
+                    default=(False, True), help="validate without --straggler runs only")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     common.add_output_arguments(ap)

@@ -6,15 +6,18 @@
    on 4 servers, and bsp), wall seconds; SimPy's on the same model at a tenth
    of the updates, side by side, when SimPy imports (``SIMPY_PATH`` may name
    a folder that holds it; it is no dependency of psgd).
-2. Validation: real ``mpiexec`` runs of LeNet at W = 2, 4 under bsp, ssp s=2
-   and asp, without and with ``--straggler W-1:slow=3``, each with
+2. Validation: real ``mpiexec`` runs (``--model``, default the MLP) at W = 2,
+   4, 8 (``--widths``) under bsp, ssp s=2, asp, hogwild and gossip, without and with
+   ``--straggler W-1:slow=3``, 3 seeds each (``--seeds``), each with
    ``--timeline``; the simulator takes each worker's times between steps from
    the run's timeline, in order (a straggler's sleeps included: on two shared
    cores they also free a core for the others, which drawing the spec anew
    would miss), each message's latency the median pull the run measured;
    compared: updates/s over the
-   training loop and the staleness histogram's total-variation distance.
-3. The table: W = 16, 64, 256, 1024, predicted updates/s and staleness for
+   training loop, the staleness histogram's total-variation distance, and the
+   final test accuracy of the real run against the simulator's training along
+   its order at the same seed (means over seeds).
+3. The table: W = 16, 64, 256, 1024 (``--table-widths``), predicted updates/s and staleness for
    bsp, ssp s=2 and asp (with and without compensation), and up to W = 256
    the accuracy of training along the simulated order (``--train``).
 
@@ -41,6 +44,8 @@ import numpy as np  # noqa: E402
 
 PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--staleness", "2"],
              "asp": ["--protocol", "asp"]}
+VALIDATED = {**PROTOCOLS, "hogwild": ["--protocol", "hogwild"],
+             "gossip": ["--protocol", "gossip", "--servers", "0"]}
 COMP = {"none": ["--staleness-comp", "none"], "dana": ["--staleness-comp", "dana"]}
 TRAIN = ["--optimizer", "momentum", "--lr", "0.05", "--skip-nonfinite"]
 
@@ -146,44 +151,77 @@ def real_rate(spans: dict) -> float:
 def pull_us(spans: dict) -> float:
     """The median time a pull's transfer took (after the servers answered), microseconds:
     on ranks that share two cores, mostly waiting for a core, taken as each message's latency."""
-    return float(np.median([d for (pid, name), v in spans.items() if name == "pull"
-                            for _, d in v[1:]]))
+    found = [d for (pid, name), v in spans.items() if name == "pull" for _, d in v[1:]]
+    return float(np.median(found)) if found else float("nan")
 
 
-def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int) -> tuple:
-    name = f"{proto.replace(' ', '').replace('=', '')}-w{W}{'-slow' if slow else ''}"
+def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int, model: str,
+          seed: int) -> tuple:
+    name = f"{proto.replace(' ', '').replace('=', '')}-w{W}{'-slow' if slow else ''}-s{seed}"
     tl, log = tmp / f"{name}.json", tmp / f"{name}.jsonl"
     extra = ["--straggler", f"{W - 1}:slow=3"] if slow else []
-    psgd("train", "--data", data, "--model", "lenet", "--batch-size", 32, "--steps", steps,
-         *PROTOCOLS[proto], *extra, "--timeline", tl, "--log", log, "--quiet", ranks=W + 1)
+    psgd("train", "--data", data, "--model", model, "--batch-size", 32, "--steps", steps,
+         "--seed", seed, *VALIDATED[proto], *extra, "--timeline", tl, "--log", log, "--quiet",
+         ranks=W + _servers(proto))
     summary = [json.loads(line) for line in log.read_text().splitlines()][-1]
     return tl, summary
 
 
-def validate(tmp: Path, data: Path, quick: bool) -> list:
+def _servers(proto: str) -> int:
+    from psgd.protocols import get
+    return 1 if get(VALIDATED[proto][1]).servers else 0
+
+
+def _tv(real: list, sim: list) -> float | None:
+    """The staleness histograms' distance; None where the protocol has none (gossip)."""
     from psgd.simulate.stats import tv_distance
-    rows, steps = [], 30 if quick else 100
-    for W in (2,) if quick else (2, 4):
-        for proto in PROTOCOLS:
-            for slow in (False, True):
-                tl, summary = _real(tmp, data, W, proto, slow, steps)
-                spans = _trace(tl)
-                sim = simulate(tmp, "--workers", W, "--model", "lenet", "--batch-size", 32,
-                               "--steps", steps, *PROTOCOLS[proto], "--compute-from", tl,
-                               "--per-node", W + 1, "--latency-us", f"{pull_us(spans):.1f}")
-                real = real_rate(spans)
-                row = {"W": W, "protocol": proto, "straggler": slow, "real_updates_per_s": real,
-                       "sim_updates_per_s": sim["updates_per_s"],
-                       "ratio": sim["updates_per_s"] / real,
-                       "tv": tv_distance(summary["staleness_histogram"],
-                                         sim["staleness"]["histogram"]),
-                       "real_staleness": summary["staleness_histogram"],
-                       "sim_staleness": sim["staleness"]["histogram"]}
-                rows.append(row)
-                print(f"validate: W={W} {proto}{' slow' if slow else ''}: real {real:.1f}/s, "
-                      f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), "
-                      f"TV {row['tv']:.3f}", flush=True)
-    return rows
+    return tv_distance(real, sim) if sum(real) and sum(sim) else None
+
+
+def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int) -> dict:
+    """One real run and its simulation (trained along, at the same seed), compared."""
+    tl, summary = _real(tmp, data, W, proto, slow, opts.steps, opts.model, seed)
+    spans = _trace(tl)
+    pulls = pull_us(spans)
+    sim = simulate(tmp, "--workers", W, "--model", opts.model, "--batch-size", 32,
+                   "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
+                   "--per-node", W + _servers(proto), "--data", data, "--train",
+                   *([] if math.isnan(pulls) else ["--latency-us", f"{pulls:.1f}"]))
+    real = real_rate(spans)
+    row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
+           "steps": opts.steps, "real_updates_per_s": real,
+           "sim_updates_per_s": sim["steady_updates_per_s"],
+           "ratio": sim["steady_updates_per_s"] / real,
+           "real_step_ms": W / real * 1e3, "sim_step_ms": W / sim["steady_updates_per_s"] * 1e3,
+           "tv": _tv(summary["staleness_histogram"], sim["staleness"]["histogram"]),
+           "real_acc": summary["test_accuracy"], "sim_acc": sim["training"]["test_acc"],
+           "real_staleness": summary["staleness_histogram"],
+           "sim_staleness": sim["staleness"]["histogram"]}
+    print(f"validate: W={W} {proto}{' slow' if slow else ''} seed {seed}: real {real:.1f}/s, "
+          f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}, "
+          f"accuracy real {row['real_acc']:.4f} sim {row['sim_acc']:.4f}", flush=True)
+    return row
+
+
+def validate(tmp: Path, data: Path, opts) -> list:
+    """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation."""
+    return [_pair(tmp, data, W, proto, slow, opts, seed)
+            for W in opts.widths for proto in VALIDATED for slow in opts.stragglers
+            for seed in range(1, opts.seeds + 1)]
+
+
+def agreement(rows: list) -> list:
+    """Per (W, protocol, straggler): the means over seeds of step time, ratio, TV and accuracy."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["W"], r["protocol"], r["straggler"]), []).append(r)
+    out = []
+    for (W, proto, slow), rs in groups.items():
+        mean = {k: float(np.mean([r[k] for r in rs])) if rs[0][k] is not None else None
+                for k in ("real_step_ms", "sim_step_ms", "ratio", "tv", "real_acc", "sim_acc")}
+        out.append({"W": W, "protocol": proto, "straggler": slow, "seeds": len(rs), **mean,
+                    "acc_gap_points": 100 * (mean["sim_acc"] - mean["real_acc"])})
+    return out
 
 
 # ---- 3. the table -----------------------------------------------------------------------
@@ -225,11 +263,11 @@ def _cell(tmp: Path, data: Path, W: int, proto: str, comp: str, compute_ms: floa
     return cell
 
 
-def table(tmp: Path, data: Path, quick: bool, target: float, save) -> tuple[list, float]:
+def table(tmp: Path, data: Path, widths: list, target: float, save) -> tuple[list, float]:
     from psgd.plan.command import measure_compute_s
     compute_ms = measure_compute_s(TABLE_MODEL, 64, seconds=1.0) * 64e3
     cells = []
-    for W in (16, 64) if quick else (16, 64, 256, 1024):
+    for W in widths:
         for proto in PROTOCOLS:
             for comp in ("none",) if proto == "bsp" else COMP:
                 cells.append(_cell(tmp, data, W, proto, comp, compute_ms, W <= 256, target))
@@ -242,13 +280,18 @@ def markdown(result: dict) -> str:
     for name, r in result["speed"].items():
         if name != "simpy":
             lines.append(f"| {name} | {r['workers']} | {r['updates']} | {r['wall_s']:.1f} |")
-    lines += ["", f"SimPy: {json.dumps(result['speed'].get('simpy'))}", "", "## Validation", "",
-              "| W | protocol | straggler | real updates/s | simulated | ratio | staleness TV |",
-              "|---|---|---|---|---|---|---|"]
-    for r in result["validation"]:
+    lines += ["", f"SimPy: {json.dumps(result['speed'].get('simpy'))}", "",
+              "## Validation (means over seeds)", "",
+              "| W | protocol | straggler | seeds | real step ms | simulated | ratio (updates/s) "
+              "| staleness TV | real acc | simulated acc | gap (points) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["agreement"]:
+        tv = "-" if r["tv"] is None else f"{r['tv']:.3f}"
         lines.append(f"| {r['W']} | {r['protocol']} | {'W-1 slow=3' if r['straggler'] else '-'} "
-                     f"| {r['real_updates_per_s']:.1f} | {r['sim_updates_per_s']:.1f} | "
-                     f"{r['ratio']:.2f} | {r['tv']:.3f} |")
+                     f"| {r['seeds']} | {r['real_step_ms']:.2f} | {r['sim_step_ms']:.2f} | "
+                     f"{r['ratio']:.2f} | {tv} | "
+                     f"{r['real_acc']:.4f} | "
+                     f"{r['sim_acc']:.4f} | {r['acc_gap_points']:+.2f} |")
     lines += ["", f"## Table ({TABLE_MODEL}, compute {result['compute_ms']:.2f} ms per batch "
               f"of 64, 10gbit switched)", "",
               "| W | S | protocol | comp | updates/s | x bsp | staleness mean | max | "
@@ -263,19 +306,45 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def _widths(text: str) -> list:
+    return [int(w) for w in text.split(",") if w]
+
+
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer cells, synthetic data")
     ap.add_argument("--target", type=float, default=0.80, help="test accuracy to time")
-    ap.add_argument("--skip-validation", action="store_true")
+    ap.add_argument("--widths", type=_widths, default=None,
+                    help="validation's W, comma-separated (default 2,4,8; --quick 2; '' none)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per validation cell "
+                    "(default 3; --quick 1)")
+    ap.add_argument("--steps", type=int, default=None, help="steps of each validation run "
+                    "(default 100; --quick 30)")
+    ap.add_argument("--model", default="mlp:784-128-10", help="validation's model")
+    ap.add_argument("--no-straggler", dest="stragglers", action="store_const", const=(False,),
+                    default=(False, True), help="validate without --straggler runs only")
+    ap.add_argument("--table-widths", type=_widths, default=None,
+                    help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
+    q = args.quick
+    args.widths = ([2] if q else [2, 4, 8]) if args.widths is None else args.widths
+    args.seeds = args.seeds or (1 if q else 3)
+    args.steps = args.steps or (30 if q else 100)
+    if args.table_widths is None:
+        args.table_widths = [16, 64] if q else [16, 64, 256, 1024]
+    return args
+
+
+def main() -> None:
+    args = arguments()
     out = common.out_dir(args, "simulate")
     stem = common.result_stem("simulate", args.quick)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = common.dataset(tmp, args.quick, "bench-simulate", train=20000 if args.quick else None)
-        result = {"target": args.target, "table": [], "compute_ms": float("nan")}
+        result = {"target": args.target, "table": [], "compute_ms": float("nan"),
+                  "argv": sys.argv[1:]}
 
         def save(cells=None, compute_ms=None):   # after each part: a cut-short run keeps its cells
             if cells is not None:
@@ -285,9 +354,10 @@ def main() -> None:
 
         result["speed"] = speed(args.quick)
         save()
-        result["validation"] = [] if args.skip_validation else validate(tmp, data.path, args.quick)
+        result["validation"] = validate(tmp, data.path, args)
+        result["agreement"] = agreement(result["validation"])
         save()
-        table(tmp, data.path, args.quick, args.target, save)
+        table(tmp, data.path, args.table_widths, args.target, save)
     common.write_json(out / f"{stem}.json", result, data.name)
     (out / f"{stem}.partial.json").unlink()
     common.write_text(out / f"{stem}.md", markdown(result), data.name)

@@ -14,7 +14,7 @@ from psgd.simulate.compute import compute_times, samples_from_file
 from psgd.simulate.events import Rules, simulate
 from psgd.simulate.links import Links
 from psgd.simulate.rules import rules_for
-from psgd.simulate.stats import describe, tv_distance
+from psgd.simulate.stats import describe, steady_rate, tv_distance
 
 FREE = Network(bandwidth=1e30, latency=0.0, shm_bandwidth=math.inf)
 
@@ -58,6 +58,15 @@ def test_asp_with_equal_compute_has_w_minus_1_updates_between_read_and_push():
 def test_bsp_throughput_with_free_links_is_w_over_c(W, c):
     sch = run("bsp", np.full((W, 50), c))
     assert sch.updates / sch.seconds == pytest.approx(W / c, rel=1e-9)
+
+
+def test_the_steady_rate_leaves_out_a_late_start():
+    W, c = 4, 2e-3
+    times = np.full((W, 30), c)
+    times[W - 1, 0] += 1.0   # one worker starts a second late (a real run's compilation)
+    sch = run("bsp", times)
+    assert sch.updates / sch.seconds < 0.2 * W / c
+    assert steady_rate(sch) == pytest.approx(W / c, rel=1e-9)
 
 
 def first_replies(sch) -> dict:
@@ -165,6 +174,7 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
     (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),
     (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
+    (["--workers", 4, "--protocol", "adpsgd", "--servers", 0], "not adpsgd"),
 ])
 def test_bad_input_is_one_line(tmp_path, argv, message):
     (tmp_path / "PROFILE").write_text('{"kind": "step"}\n')
@@ -182,3 +192,15 @@ def test_the_command_prints_and_writes_its_summary(tmp_path, capsys):
     out = json.loads((tmp_path / "s.json").read_text())
     assert out["staleness"]["max"] <= 2 and out["bsp"]["staleness"]["max"] == 0
     assert out["updates"] == 400 and "updates/s" in capsys.readouterr().out
+
+
+def test_the_command_simulates_and_trains_gossip(tmp_path, dataset):
+    simulate_cli(tmp_path, "--workers", 4, "--protocol", "gossip", "--servers", 0, "--model",
+                 "mlp:784-10", "--compute-ms", 2, "--steps", 6, "--data", dataset, "--train",
+                 "--log", tmp_path / "g.jsonl", "--eval-every", 2, "--json", tmp_path / "g.json")
+    out = json.loads((tmp_path / "g.json").read_text())
+    assert out["updates"] == 24 and out["staleness"]["max"] == 0 and out["servers"] == 0
+    evals = [json.loads(line) for line in (tmp_path / "g.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert [e["step"] for e in evals] == [2, 4, 6]
+    assert all(0 < a["simulated_s"] < b["simulated_s"] for a, b in zip(evals, evals[1:]))

@@ -4,15 +4,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import numpy as np
 
 from psgd.errors import PsgdError
 
 DESCRIPTION = """\
-Simulate W workers and S servers under bsp, ssp, asp or hogwild, one event at a
-time: compute times drawn from a measured distribution, pushes and pulls on the
+Simulate W workers and S servers under bsp, ssp, asp or hogwild (or W workers
+under gossip), one event at a time: compute times drawn from a measured distribution, pushes and pulls on the
 links of psgd plan's cost model. Prints the predicted updates/s, the staleness
 distribution and utilisation beside bsp's at the same W. With --data and
 --train it also trains the model in the simulated order (the real update rule
@@ -75,10 +75,12 @@ def _samples(args, settings) -> list:
 def _check(args, settings, protocol) -> None:
     if args.workers < 1:
         raise PsgdError(f"--workers must be >= 1, got {args.workers}")
-    if settings.servers < 1:
+    if settings.servers < 1 and not protocol.decentralized:
         raise PsgdError(f"--servers must be >= 1 for {protocol.name}, got {settings.servers}")
-    if (args.train or settings.record) and not protocol.can("replay"):
-        raise PsgdError(f"--train and --record follow a server's order, which {protocol.name} "
+    if settings.record and protocol.decentralized:
+        raise PsgdError(f"--record writes a server's order, which {protocol.name} has not")
+    if settings.record and not protocol.can("replay"):
+        raise PsgdError(f"--record writes a server's order, which {protocol.name} "
                         f"has not{protocol.replay_note}")
     if args.train and (settings.overlap or settings.compress != "none"):
         raise PsgdError("--train simulates workers that push plain gradients: drop --overlap "
@@ -126,26 +128,45 @@ def run(args: argparse.Namespace) -> None:
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
                               settings.straggler)
         pjob, net = _network(args, n_params, float(times.mean()), settings, args.workers)
-        schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times)
+        if protocol.decentralized:
+            found, schedule, wall, train = _gossip(protocol, settings, job, pjob, net, times)
+            pjob = replace(pjob, servers=1)
+        else:
+            schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times)
+            found, train = summary(schedule), None
         bsp, _ = _simulate(get("bsp"), None, pjob, net, times)
     except ValueError as exc:
         raise PsgdError(str(exc)) from None
     out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),
            "workers": args.workers, "servers": settings.servers, "steps": steps,
            "n_params": n_params, "compute_ms_mean": float(times.mean() * 1e3),
-           "simulation_wall_s": wall, **summary(schedule),
+           "simulation_wall_s": wall, **found,
            "bsp": {k: v for k, v in summary(bsp).items() if k != "delay"}}
     if settings.record:
         _record(settings, schedule, args.workers, steps)
         out["record"] = settings.record
     if args.train:
         from psgd.simulate.report import train_and_log
-        out["training"] = train_and_log(job, schedule, args.workers)
+        out["training"] = train_and_log(job, schedule, args.workers, train)
     from psgd.simulate.report import print_summary
     print_summary(out)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=1)
+
+
+def _gossip(protocol, settings, job, pjob, net, times):
+    """A decentralized protocol's summary, its clocks, the loop's seconds and its trainer."""
+    from functools import partial
+    from psgd.simulate import gossip
+    W = times.shape[0]
+    matrix = gossip.mixing(protocol, protocol.topology(settings.topology, W), W)
+    exchange_s, mix_s = gossip.costs(matrix, replace(pjob, servers=0), net)
+    t0 = time.perf_counter()
+    ends = gossip.step_ends(times, matrix, exchange_s, mix_s)
+    wall = time.perf_counter() - t0
+    train = partial(gossip.train_mixing, job, matrix, W) if job is not None else None
+    return gossip.summary(ends, times, exchange_s), gossip.Clocks(ends), wall, train
 
 
 def _n_params(spec: str) -> int:

@@ -30,15 +30,18 @@ def print_summary(out: dict) -> None:
               f"in {tr['seconds']:.1f} s, worker copies {tr['worker_copies_bytes'] / 2**20:.1f} MiB")
 
 
-def train_and_log(job, schedule, workers: int) -> dict:
-    """Train along ``schedule``; log evaluations (with the simulated time) and the summary."""
+def train_and_log(job, schedule, workers: int, train=None) -> dict:
+    """Train along ``schedule`` (``train(on_eval, eval_every)``: another trainer, as gossip's);
+    log evaluations (with the simulated time) and the summary."""
+    from functools import partial
     from psgd.run.metrics import MetricsLog
     from psgd.simulate.train import train_along
     s, model = job.settings, job.model
     x_test, y_test = _test_set(s)
     log = MetricsLog(s.log, tensorboard=s.tensorboard)
     log.write("config", **s.as_dict(), workers=workers, simulated=True)
-    per_clock = workers * job.shard_map.n_shards
+    per_clock = workers * (job.shard_map.n_shards if job.shard_map is not None else 1)
+    train = train or partial(train_along, job, schedule.order, workers)
 
     def evaluate(index, pushes, params, samples):
         model.params[:] = params
@@ -46,7 +49,7 @@ def train_and_log(job, schedule, workers: int) -> dict:
         log.write("eval", step=pushes // per_clock, samples=samples,
                   simulated_s=float(schedule.times[index]), test_loss=loss, test_acc=acc)
 
-    result = train_along(job, schedule.order, workers, evaluate, s.eval_every * per_clock)
+    result = train(evaluate, s.eval_every * per_clock)
     model.params[:] = result["params"]
     loss, acc = model.evaluate(x_test, y_test)
     out = {"test_loss": float(loss), "test_acc": float(acc), "samples": result["samples"],

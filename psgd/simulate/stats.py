@@ -25,6 +25,19 @@ def tv_distance(a, b) -> float:
     return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
 
 
+def steady_rate(schedule) -> float:
+    """Steps/s past each worker's first, a step ending with the reply to the pull behind its
+    push (shard 0's), from the earliest first end to the latest last: as a real run's timeline
+    is read, without its start-up (compilation, skew)."""
+    from psgd.ps.order import REPLIED
+    order, times = schedule.order, schedule.times
+    mine = (order[:, 0] == 0) & (order[:, 1] == REPLIED) & (order[:, 3] >= 1)
+    workers, at = order[mine, 2], times[mine]
+    firsts = [at[workers == w][0] for w in np.unique(workers)]
+    span = float(at[-1] - min(firsts)) if firsts else 0.0
+    return (int(mine.sum()) - len(firsts)) / span if span > 0 else float("inf")
+
+
 def summary(schedule) -> dict:
     """The JSON-ready summary of a :class:`psgd.simulate.events.Schedule`."""
     sec = schedule.seconds
@@ -32,6 +45,7 @@ def summary(schedule) -> dict:
     servers = schedule.server_busy_s / sec if sec > 0 else schedule.server_busy_s * 0
     return {"simulated_s": sec, "updates": schedule.updates,
             "updates_per_s": schedule.updates / sec if sec > 0 else float("inf"),
+            "steady_updates_per_s": steady_rate(schedule),
             "staleness": describe(schedule.staleness), "delay": describe(schedule.delay),
             "worker_utilisation": {"mean": float(workers.mean()), "min": float(workers.min()),
                                    "max": float(workers.max())},

@@ -4,10 +4,13 @@ The servers' side is the one of :mod:`psgd.ps.server` in the order the
 schedule gives (a reply copies what the rule answers, a push goes through the
 rule with its staleness, the version is the fewest pushes of an unfinished
 worker and advancing it calls the rule's ``advance``), so `psgd train
---replay` of the same order ends on the same parameters, bit for bit. Each
-virtual worker's gradient is computed on its real batch at the parameters
-its last reply held; those copies (W parameter vectors) are the memory this
-takes.
+--replay` of the same order ends on the same parameters, bit for bit. Under a
+lock-free protocol (hogwild) there is no server: a read copies the shard as
+it is, and an update adds the worker's delta (its own optimizer's step from
+the parameters it read), as :class:`psgd.hogwild.worker.HogwildWorker` does.
+Each virtual worker's gradient is computed on its real batch at the
+parameters its last reply held; those copies (W parameter vectors, twice
+under hogwild: the deltas too) are the memory this takes.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import time
 
 import numpy as np
 
-from psgd.errors import NonFinitePush
+from psgd.errors import NonFinitePush, PsgdError, UsageError
 from psgd.mpi.roles import Roles
 from psgd.nn.optim import make_optimizer
 from psgd.ps.order import DONE, PUSHED, REPLIED
@@ -74,14 +77,13 @@ def _readers(settings, workers: int) -> list:
                         augment=settings.augment) for w in range(workers)]
 
 
-class _Workers:
+class VirtualWorkers:
     """The virtual workers: each one's parameters as last replied, and its gradient."""
 
     def __init__(self, job, workers: int) -> None:
         self.model, self.job = job.model, job
         self.readers = _readers(job.settings, workers)
         self.params = np.repeat(job.model.params[None, :], workers, axis=0)
-        self.read = np.zeros((workers, job.shard_map.n_shards), np.int64)
         self.grad = np.zeros_like(job.model.params)
         self.grad_of = (-1, -1)
         self.samples = 0
@@ -101,32 +103,106 @@ class _Workers:
         return self.grad
 
 
+class _Servers:
+    """The parameter servers' shards, stepped by the protocol's update rule."""
+
+    def __init__(self, job, workers: int, vw: VirtualWorkers) -> None:
+        self.smap, self.vw = job.shard_map, vw
+        self.shards = [_Shard(job.config, self.smap.view(job.model.params, s), workers, s)
+                       for s in range(self.smap.n_shards)]
+        self.read = np.zeros((workers, self.smap.n_shards), np.int64)   # version each last read
+
+    def reply(self, s: int, w: int, clock: int) -> None:
+        shard = self.shards[s]
+        self.vw.params[w, slice(*self.smap.range(s))] = shard.rule.replied(
+            w, clock, shard.versions.live)
+        self.read[w, s] = shard.version
+
+    def push(self, s: int, w: int, clock: int) -> None:
+        grad = self.vw.gradient(w, clock)[slice(*self.smap.range(s))]
+        self.shards[s].push(grad, w, clock, int(self.read[w, s]), self.smap.n_shards + w)
+
+    def finish(self, s: int, w: int) -> None:
+        self.shards[s].finish(w)
+
+    def params(self) -> np.ndarray:
+        return np.concatenate([sh.versions.live for sh in self.shards])
+
+    extra_bytes = 0
+
+
+class _LockFree:
+    """Hogwild's memory: a read copies a shard as it is, an update adds the worker's delta
+    (its optimizer's step from the parameters it read, taken at its first shard's update)."""
+
+    def __init__(self, job, workers: int, vw: VirtualWorkers) -> None:
+        config, n = job.config, job.model.n_params
+        if config.staleness_comp != "none":
+            raise UsageError(f"psgd simulate --train runs hogwild without --staleness-comp, "
+                            f"not {config.staleness_comp}")
+        self.smap, self.vw, self.config = job.shard_map, vw, config
+        self.live = job.model.params.copy()
+        self.optimizers = [make_optimizer(config.optimizer, n, **config.opt_hparams)
+                           for _ in range(workers)]
+        self.delta = np.zeros((workers, n), np.float32)
+        self.finite = np.ones(workers, bool)
+        self.delta_of = np.full(workers, -1, np.int64)
+        self.skipped = 0
+        self.extra_bytes = self.delta.nbytes
+
+    def reply(self, s: int, w: int, clock: int) -> None:
+        part = slice(*self.smap.range(s))
+        self.vw.params[w, part] = self.live[part]
+
+    def push(self, s: int, w: int, clock: int) -> None:
+        if self.delta_of[w] != clock:
+            self._step(w, clock)
+        if self.finite[w]:
+            part = slice(*self.smap.range(s))
+            self.live[part] += self.delta[w, part]
+
+    def _step(self, w: int, clock: int) -> None:
+        read = self.vw.params[w]
+        new = read.copy()
+        self.optimizers[w].step(new, self.vw.gradient(w, clock), self.config.lr_schedule(clock))
+        np.subtract(new, read, out=self.delta[w])
+        self.delta_of[w] = clock
+        self.finite[w] = bool(np.isfinite(self.delta[w]).all())
+        if not self.finite[w]:
+            if not self.config.skip_nonfinite:
+                raise PsgdError(f"hogwild worker {w}: the update at clock {clock} holds NaN or "
+                                f"Inf (use --skip-nonfinite to drop such updates)")
+            self.skipped += 1
+
+    def finish(self, s: int, w: int) -> None:
+        pass
+
+    def params(self) -> np.ndarray:
+        return self.live.copy()
+
+
 def train_along(job, order: np.ndarray, workers: int, on_eval=None, eval_every: int = 0) -> dict:
     """Step the job's shards along ``order`` (int32 (n, 4) shard, kind, worker, clock).
 
     Returns the final parameters (float32 (n,)), the samples computed, the seconds it took
-    and the bytes the virtual workers' parameter copies hold. ``on_eval(index, pushes, params,
+    and the bytes the virtual workers' copies hold. ``on_eval(index, pushes, params,
     samples)`` is called after every ``eval_every`` pushes.
     """
-    S, smap = job.shard_map.n_shards, job.shard_map
-    shards = [_Shard(job.config, smap.view(job.model.params, s), workers, s) for s in range(S)]
-    vw = _Workers(job, workers)
+    from psgd.protocols import get
+    vw = VirtualWorkers(job, workers)
+    lockfree = get(job.settings.protocol).staleness_unit == "updates"
+    servers = (_LockFree if lockfree else _Servers)(job, workers, vw)
     t0, pushes = time.perf_counter(), 0
     for i, (s, kind, w, clock) in enumerate(order.tolist()):
-        shard, part = shards[s], slice(*smap.range(s))
         if kind == REPLIED:
-            vw.params[w, part] = shard.rule.replied(w, clock, shard.versions.live)
-            vw.read[w, s] = shard.version
+            servers.reply(s, w, clock)
         elif kind == PUSHED:
-            shard.push(vw.gradient(w, clock)[part], w, clock, int(vw.read[w, s]), S + w)
+            servers.push(s, w, clock)
             pushes += 1
             if on_eval is not None and eval_every and pushes % eval_every == 0:
-                on_eval(i, pushes, _assemble(shards), vw.samples)
+                on_eval(i, pushes, servers.params(), vw.samples)
         elif kind == DONE:
-            shard.finish(w)
-    return {"params": _assemble(shards), "samples": vw.samples,
-            "seconds": time.perf_counter() - t0, "worker_copies_bytes": int(vw.params.nbytes)}
-
-
-def _assemble(shards: list) -> np.ndarray:
-    return np.concatenate([sh.versions.live for sh in shards])
+            servers.finish(s, w)
+    return {"params": servers.params(), "samples": vw.samples,
+            "seconds": time.perf_counter() - t0,
+            "worker_copies_bytes": int(vw.params.nbytes + servers.extra_bytes)}

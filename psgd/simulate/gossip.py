@@ -1,0 +1,122 @@
+"""Synchronous gossip (D-PSGD) simulated: each worker's step ends on the graph; training each model.
+
+A worker's step t ends once it has computed its gradient and its neighbours'
+models of step t (sent as each ended step t - 1, as
+:class:`psgd.gossip.dpsgd.GossipWorker` posts them) have arrived, then it
+mixes and steps; the exchange and the mixing cost what `psgd plan`'s gossip
+row charges. Training mixes every worker's model with the protocol's mixing
+matrix and steps each worker's own optimizer, as the real worker does.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+
+import numpy as np
+
+from psgd.errors import PsgdError
+from psgd.nn.optim import make_optimizer
+from psgd.plan.cost import STEP_PASSES, Traffic
+
+
+def mixing(protocol, topology: str, workers: int) -> np.ndarray:
+    """``protocol``'s mixing matrix on ``topology`` (float64 (W, W)), from its registry graph.
+
+    Raises
+    ------
+    ValueError
+        One line: the graph is no mixing matrix (a protocol without a global step: adpsgd).
+    """
+    module, name = protocol.graph.split(":")
+    graph = getattr(importlib.import_module(module), name)(topology, workers)
+    if not (isinstance(graph, np.ndarray) and graph.shape == (workers, workers)):
+        raise ValueError(f"psgd simulate models decentralized protocols that mix on every step "
+                         f"(a mixing matrix), not {protocol.name}")
+    return graph
+
+
+def costs(matrix: np.ndarray, job, net) -> tuple[float, float]:
+    """Seconds of one step's exchange (every worker's model to each neighbour, on plan's links)
+    and of the mixing and step (d + 1 models and the optimizer's passes)."""
+    t = Traffic(job)
+    degree = 0
+    for i in range(matrix.shape[0]):
+        near = [j for j in np.flatnonzero(matrix[i]) if j != i]
+        degree = max(degree, len(near))
+        for j in near:
+            t.carry(i, int(j), job.nbytes)
+    exchange = t.seconds(net, degree) if degree else 0.0
+    return exchange, (degree + 1 + STEP_PASSES) * job.nbytes / net.shm_bandwidth
+
+
+def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s: float,
+              mix_s: float) -> np.ndarray:
+    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds."""
+    W, T = times.shape
+    near = (matrix > 0) & ~np.eye(W, dtype=bool)
+    ends, prev = np.empty((W, T)), np.zeros(W)
+    for t in range(T):
+        arrived = np.where(near, prev[None, :], -np.inf).max(axis=1) + exchange_s
+        prev = np.maximum(prev + times[:, t], arrived) + mix_s
+        ends[:, t] = prev
+    return ends
+
+
+def summary(ends: np.ndarray, times: np.ndarray, exchange_s: float) -> dict:
+    """The JSON-ready summary, in the parameter servers' keys (staleness 0: every step mixes
+    the neighbours' models of the same step)."""
+    W, T = ends.shape
+    sec = float(ends.max())
+    busy = times.sum(axis=1) / sec
+    first = ends[:, 0].max()
+    steady = W * (T - 1) / (sec - first) if T > 1 and sec > first else float("inf")
+    return {"simulated_s": sec, "updates": W * T, "updates_per_s": W * T / sec,
+            "steady_updates_per_s": steady,
+            "staleness": {"mean": 0.0, "p50": 0, "p99": 0, "max": 0, "histogram": [W * T]},
+            "delay": {"mean": 0.0, "p50": 0, "p99": 0, "max": 0, "histogram": [W * T]},
+            "worker_utilisation": {"mean": float(busy.mean()), "min": float(busy.min()),
+                                   "max": float(busy.max())},
+            "server_utilisation": [], "link_utilisation": min(1.0, exchange_s * T / sec)}
+
+
+class Clocks:
+    """What :func:`psgd.simulate.report.train_and_log` reads of a schedule: the simulated time
+    at each evaluation's index (here a clock: the last worker's end of it) and in all."""
+
+    def __init__(self, ends: np.ndarray) -> None:
+        self.times = ends.max(axis=0)
+        self.seconds = float(self.times[-1])
+
+
+def train_mixing(job, matrix: np.ndarray, workers: int, on_eval=None,
+                 eval_every: int = 0) -> dict:
+    """Train W models: every clock, each worker's gradient at its model, then its model mixed
+    with its neighbours' (``matrix``) and stepped by its own optimizer. Returns the mean model
+    (float32 (n,)) as ``params``, the samples, the seconds and the bytes of the W models.
+    ``on_eval(clock, updates, mean model, samples)`` every ``eval_every`` updates."""
+    from psgd.gossip.dpsgd import mix
+    from psgd.simulate.train import VirtualWorkers
+    config, model = job.config, job.model
+    vw = VirtualWorkers(job, workers)
+    models, new = vw.params, np.empty_like(vw.params)
+    optimizers = [make_optimizer(config.optimizer, model.n_params, **config.opt_hparams)
+                  for _ in range(workers)]
+    near = [np.array([j for j in np.flatnonzero(matrix[i]) if j != i], int) for i in range(workers)]
+    t0 = time.perf_counter()
+    for clock in range(job.total_steps):
+        for i in range(workers):
+            grad = vw.gradient(i, clock)
+            mix(models[i], np.float32(matrix[i, i]), models[near[i]],
+                matrix[i, near[i]].astype(np.float32), out=new[i])
+            if np.isfinite(grad).all():
+                optimizers[i].step(new[i], grad, config.lr_schedule(clock))
+            elif not config.skip_nonfinite:
+                raise PsgdError(f"the gradient of clock {clock} on worker {i} holds NaN or Inf; "
+                                f"lower the learning rate, or pass --skip-nonfinite")
+        models[:] = new
+        if on_eval is not None and eval_every and (clock + 1) * workers % eval_every == 0:
+            on_eval(clock, (clock + 1) * workers, models.mean(axis=0, dtype=np.float32),
+                    vw.samples)
+    return {"params": models.mean(axis=0, dtype=np.float32), "samples": vw.samples,
+            "seconds": time.perf_counter() - t0,
+            "worker_copies_bytes": int(models.nbytes + new.nbytes)}

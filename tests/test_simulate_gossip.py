@@ -1,0 +1,80 @@
+"""Gossip (D-PSGD) simulated: step times against `psgd plan`'s row and a straggler's reach on the
+ring, training against serial SGD (one worker) and a numpy X <- M X - lr G(X) on the graph."""
+import argparse
+
+import numpy as np
+import pytest
+
+from psgd.data.reader import ShardReader
+from psgd.gossip.topology import mixing_matrix
+from psgd.plan.cost import Job, Network
+from psgd.plan.rows import gossip_rows
+from psgd.protocols import get
+from psgd.run.settings import resolve
+from psgd.simulate import gossip
+from psgd.simulate.command import add_arguments
+from psgd.simulate.train import build_job
+
+LR = 0.05
+
+
+@pytest.mark.parametrize("c", [1e-3, 40e-3])   # exchange-bound, then compute-bound
+def test_equal_steps_on_the_ring_take_what_plans_gossip_row_says(c):
+    W, T, n = 8, 5, 2_000_000
+    job, net = Job(n, c / 16, 16, W, 0), Network(1.25e9)
+    matrix = mixing_matrix("ring", W)
+    ends = gossip.step_ends(np.full((W, T), c), matrix, *gossip.costs(matrix, job, net))
+    (step_s, _), = gossip_rows(job, net, "gossip").values()
+    np.testing.assert_allclose(ends[:, -1], T * step_s, rtol=1e-12)
+
+
+def test_a_straggler_slows_the_ring_one_hop_per_step():
+    W, c = 8, 1e-3
+    times = np.full((W, 6), c)
+    times[0, 0] = 1.0   # worker 0's first step takes a second
+    ends = gossip.step_ends(times, mixing_matrix("ring", W), 0.0, 0.0)
+    late = ends > 0.5
+    for t in range(6):   # by step t the delay has reached workers within t hops of worker 0
+        hops = np.minimum(np.arange(W), W - np.arange(W))
+        assert (late[:, t] == (hops <= t)).all()
+
+
+def test_adpsgd_has_no_mixing_matrix_and_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="not adpsgd"):
+        gossip.mixing(get("adpsgd"), "ring", 4)
+
+
+def job_for(dataset, W: int, topology: str, steps: int = 8):
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    args = ap.parse_args(["--data", str(dataset), "--model", "mlp:784-16-10", "--batch-size", "8",
+                          "--optimizer", "sgd", "--lr", str(LR), "--steps", str(steps),
+                          "--protocol", "gossip", "--servers", "0", "--workers", str(W),
+                          "--topology", topology])
+    return build_job(resolve(args), W)
+
+
+def reference(job, matrix: np.ndarray, W: int) -> np.ndarray:
+    """D-PSGD in numpy: X <- M X - lr G(X), each row's gradient on its worker's batch."""
+    model, s = job.model, job.settings
+    readers = [ShardReader(s.data, w, W, s.batch_size, seed=s.seed) for w in range(W)]
+    X = np.repeat(model.params[None].astype(np.float64), W, axis=0)
+    for clock in range(job.total_steps):
+        G = np.empty_like(X)
+        for w in range(W):
+            model.params[:] = X[w]
+            model.loss_and_grad(*readers[w].batch(clock))
+            G[w] = model.grad
+        X = matrix @ X - LR * G
+    return X.mean(axis=0)
+
+
+@pytest.mark.parametrize("W, topology", [(1, "ring"), (4, "ring"), (6, "complete")])
+def test_training_mixes_and_steps_as_dpsgd(dataset, W, topology):
+    job = job_for(dataset, W, topology)
+    init = job.model.params.copy()
+    matrix = mixing_matrix(topology, W)
+    got = gossip.train_mixing(job, matrix, W)["params"]
+    want = reference(job_for(dataset, W, topology), matrix, W)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert np.abs(got - init).max() > 100 * 1e-5   # it moved well past the tolerance

@@ -1,4 +1,4 @@
-"""Elastic asp: a server job that worker jobs join and leave (docs/guide/elastic.md).
+"""Elastic asp, ssp and bsp: a server job that worker jobs join and leave (docs/guide/elastic.md).
 
 Every job is its own ``mpiexec -n 1``, started in a session of its own so that a SIGKILL of
 its process group kills exactly that job, and every wait has a deadline.
@@ -59,11 +59,11 @@ def _kill(procs: list) -> None:
 class Run:
     """A server job and its joiners, with their output files under ``tmp``."""
 
-    def __init__(self, tmp, data, updates: int = UPDATES, extra=()) -> None:
+    def __init__(self, tmp, data, updates: int = UPDATES, extra=(), protocol="asp") -> None:
         self.tmp, self.port, self.log = tmp, tmp / "port", tmp / "log.jsonl"
         self.procs, self.outs = [], []
         self.server = self._job("server", [
-            "train", "--elastic", "--protocol", "asp", "--data", data,
+            "train", "--elastic", "--protocol", protocol, "--data", data,
             "--model", "mlp:784-64-10", "--optimizer", "sgd", "--lr", "0.05",
             "--steps", updates, "--port-file", self.port, "--stall-timeout", "3",
             "--no-worker-timeout", "20", "--log", self.log, "--log-every", "50", *extra])
@@ -108,8 +108,8 @@ def _pushes(summary: dict) -> dict:
 
 
 def _run(tmp_path, data, kill_at: float | None = None, join_at: float | None = None,
-         updates: int = UPDATES) -> tuple:
-    run = Run(tmp_path, data, updates)
+         updates: int = UPDATES, **server) -> tuple:
+    run = Run(tmp_path, data, updates, **server)
     first = [run.join(0), run.join(1)]
     if kill_at is not None:   # SIGKILL joiner 0's whole mpiexec job mid-run
         _until(f"{kill_at:.0%} of the updates", lambda: run.updates() >= kill_at * updates,
@@ -159,6 +159,34 @@ def test_a_worker_that_joins_mid_run_pulls_the_model_and_its_pushes_count(tmp_pa
     assert "the servers ended the run" in run.output("joiner2")
 
 
+@pytest.mark.slow
+def test_ssp_drops_a_killed_worker_and_the_survivor_keeps_within_the_bound(tmp_path, data):
+    s = 2
+    run, summary = _run(tmp_path, data, kill_at=0.3, protocol="ssp", extra=["--staleness", s])
+    lost, done = sorted(summary["workers"], key=lambda w: w["state"] == "done")
+    assert (lost["state"], done["state"]) == ("lost", "done"), summary["workers"]
+    assert "lost: silent" in run.output("server")
+    # the survivor's pulls were held while the lost worker held the version, and answered
+    # once it was dropped: no push, before or after, read parameters more than s clocks old
+    hist = summary["staleness_histogram"]
+    assert sum(hist) == summary["updates"] and not any(hist[s + 1:]), hist
+    assert done["pushes"] > 0.6 * UPDATES and done["left_at"] >= UPDATES
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
+
+
+@pytest.mark.slow
+def test_bsp_goes_on_with_the_survivor_after_a_worker_is_killed(tmp_path, data):
+    run, summary = _run(tmp_path, data, kill_at=0.3, protocol="bsp")
+    lost, done = sorted(summary["workers"], key=lambda w: w["state"] == "done")
+    assert (lost["state"], done["state"]) == ("lost", "done"), summary["workers"]
+    assert not any(summary["staleness_histogram"][1:]), summary["staleness_histogram"]
+    # one step per clock: two pushes averaged while both pushed, the survivor's alone after
+    # the drop (a barrier that still counted the lost worker would never step again)
+    assert summary["steps"] == done["last_clock"] + 1, summary
+    assert lost["last_clock"] < done["last_clock"]
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
+
+
 def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
     run = Run(tmp_path, data, extra=["--no-worker-timeout", "2"])
     try:
@@ -173,9 +201,12 @@ def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "--elastic", "--protocol", "bsp"], "--elastic runs --protocol asp so far, not bsp"),
+    (["train", "--elastic", "--protocol", "hogwild", "--optimizer", "sgd"],
+     "--elastic runs --protocol bsp or ssp or asp so far, not hogwild"),
     (["train", "--elastic", "--protocol", "allreduce", "--servers", "0"],
-     "--elastic runs --protocol asp so far, not allreduce"),
+     "--elastic runs --protocol bsp or ssp or asp so far, not allreduce"),
+    (["train", "--elastic", "--protocol", "ssp", "--staleness", "auto", "--port-file", "p"],
+     "--elastic runs a fixed --staleness s"),
     (["train", "--protocol", "asp", "--port-file", "p"], "--port-file applies with --elastic"),
     (["train", "--elastic", "--protocol", "asp"], "--elastic needs --port-file"),
     (["join", "--port-file", "/nonexistent/port"], "--port-file /nonexistent/port: no such file"),

@@ -1,9 +1,9 @@
 """`psgd join`: one worker of an elastic run, its own MPI job, connected to the servers' port.
 
 The worker learns everything from the servers (settings, its slot, the clock it starts at),
-pulls the current parameters, and pushes like any asp worker until a pull reply says the run
-is over. It reads the whole training set in an order of its own (seeded by its slot), so a
-lost worker leaves no rows unread.
+pulls the current parameters, and pushes like any worker of the run's protocol until a pull
+reply says the run is over. It reads the whole training set in an order of its own (seeded
+by its slot), so a lost worker leaves no rows unread.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from psgd.elastic.door import Door
 from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
 from psgd.mpi.roles import Roles
-from psgd.protocols import get, names
+from psgd.protocols import AUTO, get, names
 from psgd.run.checkpoint import new_run_id
 from psgd.run.job import announce, build_job
 from psgd.run.metrics import MetricsLog
@@ -31,8 +31,9 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> TrainSettings:
     protocol = get(settings.protocol)
     if not protocol.elastic:
         raise ValueError(f"--elastic runs --protocol {names(elastic=True)} so far, not "
-                         f"{settings.protocol}: its servers must not wait for any worker in "
-                         f"particular")
+                         f"{settings.protocol}: the servers must see every push to drop a lost "
+                         f"worker (hogwild writes their memory one-sided, and the serverless "
+                         f"protocols have no servers)")
     if comm.Get_size() != 1 or settings.servers != 1:
         raise ValueError(f"--elastic runs one server rank so far: start the server job with "
                          f"mpiexec -n 1 and --servers 1 (got {comm.Get_size()} rank(s), "
@@ -40,6 +41,9 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> TrainSettings:
     if not args.port_file:
         raise ValueError("--elastic needs --port-file PATH: where the workers find the servers "
                          "(a shared file system across nodes)")
+    if settings.staleness == AUTO:
+        raise ValueError("--elastic runs a fixed --staleness s (the servers' online bound "
+                         "follows a fixed set of workers): pass --staleness N")
     if resumed is not None:
         raise ValueError("--elastic does not resume from a checkpoint yet: start a fresh run "
                          "(its checkpoints hold the parameters and optimizer state)")
@@ -146,7 +150,8 @@ def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) ->
     ckpt = (job.save_checkpoint(server.version, result.params, result.opt_state or {})
             if s.checkpoint_dir else None)
     roster = server.roster()
-    log.write("summary", updates=server.n_pushes, samples=server.n_pushes * s.batch_size,
+    log.write("summary", updates=server.n_pushes, steps=result.n_updates,
+              samples=server.n_pushes * s.batch_size,
               wall_s=wall, test_loss=loss, test_accuracy=acc, workers=roster,
               staleness_histogram=np.asarray(result.staleness_hist).tolist(),
               abandoned=server.abandoned, checkpoint=str(ckpt) if ckpt else None)

@@ -2,9 +2,11 @@
 
 :class:`ElasticServer` is :mod:`psgd.ps.server`'s loop and update rule, with
 :class:`psgd.elastic.links.Links` as its communicator. Between messages it admits the
-workers that knock (:mod:`psgd.elastic.door`), and drops a worker
-silent longer than the stall timeout; the run ends when the servers have applied the
-run's updates, counted here, or when no worker has been connected for the no-worker timeout.
+workers that knock (:mod:`psgd.elastic.door`), and drops a worker silent longer than the
+stall timeout (one whose pull the ssp or bsp bound holds waits on the servers: its silence
+counts from the answer). The version, and so the bound and bsp's average, count the live
+workers only. The run ends when the servers have applied the run's updates, counted here,
+or when no worker has been connected for the no-worker timeout.
 """
 from __future__ import annotations
 
@@ -82,8 +84,11 @@ class ElasticServer(_Server):
             self._admit(self.door.admit(knock))
             changed = True
         now = time.monotonic()
+        held = {dest - self.S for dest, _, _ in self.pending}   # waiting on the servers
         for w in list(self.links.live):
             silent = now - self.links.heard[w]
+            if w in held:
+                continue
             if self.state[w] == JOINING and silent > self.no_worker_s:
                 self._drop(w, f"sent nothing for {silent:.0f} s after joining")
                 changed = True
@@ -129,6 +134,7 @@ class ElasticServer(_Server):
         before = len(reqs)
         super()._reply(dest, w, clock, since, now)
         self.data_reqs[w] = reqs[-1] if len(reqs) > before else None
+        self.links.heard[w] = time.monotonic()   # its silence counts from the answer
 
     # ------------------------------------------------------------ joins, losses, the end
 

@@ -1,4 +1,5 @@
-"""The worker half of an elastic run: an asp worker that stops when a reply says the run is over."""
+"""The worker half of an elastic run: a parameter-server worker that stops when a reply says
+the run is over."""
 from __future__ import annotations
 
 from psgd.ps.messages import OVER

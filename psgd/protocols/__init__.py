@@ -85,7 +85,8 @@ class Protocol:
         momentum's gain on every worker's push of a clock at once.
     elastic : bool
         ``--elastic`` applies: workers may be lost and join while the servers run
-        (:mod:`psgd.elastic`); it needs a worker half that waits on no other worker.
+        (:mod:`psgd.elastic`); the servers' version, bound and barrier count the live
+        workers only, so it needs a protocol whose servers see every push.
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -360,11 +361,11 @@ _STALE = dict(compensations=compensation.CHOICES, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, cost=_COST + "bsp_rows",
-             momentum_correction=True, momentum_gain=True, summary=(
+             momentum_correction=True, elastic=True, momentum_gain=True, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, overlap=True, **_PS, **_STALE,
-             cost=_COST + "async_rows",
+             cost=_COST + "async_rows", elastic=True,
              momentum_correction=True, summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "

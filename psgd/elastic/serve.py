@@ -17,8 +17,7 @@ from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
 from psgd.mpi.roles import Roles
 from psgd.protocols import AUTO, get, names
-from psgd.run.checkpoint import new_run_id
-from psgd.run.job import announce, build_job
+from psgd.run.job import agreed_run_id, announce, build_job
 from psgd.run.metrics import MetricsLog
 from psgd.run.settings import TrainSettings, resolve_run
 from psgd.run.signals import EXIT_STOPPED, received, signal_name
@@ -34,9 +33,9 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> TrainSettings:
                          f"{settings.protocol}: the servers must see every push to drop a lost "
                          f"worker (hogwild writes their memory one-sided, and the serverless "
                          f"protocols have no servers)")
-    if comm.Get_size() != 1 or settings.servers != 1:
-        raise ValueError(f"--elastic runs one server rank so far: start the server job with "
-                         f"mpiexec -n 1 and --servers 1 (got {comm.Get_size()} rank(s), "
+    if comm.Get_size() != settings.servers:
+        raise ValueError(f"--elastic: the server job is the servers only: start it with "
+                         f"mpiexec -n S and --servers S (got {comm.Get_size()} rank(s), "
                          f"--servers {settings.servers}); workers join with `psgd join`")
     if not args.port_file:
         raise ValueError("--elastic needs --port-file PATH: where the workers find the servers "
@@ -86,23 +85,31 @@ def serve_main(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     settings = _settings(args, comm)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
-    run_id = new_run_id()
-    roles = Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1, worker_comm=None)
+    run_id = agreed_run_id(comm, None)
+    rank, S = comm.Get_rank(), comm.Get_size()
+    roles = Roles(comm=comm, rank=rank, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
     job = build_job(settings, roles, bool(getattr(args, "debug", False)), None, run_id)
-    announce(job, None)   # --overwrite: another run's checkpoints go
     slots = args.max_workers or options.DEFAULT_MAX_WORKERS
-    log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
-    log.write("config", **settings.as_dict(), run_id=run_id, elastic=True, max_workers=slots,
-              n_params=job.model.n_params, total_updates=job.total_steps)
-    port = MPI.Open_port()
+    log = MetricsLog(None)
+    if rank == 0:
+        announce(job, None)   # --overwrite: another run's checkpoints go
+        log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
+        log.write("config", **settings.as_dict(), run_id=run_id, elastic=True,
+                  max_workers=slots, n_params=job.model.n_params, total_updates=job.total_steps)
+    port = MPI.Open_port() if rank == 0 else None
     door = Door(comm, port, args.port_file, settings.stall_timeout)
-    _publish(port, args.port_file)
+    if rank == 0:
+        _publish(port, args.port_file)
     t0 = time.perf_counter()
     server = _server(job, comm, slots, door, log,
                      args.no_worker_timeout or options.DEFAULT_NO_WORKER_S)
     result = server.run()
-    door.close()
-    code = _finish(job, server, result, log, time.perf_counter() - t0)
+    code = 0
+    if rank == 0:
+        door.close()
+        code = _finish(job, server, result, log, time.perf_counter() - t0)
+    # a server rank that left first would make mpiexec end rank 0 before its summary
+    wait.wait(comm.Ibarrier(), "the other servers to finish")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -112,14 +119,15 @@ def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
             no_worker_s: float) -> ElasticServer:
     """The server of ``job``'s shard, its events logged (and all but steps printed)."""
     s = job.settings
-    roles = Roles(comm=Links(comm, slots, s.stall_timeout), rank=0, size=1 + slots,
-                  n_servers=1, n_workers=slots, worker_comm=None)
+    S = comm.Get_size()
+    roles = Roles(comm=Links(comm, slots, s.stall_timeout), rank=comm.Get_rank(),
+                  size=S + slots, n_servers=S, n_workers=slots, worker_comm=None)
     welcome = {"settings": {**s.as_dict(), "data": os.path.abspath(s.data)},
-               "run_id": job.run_id, "servers": 1}
+               "run_id": job.run_id, "servers": S}
 
     def event(kind: str, **fields) -> None:
         log.write(kind, **fields)
-        if kind != "step":
+        if kind != "step" and roles.rank == 0:
             print(f"psgd: {_say(kind, fields)}", flush=True)
 
     def snapshot(clock, params, opt_state):

@@ -17,8 +17,9 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.elastic.links import Links, WorkerLost
+from psgd.elastic.peers import ADMIT, DROP, END, Peers
 from psgd.errors import PsgdError
-from psgd.ps.messages import OVER
+from psgd.ps.messages import DROPPED, OVER, PULL, TAG_CTRL, server_pull
 from psgd.ps.server import _Server
 
 TAG_WELCOME = 7201
@@ -54,6 +55,7 @@ class ElasticServer(_Server):
         super().__init__(roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                          start_clock)
         self.links: Links = roles.comm
+        self.peers, self.lead = Peers(self.links.comm), self.rank == 0
         self.door, self.welcome, self.event, self.stopped = door, welcome, event, stopped
         self.updates, self.no_worker_s = int(updates), float(no_worker_s)
         self.done[:] = True          # a slot counts in the version only while its worker is in
@@ -79,10 +81,12 @@ class ElasticServer(_Server):
         return not self.over or bool(self.links.live) or bool(self.snapshots.assembling)
 
     def _between(self) -> bool:
-        changed = False
-        for knock in self.door.knocks():
-            self._admit(self.door.admit(knock))
-            changed = True
+        changed = self._follow()
+        self._tell_gone()
+        if self.lead:
+            for knock in self.door.knocks():
+                self._admit(knock)
+                changed = True
         now = time.monotonic()
         held = {dest - self.S for dest, _, _ in self.pending}   # waiting on the servers
         for w in list(self.links.live):
@@ -96,6 +100,12 @@ class ElasticServer(_Server):
                 self._drop(w, f"silent for {silent:.1f} s (--stall-timeout "
                               f"{self.links.silence_s:g})")
                 changed = True
+        if self.lead:
+            self._lead_end(now)
+        return changed
+
+    def _lead_end(self, now: float) -> None:
+        """Server rank 0 ends the run on a stop signal or after the no-worker timeout."""
         if not self.over and self.stopped():
             self._end(self.stopped())
         if self.links.live:
@@ -103,7 +113,36 @@ class ElasticServer(_Server):
         elif not self.over and now - self.empty_since > self.no_worker_s:
             self.abandoned = True
             self._end(f"no worker connected for {self.no_worker_s:g} s (--no-worker-timeout)")
-        return changed
+
+    def _tell_gone(self) -> None:
+        """A dropped worker that was slow, not dead: its messages are taken and discarded,
+        and its next pull is answered with ``DROPPED`` (it then leaves with one line)."""
+        for w, inter in list(self.links.gone.items()):
+            while (msg := inter.Improbe(0, MPI.ANY_TAG, self.status)) is not None:
+                tag = self.status.Get_tag()
+                buf = np.empty(max(self.status.Get_count(MPI.BYTE), 8), np.uint8)
+                msg.Recv(buf)
+                if tag == TAG_CTRL and buf.view(np.int64)[0] == PULL:
+                    hdr = np.array([-1, 0, self.version, DROPPED, 0], np.int64)
+                    data = self.versions.live.copy()
+                    self.sent.append(((hdr, data), server_pull(inter, 0, hdr, data)))
+                    del self.links.gone[w]
+                    break
+
+    def _follow(self) -> bool:
+        """Do what the other servers said: accept rank 0's joiner, drop a worker, end."""
+        notes = self.peers.heard()
+        for kind, w, clock, rank in notes:
+            if kind == ADMIT:
+                inter = self.door.admit(None)
+                if w >= 0:
+                    self._take(w, clock, inter)
+            elif kind == DROP and self.state[w] in (JOINING, LIVE):
+                self._drop(w, f"server rank {rank} found it lost", tell=False)
+            elif kind == END and not self.over:
+                self.abandoned = bool(clock)
+                self._end("server rank 0 ended the run", tell=False)
+        return bool(notes)
 
     def _control(self, msg: MPI.Message, status: MPI.Status) -> None:
         w = status.Get_source() - self.S
@@ -126,7 +165,7 @@ class ElasticServer(_Server):
             self.logged = self.n_pushes
             self.event("step", updates=self.n_pushes, version=self.version,
                        live=len(self.links.live))
-        if not self.over and self.n_pushes >= self.updates:
+        if self.lead and not self.over and self.n_pushes >= self.updates:
             self._end(f"{self.n_pushes} updates applied")
 
     def _reply(self, dest: int, w: int, clock: int, since: float, now: float) -> None:
@@ -138,17 +177,24 @@ class ElasticServer(_Server):
 
     # ------------------------------------------------------------ joins, losses, the end
 
-    def _admit(self, inter: MPI.Intercomm) -> None:
-        """Welcome a worker that connected: a slot, the clock it starts at, the run's settings."""
-        w = self.state.index(FREE) if FREE in self.state else -1
-        if self.over or w < 0:
+    def _admit(self, knock: str) -> None:
+        """Rank 0: accept the joiner that knocked (with every server), and welcome it: a slot,
+        the clock it starts at, the run's settings; or refuse it."""
+        w = self.state.index(FREE) if FREE in self.state and not self.over else -1
+        clock = self.version
+        self.peers.tell(ADMIT, w, clock)
+        inter = self.door.admit(knock)
+        if w < 0:
             why = ("the run is over" if self.over else
                    f"all {self.W} slots were taken (--max-workers)")
             self._send_welcome(inter, {"refused": why})
             self.event("refused", why=why)
             return
-        clock = self.version
         self._send_welcome(inter, {**self.welcome(w, clock), "slot": w, "clock": clock})
+        self._take(w, clock, inter)
+
+    def _take(self, w: int, clock: int, inter: MPI.Intercomm) -> None:
+        """Worker ``w`` joined over ``inter`` and starts at ``clock``."""
         self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
         self.pushes[w], self.done[w] = clock, False
         self.n_done -= 1
@@ -159,11 +205,14 @@ class ElasticServer(_Server):
         buf = np.frombuffer(json.dumps(message).encode(), np.uint8).copy()
         self.sent.append((buf, inter.Isend(buf, 0, TAG_WELCOME)))   # kept: the worker may die
 
-    def _drop(self, w: int, why: str) -> None:
-        """Declare worker ``w`` lost: nothing of it is applied or awaited any more."""
+    def _drop(self, w: int, why: str, tell: bool = True) -> None:
+        """Declare worker ``w`` lost: nothing of it is applied or awaited any more (``tell``:
+        and the other servers drop it too)."""
+        if tell:
+            self.peers.tell(DROP, w)
         self.state[w] = LOST
         self.span[w, 1] = self.n_pushes
-        self.links.drop(w)
+        self.links.drop(w, lost=True)
         self.pending = [p for p in self.pending if p[0] != self.S + w]
         dead = self.data_reqs[w]
         if dead is not None:   # its reply may never be received: not waited on
@@ -181,8 +230,10 @@ class ElasticServer(_Server):
         return {"first_clock": int(self.first[w]), "last_clock": int(self.pushes[w]) - 1,
                 "pushes": int(self.pushes[w] - self.first[w]), "updates": self.n_pushes}
 
-    def _end(self, why: str) -> None:
+    def _end(self, why: str, tell: bool = True) -> None:
         """From now on every pull is answered with the final parameters and ``OVER``."""
+        if tell:
+            self.peers.tell(END, clock=int(self.abandoned))
         self.over = True
         self.reply_shard = OVER
         self.event("end", why=why, updates=self.n_pushes, abandoned=self.abandoned)

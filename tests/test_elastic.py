@@ -249,6 +249,28 @@ def test_a_stopped_worker_that_was_dropped_is_told_when_it_resumes(tmp_path, dat
     assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
 
 
+@pytest.mark.slow
+def test_an_elastic_run_killed_whole_resumes_from_its_checkpoint(tmp_path, data):
+    ckpt = tmp_path / "ckpt"
+    keep = ["--checkpoint-dir", ckpt, "--checkpoint-every", "100"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = Run(tmp_path / "a", data, extra=keep)
+    first.join(0), first.join(1)
+    _until("40 % of the updates", lambda: first.updates() >= 0.4 * UPDATES, first.procs)
+    _kill(first.procs)   # the servers and every worker: a crash of the whole run
+    saved = load_checkpoint(sorted(ckpt.glob("ckpt-*.h5"))[-1])
+    second = Run(tmp_path / "b", data, extra=[*keep, "--resume", "auto"])
+    second.join(0), second.join(1)
+    summary = second.finish()
+    assert f"resumed run {saved.run_id}" in second.output("server")
+    # the count goes on from the checkpoint's updates, and the workers from its clock
+    assert UPDATES <= summary["updates"] < UPDATES + 2, summary
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"] - saved.step
+    assert min(w["first_clock"] for w in summary["workers"]) == saved.clocks.max()
+    assert load_checkpoint(summary["checkpoint"]).run_id == saved.run_id
+
+
 def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
     run = Run(tmp_path, data, extra=["--no-worker-timeout", "2"])
     try:

@@ -39,6 +39,8 @@ class ElasticServer(_Server):
         ``welcome(slot, clock) -> dict``: what a new worker is told (settings, run id).
     updates : int
         The run's length: pushes applied over all workers.
+    start_updates : int
+        The pushes applied before (a resumed run's checkpoint step).
     no_worker_s : float
         The run ends (abandoned) after this long without a connected worker.
     event : callable
@@ -51,7 +53,7 @@ class ElasticServer(_Server):
 
     def __init__(self, roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                  start_clock, *, door, welcome, updates: int, no_worker_s: float,
-                 event, stopped, log_every: int = 20) -> None:
+                 event, stopped, log_every: int = 20, start_updates: int = 0) -> None:
         super().__init__(roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                          start_clock)
         self.links: Links = roles.comm
@@ -67,7 +69,8 @@ class ElasticServer(_Server):
         self.sent: list = []                        # welcome messages (buffer, request)
         self.over, self.abandoned = False, False
         self.empty_since = time.monotonic()
-        self.log_every, self.logged = max(int(log_every), 1), 0
+        self.log_every, self.logged = max(int(log_every), 1), int(start_updates)
+        self.n_pushes = int(start_updates)   # a resumed run counts on from its checkpoint
 
     # ------------------------------------------------------------ the loop's hooks
 

@@ -2,8 +2,9 @@
 
 Each run is a server job (`psgd train --elastic`) and `psgd join` jobs, every one its own
 mpiexec. ``cut``: W workers from the start, one SIGKILLed (its whole mpiexec) at 30 % of the
-updates, a new one joining at 50 %. ``whole``: the same W workers, uninterrupted. ``fewer``:
-W - 1 workers throughout. All apply the same number of updates (counted by the server), so
+updates, a new one joining at 50 %. ``lose``: the same kill, and no one joins (issue #53's
+comparison: 4 workers losing one against 3 from the start). ``whole``: the same W workers,
+uninterrupted. ``fewer``: W - 1 workers throughout. All apply the same number of updates (counted by the server), so
 the same samples. Prints a markdown table; writes JSON.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _until(test, timeout: float = 300.0) -> None:
 
 
 SCENARIOS = {"whole": "uninterrupted", "cut": "lose 1 at 30 %, gain 1 at 50 %",
-             "fewer": "one worker fewer throughout"}
+             "lose": "lose 1 at 30 %", "fewer": "one worker fewer throughout"}
 
 
 def one_run(tmp: Path, data: Path, a, scenario: str) -> dict:
@@ -57,11 +58,12 @@ def one_run(tmp: Path, data: Path, a, scenario: str) -> dict:
     _until(port.exists)
     n = a.workers - (scenario == "fewer")
     joiners = [_job(["join", "--port-file", port], tmp / f"join{k}.out") for k in range(n)]
-    if scenario == "cut":
+    if scenario in ("cut", "lose"):
         _until(lambda: log.exists() and '"total_updates"' in log.read_text())
         total = json.loads(log.read_text().splitlines()[0])["total_updates"]
         _until(lambda: _updates(log) >= 0.3 * total)
         os.killpg(joiners[0].pid, signal.SIGKILL)
+    if scenario == "cut":
         _until(lambda: _updates(log) >= 0.5 * total)
         joiners.append(_job(["join", "--port-file", port], tmp / "join-late.out"))
     for p in [server, *joiners]:
@@ -84,9 +86,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stall-timeout", default="3")
+    ap.add_argument("--scenarios", default="whole,cut,fewer",
+                    help=f"comma-separated, of {', '.join(SCENARIOS)} (default whole,cut,fewer)")
     ap.add_argument("--quick", action="store_true", help="synthetic data")
     common.add_output_arguments(ap)
     a = ap.parse_args()
+    scenarios = a.scenarios.split(",")
+    if not set(scenarios) <= set(SCENARIOS):
+        ap.error(f"--scenarios: choose from {', '.join(SCENARIOS)}, got {a.scenarios}")
     out = common.out_dir(a, "elastic")
     with tempfile.TemporaryDirectory() as tmp:
         data = common.dataset(Path(tmp), a.quick, "bench_elastic")
@@ -94,7 +101,7 @@ def main() -> None:
         print(f"| run ({a.workers} workers) | updates | wall s | test accuracy |\n"
               f"|---|---|---|---|", flush=True)
         for r in range(a.repeats):
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 d = Path(tmp) / f"run{r}-{scenario}"
                 d.mkdir()
                 runs.append(one_run(d, data.path, a, scenario))

@@ -1,4 +1,4 @@
-"""Elastic asp: a server job that worker jobs join and leave (docs/guide/elastic.md).
+"""Elastic asp, ssp and bsp: a server job that worker jobs join and leave (docs/guide/elastic.md).
 
 Every job is its own ``mpiexec -n 1``, started in a session of its own so that a SIGKILL of
 its process group kills exactly that job, and every wait has a deadline.
@@ -13,6 +13,8 @@ import time
 import pytest
 from conftest import ROOT, mpiexec_path, run_mpi, write_synth
 
+from psgd.run.checkpoint import load_checkpoint
+
 pytestmark = pytest.mark.mpi
 
 UPDATES = 3000
@@ -24,9 +26,9 @@ def data(tmp_path_factory):
     return write_synth(tmp_path_factory.mktemp("elastic") / "synth.h5", 2000, 500)
 
 
-def _start(args: list, out) -> subprocess.Popen:
+def _start(args: list, out, ranks: int = 1) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PSGD_STALL_ABORT="120")
-    cmd = [mpiexec_path(), "-n", "1", sys.executable, "-m", "psgd", *map(str, args)]
+    cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "psgd", *map(str, args)]
     return subprocess.Popen(cmd,
                             stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True)
@@ -59,20 +61,22 @@ def _kill(procs: list) -> None:
 class Run:
     """A server job and its joiners, with their output files under ``tmp``."""
 
-    def __init__(self, tmp, data, updates: int = UPDATES, extra=()) -> None:
+    def __init__(self, tmp, data, updates: int = UPDATES, extra=(), protocol="asp",
+                 servers: int = 1) -> None:
         self.tmp, self.port, self.log = tmp, tmp / "port", tmp / "log.jsonl"
         self.procs, self.outs = [], []
         self.server = self._job("server", [
-            "train", "--elastic", "--protocol", "asp", "--data", data,
+            "train", "--elastic", "--protocol", protocol, "--servers", servers, "--data", data,
             "--model", "mlp:784-64-10", "--optimizer", "sgd", "--lr", "0.05",
             "--steps", updates, "--port-file", self.port, "--stall-timeout", "3",
-            "--no-worker-timeout", "20", "--log", self.log, "--log-every", "50", *extra])
+            "--no-worker-timeout", "20", "--log", self.log, "--log-every", "50", *extra],
+            ranks=servers)
         _until("the port file", self.port.exists, self.procs)
 
-    def _job(self, name: str, args: list) -> subprocess.Popen:
+    def _job(self, name: str, args: list, ranks: int = 1) -> subprocess.Popen:
         out = open(self.tmp / f"{name}.out", "w")
         self.outs.append(out)
-        proc = _start(args, out)
+        proc = _start(args, out, ranks)
         self.procs.append(proc)
         return proc
 
@@ -108,8 +112,8 @@ def _pushes(summary: dict) -> dict:
 
 
 def _run(tmp_path, data, kill_at: float | None = None, join_at: float | None = None,
-         updates: int = UPDATES) -> tuple:
-    run = Run(tmp_path, data, updates)
+         updates: int = UPDATES, **server) -> tuple:
+    run = Run(tmp_path, data, updates, **server)
     first = [run.join(0), run.join(1)]
     if kill_at is not None:   # SIGKILL joiner 0's whole mpiexec job mid-run
         _until(f"{kill_at:.0%} of the updates", lambda: run.updates() >= kill_at * updates,
@@ -159,6 +163,114 @@ def test_a_worker_that_joins_mid_run_pulls_the_model_and_its_pushes_count(tmp_pa
     assert "the servers ended the run" in run.output("joiner2")
 
 
+@pytest.mark.slow
+def test_ssp_drops_a_killed_worker_and_the_survivor_keeps_within_the_bound(tmp_path, data):
+    s = 2
+    run, summary = _run(tmp_path, data, kill_at=0.3, protocol="ssp", extra=["--staleness", s])
+    lost, done = sorted(summary["workers"], key=lambda w: w["state"] == "done")
+    assert (lost["state"], done["state"]) == ("lost", "done"), summary["workers"]
+    assert "lost: silent" in run.output("server")
+    # the survivor's pulls were held while the lost worker held the version, and answered
+    # once it was dropped: no push, before or after, read parameters more than s clocks old
+    hist = summary["staleness_histogram"]
+    assert sum(hist) == summary["updates"] and not any(hist[s + 1:]), hist
+    assert done["pushes"] > 0.6 * UPDATES and done["left_at"] >= UPDATES
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
+
+
+@pytest.mark.slow
+def test_bsp_goes_on_with_the_survivor_after_a_worker_is_killed(tmp_path, data):
+    run, summary = _run(tmp_path, data, kill_at=0.3, protocol="bsp")
+    lost, done = sorted(summary["workers"], key=lambda w: w["state"] == "done")
+    assert (lost["state"], done["state"]) == ("lost", "done"), summary["workers"]
+    assert not any(summary["staleness_histogram"][1:]), summary["staleness_histogram"]
+    # one step per clock: two pushes averaged while both pushed, the survivor's alone after
+    # the drop (a barrier that still counted the lost worker would never step again)
+    assert summary["steps"] == done["last_clock"] + 1, summary
+    assert lost["last_clock"] < done["last_clock"]
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
+
+
+@pytest.mark.slow
+def test_two_servers_drop_a_killed_worker_on_both_shards(tmp_path, data):
+    ckpt = tmp_path / "ckpt"
+    run, summary = _run(tmp_path, data, kill_at=0.3, servers=2,
+                        extra=["--checkpoint-dir", ckpt, "--checkpoint-every", "200"])
+    lost, done = sorted(summary["workers"], key=lambda w: w["state"] == "done")
+    assert (lost["state"], done["state"]) == ("lost", "done"), summary["workers"]
+    assert UPDATES <= summary["updates"] < UPDATES + 2, summary
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
+    # the checkpoints hold both shards, each of which trained on between two of them
+    first = load_checkpoint(sorted(ckpt.glob("ckpt-*.h5"))[0])
+    last = load_checkpoint(summary["checkpoint"])
+    half = last.params.size // 2
+    assert last.step > first.step, (first.step, last.step)
+    for part in (slice(0, half), slice(half, None)):
+        assert (last.params[part] != first.params[part]).mean() > 0.5
+
+
+def _tree(pid: int) -> list:
+    """``pid`` and every process below it (from /proc)."""
+    parent = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parent[int(entry)] = int(fields[1])
+    tree = [pid]
+    for p in tree:
+        tree += [c for c, pp in parent.items() if pp == p]
+    return tree
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_that_was_dropped_is_told_when_it_resumes(tmp_path, data):
+    updates = 5 * UPDATES   # the other worker alone must not finish within the stop
+    run = Run(tmp_path, data, updates)
+    slow, _ = run.join(0), run.join(1)
+    _until("5 % of the updates", lambda: run.updates() >= 0.05 * updates, run.procs)
+    tree = _tree(slow.pid)   # Hydra starts the rank in a process group of its own
+    try:
+        for pid in tree:
+            os.kill(pid, signal.SIGSTOP)   # alive, but silent past --stall-timeout 3
+        _until("the drop", lambda: "lost: silent" in run.output("server"), run.procs, 30)
+    finally:
+        for pid in tree:
+            os.kill(pid, signal.SIGCONT)
+    summary = run.finish()
+    told = [k for k in (0, 1) if "was dropped by the servers" in run.output(f"joiner{k}")]
+    assert len(told) == 1, [run.output(f"joiner{k}") for k in (0, 1)]
+    assert run.procs[1 + told[0]].returncode == 3   # psgd.elastic.join.EXIT_DROPPED
+    states = {w["worker"]: w["state"] for w in summary["workers"]}
+    assert sorted(states.values()) == ["done", "lost"], states
+    # what it pushed after the drop was discarded: the count stays the applied updates
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
+
+
+@pytest.mark.slow
+def test_an_elastic_run_killed_whole_resumes_from_its_checkpoint(tmp_path, data):
+    ckpt = tmp_path / "ckpt"
+    keep = ["--checkpoint-dir", ckpt, "--checkpoint-every", "100"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = Run(tmp_path / "a", data, extra=keep)
+    first.join(0), first.join(1)
+    _until("40 % of the updates", lambda: first.updates() >= 0.4 * UPDATES, first.procs)
+    _kill(first.procs)   # the servers and every worker: a crash of the whole run
+    saved = load_checkpoint(sorted(ckpt.glob("ckpt-*.h5"))[-1])
+    second = Run(tmp_path / "b", data, extra=[*keep, "--resume", "auto"])
+    second.join(0), second.join(1)
+    summary = second.finish()
+    assert f"resumed run {saved.run_id}" in second.output("server")
+    # the count goes on from the checkpoint's updates, and the workers from its clock
+    assert UPDATES <= summary["updates"] < UPDATES + 2, summary
+    assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"] - saved.step
+    assert min(w["first_clock"] for w in summary["workers"]) == saved.clocks.max()
+    assert load_checkpoint(summary["checkpoint"]).run_id == saved.run_id
+
+
 def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
     run = Run(tmp_path, data, extra=["--no-worker-timeout", "2"])
     try:
@@ -173,9 +285,12 @@ def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "--elastic", "--protocol", "bsp"], "--elastic runs --protocol asp so far, not bsp"),
+    (["train", "--elastic", "--protocol", "hogwild", "--optimizer", "sgd"],
+     "--elastic runs --protocol bsp or ssp or asp so far, not hogwild"),
     (["train", "--elastic", "--protocol", "allreduce", "--servers", "0"],
-     "--elastic runs --protocol asp so far, not allreduce"),
+     "--elastic runs --protocol bsp or ssp or asp so far, not allreduce"),
+    (["train", "--elastic", "--protocol", "ssp", "--staleness", "auto", "--port-file", "p"],
+     "--elastic runs a fixed --staleness s"),
     (["train", "--protocol", "asp", "--port-file", "p"], "--port-file applies with --elastic"),
     (["train", "--elastic", "--protocol", "asp"], "--elastic needs --port-file"),
     (["join", "--port-file", "/nonexistent/port"], "--port-file /nonexistent/port: no such file"),

@@ -31,7 +31,8 @@ def check_example_config(entry, root=ROOT, data=None):
 
 def test_every_protocol_has_its_job_scripts_and_no_script_outlives_its_protocol():
     for folder, suffix in (("configs", ".toml"), ("slurm", ".sbatch"), ("mpirun", ".sh")):
-        found = {p.stem for p in (ROOT / "jobs" / folder).glob(f"*{suffix}")} - {"run"}
+        found = {p.stem for p in (ROOT / "jobs" / folder).glob(f"*{suffix}")} - {
+            "run", "elastic", "elastic-join"}
         assert found == set(PROTOCOLS), folder
 
 
@@ -88,6 +89,54 @@ def test_batch_file_srun_mpi_can_be_chosen(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "jobs" / "slurm" / "bsp.sbatch")], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert f"srun --mpi=pmix {sys.executable} -m psgd train" in out
+
+
+def _elastic_srun(bin_dir: Path) -> None:
+    """A stand-in srun that prints its arguments, writes the port file of a server step (as
+    the servers do once ready), and exits 3 (dropped) on a join's first try."""
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        '#!/bin/sh\necho "srun $*"\n'
+        'case "$*" in *" train --elastic "*) touch "$PORT" ;; esac\n'
+        'case "$*" in *" join "*) [ -f "$PORT.tried" ] || { touch "$PORT.tried"; exit 3; } ;;'
+        ' esac\n')
+    (bin_dir / "srun").chmod(0o755)
+
+
+def test_elastic_batch_files_start_the_servers_then_the_workers(tmp_path, monkeypatch):
+    import argparse
+
+    from psgd.elastic import options
+    from psgd.run.settings import add_arguments, resolve
+    _elastic_srun(tmp_path / "bin")
+    port = tmp_path / "run.port"
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", PORT=str(port),
+               SLURM_SUBMIT_DIR=str(ROOT), PY=sys.executable, SLURM_NTASKS="4")
+    out = subprocess.run(["bash", str(ROOT / "jobs" / "slurm" / "elastic.sbatch"), "--steps",
+                          "50"], env=env, capture_output=True, text=True, check=True).stdout
+    srun = [line for line in out.splitlines() if line.startswith("srun ")]
+    step = f"srun --mpi=pmi2 -N1 -n1 {sys.executable} -m psgd"
+    assert srun[0] == (f"{step} train --elastic --config jobs/configs/asp.toml --port-file "
+                       f"{port} --resume auto --quiet --steps 50"), out
+    assert srun[1:] == [f"{step} join --port-file {port}"] * 3, out
+    # the server step's flags are a valid elastic run (its checkpoints under tmp_path)
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options.add_arguments(parser)
+    flags = srun[0].split(" train ")[1].split()
+    flags[flags.index("--config") + 1] = str(ROOT / "jobs" / "configs" / "asp.toml")
+    (tmp_path / "d.h5").touch()
+    args = parser.parse_args([*flags, "--data", str(tmp_path / "d.h5")])
+    options.check(args)
+    assert resolve(args, environ={}).steps == 50 and args.elastic
+    # a worker job: a join the servers dropped (exit 3) joins again
+    (tmp_path / "run.port.tried").unlink(missing_ok=True)
+    join = subprocess.run(["bash", str(ROOT / "jobs" / "slurm" / "elastic-join.sbatch")],
+                          env=env, capture_output=True, text=True)
+    assert join.returncode == 0, join.stderr
+    assert join.stdout.splitlines() == [f"srun --mpi=pmi2 -n1 {sys.executable} -m psgd join "
+                                        f"--port-file {port}"] * 2
 
 
 def test_mpirun_script_takes_a_launcher_with_options_and_falls_back_to_path(tmp_path):

@@ -62,25 +62,29 @@ class Door:
         self.next_look = now + LOOK_EVERY_S
         return sorted(glob.glob(glob.escape(self.port_file) + KNOCK + "*"))
 
-    def admit(self, knock_file: str) -> MPI.Intercomm:
+    def admit(self, knock_file: str | None) -> MPI.Intercomm:
         """Accept the connection of the joiner that wrote ``knock_file`` (collective over the
-        server job's ``comm``)."""
-        turn = self.port_file + TURN + knock_file[len(self.port_file + KNOCK):]
-        os.replace(knock_file, turn)
+        server job's ``comm``: rank 0 names the knock, the other servers pass None)."""
+        turn = None
+        if knock_file is not None:
+            turn = self.port_file + TURN + knock_file[len(self.port_file + KNOCK):]
+            os.replace(knock_file, turn)
         done = threading.Event()
-        threading.Thread(target=self._guard, args=(done, knock_file), daemon=True).start()
+        who = (f"the joiner that knocked ({os.path.basename(knock_file)})" if knock_file else
+               "the joiner server rank 0 admitted")
+        threading.Thread(target=self._guard, args=(done, who), daemon=True).start()
         try:
             return self.comm.Accept(self.port, root=0)
         finally:
             done.set()
-            os.unlink(turn)
+            if turn is not None:
+                os.unlink(turn)
 
-    def _guard(self, done: threading.Event, knock_file: str) -> None:
+    def _guard(self, done: threading.Event, who: str) -> None:
         if not done.wait(self.accept_s):
-            print(f"psgd: error: the joiner that knocked ({os.path.basename(knock_file)}) did "
-                  f"not connect within {self.accept_s:g} s, and MPI cannot stop waiting for it; "
-                  f"the servers end here (their last checkpoint stands)", file=sys.stderr,
-                  flush=True)
+            print(f"psgd: error: {who} did not connect within {self.accept_s:g} s, and MPI "
+                  f"cannot stop waiting for it; the servers end here (their last checkpoint "
+                  f"stands)", file=sys.stderr, flush=True)
             os._exit(1)
 
     def close(self) -> None:

@@ -1,9 +1,9 @@
 """`psgd join`: one worker of an elastic run, its own MPI job, connected to the servers' port.
 
 The worker learns everything from the servers (settings, its slot, the clock it starts at),
-pulls the current parameters, and pushes like any asp worker until a pull reply says the run
-is over. It reads the whole training set in an order of its own (seeded by its slot), so a
-lost worker leaves no rows unread.
+pulls the current parameters, and pushes like any worker of the run's protocol until a pull
+reply says the run is over. It reads the whole training set in an order of its own (seeded
+by its slot), so a lost worker leaves no rows unread.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import time
 from dataclasses import replace
 
 import numpy as np
+
+EXIT_DROPPED = 3   # the servers dropped this worker (it was silent too long) and told it
 
 DESCRIPTION = """Join a running elastic run (psgd train --elastic) as one more worker.
 
@@ -72,15 +74,23 @@ def run(args: argparse.Namespace) -> None:
     knock(args.port_file, args.wait)
     inter = MPI.COMM_SELF.Connect(port)
     welcome = _welcome(inter, args.wait)
-    pushes = _train(inter, welcome, bool(getattr(args, "debug", False)))
+    pushes, dropped = _train(inter, welcome, bool(getattr(args, "debug", False)))
+    if dropped:
+        stall = welcome["settings"]["stall_timeout"]
+        print(f"psgd: error: worker {welcome['slot']} was dropped by the servers after "
+              f"{pushes} pushes: it sent nothing for longer than their --stall-timeout "
+              f"({stall:g} s), and its pushes since were discarded; run `psgd join` again to "
+              f"rejoin", file=sys.stderr, flush=True)
+        os._exit(EXIT_DROPPED)
     print(f"psgd: worker {welcome['slot']}: {pushes} pushes from clock {welcome['clock']}; the "
           f"servers ended the run", flush=True)
     sys.stdout.flush()
     os._exit(0)   # MPI_Finalize could wait on the server job, which leaves the same way
 
 
-def _train(inter, welcome: dict, debug: bool) -> int:
-    """Train as worker ``welcome['slot']`` until the servers say the run is over; the pushes."""
+def _train(inter, welcome: dict, debug: bool) -> tuple[int, bool]:
+    """Train as worker ``welcome['slot']`` until the servers say the run is over, or that they
+    dropped it; its pushes, and whether it was dropped."""
     from psgd.elastic.worker import ElasticWorker
     from psgd.mpi import wait
     from psgd.mpi.roles import Roles
@@ -102,12 +112,13 @@ def _train(inter, welcome: dict, debug: bool) -> int:
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
     worker.start(model.params, clock)
     first = clock
-    while not worker.over:
+    while not (worker.over or worker.dropped):
         if model.stochastic:
             model.reseed(slot, clock)
         x, y = reader.batch(clock)
         model.loss_and_grad(x, y)
         worker.step(model.params, model.grad, clock)
         clock += 1
-    worker.finish()
-    return clock - first
+    if not worker.dropped:   # a dropped worker's done would reach no server
+        worker.finish()
+    return clock - first, worker.dropped

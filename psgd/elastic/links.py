@@ -40,6 +40,7 @@ class Links:
         self.inter: list = [None] * self.slots   # None: not joined, or dropped
         self.heard = [0.0] * self.slots           # time.monotonic() of the last message
         self.live: list[int] = []                 # joined and not dropped, in join order
+        self.gone: dict = {}                      # dropped: their links, until told so
         self._next = 0                            # round-robin start of an any-source probe
 
     def Get_rank(self) -> int:   # noqa: N802 - mpi4py's names
@@ -54,9 +55,11 @@ class Links:
         self.heard[w] = time.monotonic()
         self.live.append(w)
 
-    def drop(self, w: int) -> None:
-        """Forget worker ``w``: no message of it is probed again (its link stays open: a
-        disconnect would wait on the worker)."""
+    def drop(self, w: int, lost: bool = False) -> None:
+        """Forget worker ``w``: the loop probes no message of it again (its link stays open: a
+        disconnect would wait on the worker); ``lost``: kept in ``gone``, to tell it."""
+        if lost:
+            self.gone[w] = self.inter[w]
         self.inter[w] = None
         if w in self.live:
             self.live.remove(w)

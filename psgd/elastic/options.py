@@ -12,10 +12,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "elastic training", "run the servers alone; workers join with `psgd join --port-file F` "
         "from mpiexec -n 1 jobs of their own (docs/guide/elastic.md)")
     group.add_argument("--elastic", action="store_true", default=None,
-                       help="run as the server job of an elastic run (--protocol asp, one "
-                            "server rank): workers join and leave while it trains, a worker "
-                            "silent longer than --stall-timeout is dropped, and --steps or "
-                            "--epochs count the servers' updates over all workers")
+                       help="run as the server job of an elastic run (--protocol asp, ssp "
+                            "or bsp; the servers only: mpiexec -n S, --servers S): workers "
+                            "join and leave while it trains, a worker silent longer than "
+                            "--stall-timeout is dropped, and --steps or --epochs count the "
+                            "servers' updates over all workers")
     group.add_argument("--port-file", metavar="PATH",
                        help="--elastic: write the servers' MPI port name here; `psgd join "
                             "--port-file PATH` reads it (and knocks beside it)")

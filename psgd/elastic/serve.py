@@ -16,40 +16,42 @@ from psgd.elastic.door import Door
 from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
 from psgd.mpi.roles import Roles
-from psgd.protocols import get, names
-from psgd.run.checkpoint import new_run_id
-from psgd.run.job import announce, build_job
+from psgd.protocols import AUTO, get, names
+from psgd.run.job import agreed_run_id, announce, build_job
 from psgd.run.metrics import MetricsLog
-from psgd.run.settings import TrainSettings, resolve_run
+from psgd.run.checkpoint import Checkpoint, save_checkpoint
+from psgd.run.settings import Resumed, TrainSettings, resolve_run
 from psgd.run.signals import EXIT_STOPPED, received, signal_name
 
 
-def _settings(args: argparse.Namespace, comm: MPI.Comm) -> TrainSettings:
-    """The run's settings, refused with one line where the elastic run cannot take them."""
+def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[TrainSettings, Resumed | None]:
+    """The run's settings and the checkpoint it resumes from, refused with one line where the
+    elastic run cannot take them."""
     options.check(args)
     settings, resumed = resolve_run(args)
     protocol = get(settings.protocol)
     if not protocol.can("elastic"):
         raise ValueError(f"--elastic runs --protocol {names(able='elastic')} so far, not "
-                         f"{settings.protocol}: its servers must not wait for any worker in "
-                         f"particular")
-    if comm.Get_size() != 1 or settings.servers != 1:
-        raise ValueError(f"--elastic runs one server rank so far: start the server job with "
-                         f"mpiexec -n 1 and --servers 1 (got {comm.Get_size()} rank(s), "
+                         f"{settings.protocol}: the servers must see every push to drop a lost "
+                         f"worker (hogwild writes their memory one-sided, and the serverless "
+                         f"protocols have no servers)")
+    if comm.Get_size() != settings.servers:
+        raise ValueError(f"--elastic: the server job is the servers only: start it with "
+                         f"mpiexec -n S and --servers S (got {comm.Get_size()} rank(s), "
                          f"--servers {settings.servers}); workers join with `psgd join`")
     if not args.port_file:
         raise ValueError("--elastic needs --port-file PATH: where the workers find the servers "
                          "(a shared file system across nodes)")
-    if resumed is not None:
-        raise ValueError("--elastic does not resume from a checkpoint yet: start a fresh run "
-                         "(its checkpoints hold the parameters and optimizer state)")
+    if settings.staleness == AUTO:
+        raise ValueError("--elastic runs a fixed --staleness s (the servers' online bound "
+                         "follows a fixed set of workers): pass --staleness N")
     if str(settings.staleness_comp).startswith("dana"):
         raise ValueError(f"--elastic runs without --staleness-comp {settings.staleness_comp} "
                          f"(its replies to a lost worker would be waited on): pass "
                          f"--staleness-comp none, or --optimizer sgd")
     if (args.no_worker_timeout or options.DEFAULT_NO_WORKER_S) >= settings.stall_abort:
         raise ValueError("--no-worker-timeout must be below --stall-abort")
-    return settings
+    return settings, resumed
 
 
 def _publish(port: str, path: str) -> None:
@@ -80,25 +82,33 @@ def serve_main(args: argparse.Namespace) -> None:
     applied, then evaluate, checkpoint and leave by ``os._exit`` (a lost worker's requests stay
     pending, and MPI_Finalize would wait on them)."""
     comm = MPI.COMM_WORLD
-    settings = _settings(args, comm)
+    settings, resumed = _settings(args, comm)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
-    run_id = new_run_id()
-    roles = Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1, worker_comm=None)
-    job = build_job(settings, roles, bool(getattr(args, "debug", False)), None, run_id)
-    announce(job, None)   # --overwrite: another run's checkpoints go
+    run_id = agreed_run_id(comm, resumed)
+    rank, S = comm.Get_rank(), comm.Get_size()
+    roles = Roles(comm=comm, rank=rank, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
+    job = build_job(settings, roles, bool(getattr(args, "debug", False)), resumed, run_id)
     slots = args.max_workers or options.DEFAULT_MAX_WORKERS
-    log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
-    log.write("config", **settings.as_dict(), run_id=run_id, elastic=True, max_workers=slots,
-              n_params=job.model.n_params, total_updates=job.total_steps)
-    port = MPI.Open_port()
+    log = MetricsLog(None)
+    if rank == 0:
+        announce(job, resumed)   # --overwrite: another run's checkpoints go
+        log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
+        log.write("config", **settings.as_dict(), run_id=run_id, elastic=True,
+                  max_workers=slots, n_params=job.model.n_params, total_updates=job.total_steps)
+    port = MPI.Open_port() if rank == 0 else None
     door = Door(comm, port, args.port_file, settings.stall_timeout)
-    _publish(port, args.port_file)
+    if rank == 0:
+        _publish(port, args.port_file)
     t0 = time.perf_counter()
     server = _server(job, comm, slots, door, log,
                      args.no_worker_timeout or options.DEFAULT_NO_WORKER_S)
     result = server.run()
-    door.close()
-    code = _finish(job, server, result, log, time.perf_counter() - t0)
+    code = 0
+    if rank == 0:
+        door.close()
+        code = _finish(job, server, result, log, time.perf_counter() - t0)
+    # a server rank that left first would make mpiexec end rank 0 before its summary
+    wait.wait(comm.Ibarrier(), "the other servers to finish")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -108,27 +118,42 @@ def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
             no_worker_s: float) -> ElasticServer:
     """The server of ``job``'s shard, its events logged (and all but steps printed)."""
     s = job.settings
-    roles = Roles(comm=Links(comm, slots, s.stall_timeout), rank=0, size=1 + slots,
-                  n_servers=1, n_workers=slots, worker_comm=None)
+    S = comm.Get_size()
+    roles = Roles(comm=Links(comm, slots, s.stall_timeout), rank=comm.Get_rank(),
+                  size=S + slots, n_servers=S, n_workers=slots, worker_comm=None)
     welcome = {"settings": {**s.as_dict(), "data": os.path.abspath(s.data)},
-               "run_id": job.run_id, "servers": 1}
+               "run_id": job.run_id, "servers": S}
 
     def event(kind: str, **fields) -> None:
         log.write(kind, **fields)
-        if kind != "step":
+        if kind != "step" and roles.rank == 0:
             print(f"psgd: {_say(kind, fields)}", flush=True)
 
     def snapshot(clock, params, opt_state):
-        job.save_checkpoint(clock + 1, params, opt_state)
+        save(job, server.n_pushes, clock + 1, params, opt_state)
 
-    return ElasticServer(
+    resume = job.resume   # its step: the updates applied; its clocks: the servers' clock
+    server = ElasticServer(
         roles, job.shard_map, replace(job.config, push_window=False),
-        init_shard=job.model.params.copy(), init_opt_state=None,
-        on_snapshot=snapshot if s.checkpoint_dir else None, start_clock=0,
+        init_shard=job.model.params.copy(),
+        init_opt_state=resume.opt_state if resume and resume.optimizer == s.optimizer else None,
+        on_snapshot=snapshot if s.checkpoint_dir else None,
+        start_clock=int(resume.clocks.max()) if resume else 0,
         door=door, welcome=lambda w, clock: welcome, updates=job.total_steps,
-        no_worker_s=no_worker_s, event=event,
+        start_updates=resume.step if resume else 0, no_worker_s=no_worker_s, event=event,
         stopped=lambda: f"stopped by {signal_name(received())}" if received() else "",
         log_every=s.log_every)
+    return server
+
+
+def save(job, updates: int, clock: int, params: np.ndarray, opt_state: dict | None):
+    """An elastic run's checkpoint: its step is the updates applied (what --steps counts),
+    its one clock the servers' (where the workers go on after a resume)."""
+    s = job.settings
+    return save_checkpoint(s.checkpoint_dir, Checkpoint(
+        params=np.asarray(params, np.float32), model_spec=s.model, step=int(updates),
+        optimizer=s.optimizer, opt_state=dict(opt_state or {}), clocks=np.asarray([clock]),
+        protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id))
 
 
 def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) -> int:
@@ -143,10 +168,11 @@ def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) ->
     if s.eval_samples:
         x, y = x[:s.eval_samples], y[:s.eval_samples]
     loss, acc = model.evaluate(x, y)
-    ckpt = (job.save_checkpoint(server.version, result.params, result.opt_state or {})
+    ckpt = (save(job, server.n_pushes, server.version, result.params, result.opt_state)
             if s.checkpoint_dir else None)
     roster = server.roster()
-    log.write("summary", updates=server.n_pushes, samples=server.n_pushes * s.batch_size,
+    log.write("summary", updates=server.n_pushes, steps=result.n_updates,
+              samples=server.n_pushes * s.batch_size,
               wall_s=wall, test_loss=loss, test_accuracy=acc, workers=roster,
               staleness_histogram=np.asarray(result.staleness_hist).tolist(),
               abandoned=server.abandoned, checkpoint=str(ckpt) if ckpt else None)

@@ -2,9 +2,11 @@
 
 :class:`ElasticServer` is :mod:`psgd.ps.server`'s loop and update rule, with
 :class:`psgd.elastic.links.Links` as its communicator. Between messages it admits the
-workers that knock (:mod:`psgd.elastic.door`), and drops a worker
-silent longer than the stall timeout; the run ends when the servers have applied the
-run's updates, counted here, or when no worker has been connected for the no-worker timeout.
+workers that knock (:mod:`psgd.elastic.door`), and drops a worker silent longer than the
+stall timeout (one whose pull the ssp or bsp bound holds waits on the servers: its silence
+counts from the answer). The version, and so the bound and bsp's average, count the live
+workers only. The run ends when the servers have applied the run's updates, counted here,
+or when no worker has been connected for the no-worker timeout.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.elastic.links import Links, WorkerLost
+from psgd.elastic.peers import ADMIT, DROP, END, Peers
 from psgd.errors import PsgdError
-from psgd.ps.messages import OVER
+from psgd.ps.messages import DROPPED, OVER, PULL, TAG_CTRL, server_pull
 from psgd.ps.server import _Server
 
 TAG_WELCOME = 7201
@@ -36,6 +39,8 @@ class ElasticServer(_Server):
         ``welcome(slot, clock) -> dict``: what a new worker is told (settings, run id).
     updates : int
         The run's length: pushes applied over all workers.
+    start_updates : int
+        The pushes applied before (a resumed run's checkpoint step).
     no_worker_s : float
         The run ends (abandoned) after this long without a connected worker.
     event : callable
@@ -48,10 +53,11 @@ class ElasticServer(_Server):
 
     def __init__(self, roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                  start_clock, *, door, welcome, updates: int, no_worker_s: float,
-                 event, stopped, log_every: int = 20) -> None:
+                 event, stopped, log_every: int = 20, start_updates: int = 0) -> None:
         super().__init__(roles, shard_map, config, init_shard, init_opt_state, on_snapshot,
                          start_clock)
         self.links: Links = roles.comm
+        self.peers, self.lead = Peers(self.links.comm), self.rank == 0
         self.door, self.welcome, self.event, self.stopped = door, welcome, event, stopped
         self.updates, self.no_worker_s = int(updates), float(no_worker_s)
         self.done[:] = True          # a slot counts in the version only while its worker is in
@@ -63,7 +69,8 @@ class ElasticServer(_Server):
         self.sent: list = []                        # welcome messages (buffer, request)
         self.over, self.abandoned = False, False
         self.empty_since = time.monotonic()
-        self.log_every, self.logged = max(int(log_every), 1), 0
+        self.log_every, self.logged = max(int(log_every), 1), int(start_updates)
+        self.n_pushes = int(start_updates)   # a resumed run counts on from its checkpoint
 
     # ------------------------------------------------------------ the loop's hooks
 
@@ -77,13 +84,18 @@ class ElasticServer(_Server):
         return not self.over or bool(self.links.live) or bool(self.snapshots.assembling)
 
     def _between(self) -> bool:
-        changed = False
-        for knock in self.door.knocks():
-            self._admit(self.door.admit(knock))
-            changed = True
+        changed = self._follow()
+        self._tell_gone()
+        if self.lead:
+            for knock in self.door.knocks():
+                self._admit(knock)
+                changed = True
         now = time.monotonic()
+        held = {dest - self.S for dest, _, _ in self.pending}   # waiting on the servers
         for w in list(self.links.live):
             silent = now - self.links.heard[w]
+            if w in held:
+                continue
             if self.state[w] == JOINING and silent > self.no_worker_s:
                 self._drop(w, f"sent nothing for {silent:.0f} s after joining")
                 changed = True
@@ -91,6 +103,12 @@ class ElasticServer(_Server):
                 self._drop(w, f"silent for {silent:.1f} s (--stall-timeout "
                               f"{self.links.silence_s:g})")
                 changed = True
+        if self.lead:
+            self._lead_end(now)
+        return changed
+
+    def _lead_end(self, now: float) -> None:
+        """Server rank 0 ends the run on a stop signal or after the no-worker timeout."""
         if not self.over and self.stopped():
             self._end(self.stopped())
         if self.links.live:
@@ -98,7 +116,36 @@ class ElasticServer(_Server):
         elif not self.over and now - self.empty_since > self.no_worker_s:
             self.abandoned = True
             self._end(f"no worker connected for {self.no_worker_s:g} s (--no-worker-timeout)")
-        return changed
+
+    def _tell_gone(self) -> None:
+        """A dropped worker that was slow, not dead: its messages are taken and discarded,
+        and its next pull is answered with ``DROPPED`` (it then leaves with one line)."""
+        for w, inter in list(self.links.gone.items()):
+            while (msg := inter.Improbe(0, MPI.ANY_TAG, self.status)) is not None:
+                tag = self.status.Get_tag()
+                buf = np.empty(max(self.status.Get_count(MPI.BYTE), 8), np.uint8)
+                msg.Recv(buf)
+                if tag == TAG_CTRL and buf.view(np.int64)[0] == PULL:
+                    hdr = np.array([-1, 0, self.version, DROPPED, 0], np.int64)
+                    data = self.versions.live.copy()
+                    self.sent.append(((hdr, data), server_pull(inter, 0, hdr, data)))
+                    del self.links.gone[w]
+                    break
+
+    def _follow(self) -> bool:
+        """Do what the other servers said: accept rank 0's joiner, drop a worker, end."""
+        notes = self.peers.heard()
+        for kind, w, clock, rank in notes:
+            if kind == ADMIT:
+                inter = self.door.admit(None)
+                if w >= 0:
+                    self._take(w, clock, inter)
+            elif kind == DROP and self.state[w] in (JOINING, LIVE):
+                self._drop(w, f"server rank {rank} found it lost", tell=False)
+            elif kind == END and not self.over:
+                self.abandoned = bool(clock)
+                self._end("server rank 0 ended the run", tell=False)
+        return bool(notes)
 
     def _control(self, msg: MPI.Message, status: MPI.Status) -> None:
         w = status.Get_source() - self.S
@@ -121,7 +168,7 @@ class ElasticServer(_Server):
             self.logged = self.n_pushes
             self.event("step", updates=self.n_pushes, version=self.version,
                        live=len(self.links.live))
-        if not self.over and self.n_pushes >= self.updates:
+        if self.lead and not self.over and self.n_pushes >= self.updates:
             self._end(f"{self.n_pushes} updates applied")
 
     def _reply(self, dest: int, w: int, clock: int, since: float, now: float) -> None:
@@ -129,20 +176,28 @@ class ElasticServer(_Server):
         before = len(reqs)
         super()._reply(dest, w, clock, since, now)
         self.data_reqs[w] = reqs[-1] if len(reqs) > before else None
+        self.links.heard[w] = time.monotonic()   # its silence counts from the answer
 
     # ------------------------------------------------------------ joins, losses, the end
 
-    def _admit(self, inter: MPI.Intercomm) -> None:
-        """Welcome a worker that connected: a slot, the clock it starts at, the run's settings."""
-        w = self.state.index(FREE) if FREE in self.state else -1
-        if self.over or w < 0:
+    def _admit(self, knock: str) -> None:
+        """Rank 0: accept the joiner that knocked (with every server), and welcome it: a slot,
+        the clock it starts at, the run's settings; or refuse it."""
+        w = self.state.index(FREE) if FREE in self.state and not self.over else -1
+        clock = self.version
+        self.peers.tell(ADMIT, w, clock)
+        inter = self.door.admit(knock)
+        if w < 0:
             why = ("the run is over" if self.over else
                    f"all {self.W} slots were taken (--max-workers)")
             self._send_welcome(inter, {"refused": why})
             self.event("refused", why=why)
             return
-        clock = self.version
         self._send_welcome(inter, {**self.welcome(w, clock), "slot": w, "clock": clock})
+        self._take(w, clock, inter)
+
+    def _take(self, w: int, clock: int, inter: MPI.Intercomm) -> None:
+        """Worker ``w`` joined over ``inter`` and starts at ``clock``."""
         self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
         self.pushes[w], self.done[w] = clock, False
         self.n_done -= 1
@@ -153,11 +208,14 @@ class ElasticServer(_Server):
         buf = np.frombuffer(json.dumps(message).encode(), np.uint8).copy()
         self.sent.append((buf, inter.Isend(buf, 0, TAG_WELCOME)))   # kept: the worker may die
 
-    def _drop(self, w: int, why: str) -> None:
-        """Declare worker ``w`` lost: nothing of it is applied or awaited any more."""
+    def _drop(self, w: int, why: str, tell: bool = True) -> None:
+        """Declare worker ``w`` lost: nothing of it is applied or awaited any more (``tell``:
+        and the other servers drop it too)."""
+        if tell:
+            self.peers.tell(DROP, w)
         self.state[w] = LOST
         self.span[w, 1] = self.n_pushes
-        self.links.drop(w)
+        self.links.drop(w, lost=True)
         self.pending = [p for p in self.pending if p[0] != self.S + w]
         dead = self.data_reqs[w]
         if dead is not None:   # its reply may never be received: not waited on
@@ -175,8 +233,10 @@ class ElasticServer(_Server):
         return {"first_clock": int(self.first[w]), "last_clock": int(self.pushes[w]) - 1,
                 "pushes": int(self.pushes[w] - self.first[w]), "updates": self.n_pushes}
 
-    def _end(self, why: str) -> None:
+    def _end(self, why: str, tell: bool = True) -> None:
         """From now on every pull is answered with the final parameters and ``OVER``."""
+        if tell:
+            self.peers.tell(END, clock=int(self.abandoned))
         self.over = True
         self.reply_shard = OVER
         self.event("end", why=why, updates=self.n_pushes, abandoned=self.abandoned)

@@ -34,7 +34,8 @@ ABILITIES = {
     "hot-rows": "--hold-hot applies: sparse workers hold their changes to the rows most batches "
                 "touch (psgd.hogwild.hot)",
     "elastic": "--elastic applies: workers may be lost and join while the servers run "
-               "(psgd.elastic); it needs a worker half that waits on no other worker",
+               "(psgd.elastic); the servers' version, bound and barrier count the live workers "
+               "only, so it needs a protocol whose servers see every push",
 }
 AUTO = "auto"                 # --staleness auto: the servers set the bound (psgd.ps.adaptive)
 DEFAULT_STALENESS_MAX = 16    # its largest value unless --staleness-max says otherwise
@@ -367,11 +368,11 @@ _STALE = dict(compensations=None, compensation_note="")
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, cost=_COST + "bsp_rows",
-             abilities=_PS_CAN | {"momentum-gain"}, summary=(
+             abilities=_PS_CAN | {"momentum-gain", "elastic"}, summary=(
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, **_PS, **_STALE,
-             cost=_COST + "async_rows", abilities=_PS_CAN | {"overlap"}, summary=(
+             cost=_COST + "async_rows", abilities=_PS_CAN | {"overlap", "elastic"}, summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
         "online, up to --staleness-max); pushes are applied on arrival")),

@@ -27,7 +27,8 @@ Layout (all buffers, no pickling; tags on ``roles.comm``, see ``TAG_*``):
   float64 bits of the momentum the worker's velocity takes under
   ``--momentum-correction`` (the staleness compensation's, :func:`reply_momentum`).
   ``shard`` = ``OVER`` (-1) ends an elastic run: the parameters that follow are the
-  final ones, and the worker sends done (:mod:`psgd.elastic`).
+  final ones, and the worker sends done (:mod:`psgd.elastic`); ``DROPPED`` (-2): the
+  servers dropped this worker as lost, and it leaves without done.
 * snapshots and the final gather (server -> rank 0): one byte buffer, a
   ``int64[4] = [clock, shard, n_arrays, 0]`` header then ``float32`` params and
   per-element optimizer state of the shard (:func:`pack_shard_state`).
@@ -64,6 +65,7 @@ HEADER_LEN = 4
 HEADER_BYTES = 8 * HEADER_LEN
 REPLY_LEN = 5   # a pull reply's header: the control header's four, then the momentum
 OVER = -1       # a pull reply's shard field when an elastic run is over
+DROPPED = -2    # ... when the servers dropped the (slow, not dead) worker that pulled
 
 
 def check_ps_setup(roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:

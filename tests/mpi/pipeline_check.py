@@ -12,6 +12,8 @@ from mpi4py import MPI
 
 from psgd.errors import report_and_abort
 from psgd.nn.model import build_model
+from psgd.pipeline.evaluate import evaluate
+from psgd.pipeline.local import StageModel
 from psgd.nn.optim import make_optimizer
 from psgd.pipeline.grid import Grid
 from psgd.pipeline.options import PipelineOptions
@@ -43,9 +45,14 @@ def main():
     grid = Grid(comm, k)
     make = lambda: build_model(spec, seed=3, dtype=dtype, input_shape=SHAPE.get(spec, (3, 8, 8)),
                                n_classes=10)
-    model = make()
+    whole = make()
     options = PipelineOptions(stages=k, microbatches=m, schedule=schedule)
-    bounds = layer_bounds(model, even_counts(len(units(model)), k))
+    bounds = layer_bounds(whole, even_counts(len(units(whole)), k))
+    # this rank allocates its stage's parameters only
+    model = StageModel(spec, *bounds[grid.stage], seed=3, dtype=dtype,
+                       input_shape=SHAPE.get(spec, (3, 8, 8)), n_classes=10)
+    assert model.n_params < whole.n_params or k == 1
+    del whole
     trainer = build_trainer(model, grid, options, bounds, lambda n: make_optimizer(opt, n),
                             BATCH, steps)
     xs, ys = batches(model, steps, grid.replicas)
@@ -56,7 +63,9 @@ def main():
         for t in range(steps):
             trainer.step(t, 0.05, model._check_x(xs[t, grid.replica]), ys[t, grid.replica])
     trainer.links.finish()
-    params = grid.gather(trainer.stage.params.copy(), model.n_params)
+    params = grid.gather(trainer.stage.params.copy(), model.n_total)
+    test_x, test_y = (a[:, 0].reshape(-1, *a.shape[3:]) for a in batches(model, 2, 1))
+    result = evaluate(model, grid, (test_x, test_y), test_x[:40] if model.any_batchnorm else None)
     peaks = np.zeros(comm.Get_size(), np.int64)
     comm.Gather(np.array([trainer.stage.peak_inputs], np.int64), peaks)
     if comm.Get_rank() == 0:
@@ -75,6 +84,8 @@ def main():
         diff = float(np.max(np.abs(params.astype(np.float64) - ref.params)))
         print(f"max |pipeline - serial| = {diff!r}")
         print(f"peak inputs per stage = {peaks[:k].tolist()}")
+        ref.set_calibration(test_x[:40])
+        print(f"streamed evaluation equal = {result == ref.evaluate(test_x, test_y)}")
         print(f"moved = {float(np.max(np.abs(ref.params - make().params)))!r}")
     grid.free()
 

@@ -22,6 +22,7 @@ def diff(out: str) -> float:
     (4, ["resnet8", 4, 8, "1f1b", 2]),
     (3, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 3, 1, "gpipe", 3]),
     (3, ["mlp:20-16-16-12-10", 3, 4, "pipedream", 5]),
+    (3, ["mlp:20-16-16-12-10", 3, 4, "pipemare", 5]),
     (2, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 2, 2, "pipedream", 4]),
 ])
 def test_pipeline_over_mpi_equals_serial_exactly(mpirun, ranks, args):

@@ -19,7 +19,8 @@ from psgd.pipeline.grid import Grid
 from psgd.pipeline.options import PipelineOptions
 from psgd.pipeline.partition import layer_bounds, units
 from psgd.pipeline.asynchronous import Microbatches
-from psgd.pipeline.reference import reference_pipedream, reference_step
+from psgd.pipeline.pipemare import default_anneal
+from psgd.pipeline.reference import reference_pipedream, reference_pipemare, reference_step
 from psgd.pipeline.trainer import build_trainer
 
 SHAPE = {"lenet": (1, 28, 28)}
@@ -56,7 +57,7 @@ def main():
     trainer = build_trainer(model, grid, options, bounds, lambda n: make_optimizer(opt, n),
                             BATCH, steps)
     xs, ys = batches(model, steps, grid.replicas)
-    if schedule == "pipedream":   # the steps as one schedule of steps x M microbatches
+    if schedule in ("pipedream", "pipemare"):   # the steps as one schedule of steps x M microbatches
         trainer.run(steps * m, lambda g: 0.05, Microbatches(lambda t: xs[t, grid.replica], m),
                     Microbatches(lambda t: ys[t, grid.replica], m))
     else:
@@ -71,11 +72,14 @@ def main():
     if comm.Get_rank() == 0:
         ref = make()
         ropt = make_optimizer(opt, ref.n_params)
+        b = BATCH // m
+        micro = (xs[:, 0].reshape(steps * m, b, *model.input_shape), ys[:, 0].reshape(steps * m, b))
         if schedule == "pipedream":
-            b = BATCH // m
-            reference_pipedream(ref, ropt, xs[:, 0].reshape(steps * m, b, *model.input_shape),
-                                ys[:, 0].reshape(steps * m, b), bounds, lambda g: 0.05)
-        for t in range(steps if schedule != "pipedream" else 0):
+            reference_pipedream(ref, ropt, *micro, bounds, lambda g: 0.05)
+        if schedule == "pipemare":
+            reference_pipemare(ref, lambda n: make_optimizer(opt, n), *micro, bounds,
+                               lambda g: 0.05, anneal=default_anneal(steps * m), correct=True)
+        for t in range(steps if schedule not in ("pipedream", "pipemare") else 0):
             if grid.replicas == 1:
                 reference_step(ref, ropt, xs[t, 0], ys[t, 0], m, 0.05)
             else:  # D replicas: the serial step on all D x M microbatches

@@ -81,21 +81,32 @@ def partition_rows(data, tmp, steps):
     return rows
 
 
-def learning_rows(data, tmp, steps, seeds):
-    """gpipe against pipedream (with and without weight stashing, with vertical sync) on equal
-    samples; pipedream steps every microbatch, so it takes lr / M: the same rate per sample."""
-    m, lr = 4, 0.05
-    pd = ["--schedule", "pipedream", "--lr", lr / m]
-    runs = {"gpipe": ["--schedule", "gpipe", "--lr", lr], "pipedream": pd,
-            "pipedream, vertical sync": [*pd, "--vertical-sync"],
-            "pipedream, no stash": [*pd, "--weight-stashing", "off"]}
+LEARN_RUNS = {   # the asynchronous schedules step every microbatch: lr / M, the same rate per sample
+    "gpipe": ["--schedule", "gpipe"], "1f1b": ["--schedule", "1f1b"],
+    "pipedream": ["--schedule", "pipedream"],
+    "pipedream-vertical": ["--schedule", "pipedream", "--vertical-sync"],
+    "pipedream-nostash": ["--schedule", "pipedream", "--weight-stashing", "off"],
+    "pipemare": ["--schedule", "pipemare"],
+    "pipemare-plain": ["--schedule", "pipemare", "--pipemare-anneal", 0,
+                       "--discrepancy-correction", "off"],
+}
+
+
+def learning_rows(data, tmp, args):
+    """The schedules of ``args.rows`` on equal samples, ``args.seeds`` seeds each, K =
+    ``args.learn_stages``, M = 4, lenet, momentum; test accuracy on ``args.eval_samples`` rows."""
+    m, lr, k = 4, 0.05, args.learn_stages
     rows = []
-    for name, flags in runs.items():
-        tag = "".join(ch for ch in name if ch.isalnum())
-        acc = [train(data, tmp, 2, f"learn-{tag}-{seed}", "--model", "lenet", "--pipeline", 2,
-                     "--microbatches", m, "--batch-size", 32, "--steps", steps, "--seed", seed,
-                     "--optimizer", "momentum", *flags)["test_accuracy"] for seed in range(seeds)]
-        rows.append({"schedule": name, "lr": flags[flags.index("--lr") + 1], "test_accuracy": acc})
+    for name in args.rows.split(","):
+        flags = LEARN_RUNS[name]
+        rate = lr / m if flags[1] in ("pipedream", "pipemare") else lr
+        acc = [train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet", "--pipeline", k,
+                     "--microbatches", m, "--batch-size", 32, "--steps", args.learn_steps,
+                     "--seed", seed, "--optimizer", "momentum", "--eval-samples",
+                     args.eval_samples, *flags, "--lr", rate)["test_accuracy"]
+               for seed in range(args.seeds)]
+        rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
+                     "test_accuracy": acc})
     return rows
 
 
@@ -123,10 +134,12 @@ def markdown(res: dict) -> str:
 
 
 def learning_markdown(res: dict) -> str:
-    out = ["## Learning (lenet, K = 2, M = 4, batch 32, momentum, equal samples)", "",
-           "| schedule | lr | test accuracy per seed |", "|---|---|---|"]
-    out += [f"| {r['schedule']} | {r['lr']:g} | {', '.join(f'{a:.3f}' for a in r['test_accuracy'])} |"
-            for r in res["learning"]]
+    rows = res["learning"]
+    out = [f"## Learning (lenet, K = {rows[0]['K']}, M = 4, batch 32, momentum, "
+           f"{rows[0]['steps']} steps, equal samples)", "",
+           "| schedule | lr | test accuracy per seed | mean |", "|---|---|---|---|"]
+    out += [f"| {r['schedule']} | {r['lr']:g} | {', '.join(f'{a:.3f}' for a in r['test_accuracy'])} "
+            f"| {sum(r['test_accuracy']) / len(r['test_accuracy']):.3f} |" for r in rows]
     return "\n".join(out) + "\n"
 
 
@@ -136,28 +149,39 @@ def main() -> None:
     ap.add_argument("--big-steps", type=int, default=6, help="steps per throughput run (default 6)")
     ap.add_argument("--learn-steps", type=int, default=150, help="steps per learning run (default 150)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per learning row (default 2)")
+    ap.add_argument("--learn-stages", type=int, default=2, help="K of the learning rows (default 2)")
+    ap.add_argument("--rows", default="gpipe,pipedream,pipedream-vertical,pipedream-nostash",
+                    help=f"learning rows, comma-separated, of {', '.join(LEARN_RUNS)}")
+    ap.add_argument("--eval-samples", type=int, default=2000,
+                    help="test rows each learning run evaluates (default 2000)")
+    ap.add_argument("--fashion", action="store_true",
+                    help="Fashion-MNIST instead of synthetic data (when installed)")
     ap.add_argument("--only", choices=("timing", "learning"), default=None,
                     help="run one part: timing (bubble, memory, throughput, cut) or learning "
                          "(each writes its own result files)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
+    unknown = set(args.rows.split(",")) - set(LEARN_RUNS)
+    if unknown:
+        ap.error(f"--rows: unknown {', '.join(sorted(unknown))}; choose from {', '.join(LEARN_RUNS)}")
     out = common.out_dir(args, "pipeline")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        data = common.dataset(tmp, True, "bench-pipeline", train=4096)
+        data = common.dataset(tmp, not args.fashion, "bench-pipeline", train=4096)
         if args.only != "learning":
             res = {"bubble": bubble_rows(data.path, tmp, args.steps),
                    "memory": memory_rows(data.path, tmp, args.steps),
                    "throughput": throughput_rows(data.path, tmp, args.big_steps),
                    "partition": partition_rows(data.path, tmp, args.steps)}
-            _write(out, "pipeline", res, markdown(res), data.name)
+            _write(out, "pipeline", res, markdown(res), data.name, not args.fashion)
         if args.only != "timing":
-            res = {"learning": learning_rows(data.path, tmp, args.learn_steps, args.seeds)}
-            _write(out, "pipeline-learning", res, learning_markdown(res), data.name)
+            res = {"learning": learning_rows(data.path, tmp, args)}
+            base = "pipeline-learning" + (f"-k{args.learn_stages}" if args.learn_stages != 2 else "")
+            _write(out, base, res, learning_markdown(res), data.name, not args.fashion)
 
 
-def _write(out: Path, base: str, res: dict, text: str, data: str) -> None:
-    stem = common.result_stem(base, True)
+def _write(out: Path, base: str, res: dict, text: str, data: str, quick: bool) -> None:
+    stem = common.result_stem(base, quick)
     common.write_json(out / f"{stem}.json", res, data)
     common.write_text(out / f"{stem}.md", text, data)
     print(text)

@@ -231,6 +231,11 @@ def test_profile_gives_every_unit_its_bytes():
     (dict(stages=2, partition="3,x"), 16, "--partition must be auto or unit counts"),
     (dict(stages=3, partition="3,2"), 16, "--partition 3,2 must give 3 positive counts"),
     (dict(stages=2, memory_per_rank=0), 16, "--memory-per-rank must be positive"),
+    (dict(stages=2, anneal=5), 16, "--pipemare-anneal applies to --schedule pipemare, not 1f1b"),
+    (dict(stages=2, schedule="pipedream", correct=False), 16,
+     "--discrepancy-correction applies to --schedule pipemare, not pipedream"),
+    (dict(stages=2, schedule="pipemare", stash=False), 16,
+     "--weight-stashing applies to --schedule pipedream, not pipemare"),
 ])
 def test_bad_pipeline_options_are_one_line(opts, batch, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -293,3 +298,63 @@ def test_pipedream_without_stashing_runs_backwards_on_newer_weights():
     ref = make(MLP)
     reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr)
     assert np.isfinite(params).all() and not np.array_equal(params, ref.params)
+
+
+# -- pipemare (asynchronous, one weight copy: rescheduling and discrepancy correction) -------
+def run_pipemare_threads(spec, k, n, anneal, correct):
+    from psgd.pipeline.asynchronous import AsyncTrainer
+    models = [make(spec) for _ in range(k)]
+    us = partition.units(models[0])
+    bounds = partition.layer_bounds(models[0], [len(us) // k + (i < len(us) % k) for i in range(k)])
+    fwd, bwd = [queue.Queue() for _ in range(k)], [queue.Queue() for _ in range(k)]
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((n, 4, *models[0].input_shape)).astype(np.float32)
+    ys = rng.integers(0, 10, (n, 4))
+    lr = lambda g: 0.05 / (1 + 0.1 * g)  # noqa: E731
+    trainers = []
+    for s, (a, b) in enumerate(bounds):
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1)
+        grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
+        trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
+                                     make_optimizer("momentum", stage.hi - stage.lo),
+                                     anneal=anneal, correct=correct))
+
+    def work(t):
+        t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
+    _run_in_threads(work, trainers)
+    return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
+
+
+@pytest.mark.parametrize("spec,k,anneal,correct", [
+    (MLP, 3, 6, True), (MLP, 4, None, True), (MLP, 4, 6, False), (BN_CONV, 3, 6, True),
+    (MLP, 2, None, False)])
+def test_pipemare_equals_its_serial_reference_bit_for_bit(spec, k, anneal, correct):
+    from psgd.pipeline.reference import reference_pipemare
+    params, bounds, xs, ys, lr = run_pipemare_threads(spec, k, 12, anneal, correct)
+    ref = make(spec)
+    reference_pipemare(ref, lambda n: make_optimizer("momentum", n), xs, ys, bounds, lr,
+                       anneal=anneal, correct=correct)
+    assert not np.array_equal(ref.params, make(spec).params)
+    np.testing.assert_array_equal(params, ref.params)
+
+
+def test_pipemare_corrections_change_the_run_and_reschedule_from_lr_over_tau():
+    from psgd.pipeline.pipemare import rate
+    plain = run_pipemare_threads(MLP, 3, 12, None, False)[0]
+    assert not np.array_equal(plain, run_pipemare_threads(MLP, 3, 12, 6, False)[0])
+    assert not np.array_equal(plain, run_pipemare_threads(MLP, 3, 12, None, True)[0])
+    assert rate(4, 0, 10) == pytest.approx(1 / 4) and rate(4, 5, 10) == pytest.approx(1 / 2)
+    assert rate(4, 10, 10) == rate(4, 99, 10) == rate(0, 0, 10) == 1.0
+
+
+def test_discrepancy_correction_recovers_the_forwards_weights_under_steady_updates():
+    from psgd.pipeline.pipemare import Correction
+    c = Correction(4, 0, 3, np.float64)           # stage 0 of 4: tau = 3
+    step, w = np.array([0.1, -0.2, 0.05]), np.zeros(3)
+    history = [w.copy()]
+    for _ in range(200):
+        c.observe(w, w + step)
+        w = w + step
+        history.append(w.copy())
+    np.testing.assert_allclose(c.predict(w), history[-1 - c.tau], rtol=1e-9)
+    assert Correction(4, 3, 3, np.float64).predict(w) is None   # the last stage has no delay

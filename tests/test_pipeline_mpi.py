@@ -22,11 +22,13 @@ def diff(out: str) -> float:
     (4, ["resnet8", 4, 8, "1f1b", 2]),
     (3, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 3, 1, "gpipe", 3]),
     (3, ["mlp:20-16-16-12-10", 3, 4, "pipedream", 5]),
+    (3, ["mlp:20-16-16-12-10", 3, 4, "pipemare", 5]),
     (2, ["conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-bn-relu-gap-dense:10", 2, 2, "pipedream", 4]),
 ])
 def test_pipeline_over_mpi_equals_serial_exactly(mpirun, ranks, args):
     proc = mpirun(ranks, ["pipeline_check.py", *args], timeout=300)
     assert diff(proc.stdout) == 0.0, proc.stdout
+    assert "streamed evaluation equal = True" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow
@@ -107,3 +109,23 @@ def test_a_pipeline_flag_without_pipeline_is_one_usage_line(mpirun, dataset):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "psgd train: error: --microbatches applies to pipeline runs; give --pipeline K (see --help)"]
+
+
+@pytest.mark.slow
+def test_each_stage_rank_holds_its_share_of_a_model_not_the_whole(mpirun, dataset, tmp_path):
+    big = "mlp:784-1500-1500-1500-1500-10"   # 7.9M parameters: 127 MB with gradient, sum, momentum
+    n = 784 * 1500 + 3 * 1500 * 1500 + 1500 * 10 + 4 * 1500 + 10
+    rss = {}
+    for k, cut in ((1, "5"), (4, "2,1,1,1")):
+        log = tmp_path / f"k{k}.jsonl"
+        mpirun(k, ["-m", "psgd", "train", "--quiet", "--data", dataset, "--model", big,
+                   "--batch-size", 16, "--lr", 0.01, "--optimizer", "momentum", "--steps", 2,
+                   "--eval-samples", 32, "--pipeline", k, "--partition", cut, "--log", log],
+               timeout=300)
+        summary = next(json.loads(l) for l in log.read_text().splitlines() if '"summary"' in l)
+        rss[k] = summary["pipeline"]["peak_rss_bytes"]
+        assert sum(summary["pipeline"]["param_bytes"]) == 4 * n
+    whole = 4 * 4 * n                            # bytes of the four vectors of the whole model
+    largest = 4 * 4 * (784 * 1500 + 1500 * 1500 + 3000)   # stage 0's four vectors
+    # every stage rank saves at least the bytes it does not own, less some slack
+    assert max(rss[4]) < rss[1][0] - 0.7 * (whole - largest), (rss, whole, largest)

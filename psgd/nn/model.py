@@ -363,9 +363,16 @@ def build_model(spec: str, seed: int = 0, dtype=np.float32, input_shape: tuple |
         raise ValueError(f"model spec must be a string, got {type(spec).__name__}; {SPEC_HELP}")
     if np.dtype(dtype) not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    layers, shape, classes = model_layers(spec, seed, input_shape, n_classes)
+    return Model(spec.strip(), layers, shape, classes, seed=seed, dtype=dtype)
+
+
+def model_layers(spec: str, seed: int = 0, input_shape: tuple | None = None,
+                 n_classes: int | None = None) -> tuple[list[Layer], tuple, int]:
+    """The layers of ``spec`` (no parameters allocated yet), the input shape and the classes;
+    the arguments as :func:`build_model`'s."""
     if spec.strip().lower().startswith("mlp:"):
-        layers, shape, classes = _mlp(_mlp_sizes(spec))
-        return Model(spec.strip(), layers, shape, classes, seed=seed, dtype=dtype)
+        return _mlp(_mlp_sizes(spec))
     fixed = spec.strip().lower() == "lenet"
     text, default_shape = expand_preset(spec, None if fixed else n_classes)
     shape = default_shape if fixed or input_shape is None else tuple(input_shape)
@@ -373,4 +380,4 @@ def build_model(spec: str, seed: int = 0, dtype=np.float32, input_shape: tuple |
         raise ValueError(f"model spec {spec!r} takes its input shape from the data, and none was "
                          f"given (input_shape=...)")
     layers, classes = build_layers(text, shape, seed=seed)
-    return Model(spec.strip(), layers, shape, classes, seed=seed, dtype=dtype)
+    return layers, shape, classes

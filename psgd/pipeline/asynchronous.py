@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from psgd.collectives.allreduce import allreduce
+from psgd.pipeline import pipemare
 from psgd.pipeline.runtime import run_batch
-from psgd.pipeline.schedules import stage_ops
+from psgd.pipeline.schedules import stage_ops, versions_behind
 
 
 class Microbatches:
@@ -23,16 +24,25 @@ class Microbatches:
 
 
 class AsyncTrainer:
-    """Stage ``grid.stage`` under ``pipedream``: every microbatch is a step.
+    """Stage ``grid.stage`` under ``pipedream`` or ``pipemare``: every microbatch is a step.
 
     Microbatch g's backward is followed at once by the stage's optimizer step with its
     gradient (summed over the D replicas, ``scale = 1 / D``) at ``lr(g)``.  With weight
     stashing (the stage's ``stash``) the backward runs on the weights its forward used.
+    ``anneal`` (PipeMare's T1, steps; None: off) scales the rate by
+    :func:`psgd.pipeline.pipemare.rate`; ``correct`` (T2) runs each backward on
+    :class:`psgd.pipeline.pipemare.Correction`'s estimate of the forward's weights.
     """
 
-    def __init__(self, stage, links, grid, optimizer, vertical: bool = False) -> None:
+    def __init__(self, stage, links, grid, optimizer, vertical: bool = False,
+                 anneal: int | None = None, correct: bool = False) -> None:
         self.stage, self.links, self.grid, self.optimizer = stage, links, grid, optimizer
-        self.vertical = vertical
+        self.vertical, self.anneal = vertical, anneal
+        self.tau = versions_behind(grid.stages, grid.stage)
+        self.correction = pipemare.Correction(grid.stages, grid.stage, stage.hi - stage.lo,
+                                              stage.params.dtype) if correct else None
+        if self.correction is not None:
+            stage.predict = self.correction.predict
         self.versions = {0: stage.params.copy()} if vertical else {}
         self.busy = [0.0, 0.0]
         self.loss = 0.0       # the last stage's summed microbatch losses
@@ -45,7 +55,11 @@ class AsyncTrainer:
         def step(g: int) -> None:
             if grid.replicas > 1:
                 allreduce(grid.replica_comm, stage.acc, "sum", label=f" of stage {grid.stage}")
-            self.optimizer.step(stage.params, stage.acc, lr(g), scale=1.0 / grid.replicas)
+            rate = lr(g) * (1.0 if self.anneal is None else pipemare.rate(self.tau, g, self.anneal))
+            before = stage.params.copy() if self.correction is not None else None
+            self.optimizer.step(stage.params, stage.acc, rate, scale=1.0 / grid.replicas)
+            if before is not None:
+                self.correction.observe(before, stage.params)
             stage.acc[:] = 0.0
             if self.vertical:
                 self.versions[g + 1] = stage.params.copy()

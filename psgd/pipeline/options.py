@@ -41,6 +41,8 @@ class PipelineOptions:
     memory_per_rank: int | None = None   # bytes; None: no cap
     stash: bool = True              # pipedream: weight stashing
     vertical_sync: bool = False     # pipedream: every stage runs a microbatch on stage 0's version
+    anneal: int | None = None       # pipemare: rescheduling steps (None: a quarter of the run; 0: off)
+    correct: bool = True            # pipemare: discrepancy correction
 
     def counts(self) -> list[int] | None:
         """The ``--partition`` counts, or None for ``auto``."""
@@ -68,12 +70,16 @@ class PipelineOptions:
         if batch_size % self.microbatches:
             raise ValueError(f"--microbatches {self.microbatches} does not divide --batch-size "
                              f"{batch_size}")
-        if self.vertical_sync and (self.schedule not in ASYNCHRONOUS or not self.stash):
-            raise ValueError(f"--vertical-sync applies to --schedule {', '.join(ASYNCHRONOUS)} "
-                             f"with weight stashing")
-        if not self.stash and self.schedule not in ASYNCHRONOUS:
-            raise ValueError(f"--weight-stashing applies to --schedule "
-                             f"{', '.join(ASYNCHRONOUS)}, not {self.schedule}")
+        if self.vertical_sync and (self.schedule != "pipedream" or not self.stash):
+            raise ValueError("--vertical-sync applies to --schedule pipedream with weight stashing")
+        if not self.stash and self.schedule != "pipedream":
+            raise ValueError(f"--weight-stashing applies to --schedule pipedream, not "
+                             f"{self.schedule}")
+        if (self.anneal is not None or not self.correct) and self.schedule != "pipemare":
+            flag = "--pipemare-anneal" if self.anneal is not None else "--discrepancy-correction"
+            raise ValueError(f"{flag} applies to --schedule pipemare, not {self.schedule}")
+        if self.anneal is not None and self.anneal < 0:
+            raise ValueError(f"--pipemare-anneal needs N >= 0 steps, got {self.anneal}")
         if self.memory_per_rank is not None and self.memory_per_rank <= 0:
             raise ValueError(f"--memory-per-rank must be positive bytes, got {self.memory_per_rank}")
         self.counts()
@@ -99,6 +105,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="pipedream: every stage runs microbatch g on its weights after "
                             "g - (K - 1) updates, the version stage 0 used (PipeDream's "
                             "vertical sync)")
+    group.add_argument("--pipemare-anneal", type=int, default=None, metavar="N",
+                       help="pipemare: stage s's rate rises from lr / (K - s - 1) to lr over N "
+                            "microbatch steps (PipeMare's rescheduling; default a quarter of "
+                            "the run, 0: off)")
+    group.add_argument("--discrepancy-correction", choices=("on", "off"), default=None,
+                       help="pipemare: each backward runs on an estimate of its forward's "
+                            "weights (on, the default)")
     group.add_argument("--memory-per-rank", type=_bytes, default=None, metavar="BYTES",
                        help="auto partition: each stage's parameters, gradients and stored "
                             "activations must fit (e.g. 200M, 2G)")
@@ -116,7 +129,8 @@ def _bytes(text: str) -> int:
 def from_args(args: argparse.Namespace) -> PipelineOptions | None:
     """The options of ``args`` (None without --pipeline); a pipeline flag alone is an error."""
     given = [f for f in ("microbatches", "schedule", "partition", "memory_per_rank",
-                         "weight_stashing", "vertical_sync")
+                         "weight_stashing", "vertical_sync", "pipemare_anneal",
+                         "discrepancy_correction")
              if getattr(args, f, None) is not None]
     if getattr(args, "pipeline", None) is None:
         if given:
@@ -127,7 +141,9 @@ def from_args(args: argparse.Namespace) -> PipelineOptions | None:
                            schedule=args.schedule or "1f1b", partition=args.partition or AUTO,
                            memory_per_rank=args.memory_per_rank,
                            stash=getattr(args, "weight_stashing", None) != "off",
-                           vertical_sync=bool(getattr(args, "vertical_sync", None)))
+                           vertical_sync=bool(getattr(args, "vertical_sync", None)),
+                           anneal=getattr(args, "pipemare_anneal", None),
+                           correct=getattr(args, "discrepancy_correction", None) != "off")
 
 
 def refused(args: argparse.Namespace) -> str | None:

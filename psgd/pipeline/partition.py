@@ -44,34 +44,36 @@ def check_stages(model, stages: int) -> None:
                          f"layer units (each stage needs at least one)")
 
 
-def profile(model, microbatch: int, repeats: int = 3, seed: int = 0) -> list[UnitCost]:
-    """Time each unit's forward and backward on a random microbatch (best of ``repeats``)."""
+def profile(model, microbatch: int, repeats: int = 3, seed: int = 0,
+            unit_model=None) -> list[UnitCost]:
+    """Time each unit's forward and backward on a random microbatch (best of ``repeats``).
+
+    ``unit_model(a, b)``, when given, makes a model whose layers ``[a, b)`` have parameters
+    (:class:`psgd.pipeline.local.StageModel`): one unit is allocated at a time, so a model
+    larger than the rank's memory is profiled too.
+    """
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((microbatch, *model.input_shape)).astype(model.dtype)
-    model._set_mode("train")
-    us = units(model)
-    best = [np.inf] * len(us)
-    for _ in range(repeats):
-        acts, times, a = [], [], x
-        for lo, hi in us:
-            acts.append(a)
+    a = rng.standard_normal((microbatch, *model.input_shape)).astype(model.dtype)
+    costs = []
+    for lo, hi in units(model):
+        owner = model if unit_model is None else unit_model(lo, hi)
+        layers = owner.layers[lo:hi]
+        best, out = np.inf, a
+        for _ in range(repeats):
             t = time.perf_counter()
-            for layer in model.layers[lo:hi]:
-                a = layer.forward(a)
-            times.append(time.perf_counter() - t)
-        dy = np.ones_like(a) / a.size
-        for j in range(len(us) - 1, -1, -1):
-            lo, hi = us[j]
-            t = time.perf_counter()
-            for i in range(hi - 1, lo - 1, -1):
-                dy = model.layers[i].backward(dy, need_dx=True)
-            best[j] = min(best[j], times[j] + time.perf_counter() - t)
-        outs = acts[1:] + [a]
-    itemsize = model.dtype.itemsize
-    return [UnitCost(best[j], acts[j].nbytes, outs[j].nbytes,
-                     itemsize * sum(int(np.prod(s)) for layer in model.layers[lo:hi]
-                                    for _, s in layer.param_shapes()))
-            for j, (lo, hi) in enumerate(us)]
+            out = a
+            for layer in layers:
+                layer.set_mode("train")
+                out = layer.forward(out)
+            dy = np.ones_like(out) / out.size
+            for layer in reversed(layers):
+                dy = layer.backward(dy, need_dx=True)
+            best = min(best, time.perf_counter() - t)
+        out = out.copy()
+        costs.append(UnitCost(best, a.nbytes, out.nbytes, model.dtype.itemsize * sum(
+            int(np.prod(s)) for layer in layers for _, s in layer.param_shapes())))
+        a = out
+    return costs
 
 
 def stage_memory(costs: list[UnitCost], in_flight: int) -> int:

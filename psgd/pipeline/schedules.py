@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 FORWARD, BACKWARD = "F", "B"
-SCHEDULES = ("gpipe", "1f1b", "pipedream")
-ASYNCHRONOUS = ("pipedream",)   # a step after every microbatch, no flush between batches
+SCHEDULES = ("gpipe", "1f1b", "pipedream", "pipemare")
+ASYNCHRONOUS = ("pipedream", "pipemare")   # a step after every microbatch, no flush
 
 
 def stage_ops(schedule: str, stages: int, stage: int, microbatches: int) -> list[tuple[str, int]]:
@@ -12,8 +12,8 @@ def stage_ops(schedule: str, stages: int, stage: int, microbatches: int) -> list
     ``gpipe``: every forward, then every backward.  ``1f1b`` (PipeDream-Flush):
     ``K - s - 1`` warm-up forwards, then one forward and one backward in turn, then
     the remaining backwards; the backwards run in the same (ascending) order, so
-    the gradients accumulate as under gpipe.  ``pipedream`` is 1F1B over all the
-    run's microbatches at once (``microbatches`` is then their total): no flush.
+    the gradients accumulate as under gpipe.  ``pipedream`` and ``pipemare`` are 1F1B
+    over all the run's microbatches at once (``microbatches`` is then their total): no flush.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")

@@ -27,6 +27,7 @@ class Stage:
         self._stashed: dict[int, np.ndarray] = {}
         self._on_current: set[int] = set()     # forwards that ran on the then-current weights
         self.weights_for = None                # vertical sync: m -> the slice's version for m
+        self.predict = None                    # PipeMare: weights -> the backward's weights
         self.first, self.last = first, last
         ranges = [(lo, hi) for i, _, lo, hi in model.param_ranges if a <= i < b]
         self.lo = min((lo for lo, _ in ranges), default=0)
@@ -82,12 +83,17 @@ class Stage:
         parameter gradient to :attr:`acc` and returns the input's gradient (None on stage 0).
 
         With :attr:`stash` the backward (and its recomputed forward) runs on the weights
-        microbatch ``m``'s forward used; the current ones are put back after it.
+        microbatch ``m``'s forward used; with :attr:`predict` on ``predict(params)``
+        (PipeMare's estimate of them); the current ones are put back after it.
         """
         current = None
         stashed = self._stashed.pop(m) if self.stash else None
         unchanged = self._live == m and m in self._on_current   # no step since its forward
         self._on_current.discard(m)
+        if stashed is None and self.predict is not None:
+            stashed = self.predict(self.params)
+            if stashed is not None:   # the forward is run again, on the predicted weights
+                unchanged, self._live = False, None
         if stashed is not None and not unchanged:
             current = self.params.copy()
             self.params[:] = stashed

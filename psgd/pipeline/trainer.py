@@ -64,7 +64,8 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
     k, s = grid.stages, grid.stage
     a, b = bounds[s]
     asynchronous = options.schedule in ASYNCHRONOUS
-    stage = Stage(model, a, b, first=s == 0, last=s == k - 1, stash=asynchronous and options.stash)
+    stash = options.schedule == "pipedream" and options.stash
+    stage = Stage(model, a, b, first=s == 0, last=s == k - 1, stash=stash)
     micro, total = batch_size // options.microbatches, batches * options.microbatches
     shape_in = (micro, *model.layers[a].in_shape)
     shape_out = (micro, *model.layers[b - 1].out_shape)
@@ -72,6 +73,11 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
                   slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
                   slots(options, k, s - 1, total) if s > 0 else 0, total)
     optimizer = make_optimizer(stage.hi - stage.lo)
+    if options.schedule == "pipemare":
+        from psgd.pipeline.pipemare import default_anneal
+        anneal = default_anneal(total) if options.anneal is None else options.anneal
+        return AsyncTrainer(stage, links, grid, optimizer, anneal=anneal or None,
+                            correct=options.correct)
     if asynchronous:
         return AsyncTrainer(stage, links, grid, optimizer, vertical=options.vertical_sync)
     return PipelineTrainer(stage, links, grid, options, optimizer)

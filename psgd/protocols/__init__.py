@@ -404,7 +404,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         abilities=frozenset({"compress", "momentum-correction", "resume-optimizer"}),
         feedback_refused=("fp16",),
         cost=_COST + "allreduce_rows", example={"ranks": 2},
-        pipelines=("gpipe", "1f1b", "pipedream"),
+        pipelines=("gpipe", "1f1b", "pipedream", "pipemare"),
         feedback_note=(": its ring rounds every partial sum to half precision, which no "
                        "worker's residual could hold"),
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "

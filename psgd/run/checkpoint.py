@@ -166,8 +166,13 @@ def _config(path, attrs: dict) -> dict:
     return config
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read and validate a checkpoint file; a clear ValueError names what is wrong."""
+def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None) -> Checkpoint:
+    """Read and validate a checkpoint file; a clear ValueError names what is wrong.
+
+    ``part=(lo, hi)`` reads only that slice of the parameter and optimizer vectors (a
+    pipeline stage's); the shapes are checked against the whole vector's all the same.
+    """
+    cut = slice(None) if part is None else slice(*part)
     path = Path(path)
     try:
         f = h5py.File(path, "r")
@@ -183,19 +188,19 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
                              f"is not supported (this psgd reads {FORMAT_VERSION})")
         if "params" not in f:
             raise UsageError(f"checkpoint {path}: missing dataset /params")
-        params = np.asarray(f["params"][...], dtype=np.float32)
         n = int(attrs["n_params"])
-        if params.shape != (n,):
-            raise UsageError(f"checkpoint {path}: /params has shape {params.shape}, "
+        if f["params"].shape != (n,):
+            raise UsageError(f"checkpoint {path}: /params has shape {f['params'].shape}, "
                              f"attribute n_params says {n}")
+        params = np.asarray(f["params"][cut], dtype=np.float32)
         if not np.isfinite(params).all():
             raise UsageError(f"checkpoint {path}: /params holds non-finite values")
         opt_state: dict = {}
         for key, ds in f.get("optimizer", {}).items():
-            value = np.asarray(ds[...], dtype=np.float32)
-            if value.shape != (n,):
-                raise UsageError(f"checkpoint {path}: /optimizer/{key} has shape {value.shape}, "
+            if ds.shape != (n,):
+                raise UsageError(f"checkpoint {path}: /optimizer/{key} has shape {ds.shape}, "
                                  f"expected ({n},)")
+            value = np.asarray(ds[cut], dtype=np.float32)
             opt_state[key] = value
         opt_state["steps"] = int(attrs.get("optimizer_steps", 0))
         clocks = np.asarray(f["clocks"][...], dtype=np.int64) if "clocks" in f else np.zeros(0, np.int64)

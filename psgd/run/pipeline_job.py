@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -15,12 +16,14 @@ from psgd.nn.optim import make_optimizer
 from psgd.pipeline import options as pipeline_options
 from psgd.pipeline import partition
 from psgd.pipeline.asynchronous import Microbatches
+from psgd.pipeline.evaluate import evaluate
 from psgd.pipeline.grid import Grid
+from psgd.pipeline.local import stage_model
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get, names
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from psgd.run.job import agree, agreed_run_id, lr_by_clock, model_for_data, total_steps
+from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run.metrics import MetricsLog
 from psgd.run.settings import resolve_run
 
@@ -61,22 +64,37 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     if opts.schedule in ASYNCHRONOUS and settings.checkpoint_every:
         raise ValueError(f"--checkpoint-every: a --schedule {opts.schedule} run has microbatches "
                          f"in flight at every step; it writes its checkpoint at the end only")
-    from psgd.data.reader import dataset_info
-    partition.check_stages(model_for_data(settings, dataset_info(settings.data)), opts.stages)
+    partition.check_stages(_skeleton(settings), opts.stages)
     if comm.Get_size() % opts.stages:
         raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not D "
                          f"replicas x {opts.stages} stages (give a multiple of {opts.stages} ranks)")
     return settings, resumed, opts
 
 
+def _skeleton(settings):
+    """The model's layers with no parameters allocated (a stage of no layers); sparse models
+    are refused."""
+    from psgd.data.reader import dataset_info
+    from psgd.nn import sparse
+    info = dataset_info(settings.data)
+    if sparse.is_sparse_spec(settings.model):
+        raise ValueError(f"--pipeline cuts dense models into stages; {settings.model} is sparse")
+    sparse.check_data_kind(settings.model, False, bool(info.get("sparse")), settings.data)
+    return stage_model(settings, info, 0, 0)
+
+
 def _cut(settings, opts, model) -> tuple[list[int], list | None]:
     """Units per stage (--partition's, or the profile's dynamic program) and the profiled
-    unit costs (None for given counts).  Run on rank 0, whose cut every rank takes."""
+    unit costs (None for given counts).  Run on rank 0, whose cut every rank takes; the
+    profile allocates one unit's parameters at a time."""
     counts = opts.counts()
     if counts is not None:
         partition.layer_bounds(model, counts)   # checks that they cover the model
         return counts, None
-    costs = partition.profile(model, settings.batch_size // opts.microbatches)
+    from psgd.data.reader import dataset_info
+    info = dataset_info(settings.data)
+    costs = partition.profile(model, settings.batch_size // opts.microbatches,
+                              unit_model=lambda a, b: stage_model(settings, info, a, b))
     bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
     return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank), costs
 
@@ -86,8 +104,7 @@ def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int],
     def on_rank0():
         if comm.Get_rank() != 0:
             return None, None
-        from psgd.data.reader import dataset_info
-        return _cut(settings, opts, model_for_data(settings, dataset_info(settings.data)))
+        return _cut(settings, opts, _skeleton(settings))
     counts, costs = agree(comm, on_rank0, debug, "cut the model into stages", "agreeing on the cut")
     buf = np.array(counts or [0] * opts.stages, np.int64)
     wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the cut")
@@ -97,15 +114,16 @@ def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int],
 def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
     from psgd.data.reader import ShardReader, dataset_info
     info = dataset_info(settings.data)
-    model = model_for_data(settings, info)
+    bounds = partition.layer_bounds(_skeleton(settings), counts)
+    model = stage_model(settings, info, *bounds[grid.stage])
     total = total_steps(settings, info, model, grid.replicas)
-    bounds = partition.layer_bounds(model, counts)
     hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
     make = lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
     start = _resume(settings, resumed, model, total)
     trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start)
     if start:
-        _load_optimizer(trainer, load_checkpoint(resumed.path))
+        part = (model.offset, model.offset + model.n_params)
+        trainer.optimizer.load_state_dict(load_checkpoint(resumed.path, part).opt_state)
     reader = None
     if trainer.stage.first or trainer.stage.last:
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
@@ -115,10 +133,11 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
 
 
 def _resume(settings, resumed, model, total: int) -> int:
-    """The step the run starts at; a checkpoint's parameters are loaded into ``model``."""
+    """The step the run starts at; the stage's slice of a checkpoint's parameters is loaded
+    into ``model`` (each rank reads its own part of the flat vector)."""
     if resumed is None:
         return 0
-    ckpt = load_checkpoint(resumed.path)
+    ckpt = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params))
     if ckpt.model_spec != settings.model or ckpt.params.shape != model.params.shape:
         raise ValueError(f"checkpoint {resumed.path} is of model {ckpt.model_spec!r}, "
                          f"not --model {settings.model!r}")
@@ -132,20 +151,13 @@ def _resume(settings, resumed, model, total: int) -> int:
     return ckpt.step
 
 
-def _load_optimizer(trainer, ckpt: Checkpoint) -> None:
-    lo, hi = trainer.stage.lo, trainer.stage.hi
-    state = {k: (v[lo:hi] if isinstance(v, np.ndarray) and v.ndim == 1 else v)
-             for k, v in ckpt.opt_state.items()}
-    trainer.optimizer.load_state_dict(state)
-
-
 def _save(run: PipelineRun, step: int) -> None:
     """Gather replica 0's stage slices (parameters, optimizer state) and write one checkpoint."""
     s, model, opt = run.settings, run.model, run.trainer.optimizer
-    params = run.grid.gather(run.trainer.stage.params.copy(), model.n_params)
+    params = run.grid.gather(run.trainer.stage.params.copy(), model.n_total)
     state = {}
     for key, value in opt.state_dict().items():
-        full = run.grid.gather(np.ascontiguousarray(value), model.n_params) \
+        full = run.grid.gather(np.ascontiguousarray(value), model.n_total) \
             if isinstance(value, np.ndarray) else value
         state[key] = full
     if params is None:
@@ -237,16 +249,18 @@ def _log_steps(run: PipelineRun, log: MetricsLog, records: list) -> None:
 
 
 def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
-    """Every stage's idle fraction, peak stored activation bytes and parameter bytes, on rank 0."""
+    """Every stage's idle fraction, peak stored activation bytes, parameter bytes and peak
+    resident memory (the process's), on rank 0."""
     stage, opts = run.trainer.stage, run.options
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
     mine = np.array([wall, waited, stage.peak_inputs * stage.input_bytes,
-                     stage.params.nbytes, stage.peak_inputs, *run.trainer.busy], np.float64)
-    rows = np.zeros((run.grid.stages, 7)) if run.grid.stage == 0 else None
+                     stage.params.nbytes, stage.peak_inputs, *run.trainer.busy, rss], np.float64)
+    rows = np.zeros((run.grid.stages, 8)) if run.grid.stage == 0 else None
     wait.wait(run.grid.row_comm.Igather(mine, rows, root=0), "the stages to send their summary")
     if rows is None or run.grid.replica != 0:
         return None
     steps = run.total - run.start
-    per_op = rows[:, 5:] / (steps * opts.microbatches)   # seconds per microbatch op
+    per_op = rows[:, 5:7] / (steps * opts.microbatches)   # seconds per microbatch op
     # microbatches between flushes: a batch's, or (asynchronous) the whole run's
     m = steps * opts.microbatches if opts.schedule in ASYNCHRONOUS else opts.microbatches
     return {"stages": opts.stages, "microbatches": opts.microbatches, "schedule": opts.schedule,
@@ -258,23 +272,23 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
             "forward_s": per_op[:, 0].tolist(), "backward_s": per_op[:, 1].tolist(),
             "idle": (rows[:, 1] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
             "peak_microbatches": rows[:, 4].astype(int).tolist(),
-            "param_bytes": rows[:, 3].astype(int).tolist()}
+            "param_bytes": rows[:, 3].astype(int).tolist(),
+            "peak_rss_bytes": rows[:, 7].astype(int).tolist()}
 
 
 def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
-    """Replica 0's whole vector on rank 0, evaluated on the test split there (None elsewhere)."""
-    params = run.grid.gather(run.trainer.stage.params.copy(), run.model.n_params)
-    if params is None:
-        return None
-    model, reader, s = run.model, run.reader, run.settings
-    model.params[:] = params
-    x, y = reader.test_set()
-    if s.eval_samples:
-        x, y = x[:s.eval_samples], y[:s.eval_samples]
-    if model.batchnorms:
-        from psgd.nn.model import CALIBRATION_SAMPLES
-        model.set_calibration(reader.calibration_rows(CALIBRATION_SAMPLES)[0])
-    return model.evaluate(x, y)
+    """Replica 0's test loss and accuracy on rank 0 (None elsewhere); the test rows stream
+    through the stages (:func:`psgd.pipeline.evaluate.evaluate`), nothing is gathered."""
+    model, reader, s, stage = run.model, run.reader, run.settings, run.trainer.stage
+    test = calibration = None
+    if run.grid.replica == 0 and (stage.first or stage.last):
+        test = reader.test_set()
+        if s.eval_samples:
+            test = (test[0][:s.eval_samples], test[1][:s.eval_samples])
+        if stage.first and model.any_batchnorm:
+            from psgd.nn.model import CALIBRATION_SAMPLES
+            calibration = model._check_x(reader.calibration_rows(CALIBRATION_SAMPLES)[0])
+    return evaluate(model, run.grid, test, calibration)
 
 
 def _announce(run: PipelineRun, counts: list[int], costs) -> None:
@@ -308,7 +322,8 @@ def _finish(run: PipelineRun, log: MetricsLog, wall: float, waited: float) -> No
     print(f"psgd: {summary['samples_per_s']:.1f} samples/s; idle per stage {idle} "
           f"(predicted bubble {summary['predicted_bubble']:.3f}); peak activation bytes "
           f"{[int(b) for b in summary['activation_bytes']]}; parameter bytes "
-          f"{summary['param_bytes']}", flush=True)
+          f"{summary['param_bytes']}; peak RSS MiB "
+          f"{[b >> 20 for b in summary['peak_rss_bytes']]}", flush=True)
     loss, acc = result
     print(f"psgd: test loss {loss:.4f}, accuracy {acc:.4f}", flush=True)
     log.write("summary", pipeline=summary, test_loss=loss, test_accuracy=acc)

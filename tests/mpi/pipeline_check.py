@@ -12,12 +12,15 @@ from mpi4py import MPI
 
 from psgd.errors import report_and_abort
 from psgd.nn.model import build_model
+from psgd.pipeline.evaluate import evaluate
+from psgd.pipeline.local import StageModel
 from psgd.nn.optim import make_optimizer
 from psgd.pipeline.grid import Grid
 from psgd.pipeline.options import PipelineOptions
 from psgd.pipeline.partition import layer_bounds, units
 from psgd.pipeline.asynchronous import Microbatches
-from psgd.pipeline.reference import reference_pipedream, reference_step
+from psgd.pipeline.pipemare import default_anneal
+from psgd.pipeline.reference import reference_pipedream, reference_pipemare, reference_step
 from psgd.pipeline.trainer import build_trainer
 
 SHAPE = {"lenet": (1, 28, 28)}
@@ -43,30 +46,40 @@ def main():
     grid = Grid(comm, k)
     make = lambda: build_model(spec, seed=3, dtype=dtype, input_shape=SHAPE.get(spec, (3, 8, 8)),
                                n_classes=10)
-    model = make()
+    whole = make()
     options = PipelineOptions(stages=k, microbatches=m, schedule=schedule)
-    bounds = layer_bounds(model, even_counts(len(units(model)), k))
+    bounds = layer_bounds(whole, even_counts(len(units(whole)), k))
+    # this rank allocates its stage's parameters only
+    model = StageModel(spec, *bounds[grid.stage], seed=3, dtype=dtype,
+                       input_shape=SHAPE.get(spec, (3, 8, 8)), n_classes=10)
+    assert model.n_params < whole.n_params or k == 1
+    del whole
     trainer = build_trainer(model, grid, options, bounds, lambda n: make_optimizer(opt, n),
                             BATCH, steps)
     xs, ys = batches(model, steps, grid.replicas)
-    if schedule == "pipedream":   # the steps as one schedule of steps x M microbatches
+    if schedule in ("pipedream", "pipemare"):   # the steps as one schedule of steps x M microbatches
         trainer.run(steps * m, lambda g: 0.05, Microbatches(lambda t: xs[t, grid.replica], m),
                     Microbatches(lambda t: ys[t, grid.replica], m))
     else:
         for t in range(steps):
             trainer.step(t, 0.05, model._check_x(xs[t, grid.replica]), ys[t, grid.replica])
     trainer.links.finish()
-    params = grid.gather(trainer.stage.params.copy(), model.n_params)
+    params = grid.gather(trainer.stage.params.copy(), model.n_total)
+    test_x, test_y = (a[:, 0].reshape(-1, *a.shape[3:]) for a in batches(model, 2, 1))
+    result = evaluate(model, grid, (test_x, test_y), test_x[:40] if model.any_batchnorm else None)
     peaks = np.zeros(comm.Get_size(), np.int64)
     comm.Gather(np.array([trainer.stage.peak_inputs], np.int64), peaks)
     if comm.Get_rank() == 0:
         ref = make()
         ropt = make_optimizer(opt, ref.n_params)
+        b = BATCH // m
+        micro = (xs[:, 0].reshape(steps * m, b, *model.input_shape), ys[:, 0].reshape(steps * m, b))
         if schedule == "pipedream":
-            b = BATCH // m
-            reference_pipedream(ref, ropt, xs[:, 0].reshape(steps * m, b, *model.input_shape),
-                                ys[:, 0].reshape(steps * m, b), bounds, lambda g: 0.05)
-        for t in range(steps if schedule != "pipedream" else 0):
+            reference_pipedream(ref, ropt, *micro, bounds, lambda g: 0.05)
+        if schedule == "pipemare":
+            reference_pipemare(ref, lambda n: make_optimizer(opt, n), *micro, bounds,
+                               lambda g: 0.05, anneal=default_anneal(steps * m), correct=True)
+        for t in range(steps if schedule not in ("pipedream", "pipemare") else 0):
             if grid.replicas == 1:
                 reference_step(ref, ropt, xs[t, 0], ys[t, 0], m, 0.05)
             else:  # D replicas: the serial step on all D x M microbatches
@@ -75,6 +88,8 @@ def main():
         diff = float(np.max(np.abs(params.astype(np.float64) - ref.params)))
         print(f"max |pipeline - serial| = {diff!r}")
         print(f"peak inputs per stage = {peaks[:k].tolist()}")
+        ref.set_calibration(test_x[:40])
+        print(f"streamed evaluation equal = {result == ref.evaluate(test_x, test_y)}")
         print(f"moved = {float(np.max(np.abs(ref.params - make().params)))!r}")
     grid.free()
 

@@ -5,7 +5,7 @@
 On one `psgd data synth --sparse` set (about 1% density): `psgd train --protocol
 hogwild --model linear` with 1 and 2 workers (one server), pushing the touched
 rows and reading the next batch's rows (sparse: with the hot rows held, the default, and
-with ``--hold-hot 1``) or moving the whole vector (``PSGD_HOGWILD_SPARSE=off``, dense hogwild); bytes per update are the lead worker's
+with ``--hold-hot 1``) or moving the whole vector (``PSGD_X_HOGWILD_SPARSE=off``, dense hogwild); bytes per update are the lead worker's
 pushed and read bytes per step.
 scikit-learn's SGDClassifier (log loss, one-vs-rest, constant learning rate
 lr / batch per sample, the same epochs, no regularisation) trains on the same
@@ -95,7 +95,7 @@ def psgd_run(data: Path, workers: int, sparse: bool, args, log: Path, hold: int 
            "--epochs", str(args.epochs), "--log-every", "50", "--quiet", "--log", str(log),
            "--overwrite", "--optimizer", args.optimizer,
            "--staleness-comp", args.staleness_comp, *(["--hold-hot", str(hold)] if hold else [])]
-    env = {**os.environ, "PSGD_HOGWILD_SPARSE": "on" if sparse else "off"}
+    env = {**os.environ, "PSGD_X_HOGWILD_SPARSE": "on" if sparse else "off"}
     proc, wall, other = timed(cmd, args.timeout, cwd=ROOT, env=env)
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     summary = next((r for r in records if r["kind"] == "summary"), None)

@@ -48,7 +48,7 @@ class ProtocolConfig:
     push_window : bool
         A worker's pushes to the servers of its own node go through shared
         memory (:mod:`psgd.ps.push_window`); False keeps them to messages
-        (``psgd train`` reads ``PSGD_PS_PUSH_WINDOW`` once, at set-up).
+        (``psgd train`` reads ``PSGD_X_PS_PUSH_WINDOW`` once, at set-up).
     record : bool
         Servers write down the order of their events (``--record``, :mod:`psgd.ps.order`).
     replay : tuple of ndarray or None

@@ -29,31 +29,31 @@ def env_int(name: str, default: int) -> int:
 
 
 def ps_push_window() -> bool:
-    """``PSGD_PS_PUSH_WINDOW``: False when set to 0 (pushes by messages only)."""
-    return env_int("PSGD_PS_PUSH_WINDOW", 1) != 0
+    """``PSGD_X_PS_PUSH_WINDOW``: False when set to 0 (pushes by messages only)."""
+    return env_int("PSGD_X_PS_PUSH_WINDOW", 1) != 0
 
 
 #: psgd's own knobs beside the flags' ``PSGD_<FLAG>`` variables: name -> what it sets
 #: (docs/guide/environment.md is the table users read; a test keeps the two the same)
 KNOBS = {
     "PSGD_PLUGINS": "modules to import before the command line is read (psgd.plugins)",
-    "PSGD_FAULT": "tests: make a rank fail (psgd.mpi.faults)",
-    "PSGD_STOP_EVERY": "clocks between stop checks (0: adaptive)",
-    "PSGD_POLL_MAX_SLEEP": "longest sleep, in seconds, between polls of a pending request",
+    "PSGD_X_FAULT": "tests: make a rank fail (psgd.mpi.faults)",
+    "PSGD_X_STOP_EVERY": "clocks between stop checks (0: adaptive)",
+    "PSGD_X_POLL_MAX_SLEEP": "longest sleep, in seconds, between polls of a pending request",
     "PSGD_PROGRESS": "1 or 0: show the progress bar or not (default: a guess from the terminal)",
-    "PSGD_PS_PUSH_WINDOW": "0: bsp/ssp/asp pushes by messages only, never the shared window",
-    "PSGD_HOGWILD_WINDOW": "hogwild's parameter window: auto, shared or allocate",
-    "PSGD_HOGWILD_SPARSE": "off: hogwild moves a sparse model's whole vector",
-    "PSGD_HOGWILD_FUSED": "off: hogwild never fuses a sparse model's steps into runs",
-    "PSGD_ALLREDUCE_SMALL_BYTES": "all-reduce: below this, recursive doubling instead of the ring",
-    "PSGD_ALLREDUCE_SEGMENT_BYTES": "all-reduce: the ring's segment size",
-    "PSGD_ALLREDUCE_SHARED_BYTES": "all-reduce: the node's shared window size (0: messages only)",
-    "PSGD_ALLREDUCE_CHUNK_BYTES": "hierarchical all-reduce: the pipeline's chunk size",
-    "PSGD_ALLREDUCE_PIECE_BYTES": "shared-window all-reduce: the piece each rank sums",
-    "PSGD_ALLREDUCE_SPIN_US": "all-reduce: microseconds to spin before sleeping on a flag",
+    "PSGD_X_PS_PUSH_WINDOW": "0: bsp/ssp/asp pushes by messages only, never the shared window",
+    "PSGD_X_HOGWILD_WINDOW": "hogwild's parameter window: auto, shared or allocate",
+    "PSGD_X_HOGWILD_SPARSE": "off: hogwild moves a sparse model's whole vector",
+    "PSGD_X_HOGWILD_FUSED": "off: hogwild never fuses a sparse model's steps into runs",
+    "PSGD_X_ALLREDUCE_SMALL_BYTES": "all-reduce: below this, recursive doubling instead of the ring",
+    "PSGD_X_ALLREDUCE_SEGMENT_BYTES": "all-reduce: the ring's segment size",
+    "PSGD_X_ALLREDUCE_SHARED_BYTES": "all-reduce: the node's shared window size (0: messages only)",
+    "PSGD_X_ALLREDUCE_CHUNK_BYTES": "hierarchical all-reduce: the pipeline's chunk size",
+    "PSGD_X_ALLREDUCE_PIECE_BYTES": "shared-window all-reduce: the piece each rank sums",
+    "PSGD_X_ALLREDUCE_SPIN_US": "all-reduce: microseconds to spin before sleeping on a flag",
     "PSGD_MPIEXEC": "the launcher psgd demo and the tests start (default: the venv's mpiexec)",
     "PSGD_DEMO_DIR": "where psgd demo writes (default demo/)",
-    "PSGD_TEST_MARK": "tests: marks the processes a test started",
+    "PSGD_X_TEST_MARK": "tests: marks the processes a test started",
 }
 
 

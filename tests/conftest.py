@@ -103,11 +103,11 @@ def _sweep_shm():
 
 
 def marked_pids(marker: str, ranks_only: bool = False) -> list[int]:
-    """Processes whose environment holds ``PSGD_TEST_MARK=marker`` (the jobs a test started).
+    """Processes whose environment holds ``PSGD_X_TEST_MARK=marker`` (the jobs a test started).
 
     With ``ranks_only``, only the python ranks (not mpiexec or hydra's proxies).
     """
-    needle = f"PSGD_TEST_MARK={marker}".encode()
+    needle = f"PSGD_X_TEST_MARK={marker}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

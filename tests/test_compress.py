@@ -355,7 +355,7 @@ def test_compressed_allreduce_keeps_replicas_identical_and_fp16_exact_as_the_rin
     specs = ["none", "fp16", "topk:1.0", "qsgd:4", "topk:0.01", "sign"]
     # pieces of 100 elements: the fp16 ring pipelines several per chunk
     out = mpirun(workers, ["compress_ring_check.py", *specs],
-                 env={"PSGD_ALLREDUCE_SEGMENT_BYTES": "400"}).stdout
+                 env={"PSGD_X_ALLREDUCE_SEGMENT_BYTES": "400"}).stdout
     runs = json.loads(out.split("RESULT ", 1)[1])
     assert all(runs[spec]["same"] for spec in specs)
     base = np.array(runs["none"]["params"])

@@ -14,8 +14,14 @@ def test_every_variable_the_source_names_is_a_flags_or_a_knob():
     named = set()
     for path in list((ROOT / "psgd").rglob("*.py")) + list((ROOT / "kernels").rglob("*.py")):
         named |= set(re.findall(r"PSGD_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
-    named -= {"PSGD_ALLREDUCE"}   # the prefix of the PSGD_ALLREDUCE_*_BYTES family, in prose
+    named -= {"PSGD_X_ALLREDUCE"}   # the prefix of the PSGD_X_ALLREDUCE_*_BYTES family, in prose
     assert named - KNOBS.keys() - FLAG_VARIABLES == set()
+
+
+def test_internal_knobs_carry_the_x_prefix_that_no_flag_variable_can_take():
+    user_facing = {"PSGD_PLUGINS", "PSGD_PROGRESS", "PSGD_MPIEXEC", "PSGD_DEMO_DIR"}
+    assert all(name.startswith("PSGD_X_") for name in KNOBS.keys() - user_facing)
+    assert not [name for name in FLAG_VARIABLES if name.startswith("PSGD_X_")]
 
 
 def test_the_guide_lists_exactly_the_knobs():
@@ -25,8 +31,8 @@ def test_the_guide_lists_exactly_the_knobs():
 
 def test_variables_are_sorted_into_read_and_ignored():
     known, unknown = psgd_variables(FLAG_VARIABLES, {"PSGD_LOG": "/tmp/x", "PSGD_LOGG": "1",
-                                                     "PSGD_FAULT": "rank=1", "HOME": "/"})
-    assert known == {"PSGD_LOG": "/tmp/x", "PSGD_FAULT": "rank=1"} and unknown == ["PSGD_LOGG"]
+                                                     "PSGD_X_FAULT": "rank=1", "HOME": "/"})
+    assert known == {"PSGD_LOG": "/tmp/x", "PSGD_X_FAULT": "rank=1"} and unknown == ["PSGD_LOGG"]
 
 
 def test_a_flags_variable_is_honoured_and_recorded_and_a_stray_one_is_named(mpirun, dataset,

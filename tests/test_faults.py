@@ -1,4 +1,4 @@
-"""A failure on any rank ends the whole job quickly, naming the rank, under every protocol (PSGD_FAULT)."""
+"""A failure on any rank ends the whole job quickly, naming the rank, under every protocol (PSGD_X_FAULT)."""
 import os
 import re
 import time
@@ -25,13 +25,13 @@ LAYOUT = {name: layout(name) for name in PROTOCOLS}
 
 
 def run_job(mpirun, dataset, protocol, fault, *flags, timeout=90, env=None):
-    """Train under ``protocol`` with ``PSGD_FAULT=fault`` (and ``env``); return (proc, seconds,
+    """Train under ``protocol`` with ``PSGD_X_FAULT=fault`` (and ``env``); return (proc, seconds,
     leftover pids)."""
     ranks, servers, _, opt = layout(protocol)
     marker = uuid.uuid4().hex
-    env = {**(env or {}), "PSGD_TEST_MARK": marker}
+    env = {**(env or {}), "PSGD_X_TEST_MARK": marker}
     if fault:
-        env["PSGD_FAULT"] = fault
+        env["PSGD_X_FAULT"] = fault
     t0 = time.monotonic()
     proc = mpirun(ranks, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model", MLP,
                           "--protocol", protocol, "--servers", servers, "--optimizer", opt,
@@ -86,7 +86,7 @@ def check_failed_rank(mpirun, dataset, protocol, where, kind, env=None):
     else:
         # a killed process says nothing, and MPICH names a pid (not always the killed one's,
         # when several die together): the injector's line names the rank and its pid
-        assert re.search(rf"PSGD_FAULT: rank {rank} \(pid \d+\) at step \d+: kill", proc.stderr)
+        assert re.search(rf"PSGD_X_FAULT: rank {rank} \(pid \d+\) at step \d+: kill", proc.stderr)
         assert "BAD TERMINATION" in proc.stdout + proc.stderr
         assert "Killed (signal 9)" in proc.stdout + proc.stderr
 
@@ -150,9 +150,9 @@ def test_fault_spec_is_parsed_and_checked():
     f = parse("rank=2,step=5,kind=kill")
     assert (f.rank, f.step, f.kind) == (2, 5, "kill")
     for bad in ("rank=x", "rank=1,kind=explode", "rank=1,when=3", "nonsense"):
-        with pytest.raises(ValueError, match="PSGD_FAULT"):
+        with pytest.raises(ValueError, match="PSGD_X_FAULT"):
             parse(bad)
-    os.environ.pop("PSGD_FAULT", None)
+    os.environ.pop("PSGD_X_FAULT", None)
     from psgd.mpi.faults import for_rank
     assert for_rank(0) is None
 

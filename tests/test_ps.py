@@ -215,7 +215,7 @@ def test_no_room_for_the_push_window_ends_the_job_with_one_clear_error(mpirun):
     assert time.monotonic() - t0 < 30
     assert "shared-memory push window (unable to allocate shared memory)" in proc.stderr, \
         proc.stderr
-    assert "PSGD_PS_PUSH_WINDOW=0" in proc.stderr and "Traceback" not in proc.stderr
+    assert "PSGD_X_PS_PUSH_WINDOW=0" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_server_uses_little_cpu_while_workers_compute(scenario):

@@ -34,7 +34,7 @@ def test_allreduce_training_equals_single_process_sgd_and_replicas_agree(suite, 
 # ring_train's gradient is 105 floats: on one node ``auto`` takes the window's gather
 # schedule.  The same invariant through its reduce-scatter, and through messages only
 # (recursive doubling), in the suite's 3-rank stages; the ring, through both variables
-# (PSGD_ALLREDUCE_*: read at import), in a launch of its own.
+# (PSGD_X_ALLREDUCE_*: read at import), in a launch of its own.
 @pytest.mark.parametrize("algorithm", ["shared", "doubling"],
                          ids=["shared-reduce-scatter", "doubling"])
 def test_allreduce_training_invariant_holds_for_every_algorithm(suite, algorithm):
@@ -45,7 +45,7 @@ def test_allreduce_training_invariant_holds_for_every_algorithm(suite, algorithm
 
 def test_allreduce_training_by_the_ring_when_the_variables_say_so(mpirun):
     result = mpirun(3, ["ring_train.py"], timeout=90, env={
-        "PSGD_ALLREDUCE_SHARED_BYTES": "0", "PSGD_ALLREDUCE_SMALL_BYTES": "0"})
+        "PSGD_X_ALLREDUCE_SHARED_BYTES": "0", "PSGD_X_ALLREDUCE_SMALL_BYTES": "0"})
     assert "passed on 3 ranks, all-reduce ring" in result.stdout
 
 
@@ -70,10 +70,10 @@ def test_training_without_room_for_the_shared_window_ends_with_one_clear_error(m
     the first all-reduce with a message naming the window and the way round it."""
     proc = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--quiet", "--model",
                       "mlp:784-16-10", "--protocol", "allreduce", "--steps", "2"],
-                  env={"PSGD_ALLREDUCE_PIECE_BYTES": str(10 ** 14)}, check=False, timeout=60)
+                  env={"PSGD_X_ALLREDUCE_PIECE_BYTES": str(10 ** 14)}, check=False, timeout=60)
     assert proc.returncode != 0
     assert "shared-memory window (unable to allocate shared memory)" in proc.stderr, proc.stderr
-    assert "PSGD_ALLREDUCE_SHARED_BYTES=0" in proc.stderr
+    assert "PSGD_X_ALLREDUCE_SHARED_BYTES=0" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -110,7 +110,7 @@ def test_scancel_stops_the_job_with_a_checkpoint_leaving_nothing_behind(slurm, d
     marker, log = f"scancel-{os.getpid()}", tmp_path / "log.jsonl"
     shm_before = set(os.listdir("/dev/shm"))
     jid = _submit(slurm, tmp_path, "ssp", "--data", dataset, *SMALL, "--steps", 100000,
-                  "--checkpoint-dir", tmp_path / "ck", "--log", log, env={"PSGD_TEST_MARK": marker})
+                  "--checkpoint-dir", tmp_path / "ck", "--log", log, env={"PSGD_X_TEST_MARK": marker})
     _wait(slurm, jid, lambda job: _logged_a_step(log) or _ended(job), 120, "training")
     subprocess.run(["scancel", jid], env=slurm, check=True)
     job = _wait(slurm, jid, _ended, 30, "cancelled")
@@ -127,7 +127,7 @@ def test_a_segment_a_killed_step_left_is_named_when_its_requeued_job_stalls_in_m
     marker, log = f"segment-{os.getpid()}", tmp_path / "log.jsonl"
     jid = _submit(slurm, tmp_path, "asp", "--data", dataset, *SMALL, "--steps", 100000,
                   "--log", log, "--checkpoint-dir", tmp_path / "ck",
-                  env={"PSGD_TEST_MARK": marker, "PSGD_STALL_TIMEOUT": "3",
+                  env={"PSGD_X_TEST_MARK": marker, "PSGD_STALL_TIMEOUT": "3",
                        "PSGD_STALL_ABORT": "20", "PSGD_REQUEUE": "0"})
     _wait(slurm, jid, lambda job: _logged_a_step(log) or _ended(job), 120, "training")
     for pid in marked_pids(marker, ranks_only=True):   # a node's OOM killer, say
@@ -156,7 +156,7 @@ def test_usr1_checkpoints_and_the_requeued_job_ends_where_an_uninterrupted_run_e
              "--batch-size", 16, "--steps", 600, "--seed", 3]
     log, ck = tmp_path / "log.jsonl", tmp_path / "ck"
     jid = _submit(slurm, tmp_path, "bsp", *flags, "--checkpoint-dir", ck, "--log", log,
-                  env={"PSGD_STOP_EVERY": "8"})
+                  env={"PSGD_X_STOP_EVERY": "8"})
     _wait(slurm, jid, lambda job: _logged_a_step(log) or _ended(job), 120, "training")
     # what Slurm sends 120 s before the time limit (#SBATCH --signal=USR1@120)
     subprocess.run(["scancel", "--signal=USR1", jid], env=slurm, check=True)

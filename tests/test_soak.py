@@ -57,7 +57,7 @@ def _last_step(log: Path) -> int:
 def test_soak_six_ranks_no_deadlock_no_memory_growth(dataset, tmp_path, protocol):
     marker = uuid.uuid4().hex
     log = tmp_path / "soak.jsonl"
-    env = dict(os.environ, PSGD_TEST_MARK=marker, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PSGD_X_TEST_MARK=marker, PYTHONUNBUFFERED="1")
     cmd = [mpiexec_path(), "-n", "6", sys.executable, "-m", "psgd", "train", "--data", dataset,
            "--quiet", "--model", "mlp:784-128-10", "--protocol", protocol, "--servers", "2",
            "--optimizer", "momentum", "--lr", "0.01", "--batch-size", "32",

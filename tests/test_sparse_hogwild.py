@@ -16,7 +16,7 @@ def test_sparse_hogwild_reads_only_its_rows_as_the_servers_hold_them(mpirun, win
     # two shards of 101 rows of 3 cut mid-row; the check asserts bytes read per step and,
     # with one worker, that the rows read equal the servers' values
     out = mpirun(servers + workers, [SCRIPT, servers, 30, 101, 3], timeout=60,
-                 env={"PSGD_HOGWILD_WINDOW": window}).stdout
+                 env={"PSGD_X_HOGWILD_WINDOW": window}).stdout
     assert f"sparse hogwild ok: S={servers} W={workers}" in out
 
 
@@ -100,7 +100,7 @@ def test_runs_of_fused_steps_equal_the_step_by_step_path_bit_for_bit(mpirun, spa
                    "--batch-size", 8, "--steps", 300, "--log-every", 25, "--log", out / "run.jsonl",
                    "--checkpoint-dir", out, "--checkpoint-every", 100, "--hold-hot", 1, *extra],
                timeout=120,
-               env={"PSGD_HOGWILD_FUSED": fused})
+               env={"PSGD_X_HOGWILD_FUSED": fused})
         logs[fused] = [{k: v for k, v in r.items() if k not in ("samples_per_s", "wall_s", "time")
                         and not k.endswith("_s") and k != "est_global_samples_per_s"}
                        for r in read_log(out / "run.jsonl") if r["kind"] in ("step", "eval")]
@@ -154,7 +154,7 @@ def test_lazy_momentum_training_equals_dense_hogwild_and_pushes_by_nonzeros(mpir
                    "--weight-decay", 1e-4, "--lr-schedule", "cosine", "--staleness-comp", "amom",
                    "--batch-size", 8, "--steps", 300, "--log", out / "run.jsonl",
                    "--checkpoint-dir", out, "--checkpoint-every", 150], timeout=120,
-               env={"PSGD_HOGWILD_SPARSE": sparse})
+               env={"PSGD_X_HOGWILD_SPARSE": sparse})
         pushed[sparse] = [r["push_bytes_per_step"] for r in read_log(out / "run.jsonl")
                           if r["kind"] == "step" and r.get("push_bytes_per_step")]
     for step in (150, 300):

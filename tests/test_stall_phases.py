@@ -45,7 +45,7 @@ def _run_and_freeze(dataset, tmp_path, when, env=None):
            "--log", str(log), "--stall-timeout", "1", "--stall-abort", "4"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PSGD_TEST_MARK=marker, **(env or {})),
+                            env=dict(os.environ, PSGD_X_TEST_MARK=marker, **(env or {})),
                             start_new_session=True)
     frozen = None
     while frozen is None and proc.poll() is None and time.monotonic() - start < BOUND_S:
@@ -91,6 +91,6 @@ def test_worker_frozen_is_reported_then_the_job_ends(dataset, tmp_path, moment, 
 
 def test_worker_stuck_at_the_final_gather_is_named_then_the_job_ends(dataset, tmp_path):
     rc, err, elapsed, _ = _run_and_freeze(dataset, tmp_path, lambda log: False,
-                                          env={"PSGD_FAULT": f"rank=2,step={STEPS},kind=hang"})
+                                          env={"PSGD_X_FAULT": f"rank=2,step={STEPS},kind=hang"})
     _assert_reported_then_ended(rc, err, re.escape("rank 2 to send its end-of-run report"))
     assert elapsed < BOUND_S

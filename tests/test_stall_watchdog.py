@@ -1,6 +1,6 @@
 """A rank frozen (SIGSTOP) in any set-up or teardown phase is named with its phase, and the job ends.
 
-Each case freezes one rank on entering one phase (``PSGD_FAULT=rank=R,phase=P,kind=stop``)
+Each case freezes one rank on entering one phase (``PSGD_X_FAULT=rank=R,phase=P,kind=stop``)
 and checks that the job ends, non-zero, within the stall abort limit + 10 s of the
 freeze, with a ``psgd: error:`` line naming the frozen rank and that phase, and that
 it leaves no process and nothing in /dev/shm behind.
@@ -84,8 +84,8 @@ def run_frozen(dataset, protocol: str, rank: int, label: str):
            dataset, "--model", "mlp:784-32-10", "--protocol", protocol, "--servers", str(servers),
            "--optimizer", opt, "--steps", "20", "--batch-size", "16", "--quiet",
            "--stall-timeout", str(TIMEOUT_S), "--stall-abort", str(ABORT_S)]
-    env = dict(os.environ, PSGD_TEST_MARK=marker, PYTHONUNBUFFERED="1",
-               PSGD_FAULT=f"rank={rank},phase={label},kind=stop")
+    env = dict(os.environ, PSGD_X_TEST_MARK=marker, PYTHONUNBUFFERED="1",
+               PSGD_X_FAULT=f"rank={rank},phase={label},kind=stop")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
     lines, frozen_at, mapped = [], [], set()
@@ -93,7 +93,7 @@ def run_frozen(dataset, protocol: str, rank: int, label: str):
     def read():
         for line in proc.stderr:
             lines.append(line.rstrip("\n"))
-            if line.startswith("psgd: PSGD_FAULT:") and not frozen_at:
+            if line.startswith("psgd: PSGD_X_FAULT:") and not frozen_at:
                 frozen_at.append(time.monotonic())
                 mapped.update(_shm_mapped_by(marked_pids(marker, ranks_only=True)))
 
@@ -136,7 +136,7 @@ def _shm_mapped_by(pids) -> set:
 def test_frozen_rank_is_named_with_its_phase_and_the_job_ends(dataset, protocol, rank, label):
     rc, lines, after_freeze, left, (mapped, shm) = run_frozen(dataset, protocol, rank, label)
     text = "\n".join(lines)
-    assert f'PSGD_FAULT: rank {rank} (pid' in text and f'in phase "{label}": stop' in text, text
+    assert f'PSGD_X_FAULT: rank {rank} (pid' in text and f'in phase "{label}": stop' in text, text
     assert rc != 0, text
     assert after_freeze is not None and after_freeze < BOUND_S, (after_freeze, text)
     named = re.compile(rf'rank {rank} does not answer .*last heard entering phase "{re.escape(label)}"')

@@ -17,7 +17,7 @@ from psgd.run.signals import EXIT_STOPPED
 
 MLP = "mlp:784-32-10"
 STEPS = 600
-EVERY = 8   # PSGD_STOP_EVERY in these tests
+EVERY = 8   # PSGD_X_STOP_EVERY in these tests
 
 
 def _common(protocol: str, servers: int) -> list[str]:
@@ -27,7 +27,7 @@ def _common(protocol: str, servers: int) -> list[str]:
 
 
 def _start(n: int, flags: list, marker: str, every: int = EVERY) -> subprocess.Popen:
-    env = dict(os.environ, PSGD_TEST_MARK=marker, PSGD_STOP_EVERY=str(every),
+    env = dict(os.environ, PSGD_X_TEST_MARK=marker, PSGD_X_STOP_EVERY=str(every),
                PYTHONUNBUFFERED="1", PSGD_STALL_ABORT="60")
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-m", "psgd", "train", *map(str, flags)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -20,7 +20,7 @@ OPS = ("sum", "mean")
 ALGORITHMS = ("auto", "ring", "doubling", "shared", "hierarchical")
 
 # Defaults chosen with bench/bench_allreduce.py (figures in docs/design/architecture.md,
-# "Design notes"); PSGD_ALLREDUCE_* variables (read at import) override them, keyword arguments both.
+# "Design notes"); PSGD_X_ALLREDUCE_* variables (read at import) override them, keyword arguments both.
 # Below this many bytes recursive doubling (log2 N exchanges of the whole buffer), from it
 # the ring (2(N-1) exchanges of 1/N of it).
 DEFAULT_SMALL_BYTES = 256 * 1024
@@ -145,9 +145,9 @@ def _state(comm: MPI.Comm) -> _CommState:
     return state
 
 
-_small_bytes = env_int("PSGD_ALLREDUCE_SMALL_BYTES", DEFAULT_SMALL_BYTES)
-_segment_bytes = env_int("PSGD_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES)
-_shared_bytes = env_int("PSGD_ALLREDUCE_SHARED_BYTES", DEFAULT_SHARED_BYTES)
+_small_bytes = env_int("PSGD_X_ALLREDUCE_SMALL_BYTES", DEFAULT_SMALL_BYTES)
+_segment_bytes = env_int("PSGD_X_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES)
+_shared_bytes = env_int("PSGD_X_ALLREDUCE_SHARED_BYTES", DEFAULT_SHARED_BYTES)
 
 
 def _check(buf, op: str, algorithm: str) -> None:
@@ -203,7 +203,7 @@ def allreduce(comm: MPI.Comm, buf: np.ndarray, op: str = "sum", *,
         The doubling/ring threshold, the ring's segment size, the largest buffer
         ``auto`` sends through the window (0: never) and the least bytes of the
         hierarchical all-reduce's pipelined chunks (0: not pipelined); by default
-        ``PSGD_ALLREDUCE_{SMALL,SEGMENT,SHARED,CHUNK}_BYTES``, else ``DEFAULT_*_BYTES``.
+        ``PSGD_X_ALLREDUCE_{SMALL,SEGMENT,SHARED,CHUNK}_BYTES``, else ``DEFAULT_*_BYTES``.
     label : str
         Appended to what a stalled wait says it waits for (e.g. " of clock 12").
 

@@ -18,8 +18,8 @@ from psgd.env import env_int
 from psgd.kernels.compress import HALF_TO_FLOAT, fp16_decode_add, fp16_encode
 
 _TAG_RS, _TAG_AG = 30, 31
-# the fp16 ring's pieces, in elements: the float32 ring's segments (PSGD_ALLREDUCE_SEGMENT_BYTES)
-SEGMENT = env_int("PSGD_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES) // 4
+# the fp16 ring's pieces, in elements: the float32 ring's segments (PSGD_X_ALLREDUCE_SEGMENT_BYTES)
+SEGMENT = env_int("PSGD_X_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES) // 4
 
 
 class _Whole:

@@ -17,7 +17,7 @@ from psgd.env import env_int
 
 # Pipelined chunks have at least this many bytes each (a buffer under two goes unpipelined);
 # chosen with bench/bench_hier_chunks.py (figures in bench/results/allreduce-net.md).
-DEFAULT_CHUNK_BYTES = env_int("PSGD_ALLREDUCE_CHUNK_BYTES", 512 * 1024)
+DEFAULT_CHUNK_BYTES = env_int("PSGD_X_ALLREDUCE_CHUNK_BYTES", 512 * 1024)
 _TAGS = 16                          # the rings' first tag (RingSchedule's default)
 
 

@@ -22,7 +22,7 @@ _TAG_RS = 16
 # psgd.mpi.wait's backoff sleeps: the peer is inside the same call, so due within
 # microseconds, and sched_yield hands the core straight to a rank that shares it.
 DEFAULT_SPIN_S = 5e-3
-SPIN_S = env_float("PSGD_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
+SPIN_S = env_float("PSGD_X_ALLREDUCE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
 POLLS = 4                                  # bare polls before the yield spin
 
 

@@ -17,7 +17,7 @@ from psgd.mpi.shared_memory import allocate_shared
 
 # A reduce-scatter moves a buffer through the window in pieces of at most this many
 # bytes, two meetings each (1 MB and 4 MB measured equal, 256 KB slower).
-PIECE_BYTES = env_int("PSGD_ALLREDUCE_PIECE_BYTES", 1024 * 1024)
+PIECE_BYTES = env_int("PSGD_X_ALLREDUCE_PIECE_BYTES", 1024 * 1024)
 _LINE = 128                                 # bytes per counter: a cache line (pair) each
 
 
@@ -43,7 +43,7 @@ class SharedWindow:
         self.win = allocate_shared(
             comm, nbytes if rank == 0 else 0, 1,
             f"the all-reduce's {nbytes / 2**20:.1f} MB shared-memory window",
-            "PSGD_ALLREDUCE_SHARED_BYTES=0 to all-reduce by messages only")
+            "PSGD_X_ALLREDUCE_SHARED_BYTES=0 to all-reduce by messages only")
         mem, _ = self.win.Shared_query(0)
         raw = np.frombuffer(mem, np.uint8)
         self.counters = raw[:head].view(np.int64)[::_LINE // 8]

@@ -132,7 +132,7 @@ def _idle_until_done(roles: Roles, windows: Windows, fault) -> None:
     # lasts the whole training, so only a stop of the updates counts as a stall.
     # Once a worker has set its finished flag, its Unlock_all and the end barrier
     # wait on this rank's progress: from then on it polls at least as often as
-    # the usual cap (PSGD_POLL_MAX_SLEEP).
+    # the usual cap (PSGD_X_POLL_MAX_SLEEP).
     old = wait.settings.max_sleep
     idle = (max(old, SERVER_MAX_SLEEP) if windows.target_progress_free
             else min(old, PROGRESS_MAX_SLEEP))
@@ -142,7 +142,7 @@ def _idle_until_done(roles: Roles, windows: Windows, fault) -> None:
         poller = wait.Poller(lambda: windows.describe_running(roles), windows.progress)
         ending = False
         while not request.Test():
-            if fault is not None:  # tests only (PSGD_FAULT): step = updates so far
+            if fault is not None:  # tests only (PSGD_X_FAULT): step = updates so far
                 fault.at(int(windows.read_counters()[0]))
             if not ending and windows.any_finished():
                 ending = True

@@ -1,6 +1,6 @@
 """The RMA windows of a hogwild run: the parameter window over the server shards, and the update counter.
 
-The parameter window is one of (``window=``, then ``PSGD_HOGWILD_WINDOW``, then ``auto``):
+The parameter window is one of (``window=``, then ``PSGD_X_HOGWILD_WINDOW``, then ``auto``):
 ``shared`` (``MPI_Win_allocate_shared``, one node only: workers read the shards by
 plain loads), ``allocate`` (``MPI_Win_allocate``, read with ``MPI_Get``; also across
 nodes), ``create`` (``MPI_Win_create`` over a numpy array: correct but, with MPICH 5,
@@ -24,9 +24,9 @@ WINDOW_KINDS = ("auto", "shared", "allocate", "create")
 
 
 def _window_kind(comm: MPI.Intracomm, window: str | None) -> tuple[str, bool]:
-    kind = window or os.environ.get("PSGD_HOGWILD_WINDOW") or "auto"
+    kind = window or os.environ.get("PSGD_X_HOGWILD_WINDOW") or "auto"
     if kind not in WINDOW_KINDS:
-        raise UsageError(f"PSGD_HOGWILD_WINDOW={kind!r} is not a window kind; choose one of "
+        raise UsageError(f"PSGD_X_HOGWILD_WINDOW={kind!r} is not a window kind; choose one of "
                          f"{', '.join(WINDOW_KINDS)}")
     one_node = on_one_node(comm)
     if kind == "auto":
@@ -72,14 +72,14 @@ class Windows:
             self.params = MPI.Win.Allocate(nbytes, 4, comm=comm)
         else:
             self.params = allocate_shared(comm, nbytes, 4, "the hogwild parameter window",
-                                          "PSGD_HOGWILD_WINDOW=allocate")
+                                          "PSGD_X_HOGWILD_WINDOW=allocate")
         if self.local is None:
             self.local = np.frombuffer(self.params.tomemory(), dtype=np.float32, count=n_local)
         self.n_counters = 1 + roles.n_workers  # updates, then a finished flag per worker
         counter_bytes = 8 * self.n_counters if comm.Get_rank() == 0 else 0
         if self.kind == "shared":
             self.counter = allocate_shared(comm, counter_bytes, 8, "the hogwild update counter",
-                                           "PSGD_HOGWILD_WINDOW=allocate")
+                                           "PSGD_X_HOGWILD_WINDOW=allocate")
         else:
             self.counter = MPI.Win.Allocate(counter_bytes, 8, comm=comm)
         # Direct views of every shard (shared windows only, on workers) and of the counters

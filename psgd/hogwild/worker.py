@@ -58,7 +58,7 @@ class HogwildWorker(WorkerHalf):
         Run settings (``psgd.protocols.make_config("hogwild", ...)`` checks the optimizer).
     window : str, optional
         Parameter window kind (see the module docstring); default from
-        ``PSGD_HOGWILD_WINDOW``, else ``auto``.
+        ``PSGD_X_HOGWILD_WINDOW``, else ``auto``.
 
     Attributes
     ----------
@@ -104,11 +104,11 @@ class HogwildWorker(WorkerHalf):
     def use_model(self, model) -> None:
         """Push only the rows a sparse model's batch touched and read only the rows of the next
         batch (see :meth:`before_batch`; SGD, momentum, Nesterov or AdaGrad, weight decay, momentum
-        and AdaGrad's accumulators lazily; ``PSGD_HOGWILD_SPARSE=off`` moves the whole vector, as
+        and AdaGrad's accumulators lazily; ``PSGD_X_HOGWILD_SPARSE=off`` moves the whole vector, as
         for a dense model)."""
         if getattr(model, "sparse", False) \
                 and self.config.optimizer in ("sgd", "momentum", "nesterov", "adagrad") \
-                and os.environ.get("PSGD_HOGWILD_SPARSE", "on") != "off":
+                and os.environ.get("PSGD_X_HOGWILD_SPARSE", "on") != "off":
             self._sparse = SparseUpdates(model, self.shard_map, self.optimizer,
                                          varying_momentum=self._amom is not None,
                                          hold=self.config.hold_hot)
@@ -150,8 +150,8 @@ class HogwildWorker(WorkerHalf):
 
     def runs_steps(self) -> bool:
         """Whether :meth:`run_steps` can take this run's steps: a sparse model's updates on a
-        ``shared`` window without ``--staleness-comp`` (``PSGD_HOGWILD_FUSED=off``: never)."""
-        return (os.environ.get("PSGD_HOGWILD_FUSED", "on") != "off" and self._sparse is not None
+        ``shared`` window without ``--staleness-comp`` (``PSGD_X_HOGWILD_FUSED=off``: never)."""
+        return (os.environ.get("PSGD_X_HOGWILD_FUSED", "on") != "off" and self._sparse is not None
                 and self._sparse.fuses and self.windows.shards is not None
                 and self.config.staleness_comp == "none")
 

@@ -1,4 +1,4 @@
-"""Fault injection for tests: ``PSGD_FAULT="rank=R,step=N,kind=raise|kill|nan|hang|numpy"`` makes rank R fail.
+"""Fault injection for tests: ``PSGD_X_FAULT="rank=R,step=N,kind=raise|kill|nan|hang|numpy"`` makes rank R fail.
 
 Read once per rank with :func:`for_rank`, which returns ``None`` when the
 variable is unset or names another rank, so the hook in a training loop is a
@@ -21,7 +21,7 @@ sends SIGSTOP to this process (frozen, as by ``kill -STOP``: its threads too).
 
 ``phase=LABEL`` instead of ``step`` fires on entering the set-up or teardown
 phase of that label (:mod:`psgd.mpi.phase`), e.g.
-``PSGD_FAULT="rank=2,phase=making the push window,kind=stop"``.
+``PSGD_X_FAULT="rank=2,phase=making the push window,kind=stop"``.
 """
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ import numpy as np
 
 from psgd.errors import UsageError
 
-ENV = "PSGD_FAULT"
+ENV = "PSGD_X_FAULT"
 KINDS = ("raise", "kill", "nan", "hang", "stop", "numpy")
 
 
 class InjectedFault(RuntimeError):
-    """The failure that PSGD_FAULT asked for."""
+    """The failure that PSGD_X_FAULT asked for."""
 
 
 class Fault:
@@ -106,7 +106,7 @@ def parse(text: str) -> Fault:
 
 
 def for_rank(rank: int) -> Fault | None:
-    """The fault PSGD_FAULT injects on ``rank``, or None (unset, or another rank)."""
+    """The fault PSGD_X_FAULT injects on ``rank``, or None (unset, or another rank)."""
     text = os.environ.get(ENV)
     if not text:
         return None

@@ -58,7 +58,7 @@ _state = _State()
 def phase(label: str, watch: bool = True):
     """Run the body as phase ``label`` (timed by the watchdog unless ``watch`` is False).
 
-    A ``PSGD_FAULT`` with ``phase=LABEL`` for this rank fires on entering it (tests).
+    A ``PSGD_X_FAULT`` with ``phase=LABEL`` for this rank fires on entering it (tests).
     """
     _state.stack.append(Current(label, time.monotonic(), watch, 0))
     _changed()

@@ -12,7 +12,7 @@ def allocate_shared(comm: MPI.Intracomm, nbytes: int, disp_unit: int, what: str,
     ------
     RuntimeError
         "could not allocate WHAT (MPI's reason); free space in /dev/shm, or
-        set INSTEAD", e.g. ``instead="PSGD_PS_PUSH_WINDOW=0 to push by
+        set INSTEAD", e.g. ``instead="PSGD_X_PS_PUSH_WINDOW=0 to push by
         messages only"``.
     """
     try:

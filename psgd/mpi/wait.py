@@ -6,7 +6,7 @@ then sleeps growing by ``GROWTH`` up to ``max_sleep``. A wait longer than the
 stall timeout prints who this rank waits for; past the abort limit it raises
 :class:`StallError` (inside a phase the watchdog times, :mod:`psgd.mpi.watchdog`
 reports and ends it instead, naming the wait). Settings: :func:`configure`, then ``PSGD_STALL_TIMEOUT`` /
-``PSGD_STALL_ABORT`` / ``PSGD_POLL_MAX_SLEEP``, then the defaults below.
+``PSGD_STALL_ABORT`` / ``PSGD_X_POLL_MAX_SLEEP``, then the defaults below.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class StallError(RuntimeError):
 
 class _Settings:
     def __init__(self) -> None:
-        self.max_sleep = env_float("PSGD_POLL_MAX_SLEEP", DEFAULT_MAX_SLEEP)
+        self.max_sleep = env_float("PSGD_X_POLL_MAX_SLEEP", DEFAULT_MAX_SLEEP)
         self.stall_timeout = env_float("PSGD_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
         self.stall_abort = env_float("PSGD_STALL_ABORT", DEFAULT_STALL_ABORT)
 

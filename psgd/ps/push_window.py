@@ -5,7 +5,7 @@ of the node maps; it computes the gradient there and sends only the push header,
 and the server steps straight from that segment. Once the worker holds the replies
 to a pull sent after its push, no server reads the segment any more, so a worker
 that overlaps (pulls posted ahead) pushes by messages. Servers on other nodes get
-messages; ``PSGD_PS_PUSH_WINDOW=0`` keeps every push to messages (same on all ranks).
+messages; ``PSGD_X_PS_PUSH_WINDOW=0`` keeps every push to messages (same on all ranks).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class PushWindow:
         _wait.barrier(self.node, "the ranks of this node to set up the push window")
         self.win = allocate_shared(
             self.node, 4 * int(n_floats), 4, "the parameter server's shared-memory push window",
-            f"PSGD_PS_PUSH_WINDOW=0 to push by messages only (each worker keeps its gradient "
+            f"PSGD_X_PS_PUSH_WINDOW=0 to push by messages only (each worker keeps its gradient "
             f"buffer in the window: {4 * n_floats / 2**20:.1f} MB on this rank)")
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.own = self._segment(self.node.Get_rank())

@@ -96,7 +96,7 @@ class _Server:
         self.window = PushWindow(self.comm, 0) if config.push_window else None
         self.segments: dict[int, np.ndarray] = {}   # worker rank -> its shard slice in the window
         self.n_window_pushes = 0
-        self.fault = faults.for_rank(self.rank)  # None unless PSGD_FAULT names this rank (tests)
+        self.fault = faults.for_rank(self.rank)  # None unless PSGD_X_FAULT names this rank (tests)
         self.order = (Replay(config.replay[self.shard], self.shard) if config.replay is not None
                       else Recorder() if config.record else Order())
         self.compressor = make_compressor(config.compress, config.compress_bucket)
@@ -296,7 +296,7 @@ class _Server:
         if grad is None:
             where = f"push from rank {source} for clock {clock} is in the push window, but"
             if self.window is None:
-                raise PsgdError(f"{where} this server has none (PSGD_PS_PUSH_WINDOW must be the "
+                raise PsgdError(f"{where} this server has none (PSGD_X_PS_PUSH_WINDOW must be the "
                                 f"same on every rank)")
             segment = self.window.segment(source)
             if segment is None:

@@ -6,7 +6,7 @@ clocks the workers start a non-blocking all-reduce (MAX) of what they have
 heard and of their time per clock, and complete it ``every`` clocks later;
 when it says stop, all stop there. ``every`` follows the slowest worker's time
 per clock (about CHECK_S of training, bound + 1 to DEFAULT_EVERY clocks)
-unless PSGD_STOP_EVERY fixes it. Its wait is for workers that are behind, like
+unless PSGD_X_STOP_EVERY fixes it. Its wait is for workers that are behind, like
 the protocols' own waits, so the two never wait on each other in a cycle.
 Without a bound (asp, hogwild) nothing waits: each worker stops at its next
 clock, and the run ends at the slowest worker's clock.
@@ -25,7 +25,7 @@ from psgd.mpi import wait
 from psgd.run.signals import received, set_notify
 
 TAG_NOTICE = 31002
-DEFAULT_EVERY = 32  # the most clocks between stop checks (PSGD_STOP_EVERY=N: always N)
+DEFAULT_EVERY = 32  # the most clocks between stop checks (PSGD_X_STOP_EVERY=N: always N)
 CHECK_S = 0.5       # the training time between stop checks the cadence aims at
 
 
@@ -43,9 +43,9 @@ class StopControl:
     """
 
     def __init__(self, roles, start_clock: int, bound: float, every: int | None = None) -> None:
-        fixed = every or env_int("PSGD_STOP_EVERY", 0)   # 0: follow the time per clock
+        fixed = every or env_int("PSGD_X_STOP_EVERY", 0)   # 0: follow the time per clock
         if fixed < 0:
-            raise UsageError(f"PSGD_STOP_EVERY must be >= 0 (0: adaptive), got {fixed}")
+            raise UsageError(f"PSGD_X_STOP_EVERY must be >= 0 (0: adaptive), got {fixed}")
         # a check more often than the bound would bound the workers' spread tighter
         self.least = int(bound) + 1 if math.isfinite(bound) else 0
         self.most = max(fixed or DEFAULT_EVERY, self.least)

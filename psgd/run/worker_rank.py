@@ -77,7 +77,7 @@ def _nonfinite(job, what: str, clock: int) -> PsgdError:
 
 def _runs_steps(job, worker, fault) -> bool:
     """Whether this worker takes its steps in runs (hogwild's :meth:`run_steps`) rather than
-    one by one: nothing per step needs Python (no --straggler, dropout or PSGD_FAULT)."""
+    one by one: nothing per step needs Python (no --straggler, dropout or PSGD_X_FAULT)."""
     return (worker.runs_steps() and job.straggler is None and fault is None
             and not job.model.stochastic and job.reader.rows_in_runs)
 
@@ -164,7 +164,7 @@ def run_worker(job) -> None:
     with phase("making the worker"):
         worker = job.protocol.make_worker(roles, job.shard_map, job.config)
     job.stop.serve = worker.serve
-    fault = faults.for_rank(roles.rank)  # None unless PSGD_FAULT names this rank (tests)
+    fault = faults.for_rank(roles.rank)  # None unless PSGD_X_FAULT names this rank (tests)
     runs = _prepare(job, worker, fault)
     t_start = time.perf_counter()
     with phase("starting the protocol"):

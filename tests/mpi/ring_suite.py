@@ -20,7 +20,7 @@ world = MPI.COMM_WORLD
 
 def on(k: int, check, **settings) -> None:
     """Run ``check(comm)`` on world ranks 0..k-1, with allreduce's module settings
-    (``_small_bytes``, ``_shared_bytes``: what PSGD_ALLREDUCE_* set at import) changed."""
+    (``_small_bytes``, ``_shared_bytes``: what PSGD_X_ALLREDUCE_* set at import) changed."""
     sub = world.Split(0 if world.Get_rank() < k else MPI.UNDEFINED, world.Get_rank())
     if sub != MPI.COMM_NULL:
         saved = {name: getattr(ring, name) for name in settings}

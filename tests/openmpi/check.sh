@@ -31,7 +31,7 @@ while read -r protocol ranks servers; do
     echo "$out" | grep -E "final test accuracy 0\.[0-9]{4}" || { echo "$out"; exit 1; }
 done <<< "$runs"
 # a stop: mpirun forwards SIGUSR1 to every rank; the run checkpoints and exits 75
-PSGD_STOP_EVERY=8 mpirun.openmpi -n 3 "$PY" -m psgd train --data "$data/synth.h5" --protocol bsp \
+PSGD_X_STOP_EVERY=8 mpirun.openmpi -n 3 "$PY" -m psgd train --data "$data/synth.h5" --protocol bsp \
     --model mlp:784-32-10 --steps 100000 --eval-every 0 --quiet --log "$data/stop.jsonl" \
     --checkpoint-dir "$data/stop" > "$data/stop.out" 2>&1 &
 launcher=$!

@@ -251,7 +251,9 @@ def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
 
 
 # -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------
-def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False):
+def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", **trainer):
+    """Train ``n`` steps of the asynchronous pipeline (PipeDream, or PipeMare through
+    ``trainer``'s anneal/correct) in one thread per stage; (params, bounds, xs, ys, lr)."""
     from psgd.pipeline.asynchronous import AsyncTrainer
     models = [make(spec) for _ in range(k)]
     us = partition.units(models[0])
@@ -260,18 +262,21 @@ def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False
     rng = np.random.default_rng(4)
     xs = rng.standard_normal((n, 4, *models[0].input_shape)).astype(np.float32)
     ys = rng.integers(0, 10, (n, 4))
-    lr = lambda g: 0.05 / (1 + g)  # noqa: E731
     trainers = []
     for s, (a, b) in enumerate(bounds):
         stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
         trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
-                                     make_optimizer(opt, stage.hi - stage.lo), vertical=vertical))
+                                     make_optimizer(opt, stage.hi - stage.lo), **trainer))
 
     def work(t):
         t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
     _run_in_threads(work, trainers)
     return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
+
+
+def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False):
+    return run_async_threads(spec, k, n, lambda g: 0.05 / (1 + g), stash, opt, vertical=vertical)
 
 
 @pytest.mark.parametrize("spec,k,vertical", [(MLP, 3, False), (BN_CONV, 2, False), (MLP, 4, False),
@@ -302,27 +307,8 @@ def test_pipedream_without_stashing_runs_backwards_on_newer_weights():
 
 # -- pipemare (asynchronous, one weight copy: rescheduling and discrepancy correction) -------
 def run_pipemare_threads(spec, k, n, anneal, correct):
-    from psgd.pipeline.asynchronous import AsyncTrainer
-    models = [make(spec) for _ in range(k)]
-    us = partition.units(models[0])
-    bounds = partition.layer_bounds(models[0], [len(us) // k + (i < len(us) % k) for i in range(k)])
-    fwd, bwd = [queue.Queue() for _ in range(k)], [queue.Queue() for _ in range(k)]
-    rng = np.random.default_rng(4)
-    xs = rng.standard_normal((n, 4, *models[0].input_shape)).astype(np.float32)
-    ys = rng.integers(0, 10, (n, 4))
-    lr = lambda g: 0.05 / (1 + 0.1 * g)  # noqa: E731
-    trainers = []
-    for s, (a, b) in enumerate(bounds):
-        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1)
-        grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
-        trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
-                                     make_optimizer("momentum", stage.hi - stage.lo),
-                                     anneal=anneal, correct=correct))
-
-    def work(t):
-        t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
-    _run_in_threads(work, trainers)
-    return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
+    return run_async_threads(spec, k, n, lambda g: 0.05 / (1 + 0.1 * g), stash=False, anneal=anneal,
+                             correct=correct)
 
 
 @pytest.mark.parametrize("spec,k,anneal,correct", [

@@ -13,7 +13,8 @@ from psgd.pipeline.schedules import predicted_bubble, simulate
 from psgd.plan import memory, profile as profiles
 from psgd.plan.auto import as_dict, command
 from psgd.plan.cost import Network
-from psgd.plan.cut import best_cut, schedule_time, stage_in_flight
+from psgd.pipeline.partition import min_max_cut as best_cut
+from psgd.plan.cut import schedule_time, stage_in_flight
 from psgd.plan.inputs import model_of_spec
 from psgd.plan.profile import Profile, Unit
 from psgd.plan.search import Budget, search

@@ -85,6 +85,18 @@ def test_a_ps_protocol_the_grid_cannot_run_is_refused(mpirun, dataset, ranks, fl
     assert out.returncode != 0 and len(errors) == 1 and line in errors[0], out.stderr
 
 
+def _assert_serial(dataset, log, model, replicas, run, rtol):
+    """Every step's loss and the test loss in ``log`` are serial float64 momentum SGD's on the
+    same batches (``run``: steps, batch, lr, momentum) to ``rtol``, and the steps moved the model."""
+    steps, batch, lr, mu = run
+    losses, test_loss = _serial_float64(dataset, model, replicas, steps, batch, lr, mu)
+    logged = [r["loss"] for r in read_log(log) if r["kind"] == "step"]
+    np.testing.assert_allclose(logged, losses, rtol=rtol)
+    assert summary(log)["test_loss"] == pytest.approx(test_loss, rel=rtol)
+    untrained = _serial_float64(dataset, model, replicas, 0, batch, lr, mu)[1]
+    assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks, flags", [(6, ["--grid", "2,2", "--servers", 2]),
                                           (6, ["--tensor", 2, "--servers", 4])])
@@ -96,13 +108,8 @@ def test_bsp_servers_across_the_replicas_equal_serial_sgd_on_the_same_batches(mp
     train(mpirun, ranks, dataset, tmp_path / "run.jsonl", "--model", model, *flags, "--protocol", "bsp",
           "--optimizer", "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
           "--batch-size", batch, "--steps", steps, "--log-every", 1)
-    replicas = 2 if "--grid" in flags else 1
-    losses, test_loss = _serial_float64(dataset, model, replicas, steps, batch, lr, mu)
-    logged = [r["loss"] for r in read_log(tmp_path / "run.jsonl") if r["kind"] == "step"]
-    np.testing.assert_allclose(logged, losses, rtol=1e-5)
-    assert summary(tmp_path / "run.jsonl")["test_loss"] == pytest.approx(test_loss, rel=1e-5)
-    untrained = _serial_float64(dataset, model, replicas, 0, batch, lr, mu)[1]
-    assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+    _assert_serial(dataset, tmp_path / "run.jsonl", model, 2 if "--grid" in flags else 1,
+                   (steps, batch, lr, mu), rtol=1e-5)
 
 
 @pytest.mark.mpi
@@ -218,13 +225,8 @@ def test_dtype_float64_grid_run_equals_serial_float64_to_1e12(mpirun, dataset, t
     train(mpirun, ranks, dataset, tmp_path / "run.jsonl", "--model", model, *flags, "--dtype", "float64",
           "--optimizer", "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
           "--batch-size", batch, "--steps", steps, "--log-every", 1)
-    replicas = 2 if "--grid" in flags else 1
-    losses, test_loss = _serial_float64(dataset, model, replicas, steps, batch, lr, mu)
-    logged = [r["loss"] for r in read_log(tmp_path / "run.jsonl") if r["kind"] == "step"]
-    np.testing.assert_allclose(logged, losses, rtol=1e-12)
-    assert summary(tmp_path / "run.jsonl")["test_loss"] == pytest.approx(test_loss, rel=1e-12)
-    untrained = _serial_float64(dataset, model, replicas, 0, batch, lr, mu)[1]
-    assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+    _assert_serial(dataset, tmp_path / "run.jsonl", model, 2 if "--grid" in flags else 1,
+                   (steps, batch, lr, mu), rtol=1e-12)
 
 
 @pytest.mark.mpi

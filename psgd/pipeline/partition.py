@@ -89,14 +89,14 @@ def stage_time(costs: list[UnitCost], seconds_per_byte: float, last: bool) -> fl
     return sum(c.seconds for c in costs) + send
 
 
-def best_cut(costs: list[UnitCost], stages: int, in_flight, memory: int | None = None,
-             seconds_per_byte: float = 0.0) -> list[int]:
-    """PipeDream's dynamic program: unit counts per stage minimising the slowest stage.
+def min_max_cut(n: int, stages: int, seconds, fits) -> list[int] | None:
+    """PipeDream's dynamic program over contiguous cuts of ``n`` units: unit counts per stage
+    minimising the slowest stage, or None when no cut fits.
 
-    ``in_flight(s)``: stored microbatches on stage ``s`` (the schedule's bound), for the
-    memory cap ``memory`` (bytes per rank; None: none).  Raises ValueError when no cut fits.
+    ``seconds(i, j, last)``: the stage holding units ``[i, j)``; ``fits(i, j, k)``: whether
+    those units fit as stage ``k``.  O(K n^2) calls.
     """
-    n, inf = len(costs), float("inf")
+    inf = float("inf")
     # best[k][j]: the slowest of stages 0..k-1 holding units [0, j); cut[k][j]: where stage k-1 starts
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
@@ -104,21 +104,36 @@ def best_cut(costs: list[UnitCost], stages: int, in_flight, memory: int | None =
     for k in range(1, stages + 1):
         for j in range(k, n - (stages - k) + 1):
             for i in range(k - 1, j):
-                part = costs[i:j]
-                if memory is not None and stage_memory(part, in_flight(k - 1)) > memory:
+                if best[k - 1][i] == inf or not fits(i, j, k - 1):
                     continue
-                t = max(best[k - 1][i], stage_time(part, seconds_per_byte, j == n))
+                t = max(best[k - 1][i], seconds(i, j, j == n))
                 if t < best[k][j]:
                     best[k][j], cut[k][j] = t, i
     if best[stages][n] == inf:
-        need = max(stage_memory([c], in_flight(0)) for c in costs)
-        raise ValueError(f"no cut into {stages} stages fits --memory-per-rank {memory} bytes "
-                         f"(the largest single unit alone needs {need})")
+        return None
     counts, j = [], n
     for k in range(stages, 0, -1):
         counts.append(j - cut[k][j])
         j = cut[k][j]
     return counts[::-1]
+
+
+def best_cut(costs: list[UnitCost], stages: int, in_flight, memory: int | None = None,
+             seconds_per_byte: float = 0.0) -> list[int]:
+    """:func:`min_max_cut` over measured unit costs: unit counts per stage minimising the
+    slowest stage.
+
+    ``in_flight(s)``: stored microbatches on stage ``s`` (the schedule's bound), for the
+    memory cap ``memory`` (bytes per rank; None: none).  Raises ValueError when no cut fits.
+    """
+    counts = min_max_cut(
+        len(costs), stages, lambda i, j, last: stage_time(costs[i:j], seconds_per_byte, last),
+        lambda i, j, k: memory is None or stage_memory(costs[i:j], in_flight(k)) <= memory)
+    if counts is None:
+        need = max(stage_memory([c], in_flight(0)) for c in costs)
+        raise ValueError(f"no cut into {stages} stages fits --memory-per-rank {memory} bytes "
+                         f"(the largest single unit alone needs {need})")
+    return counts
 
 
 def slowest(costs: list[UnitCost], counts: list[int], seconds_per_byte: float = 0.0) -> float:

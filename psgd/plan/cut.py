@@ -1,5 +1,5 @@
-"""Pipeline rows of the planner: PipeDream's dynamic program over contiguous cuts under a
-memory cap, and a cut's step time, bubble and memory under each schedule."""
+"""Pipeline rows of the planner: a cut's step time, bubble and memory under each schedule (the
+cut itself from :func:`psgd.pipeline.partition.min_max_cut` under a memory cap)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,33 +10,6 @@ import numpy as np
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight
 from psgd.plan import memory
 from psgd.plan.profile import Profile
-
-
-def best_cut(n: int, stages: int, seconds, fits) -> list[int] | None:
-    """Unit counts per stage minimising the slowest stage, or None when no cut fits.
-
-    ``seconds(i, j, last)``: the stage holding units ``[i, j)``; ``fits(i, j, k)``: whether
-    those units fit as stage ``k``.  O(K n^2) calls (PipeDream's planner, one replica count).
-    """
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for j in range(k, n - (stages - k) + 1):
-            for i in range(k - 1, j):
-                if best[k - 1][i] == inf or not fits(i, j, k - 1):
-                    continue
-                t = max(best[k - 1][i], seconds(i, j, j == n))
-                if t < best[k][j]:
-                    best[k][j], cut[k][j] = t, i
-    if best[stages][n] == inf:
-        return None
-    counts, j = [], n
-    for k in range(stages, 0, -1):
-        counts.append(j - cut[k][j])
-        j = cut[k][j]
-    return counts[::-1]
 
 
 @lru_cache(maxsize=4096)

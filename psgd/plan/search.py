@@ -8,7 +8,8 @@ from psgd.errors import UsageError
 from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 from psgd.plan import memory
 from psgd.plan.cost import Job, Network, flat_allreduce_s, predict
-from psgd.plan.cut import Stages, best_cut, schedule_time, stage_in_flight
+from psgd.pipeline.partition import min_max_cut
+from psgd.plan.cut import Stages, schedule_time, stage_in_flight
 from psgd.plan.profile import Profile
 
 
@@ -134,7 +135,7 @@ def _pipeline_plan(profile: Profile, budget: Budget, k: int, m: int, schedule: s
     def mem(i, j, s):
         return st.memory(i, j, flight[s], budget.slots, asynchronous, d > 1)
 
-    counts = best_cut(len(profile.units), k, st.seconds,
+    counts = min_max_cut(len(profile.units), k, st.seconds,
                       lambda i, j, s: cap is None or mem(i, j, s) <= cap)
     if counts is None:
         return None
@@ -155,7 +156,7 @@ def _pipeline_plan(profile: Profile, budget: Budget, k: int, m: int, schedule: s
 
 def pipeline_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Plan]:
     """D x K for each K dividing the ranks, M dividing the batch (powers of two up to 32), each
-    schedule; the cut from :func:`best_cut` under ``cap`` bytes per rank (None: no cap)."""
+    schedule; the cut from :func:`min_max_cut` under ``cap`` bytes per rank (None: no cap)."""
     plans = []
     ms = [m for m in (1, 2, 4, 8, 16, 32) if budget.batch % m == 0]
     for k in divisors(budget.ranks):

@@ -13,6 +13,7 @@ from psgd.protocols import get
 from psgd.run.settings import resolve
 from psgd.simulate import gossip
 from psgd.simulate.command import add_arguments
+from psgd.simulate.compute import compute_times
 from psgd.simulate.train import build_job
 
 LR = 0.05
@@ -78,3 +79,21 @@ def test_training_mixes_and_steps_as_dpsgd(dataset, W, topology):
     want = reference(job_for(dataset, W, topology), matrix, W)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert np.abs(got - init).max() > 100 * 1e-5   # it moved well past the tolerance
+
+
+def test_a_deterministic_straggler_delay_holds_back_each_step_k_hops_away_from_step_k():
+    W, T, c, d, slow = 8, 10, 1e-3, 0.05, 3
+    times = compute_times([c], W, T, straggler=f"{slow}:p=1,d={d}")
+    matrix = mixing_matrix("ring", W)
+    exchange, mix = gossip.costs(matrix, Job(1000, c / 16, 16, W, 0), Network(1.25e9))
+    ends = gossip.step_ends(times, matrix, exchange, mix)
+    steps = np.diff(np.concatenate([np.zeros((W, 1)), ends], axis=1), axis=1)
+    hops = np.minimum(np.abs(np.arange(W) - slow), W - np.abs(np.arange(W) - slow))
+    for i in range(W):   # k hops away: its step k ends past k + 1 delays, every later step >= d
+        k = hops[i]
+        assert (ends[i, k:] >= (np.arange(k, T) - k + 1) * d).all()
+        assert (steps[i, k + 1:] >= d).all()
+    (plan_s, _), = gossip_rows(Job(1000, (c + d) / 16, 16, W, 0), Network(1.25e9),
+                               "gossip").values()
+    steady = W / gossip.summary(ends, times, exchange)["steady_updates_per_s"]
+    np.testing.assert_allclose(steady, plan_s, rtol=1e-9)   # plan's row at the straggler's pace

@@ -85,10 +85,15 @@ def test_a_ps_protocol_the_grid_cannot_run_is_refused(mpirun, dataset, ranks, fl
     assert out.returncode != 0 and len(errors) == 1 and line in errors[0], out.stderr
 
 
-def _assert_serial(dataset, log, model, replicas, run, rtol):
-    """Every step's loss and the test loss in ``log`` are serial float64 momentum SGD's on the
-    same batches (``run``: steps, batch, lr, momentum) to ``rtol``, and the steps moved the model."""
+def _train_and_assert_serial(mpirun, ranks, dataset, log, model, flags, run, rtol):
+    """Train ``model`` split by ``flags`` with momentum SGD (``run``: steps, batch, lr,
+    momentum); every step's loss and the test loss in ``log`` are serial float64 momentum
+    SGD's on the same batches to ``rtol``, and the steps moved the model."""
     steps, batch, lr, mu = run
+    train(mpirun, ranks, dataset, log, "--model", model, *flags, "--optimizer", "momentum",
+          "--momentum", mu, "--lr", lr, "--lr-schedule", "constant", "--batch-size", batch,
+          "--steps", steps, "--log-every", 1)
+    replicas = 2 if "--grid" in flags else 1
     losses, test_loss = _serial_float64(dataset, model, replicas, steps, batch, lr, mu)
     logged = [r["loss"] for r in read_log(log) if r["kind"] == "step"]
     np.testing.assert_allclose(logged, losses, rtol=rtol)
@@ -104,12 +109,8 @@ def test_bsp_servers_across_the_replicas_equal_serial_sgd_on_the_same_batches(mp
                                                                               ranks, flags):
     """Each part's D replicas push to its own S/T servers; bsp averages and steps once per
     clock, so every step's loss and the test loss are serial momentum SGD's (float32 round-off)."""
-    model, steps, batch, lr, mu = "mlp:784-45-33-10", 10, 16, 0.0625, 0.875
-    train(mpirun, ranks, dataset, tmp_path / "run.jsonl", "--model", model, *flags, "--protocol", "bsp",
-          "--optimizer", "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
-          "--batch-size", batch, "--steps", steps, "--log-every", 1)
-    _assert_serial(dataset, tmp_path / "run.jsonl", model, 2 if "--grid" in flags else 1,
-                   (steps, batch, lr, mu), rtol=1e-5)
+    _train_and_assert_serial(mpirun, ranks, dataset, tmp_path / "run.jsonl", "mlp:784-45-33-10",
+                             [*flags, "--protocol", "bsp"], (10, 16, 0.0625, 0.875), rtol=1e-5)
 
 
 @pytest.mark.mpi
@@ -221,12 +222,8 @@ def _serial_float64(dataset, spec, replicas, steps, batch, lr, momentum):
 def test_dtype_float64_grid_run_equals_serial_float64_to_1e12(mpirun, dataset, tmp_path, ranks, model, flags):
     """--dtype float64: every step's loss and the final test loss of the split run equal serial
     float64 momentum SGD on the same batches to 1e-12 relative (float32 differs near 1e-6)."""
-    steps, batch, lr, mu = 8, 16, 0.0625, 0.875
-    train(mpirun, ranks, dataset, tmp_path / "run.jsonl", "--model", model, *flags, "--dtype", "float64",
-          "--optimizer", "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
-          "--batch-size", batch, "--steps", steps, "--log-every", 1)
-    _assert_serial(dataset, tmp_path / "run.jsonl", model, 2 if "--grid" in flags else 1,
-                   (steps, batch, lr, mu), rtol=1e-12)
+    _train_and_assert_serial(mpirun, ranks, dataset, tmp_path / "run.jsonl", model,
+                             [*flags, "--dtype", "float64"], (8, 16, 0.0625, 0.875), rtol=1e-12)
 
 
 @pytest.mark.mpi

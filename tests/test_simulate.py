@@ -174,7 +174,7 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
     (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),
     (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
-    (["--workers", 4, "--protocol", "adpsgd", "--servers", 0], "not adpsgd"),
+    (["--workers", 1, "--protocol", "adpsgd", "--servers", 0], "needs at least 2 workers"),
 ])
 def test_bad_input_is_one_line(tmp_path, argv, message):
     (tmp_path / "PROFILE").write_text('{"kind": "step"}\n')
@@ -194,8 +194,9 @@ def test_the_command_prints_and_writes_its_summary(tmp_path, capsys):
     assert out["updates"] == 400 and "updates/s" in capsys.readouterr().out
 
 
-def test_the_command_simulates_and_trains_gossip(tmp_path, dataset):
-    simulate_cli(tmp_path, "--workers", 4, "--protocol", "gossip", "--servers", 0, "--model",
+@pytest.mark.parametrize("protocol", ["gossip", "adpsgd"])
+def test_the_command_simulates_and_trains_decentralized(tmp_path, dataset, protocol):
+    simulate_cli(tmp_path, "--workers", 4, "--protocol", protocol, "--servers", 0, "--model",
                  "mlp:784-10", "--compute-ms", 2, "--steps", 6, "--data", dataset, "--train",
                  "--log", tmp_path / "g.jsonl", "--eval-every", 2, "--json", tmp_path / "g.json")
     out = json.loads((tmp_path / "g.json").read_text())

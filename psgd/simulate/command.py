@@ -12,7 +12,7 @@ from psgd.errors import PsgdError
 
 DESCRIPTION = """\
 Simulate W workers and S servers under bsp, ssp, asp or hogwild (or W workers
-under gossip), one event at a time: compute times drawn from a measured distribution, pushes and pulls on the
+under gossip or adpsgd), one event at a time: compute times drawn from a measured distribution, pushes and pulls on the
 links of psgd plan's cost model. Prints the predicted updates/s, the staleness
 distribution and utilisation beside bsp's at the same W. With --data and
 --train it also trains the model in the simulated order (the real update rule
@@ -160,13 +160,32 @@ def _gossip(protocol, settings, job, pjob, net, times):
     from functools import partial
     from psgd.simulate import gossip
     W = times.shape[0]
-    matrix = gossip.mixing(protocol, protocol.topology(settings.topology, W), W)
+    matrix = gossip.graph(protocol, protocol.topology(settings.topology, W), W)
+    if not isinstance(matrix, np.ndarray):   # partners: pairs without a global step
+        return _pairs(matrix, settings, job, pjob, net, times)
     exchange_s, mix_s = gossip.costs(matrix, replace(pjob, servers=0), net)
     t0 = time.perf_counter()
     ends = gossip.step_ends(times, matrix, exchange_s, mix_s)
     wall = time.perf_counter() - t0
     train = partial(gossip.train_mixing, job, matrix, W) if job is not None else None
     return gossip.summary(ends, times, exchange_s), gossip.Clocks(ends), wall, train
+
+
+def _pairs(partners, settings, job, pjob, net, times):
+    """AD-PSGD's summary, its pair schedule, the loop's seconds and its trainer."""
+    from functools import partial
+    from psgd.run.worker_rank import averages_at
+    from psgd.simulate import adpsgd
+    from psgd.simulate.links import Links
+    W, T = times.shape
+    plain = replace(pjob, servers=0)
+    meets = [k for k in range(1, T + 1) if averages_at(settings, k, T)]
+    t0 = time.perf_counter()
+    schedule = adpsgd.simulate_pairs(times, partners, settings.seed, Links(plain, net),
+                                     adpsgd.costs(plain, net), meets)
+    wall = time.perf_counter() - t0
+    train = partial(adpsgd.train_pairs, job, schedule.order, W) if job is not None else None
+    return adpsgd.summary(schedule, times), schedule, wall, train
 
 
 def _n_params(spec: str) -> int:

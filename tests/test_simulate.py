@@ -173,6 +173,7 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--protocol", "allreduce"], "simulate models the parameter-server"),
     (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
     (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),
+    (["--workers", 4, "--latency-from", "PROFILE"], "not a psgd timeline"),
     (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
     (["--workers", 1, "--protocol", "adpsgd", "--servers", 0], "needs at least 2 workers"),
 ])
@@ -205,3 +206,32 @@ def test_the_command_simulates_and_trains_decentralized(tmp_path, dataset, proto
              if '"eval"' in line]
     assert [e["step"] for e in evals] == [2, 4, 6]
     assert all(0 < a["simulated_s"] < b["simulated_s"] for a, b in zip(evals, evals[1:]))
+
+
+def test_measured_latencies_are_drawn_per_message_and_one_value_is_a_fixed_latency():
+    W, n, lat = 6, 10_000, 3e-4
+    times = jittery(W, 20, seed=4)
+    job = Job(n, 1e-3, 1, W, 2)
+    fixed = Network(bandwidth=1e9, latency=lat, shm_bandwidth=math.inf)
+    rules = rules_for(get("asp"), None, job, fixed)
+    one = simulate(rules, times, 2, Links(job, fixed))
+    drawn = simulate(rules, times, 2, Links(job, fixed, latencies=[lat], seed=9))
+    np.testing.assert_array_equal(one.order, drawn.order)
+    np.testing.assert_array_equal(one.times, drawn.times)
+    links = Links(job, Network(bandwidth=1e9, latency=0.0), latencies=[1e-3, 5e-3], seed=1)
+    waits = {round(links.send(0, 3, 0.0, float(t)) - t, 9) for t in range(40)}
+    assert waits == {1e-3, 5e-3}
+
+
+def test_latencies_from_a_trace_are_half_of_each_pull_past_a_workers_first(tmp_path):
+    from psgd.simulate.compute import latencies_from_file
+    events = [{"ph": "X", "name": "pull", "pid": pid, "ts": ts, "dur": dur}
+              for pid, ts, dur in [(1, 0, 900), (1, 10, 200), (1, 20, 400), (2, 0, 700),
+                                   (2, 5, 600)]]
+    events.append({"ph": "X", "name": "step", "pid": 1, "ts": 0, "dur": 5})
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    got = latencies_from_file(str(tmp_path / "t.json"))
+    np.testing.assert_allclose(sorted(got), [100e-6, 200e-6, 300e-6])
+    (tmp_path / "none.json").write_text(json.dumps({"traceEvents": events[-1:]}))
+    with pytest.raises(ValueError, match="no pull spans"):
+        latencies_from_file(str(tmp_path / "none.json"))

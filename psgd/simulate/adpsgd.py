@@ -236,20 +236,19 @@ def train_pairs(job, order: np.ndarray, workers: int, on_eval=None, eval_every: 
     from psgd.simulate.train import VirtualWorkers
     vw = VirtualWorkers(job, workers)
     x, n = vw.params, job.model.n_params
-    grads = np.zeros((workers, n), np.float32)
     local = [_Local(job.config, n, w) for w in range(workers)]
     t0, steps = time.perf_counter(), 0
     for index, (kind, i, j, k) in enumerate(order.tolist()):
         if kind == GRAD:
-            np.copyto(grads[i], vw.gradient(i, k))
+            vw.gradient(i, k)
         elif kind == PAIR:
             np.add(x[i], x[j], out=x[i])
             x[i] *= np.float32(0.5)
             x[j] = x[i]
         else:
-            local_step(local[i], x[i], grads[i], job.config.lr_schedule(k), k)
+            local_step(local[i], x[i], vw.gradient(i, k), job.config.lr_schedule(k), k)
             steps += 1
             if on_eval is not None and eval_every and steps % eval_every == 0:
                 on_eval(index, steps, x.mean(axis=0, dtype=np.float32), vw.samples)
     return {"params": x.mean(axis=0, dtype=np.float32), "samples": vw.samples,
-            "seconds": time.perf_counter() - t0, "worker_copies_bytes": int(x.nbytes + grads.nbytes)}
+            "seconds": time.perf_counter() - t0, "worker_copies_bytes": vw.nbytes}

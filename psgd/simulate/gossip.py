@@ -116,4 +116,4 @@ def train_mixing(job, matrix: np.ndarray, workers: int, on_eval=None,
                     vw.samples)
     return {"params": models.mean(axis=0, dtype=np.float32), "samples": vw.samples,
             "seconds": time.perf_counter() - t0,
-            "worker_copies_bytes": int(models.nbytes + new.nbytes)}
+            "worker_copies_bytes": int(vw.nbytes + new.nbytes)}

@@ -9,8 +9,9 @@ lock-free protocol (hogwild) there is no server: a read copies the shard as
 it is, and an update adds the worker's delta (its own optimizer's step from
 the parameters it read), as :class:`psgd.hogwild.worker.HogwildWorker` does.
 Each virtual worker's gradient is computed on its real batch at the
-parameters its last reply held; those copies (W parameter vectors, twice
-under hogwild: the deltas too) are the memory this takes.
+parameters its last reply held, and kept until its last shard has taken it;
+those copies (W parameter vectors and W gradients, under hogwild the deltas
+too) are the memory this takes.
 """
 from __future__ import annotations
 
@@ -78,29 +79,36 @@ def _readers(settings, workers: int) -> list:
 
 
 class VirtualWorkers:
-    """The virtual workers: each one's parameters as last replied, and its gradient."""
+    """The virtual workers: each one's parameters as last replied, and its gradient of the
+    clock it last computed (kept per worker: a reply of the next clock may land on one shard
+    before the push to another has been taken, and must not change that gradient)."""
 
     def __init__(self, job, workers: int) -> None:
         self.model, self.job = job.model, job
         self.readers = _readers(job.settings, workers)
         self.params = np.repeat(job.model.params[None, :], workers, axis=0)
-        self.grad = np.zeros_like(job.model.params)
-        self.grad_of = (-1, -1)
+        self.grads = np.zeros_like(self.params)
+        self.grad_clock = np.full(workers, -1, np.int64)
         self.samples = 0
 
     def gradient(self, w: int, clock: int) -> np.ndarray:
         """Worker ``w``'s gradient of ``clock`` (computed once, at its parameters then)."""
-        if self.grad_of != (w, clock):
+        if self.grad_clock[w] != clock:
             model = self.model
             model.params[:] = self.params[w]
             if model.stochastic:
                 model.reseed(w, clock)
             x, y = self.readers[w].batch(clock)
             model.loss_and_grad(x, y)
-            np.copyto(self.grad, model.grad)
-            self.grad_of = (w, clock)
+            np.copyto(self.grads[w], model.grad)
+            self.grad_clock[w] = clock
             self.samples += len(y)
-        return self.grad
+        return self.grads[w]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the workers' parameters and gradients."""
+        return int(self.params.nbytes + self.grads.nbytes)
 
 
 class _Servers:
@@ -205,4 +213,4 @@ def train_along(job, order: np.ndarray, workers: int, on_eval=None, eval_every: 
             servers.finish(s, w)
     return {"params": servers.params(), "samples": vw.samples,
             "seconds": time.perf_counter() - t0,
-            "worker_copies_bytes": int(vw.params.nbytes + servers.extra_bytes)}
+            "worker_copies_bytes": vw.nbytes + servers.extra_bytes}

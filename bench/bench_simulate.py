@@ -337,6 +337,8 @@ def arguments() -> argparse.Namespace:
                     help=f"validation's protocols, comma-separated (default {','.join(VALIDATED)})")
     ap.add_argument("--no-straggler", dest="stragglers", action="store_const", const=(False,),
                     default=(False, True), help="validate without --straggler runs only")
+    ap.add_argument("--straggler-only", dest="stragglers", action="store_const", const=(True,),
+                    help="validate with --straggler runs only")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     common.add_output_arguments(ap)

@@ -95,6 +95,19 @@ def test_a_bsp_clock_takes_what_the_plan_cost_model_predicts(W, shared):
         assert c + W * 4 * n / net.bandwidth < clock < bsp_step_s(job, net)
 
 
+@pytest.mark.parametrize("W", [1, 5])
+def test_a_coded_bsp_clock_on_a_shared_link_takes_what_plan_predicts_for_the_codec(W):
+    from psgd.plan.cost import Compression
+    c, n = 4e-3, 200_000
+    coding = Compression(ratio=16.0, encode_s=2e-9, decode_s=1e-9)
+    net = Network(bandwidth=1.25e8, latency=5e-5, shared=True, shm_bandwidth=math.inf)
+    job = Job(n, c, 1, W, 1, compression=coding)
+    times = np.full((W, 10), c + coding.encode_s * job.nbytes)   # as the command encodes
+    sch = simulate(rules_for(get("bsp"), None, job, net), times, 1, Links(job, net))
+    first = first_replies(sch)
+    assert first[5] - first[4] == pytest.approx(bsp_step_s(job, net), rel=1e-9)
+
+
 def test_asp_throughput_is_near_the_plan_cost_model():
     W, c, n = 16, 5e-3, 500_000
     net = Network(bandwidth=1.25e9, latency=2e-5, shm_bandwidth=4e9)
@@ -174,6 +187,7 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
     (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),
     (["--workers", 4, "--latency-from", "PROFILE"], "not a psgd timeline"),
+    (["--workers", 4, "--protocol", "asp", "--staleness", 1, "--overlap"], "drop --overlap"),
     (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
     (["--workers", 1, "--protocol", "adpsgd", "--servers", 0], "needs at least 2 workers"),
 ])
@@ -235,3 +249,13 @@ def test_latencies_from_a_trace_are_half_of_each_pull_past_a_workers_first(tmp_p
     (tmp_path / "none.json").write_text(json.dumps({"traceEvents": events[-1:]}))
     with pytest.raises(ValueError, match="no pull spans"):
         latencies_from_file(str(tmp_path / "none.json"))
+
+
+@pytest.mark.parametrize("flags", [["--momentum-correction", "on"],
+                                   ["--compress", "topk:0.1"]])   # auto: on, with feedback
+def test_training_with_the_workers_momentum_is_refused_in_one_line(tmp_path, dataset, flags):
+    with pytest.raises(PsgdError) as err:
+        simulate_cli(tmp_path, "--workers", 3, "--protocol", "asp", "--model", "mlp:784-10",
+                     "--compute-ms", 1, "--steps", 4, "--data", dataset, "--train",
+                     "--optimizer", "momentum", *flags)
+    assert "not the velocity" in str(err.value) and "\n" not in str(err.value)

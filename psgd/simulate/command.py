@@ -85,9 +85,17 @@ def _check(args, settings, protocol) -> None:
     if settings.record and not protocol.can("replay"):
         raise PsgdError(f"--record writes a server's order, which {protocol.name} "
                         f"has not{protocol.replay_note}")
-    if args.train and (settings.overlap or settings.compress != "none"):
-        raise PsgdError("--train simulates workers that push plain gradients: drop --overlap "
-                        "and --compress")
+    if settings.overlap:
+        raise PsgdError("psgd simulate posts each pull behind its push: a pull posted before "
+                        "the compute (--overlap) is not modelled; drop --overlap")
+
+
+def _check_job(job) -> None:
+    """What the virtual workers cannot run: velocities instead of gradients."""
+    if job.config.worker_momentum:
+        raise PsgdError("psgd simulate --train pushes each virtual worker's gradient, not the "
+                        "velocity the workers keep under --momentum-correction (on, or auto "
+                        "with error feedback); pass --momentum-correction off, or drop --train")
 
 
 def _network(args, n_params: int, mean_s: float, settings, workers: int):
@@ -97,10 +105,12 @@ def _network(args, n_params: int, mean_s: float, settings, workers: int):
     from psgd.simulate.compute import latencies_from_file
     if args.per_node < 1:
         raise PsgdError(f"--per-node must be >= 1, got {args.per_node}")
+    from psgd.plan.command import measure_compression
     latencies = latencies_from_file(args.latency_from) if args.latency_from else None
     latency = float(np.median(latencies)) if latencies is not None else args.latency_us * 1e-6
+    coding = measure_compression(settings.compress, settings.compress_bucket, n_params)
     job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
-              workers, settings.servers, args.per_node)
+              workers, settings.servers, args.per_node, compression=coding)
     net = Network(parse_bandwidth(args.bandwidth), latency, args.shared_link,
                   parse_bandwidth(args.shm_bandwidth))
     check(job, net)
@@ -129,12 +139,15 @@ def run(args: argparse.Namespace) -> None:
         if settings.data is not None:
             from psgd.simulate.train import build_job
             job = build_job(settings, args.workers)
+            if args.train:
+                _check_job(job)
         n_params = job.model.n_params if job else _n_params(settings.model)
         steps = job.total_steps if job else settings.steps or 100
         samples = _samples(args, settings)
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
                               settings.straggler)
         pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers)
+        times += pjob.compression.encode_s * pjob.nbytes   # a coded push is encoded first
         if protocol.decentralized:
             found, schedule, wall, train = _gossip(protocol, settings, job, pjob, (net, lat), times)
             pjob = replace(pjob, servers=1)

@@ -225,10 +225,10 @@ def test_every_plan_counts_the_process_base_and_its_data_slice_once():
 
 
 def test_the_measured_base_does_not_grow_with_the_models_parameters():
-    from psgd.plan.base import measure
-    small, big = measure("mlp:20-8-4"), measure("mlp:784-2048-2048-2048-10")   # 2 x 40 MB held
-    assert 50 << 20 < small < 1 << 30
-    assert abs(big - small) < 0.25 * small
+    from psgd.plan.auto import get_profile
+    small, big = get_profile("mlp:20-8-4", None), get_profile("mlp:784-2048-2048-10", None)  # 22 MB
+    assert 50 << 20 < small.base_bytes < 1 << 30
+    assert abs(big.base_bytes - small.base_bytes) < 0.1 * small.base_bytes
 
 
 def test_the_training_split_is_counted_from_the_file(tmp_path):

@@ -1,6 +1,7 @@
 """A model's per-unit profile for the planner: forward and backward seconds, activation and
-parameter bytes per cuttable unit, the optimizer step's seconds per byte, and the bytes a
-training process holds before its training state (measured here); saved as JSON."""
+parameter bytes per cuttable unit, the optimizer step's seconds per byte, the compressors'
+codecs, the spatial split's reach, and the bytes a rank holds besides its training state;
+saved as JSON."""
 from __future__ import annotations
 
 import json
@@ -101,10 +102,10 @@ def _step_s_per_byte(n: int, seconds: float = 0.1) -> float:
 
 def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Profile:
     """Time each unit of ``model`` (a :class:`psgd.nn.model.Model`) on a random batch of
-    ``batch`` samples, best of ``repeats`` after one warm-up pass; per-sample figures; and
-    measure a rank's base memory in a child process (:func:`psgd.plan.base.measure`)."""
+    ``batch`` samples, best of ``repeats`` after one warm-up pass; per-sample figures; the
+    compressors' codecs and the spatial split's reach. ``base_bytes`` is left 0:
+    :func:`psgd.plan.auto.get_profile` measures it (:mod:`psgd.plan.base`)."""
     from psgd.pipeline.partition import units
-    from psgd.plan.base import measure
     spans = units(model)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, *model.input_shape)).astype(model.dtype)
@@ -121,7 +122,7 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
         out.append(Unit(name, float(fw[j]) / batch, float(bw[j]) / batch, acts[j].nbytes // batch,
                         acts[j + 1].nbytes // batch, params, split_bytes, width))
     return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params),
-                   measure(model.spec), _codecs(model.n_params), *_spatial(model, spans))
+                   0, _codecs(model.n_params), *_spatial(model, spans))
 
 
 class _Group:

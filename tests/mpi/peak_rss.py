@@ -7,9 +7,10 @@ import sys
 
 
 def main():
-    code = subprocess.call([sys.executable, "-m", "psgd", *sys.argv[1:]])
+    pmi = [int(os.environ["PMI_FD"])] if "PMI_FD" in os.environ else []   # hydra's socket
+    code = subprocess.call([sys.executable, "-m", "psgd", *sys.argv[1:]], pass_fds=pmi)
     peak = 1024 * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss    # Linux: KiB
-    print(f"PEAK_RSS {os.environ.get('PMI_RANK', '0')} {peak}", flush=True)
+    print(f"\nPEAK_RSS {os.environ.get('PMI_RANK', '0')} {peak}", flush=True)
     sys.exit(code)
 
 

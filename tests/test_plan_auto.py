@@ -11,7 +11,7 @@ import pytest
 from psgd.errors import UsageError
 from psgd.pipeline.schedules import predicted_bubble, simulate
 from psgd.plan import memory, profile as profiles
-from psgd.plan.auto import as_dict, command
+from psgd.plan.auto import arithmetic, as_dict, command
 from psgd.plan.cost import Network
 from psgd.pipeline.partition import min_max_cut as best_cut
 from psgd.plan.cut import schedule_time, stage_in_flight
@@ -139,7 +139,8 @@ def test_plans_over_the_cap_are_dropped_and_the_fastest_comes_first():
     assert kinds == {"data", "pipeline", "tensor"}
     assert {p.compress for p in loose} == {"", "fp16", "topk:0.01"}
     for p in fit:
-        assert p.sync == (p.staleness == 0 and not p.compress)
+        assert p.sync == (p.staleness == 0 and not p.compress and not p.averaging)
+        assert (arithmetic(p) == "= serial") == p.sync
 
 
 def test_nothing_fits_names_what_the_smallest_needs():

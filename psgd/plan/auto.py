@@ -101,6 +101,7 @@ def as_dict(plan: Plan, spec: str, data: str) -> dict:
             "step_s": plan.step_s, "samples_per_s": plan.samples_per_s,
             "memory_per_rank": plan.memory, "bubble": plan.bubble, "wire_bytes": plan.wire_bytes,
             "sync": plan.sync, "staleness": plan.staleness, "compress": plan.compress,
+            "averaging": plan.averaging,
             "train_args": plan.train_args(),
             "command": shlex.join(words),
             "sbatch": f"sbatch --ntasks {plan.ranks} --wrap "
@@ -108,11 +109,14 @@ def as_dict(plan: Plan, spec: str, data: str) -> dict:
 
 
 def arithmetic(plan: Plan) -> str:
-    """``= serial``, or how the plan departs from it: ``async ~staleness``, ``lossy CODEC``."""
+    """``= serial``, or how the plan departs from it: ``async ~staleness``, gossip averaging,
+    ``lossy CODEC``."""
     if plan.sync:
         return "= serial"
-    words = [f"async ~{plan.staleness:g}"] if plan.staleness or not plan.compress else []
-    return " ".join(words + ([f"lossy {plan.compress}"] if plan.compress else []))
+    words = [f"async ~{plan.staleness:g}"] if plan.staleness else []
+    words += [plan.averaging] if plan.averaging else []
+    words += [f"lossy {plan.compress}"] if plan.compress else []
+    return " ".join(words) or "async"
 
 
 def print_table(plans: list[Plan], spec: str, data: str) -> None:

@@ -46,8 +46,9 @@ class Plan:
     """One way to run: ``kind`` data, pipeline, tensor or spatial; D = ``replicas`` (the
     workers of a data plan), K ``stages``, T (or P) ``parts``; predicted seconds per step, bytes per rank, idle
     fraction of the pipeline, bytes on the wire per step; ``sync``: the arithmetic is
-    serial SGD's on the union of the batches, else ``staleness`` steps expected, or
-    ``compress``: the pushes go through that lossy compressor."""
+    serial SGD's on the union of the batches, else ``staleness`` steps expected,
+    ``compress``: the pushes go through that lossy compressor, or ``averaging``: each
+    worker keeps its own model and averages with its neighbours (gossip, adpsgd)."""
 
     kind: str
     protocol: str
@@ -67,6 +68,7 @@ class Plan:
     sync: bool = True
     staleness: float = 0.0
     compress: str = ""
+    averaging: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -121,6 +123,23 @@ def _data_memory(profile: Profile, budget: Budget, servers: int, w: int, codec: 
     return mem + budget.fixed(profile, w)
 
 
+def _codec(profile: Profile, budget: Budget, codec: str) -> Compression:
+    """The profile's measured ``codec`` (NONE for ""), its encode and decode slowed as the
+    compute is when the ranks outnumber the cores."""
+    if not codec:
+        return NONE
+    ratio, encode_s, decode_s, ring = profile.codecs[codec]
+    slow = max(1.0, budget.ranks / budget.cores) if budget.cores else 1.0
+    return Compression(ratio, encode_s * slow, decode_s * slow, ring)
+
+
+def _averaging(entry, sync: bool) -> str:
+    """How a decentralized protocol's arithmetic departs from serial SGD's ("" for others)."""
+    if not entry.decentralized:
+        return ""
+    return "gossip averaging" if sync else "async gossip averaging"
+
+
 def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """Every protocol's rows (psgd plan's cost model) at S = 0 and a few server counts, plain
     and under each compressor the profile measured (for the protocols that compress)."""
@@ -130,7 +149,7 @@ def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
     for servers in [0] + _server_counts(budget.ranks):
         w = budget.ranks - servers
         for codec in ["", *profile.codecs]:
-            c = Compression(*profile.codecs[codec]) if codec else NONE
+            c = _codec(profile, budget, codec)
             job = Job(n_params, profile.compute_s, budget.batch, w, servers, budget.per_node,
                       budget.cliques, budget.cores, compression=c)
             for row, r in predict(job, budget.net).items():
@@ -143,8 +162,10 @@ def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
                     min(w - 1, entry.bound if entry.bound is not None else w - 1))
                 plans.append(Plan("data", entry.name, budget.ranks, budget.batch, r["step_s"],
                                   _data_memory(profile, budget, servers, w, codec), wire,
-                                  replicas=w, servers=servers, sync=r["sync"] and not codec,
-                                  staleness=stale, compress=codec, extra={"row": row}))
+                                  replicas=w, servers=servers,
+                                  sync=r["sync"] and not codec and not entry.decentralized,
+                                  staleness=stale, compress=codec, extra={"row": row},
+                                  averaging=_averaging(entry, r["sync"])))
     return plans
 
 

@@ -252,3 +252,14 @@ def test_the_spatial_parts_are_those_the_conv_layers_take():
     with pytest.raises(ValueError):
         split_spatial(model.layers, profiles._Group(most + 1))
     assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC))) == (0, 1)
+
+
+def test_a_stage_counts_the_weight_copies_of_its_schedule():
+    from psgd.plan.cut import Stages
+    prof = toy_profile()
+    st, n = Stages(prof, 4, 0.0, 0.0), len(prof.units)
+    params = sum(u.param_bytes for u in prof.units)
+    plain = st.memory(0, n, 3, 0, "1f1b", False)
+    assert st.memory(0, n, 3, 0, "gpipe", False) == plain
+    assert st.memory(0, n, 3, 0, "pipedream", False) - plain == 3 * params   # 2 stashed + current
+    assert st.memory(0, n, 3, 0, "pipemare", False) - plain == 3 * params    # delta, prediction, current

@@ -189,7 +189,7 @@ def _pipeline_plan(profile: Profile, budget: Budget, k: int, m: int, schedule: s
                 rerun=max(flight) > 1)
 
     def mem(i, j, s):
-        return budget.fixed(profile, d) + st.memory(i, j, flight[s], budget.slots, asynchronous, d > 1)
+        return budget.fixed(profile, d) + st.memory(i, j, flight[s], budget.slots, schedule, d > 1)
 
     counts = min_max_cut(len(profile.units), k, st.seconds,
                       lambda i, j, s: cap is None or mem(i, j, s) <= cap)

@@ -1,6 +1,7 @@
 """`make bench-plan`: the plans `psgd plan --auto` keeps, run, against its predictions.
 
     .venv/bin/python bench/bench_plan.py [--ranks 2] [--seconds 3] [--top 3] [--publish]
+    .venv/bin/python bench/bench_plan.py --net 1gbit,10gbit --ranks 4 [--publish]
 
 For each case (a model and a memory budget per rank) the search runs on a profile made
 here; its top plans and the fastest pure plan of each kind (data-parallel, pipeline,
@@ -12,11 +13,18 @@ whether the top plan's prediction is within 25 % and whether the top plan is wit
 10 % of the fastest measured. The search times at 8 and 64 ranks of a ResNet-20 profile
 are measured too. Writes plan-synthetic.{json,md} into runs/bench/plan-TIME/
 (--publish: bench/results/ and docs/results/plan.md).
+
+With ``--net RATES`` every run goes through ``psgd net --nodes 2 --rate RATE`` (rank r on
+emulated node r mod 2, one shared link) and the search plans for that placement and link;
+the cases are the CIFAR preset and an MLP on 3x32x32 images, and a table of the plans the
+search picks at 64-1024 ranks (predicted only) follows. Writes plan-net-synthetic.* and
+docs/results/plan-net.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -28,12 +36,18 @@ sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 from common import ROOT, mpiexec, run_bounded  # noqa: E402
 
-from psgd.plan.auto import get_profile  # noqa: E402
+from psgd.plan.auto import arithmetic, get_profile  # noqa: E402
 from psgd.plan.cost import Network  # noqa: E402
+from psgd.plan.inputs import parse_bandwidth, train_bytes  # noqa: E402
 from psgd.plan.search import Budget, search  # noqa: E402
 
 # (model, memory per rank): a budget every plan fits, and one below data parallelism's need
 CASES = [("mlp:784-512-512-10", 1 << 30), ("mlp:784-512-512-10", 5 << 20), ("lenet", 1 << 30)]
+NET_CASES = [("cifar-cnn", 1 << 30), ("mlp:3072-1024-1024-10", 1 << 30)]
+# the extrapolation: models by size, networks, rank counts (predicted only)
+PAPER_MODELS = ("cifar-cnn", "resnet20", "mlp:3072-4096-4096-4096-10")
+PAPER_NETS = ("1gbit", "10gbit", "100gbit")
+PAPER_RANKS = (64, 256, 1024)
 
 
 def steps_for(plan, args) -> int:
@@ -47,7 +61,9 @@ def measured_rate(plan, data: Path, model: str, args, log: Path) -> float:
     """Samples per second of the run: a data plan's lead over the second half of the steps,
     a tensor grid's median step, a pipeline's whole run."""
     steps = steps_for(plan, args)
-    cmd = [mpiexec(), "-n", str(plan.ranks), sys.executable, "-m", "psgd", "train", "--data",
+    net = [sys.executable, "-m", "psgd", "net", "--nodes", "2", "--rate", args.rate, "--"] \
+        if args.rate else []
+    cmd = [*net, mpiexec(), "-n", str(plan.ranks), sys.executable, "-m", "psgd", "train", "--data",
            str(data), "--model", model, *plan.train_args(), "--steps", str(steps),
            "--log-every", str(max(1, steps // 2)), "--quiet", "--log", str(log),
            "--eval-samples", "64"]
@@ -66,7 +82,7 @@ def measured_rate(plan, data: Path, model: str, args, log: Path) -> float:
 def chosen(plans: list, top: int) -> list:
     """The top plans, then the fastest of each kind not among them."""
     picked = plans[:top]
-    for kind in ("data", "pipeline", "tensor"):
+    for kind in ("data", "pipeline", "tensor", "spatial"):
         pure = next((p for p in plans if p.kind == kind), None)
         if pure is not None and pure not in picked:
             picked.append(pure)
@@ -75,12 +91,12 @@ def chosen(plans: list, top: int) -> list:
 
 def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) -> dict:
     prof = get_profile(model, str(tmp / f"{model.replace(':', '_')}.json"))
-    budget = Budget(args.ranks, memory, Network(args.bandwidth / 8), args.per_node, args.batch_size)
-    plans, _ = search(prof, budget)
+    plans, _ = search(prof, bench_budget(args, memory, data))
     rows = []
     for plan in chosen(plans, args.top):
-        rate = measured_rate(plan, data, model, args, tmp / f"{case}-{len(rows)}.jsonl")
+        rate = measured_rate(plan, data, model, args, tmp / f"{case}-{args.rate}-{len(rows)}.jsonl")
         rows.append({"rank": plans.index(plan) + 1, "plan": plan.label(), "sync": plan.sync,
+                     "arithmetic": arithmetic(plan),
                      "predicted": round(plan.samples_per_s, 1), "measured": round(rate, 1),
                      "ratio": round(rate / plan.samples_per_s, 3),
                      "memory_mb": round(plan.memory / 2**20, 2)})
@@ -89,6 +105,40 @@ def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) ->
     return {"model": model, "memory": memory, "rows": rows, "kept": len(plans),
             "top_within_25": abs(top["ratio"] - 1) <= 0.25,
             "top_within_10_of_best": top["measured"] >= 0.9 * best}
+
+
+def bench_budget(args, memory: int, data: Path) -> Budget:
+    """The budget of a run on this machine: shared memory (``--per-node``), or ``psgd net``'s
+    two nodes (rank r on node r mod 2) behind one shared link of ``args.rate``; the ranks
+    share the machine's cores."""
+    data_bytes = train_bytes(str(data))
+    if args.rate:
+        net = Network(parse_bandwidth(args.rate), 50e-6, shared=True)
+        return Budget(args.ranks, memory, net, args.per_node, args.batch_size,
+                      data_bytes=data_bytes, cliques=2, cores=os.cpu_count())
+    return Budget(args.ranks, memory, Network(args.bandwidth / 8), args.per_node,
+                  args.batch_size, data_bytes=data_bytes, cores=os.cpu_count())
+
+
+def paper_table(tmp: Path) -> str:
+    """The fastest plan the search finds for each model, network and rank count, and the
+    fastest whose arithmetic is serial SGD's (1 GB per rank, one rank per core, 8 ranks per
+    node): predicted, never run."""
+    lines = ["| model | MB params | network | ranks | fastest plan | arithmetic | samples/s "
+             "| fastest `= serial` plan | samples/s | search s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for model in PAPER_MODELS:
+        prof = get_profile(model, str(tmp / f"{model.replace(':', '_')}.json"))
+        for rate in PAPER_NETS:
+            for ranks in PAPER_RANKS:
+                start = time.perf_counter()
+                plans, _ = search(prof, Budget(ranks, 1 << 30, Network(parse_bandwidth(rate)),
+                                               per_node=8, batch=64))
+                took = time.perf_counter() - start
+                top, exact = plans[0], next(p for p in plans if p.sync)
+                lines.append(f"| {model} | {prof.param_bytes / 2**20:.1f} | {rate} | {ranks} | "
+                             f"{top.label()} | {arithmetic(top)} | {top.samples_per_s:.0f} | "
+                             f"{exact.label()} | {exact.samples_per_s:.0f} | {took:.2f} |")
+    return "\n".join(lines)
 
 
 def search_times() -> dict:
@@ -101,10 +151,18 @@ def search_times() -> dict:
     return out
 
 
-def table(cases: list, times: dict, args) -> str:
-    lines = [f"{args.ranks} ranks on this machine (shared memory), batch {args.batch_size} per "
-             f"replica, at least {args.steps} steps and about {args.seconds:g} s per run, "
-             f"planned for {args.bandwidth / 1e9:g} Gbit/s.", ""]
+def where(args) -> str:
+    if args.rate:
+        return (f"on `psgd net --nodes 2 --rate {args.rate}` (rank r on node r mod 2, one shared "
+                f"link), planned for that link")
+    return f"on shared memory, planned for {args.bandwidth / 1e9:g} Gbit/s"
+
+
+def table(cases: list, args) -> str:
+    over = f" (oversubscribed: {args.ranks} ranks on {os.cpu_count()} cores)" \
+        if args.ranks > (os.cpu_count() or 1) else ""
+    lines = [f"{args.ranks} ranks{over} {where(args)}, batch {args.batch_size} per "
+             f"replica, at least {args.steps} steps and about {args.seconds:g} s per run.", ""]
     for c in cases:
         lines += [f"**{c['model']}**, {c['memory'] / 2**20:.0f} MB per rank: {c['kept']} plans "
                   f"fit; top prediction within 25 %: {'yes' if c['top_within_25'] else 'no'}; "
@@ -112,11 +170,10 @@ def table(cases: list, times: dict, args) -> str:
                   f"{'yes' if c['top_within_10_of_best'] else 'no'}", "",
                   "| # | plan | arithmetic | MB/rank | predicted samples/s | measured | measured/predicted |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['rank']} | {r['plan']} | {'= serial' if r['sync'] else 'async'} | "
+        lines += [f"| {r['rank']} | {r['plan']} | {r['arithmetic']} | "
                   f"{r['memory_mb']} | {r['predicted']:.0f} | {r['measured']:.0f} | {r['ratio']:.2f} |"
                   for r in c["rows"]]
         lines.append("")
-    lines.append(f"Search time, ResNet-20 profile: {times[8]} s at 8 ranks, {times[64]} s at 64 ranks.")
     return "\n".join(lines)
 
 
@@ -130,8 +187,13 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=80e9, help="bits/s (shared memory)")
     ap.add_argument("--per-node", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--net", default=None, metavar="RATES",
+                    help="e.g. 1gbit,10gbit: run on psgd net's 2 nodes at each rate")
     common.add_output_arguments(ap)
     args = ap.parse_args()
+    if args.net:
+        return main_net(args)
+    args.rate = None
     out = common.out_dir(args, "plan")
     times = search_times()
     print(json.dumps({"search_s": times}), flush=True)
@@ -139,7 +201,8 @@ def main() -> None:
         data = common.dataset(Path(tmp), True, "bench-plan", train=4096)
         cases = [run_case(i, m, mem, data.path, Path(tmp), args) for i, (m, mem) in enumerate(CASES)]
     stem = common.result_stem("plan", True)
-    body = table(cases, times, args)
+    body = table(cases, args) + (f"\nSearch time, ResNet-20 profile: {times[8]} s at 8 ranks, "
+                                 f"{times[64]} s at 64 ranks.")
     files = [common.write_json(out / f"{stem}.json", {"cases": cases, "search_s": times}, data.name),
              common.write_text(out / f"{stem}.md", body, data.name)]
     print(body)
@@ -147,6 +210,37 @@ def main() -> None:
         common.docs_page("plan", "Plans: predicted against measured",
                          "The plans `psgd plan --auto` keeps, run on this machine, against its "
                          "predictions (`make bench-plan`).", body, files)
+
+
+def main_net(args) -> None:
+    """The --net bench: NET_CASES at each rate on 3x32x32 synthetic images, then the
+    extrapolation table."""
+    out, parts, results = common.out_dir(args, "plan-net"), [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "colour.h5"
+        run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
+                     "4096", "--test", "256", "-o", str(data)], 300, cwd=ROOT).check_returncode()
+        for rate in args.net.split(","):
+            args.rate = rate
+            cases = [run_case(i, m, mem, data, Path(tmp), args) for i, (m, mem) in enumerate(NET_CASES)]
+            results[rate] = cases
+            parts += [f"## {rate}", "", table(cases, args)]
+        paper = paper_table(Path(tmp))
+    parts += ["## 64 to 1024 ranks: predicted only, never run", "",
+              "The fastest plan the search finds, and the fastest whose arithmetic is serial "
+              "SGD's, at 1 GB per rank, 8 ranks per node, batch 64 per replica, from profiles "
+              "made on this machine (one rank per core assumed; nothing here was measured at "
+              "these sizes).", "", paper]
+    body = "\n".join(parts)
+    stem = common.result_stem("plan-net", True)
+    files = [common.write_json(out / f"{stem}.json", {"rates": results}, common.SYNTHETIC),
+             common.write_text(out / f"{stem}.md", body, common.SYNTHETIC)]
+    print(body)
+    if args.publish:
+        common.docs_page("plan-net", "Plans on an emulated network, and at 64-1024 ranks",
+                         "The plans `psgd plan --auto` keeps, run on `psgd net` at two rates "
+                         "(`make bench-plan ARGS=--net ...`), and the plans it picks for large "
+                         "jobs, predicted only.", body, files)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 from psgd.errors import UsageError
 from psgd.pipeline.schedules import predicted_bubble, simulate
 from psgd.plan import memory, profile as profiles
-from psgd.plan.auto import as_dict, command
+from psgd.plan.auto import arithmetic, as_dict, command
 from psgd.plan.cost import Network
 from psgd.pipeline.partition import min_max_cut as best_cut
 from psgd.plan.cut import schedule_time, stage_in_flight
@@ -35,7 +35,9 @@ def toy_profile(spec=SPEC, seed=0) -> Profile:
         out.append(Unit(layers[0].__class__.__name__, *rng.uniform(1e-6, 1e-5, 2),
                         shape_bytes(layers[0].in_shape), shape_bytes(layers[-1].out_shape),
                         params, params if dense else 0, layers[0].out_shape[0] if dense else 0))
-    return Profile(model.spec, 8, tuple(out), 1e-10)
+    return Profile(model.spec, 8, tuple(out), 1e-10, 1000,
+                   {"fp16": [2.0, 1e-10, 1e-10, True], "topk:0.01": [50.0, 1e-9, 1e-9, False]},
+                   *profiles._spatial(model, units(model)))
 
 
 def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
@@ -52,8 +54,10 @@ def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
 
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
+    ('{"format": "psgd-profile/2", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
+     '"base_bytes": 0}', "empty"),
     ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
-     "empty"),
+     "not a psgd-profile/2 file"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "p.json"
@@ -65,7 +69,7 @@ def test_a_bad_profile_is_one_line(tmp_path, text, words):
 
 def test_memory_model_against_hand_computed_bytes():
     u = (Unit("a", 0, 0, 80, 64, 1000, 1000, 16), Unit("b", 0, 0, 64, 16, 200, 0, 0))
-    prof = Profile("x", 1, u, 0.0)
+    prof = Profile("x", 1, u, 0.0, 0)
     assert memory.activations(u, 10) == 10 * (80 + 64 + 16)
     assert memory.allreduce_worker(prof, 10, 1) == 4 * 1200 + 1600      # params, grad, buf, mom
     assert memory.ps_worker(prof, 10) == 3 * 1200 + 1600
@@ -133,8 +137,10 @@ def test_plans_over_the_cap_are_dropped_and_the_fastest_comes_first():
     assert rates == sorted(rates, reverse=True)
     kinds = {p.kind for p in loose}
     assert kinds == {"data", "pipeline", "tensor"}
+    assert {p.compress for p in loose} == {"", "fp16", "topk:0.01"}
     for p in fit:
-        assert p.sync == (p.staleness == 0)
+        assert p.sync == (p.staleness == 0 and not p.compress and not p.averaging)
+        assert (arithmetic(p) == "= serial") == p.sync
 
 
 def test_nothing_fits_names_what_the_smallest_needs():
@@ -145,14 +151,17 @@ def test_nothing_fits_names_what_the_smallest_needs():
     assert "\n" not in str(err.value)
 
 
-def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan():
+@pytest.mark.parametrize("spec", [SPEC, "lenet"])
+def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan(spec):
     from psgd.cli import build_parser
     from psgd.pipeline.options import from_args
+    from psgd.protocols import get
     from psgd.run.tensor_rank import grid_shape
-    prof = toy_profile()
+    prof = toy_profile(spec)
     fit, _ = search(prof, Budget(4, 1 << 40, Network(1.25e9), batch=8))
+    assert ("spatial" in {p.kind for p in fit}) == (spec == "lenet")
     for plan in fit:
-        words = command(plan, SPEC, "d.h5")
+        words = command(plan, spec, "d.h5")
         assert words[:3] == ["mpiexec", "-n", "4"]
         args = build_parser(words[4:]).parse_args(words[4:])
         assert args.protocol == plan.protocol and args.batch_size == plan.batch
@@ -163,10 +172,14 @@ def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan():
             assert opts.counts() == list(plan.partition)
         else:
             assert opts is None
-        if plan.kind == "tensor":
-            assert grid_shape(args, 4)[:2] == (plan.replicas, plan.parts)
+        if plan.kind in ("tensor", "spatial"):
+            assert grid_shape(args, 4) == (plan.replicas, plan.parts, plan.kind)
         assert (args.servers or 0) == plan.servers
-        assert as_dict(plan, SPEC, "d.h5")["command"].startswith("mpiexec -n 4 psgd train")
+        assert (args.compress or "") == plan.compress
+        if plan.compress:       # the protocol takes the compressor (the registry's own check)
+            get(plan.protocol).check(compress=plan.compress, n_servers=plan.servers,
+                                     n_workers=plan.replicas)
+        assert as_dict(plan, spec, "d.h5")["command"].startswith("mpiexec -n 4 psgd train")
 
 
 def _plan_cli(*extra):
@@ -199,3 +212,54 @@ def test_a_stage_with_microbatches_in_flight_runs_its_forward_twice():
     n = len(prof.units)
     fw = 4 * sum(u.forward_s for u in prof.units)
     assert twice.seconds(0, n, True) - once.seconds(0, n, True) == pytest.approx(fw)
+
+
+def test_every_plan_counts_the_process_base_and_its_data_slice_once():
+    from dataclasses import replace
+    prof, data = toy_profile(), 10_000_001
+    bare, _ = search(replace(prof, base_bytes=0), Budget(4, 1 << 40, Network(1.25e9), batch=8))
+    full, _ = search(prof, Budget(4, 1 << 40, Network(1.25e9), batch=8, data_bytes=data))
+    state = {p.label(): p.memory for p in bare}
+    assert {p.label() for p in full} == set(state)
+    for p in full:
+        assert p.memory - state[p.label()] == prof.base_bytes + -(-data // p.replicas), p.label()
+
+
+def test_the_measured_base_does_not_grow_with_the_models_parameters():
+    from psgd.plan.auto import get_profile
+    small, big = get_profile("mlp:20-8-4", None), get_profile("mlp:784-2048-2048-10", None)  # 22 MB
+    assert 50 << 20 < small.base_bytes < 1 << 30
+    assert abs(big.base_bytes - small.base_bytes) < 0.1 * small.base_bytes
+
+
+def test_the_training_split_is_counted_from_the_file(tmp_path):
+    import h5py
+    from conftest import write_synth
+    from psgd.plan.inputs import train_bytes
+    path = write_synth(tmp_path / "d.h5", n_train=300, n_test=50)
+    with h5py.File(path) as f:
+        want = f["train/x"][()].nbytes + f["train/y"][()].nbytes
+    assert train_bytes(path) == want and train_bytes(str(tmp_path / "none.h5")) == 0
+
+
+def test_the_spatial_parts_are_those_the_conv_layers_take():
+    from psgd.pipeline.partition import units
+    from psgd.tensor.spatial import split_spatial
+    model = model_of_spec("lenet")
+    count, most = profiles._spatial(model, units(model))
+    assert 0 < count < len(units(model)) and most >= 2
+    split_spatial(model.layers, profiles._Group(most))
+    with pytest.raises(ValueError):
+        split_spatial(model.layers, profiles._Group(most + 1))
+    assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC))) == (0, 1)
+
+
+def test_a_stage_counts_the_weight_copies_of_its_schedule():
+    from psgd.plan.cut import Stages
+    prof = toy_profile()
+    st, n = Stages(prof, 4, 0.0, 0.0), len(prof.units)
+    params = sum(u.param_bytes for u in prof.units)
+    plain = st.memory(0, n, 3, 0, "1f1b", False)
+    assert st.memory(0, n, 3, 0, "gpipe", False) == plain
+    assert st.memory(0, n, 3, 0, "pipedream", False) - plain == 3 * params   # 2 stashed + current
+    assert st.memory(0, n, 3, 0, "pipemare", False) - plain == 3 * params    # delta, prediction, current

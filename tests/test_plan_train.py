@@ -7,9 +7,10 @@ import sys
 import pytest
 
 from psgd.run.metrics import read_log
-from psgd.plan import memory, profile as profiles
+from psgd.plan import memory
 from psgd.plan.auto import as_dict, get_profile
 from psgd.plan.cost import Network
+from psgd.plan.inputs import train_bytes
 from psgd.plan.search import Budget, search
 
 BIG = "mlp:784-512-512-10"        # 2.7 MB of parameters: a data-parallel worker holds 3x that
@@ -20,14 +21,20 @@ def train(mpirun, n, dataset, *flags, check=True):
                       *map(str, flags)], timeout=180, check=check)
 
 
+def peak_rss(out) -> list[int]:
+    """Each rank's peak resident bytes from tests/mpi/peak_rss.py's lines."""
+    return [int(x.split()[2]) for x in out.stdout.splitlines() if x.startswith("PEAK_RSS")]
+
+
 @pytest.mark.mpi
 def test_plan_auto_runs_a_model_parallel_plan_when_the_model_exceeds_the_budget(
         mpirun, dataset, tmp_path):
-    budget, prof_path, log = 5 << 20, tmp_path / "p.json", tmp_path / "log.jsonl"
+    prof_path, log = tmp_path / "p.json", tmp_path / "log.jsonl"
+    prof = get_profile(BIG, str(prof_path))
+    budget = prof.base_bytes + train_bytes(dataset) + (5 << 20)
     out = train(mpirun, 2, dataset, "--model", BIG, "--plan", "auto", "--memory-per-rank",
                 budget, "--profile", prof_path, "--log", log)
-    prof = profiles.load(str(prof_path))
-    assert memory.allreduce_worker(prof, 64, 0) > budget       # data parallelism cannot hold it
+    assert prof.base_bytes + memory.allreduce_worker(prof, 64, 0) > budget   # data parallelism cannot
     line = [x for x in out.stdout.splitlines() if x.startswith("psgd train: plan")][0]
     assert "--grid" in line or "--pipeline" in line, line
     summary = [r for r in read_log(log) if r["kind"] == "summary"][-1]
@@ -35,7 +42,23 @@ def test_plan_auto_runs_a_model_parallel_plan_when_the_model_exceeds_the_budget(
         held = summary["param_bytes_per_rank"]
         modelled = memory.tensor_part(prof, 0, 2, 0) // 3
         assert abs(held - modelled) <= 0.01 * held
-        assert 3 * held <= budget
+        assert 3 * held <= budget - prof.base_bytes
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", ["data", "pipeline"])
+def test_a_plans_measured_peak_rss_per_rank_is_within_its_memory(mpirun, dataset, tmp_path, kind):
+    """The budget is the plan's own predicted bytes: the tightest budget it still fits."""
+    prof = get_profile(BIG, str(tmp_path / "p.json"))
+    fit, _ = search(prof, Budget(2, 1 << 40, Network(1.25e9), batch=64,
+                                 data_bytes=train_bytes(dataset)))
+    plan = next(p for p in fit if p.kind == kind and p.sync)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(as_dict(plan, BIG, dataset)))
+    out = mpirun(2, ["peak_rss.py", "train", "--data", dataset, "--quiet", "--steps", "5",
+                     "--model", BIG, "--plan", path], timeout=180)
+    peaks = peak_rss(out)
+    assert len(peaks) == 2 and max(peaks) <= plan.memory, (peaks, plan.memory, plan.label())
 
 
 @pytest.mark.mpi
@@ -51,6 +74,17 @@ def test_plan_file_runs_a_saved_pipeline_plan(mpirun, dataset, tmp_path):
     wrong = train(mpirun, 3, dataset, "--model", BIG, "--plan", path, check=False)
     assert wrong.returncode != 0 and "is for 2 ranks, the job has 3" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+
+
+@pytest.mark.mpi
+def test_plan_file_runs_a_saved_spatial_plan(mpirun, dataset, tmp_path):
+    prof = get_profile("lenet", None, batch=8)
+    fit, _ = search(prof, Budget(2, 1 << 40, Network(1.25e9), batch=32))
+    plan = next(p for p in fit if p.kind == "spatial")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(as_dict(plan, "lenet", dataset)))
+    out = train(mpirun, 2, dataset, "--model", "lenet", "--plan", path)
+    assert "--grid 1,2 --spatial 2" in out.stdout
 
 
 @pytest.mark.mpi

@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import time
+from dataclasses import replace
 
 from psgd.errors import UsageError
 from psgd.plan import profile as profiles
@@ -14,6 +15,9 @@ from psgd.plan.cost import Network
 from psgd.plan.search import Budget, Plan, search
 
 PROFILE_BATCH = 32
+# the base measured in one run varied by about 3 % between runs here: counted 5 % high, so
+# that a plan's bytes stay above its ranks' peak resident sets
+BASE_MARGIN = 1.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "if it exists, else measure it here and write it there")
     group.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     group.add_argument("--json", action="store_true", help="print the plans as JSON")
-    group.add_argument("--data", default="data.h5", help="the dataset in the printed commands")
+    group.add_argument("--data", default="data.h5", help="the dataset in the printed commands "
+                       "(when it exists, each rank's slice of its training split counts)")
     group.add_argument("--optimizer", default="sgd", help="its state counts in the memory "
                        "(sgd, momentum, nesterov, adagrad, adam; default sgd, psgd train's)")
 
@@ -48,8 +53,10 @@ def parse_bytes(text: str) -> int:
 
 def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH) -> profiles.Profile:
     """The profile at ``path`` when that file exists (it must be ``spec``'s), else one
-    measured here (and saved at ``path`` when given)."""
+    measured here, the rank's base memory included (and saved at ``path`` when given)."""
+    from psgd.plan.base import measure
     from psgd.plan.inputs import model_of_spec
+    from psgd.plan.memory import activations
     model = model_of_spec(spec)
     if path and os.path.exists(path):
         prof = profiles.load(path)
@@ -57,13 +64,16 @@ def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH) -> prof
             raise UsageError(f"--profile {path} is of model {prof.spec}, not --model {spec}")
         return prof
     prof = profiles.profile_model(model, batch)
+    held = 2 * prof.param_bytes      # the run's parameters and gradient, and its activations
+    base = measure(spec, lambda b: held + activations(prof.units, b))
+    prof = replace(prof, base_bytes=int(base * BASE_MARGIN))
     if path:
         profiles.save(prof, path)
     return prof
 
 
 def budget_of(args, ranks: int) -> Budget:
-    from psgd.plan.inputs import parse_bandwidth
+    from psgd.plan.inputs import parse_bandwidth, train_bytes
     from psgd.plan.memory import OPTIMIZER_SLOTS
     if args.memory_per_rank is None:
         raise UsageError("--auto needs --memory-per-rank BYTES (e.g. 2G)")
@@ -72,7 +82,8 @@ def budget_of(args, ranks: int) -> Budget:
     if args.per_node < 1 or args.batch_size < 1:
         raise UsageError("--per-node and --batch-size must be >= 1")
     net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
-    return Budget(ranks, args.memory_per_rank, net, args.per_node, args.batch_size, args.optimizer)
+    return Budget(ranks, args.memory_per_rank, net, args.per_node, args.batch_size, args.optimizer,
+                  train_bytes(args.data))
 
 
 def command(plan: Plan, spec: str, data: str) -> list[str]:
@@ -89,14 +100,23 @@ def as_dict(plan: Plan, spec: str, data: str) -> dict:
             "partition": list(plan.partition), "parts": plan.parts, "batch": plan.batch,
             "step_s": plan.step_s, "samples_per_s": plan.samples_per_s,
             "memory_per_rank": plan.memory, "bubble": plan.bubble, "wire_bytes": plan.wire_bytes,
-            "sync": plan.sync, "staleness": plan.staleness, "train_args": plan.train_args(),
+            "sync": plan.sync, "staleness": plan.staleness, "compress": plan.compress,
+            "averaging": plan.averaging,
+            "train_args": plan.train_args(),
             "command": shlex.join(words),
             "sbatch": f"sbatch --ntasks {plan.ranks} --wrap "
                       + shlex.quote(shlex.join(["srun", "--mpi=pmi2", *words[3:]]))}
 
 
 def arithmetic(plan: Plan) -> str:
-    return "= serial" if plan.sync else f"async ~{plan.staleness:g}"
+    """``= serial``, or how the plan departs from it: ``async ~staleness``, gossip averaging,
+    ``lossy CODEC``."""
+    if plan.sync:
+        return "= serial"
+    words = [f"async ~{plan.staleness:g}"] if plan.staleness else []
+    words += [plan.averaging] if plan.averaging else []
+    words += [f"lossy {plan.compress}"] if plan.compress else []
+    return " ".join(words) or "async"
 
 
 def print_table(plans: list[Plan], spec: str, data: str) -> None:
@@ -128,7 +148,8 @@ def run_auto(args: argparse.Namespace) -> None:
                           "plans": [as_dict(p, args.model, args.data) for p in top]}, indent=1))
         return
     print(f"{args.model}: {prof.param_bytes / 2**20:.2f} MB of parameters, "
-          f"{prof.compute_s * 1e6:.0f} us per sample; {budget.ranks} ranks, "
+          f"{prof.compute_s * 1e6:.0f} us per sample, {prof.base_bytes / 2**20:.0f} MB per "
+          f"process before training state; {budget.ranks} ranks, "
           f"{budget.memory / 2**20:.0f} MB each, batch {budget.batch} per replica; profile "
           f"{profiled:.1f} s, search {searched:.2f} s, {len(plans)} plans fit")
     print_table(top, args.model, args.data)

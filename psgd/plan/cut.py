@@ -44,9 +44,18 @@ class Stages:
                                      * self.microbatch * self.link_s_per_byte)
         return float(self._compute[j] - self._compute[i]) + send
 
-    def memory(self, i: int, j: int, flight: int, slots: int, stash: bool, replicated: bool) -> int:
+    def memory(self, i: int, j: int, flight: int, slots: int, schedule: str, replicated: bool) -> int:
         return memory.pipeline_stage(list(self.profile.units[i:j]), self.microbatch, flight,
-                                     slots, flight - 1 if stash else 0, replicated)
+                                     slots, weight_copies(schedule, flight), replicated)
+
+
+def weight_copies(schedule: str, flight: int) -> int:
+    """A stage's extra copies of its weights: pipedream's ``flight - 1`` stashed versions,
+    pipemare's correction (its update average and the predicted weights), and under both the
+    current weights kept while a backward runs on other ones; none for gpipe and 1f1b."""
+    if schedule == "pipedream":
+        return flight
+    return 3 if schedule == "pipemare" else 0
 
 
 def schedule_time(times: list[float], microbatches: int, asynchronous: bool) -> tuple[float, float]:

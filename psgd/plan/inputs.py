@@ -1,4 +1,5 @@
-"""What `psgd plan` reads from its flags: a bandwidth, and the model a spec names."""
+"""What `psgd plan` reads from its flags: a bandwidth, the model a spec names, the bytes of a
+dataset's training split."""
 from __future__ import annotations
 
 from psgd.errors import PsgdError
@@ -41,3 +42,20 @@ def model_of_spec(spec: str):
             else build_model(spec)
     except ValueError as exc:
         raise PsgdError(str(exc)) from None
+
+
+def train_bytes(path: str) -> int:
+    """Bytes of every array under ``/train`` of the HDF5 dataset at ``path`` (the workers hold
+    their slices of it in memory); 0 when there is no such file."""
+    import os
+
+    import h5py
+    if not os.path.isfile(path):
+        return 0
+    try:
+        with h5py.File(path, "r") as f:
+            split = f.get("train")
+            arrays = [a for a in split.values() if isinstance(a, h5py.Dataset)] if split else []
+            return int(sum(a.size * a.dtype.itemsize for a in arrays))
+    except OSError as exc:
+        raise PsgdError(f"--data {path}: not an HDF5 dataset ({exc})") from None

@@ -1,16 +1,18 @@
 """A model's per-unit profile for the planner: forward and backward seconds, activation and
-parameter bytes per cuttable unit, and the optimizer step's seconds per byte; saved as JSON."""
+parameter bytes per cuttable unit, the optimizer step's seconds per byte, the compressors'
+codecs, the spatial split's reach, and the bytes a rank holds besides its training state;
+saved as JSON."""
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from psgd.errors import UsageError
 
-FORMAT = "psgd-profile/1"
+FORMAT = "psgd-profile/2"        # /2: base_bytes
 SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor splits
 
 
@@ -34,12 +36,20 @@ class Unit:
 
 @dataclass(frozen=True)
 class Profile:
-    """A model spec's units, the batch they were timed at and the optimizer step's s/byte."""
+    """A model spec's units, the batch they were timed at, the optimizer step's s/byte, and
+    ``base_bytes``: a rank's resident bytes beyond its training state (:mod:`psgd.plan.base`);
+    ``codecs``: compressor spec -> [ratio, encode s/byte, decode s/byte, summable in a ring];
+    ``spatial_units``: the leading units --spatial splits by height, into at most
+    ``spatial_max`` parts."""
 
     spec: str
     batch: int
     units: tuple[Unit, ...]
     step_s_per_byte: float
+    base_bytes: int
+    codecs: dict = field(default_factory=dict, hash=False)
+    spatial_units: int = 0
+    spatial_max: int = 1
 
     @property
     def param_bytes(self) -> int:
@@ -92,7 +102,9 @@ def _step_s_per_byte(n: int, seconds: float = 0.1) -> float:
 
 def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Profile:
     """Time each unit of ``model`` (a :class:`psgd.nn.model.Model`) on a random batch of
-    ``batch`` samples, best of ``repeats`` after one warm-up pass; per-sample figures."""
+    ``batch`` samples, best of ``repeats`` after one warm-up pass; per-sample figures; the
+    compressors' codecs and the spatial split's reach. ``base_bytes`` is left 0:
+    :func:`psgd.plan.auto.get_profile` measures it (:mod:`psgd.plan.base`)."""
     from psgd.pipeline.partition import units
     spans = units(model)
     rng = np.random.default_rng(seed)
@@ -109,7 +121,52 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
         params = 4 * sum(int(np.prod(s)) for la in model.layers[lo:hi] for _, s in la.param_shapes())
         out.append(Unit(name, float(fw[j]) / batch, float(bw[j]) / batch, acts[j].nbytes // batch,
                         acts[j + 1].nbytes // batch, params, split_bytes, width))
-    return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params))
+    return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params),
+                   0, _codecs(model.n_params), *_spatial(model, spans))
+
+
+class _Group:
+    """A communicator's size and rank, no more: enough to lay out a split without MPI traffic."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Get_rank(self) -> int:
+        return 0
+
+
+def _spatial(model, spans, widest: int = 16) -> tuple[int, int]:
+    """(the leading units psgd.tensor.spatial splits by height, the most parts its layers
+    take, up to ``widest``); (0, 1) for a model without an image input."""
+    names = [type(la).__name__ for la in model.layers]
+    if "ChannelsLast" not in names:
+        return 0, 1
+    from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, MaxPool2D
+    from psgd.nn.norm import BatchNorm
+    from psgd.tensor.spatial import split_spatial
+    kinds = (ChannelsLast, Conv2D, MaxPool2D, AvgPool2D, BatchNorm, Elementwise)
+    end = next((i for i, la in enumerate(model.layers) if not isinstance(la, kinds)),
+               len(model.layers))
+    count, most = sum(hi <= end for _, hi in spans), 1
+    for parts in range(2, widest + 1):
+        try:
+            split_spatial(model.layers, _Group(parts))
+        except ValueError:
+            break
+        most = parts
+    return count, most
+
+
+def _codecs(n_params: int) -> dict:
+    from psgd.plan.codec import SEARCHED, measure_compression
+    out = {}
+    for spec in SEARCHED:
+        c = measure_compression(spec, 512, n_params, seconds=0.1)
+        out[spec] = [c.ratio, c.encode_s, c.decode_s, c.ring]
+    return out
 
 
 def save(profile: Profile, path: str) -> None:
@@ -132,7 +189,8 @@ def load(path: str) -> Profile:
         profile = Profile(units=units, **data)
         bad = [u.name for u in units if min(u.forward_s, u.backward_s, u.in_bytes, u.out_bytes,
                                             u.param_bytes) < 0]
-        if not units or bad or profile.batch < 1 or not profile.step_s_per_byte >= 0:
+        if not units or bad or profile.batch < 1 or not profile.step_s_per_byte >= 0 \
+                or profile.base_bytes < 0:
             raise ValueError("empty, or a negative time or size" + (f" in {bad[0]}" if bad else ""))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"--profile {path}: not a psgd profile ({exc}); make one with "

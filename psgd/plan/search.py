@@ -1,5 +1,6 @@
-"""The search behind `psgd plan --auto`: data-parallel rows of every protocol, pipelines D x K
-(cut by dynamic program) and tensor splits D x T, those over the memory cap dropped, fastest first."""
+"""The search behind `psgd plan --auto`: data-parallel rows of every protocol (plain and
+compressed), pipelines D x K (cut by dynamic program), tensor splits D x T and spatial splits
+D x P, those over the memory cap dropped, fastest first."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -7,7 +8,8 @@ from dataclasses import dataclass, field, replace
 from psgd.errors import UsageError
 from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 from psgd.plan import memory
-from psgd.plan.cost import Job, Network, flat_allreduce_s, predict
+from psgd.plan.codec import residual
+from psgd.plan.cost import NONE, Compression, Job, Network, flat_allreduce_s, predict
 from psgd.pipeline.partition import min_max_cut
 from psgd.plan.cut import Stages, schedule_time, stage_in_flight
 from psgd.plan.profile import Profile
@@ -15,7 +17,10 @@ from psgd.plan.profile import Profile
 
 @dataclass(frozen=True)
 class Budget:
-    """What the search may use: ranks, bytes per rank, the network, the batch per replica."""
+    """What the search may use: ranks, bytes per rank, the network, the batch per replica;
+    ``data_bytes``: the training split, of which each replica's ranks hold 1/D; ``cliques``
+    K: rank r on node r mod K (``psgd net``), else ``per_node`` consecutive ranks a node;
+    ``cores``: the cores all ranks share (None: a core each)."""
 
     ranks: int
     memory: int
@@ -23,18 +28,27 @@ class Budget:
     per_node: int = 1
     batch: int = 64
     optimizer: str = "sgd"
+    data_bytes: int = 0
+    cliques: int | None = None
+    cores: int | None = None
 
     @property
     def slots(self) -> int:
         return memory.OPTIMIZER_SLOTS[self.optimizer]
 
+    def fixed(self, profile: Profile, replicas: int) -> int:
+        """A rank's bytes besides its training state: the process's base and its data slice."""
+        return profile.base_bytes + -(-self.data_bytes // replicas)
+
 
 @dataclass(frozen=True)
 class Plan:
-    """One way to run: ``kind`` data, pipeline or tensor; D = ``replicas`` (the workers of a
-    data plan), K ``stages``, T ``parts``; predicted seconds per step, bytes per rank, idle
+    """One way to run: ``kind`` data, pipeline, tensor or spatial; D = ``replicas`` (the
+    workers of a data plan), K ``stages``, T (or P) ``parts``; predicted seconds per step, bytes per rank, idle
     fraction of the pipeline, bytes on the wire per step; ``sync``: the arithmetic is
-    serial SGD's on the union of the batches, else ``staleness`` steps expected."""
+    serial SGD's on the union of the batches, else ``staleness`` steps expected,
+    ``compress``: the pushes go through that lossy compressor, or ``averaging``: each
+    worker keeps its own model and averages with its neighbours (gossip, adpsgd)."""
 
     kind: str
     protocol: str
@@ -53,6 +67,8 @@ class Plan:
     bubble: float = 0.0
     sync: bool = True
     staleness: float = 0.0
+    compress: str = ""
+    averaging: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -64,20 +80,25 @@ class Plan:
         args = ["--protocol", self.protocol, "--batch-size", str(self.batch)]
         if self.servers:
             args += ["--servers", str(self.servers)]
+        if self.compress:
+            args += ["--compress", self.compress]
         if self.kind == "pipeline":
             args += ["--pipeline", str(self.stages), "--microbatches", str(self.microbatches),
                      "--schedule", self.schedule, "--partition", ",".join(map(str, self.partition))]
-        if self.kind == "tensor":
+        if self.kind in ("tensor", "spatial"):
             args += ["--grid", f"{self.replicas},{self.parts}"]
+        if self.kind == "spatial":
+            args += ["--spatial", str(self.parts)]
         return args
 
     def label(self) -> str:
         if self.kind == "pipeline":
             return (f"pipeline {self.replicas}x{self.stages} {self.schedule} M={self.microbatches} "
                     f"cut {','.join(map(str, self.partition))}")
-        if self.kind == "tensor":
-            return f"tensor {self.replicas}x{self.parts}"
-        return f"{self.extra.get('row', self.protocol)} W={self.replicas} S={self.servers}"
+        if self.kind in ("tensor", "spatial"):
+            return f"{self.kind} {self.replicas}x{self.parts}"
+        codec = f" {self.compress}" if self.compress else ""
+        return f"{self.extra.get('row', self.protocol)}{codec} W={self.replicas} S={self.servers}"
 
 
 def divisors(n: int) -> list[int]:
@@ -88,40 +109,75 @@ def _server_counts(ranks: int) -> list[int]:
     return sorted({s for s in (1, ranks // 4, ranks // 2) if 1 <= s < ranks})
 
 
+def _data_memory(profile: Profile, budget: Budget, servers: int, w: int, codec: str) -> int:
+    """A data-parallel rank's bytes: the worker's (or the busiest server's) state, a compressed
+    push's two frames and its error-feedback residual, the base and the data slice."""
+    if servers:
+        mem = max(memory.ps_worker(profile, budget.batch),
+                  memory.ps_server(profile, servers, w, budget.slots, 0))
+    else:
+        mem = memory.allreduce_worker(profile, budget.batch, budget.slots)
+    if codec:
+        mem += 2 * int(profile.param_bytes / profile.codecs[codec][0]) \
+            + profile.param_bytes * residual(codec)
+    return mem + budget.fixed(profile, w)
+
+
+def _codec(profile: Profile, budget: Budget, codec: str) -> Compression:
+    """The profile's measured ``codec`` (NONE for ""), its encode and decode slowed as the
+    compute is when the ranks outnumber the cores."""
+    if not codec:
+        return NONE
+    ratio, encode_s, decode_s, ring = profile.codecs[codec]
+    slow = max(1.0, budget.ranks / budget.cores) if budget.cores else 1.0
+    return Compression(ratio, encode_s * slow, decode_s * slow, ring)
+
+
+def _averaging(entry, sync: bool) -> str:
+    """How a decentralized protocol's arithmetic departs from serial SGD's ("" for others)."""
+    if not entry.decentralized:
+        return ""
+    return "gossip averaging" if sync else "async gossip averaging"
+
+
 def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
-    """Every protocol's rows (psgd plan's cost model) at S = 0 and a few server counts."""
+    """Every protocol's rows (psgd plan's cost model) at S = 0 and a few server counts, plain
+    and under each compressor the profile measured (for the protocols that compress)."""
     from psgd.protocols import get
     n_params, p = profile.param_bytes // 4, profile.param_bytes
     plans = []
     for servers in [0] + _server_counts(budget.ranks):
         w = budget.ranks - servers
-        job = Job(n_params, profile.compute_s, budget.batch, w, servers, budget.per_node)
-        for row, r in predict(job, budget.net).items():
-            entry = get(row.split()[0])
-            if bool(entry.servers) != bool(servers):
-                continue
-            if servers:
-                mem = max(memory.ps_worker(profile, budget.batch),
-                          memory.ps_server(profile, servers, w, budget.slots, 0))
-            else:
-                mem = memory.allreduce_worker(profile, budget.batch, budget.slots)
-            wire = 2 * (w - 1) * p if r["sync"] and not servers else 2 * w * p
-            stale = 0.0 if r["sync"] else float(min(w - 1, entry.bound if entry.bound is not None
-                                                    else w - 1))
-            plans.append(Plan("data", entry.name, budget.ranks, budget.batch, r["step_s"], mem,
-                              wire, replicas=w, servers=servers, sync=r["sync"], staleness=stale,
-                              extra={"row": row}))
+        for codec in ["", *profile.codecs]:
+            c = _codec(profile, budget, codec)
+            job = Job(n_params, profile.compute_s, budget.batch, w, servers, budget.per_node,
+                      budget.cliques, budget.cores, compression=c)
+            for row, r in predict(job, budget.net).items():
+                entry = get(row.split()[0])
+                if bool(entry.servers) != bool(servers) or codec and not entry.can("compress"):
+                    continue
+                push = p / c.ratio
+                wire = 2 * (w - 1) * push if r["sync"] and not servers else w * (push + p)
+                stale = 0.0 if r["sync"] else float(
+                    min(w - 1, entry.bound if entry.bound is not None else w - 1))
+                plans.append(Plan("data", entry.name, budget.ranks, budget.batch, r["step_s"],
+                                  _data_memory(profile, budget, servers, w, codec), wire,
+                                  replicas=w, servers=servers,
+                                  sync=r["sync"] and not codec and not entry.decentralized,
+                                  staleness=stale, compress=codec, extra={"row": row},
+                                  averaging=_averaging(entry, r["sync"])))
     return plans
 
 
 def _link_s_per_byte(budget: Budget, group: int) -> float:
     """A group of ``group`` consecutive ranks talks over shared memory when one node holds it."""
-    bw = budget.net.shm_bandwidth if budget.per_node >= group else budget.net.bandwidth
+    one_node = budget.cliques == 1 if budget.cliques else budget.per_node >= group
+    bw = budget.net.shm_bandwidth if one_node else budget.net.bandwidth
     return 1.0 / bw
 
 
 def _replica_allreduce_s(budget: Budget, nbytes: float, stride: int, replicas: int) -> float:
-    job = Job(max(1, int(nbytes // 4)), 0.0, 1, budget.ranks, 0, budget.per_node)
+    job = Job(max(1, int(nbytes // 4)), 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
     return flat_allreduce_s(job, [r * stride for r in range(replicas)], budget.net)
 
 
@@ -133,7 +189,7 @@ def _pipeline_plan(profile: Profile, budget: Budget, k: int, m: int, schedule: s
                 rerun=max(flight) > 1)
 
     def mem(i, j, s):
-        return st.memory(i, j, flight[s], budget.slots, asynchronous, d > 1)
+        return budget.fixed(profile, d) + st.memory(i, j, flight[s], budget.slots, schedule, d > 1)
 
     counts = min_max_cut(len(profile.units), k, st.seconds,
                       lambda i, j, s: cap is None or mem(i, j, s) <= cap)
@@ -184,7 +240,7 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         d = budget.ranks // t
         compute = b * sum((u.forward_s + u.backward_s) / (t if u.split_bytes else 1)
                           for u in profile.units)
-        group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node)
+        group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * (u.in_bytes + u.out_bytes) // 8)),
                                     list(range(t)), budget.net) for u in split)
         local = memory.tensor_part(profile, 0, t, 0) // 3
@@ -193,9 +249,51 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         wire = d * 2 * (t - 1) * sum(b * (u.in_bytes + u.out_bytes) // 2 for u in split) \
             + 2 * (d - 1) * local * t
         plans.append(Plan("tensor", "allreduce", budget.ranks, b, compute + comm + update,
-                          memory.tensor_part(profile, b, t, budget.slots), wire, replicas=d,
+                          budget.fixed(profile, d) + memory.tensor_part(profile, b, t, budget.slots),
+                          wire, replicas=d,
                           parts=t))
     return plans
+
+
+def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
+    """D x P for each P dividing the ranks that the conv layers take (``--spatial``): the
+    leading image units' compute and activations over P, the rest whole on every part; per
+    split unit a halo exchange each way (its latency; the rows are few), one all-gather of
+    the last split unit's output before the whole layers (and its adjoint), the P group's
+    all-reduce of the split units' partial weight gradients, then the replicas'."""
+    n, plans, b = profile.spatial_units, [], budget.batch
+    lead = profile.units[:n]
+    for p in divisors(budget.ranks):
+        if not 2 <= p <= profile.spatial_max or n == 0:
+            continue
+        d = budget.ranks // p
+        compute = b * sum((u.forward_s + u.backward_s) / (p if i < n else 1)
+                          for i, u in enumerate(profile.units))
+        group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
+        gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
+        comm = flat_allreduce_s(replace(group, n_params=max(1, gather)), list(range(p)),
+                                budget.net) + 4 * n * budget.net.latency \
+            + flat_allreduce_s(replace(group, n_params=max(1, sum(u.param_bytes for u in lead) // 4)),
+                               list(range(p)), budget.net)
+        update = (_replica_allreduce_s(budget, profile.param_bytes, p, d) if d > 1 else 0.0) \
+            + profile.param_bytes * profile.step_s_per_byte
+        acts = b * (lead[0].in_bytes + sum(u.out_bytes // (p if i < n else 1)
+                                           for i, u in enumerate(profile.units)))
+        mem = (3 + budget.slots) * profile.param_bytes + acts + budget.fixed(profile, d)
+        wire = d * (2 * (p - 1) * (b * lead[-1].out_bytes + sum(u.param_bytes for u in lead))) \
+            + 2 * (d - 1) * profile.param_bytes * p
+        plans.append(Plan("spatial", "allreduce", budget.ranks, b, compute + comm + update, mem,
+                          wire, replicas=d, parts=p))
+    return plans
+
+
+def _on_shared_cores(profile: Profile, budget: Budget) -> Profile:
+    """``profile`` with its compute slowed by ranks / cores when the ranks outnumber the cores
+    (the data rows slow their workers' compute the same way, :class:`Job`'s ``cores``)."""
+    slow = max(1.0, budget.ranks / budget.cores) if budget.cores else 1.0
+    units = tuple(replace(u, forward_s=u.forward_s * slow, backward_s=u.backward_s * slow)
+                  for u in profile.units)
+    return replace(profile, units=units, step_s_per_byte=profile.step_s_per_byte * slow)
 
 
 def search(profile: Profile, budget: Budget) -> tuple[list[Plan], Plan]:
@@ -204,11 +302,12 @@ def search(profile: Profile, budget: Budget) -> tuple[list[Plan], Plan]:
     Raises UsageError in one line when no plan fits, naming what the smallest needs."""
     if budget.ranks < 1:
         raise UsageError(f"--ranks {budget.ranks}: a plan needs at least 1 rank")
-    loose = data_plans(profile, budget) + tensor_plans(profile, budget) \
-        + pipeline_plans(profile, budget, None)
+    shared = _on_shared_cores(profile, budget)
+    loose = data_plans(profile, budget) + tensor_plans(shared, budget) \
+        + spatial_plans(shared, budget) + pipeline_plans(shared, budget, None)
     smallest = min(loose, key=lambda p: p.memory)
     fit = [p for p in loose if p.memory <= budget.memory]
-    fit += [p for p in pipeline_plans(profile, budget, budget.memory)
+    fit += [p for p in pipeline_plans(shared, budget, budget.memory)
             if p.memory <= budget.memory and p not in fit]
     if not fit:
         raise UsageError(f"no plan on {budget.ranks} ranks fits --memory-per-rank "

@@ -10,7 +10,7 @@ from psgd.errors import PsgdError, UsageError
 
 # the flags a plan sets: giving one beside --plan is refused
 CHOSEN = ("servers", "pipeline", "microbatches", "schedule", "partition", "grid", "tensor",
-          "spatial")
+          "spatial", "compress")
 BUDGET = {"bandwidth": "10gbit", "latency_us": 20.0, "per_node": 1, "profile": None}
 
 
@@ -62,7 +62,7 @@ def _search(args: argparse.Namespace, ranks: int) -> dict:
     from psgd.plan import auto
     budget_args = argparse.Namespace(
         memory_per_rank=args.plan_memory, optimizer=args.optimizer or "sgd",
-        batch_size=args.batch_size or 64, shared_link=False,
+        batch_size=args.batch_size or 64, shared_link=False, data=args.data,
         **{f: getattr(args, f) if getattr(args, f) is not None else v for f, v in BUDGET.items()})
     budget = auto.budget_of(budget_args, ranks)
     plans, _ = auto.search(auto.get_profile(args.model, budget_args.profile), budget)
@@ -79,6 +79,8 @@ def apply(args: argparse.Namespace, plan: dict) -> None:
         args.pipeline, args.microbatches = int(parsed["--pipeline"]), int(parsed["--microbatches"])
         args.schedule, args.partition = parsed["--schedule"], parsed["--partition"]
     args.grid = parsed.get("--grid")
+    args.spatial = int(parsed["--spatial"]) if "--spatial" in parsed else None
+    args.compress = parsed.get("--compress")
 
 
 def _broadcast(comm, plan: dict | None) -> dict:

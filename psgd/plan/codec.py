@@ -1,0 +1,53 @@
+"""A compressor's ratio and codec seconds per byte, measured on this core, for the cost model
+(`psgd plan --compress`) and the search's compressed rows (stored in a profile)."""
+from __future__ import annotations
+
+import time
+
+from psgd.errors import PsgdError
+from psgd.plan.cost import NONE, Compression
+
+# the compressors the search tries in the data-parallel rows
+SEARCHED = ("fp16", "qsgd:4", "topk:0.01", "sign")
+
+
+def measure_compression(spec: str, bucket: int, n_params: int, seconds: float = 0.5,
+                        touched: float | None = None) -> Compression:
+    """``spec``'s ratio and encode and decode seconds per float32 byte, measured on this core
+    on a normal gradient of ``n_params`` elements (at most 2M; ``touched``: a sparse model's
+    gradient, nonzero on that many coordinates, in proportion)."""
+    import numpy as np
+
+    from psgd.compress import make
+    try:
+        comp = make(spec, bucket, seed=1)
+    except ValueError as exc:
+        raise PsgdError(str(exc)) from None
+    if comp is None:
+        return NONE
+    n = min(n_params, 1 << 21)
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(n).astype(np.float32)
+    if touched is not None:
+        g[rng.permutation(n)[max(1, round(touched * n / n_params)):]] = 0.0
+    frame, dst = np.zeros(comp.max_bytes(n), np.uint8), np.zeros(n, np.float32)
+    length = comp.encode(g, frame)
+    comp.decode_add(frame[:length], dst)                 # compile
+
+    def per_byte(fn):
+        steps, start = 0, time.perf_counter()
+        while steps < 3 or time.perf_counter() - start < seconds / 2:
+            fn()
+            steps += 1
+        return (time.perf_counter() - start) / steps / (4 * n)
+
+    encode_s = per_byte(lambda: comp.encode(g, frame))
+    decode_s = per_byte(lambda: comp.decode_add(frame[:length], dst))
+    return Compression(4 * n / length, encode_s, decode_s, ring=comp.summable)
+
+
+def residual(spec: str) -> bool:
+    """Whether a worker keeps an error-feedback residual (a parameter-sized vector) under
+    ``spec`` with --error-feedback auto (the biased compressors)."""
+    from psgd.compress import feedback_on
+    return feedback_on(spec, "auto")

@@ -24,10 +24,10 @@ BALANCED = "mlp:784-1024-1024-1024-1024-10"   # cut 2,3: two stages of about 1.9
 BIG = "mlp:784-4096-4096-4096-10"             # about 37M parameters
 
 
-def train(data: Path, tmp: Path, ranks: int, name: str, *flags) -> dict:
-    """One run; its summary record."""
+def train(data: Path, tmp: Path, ranks: int, name: str, *flags, prefix=()) -> dict:
+    """One run (``prefix``: what runs mpiexec, e.g. ``psgd net``); its summary record."""
     log = tmp / f"{name}.jsonl"
-    cmd = [common.mpiexec(), "-n", str(ranks), sys.executable, "-m", "psgd", "train", "--quiet",
+    cmd = [*prefix, common.mpiexec(), "-n", str(ranks), sys.executable, "-m", "psgd", "train", "--quiet",
            "--data", str(data), "--log", str(log), "--overwrite", "--lr", "0.01", *map(str, flags)]
     proc = common.run_bounded(cmd, 600, cwd=ROOT)
     if proc.returncode:
@@ -66,6 +66,22 @@ def throughput_rows(data, tmp, steps):
     return [{"run": "pipeline K=2 M=8, batch 64", "samples_per_s": pipe["pipeline"]["samples_per_s"],
              "idle": pipe["pipeline"]["idle"]},
             {"run": "allreduce W=2, batch 32 each", "samples_per_s": dp["samples_per_s"]}]
+
+
+def net_rows(data, tmp, steps, rates=("1gbit", "10gbit")):
+    """The throughput pair on 2 emulated nodes (`psgd net`, one rank per node): a pipeline's
+    stages exchange activations, data parallelism the whole gradient."""
+    rows = []
+    for rate in rates:
+        net = [sys.executable, "-m", "psgd", "net", "--nodes", "2", "--rate", rate, "--"]
+        pipe = train(data, tmp, 2, f"net-{rate}-pipeline", "--model", BIG, "--pipeline", 2,
+                     "--microbatches", 8, "--batch-size", 64, "--steps", steps, "--optimizer",
+                     "sgd", prefix=net)
+        dp = train(data, tmp, 2, f"net-{rate}-allreduce", "--model", BIG, "--protocol", "allreduce",
+                   "--batch-size", 32, "--steps", steps, "--optimizer", "sgd", prefix=net)
+        rows.append({"rate": rate, "pipeline": pipe["pipeline"]["samples_per_s"],
+                     "idle": pipe["pipeline"]["idle"], "allreduce": dp["samples_per_s"]})
+    return rows
 
 
 def partition_rows(data, tmp, steps):
@@ -110,13 +126,18 @@ def learning_rows(data, tmp, args):
     return rows
 
 
-def markdown(res: dict) -> str:
+def bubble_markdown(rows: list) -> list[str]:
     f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     out = ["## Bubble (K = 2, balanced stages, 1f1b)", "",
            "| M | (K-1)/(M+K-1) | simulated per stage | measured per stage | samples/s |",
            "|---|---|---|---|---|"]
-    out += [f"| {r['M']} | {r['formula']:.3f} | {f(r['simulated'])} | {f(r['measured'])} | "
-            f"{r['samples_per_s']:.0f} |" for r in res["bubble"]]
+    return out + [f"| {r['M']} | {r['formula']:.3f} | {f(r['simulated'])} | {f(r['measured'])} | "
+                  f"{r['samples_per_s']:.0f} |" for r in rows]
+
+
+def markdown(res: dict) -> str:
+    f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    out = bubble_markdown(res["bubble"])
     out += ["", "## Stored activations (lenet, M = 8)", "",
             "| K | schedule | microbatches held per stage | peak activation bytes per stage |",
             "|---|---|---|---|"]
@@ -130,6 +151,18 @@ def markdown(res: dict) -> str:
             "| cut (units per stage) | samples/s | of the best measured cut |", "|---|---|---|"]
     out += [f"| {','.join(map(str, r['cut']))}{' (auto)' if r['auto'] else ''} | "
             f"{r['samples_per_s']:.0f} | {r['samples_per_s'] / best:.2f} |" for r in res["partition"]]
+    return "\n".join(out) + "\n"
+
+
+def part_markdown(part: str, rows: list) -> str:
+    """The table of ``--only bubble`` or ``--only net``."""
+    if part == "bubble":
+        return "\n".join(bubble_markdown(rows)) + "\n"
+    out = ["## Throughput on 2 emulated nodes (mlp:784-4096-4096-4096-10, 37M parameters, sgd)",
+           "", "| link | pipeline K=2 M=8, batch 64: samples/s | idle per stage | "
+           "allreduce W=2, batch 32 each: samples/s | pipeline / allreduce |", "|---|---|---|---|---|"]
+    out += [f"| {r['rate']} | {r['pipeline']:.1f} | {', '.join(f'{f:.3f}' for f in r['idle'])} | "
+            f"{r['allreduce']:.1f} | {r['pipeline'] / r['allreduce']:.2f} |" for r in rows]
     return "\n".join(out) + "\n"
 
 
@@ -156,9 +189,10 @@ def main() -> None:
                     help="test rows each learning run evaluates (default 2000)")
     ap.add_argument("--fashion", action="store_true",
                     help="Fashion-MNIST instead of synthetic data (when installed)")
-    ap.add_argument("--only", choices=("timing", "learning"), default=None,
-                    help="run one part: timing (bubble, memory, throughput, cut) or learning "
-                         "(each writes its own result files)")
+    ap.add_argument("--only", choices=("timing", "learning", "bubble", "net"), default=None,
+                    help="run one part: timing (bubble, memory, throughput, cut), learning, "
+                         "bubble alone, or net (the throughput pair on `psgd net` at 1 and "
+                         "10 Gbit/s; needs root) (each writes its own result files)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     unknown = set(args.rows.split(",")) - set(LEARN_RUNS)
@@ -168,13 +202,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         data = common.dataset(tmp, not args.fashion, "bench-pipeline", train=4096)
-        if args.only != "learning":
+        if args.only in ("bubble", "net"):
+            rows = bubble_rows(data.path, tmp, args.steps) if args.only == "bubble" else \
+                net_rows(data.path, tmp, args.big_steps)
+            _write(out, f"pipeline-{args.only}", {args.only: rows}, part_markdown(args.only, rows),
+                   data.name, not args.fashion)
+        elif args.only != "learning":
             res = {"bubble": bubble_rows(data.path, tmp, args.steps),
                    "memory": memory_rows(data.path, tmp, args.steps),
                    "throughput": throughput_rows(data.path, tmp, args.big_steps),
                    "partition": partition_rows(data.path, tmp, args.steps)}
             _write(out, "pipeline", res, markdown(res), data.name, not args.fashion)
-        if args.only != "timing":
+        if args.only in (None, "learning"):
             res = {"learning": learning_rows(data.path, tmp, args)}
             base = "pipeline-learning" + (f"-k{args.learn_stages}" if args.learn_stages != 2 else "")
             _write(out, base, res, learning_markdown(res), data.name, not args.fashion)

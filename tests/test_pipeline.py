@@ -344,3 +344,19 @@ def test_discrepancy_correction_recovers_the_forwards_weights_under_steady_updat
         history.append(w.copy())
     np.testing.assert_allclose(c.predict(w), history[-1 - c.tau], rtol=1e-9)
     assert Correction(4, 3, 3, np.float64).predict(w) is None   # the last stage has no delay
+
+
+def test_pipemare_default_anneal_is_a_quarter_of_the_whole_run_also_when_resumed():
+    """A run resumed with 5 of its 20 steps left anneals over a quarter of all 20 x M
+    microbatches (T1 follows each microbatch's index in the whole run), not of the 5 left."""
+    from psgd.pipeline.local import StageModel
+    from psgd.pipeline.pipemare import default_anneal
+    from psgd.pipeline.trainer import build_trainer
+    n = len(make(MLP).layers)
+    model = StageModel(MLP, 0, n, seed=5, input_shape=SHAPE, n_classes=10)
+    grid = SimpleNamespace(stages=1, stage=0, p2p=None, prev=None, next=None, replicas=1, replica=0)
+    opts = PipelineOptions(stages=1, microbatches=4, schedule="pipemare")
+    optimizer = lambda size: make_optimizer("momentum", size)  # noqa: E731
+    resumed = build_trainer(model, grid, opts, [(0, n)], optimizer, 16, 5, whole=20)
+    fresh = build_trainer(model, grid, opts, [(0, n)], optimizer, 16, 20)
+    assert resumed.anneal == fresh.anneal == default_anneal(20 * 4) != default_anneal(5 * 4)

@@ -43,18 +43,22 @@ class AsyncTrainer:
                                               stage.params.dtype) if correct else None
         if self.correction is not None:
             stage.predict = self.correction.predict
-        self.versions = {0: stage.params.copy()} if vertical else {}
+        self.versions: dict = {}
         self.busy = [0.0, 0.0]
         self.loss = 0.0       # the last stage's summed microbatch losses
         self.correct = 0
 
-    def run(self, n: int, lr, xs=None, ys=None) -> None:
-        """Microbatches 0..n-1 (``xs``/``ys`` indexable by g, as :class:`Microbatches`)."""
+    def run(self, n: int, lr, xs=None, ys=None, g0: int = 0, first: int = 0) -> None:
+        """Microbatches ``g0``..``g0 + n - 1`` of this process's run, drained at the end (a
+        flush); ``xs``/``ys`` index them from 0 (as :class:`Microbatches`).  ``first`` is
+        the first one's index in the whole training run (a resumed run's start, times M):
+        ``lr(index)``, PipeMare's rescheduling and the dropout seeds follow it."""
         stage, grid = self.stage, self.grid
 
-        def step(g: int) -> None:
+        def step(m: int) -> None:
             if grid.replicas > 1:
                 allreduce(grid.replica_comm, stage.acc, "sum", label=f" of stage {grid.stage}")
+            g = first + m
             rate = lr(g) * (1.0 if self.anneal is None else pipemare.rate(self.tau, g, self.anneal))
             before = stage.params.copy() if self.correction is not None else None
             self.optimizer.step(stage.params, stage.acc, rate, scale=1.0 / grid.replicas)
@@ -62,13 +66,15 @@ class AsyncTrainer:
                 self.correction.observe(before, stage.params)
             stage.acc[:] = 0.0
             if self.vertical:
-                self.versions[g + 1] = stage.params.copy()
-                self.versions.pop(g + 1 - grid.stage - 1, None)
+                self.versions[m + 1] = stage.params.copy()
+                self.versions.pop(m + 1 - grid.stage - 1, None)
 
         stage.begin_batch()
-        if self.vertical:
-            lag = grid.stages - 1
-            stage.weights_for = lambda g: self.versions[max(0, g - lag)]
+        if self.vertical:   # after a flush every stage starts from one version
+            lag, self.versions = grid.stages - 1, {0: stage.params.copy()}
+            stage.weights_for = lambda m: self.versions[max(0, m - lag)]
         ops = stage_ops("pipedream", grid.stages, grid.stage, n)
-        self.loss, self.correct, self.busy = run_batch(stage, self.links, ops, 0, (grid.replica,),
-                                                       xs, ys, step)
+        loss, correct, busy = run_batch(stage, self.links, ops, g0, (grid.replica,), xs, ys,
+                                        step, seed_from=first)
+        self.loss, self.correct = self.loss + loss, self.correct + correct
+        self.busy = [a + b for a, b in zip(self.busy, busy)]

@@ -21,6 +21,8 @@ class Grid:
         The D ranks of this stage (all-reduce of its gradients).
     row_comm : MPI.Comm
         The K stages of this replica, ranked by stage (gathers of the whole vector).
+    comm : MPI.Comm
+        ``comm`` itself (every rank of the grid).
     """
 
     def __init__(self, comm: MPI.Comm, stages: int) -> None:
@@ -29,6 +31,7 @@ class Grid:
             raise ValueError(f"--pipeline {stages}: the {size} ranks are not D replicas x "
                              f"{stages} stages (give a multiple of {stages} ranks)")
         rank = comm.Get_rank()
+        self.comm = comm
         self.stages, self.replicas = stages, size // stages
         self.stage, self.replica = rank % stages, rank // stages
         self.prev = rank - 1 if self.stage > 0 else None

@@ -7,17 +7,19 @@ from dataclasses import dataclass
 from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 
 AUTO = "auto"
-# settings of `psgd train` that a pipeline does not run: their flags are refused
+_NO_SERVERS = "its protocol combines the stage replicas without servers"
+# settings of `psgd train` that a pipeline does not run: their flags are refused (the first
+# SERVER_SETTINGS only where a parameter-server protocol combines the stage replicas)
 REFUSED = {
-    "servers": "the stage replicas combine their gradients by all-reduce, without servers",
-    "staleness": "the schedule fixes every stage's staleness",
-    "staleness_max": "the schedule fixes every stage's staleness",
-    "staleness_comp": "the schedule fixes every stage's staleness",
-    "comp_lambda": "the schedule fixes every stage's staleness",
-    "staleness_lr": "the schedule fixes every stage's staleness",
+    "servers": _NO_SERVERS,
+    "staleness": _NO_SERVERS,
+    "staleness_max": _NO_SERVERS,
+    "staleness_comp": _NO_SERVERS,
+    "comp_lambda": _NO_SERVERS,
+    "staleness_lr": _NO_SERVERS,
     "overlap": "the schedule decides what overlaps",
-    "topology": "the stage replicas combine their gradients by all-reduce",
-    "compress": "the stage replicas' all-reduce sends uncompressed gradients",
+    "topology": "the stage replicas combine their gradients by all-reduce or servers",
+    "compress": "the stage replicas send uncompressed gradients",
     "error_feedback": "nothing is compressed",
     "momentum_correction": "nothing is compressed",
     "straggler": "straggler emulation runs in the data-parallel worker loop only",
@@ -146,9 +148,16 @@ def from_args(args: argparse.Namespace) -> PipelineOptions | None:
                            correct=getattr(args, "discrepancy_correction", None) != "off")
 
 
-def refused(args: argparse.Namespace) -> str | None:
-    """One line for the first flag given that a pipeline run does not run, else None."""
+SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
+                   "staleness_lr")
+
+
+def refused(args: argparse.Namespace, servers: bool = False) -> str | None:
+    """One line for the first flag given that a pipeline run does not run, else None
+    (``servers``: the protocol has parameter servers, which take their own flags)."""
     for name, why in REFUSED.items():
+        if servers and name in SERVER_SETTINGS:
+            continue
         if getattr(args, name, None) not in (None, False):
             return f"--{name.replace('_', '-')} does not work under --pipeline: {why}"
     return None

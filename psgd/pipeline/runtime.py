@@ -10,11 +10,11 @@ from psgd.pipeline.schedules import FORWARD
 
 
 def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None,
-              after_backward=None) -> tuple[float, int, list]:
+              after_backward=None, seed_from: int = 0) -> tuple[float, int, list]:
     """Run ``ops`` (:func:`psgd.pipeline.schedules.stage_ops`) for the microbatches ``g0 + m``.
 
     ``xs``: the microbatch inputs on the first stage; ``ys``: the labels on the last;
-    ``key``: (replica, step), with the microbatch the dropout seed;
+    ``key``: (replica, step), with the microbatch plus ``seed_from`` the dropout seed;
     ``after_backward(m)``: called after each backward (an asynchronous schedule's step).  Returns the
     summed loss and correct count over the microbatches (zeros but on the last stage)
     and the seconds spent computing forwards and backwards.
@@ -25,7 +25,7 @@ def run_batch(stage, links, ops, g0: int, key: tuple, xs=None, ys=None,
         if kind == FORWARD:
             x = xs[m] if stage.first else links.recv_activation(g)
             t = time.perf_counter()
-            out = stage.forward(m, x, (*key, m), None if ys is None else ys[m])
+            out = stage.forward(m, x, (*key, seed_from + m), None if ys is None else ys[m])
             busy[0] += _span("forward", t, g)
             if stage.last:
                 loss, correct = loss + out[0], correct + out[1]

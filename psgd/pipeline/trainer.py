@@ -15,11 +15,15 @@ class PipelineTrainer:
     Each step accumulates the M microbatch gradients in backward order, sums them over
     the stage's replicas (psgd's all-reduce), and steps ``optimizer`` (made for the
     stage's slice) with ``scale = 1 / (M D)``: the mean over the D x M microbatches.
+    With :attr:`worker` set (a parameter-server protocol's worker half, started, over the
+    stage's own servers), the step pushes the mean over the M microbatches instead, and
+    the servers' rule combines the D replicas' pushes; the next parameters are pulled.
     """
 
     def __init__(self, stage, links, grid, options, optimizer) -> None:
         self.stage, self.links, self.grid, self.options = stage, links, grid, options
         self.optimizer = optimizer
+        self.worker = None
         self.ops = stage_ops(options.schedule, grid.stages, grid.stage, options.microbatches)
         self.busy = [0.0, 0.0]   # seconds in forwards, in backwards
         self.steps_run = 0
@@ -36,9 +40,14 @@ class PipelineTrainer:
                                         (self.grid.replica, step), xs, ys)
         self.busy = [a + b for a, b in zip(self.busy, busy)]
         t = time.perf_counter()
-        if self.grid.replicas > 1:
-            allreduce(self.grid.replica_comm, stage.acc, "sum", label=f" of stage {self.grid.stage}")
-        self.optimizer.step(stage.params, stage.acc, lr, scale=1.0 / (m * self.grid.replicas))
+        if self.worker is not None:
+            stage.acc *= stage.acc.dtype.type(1.0 / m)
+            self.worker.step(stage.params, stage.acc, step)
+        else:
+            if self.grid.replicas > 1:
+                allreduce(self.grid.replica_comm, stage.acc, "sum",
+                          label=f" of stage {self.grid.stage}")
+            self.optimizer.step(stage.params, stage.acc, lr, scale=1.0 / (m * self.grid.replicas))
         if timeline.current is not None:
             timeline.current.span("optimizer", t, time.perf_counter(), clock=step)
         self.steps_run += 1
@@ -54,9 +63,11 @@ def slots(options, stages: int, stage: int, total: int) -> int:
 
 
 def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
-                  batches: int) -> PipelineTrainer:
+                  batches: int, whole: int | None = None) -> PipelineTrainer:
     """This rank's trainer: stage ``grid.stage`` over layers ``bounds[grid.stage]``, its links
-    sized for ``batches`` steps of ``batch_size`` rows, ``make_optimizer(n)`` for its slice."""
+    sized for ``batches`` steps of ``batch_size`` rows (``whole``: the training run's steps,
+    a resumed one's from step 0, default ``batches``), ``make_optimizer(n)`` for its slice
+    (None: the servers own the optimizer)."""
     from psgd.pipeline.asynchronous import AsyncTrainer
     from psgd.pipeline.schedules import ASYNCHRONOUS
     from psgd.pipeline.stage import Stage
@@ -72,10 +83,11 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
     links = Links(grid.p2p, s, grid.prev, grid.next, shape_in, shape_out, model.dtype,
                   slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
                   slots(options, k, s - 1, total) if s > 0 else 0, total)
-    optimizer = make_optimizer(stage.hi - stage.lo)
+    optimizer = make_optimizer(stage.hi - stage.lo) if make_optimizer is not None else None
     if options.schedule == "pipemare":
         from psgd.pipeline.pipemare import default_anneal
-        anneal = default_anneal(total) if options.anneal is None else options.anneal
+        whole = (whole or batches) * options.microbatches
+        anneal = default_anneal(whole) if options.anneal is None else options.anneal
         return AsyncTrainer(stage, links, grid, optimizer, anneal=anneal or None,
                             correct=options.correct)
     if asynchronous:

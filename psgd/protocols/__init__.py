@@ -78,7 +78,8 @@ class Protocol:
     feedback_refused : tuple of str
         Compressors (by name) it runs without ``--error-feedback on``, and why (``feedback_note``).
     pipelines : tuple of str
-        The ``--pipeline`` schedules under which it combines each stage's replicas.
+        The ``--pipeline`` schedules under which it combines each stage's replicas;
+        ``pipeline_note`` says why not the others.
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -123,6 +124,7 @@ class Protocol:
     feedback_refused: tuple[str, ...] = ()
     feedback_note: str = ""
     pipelines: tuple[str, ...] = ()   # --pipeline schedules whose stage replicas it combines
+    pipeline_note: str = ""
     graph: str | None = None
     cost: str | None = None
     example: dict = field(default_factory=dict, hash=False)
@@ -167,6 +169,13 @@ class Protocol:
         if ability not in ABILITIES:
             raise KeyError(f"{ability!r} is not one of {', '.join(ABILITIES)}")
         return ability in self.abilities
+
+    def check_pipeline(self, schedule: str) -> None:
+        """Refuse a ``--pipeline`` schedule whose stage replicas it does not combine, with why."""
+        if schedule not in self.pipelines:
+            able = " or ".join(p.name for p in PROTOCOLS.values() if schedule in p.pipelines)
+            raise ValueError(f"--protocol {self.name} does not combine the replicas of a "
+                             f"--schedule {schedule} pipeline{self.pipeline_note}; {able} does")
 
     def compensation_choices(self) -> tuple[str, ...]:
         """The ``--staleness-comp`` values it takes."""
@@ -360,7 +369,13 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
     return get(name).config(n_params, **settings)
 
 
-_PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve")
+_PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
+           pipelines=("gpipe", "1f1b"), pipeline_note=(
+               ": pipedream and pipemare step a stage after every microbatch on the weights "
+               "its schedule keeps (stashed or predicted), which a pull from the servers would "
+               "replace between a microbatch's forward and its backward"))
+_OWN_MODELS = (": every worker keeps a model of its own, so a stage's replicas would drift "
+               "apart")
 _PS_CAN = frozenset({"server-snapshots", "replay", "compress", "resume-optimizer",
                      "momentum-correction"})
 _COST = "psgd.plan.rows:"   # the cost models, imported only by psgd plan
@@ -385,6 +400,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         abilities=frozenset({"hot-rows"}), cost=_COST + "hogwild_rows",
         example={"optimizer": "sgd"}, optimizers=("sgd", "momentum", "nesterov", "adagrad"),
         compensations=("none", "inverse", "amom", "auto"),
+        pipeline_note=(": its workers add to one copy of the whole model lock-free, with no "
+                       "servers of a stage's own"),
         compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
                            "which dcasgd and gap need"),
         replay_note=(": its workers read and add to the servers' memory one-sided and "
@@ -413,6 +430,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "gossip", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
         graph="psgd.gossip.topology:mixing_matrix", cost=_COST + "gossip_rows",
+        pipeline_note=_OWN_MODELS,
         summary=("decentralized synchronous gossip (D-PSGD, Lian et al. 2017; --servers 0): each "
                  "worker keeps its own model and optimizer, and every step averages it with its "
                  "neighbours on --topology ring, torus, exponential or complete (default ring), "
@@ -420,6 +438,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "adpsgd", servers=False, worker="psgd.gossip.adpsgd:AdpsgdWorker",
         graph="psgd.gossip.adpsgd:partners", cost=_COST + "adpsgd_rows", example={"ranks": 2},
+        pipeline_note=_OWN_MODELS,
         summary=("asynchronous gossip (AD-PSGD, Lian et al. 2018; --servers 0): each worker "
                  "keeps its own model and, whenever ready, averages it with one neighbour "
                  "drawn at random (seeded) on --topology, with no global step (only the log "

@@ -21,13 +21,16 @@ from psgd.pipeline.grid import Grid
 from psgd.pipeline.local import stage_model
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
-from psgd.protocols import get, names
+from psgd.protocols import get
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
+from psgd.run import tensor_servers
 from psgd.run.metrics import MetricsLog
 from psgd.run.settings import resolve_run
+from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
 
 DEFAULT_PROTOCOL = "allreduce"
+DELTA = "pipemare_delta"   # the optimizer-state key of pipemare's discrepancy-correction state
 
 
 @dataclass
@@ -48,26 +51,25 @@ class PipelineRun:
 
 
 def _setup(args: argparse.Namespace, comm: MPI.Comm):
-    refused = pipeline_options.refused(args)
+    args.protocol = args.protocol or DEFAULT_PROTOCOL
+    refused = pipeline_options.refused(args, servers=get(args.protocol).servers)
     if refused:
         raise ValueError(refused)
-    args.protocol = args.protocol or DEFAULT_PROTOCOL
     opts = pipeline_options.from_args(args)
-    if opts.schedule not in get(args.protocol).pipelines and opts.schedule in \
-            pipeline_options.SCHEDULES:
-        raise ValueError(f"--protocol {args.protocol} does not combine the replicas of a "
-                         f"--schedule {opts.schedule} pipeline; "
-                         f"{names(pipelines=get(DEFAULT_PROTOCOL).pipelines)} does")
+    if opts.schedule in pipeline_options.SCHEDULES:
+        get(args.protocol).check_pipeline(opts.schedule)
     settings, resumed = resolve_run(args)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     opts.check(settings.batch_size)
-    if opts.schedule in ASYNCHRONOUS and settings.checkpoint_every:
-        raise ValueError(f"--checkpoint-every: a --schedule {opts.schedule} run has microbatches "
-                         f"in flight at every step; it writes its checkpoint at the end only")
     partition.check_stages(_skeleton(settings), opts.stages)
-    if comm.Get_size() % opts.stages:
-        raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not D "
-                         f"replicas x {opts.stages} stages (give a multiple of {opts.stages} ranks)")
+    n_servers = servers_of(settings)
+    if n_servers:
+        tensor_servers.check(settings, opts.stages, "pipeline")
+    if comm.Get_size() <= n_servers or (comm.Get_size() - n_servers) % opts.stages:
+        servers = f"{n_servers} servers + " if n_servers else ""
+        raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not "
+                         f"{servers}D replicas x {opts.stages} stages (give {servers}a multiple "
+                         f"of {opts.stages} ranks)")
     return settings, resumed, opts
 
 
@@ -118,12 +120,18 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
     model = stage_model(settings, info, *bounds[grid.stage])
     total = total_steps(settings, info, model, grid.replicas)
     hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
-    make = lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
+    make = None if servers_of(settings) else \
+        lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
     start = _resume(settings, resumed, model, total)
-    trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start)
+    trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start,
+                            whole=total)
     if start:
         part = (model.offset, model.offset + model.n_params)
-        trainer.optimizer.load_state_dict(load_checkpoint(resumed.path, part).opt_state)
+        state = load_checkpoint(resumed.path, part).opt_state
+        delta = state.pop(DELTA, None)
+        trainer.optimizer.load_state_dict(state)
+        if delta is not None and getattr(trainer, "correction", None) is not None:
+            trainer.correction.delta[:] = delta
     reader = None
     if trainer.stage.first or trainer.stage.last:
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
@@ -155,8 +163,11 @@ def _save(run: PipelineRun, step: int) -> None:
     """Gather replica 0's stage slices (parameters, optimizer state) and write one checkpoint."""
     s, model, opt = run.settings, run.model, run.trainer.optimizer
     params = run.grid.gather(run.trainer.stage.params.copy(), model.n_total)
-    state = {}
-    for key, value in opt.state_dict().items():
+    state = opt.state_dict()
+    correction = getattr(run.trainer, "correction", None)
+    if correction is not None:   # pipemare's T2 estimate goes on with a resumed run
+        state[DELTA] = correction.delta
+    for key, value in list(state.items()):
         full = run.grid.gather(np.ascontiguousarray(value), model.n_total) \
             if isinstance(value, np.ndarray) else value
         state[key] = full
@@ -179,6 +190,8 @@ def _train(run: PipelineRun) -> tuple[float, float, list]:
     train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
     records = train(run, t0)
     run.trainer.links.finish()
+    if getattr(run.trainer, "worker", None) is not None:
+        run.trainer.worker.finish()
     wall = time.perf_counter() - t0
     wait.barrier(run.grid.p2p, "the other stages to finish their steps")
     if run.settings.timeline:
@@ -188,10 +201,10 @@ def _train(run: PipelineRun) -> tuple[float, float, list]:
 
 def _save_timeline(run: PipelineRun, wall: float) -> None:
     """--timeline: every stage's forward, backward, send, receive and optimizer spans, one
-    process per rank, written by rank 0 (psgd.run.trace's Chrome trace)."""
+    process per grid rank, written by its rank 0 (psgd.run.trace's Chrome trace)."""
     from psgd.run.trace import save_timeline
     timeline.current.wall = wall
-    comm = MPI.COMM_WORLD
+    comm = run.grid.comm
     roles = SimpleNamespace(comm=comm, rank=comm.Get_rank(), lead_worker=0, n_servers=0)
     save_timeline(SimpleNamespace(roles=roles, settings=run.settings))
 
@@ -215,13 +228,20 @@ def _train_steps(run: PipelineRun, t0: float) -> list:
 
 
 def _train_asynchronous(run: PipelineRun, t0: float) -> list:
-    """The whole run as one schedule; one record (the mean loss over it) from the last stage."""
+    """The run as one schedule, drained (flushed) at each --checkpoint-every step, where the
+    checkpoint is written; one record (the mean loss over the run) from the last stage."""
     m, stage, reader = run.options.microbatches, run.trainer.stage, run.reader
-    batch = lambda i, part: reader.batch(run.start + i)[part]  # noqa: E731
-    xs = Microbatches(lambda i: run.model._check_x(batch(i, 0)), m) if stage.first else None
-    ys = Microbatches(lambda i: batch(i, 1), m) if stage.last else None
+    every = run.settings.checkpoint_every or run.total
+    edges = [run.start, *range(run.start - run.start % every + every, run.total, every), run.total]
+    for a, b in zip(edges, edges[1:]):
+        batch = lambda i, part, a=a: reader.batch(a + i)[part]  # noqa: E731
+        xs = Microbatches(lambda i: run.model._check_x(batch(i, 0)), m) if stage.first else None
+        ys = Microbatches(lambda i: batch(i, 1), m) if stage.last else None
+        run.trainer.run((b - a) * m, lambda g: run.lr(g // m), xs, ys,
+                        g0=(a - run.start) * m, first=a * m)
+        if b < run.total:
+            _save(run, b)
     n = (run.total - run.start) * m
-    run.trainer.run(n, lambda g: run.lr(run.start + g // m), xs, ys)
     samples = n * (run.settings.batch_size // m)
     return [(run.total, run.trainer.loss / n, run.trainer.correct / samples,
              time.perf_counter() - t0)] if stage.last else []
@@ -254,8 +274,9 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
     stage, opts = run.trainer.stage, run.options
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
     mine = np.array([wall, waited, stage.peak_inputs * stage.input_bytes,
-                     stage.params.nbytes, stage.peak_inputs, *run.trainer.busy, rss], np.float64)
-    rows = np.zeros((run.grid.stages, 8)) if run.grid.stage == 0 else None
+                     stage.params.nbytes, stage.peak_inputs, *run.trainer.busy, rss,
+                     _max_staleness(run)], np.float64)
+    rows = np.zeros((run.grid.stages, 9)) if run.grid.stage == 0 else None
     wait.wait(run.grid.row_comm.Igather(mine, rows, root=0), "the stages to send their summary")
     if rows is None or run.grid.replica != 0:
         return None
@@ -273,7 +294,18 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
             "idle": (rows[:, 1] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
             "peak_microbatches": rows[:, 4].astype(int).tolist(),
             "param_bytes": rows[:, 3].astype(int).tolist(),
-            "peak_rss_bytes": rows[:, 7].astype(int).tolist()}
+            "peak_rss_bytes": rows[:, 7].astype(int).tolist(),
+            "max_staleness": rows[:, 8].astype(int).tolist()}
+
+
+def _max_staleness(run: PipelineRun) -> int:
+    """The most clocks a push of this stage's replicas was stale (0 without servers)."""
+    worker = getattr(run.trainer, "worker", None)
+    most = np.array([worker.stats["max_staleness"] if worker is not None else 0], np.int64)
+    if run.grid.replicas > 1:
+        wait.wait(run.grid.replica_comm.Iallreduce(MPI.IN_PLACE, most, MPI.MAX),
+                  "the stage's replicas to send their staleness")
+    return int(most[0])
 
 
 def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
@@ -294,7 +326,9 @@ def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
 def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     """Rank 0: the grid, the cut and each stage's predicted time, parameters and input bytes."""
     opts, model = run.options, run.model
-    print(f"psgd: pipeline of {opts.stages} stages x {run.grid.replicas} replica(s), "
+    servers = servers_of(run.settings)
+    over = f" over {servers} --protocol {run.settings.protocol} servers" if servers else ""
+    print(f"psgd: pipeline of {opts.stages} stages x {run.grid.replicas} replica(s){over}, "
           f"--schedule {opts.schedule}, {opts.microbatches} microbatch(es) of "
           f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}",
           flush=True)
@@ -323,14 +357,17 @@ def _finish(run: PipelineRun, log: MetricsLog, wall: float, waited: float) -> No
           f"(predicted bubble {summary['predicted_bubble']:.3f}); peak activation bytes "
           f"{[int(b) for b in summary['activation_bytes']]}; parameter bytes "
           f"{summary['param_bytes']}; peak RSS MiB "
-          f"{[b >> 20 for b in summary['peak_rss_bytes']]}", flush=True)
+          f"{[b >> 20 for b in summary['peak_rss_bytes']]}"
+          + (f"; most stale push per stage {summary['max_staleness']}"
+             if servers_of(run.settings) else ""), flush=True)
     loss, acc = result
     print(f"psgd: test loss {loss:.4f}, accuracy {acc:.4f}", flush=True)
     log.write("summary", pipeline=summary, test_loss=loss, test_accuracy=acc)
 
 
 def train_pipeline(args: argparse.Namespace) -> None:
-    """Entry point of ``psgd train --pipeline K`` on every rank."""
+    """Entry point of ``psgd train --pipeline K`` on every rank (ranks 0..S-1 serve the
+    stages' shards under a parameter-server protocol, the rest are the D x K grid)."""
     comm = MPI.COMM_WORLD
     debug = bool(getattr(args, "debug", False))
     settings, resumed, opts = agree(comm, lambda: _setup(args, comm), debug,
@@ -338,16 +375,35 @@ def train_pipeline(args: argparse.Namespace) -> None:
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
     counts, costs = _agreed_cut(comm, settings, opts, debug)
+    n_servers = servers_of(settings)
+    groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
     with phase("splitting into replicas and stages"):
-        grid = Grid(comm, opts.stages)
-    run = agree(comm, lambda: _build_run(settings, opts, resumed, grid, run_id, counts), debug,
-                "read the data, build the stages and load the checkpoint",
+        workers = workers_comm(comm, n_servers) if n_servers else comm
+        grid = Grid(workers, opts.stages) if workers is not None else None
+    build = (lambda: None) if grid is None else \
+        (lambda: _build_run(settings, opts, resumed, grid, run_id, counts))
+    run = agree(comm, build, debug, "read the data, build the stages and load the checkpoint",
                 "agreeing that every stage could be built")
-    if comm.Get_rank() == 0:
+    if grid is None:
+        groups.serve(groups.share(None, 0))
+        return
+    if groups is not None:
+        run.trainer.worker = _stage_worker(groups, run)
+    lead = workers.Get_rank() == 0
+    if lead:
         _announce(run, counts, costs)
-    log = MetricsLog(settings.log if comm.Get_rank() == 0 else None, append=resumed is not None)
+    log = MetricsLog(settings.log if lead else None, append=resumed is not None)
     wall, waited, records = _train(run)
     _log_steps(run, log, records)
     _finish(run, log, wall, waited)
     log.close()
     run.grid.free()
+
+
+def _stage_worker(groups: ServerGroups, run: PipelineRun):
+    """The stage's worker half over its own servers, started on the stage's parameters."""
+    params = run.trainer.stage.params
+    groups.share(params, run.total)
+    worker = groups.worker()
+    worker.start(params, run.start)
+    return worker

@@ -1,6 +1,6 @@
-"""Parameter servers across the D replicas of a --tensor/--spatial grid (bsp, ssp, asp).
+"""Parameter servers across the D replicas of a grid's model parts (bsp, ssp, asp).
 
-With S servers and T model parts, part t's D replicas and S/T servers form one
+The parts are a --tensor/--spatial grid's slices or a --pipeline's stages.  With S servers and T model parts, part t's D replicas and S/T servers form one
 parameter-server group of their own: its flat vector is part t's local vector, so each
 tensor slice is its own part of the servers' state.  Ranks 0..S-1 are the servers (server
 s serves part s // (S/T)), ranks S.. the D x T grid.  The halves are the protocol's own.
@@ -56,15 +56,16 @@ class ServerGroups:
         self.config = self.shard_map = None
 
     def share(self, params: np.ndarray | None, total: int) -> np.ndarray:
-        """The part's initial local vector, from its first replica to its servers (collective)."""
+        """The part's initial local vector, from its first replica to its servers (collective);
+        ``total``, the run's steps (its learning-rate schedule's), is the first replica's."""
         root = self.roles.n_servers
-        n = np.array([params.size if params is not None else 0], np.int64)
+        n = np.array([params.size if params is not None else 0, total], np.int64)
         wait.wait(self.comm.Ibcast(n, root=root), "the first replica to send the part's size")
         buf = params if params is not None else np.empty(int(n[0]), np.float32)
         wait.wait(self.comm.Ibcast(buf, root=root), "the first replica to send the part's parameters")
         s = self.settings
-        lr = make_schedule(s.lr_schedule, s.lr, total, warmup=s.warmup, step_every=s.lr_step_every,
-                           gamma=s.lr_gamma)
+        lr = make_schedule(s.lr_schedule, s.lr, int(n[1]), warmup=s.warmup,
+                           step_every=s.lr_step_every, gamma=s.lr_gamma)
         self.config = self.protocol.config(
             int(n[0]), staleness=s.staleness, staleness_max=s.staleness_max, optimizer=s.optimizer,
             opt_hparams={"momentum": s.momentum, "weight_decay": s.weight_decay}, lr_schedule=lr,

@@ -1,0 +1,103 @@
+"""Pipeline x data parallel over parameter servers: S servers + D replicas x K stages, each
+stage's replicas pushing to that stage's own servers under bsp, ssp or asp."""
+import json
+
+import numpy as np
+import pytest
+
+MLP = "mlp:784-45-33-10"
+
+
+def train(mpirun, ranks, data, log, *flags, check=True):
+    return mpirun(ranks, ["-m", "psgd", "train", "--quiet", "--data", data, "--model", MLP,
+                          "--log", str(log), *map(str, flags)], timeout=240, check=check)
+
+
+def records(log, kind):
+    return [r for r in map(json.loads, log.read_text().splitlines()) if r["kind"] == kind]
+
+
+def serial_sgd(data, replicas, steps, batch, lr, mu):
+    """Serial float64 momentum SGD on the union of the replicas' batches (replica r's slice at
+    every step, the gradients averaged): replica 0's loss per step and the final test loss."""
+    from psgd.data.reader import ShardReader, dataset_info
+    from psgd.nn.model import build_model
+    from psgd.nn.optim import make_optimizer
+    info = dataset_info(data)
+    model = build_model(MLP, seed=0, dtype=np.float64, input_shape=info["input_shape"],
+                        n_classes=info["n_classes"])
+    readers = [ShardReader(data, r, replicas, batch, seed=0) for r in range(replicas)]
+    opt = make_optimizer("momentum", model.n_params, momentum=mu, dtype=np.float64)
+    losses = []
+    for step in range(steps):
+        grad = np.zeros(model.n_params)
+        for r, reader in enumerate(readers):
+            loss = model.loss_and_grad(*reader.batch(step))[0]
+            losses += [loss] if r == 0 else []
+            grad += model.grad
+        opt.step(model.params, grad / replicas, lr)
+    return losses, model.evaluate(*readers[0].test_set())[0]
+
+
+@pytest.mark.parametrize("ranks, replicas, servers, schedule, microbatches", [
+    (6, 2, 2, "gpipe", 4),    # 2 servers + 2 replicas x 2 stages
+    (6, 1, 4, "1f1b", 2),     # 4 servers (2 shards per stage) + 1 replica x 2 stages
+])
+def test_bsp_servers_of_each_stage_equal_serial_sgd_on_the_union_of_the_batches(
+        mpirun, dataset, tmp_path, ranks, replicas, servers, schedule, microbatches):
+    """bsp steps each stage's shards once per clock with the mean of its replicas' pushes
+    (each the mean over its microbatches): every step's loss and the test loss are serial
+    momentum SGD's on the union of the batches, to float32 round-off."""
+    steps, batch, lr, mu = 10, 16, 0.0625, 0.875
+    log = tmp_path / "run.jsonl"
+    train(mpirun, ranks, dataset, log, "--pipeline", 2, "--microbatches", microbatches,
+          "--schedule", schedule, "--protocol", "bsp", "--servers", servers, "--optimizer",
+          "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
+          "--batch-size", batch, "--steps", steps, "--log-every", 1)
+    losses, test_loss = serial_sgd(dataset, replicas, steps, batch, lr, mu)
+    np.testing.assert_allclose([r["loss"] for r in records(log, "step")], losses, rtol=1e-5)
+    summary = records(log, "summary")[0]
+    assert summary["test_loss"] == pytest.approx(test_loss, rel=1e-5)
+    assert summary["pipeline"]["replicas"] == replicas
+    assert summary["pipeline"]["max_staleness"] == [0, 0]
+    untrained = serial_sgd(dataset, replicas, 0, batch, lr, mu)[1]
+    assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
+
+
+@pytest.mark.parametrize("protocol, bound", [("ssp", 1), ("asp", None)])
+def test_asynchronous_servers_of_each_stage_train_and_ssp_keeps_its_bound(
+        mpirun, dataset, tmp_path, protocol, bound):
+    log = tmp_path / "run.jsonl"
+    staleness = ["--staleness", bound] if bound is not None else []
+    train(mpirun, 6, dataset, log, "--pipeline", 2, "--microbatches", 2, "--protocol", protocol,
+          "--servers", 2, *staleness, "--optimizer", "momentum", "--lr", 0.05,
+          "--batch-size", 32, "--steps", 60, "--log-every", 10)
+    untrained = serial_sgd(dataset, 1, 0, 32, 0.05, 0.9)[1]
+    summary = records(log, "summary")[0]
+    assert summary["test_loss"] < untrained - 0.3
+    steps = [r["loss"] for r in records(log, "step")]
+    assert steps[-1] < steps[0]
+    if bound is not None:
+        assert max(summary["pipeline"]["max_staleness"]) <= bound
+
+
+@pytest.mark.parametrize("ranks, flags, line", [
+    (6, ["--protocol", "ssp", "--servers", 2, "--schedule", "pipedream"],
+     "--protocol ssp does not combine the replicas of a --schedule pipedream pipeline: "
+     "pipedream and pipemare step a stage after every microbatch"),
+    (2, ["--protocol", "gossip"], "--protocol gossip does not combine the replicas of a "
+     "--schedule 1f1b pipeline: every worker keeps a model of its own"),
+    (4, ["--protocol", "hogwild", "--servers", 2], "--protocol hogwild does not combine"),
+    (3, ["--protocol", "bsp", "--servers", 1], "--servers 1: each of the 2 model parts"),
+    (5, ["--protocol", "bsp", "--servers", 2],
+     "--pipeline 2: the 5 ranks are not 2 servers + D replicas x 2 stages"),
+    (4, ["--protocol", "asp", "--servers", 2, "--checkpoint-dir", "ck"],
+     "--checkpoint-dir/--resume with --pipeline run under --protocol allreduce only"),
+    (2, ["--staleness", 2], "--staleness does not work under --pipeline: its protocol combines"),
+])
+def test_a_protocol_or_grid_the_stage_replicas_cannot_run_is_one_line(mpirun, dataset, tmp_path,
+                                                                      ranks, flags, line):
+    out = train(mpirun, ranks, dataset, tmp_path / "x.jsonl", "--pipeline", 2, "--steps", 2,
+                "--batch-size", 16, *flags, check=False)
+    errors = [x for x in out.stderr.splitlines() if "error" in x]
+    assert out.returncode != 0 and len(errors) == 1 and line in errors[0], out.stderr

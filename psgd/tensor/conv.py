@@ -44,8 +44,8 @@ class ColumnConv(Layer):
     def param_shapes(self):
         return self.inner.param_shapes()
 
-    def select(self, name, index):
-        return index[:, self.c0:self.c1], "split"
+    def select(self, name, shape):
+        return slice(None), slice(self.c0, self.c1), "split"
 
     def bind(self, params, grads):
         self.inner.bind(params, grads)
@@ -74,12 +74,11 @@ class RowConv(Layer):
     def param_shapes(self):
         return self.inner.param_shapes()
 
-    def select(self, name, index):
-        f = index.shape[1]
-        w = index[:-1].reshape(self.kh, self.kw, self.c, f)[:, :, self.r0:self.r1].reshape(-1, f)
-        kind = np.full(w.shape[0] + 1, "split", object)
-        kind[-1] = "replicated"
-        return np.concatenate([w, index[-1:]]), kind[:, None]
+    def select(self, name, shape):
+        rows = np.arange(shape[0] - 1)                # the weights' rows: (kh, kw, channel) flattened
+        rows = rows[(rows % self.c >= self.r0) & (rows % self.c < self.r1)]
+        kind = ["split"] * rows.size + ["replicated"]  # the bias row, added once after the sum
+        return np.append(rows, shape[0] - 1), slice(None), kind
 
     def bind(self, params, grads):
         self.wb, self.dwb = params["wb"], grads["wb"]
@@ -123,8 +122,8 @@ class LocalBatchNorm(BatchNorm):
         super().__init__(shape, bn.eps, bn.relu)
         self.c0, self.c1 = c0, c1
 
-    def select(self, name, index):
-        return index[self.c0:self.c1], "split"
+    def select(self, name, shape):
+        return slice(None), slice(self.c0, self.c1), "split"
 
 
 def split_conv_channels(layers: list, comm) -> list:

@@ -99,8 +99,8 @@ class SpatialWindow(Layer):
     def param_shapes(self):
         return self.inner.param_shapes()
 
-    def select(self, name, index):
-        return index, "partial"
+    def select(self, name, shape):
+        return slice(None), slice(None), "partial"
 
     def bind(self, params, grads):
         self.inner.bind(params, grads)
@@ -126,26 +126,25 @@ class SpatialWindow(Layer):
         return _batch_first(pr.halo_adjoint(dext, self.comm, self.lo, self.hi))
 
 
-class SpatialBatchNorm(Layer):
-    """Batch norm whose per-channel sums are all-reduced over the spatial group (train mode)."""
+class SpatialBatchNorm(BatchNorm):
+    """Batch norm whose per-channel sums are all-reduced over the spatial group (train mode);
+    in calibrate mode it adds those whole-image sums, so evaluation uses the serial statistics."""
 
     def __init__(self, bn: BatchNorm, shape: tuple, comm) -> None:
-        super().__init__()
-        self.comm, self.eps, self.relu = comm, bn.eps, bn.relu
-        self.in_shape = self.out_shape = tuple(shape)
-
-    def param_shapes(self):
-        return [("gamma", (self.in_shape[-1],)), ("beta", (self.in_shape[-1],))]
-
-    def bind(self, params, grads):
-        self.gamma, self.beta = params["gamma"], params["beta"]
-        self.dgamma, self.dbeta = grads["gamma"], grads["beta"]
+        super().__init__(shape, bn.eps, bn.relu)
+        self.comm = comm
 
     def forward(self, x):
+        if self.mode == "eval":
+            return super().forward(x)
         c = x.shape[-1]
         x2 = x.reshape(-1, c).astype(np.float64)
         sums = pr.allreduce_forward(np.concatenate(([x2.shape[0]], x2.sum(0), (x2 * x2).sum(0))), self.comm)
         n, mean = sums[0], sums[1:c + 1] / sums[0]
+        if self.mode == "calibrate":
+            self._sum += sums[1:c + 1]
+            self._sumsq += sums[c + 1:]
+            self._count += int(n)
         self._invstd = 1.0 / np.sqrt(np.maximum(sums[c + 1:] / n - mean ** 2, 0.0) + self.eps)
         self._n, self._xhat = n, (x2 - mean) * self._invstd
         out = self.gamma * self._xhat + self.beta

@@ -240,7 +240,7 @@ def _update(setup: dict, replicas, step: int, lr) -> None:
         return
     if replicas.Get_size() > 1:
         allreduce(replicas, model.grad, label="tensor grid gradients")
-        model.grad /= replicas.Get_size()
+        np.divide(model.grad, replicas.Get_size(), out=model.grad)
     setup["opt"].step(model.params, model.grad, lr(step))
 
 

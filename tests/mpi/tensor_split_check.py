@@ -2,7 +2,8 @@
 evaluation (batch-norm calibration included) through the parts.
 
 Usage: tensor_split_check.py — checks an MLP split Megatron-style (uneven widths) and conv
-nets split by height (pad, stride, pool, BN) on COMM_WORLD, in float64 and float32.
+nets split by height (pad, stride, pool, BN) and by channels, residual blocks split both
+ways, on COMM_WORLD, in float64 and float32.
 """
 import numpy as np
 from mpi4py import MPI
@@ -24,7 +25,9 @@ CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("lenet", split_spatial, None),
          ("lenet", split_tensor, None),
          ("conv:6x3:pad1-bn-relu-pool:2-conv:5x3:s2-relu-conv:7x3:pad1-bn-relu-gap-dense:9-relu-dense:5",
-          split_tensor, (3, 12, 12))]
+          split_tensor, (3, 12, 12)),
+         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_tensor, (3, 12, 12)),
+         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_spatial, (3, 24, 8))]
 
 
 def rel(a, b):

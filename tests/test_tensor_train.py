@@ -252,8 +252,8 @@ def test_each_tensor_rank_holds_its_share_of_a_wide_model_not_the_whole(mpirun, 
     process base) is about its part's parameters, gradient and velocity, and far below what
     the whole model's parameters and gradient (which every rank used to build) add."""
     peak = {}
-    for model in ("mlp:784-16-10", "mlp:784-2048-2048-2048-2048-10"):
-        log = tmp_path / f"{model[4:8]}.jsonl"
+    for i, model in enumerate(("mlp:784-16-10", "mlp:784-2048-2048-2048-2048-10")):
+        log = tmp_path / f"run{i}.jsonl"
         train(mpirun, 2, dataset, log, "--model", model, "--tensor", 2, "--optimizer", "momentum",
               "--steps", 2, "--batch-size", 16, "--eval-samples", 32, timeout=300)
         peak[model] = summary(log)

@@ -16,10 +16,11 @@ def test_every_primitive_passes_the_adjoint_test_float64(mpirun, n):
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_split_layers_match_serial_forward_input_and_weight_gradients_and_steps(mpirun, n):
     """Megatron MLPs (uneven widths), conv nets split by height and by channels (an odd
-    conv that gathers, uneven filters, BN), float64 to 1e-12 and float32 to 1e-5 relative;
+    conv that gathers, uneven filters, BN), residual blocks split by channels and by height
+    (a stride-2 block with its projection), float64 to 1e-12 and float32 to 1e-5 relative;
     LeNet's 5x5 conv on 14 rows is refused by height above 2 ranks."""
     out = mpirun(n, ["tensor_split_check.py"], timeout=180).stdout
-    assert out.count("split ok") == (12 if n <= 2 else 10), out
+    assert out.count("split ok") == (16 if n <= 2 else 14), out
     assert (n <= 2) or "refused ok" in out, out
 
 
@@ -49,13 +50,51 @@ def test_a_tensor_split_wider_than_a_layer_is_refused_in_one_line():
     from psgd.tensor.dense import split_dense_chain
     from psgd.tensor.model import TensorModel
     with pytest.raises(ValueError, match=r"--tensor 8 is larger than dense layer 20->5 allows") as err:
-        TensorModel(build_model("mlp:20-5-3"), split_dense_chain, FakeComm(0, 8))
+        TensorModel("mlp:20-5-3", split_dense_chain, FakeComm(0, 8))
     assert "\n" not in str(err.value)
 
 
 def test_spatial_on_a_model_without_conv_layers_is_refused():
-    from psgd.nn.model import build_model
     from psgd.tensor.model import TensorModel
     from psgd.tensor.spatial import split_spatial
     with pytest.raises(ValueError, match="--spatial needs a model with conv layers"):
-        TensorModel(build_model("mlp:20-5-3"), split_spatial, FakeComm(0, 2))
+        TensorModel("mlp:20-5-3", split_spatial, FakeComm(0, 2))
+
+
+SPLITS = [("mlp:23-13-7-5", None, "tensor", [1, 2, 3, 4]),
+          ("conv:6x3:pad1-bn-relu-pool:2-conv:5x3:s2-relu-conv:7x3:pad1-bn-relu-gap-dense:9-relu-dense:5",
+           (3, 12, 12), "tensor", [2, 3]),
+          ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dropout:0.5-dense:5", (3, 16, 16), "tensor", [2, 4]),
+          ("conv:4x3:pad1-bn-relu-pool:2-conv:6x3:s2:pad1-relu-flatten-dense:5", (2, 40, 11), "spatial", [2, 3]),
+          ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", (3, 24, 8), "spatial", [2, 4])]
+
+
+@pytest.mark.parametrize("draw_values", [5, 1 << 20])
+@pytest.mark.parametrize("spec, shape, axis, parts", SPLITS)
+def test_each_part_draws_its_own_values_of_the_serial_draw_bit_equal(spec, shape, axis, parts, draw_values):
+    """Every rank draws the model layer by layer (in blocks of ``draw_values``) and keeps its
+    part: equal, bit for bit, to those values of the serial model's draw; over the ranks, each
+    value is owned once (their owned blocks add up to the serial vector)."""
+    import numpy as np
+
+    from psgd.nn.model import build_model
+    from psgd.tensor.conv import split_tensor
+    from psgd.tensor.model import TensorModel
+    from psgd.tensor.spatial import split_spatial
+    split = split_tensor if axis == "tensor" else split_spatial
+    for dtype in (np.float32, np.float64):
+        serial = build_model(spec, seed=11, dtype=dtype, input_shape=shape, n_classes=5)
+        for t in parts:
+            total, count = np.zeros(serial.n_params, dtype), np.zeros(serial.n_params, np.int64)
+            for rank in range(t):
+                tm = TensorModel(spec, split, FakeComm(rank, t), seed=11, dtype=dtype, input_shape=shape,
+                                 n_classes=5, draw_values=draw_values)
+                index = tm.take_flat(lambda lo, hi: np.arange(lo, hi), dtype=np.int64)
+                assert tm.n_total == serial.n_params and tm.params.dtype == dtype
+                assert np.array_equal(tm.params.view(np.uint8), serial.params[index].view(np.uint8))
+                assert np.array_equal(tm.take_flat(lambda lo, hi: serial.params[lo:hi]), tm.params)
+                for lo, hi, block in tm.owned_blocks(tm.params):
+                    total[lo:hi] += block
+                for lo, hi, block in tm.owned_blocks(np.ones(tm.n_params, np.int64)):
+                    count[lo:hi] += block
+            assert np.array_equal(total, serial.params) and (count == 1).all(), (spec, t)

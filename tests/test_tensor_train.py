@@ -36,6 +36,7 @@ def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpiru
 @pytest.mark.mpi
 @pytest.mark.parametrize("flags", [["--model", "mlp:784-64-64-10", "--tensor", 2],
                                    ["--model", "lenet", "--tensor", 2],
+                                   ["--model", "resnet8", "--tensor", 2],
                                    ["--model", "conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-relu-pool:2-"
                                                "flatten-dense:10", "--spatial", 2]])
 def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dataset, tmp_path, flags):
@@ -242,3 +243,21 @@ def test_timeline_shows_each_step_and_the_tensor_collectives_inside_its_compute(
         assert len(collectives) >= 2 * 6
         assert all(any(a - 1 <= e["ts"] and e["ts"] + e["dur"] <= b + 1 for a, b in computes)
                    for e in collectives)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_each_tensor_rank_holds_its_share_of_a_wide_model_not_the_whole(mpirun, dataset, tmp_path):
+    """--tensor 2 on a 14M-parameter MLP: each rank's peak RSS above a tiny model's run (the
+    process base) is about its part's parameters, gradient and velocity, and far below what
+    the whole model's parameters and gradient (which every rank used to build) add."""
+    peak = {}
+    for i, model in enumerate(("mlp:784-16-10", "mlp:784-2048-2048-2048-2048-10")):
+        log = tmp_path / f"run{i}.jsonl"
+        train(mpirun, 2, dataset, log, "--model", model, "--tensor", 2, "--optimizer", "momentum",
+              "--steps", 2, "--batch-size", 16, "--eval-samples", 32, timeout=300)
+        peak[model] = summary(log)
+    base, big = peak.values()
+    share = 3 * big["param_bytes_per_rank"]                 # parameters, gradient, velocity
+    excess = max(big["peak_rss_bytes"]) - max(base["peak_rss_bytes"])
+    assert excess < share + big["param_bytes_serial"] / 2, (excess, share, big["param_bytes_serial"])

@@ -38,19 +38,33 @@ def init_weights(w: np.ndarray, b: np.ndarray, fan_in: int, fan_out: int, init: 
     normal with std sqrt(2/fan_in); ``"glorot"``: weights U(+-sqrt(6/(fan_in+fan_out))); both
     with zero biases.
     """
-    if init == "uniform":
-        bound = 1.0 / math.sqrt(fan_in)
-        w[...] = rng.uniform(-bound, bound, w.shape)
-        b[...] = rng.uniform(-bound, bound, b.shape)
-        return
-    if init == "he":
-        w[...] = rng.normal(0.0, math.sqrt(2.0 / fan_in), w.shape)
-    elif init == "glorot":
-        lim = math.sqrt(6.0 / (fan_in + fan_out))
-        w[...] = rng.uniform(-lim, lim, w.shape)
-    else:
+    rows = w.reshape(-1, w.shape[-1])     # a view: the weights as (rows, last axis)
+    for r0, values in weight_draws(rows.shape, b.size, fan_in, fan_out, init, rng):
+        if r0 < rows.shape[0]:
+            rows[r0:r0 + len(values)] = values
+        else:
+            b[...] = values[0]
+
+
+def weight_draws(shape: tuple, n_bias: int, fan_in: int, fan_out: int, init: str,
+                 rng: np.random.Generator, block_rows: int | None = None):
+    """What :func:`init_weights` draws, in its order: ``(row0, values)`` for the weights'
+    rows (``shape`` = (rows, columns)), ``block_rows`` rows at a time (all by default), then
+    ``(rows, bias)`` with the bias as one (1, n_bias) row; float64.  A generator's values come
+    one after another, so every ``block_rows`` gives the same values."""
+    if init not in INITS:
         raise ValueError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
-    b[...] = 0.0
+    if init == "he":
+        std = math.sqrt(2.0 / fan_in)
+        draw = lambda size: rng.normal(0.0, std, size)   # noqa: E731
+    else:
+        lim = 1.0 / math.sqrt(fan_in) if init == "uniform" else math.sqrt(6.0 / (fan_in + fan_out))
+        draw = lambda size: rng.uniform(-lim, lim, size)  # noqa: E731
+    rows, cols = shape
+    step = rows if block_rows is None else max(1, int(block_rows))
+    for r0 in range(0, rows, step):
+        yield r0, draw((min(step, rows - r0), cols))
+    yield rows, draw((1, n_bias)) if init == "uniform" else np.zeros((1, n_bias))
 
 
 class Layer:

@@ -166,13 +166,22 @@ def _config(path, attrs: dict) -> dict:
     return config
 
 
-def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None,
+                    take=None) -> Checkpoint:
     """Read and validate a checkpoint file; a clear ValueError names what is wrong.
 
     ``part=(lo, hi)`` reads only that slice of the parameter and optimizer vectors (a
-    pipeline stage's); the shapes are checked against the whole vector's all the same.
+    pipeline stage's); ``take(read, n)`` reads a part made of many slices of a vector of ``n``
+    values (a tensor part's), each by ``read(lo, hi)``, and returns it.  The shapes are
+    checked against the whole vector's all the same.
     """
     cut = slice(None) if part is None else slice(*part)
+
+    def read(ds) -> np.ndarray:
+        if take is None:
+            return np.asarray(ds[cut], dtype=np.float32)
+        return take(lambda lo, hi: np.asarray(ds[lo:hi], dtype=np.float32), ds.shape[0])
+
     path = Path(path)
     try:
         f = h5py.File(path, "r")
@@ -192,7 +201,7 @@ def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None
         if f["params"].shape != (n,):
             raise UsageError(f"checkpoint {path}: /params has shape {f['params'].shape}, "
                              f"attribute n_params says {n}")
-        params = np.asarray(f["params"][cut], dtype=np.float32)
+        params = read(f["params"])
         if not np.isfinite(params).all():
             raise UsageError(f"checkpoint {path}: /params holds non-finite values")
         opt_state: dict = {}
@@ -200,8 +209,7 @@ def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None
             if ds.shape != (n,):
                 raise UsageError(f"checkpoint {path}: /optimizer/{key} has shape {ds.shape}, "
                                  f"expected ({n},)")
-            value = np.asarray(ds[cut], dtype=np.float32)
-            opt_state[key] = value
+            opt_state[key] = read(ds)
         opt_state["steps"] = int(attrs.get("optimizer_steps", 0))
         clocks = np.asarray(f["clocks"][...], dtype=np.int64) if "clocks" in f else np.zeros(0, np.int64)
         config = _config(path, attrs)

@@ -39,12 +39,13 @@ def check_checkpoint_dir(settings: TrainSettings, run_id: str) -> list[Path]:
 
 
 def resume_checkpoint(settings: TrainSettings, resumed: Resumed | None, model, total: int,
-                      protocol: Protocol) -> Checkpoint | None:
-    """The checkpoint to resume from (its parameters loaded into ``model``), or None."""
+                      protocol: Protocol, load=load_checkpoint) -> Checkpoint | None:
+    """The checkpoint to resume from (its parameters loaded into ``model``), or None;
+    ``load(path)`` reads it (a part of its vectors, for a model that holds a part)."""
     if resumed is None:
         return None
     path = resumed.path
-    resume = load_checkpoint(path)
+    resume = load(path)
     if resume.model_spec != settings.model:
         raise ValueError(f"checkpoint {path} is of model {resume.model_spec!r}, "
                          f"not --model {settings.model!r}")

@@ -1,14 +1,16 @@
 """`psgd train --tensor T`, `--spatial P`, `--grid D,T`: a grid of D data replicas x T model parts.
 
 World rank w is part ``w % T`` of replica ``w // T``.  The T ranks of a replica split the
-model (:mod:`psgd.tensor`) and read the same batches; the D replicas read their own
-slices, and every parameter's gradient is averaged over them with psgd's all-reduce
-before each rank steps its own part.  Checkpoints hold the serial flat vector (the parts
-gathered on save, each rank's part taken on load), so any grid or a plain run resumes them.
+model (:mod:`psgd.tensor`): each draws, trains and evaluates only its own part, and they
+read the same batches; the D replicas read their own slices, and every parameter's gradient
+is averaged over them with psgd's all-reduce before each rank steps its own part.
+Checkpoints hold the serial flat vector (replica 0's parts gathered on rank 0 on save, each
+rank reading its own rows on load), so any grid or a plain run resumes them.
 Flags this path does not carry are refused.
 """
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -17,12 +19,13 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.collectives.allreduce import allreduce, free_all
+from psgd.errors import UsageError
 from psgd.mpi import timeline, wait
 from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer, make_schedule
 from psgd.protocols import get
 from psgd.run import signals, tensor_servers
-from psgd.run.checkpoint import Checkpoint, save_checkpoint
+from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
 from psgd.run.tensor_servers import servers_of
 from psgd.run.metrics import MetricsLog
@@ -115,25 +118,33 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
 
 
 def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str) -> dict:
+    """This rank's part of the model, drawn (or read from the checkpoint) without the whole."""
     from psgd.data.reader import ShardReader, dataset_info
-    from psgd.nn.model import build_model
     from psgd.tensor.conv import split_tensor
     from psgd.tensor.model import TensorModel
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
-    serial = build_model(s.model, seed=s.seed, dtype=np.dtype(s.dtype), input_shape=info["input_shape"],
-                         n_classes=info["n_classes"])
+    model = TensorModel(s.model, split_spatial if axis == "spatial" else split_tensor, part, seed=s.seed,
+                        dtype=np.dtype(s.dtype), input_shape=info["input_shape"], n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
-    ckpt = resume_checkpoint(s, resumed, serial, total, get(s.protocol))   # into serial.params
-    model = TensorModel(serial, split_spatial if axis == "spatial" else split_tensor, part)
+    ckpt = resume_checkpoint(s, resumed, model, total, get(s.protocol), load=lambda path: _load(path, model))
     opt = None if servers_of(s) else make_optimizer(
         s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay, dtype=model.dtype)
     if ckpt is not None:
-        opt.load_state_dict({k: model.split_flat(v) if np.ndim(v) else v for k, v in ckpt.opt_state.items()})
-    return {"serial": serial, "model": model, "reader": reader, "total": total, "axis": axis,
+        opt.load_state_dict(ckpt.opt_state)
+    return {"model": model, "reader": reader, "total": total, "axis": axis,
             "opt": opt, "start": ckpt.step if ckpt else 0, "run_id": run_id,
             "foreign": check_checkpoint_dir(s, run_id)}
+
+
+def _load(path, model):
+    """A checkpoint with this rank's part of its vectors: each rank reads its own rows."""
+    def take(read, n: int):
+        if n != model.n_total:
+            raise UsageError(f"checkpoint {path} holds {n} parameters, model {model.spec} has {model.n_total}")
+        return model.take_flat(read)
+    return load_checkpoint(path, take=take)
 
 
 def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
@@ -169,13 +180,13 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         if stop[0]:
             break
         if s.checkpoint_dir and s.checkpoint_every and step % s.checkpoint_every == 0 and step < total:
-            _save(comm, s, setup, step)
+            _save(comm, replicas, s, setup, step)
     if worker is not None:
         worker.finish()
     if s.timeline:
         _save_timeline(comm, s, time.perf_counter() - begin)
-    saved = _save(comm, s, setup, step) if s.checkpoint_dir else None
-    _finish(comm, part, s, setup, log, step, times)
+    saved = _save(comm, replicas, s, setup, step) if s.checkpoint_dir else None
+    _finish(comm, part, replicas, s, setup, log, step, times)
     free_all()
     if stop[0] and comm.Get_rank() == 0:
         kept = f"checkpoint: {saved}" if saved else "no --checkpoint-dir, no checkpoint"
@@ -183,10 +194,13 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
     return TensorJob(total_steps=total, end_step=step)
 
 
-def _save(comm, s, setup: dict, step: int):
-    """Gather the parts' parameters and optimizer state into serial flat vectors (every
-    replica holds the same); rank 0 writes them as one checkpoint and returns its path."""
+def _save(comm, replicas, s, setup: dict, step: int):
+    """Gather the parts' parameters and optimizer state of replica 0 (every replica holds the
+    same) into serial flat vectors on rank 0, which writes them as one checkpoint and returns
+    its path."""
     model = setup["model"]
+    if replicas.Get_rank() != 0:
+        return None
     params = model.gather_flat(model.params)
     state = {k: model.gather_flat(v) if np.ndim(v) else v for k, v in setup["opt"].state_dict().items()}
     if comm.Get_rank() != 0:
@@ -226,7 +240,7 @@ def _update(setup: dict, replicas, step: int, lr) -> None:
         return
     if replicas.Get_size() > 1:
         allreduce(replicas, model.grad, label="tensor grid gradients")
-        model.grad /= replicas.Get_size()
+        np.divide(model.grad, replicas.Get_size(), out=model.grad)
     setup["opt"].step(model.params, model.grad, lr(step))
 
 
@@ -237,26 +251,27 @@ def _log_step(log, replicas, step: int, mean: np.ndarray) -> None:
     log.write("step", step=step, loss=float(mean[0]), train_acc=float(mean[1]))
 
 
-def _finish(comm, part, s, setup: dict, log, step: int, times: list) -> None:
-    """Evaluate the whole model on rank 0 and report time and memory per rank."""
-    model, serial, reader = setup["model"], setup["serial"], setup["reader"]
-    full = model.full_params()
-    mine = np.array([model.param_bytes()], np.int64)
-    most = np.zeros(1, np.int64)
-    wait.wait(comm.Iallreduce(mine, most, MPI.MAX), "the grid's memory report")
+def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -> None:
+    """Evaluate the model through replica 0's parts and report time and memory per rank."""
+    model, reader = setup["model"], setup["reader"]
+    if replicas.Get_rank() == 0:
+        model.set_calibration(reader.calibration_rows(512)[0])
+        x, y = reader.test_set()
+        if s.eval_samples:
+            x, y = x[:s.eval_samples], y[:s.eval_samples]
+        loss, acc = model.evaluate(x, y)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
+    mine, every = np.array([model.param_bytes(), rss], np.int64), np.zeros((comm.Get_size(), 2), np.int64)
+    wait.wait(comm.Iallgather(mine, every), "the grid's memory report")
     if comm.Get_rank() != 0:
         return
-    serial.params = full
-    serial.set_calibration(reader.calibration_rows(512)[0])
-    x, y = reader.test_set()
-    if s.eval_samples:
-        x, y = x[:s.eval_samples], y[:s.eval_samples]
-    loss, acc = serial.evaluate(x, y)
     ms = 1e3 * float(np.median(times[1:] or times))
-    d, t = comm.Get_size() // part.Get_size(), part.Get_size()
+    d, t, most = comm.Get_size() // part.Get_size(), part.Get_size(), int(every[:, 0].max())
+    whole = model.n_total * model.dtype.itemsize
     log.write("summary", steps=step, test_loss=loss, test_accuracy=acc, grid=[d, t], axis=setup["axis"],
-              step_ms=ms, param_bytes_per_rank=int(most[0]), param_bytes_serial=int(serial.params.nbytes))
+              step_ms=ms, param_bytes_per_rank=most, param_bytes_serial=whole,
+              peak_rss_bytes=every[:, 1].tolist())
     log.close()
     print(f"psgd: {setup['axis']} grid D={d} x T={t}: {step} steps, test loss {loss:.4f}, "
-          f"accuracy {acc:.4f}; median step {ms:.2f} ms; parameters {int(most[0])} bytes per rank "
-          f"(whole model {serial.params.nbytes})", flush=True)
+          f"accuracy {acc:.4f}; median step {ms:.2f} ms; parameters {most} bytes per rank "
+          f"(whole model {whole}); peak RSS MiB per rank {(every[:, 1] >> 20).tolist()}", flush=True)

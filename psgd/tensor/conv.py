@@ -5,7 +5,8 @@ backward all-reduces the input gradient); the next conv takes those channels as 
 input slice and all-reduces its partial sums, adding the replicated bias once after the
 sum.  Between the two, ReLU, pooling and batch norm act on the local channels (batch
 norm's statistics are per channel, so local).  A column conv left without a partner
-all-gathers its channels before the first layer that needs them all.
+all-gathers its channels before the first layer that needs them all.  A residual block is
+split inside (:func:`channel_residual`).
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import numpy as np
 
 from psgd.nn.layers import AvgPool2D, Conv2D, Elementwise, Layer, MaxPool2D
 from psgd.nn.norm import BatchNorm
+from psgd.nn.residual import Residual
 from psgd.tensor import primitives as pr
 from psgd.tensor.dense import check_width, split_dense_chain
+from psgd.tensor.residual import SplitResidual
 
 
 def _channels_first(x):
@@ -44,8 +47,8 @@ class ColumnConv(Layer):
     def param_shapes(self):
         return self.inner.param_shapes()
 
-    def select(self, name, index):
-        return index[:, self.c0:self.c1], "split"
+    def select(self, name, shape):
+        return slice(None), slice(self.c0, self.c1), "split"
 
     def bind(self, params, grads):
         self.inner.bind(params, grads)
@@ -74,12 +77,11 @@ class RowConv(Layer):
     def param_shapes(self):
         return self.inner.param_shapes()
 
-    def select(self, name, index):
-        f = index.shape[1]
-        w = index[:-1].reshape(self.kh, self.kw, self.c, f)[:, :, self.r0:self.r1].reshape(-1, f)
-        kind = np.full(w.shape[0] + 1, "split", object)
-        kind[-1] = "replicated"
-        return np.concatenate([w, index[-1:]]), kind[:, None]
+    def select(self, name, shape):
+        rows = np.arange(shape[0] - 1)                # the weights' rows: (kh, kw, channel) flattened
+        rows = rows[(rows % self.c >= self.r0) & (rows % self.c < self.r1)]
+        kind = ["split"] * rows.size + ["replicated"]  # the bias row, added once after the sum
+        return np.append(rows, shape[0] - 1), slice(None), kind
 
     def bind(self, params, grads):
         self.wb, self.dwb = params["wb"], grads["wb"]
@@ -123,16 +125,33 @@ class LocalBatchNorm(BatchNorm):
         super().__init__(shape, bn.eps, bn.relu)
         self.c0, self.c1 = c0, c1
 
-    def select(self, name, index):
-        return index[self.c0:self.c1], "split"
+    def select(self, name, shape):
+        return slice(None), slice(self.c0, self.c1), "split"
+
+
+def channel_residual(block: Residual, comm) -> SplitResidual:
+    """``block`` split by channels: its first conv column-parallel with its batch norm and ReLU
+    on the local channels, the second conv row-parallel (one all-reduce each way), the second
+    batch norm and the shortcut replicated."""
+    conv1, bn1, relu, conv2, bn2 = block.main
+    col = ColumnConv(conv1, comm)
+    bn1 = LocalBatchNorm(bn1, (*bn1.in_shape[:-1], col.c1 - col.c0), col.c0, col.c1)
+    return SplitResidual([col, bn1, relu, RowConv(conv2, comm), bn2], list(block.shortcut),
+                         block.in_shape, block.out_shape)
 
 
 def split_conv_channels(layers: list, comm) -> list:
-    """Pair the conv layers of ``layers`` column-then-row over ``comm``; dense layers are left
-    for :func:`psgd.tensor.dense.split_dense_chain`."""
+    """Pair the conv layers of ``layers`` column-then-row over ``comm``, and split residual
+    blocks inside (:func:`channel_residual`); dense layers are left for
+    :func:`psgd.tensor.dense.split_dense_chain`."""
     out, split = [], None        # split: the column conv whose channels the layers now carry
     for layer in layers:
-        if isinstance(layer, Conv2D):
+        if isinstance(layer, Residual):
+            if split is not None:
+                out.append(GatherChannels(split.sizes, layer.in_shape, comm))
+                split = None
+            out.append(channel_residual(layer, comm))
+        elif isinstance(layer, Conv2D):
             if split is None:
                 split = ColumnConv(layer, comm)
                 out.append(split)

@@ -43,8 +43,8 @@ class ColumnDense(Layer):
     def param_shapes(self):
         return [("w", (self.in_shape[0], self.c1 - self.c0)), ("b", (self.c1 - self.c0,))]
 
-    def select(self, name, index):
-        return index[..., self.c0:self.c1], "split"
+    def select(self, name, shape):
+        return slice(None), slice(self.c0, self.c1), "split"
 
     def bind(self, params, grads):
         self.w, self.b, self.dw, self.db = params["w"], params["b"], grads["w"], grads["b"]
@@ -89,8 +89,10 @@ class RowDense(Layer):
     def param_shapes(self):
         return [("w", (self.r1 - self.r0, self.out_shape[0])), ("b", self.out_shape)]
 
-    def select(self, name, index):
-        return (index[self.r0:self.r1], "split") if name == "w" else (index, "replicated")
+    def select(self, name, shape):
+        if name == "w":
+            return slice(self.r0, self.r1), slice(None), "split"
+        return slice(None), slice(None), "replicated"
 
     def bind(self, params, grads):
         self.w, self.b, self.dw, self.db = params["w"], params["b"], grads["w"], grads["b"]

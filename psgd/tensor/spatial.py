@@ -6,7 +6,8 @@ Rank r computes output rows ``split_sizes(OH, P)[r]``.  It needs input rows
 padding on an explicitly padded slab.  Conv weights are replicated with a partial
 gradient (one all-reduce completes it); batch norm all-reduces its statistics, so its
 parameter gradients come out whole.  Before the first layer that needs whole images
-(flatten, global pool, dense) the slabs are all-gathered.
+(flatten, global pool, dense) the slabs are all-gathered; residual blocks are split
+inside (:func:`height_residual`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import numpy as np
 
 from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, Layer, MaxPool2D
 from psgd.nn.norm import BatchNorm
+from psgd.nn.residual import Residual
 from psgd.tensor import primitives as pr
+from psgd.tensor.residual import SplitResidual
 
 
 def _height_first(x):
@@ -99,8 +102,8 @@ class SpatialWindow(Layer):
     def param_shapes(self):
         return self.inner.param_shapes()
 
-    def select(self, name, index):
-        return index, "partial"
+    def select(self, name, shape):
+        return slice(None), slice(None), "partial"
 
     def bind(self, params, grads):
         self.inner.bind(params, grads)
@@ -126,26 +129,25 @@ class SpatialWindow(Layer):
         return _batch_first(pr.halo_adjoint(dext, self.comm, self.lo, self.hi))
 
 
-class SpatialBatchNorm(Layer):
-    """Batch norm whose per-channel sums are all-reduced over the spatial group (train mode)."""
+class SpatialBatchNorm(BatchNorm):
+    """Batch norm whose per-channel sums are all-reduced over the spatial group (train mode);
+    in calibrate mode it adds those whole-image sums, so evaluation uses the serial statistics."""
 
     def __init__(self, bn: BatchNorm, shape: tuple, comm) -> None:
-        super().__init__()
-        self.comm, self.eps, self.relu = comm, bn.eps, bn.relu
-        self.in_shape = self.out_shape = tuple(shape)
-
-    def param_shapes(self):
-        return [("gamma", (self.in_shape[-1],)), ("beta", (self.in_shape[-1],))]
-
-    def bind(self, params, grads):
-        self.gamma, self.beta = params["gamma"], params["beta"]
-        self.dgamma, self.dbeta = grads["gamma"], grads["beta"]
+        super().__init__(shape, bn.eps, bn.relu)
+        self.comm = comm
 
     def forward(self, x):
+        if self.mode == "eval":
+            return super().forward(x)
         c = x.shape[-1]
         x2 = x.reshape(-1, c).astype(np.float64)
         sums = pr.allreduce_forward(np.concatenate(([x2.shape[0]], x2.sum(0), (x2 * x2).sum(0))), self.comm)
         n, mean = sums[0], sums[1:c + 1] / sums[0]
+        if self.mode == "calibrate":
+            self._sum += sums[1:c + 1]
+            self._sumsq += sums[c + 1:]
+            self._count += int(n)
         self._invstd = 1.0 / np.sqrt(np.maximum(sums[c + 1:] / n - mean ** 2, 0.0) + self.eps)
         self._n, self._xhat = n, (x2 - mean) * self._invstd
         out = self.gamma * self._xhat + self.beta
@@ -168,6 +170,28 @@ class SpatialBatchNorm(Layer):
         return dx.astype(dy.dtype).reshape(dy.shape)
 
 
+def height_residual(block: Residual, sizes: list, comm) -> tuple[SplitResidual, list]:
+    """``block`` split by height (both branches' convs and batch norms on the rank's rows, the
+    shortcut added to the same rows) on input rows ``sizes``, and its output rows."""
+    r = comm.Get_rank()
+
+    def branch(parts):
+        out, rows = [], sizes
+        for part in parts:
+            if isinstance(part, Conv2D):
+                out.append(SpatialWindow(part, rows, comm))
+                rows = out[-1].out_sizes
+            elif isinstance(part, BatchNorm):
+                out.append(SpatialBatchNorm(part, (rows[r], *part.in_shape[1:]), comm))
+            else:
+                out.append(part)
+        return out, rows
+
+    (main, rows), (shortcut, _) = branch(block.main), branch(block.shortcut)
+    return SplitResidual(main, shortcut, (sizes[r], *block.in_shape[1:]),
+                         (rows[r], *block.out_shape[1:])), rows
+
+
 def split_spatial(layers: list, comm) -> list:
     """The serial ``layers`` of a conv net with their conv, pool and BN layers split by height."""
     out, sizes, shape, gathered = [], None, None, False
@@ -187,6 +211,10 @@ def split_spatial(layers: list, comm) -> list:
             sizes, shape = win.out_sizes, layer.out_shape
         elif isinstance(layer, BatchNorm):
             out.append(SpatialBatchNorm(layer, (sizes[comm.Get_rank()], *shape[1:]), comm))
+        elif isinstance(layer, Residual):
+            block, sizes = height_residual(layer, sizes, comm)
+            out.append(block)
+            shape = layer.out_shape
         elif isinstance(layer, Elementwise):
             out.append(layer)
         else:

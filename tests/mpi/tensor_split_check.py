@@ -1,7 +1,9 @@
-"""Split models against serial: logits, input gradient, parameter gradients and SGD steps.
+"""Split models against serial: logits, input gradient, parameter gradients, SGD steps and
+evaluation (batch-norm calibration included) through the parts.
 
 Usage: tensor_split_check.py — checks an MLP split Megatron-style (uneven widths) and conv
-nets split by height (pad, stride, pool, BN) on COMM_WORLD, in float64 and float32.
+nets split by height (pad, stride, pool, BN) and by channels, residual blocks split both
+ways, on COMM_WORLD, in float64 and float32.
 """
 import numpy as np
 from mpi4py import MPI
@@ -23,7 +25,9 @@ CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("lenet", split_spatial, None),
          ("lenet", split_tensor, None),
          ("conv:6x3:pad1-bn-relu-pool:2-conv:5x3:s2-relu-conv:7x3:pad1-bn-relu-gap-dense:9-relu-dense:5",
-          split_tensor, (3, 12, 12))]
+          split_tensor, (3, 12, 12)),
+         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_tensor, (3, 12, 12)),
+         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_spatial, (3, 24, 8))]
 
 
 def rel(a, b):
@@ -43,15 +47,9 @@ def chain(layers, x, y, dtype):
     return logits, dy
 
 
-def whole(tm, local):
-    out = np.zeros(tm.serial.n_params, local.dtype)
-    out[tm.index[tm.owned]] = local[tm.owned]
-    return comm.allreduce(out)
-
-
 def check(spec, split, shape, dtype):
     serial = build_model(spec, seed=3, dtype=dtype, input_shape=shape, n_classes=5)
-    tm = TensorModel(serial, split, comm)
+    tm = TensorModel(spec, split, comm, seed=3, dtype=dtype, input_shape=shape, n_classes=5)
     rng = np.random.default_rng(5)
     x = rng.normal(size=(6, *serial.input_shape)).astype(dtype)
     y = rng.integers(0, serial.n_classes, 6)
@@ -60,7 +58,7 @@ def check(spec, split, shape, dtype):
     if tm.partial.size:
         tm.grad[tm.partial] = comm.allreduce(tm.grad[tm.partial])
     errs = {"forward": rel(logits, ref_logits), "input grad": rel(dx, ref_dx),
-            "weight grad": rel(whole(tm, tm.grad), serial.grad)}
+            "weight grad": whole(tm, tm.grad, serial.grad)}
     opt_s, opt_t = make_optimizer("momentum", serial.n_params), make_optimizer("momentum", tm.n_params)
     for step in range(3):
         xb, yb = rng.normal(size=x.shape).astype(dtype), rng.integers(0, serial.n_classes, 6)
@@ -68,7 +66,8 @@ def check(spec, split, shape, dtype):
         tm.loss_and_grad(xb, yb)
         opt_s.step(serial.params, serial.grad, 0.05)
         opt_t.step(tm.params, tm.grad, 0.05)
-    errs["3 steps"] = rel(tm.full_params(), serial.params)
+    errs["3 steps"] = whole(tm, tm.params, serial.params)
+    errs["evaluate"] = evaluate(tm, serial, rng, dtype)
     worst = max(errs.values())
     line = ", ".join(f"{k} {v:.1e}" for k, v in errs.items())
     if not worst <= TOL[dtype]:
@@ -77,10 +76,29 @@ def check(spec, split, shape, dtype):
         print(f"split ok {spec} {np.dtype(dtype).name} ranks={comm.size}: {line}", flush=True)
 
 
+def whole(tm, local, ref):
+    """The parts of ``local`` gathered on rank 0 against the serial ``ref`` (0 elsewhere)."""
+    full = tm.gather_flat(local)
+    return rel(full, ref) if comm.rank == 0 else 0.0
+
+
+def evaluate(tm, serial, rng, dtype):
+    """Test loss (and accuracy, exactly) through the parts against the serial model's, with
+    batch-norm statistics from the same calibration samples, in batches of 4 of 13 samples."""
+    cal = rng.normal(size=(9, *serial.input_shape)).astype(dtype)
+    x, y = rng.normal(size=(13, *serial.input_shape)).astype(dtype), rng.integers(0, serial.n_classes, 13)
+    serial.set_calibration(cal)
+    tm.set_calibration(cal)
+    (loss, acc), (ref_loss, ref_acc) = tm.evaluate(x, y, batch_size=4), serial.evaluate(x, y, batch_size=4)
+    if dtype == np.float64 and acc != ref_acc:
+        raise AssertionError(f"accuracy through the parts {acc}, serial {ref_acc}")
+    return abs(loss - ref_loss) / abs(ref_loss)
+
+
 def refuses_thin_slabs():
     """LeNet's second conv (5x5 on 14 rows) cannot be split 3 ways: one clear ValueError."""
     try:
-        TensorModel(build_model("lenet"), split_spatial, comm)
+        TensorModel("lenet", split_spatial, comm)
     except ValueError as exc:
         if comm.rank == 0:
             print(f"refused ok ranks={comm.size}: {exc}", flush=True)

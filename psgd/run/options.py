@@ -34,7 +34,3 @@ class Options:
         UsageError naming the first bad flag."""
         return self
 
-
-def flag(name: str) -> str:
-    """``--name-of-it`` for ``name_of_it``."""
-    return "--" + name.replace("_", "-")

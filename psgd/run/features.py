@@ -165,17 +165,24 @@ class StragglerOptions(Options):
                            "each step), p=q,d=t: each step pauses t seconds (d=5x: 5 x its mean "
                            "compute time) with probability q, seeded by --seed; e.g. "
                            "'1:slow=3' or 'all:p=0.1,d=5x'"),
+        "straggler_seed": (int, "seed of --straggler's pauses (default --seed): other steps "
+                                "pause while the data order and initialisation stay"),
     }
 
     straggler: str | None = None
+    straggler_seed: int | None = None
 
     def resolved(self, plan, protocol) -> StragglerOptions:
         straggler.parse(self.straggler)   # the worker indices are checked against the job's
+        if self.straggler_seed is not None and not self.straggler:
+            raise UsageError("--straggler-seed applies with --straggler")
         return self
 
     def make(self, seed: int, worker: int, n_workers: int):
-        """Worker ``worker``'s :class:`psgd.run.straggler.Straggler`, or None (not slowed)."""
-        return straggler.make(self.straggler, seed, worker, n_workers)
+        """Worker ``worker``'s :class:`psgd.run.straggler.Straggler`, or None (not slowed);
+        its pauses drawn from ``--straggler-seed``, else the run's ``seed``."""
+        own = seed if self.straggler_seed is None else self.straggler_seed
+        return straggler.make(self.straggler, own, worker, n_workers)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, fields, replace
-from types import SimpleNamespace
 from typing import Mapping
 
 from psgd.errors import UsageError
@@ -110,23 +109,19 @@ def validate(given: RunPlan) -> RunPlan:
 
 
 def _core(given: RunPlan, protocol) -> RunPlan:
-    """``given`` with its core settings checked and filled (a draft collects the defaults)."""
-    s = SimpleNamespace(**{name: getattr(given, name) for name in CORE})
-    if s.servers is None:
-        s.servers = 1 if protocol.servers else 0
-    fill_defaults(s)
+    """``given`` with its core settings checked and filled."""
+    s = replace(given, servers=int(protocol.servers) if given.servers is None else given.servers)
+    s = replace(s, **fill_defaults(s))
     bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
                            n_servers=s.servers, staleness_max=s.staleness_max,
                            topology=s.topology)
     if s.staleness == AUTO:
-        s.staleness_max = int(bound)
+        s = replace(s, staleness_max=int(bound))
     elif protocol.bound is None:
-        s.staleness = int(bound)
-    check_optimizer(s, protocol.can("hot-rows"))
+        s = replace(s, staleness=int(bound))
+    s = replace(s, **check_optimizer(s, protocol.can("hot-rows")))
     _check_numbers(s)
-    if s.log_every == 0:
-        s.log_every = 1
-    return replace(given, **vars(s))
+    return replace(s, log_every=s.log_every or 1)
 
 
 def _check_numbers(s) -> None:

@@ -7,12 +7,14 @@
    of the updates, side by side, when SimPy imports (``SIMPY_PATH`` may name
    a folder that holds it; it is no dependency of psgd).
 2. Validation: real ``mpiexec`` runs (``--model``, default the MLP) at W = 2,
-   4, 8 (``--widths``) under bsp, ssp s=2, asp, hogwild and gossip, without and with
+   4, 8 (``--widths``) under bsp, ssp s=2, asp, hogwild, gossip and adpsgd
+   (``--protocols``), without and with
    ``--straggler W-1:slow=3``, 3 seeds each (``--seeds``), each with
    ``--timeline``; the simulator takes each worker's times between steps from
    the run's timeline, in order (a straggler's sleeps included: on two shared
    cores they also free a core for the others, which drawing the spec anew
-   would miss), each message's latency the median pull the run measured;
+   would miss), each message's latency drawn from half the pulls' round trips
+   the run measured (``--latency-from``);
    compared: updates/s over the
    training loop, the staleness histogram's total-variation distance, and the
    final test accuracy of the real run against the simulator's training along
@@ -45,7 +47,8 @@ import numpy as np  # noqa: E402
 PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--staleness", "2"],
              "asp": ["--protocol", "asp"]}
 VALIDATED = {**PROTOCOLS, "hogwild": ["--protocol", "hogwild"],
-             "gossip": ["--protocol", "gossip", "--servers", "0"]}
+             "gossip": ["--protocol", "gossip", "--servers", "0"],
+             "adpsgd": ["--protocol", "adpsgd", "--servers", "0"]}
 COMP = {"none": ["--staleness-comp", "none"], "dana": ["--staleness-comp", "dana"]}
 TRAIN = ["--optimizer", "momentum", "--lr", "0.05", "--skip-nonfinite"]
 
@@ -149,8 +152,9 @@ def real_rate(spans: dict) -> float:
 
 
 def pull_us(spans: dict) -> float:
-    """The median time a pull's transfer took (after the servers answered), microseconds:
-    on ranks that share two cores, mostly waiting for a core, taken as each message's latency."""
+    """The median time a pull's transfer took (after the servers answered), microseconds (nan:
+    none, a run without servers): on ranks that share two cores, mostly waiting for a core.
+    Where there are pulls the simulator draws each message's latency from half of each."""
     found = [d for (pid, name), v in spans.items() if name == "pull" for _, d in v[1:]]
     return float(np.median(found)) if found else float("nan")
 
@@ -186,7 +190,7 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     sim = simulate(tmp, "--workers", W, "--model", opts.model, "--batch-size", 32,
                    "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
                    "--per-node", W + _servers(proto), "--data", data, "--train",
-                   *([] if math.isnan(pulls) else ["--latency-us", f"{pulls:.1f}"]))
+                   *([] if math.isnan(pulls) else ["--latency-from", tl]))
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
            "steps": opts.steps, "real_updates_per_s": real,
@@ -206,7 +210,7 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
 def validate(tmp: Path, data: Path, opts) -> list:
     """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation."""
     return [_pair(tmp, data, W, proto, slow, opts, seed)
-            for W in opts.widths for proto in VALIDATED for slow in opts.stragglers
+            for W in opts.widths for proto in opts.protocols for slow in opts.stragglers
             for seed in range(1, opts.seeds + 1)]
 
 
@@ -306,6 +310,14 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _protocols(text: str) -> list:
+    chosen = [p for p in text.split(",") if p]
+    unknown = [p for p in chosen if p not in VALIDATED]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{unknown} not among {', '.join(VALIDATED)}")
+    return chosen
+
+
 def _widths(text: str) -> list:
     return [int(w) for w in text.split(",") if w]
 
@@ -321,8 +333,12 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="steps of each validation run "
                     "(default 100; --quick 30)")
     ap.add_argument("--model", default="mlp:784-128-10", help="validation's model")
+    ap.add_argument("--protocols", type=_protocols, default=list(VALIDATED),
+                    help=f"validation's protocols, comma-separated (default {','.join(VALIDATED)})")
     ap.add_argument("--no-straggler", dest="stragglers", action="store_const", const=(False,),
                     default=(False, True), help="validate without --straggler runs only")
+    ap.add_argument("--straggler-only", dest="stragglers", action="store_const", const=(True,),
+                    help="validate with --straggler runs only")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     common.add_output_arguments(ap)

@@ -95,6 +95,19 @@ def test_a_bsp_clock_takes_what_the_plan_cost_model_predicts(W, shared):
         assert c + W * 4 * n / net.bandwidth < clock < bsp_step_s(job, net)
 
 
+@pytest.mark.parametrize("W", [1, 5])
+def test_a_coded_bsp_clock_on_a_shared_link_takes_what_plan_predicts_for_the_codec(W):
+    from psgd.plan.cost import Compression
+    c, n = 4e-3, 200_000
+    coding = Compression(ratio=16.0, encode_s=2e-9, decode_s=1e-9)
+    net = Network(bandwidth=1.25e8, latency=5e-5, shared=True, shm_bandwidth=math.inf)
+    job = Job(n, c, 1, W, 1, compression=coding)
+    times = np.full((W, 10), c + coding.encode_s * job.nbytes)   # as the command encodes
+    sch = simulate(rules_for(get("bsp"), None, job, net), times, 1, Links(job, net))
+    first = first_replies(sch)
+    assert first[5] - first[4] == pytest.approx(bsp_step_s(job, net), rel=1e-9)
+
+
 def test_asp_throughput_is_near_the_plan_cost_model():
     W, c, n = 16, 5e-3, 500_000
     net = Network(bandwidth=1.25e9, latency=2e-5, shm_bandwidth=4e9)
@@ -173,8 +186,10 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--protocol", "allreduce"], "simulate models the parameter-server"),
     (["--workers", 4, "--compute-from", "PROFILE"], "not a psgd profile"),
     (["--workers", 4, "--jitter", "gauss:1"], "--jitter 'gauss:1'"),
+    (["--workers", 4, "--latency-from", "PROFILE"], "not a psgd timeline"),
+    (["--workers", 4, "--protocol", "asp", "--staleness", 1, "--overlap"], "drop --overlap"),
     (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
-    (["--workers", 4, "--protocol", "adpsgd", "--servers", 0], "not adpsgd"),
+    (["--workers", 1, "--protocol", "adpsgd", "--servers", 0], "needs at least 2 workers"),
 ])
 def test_bad_input_is_one_line(tmp_path, argv, message):
     (tmp_path / "PROFILE").write_text('{"kind": "step"}\n')
@@ -194,8 +209,9 @@ def test_the_command_prints_and_writes_its_summary(tmp_path, capsys):
     assert out["updates"] == 400 and "updates/s" in capsys.readouterr().out
 
 
-def test_the_command_simulates_and_trains_gossip(tmp_path, dataset):
-    simulate_cli(tmp_path, "--workers", 4, "--protocol", "gossip", "--servers", 0, "--model",
+@pytest.mark.parametrize("protocol", ["gossip", "adpsgd"])
+def test_the_command_simulates_and_trains_decentralized(tmp_path, dataset, protocol):
+    simulate_cli(tmp_path, "--workers", 4, "--protocol", protocol, "--servers", 0, "--model",
                  "mlp:784-10", "--compute-ms", 2, "--steps", 6, "--data", dataset, "--train",
                  "--log", tmp_path / "g.jsonl", "--eval-every", 2, "--json", tmp_path / "g.json")
     out = json.loads((tmp_path / "g.json").read_text())
@@ -204,3 +220,42 @@ def test_the_command_simulates_and_trains_gossip(tmp_path, dataset):
              if '"eval"' in line]
     assert [e["step"] for e in evals] == [2, 4, 6]
     assert all(0 < a["simulated_s"] < b["simulated_s"] for a, b in zip(evals, evals[1:]))
+
+
+def test_measured_latencies_are_drawn_per_message_and_one_value_is_a_fixed_latency():
+    W, n, lat = 6, 10_000, 3e-4
+    times = jittery(W, 20, seed=4)
+    job = Job(n, 1e-3, 1, W, 2)
+    fixed = Network(bandwidth=1e9, latency=lat, shm_bandwidth=math.inf)
+    rules = rules_for(get("asp"), None, job, fixed)
+    one = simulate(rules, times, 2, Links(job, fixed))
+    drawn = simulate(rules, times, 2, Links(job, fixed, latencies=[lat], seed=9))
+    np.testing.assert_array_equal(one.order, drawn.order)
+    np.testing.assert_array_equal(one.times, drawn.times)
+    links = Links(job, Network(bandwidth=1e9, latency=0.0), latencies=[1e-3, 5e-3], seed=1)
+    waits = {round(links.send(0, 3, 0.0, float(t)) - t, 9) for t in range(40)}
+    assert waits == {1e-3, 5e-3}
+
+
+def test_latencies_from_a_trace_are_half_of_each_pull_past_a_workers_first(tmp_path):
+    from psgd.simulate.compute import latencies_from_file
+    events = [{"ph": "X", "name": "pull", "pid": pid, "ts": ts, "dur": dur}
+              for pid, ts, dur in [(1, 0, 900), (1, 10, 200), (1, 20, 400), (2, 0, 700),
+                                   (2, 5, 600)]]
+    events.append({"ph": "X", "name": "step", "pid": 1, "ts": 0, "dur": 5})
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    got = latencies_from_file(str(tmp_path / "t.json"))
+    np.testing.assert_allclose(sorted(got), [100e-6, 200e-6, 300e-6])
+    (tmp_path / "none.json").write_text(json.dumps({"traceEvents": events[-1:]}))
+    with pytest.raises(ValueError, match="no pull spans"):
+        latencies_from_file(str(tmp_path / "none.json"))
+
+
+@pytest.mark.parametrize("flags", [["--momentum-correction", "on"],
+                                   ["--compress", "topk:0.1"]])   # auto: on, with feedback
+def test_training_with_the_workers_momentum_is_refused_in_one_line(tmp_path, dataset, flags):
+    with pytest.raises(PsgdError) as err:
+        simulate_cli(tmp_path, "--workers", 3, "--protocol", "asp", "--model", "mlp:784-10",
+                     "--compute-ms", 1, "--steps", 4, "--data", dataset, "--train",
+                     "--optimizer", "momentum", *flags)
+    assert "not the velocity" in str(err.value) and "\n" not in str(err.value)

@@ -40,9 +40,9 @@ def test_a_straggler_slows_the_ring_one_hop_per_step():
         assert (late[:, t] == (hops <= t)).all()
 
 
-def test_adpsgd_has_no_mixing_matrix_and_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="not adpsgd"):
-        gossip.mixing(get("adpsgd"), "ring", 4)
+def test_the_registry_graph_is_gossips_mixing_matrix_and_adpsgds_partners():
+    np.testing.assert_array_equal(gossip.graph(get("gossip"), "ring", 4), mixing_matrix("ring", 4))
+    assert gossip.graph(get("adpsgd"), "ring", 4) == [[1, 3], [0, 2], [1, 3], [0, 2]]
 
 
 def job_for(dataset, W: int, topology: str, steps: int = 8):

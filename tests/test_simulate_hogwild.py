@@ -1,5 +1,6 @@
 """Hogwild trained along a simulated order: lock-free reads and adds, checked against serial SGD
-(one worker), a numpy replay of the same order (torn reads across shards), and asp's server."""
+(one worker), a numpy replay of the same order (torn reads across shards), and asp's server;
+and asp on several shards against a numpy reading of its order."""
 import argparse
 
 import numpy as np
@@ -106,3 +107,31 @@ def test_hogwild_training_refuses_compensation_in_one_line(dataset, comp):
     job.config.staleness_comp = comp
     with pytest.raises(ValueError, match="without --staleness-comp"):
         train_along(job, order_of(job, 2, 1, 4).order, 2)
+
+
+def test_an_asp_push_carries_the_gradient_of_its_clock_when_the_next_reply_lands_first(dataset):
+    """On several shards a reply of clock c + 1 can land on one before another takes the push
+    of clock c: that push still carries the gradient at clock c's parameters (numpy reading)."""
+    W, S = 8, 4
+    job = job_for(dataset, "asp", W, S, steps=10)
+    model, smap = job.model, job.shard_map
+    init = model.params.copy()
+    order = order_of(job, W, S, job.total_steps).order
+    got = train_along(job, order, W)["params"]
+    live, held = init.copy(), np.repeat(init[None], W, axis=0)
+    readers = [batches(job, w, W) for w in range(W)]
+    grads, taken, early = {}, {}, 0
+    for s, kind, w, c in order.tolist():
+        part = slice(*smap.range(s))
+        if kind == REPLIED:
+            early += c > 0 and taken.get((w, c - 1), 0) < S
+            held[w, part] = live[part]
+        elif kind == PUSHED:
+            if (w, c) not in grads:
+                model.params[:] = held[w]
+                model.loss_and_grad(*readers[w].batch(c))
+                grads[w, c] = model.grad.copy()
+            live[part] -= np.float32(LR) * grads[w, c][part]
+            taken[w, c] = taken.get((w, c), 0) + 1
+    assert early > 0   # the case this checks happened
+    np.testing.assert_allclose(got, live, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """One order, two runners: `psgd train --replay` of `psgd simulate`'s order ends on the
-parameters the simulator trained to, bit for bit."""
+parameters the simulator trained to, bit for bit (coded pushes too: each virtual worker's
+encoder and residual, the servers' decoder)."""
 import h5py
 import numpy as np
 import pytest
@@ -15,7 +16,11 @@ COMMON = ["--model", "mlp:784-32-10", "--batch-size", 16, "--optimizer", "moment
                  marks=pytest.mark.e2e),
     ["--protocol", "bsp", "--servers", 1],
     ["--protocol", "ssp", "--staleness", 1, "--servers", 2],
-], ids=["asp-dcasgd-2-shards", "bsp", "ssp-1"])
+    ["--protocol", "asp", "--servers", 2, "--compress", "topk:0.1",
+     "--momentum-correction", "off"],
+    pytest.param(["--protocol", "bsp", "--servers", 2, "--compress", "qsgd:4"],
+                 marks=pytest.mark.slow),
+], ids=["asp-dcasgd-2-shards", "bsp", "ssp-1", "asp-topk-feedback", "bsp-qsgd"])
 def test_a_replay_of_the_simulated_order_trains_to_the_simulators_parameters(
         mpirun, dataset, tmp_path, flags):
     W, rec = 3, tmp_path / "sim.rec.h5"

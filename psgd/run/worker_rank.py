@@ -148,7 +148,7 @@ def _saves_at(s, step: int, total: int) -> bool:
     return bool(s.checkpoint_every and step % s.checkpoint_every == 0 and step != total)
 
 
-def _averages_at(s, step: int, total: int) -> bool:
+def averages_at(s, step: int, total: int) -> bool:
     """Whether the decentralized workers average their models after ``step``: for a log
     record, an evaluation or a checkpoint (the same on every worker)."""
     return (step % s.log_every == 0 or step == total or bool(s.eval_every and step % s.eval_every == 0)
@@ -214,7 +214,7 @@ def _train(job, worker, lead, runs: bool, timers: dict, fault) -> tuple:
             break
         clock, losses, corrects, n = _advance(job, worker, clock, runs, timers, fault)
         step = clock + 1
-        if mean is not None and _averages_at(s, step, job.total_steps):
+        if mean is not None and averages_at(s, step, job.total_steps):
             consensus = worker.average(model.params, mean)
         t_lead = time.perf_counter()
         saves = own_checkpoints and _saves_at(s, step, job.total_steps)

@@ -12,7 +12,7 @@ from psgd.errors import PsgdError
 
 DESCRIPTION = """\
 Simulate W workers and S servers under bsp, ssp, asp or hogwild (or W workers
-under gossip), one event at a time: compute times drawn from a measured distribution, pushes and pulls on the
+under gossip or adpsgd), one event at a time: compute times drawn from a measured distribution, pushes and pulls on the
 links of psgd plan's cost model. Prints the predicted updates/s, the staleness
 distribution and utilisation beside bsp's at the same W. With --data and
 --train it also trains the model in the simulated order (the real update rule
@@ -34,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--jitter", help="heavy-tailed factor on each step's compute: "
                      "lognormal:SIGMA or pareto:ALPHA")
     sim.add_argument("--bandwidth", default="10gbit", help="each node's link (default 10gbit)")
-    sim.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
+    lat = sim.add_mutually_exclusive_group()
+    lat.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
+    lat.add_argument("--latency-from", metavar="FILE", help="draw each message's latency from a "
+                     "real run's --timeline (half of each pull's round trip)")
     sim.add_argument("--shm-bandwidth", default="32gbit", help="copies within a node "
                      "(default 32gbit)")
     sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
@@ -80,31 +83,46 @@ def _check(args, settings, protocol) -> None:
     if settings.recording.record and not protocol.can("replay"):
         raise PsgdError(f"--record writes a server's order, which {protocol.name} "
                         f"has not{protocol.replay_note}")
-    if args.train and (settings.overlap or settings.compression.compress != "none"):
-        raise PsgdError("--train simulates workers that push plain gradients: drop --overlap "
-                        "and --compress")
+    if settings.overlap:
+        raise PsgdError("psgd simulate posts each pull behind its push: a pull posted before "
+                        "the compute (--overlap) is not modelled; drop --overlap")
+
+
+def _check_job(job) -> None:
+    """What the virtual workers cannot run: velocities instead of gradients."""
+    if job.config.worker_momentum:
+        raise PsgdError("psgd simulate --train pushes each virtual worker's gradient, not the "
+                        "velocity the workers keep under --momentum-correction (on, or auto "
+                        "with error feedback); pass --momentum-correction off, or drop --train")
 
 
 def _network(args, n_params: int, mean_s: float, settings, workers: int):
+    """The cost model's job and network, and the measured latencies (None: the network's)."""
     from psgd.plan.command import parse_bandwidth
     from psgd.plan.cost import Job, Network, check
+    from psgd.simulate.compute import latencies_from_file
     if args.per_node < 1:
         raise PsgdError(f"--per-node must be >= 1, got {args.per_node}")
+    from psgd.plan.command import measure_compression
+    latencies = latencies_from_file(args.latency_from) if args.latency_from else None
+    latency = float(np.median(latencies)) if latencies is not None else args.latency_us * 1e-6
+    coding = measure_compression(settings.compression.compress,
+                                 settings.compression.compress_bucket, n_params)
     job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
-              workers, settings.servers, args.per_node)
-    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
+              workers, settings.servers, args.per_node, compression=coding)
+    net = Network(parse_bandwidth(args.bandwidth), latency, args.shared_link,
                   parse_bandwidth(args.shm_bandwidth))
     check(job, net)
-    return job, net
+    return job, net, latencies
 
 
-def _simulate(protocol, staleness, pjob, net, times):
+def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0):
     from psgd.simulate.events import simulate
     from psgd.simulate.links import Links
     from psgd.simulate.rules import rules_for
     rules = rules_for(protocol, staleness, pjob, net)
     t0 = time.perf_counter()
-    schedule = simulate(rules, times, pjob.servers, Links(pjob, net))
+    schedule = simulate(rules, times, pjob.servers, Links(pjob, net, latencies, seed))
     return schedule, time.perf_counter() - t0
 
 
@@ -120,19 +138,23 @@ def run(args: argparse.Namespace) -> None:
         if settings.data is not None:
             from psgd.simulate.train import build_job
             job = build_job(settings, args.workers)
+            if args.train:
+                _check_job(job)
         n_params = job.model.n_params if job else _n_params(settings.model)
         steps = job.total_steps if job else settings.steps or 100
         samples = _samples(args, settings)
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
                               settings.stragglers.straggler)
-        pjob, net = _network(args, n_params, float(times.mean()), settings, args.workers)
+        pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers)
+        times += pjob.compression.encode_s * pjob.nbytes   # a coded push is encoded first
         if protocol.decentralized:
-            found, schedule, wall, train = _gossip(protocol, settings, job, pjob, net, times)
+            found, schedule, wall, train = _gossip(protocol, settings, job, pjob, (net, lat), times)
             pjob = replace(pjob, servers=1)
         else:
-            schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times)
+            schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times, lat,
+                                       settings.seed)
             found, train = summary(schedule), None
-        bsp, _ = _simulate(get("bsp"), None, pjob, net, times)
+        bsp, _ = _simulate(get("bsp"), None, pjob, net, times, lat, settings.seed)
     except ValueError as exc:
         raise PsgdError(str(exc)) from None
     out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),
@@ -153,18 +175,39 @@ def run(args: argparse.Namespace) -> None:
             json.dump(out, fh, indent=1)
 
 
-def _gossip(protocol, settings, job, pjob, net, times):
-    """A decentralized protocol's summary, its clocks, the loop's seconds and its trainer."""
+def _gossip(protocol, settings, job, pjob, network, times):
+    """A decentralized protocol's summary, its clocks, the loop's seconds and its trainer
+    (``network``: the network and any measured latencies, which only AD-PSGD's links draw)."""
     from functools import partial
     from psgd.simulate import gossip
-    W = times.shape[0]
-    matrix = gossip.mixing(protocol, protocol.topology(settings.topology, W), W)
+    W, net = times.shape[0], network[0]
+    matrix = gossip.graph(protocol, protocol.topology(settings.topology, W), W)
+    if not isinstance(matrix, np.ndarray):   # partners: pairs without a global step
+        return _pairs(matrix, settings, job, pjob, network, times)
     exchange_s, mix_s = gossip.costs(matrix, replace(pjob, servers=0), net)
     t0 = time.perf_counter()
     ends = gossip.step_ends(times, matrix, exchange_s, mix_s)
     wall = time.perf_counter() - t0
     train = partial(gossip.train_mixing, job, matrix, W) if job is not None else None
     return gossip.summary(ends, times, exchange_s), gossip.Clocks(ends), wall, train
+
+
+def _pairs(partners, settings, job, pjob, network, times):
+    """AD-PSGD's summary, its pair schedule, the loop's seconds and its trainer."""
+    from functools import partial
+    from psgd.run.worker_rank import averages_at
+    from psgd.simulate import adpsgd
+    from psgd.simulate.links import Links
+    W, T = times.shape
+    plain, (net, latencies) = replace(pjob, servers=0), network
+    meets = [k for k in range(1, T + 1) if averages_at(settings, k, T)]
+    t0 = time.perf_counter()
+    links = Links(plain, net, latencies, settings.seed)
+    schedule = adpsgd.simulate_pairs(times, partners, settings.seed, links,
+                                     adpsgd.costs(plain, net), meets)
+    wall = time.perf_counter() - t0
+    train = partial(adpsgd.train_pairs, job, schedule.order, W) if job is not None else None
+    return adpsgd.summary(schedule, times), schedule, wall, train
 
 
 def _n_params(spec: str) -> int:

@@ -50,6 +50,32 @@ def samples_from_file(path: str) -> list[np.ndarray]:
     return found
 
 
+def latencies_from_file(path: str) -> np.ndarray:
+    """Per-message latencies (seconds, float64) from a psgd timeline: half of each ``pull``
+    span past a worker's first (a pull span runs from the push handed over to the reply in
+    hand: a round trip of two messages, each way's wait for a core included).
+
+    Raises
+    ------
+    ValueError
+        One line: the file is unreadable, not a trace, or holds no pull spans.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh)["traceEvents"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"--latency-from {path}: not a psgd timeline ({exc})") from None
+    spans: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") == "pull" and e.get("dur", 0) > 0:
+            spans.setdefault(e.get("pid"), []).append((e["ts"], e["dur"]))
+    found = [d for v in spans.values() for _, d in sorted(v)[1:]]
+    if not found:
+        raise ValueError(f"--latency-from {path}: no pull spans (a parameter-server run's "
+                         f"--timeline)")
+    return np.array(found, np.float64) * 0.5e-6
+
+
 def _from_trace(events: list) -> list[np.ndarray]:
     spans: dict = {}
     for e in events:

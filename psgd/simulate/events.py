@@ -93,7 +93,7 @@ class _Loop:
     def run(self) -> float:
         for s in range(self.S):
             self.shards[s].pending = [(w, 0) for w in range(self.W)]
-            self._answer(s, self.links.net.latency)
+            self._answer(s, self.links.latency())
         t = 0.0
         handlers = (self._computed, self._push, self._applied, self._got_reply, self._done)
         while self.heap:
@@ -172,7 +172,7 @@ class _Loop:
         c = self.clock[w]
         if c == self.T:   # the pull after the last step: done
             for s in range(self.S):
-                self.at(t + self.links.net.latency, DONE_IN, s, w)
+                self.at(t + self.links.latency(), DONE_IN, s, w)
             return
         self.clock[w] = c + 1
         self.busy[w] += self.times[w, c]

@@ -19,20 +19,17 @@ from psgd.nn.optim import make_optimizer
 from psgd.plan.cost import STEP_PASSES, Traffic
 
 
-def mixing(protocol, topology: str, workers: int) -> np.ndarray:
-    """``protocol``'s mixing matrix on ``topology`` (float64 (W, W)), from its registry graph.
+def graph(protocol, topology: str, workers: int):
+    """``protocol``'s registry graph on ``topology``: a mixing matrix (float64 (W, W):
+    synchronous gossip) or each worker's partners (a list of lists: AD-PSGD's pairs).
 
     Raises
     ------
     ValueError
-        One line: the graph is no mixing matrix (a protocol without a global step: adpsgd).
+        One line: a topology or W the protocol cannot run (adpsgd: W < 2).
     """
     module, name = protocol.graph.split(":")
-    graph = getattr(importlib.import_module(module), name)(topology, workers)
-    if not (isinstance(graph, np.ndarray) and graph.shape == (workers, workers)):
-        raise ValueError(f"psgd simulate models decentralized protocols that mix on every step "
-                         f"(a mixing matrix), not {protocol.name}")
-    return graph
+    return getattr(importlib.import_module(module), name)(topology, workers)
 
 
 def costs(matrix: np.ndarray, job, net) -> tuple[float, float]:
@@ -119,4 +116,4 @@ def train_mixing(job, matrix: np.ndarray, workers: int, on_eval=None,
                     vw.samples)
     return {"params": models.mean(axis=0, dtype=np.float32), "samples": vw.samples,
             "seconds": time.perf_counter() - t0,
-            "worker_copies_bytes": int(models.nbytes + new.nbytes)}
+            "worker_copies_bytes": int(vw.nbytes + new.nbytes)}

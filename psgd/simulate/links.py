@@ -5,9 +5,12 @@ then the workers). A transfer between nodes holds the sender's outgoing and
 the receiver's incoming link (switched), or the one link every node shares,
 for its bytes over the bandwidth, then lands a latency later; within a node it
 is one copy at the shared-memory bandwidth. One transfer's time alone is
-:meth:`psgd.plan.cost.Traffic.seconds` of it.
+:meth:`psgd.plan.cost.Traffic.seconds` of it. Each message's latency is the
+network's, or drawn (seeded) from measured ones.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from psgd.plan.cost import Job, Network, Traffic
 
@@ -22,19 +25,27 @@ def transfer_s(job: Job, net: Network, a: int, b: int, nbytes: float) -> float:
 class Links:
     """When each link is next free; :meth:`send` queues a transfer and says when it lands."""
 
-    def __init__(self, job: Job, net: Network) -> None:
+    def __init__(self, job: Job, net: Network, latencies=None, seed: int = 0) -> None:
         self.job, self.net = job, net
+        self.latencies = None if latencies is None else np.asarray(latencies, np.float64)
+        self.rng = np.random.default_rng([seed, 0x1a7])
         self.node = [job.node(r) for r in range(job.ranks)]
         self.out_free = [0.0] * job.k
         self.in_free = [0.0] * job.k
         self.busy_s = 0.0   # link-seconds of transfers between nodes (utilisation)
+
+    def latency(self) -> float:
+        """One message's latency: the network's, or one of the measured ``latencies``."""
+        if self.latencies is None:
+            return self.net.latency
+        return float(self.latencies[self.rng.integers(self.latencies.size)])
 
     def send(self, a: int, b: int, nbytes: float, t: float) -> float:
         """A transfer ready at ``t``: the time it has landed at ``b``."""
         net = self.net
         na, nb = self.node[a], self.node[b]
         if na == nb:
-            return t + nbytes / net.shm_bandwidth + net.latency
+            return t + nbytes / net.shm_bandwidth + self.latency()
         wire = nbytes / net.bandwidth
         self.busy_s += wire if net.shared else 2 * wire   # link-seconds held
         if net.shared:   # one link: the out list's first entry stands for it
@@ -43,7 +54,7 @@ class Links:
         else:
             start = max(t, self.out_free[na], self.in_free[nb])
             self.out_free[na] = self.in_free[nb] = start + wire
-        return start + wire + net.latency
+        return start + wire + self.latency()
 
     def utilisation(self, seconds: float) -> float:
         """Busy fraction of the links over ``seconds``: the shared one, or the mean node link."""

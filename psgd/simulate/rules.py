@@ -22,7 +22,8 @@ def rules_for(protocol: Protocol, staleness, job: Job, net: Network) -> Rules:
     """
     if not protocol.servers:
         raise ValueError(f"psgd simulate models the parameter-server protocols "
-                         f"({names(servers=True)}) and synchronous gossip, not {protocol.name}")
+                         f"({names(servers=True)}) and the decentralized ones, not "
+                         f"{protocol.name}")
     if staleness == "auto":
         raise ValueError("psgd simulate needs a fixed bound: give --staleness N, not auto")
     bound = protocol.staleness_bound(staleness)

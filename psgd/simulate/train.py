@@ -9,8 +9,9 @@ lock-free protocol (hogwild) there is no server: a read copies the shard as
 it is, and an update adds the worker's delta (its own optimizer's step from
 the parameters it read), as :class:`psgd.hogwild.worker.HogwildWorker` does.
 Each virtual worker's gradient is computed on its real batch at the
-parameters its last reply held; those copies (W parameter vectors, twice
-under hogwild: the deltas too) are the memory this takes.
+parameters its last reply held, and kept until its last shard has taken it;
+those copies (W parameter vectors and W gradients, under hogwild the deltas
+too) are the memory this takes.
 """
 from __future__ import annotations
 
@@ -38,9 +39,15 @@ class _Shard:
         self.shard = shard
         self.skip = config.skip_nonfinite
 
-    def push(self, grad: np.ndarray, w: int, clock: int, read_version: int, source: int) -> None:
+    def push(self, grad: np.ndarray, w: int, clock: int, read_version: int, source: int,
+             decoder=None) -> None:
+        """Step with ``grad``: a float32 slice, or a coded frame that ``decoder`` decodes."""
         buf = self.rule.receive_buffer()
-        np.copyto(buf, grad)
+        if decoder is None:
+            np.copyto(buf, grad)
+        else:   # as psgd.ps.server decodes a coded push
+            buf.fill(0.0)
+            decoder.decode_add(grad, buf, f"worker {w}'s push for clock {clock}")
         if not self.rule.push(buf, clock, clock - read_version, source, worker=w) and not self.skip:
             raise NonFinitePush(source, clock)
         self.pushes[w] += 1
@@ -78,29 +85,64 @@ def _readers(settings, workers: int) -> list:
 
 
 class VirtualWorkers:
-    """The virtual workers: each one's parameters as last replied, and its gradient."""
+    """The virtual workers: each one's parameters as last replied, and its gradient of the
+    clock it last computed (kept per worker: a reply of the next clock may land on one shard
+    before the push to another has been taken, and must not change that gradient)."""
 
     def __init__(self, job, workers: int) -> None:
         self.model, self.job = job.model, job
         self.readers = _readers(job.settings, workers)
         self.params = np.repeat(job.model.params[None, :], workers, axis=0)
-        self.grad = np.zeros_like(job.model.params)
-        self.grad_of = (-1, -1)
+        self.grads = np.zeros_like(self.params)
+        self.grad_clock = np.full(workers, -1, np.int64)
         self.samples = 0
 
     def gradient(self, w: int, clock: int) -> np.ndarray:
         """Worker ``w``'s gradient of ``clock`` (computed once, at its parameters then)."""
-        if self.grad_of != (w, clock):
+        if self.grad_clock[w] != clock:
             model = self.model
             model.params[:] = self.params[w]
             if model.stochastic:
                 model.reseed(w, clock)
             x, y = self.readers[w].batch(clock)
             model.loss_and_grad(x, y)
-            np.copyto(self.grad, model.grad)
-            self.grad_of = (w, clock)
+            np.copyto(self.grads[w], model.grad)
+            self.grad_clock[w] = clock
             self.samples += len(y)
-        return self.grad
+        return self.grads[w]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the workers' parameters and gradients."""
+        return int(self.params.nbytes + self.grads.nbytes)
+
+
+class _Codec:
+    """``--compress``: each virtual worker's encoder (its own rounding stream and error-feedback
+    residual, as :class:`psgd.ps.worker.PSWorker` makes it) and the servers' decoder."""
+
+    def __init__(self, config, smap, workers: int) -> None:
+        from psgd.compress import make
+        from psgd.compress.feedback import PushEncoder
+        self.encoders = [PushEncoder(make(config.compress, config.compress_bucket,
+                                          seed=config.seed * 100_003 + w + 1),
+                                     smap, config.error_feedback) for w in range(workers)]
+        self.decoder = make(config.compress, config.compress_bucket)
+        self.frames: list = [None] * workers
+        self.clock = np.full(workers, -1, np.int64)
+
+    def frame(self, w: int, clock: int, grad: np.ndarray, s: int) -> np.ndarray:
+        """Worker ``w``'s frame for shard ``s`` of clock ``clock`` (encoded once per clock)."""
+        if self.clock[w] != clock:
+            self.frames[w] = [f.copy() for f in self.encoders[w].encode(grad)]
+            self.clock[w] = clock
+        return self.frames[w][s]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(2 * e.residual.nbytes if e.residual is not None else 0
+                   for e in self.encoders) + sum(sum(f.nbytes for f in e.frames)
+                                                 for e in self.encoders)
 
 
 class _Servers:
@@ -111,6 +153,9 @@ class _Servers:
         self.shards = [_Shard(job.config, self.smap.view(job.model.params, s), workers, s)
                        for s in range(self.smap.n_shards)]
         self.read = np.zeros((workers, self.smap.n_shards), np.int64)   # version each last read
+        coded = job.config.compress not in (None, "none")
+        self.codec = _Codec(job.config, self.smap, workers) if coded else None
+        self.extra_bytes = self.codec.nbytes if coded else 0
 
     def reply(self, s: int, w: int, clock: int) -> None:
         shard = self.shards[s]
@@ -119,16 +164,19 @@ class _Servers:
         self.read[w, s] = shard.version
 
     def push(self, s: int, w: int, clock: int) -> None:
-        grad = self.vw.gradient(w, clock)[slice(*self.smap.range(s))]
-        self.shards[s].push(grad, w, clock, int(self.read[w, s]), self.smap.n_shards + w)
+        grad, codec = self.vw.gradient(w, clock), self.codec
+        if codec is None:
+            self.shards[s].push(grad[slice(*self.smap.range(s))], w, clock, int(self.read[w, s]),
+                                self.smap.n_shards + w)
+        else:
+            self.shards[s].push(codec.frame(w, clock, grad, s), w, clock, int(self.read[w, s]),
+                                self.smap.n_shards + w, codec.decoder)
 
     def finish(self, s: int, w: int) -> None:
         self.shards[s].finish(w)
 
     def params(self) -> np.ndarray:
         return np.concatenate([sh.versions.live for sh in self.shards])
-
-    extra_bytes = 0
 
 
 class _LockFree:
@@ -205,4 +253,4 @@ def train_along(job, order: np.ndarray, workers: int, on_eval=None, eval_every: 
             servers.finish(s, w)
     return {"params": servers.params(), "samples": vw.samples,
             "seconds": time.perf_counter() - t0,
-            "worker_copies_bytes": int(vw.params.nbytes + servers.extra_bytes)}
+            "worker_copies_bytes": vw.nbytes + servers.extra_bytes}

@@ -309,10 +309,11 @@ def test_bad_compensation_settings_are_one_clear_line(tmp_path, flags, message):
 
 
 def test_settings_record_the_method_asked_for(tmp_path):
-    assert settings_of(tmp_path, "--protocol", "asp").staleness_comp == "auto"
-    assert settings_of(tmp_path, "--protocol", "bsp").staleness_comp == "none"
-    assert settings_of(tmp_path, "--protocol", "asp", "--staleness-lr",
-                       "inverse").staleness_comp == "inverse"
+    def method(*flags):
+        return settings_of(tmp_path, *flags).compensation.staleness_comp
+    assert method("--protocol", "asp") == "auto"
+    assert method("--protocol", "bsp") == "none"
+    assert method("--protocol", "asp", "--staleness-lr", "inverse") == "inverse"
     assert math.isinf(make_config("asp", 4).staleness)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from psgd import protocols
 from psgd.protocols import PROTOCOLS, Protocol, get, make_config
+from psgd.run.features import CompressionOptions
 
 
 def test_every_entry_names_halves_that_import():
@@ -111,6 +112,7 @@ def test_abilities_are_one_set_of_known_names_that_validation_reads():
     # an entry that gains an ability is accepted where it was refused, with no other change
     plain = Protocol("plain", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
                      summary="")
+    topk = CompressionOptions(compress="topk:0.1")
     with pytest.raises(ValueError, match="--compress topk:0.1 applies to --protocol"):
-        plain.check(compress="topk:0.1")
-    dataclasses.replace(plain, abilities=plain.abilities | {"compress"}).check(compress="topk:0.1")
+        topk.check(plain)
+    topk.check(dataclasses.replace(plain, abilities=plain.abilities | {"compress"}))

@@ -8,6 +8,7 @@ import pytest
 from psgd.run import settings
 from psgd.run.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from psgd.run.metrics import read_log
+from psgd.run.run_plan import RunPlan, validate
 
 MLP = "mlp:784-32-10"
 
@@ -24,9 +25,9 @@ def resolve_run(*flags):
 
 def saved_run(directory, data, run_id="run-a", step=40, **changes):
     """A checkpoint as `psgd train` saves it: its run's validated settings in the header."""
-    run = settings.TrainSettings(data=str(data), model=MLP, optimizer="adam", lr=0.001,
-                                 protocol="ssp", staleness=3, epochs=2.0, **changes)
-    run = settings.validate(run)
+    run = RunPlan.from_flat(dict(data=str(data), model=MLP, optimizer="adam", lr=0.001,
+                                 protocol="ssp", staleness=3, epochs=2.0, **changes))
+    run = validate(run)
     ckpt = Checkpoint(params=np.zeros(784 * 32 + 32 + 32 * 10 + 10, np.float32), model_spec=MLP,
                       step=step, optimizer=run.optimizer, config=run.as_dict(), run_id=run_id)
     return save_checkpoint(directory, ckpt)

@@ -84,3 +84,26 @@ def test_straggler_slows_exactly_the_chosen_worker_by_its_factor(mpirun, dataset
             assert 2.8 < ratio < 3.4, w
         else:
             assert w["straggle_s"] == 0.0, w
+
+
+def test_straggler_seed_draws_other_pauses_and_needs_a_straggler(tmp_path):
+    """--straggler-seed N: the pauses of a run seeded N, whatever --seed; refused alone."""
+    from psgd.run.run_plan import RunPlan, validate
+    data = tmp_path / "d.h5"
+    data.write_bytes(b"")   # existence is all that validation checks
+
+    def pauses(**flags):
+        plan = validate(RunPlan.from_flat(dict(data=str(data), straggler="all:p=0.2,d=1",
+                                               **flags)))
+        slow = plan.stragglers.make(plan.seed, 1, 2)
+        return [c for c in range(2000) if slow.pauses_at(c)]
+
+    def reference(seed):
+        slow = straggler.Straggler(straggler.for_worker("all:p=0.2,d=1", 1, 2), seed, 1)
+        return [c for c in range(2000) if slow.pauses_at(c)]
+
+    assert pauses() == reference(0) and pauses(seed=3) == reference(3)
+    assert pauses(seed=3, straggler_seed=7) == pauses(straggler_seed=7) == reference(7)
+    assert reference(7) != reference(0)
+    with pytest.raises(ValueError, match="--straggler-seed applies with --straggler"):
+        validate(RunPlan.from_flat(dict(data=str(data), straggler_seed=7)))

@@ -79,16 +79,16 @@ def test_validation_applies_the_toys_entries(toys, tmp_path):
         resolve(data, "--protocol", "toymean", "--optimizer", "adam")
     with pytest.raises(ValueError, match="--compress toy16 applies to --protocol bsp or ssp"):
         resolve(data, "--protocol", "toymean", "--compress", "toy16")
-    assert resolve(data, "--protocol", "bsp", "--compress", "toy16").compress == "toy16"
+    assert resolve(data, "--protocol", "bsp", "--compress", "toy16").compression.compress == "toy16"
     with pytest.raises(ValueError, match="toy16 takes no argument"):
         resolve(data, "--protocol", "bsp", "--compress", "toy16:3")
     for name in ("asp", "ssp"):
-        assert resolve(data, "--protocol", name, "--staleness-comp", "toyhalf").staleness_comp \
-            == "toyhalf"
+        plan = resolve(data, "--protocol", name, "--staleness-comp", "toyhalf")
+        assert plan.compensation.staleness_comp == "toyhalf"
     with pytest.raises(ValueError, match="toyhalf does not apply to --protocol bsp"):
         resolve(data, "--protocol", "bsp", "--staleness-comp", "toyhalf")
     assert resolve(data, "--protocol", "asp", "--optimizer", "momentum", "--momentum-correction",
-                   "on", "--staleness-comp", "toyhalf").staleness_comp == "toyhalf"
+                   "on", "--staleness-comp", "toyhalf").compensation.staleness_comp == "toyhalf"
     with pytest.raises(ValueError, match="'toyhalf' is registered already"):
         compensation.register(compensation.METHODS["toyhalf"])
 

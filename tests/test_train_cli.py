@@ -34,15 +34,33 @@ def test_defaults_fill_protocol_dependent_values(data):
 
 
 def test_validation_fills_a_copy_and_leaves_its_input_as_it_was(data):
-    from dataclasses import asdict
+    from dataclasses import FrozenInstanceError
 
-    from psgd.run.settings import TrainSettings, validate
-    given = TrainSettings(data=data, protocol="asp", staleness_lr="inverse", log_every=0)
-    before = asdict(given)
+    from psgd.run.run_plan import RunPlan, validate
+    given = RunPlan.from_flat(dict(data=data, protocol="asp", staleness_lr="inverse", log_every=0))
+    before = given.as_dict()
     filled = validate(given)
-    assert asdict(given) == before
-    assert (filled.servers, filled.staleness_comp, filled.optimizer, filled.log_every) == \
-        (1, "inverse", "sgd", 1)
+    assert given.as_dict() == before
+    assert (filled.servers, filled.compensation.staleness_comp, filled.optimizer,
+            filled.log_every) == (1, "inverse", "sgd", 1)
+    with pytest.raises(FrozenInstanceError):
+        filled.lr = 0.5
+    with pytest.raises(FrozenInstanceError):
+        filled.compression.compress = "sign"
+
+
+def test_the_plan_round_trips_through_its_flat_record(data):
+    """as_dict gives one key per flag (the config record, checkpoints), from_flat reads it back."""
+    from psgd.run.run_plan import RunPlan, validate
+    from psgd.run.settings import FLAGS
+    plan = validate(RunPlan.from_flat(dict(data=data, protocol="hogwild", model="linear",
+                                           compress="none", straggler="0:slow=2")))
+    flat = plan.as_dict()
+    assert sorted(flat) == sorted(FLAGS)
+    assert RunPlan.from_flat(flat) == plan
+    assert plan.stragglers.straggler == "0:slow=2" and plan.hot_rows.hold_hot >= 1
+    with pytest.raises(TypeError, match="unknown settings: hold_hotter"):
+        RunPlan.from_flat({"hold_hotter": 2})
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -148,11 +166,12 @@ def test_a_closed_stdout_ends_a_command_quietly(tmp_path):
 
 
 def test_help_groups_the_flags_by_feature(capsys):
-    """Each grouped flag is a flag, in one section; a flag in none is shown under "other"."""
-    from psgd.run.flag_groups import GROUPS
-    from psgd.run.settings import FLAGS
+    """Every flag is in one section; each feature's section is its options class's flags."""
+    from psgd.run.run_plan import FEATURES
+    from psgd.run.settings import FLAGS, GROUPS
     grouped = [name for names in GROUPS.values() for name in names]
-    assert len(grouped) == len(set(grouped)) and set(grouped) <= set(FLAGS)
+    assert len(grouped) == len(set(grouped)) and set(grouped) == set(FLAGS)
+    assert all(GROUPS[f.TITLE] == tuple(f.FLAGS) for f in FEATURES)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])
     out = capsys.readouterr().out

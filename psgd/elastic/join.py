@@ -95,17 +95,18 @@ def _train(inter, welcome: dict, debug: bool) -> tuple[int, bool]:
     from psgd.mpi import wait
     from psgd.mpi.roles import Roles
     from psgd.run.job import build_job
-    from psgd.run.settings import TrainSettings
+    from psgd.run.run_plan import RunPlan
 
     slot, clock, S = welcome["slot"], welcome["clock"], welcome["servers"]
-    settings = TrainSettings(**welcome["settings"])
+    settings = RunPlan.from_flat(welcome["settings"])
     if not os.path.exists(settings.data):
         raise ValueError(f"the run's data {settings.data} is not on this node")
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     roles = Roles(comm=inter, rank=S, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
     # the whole training set in an order of this slot's own; the servers write every file
     mine = replace(settings, seed=settings.seed + 1 + slot, checkpoint_dir=None, log=None,
-                   tensorboard=None, record=None)
+                   traces=replace(settings.traces, tensorboard=None),
+                   recording=replace(settings.recording, record=None))
     job = build_job(mine, roles, debug, None, welcome["run_id"])
     model, reader = job.model, job.reader
     worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False))

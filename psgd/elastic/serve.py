@@ -20,11 +20,12 @@ from psgd.protocols import AUTO, get, names
 from psgd.run.job import agreed_run_id, announce, build_job
 from psgd.run.metrics import MetricsLog
 from psgd.run.checkpoint import Checkpoint, save_checkpoint
-from psgd.run.settings import Resumed, TrainSettings, resolve_run
+from psgd.run.run_plan import RunPlan
+from psgd.run.settings import Resumed, resolve_run
 from psgd.run.signals import EXIT_STOPPED, received, signal_name
 
 
-def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[TrainSettings, Resumed | None]:
+def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[RunPlan, Resumed | None]:
     """The run's settings and the checkpoint it resumes from, refused with one line where the
     elastic run cannot take them."""
     options.check(args)
@@ -45,8 +46,9 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[TrainSettings, 
     if settings.staleness == AUTO:
         raise ValueError("--elastic runs a fixed --staleness s (the servers' online bound "
                          "follows a fixed set of workers): pass --staleness N")
-    if str(settings.staleness_comp).startswith("dana"):
-        raise ValueError(f"--elastic runs without --staleness-comp {settings.staleness_comp} "
+    if str(settings.compensation.staleness_comp).startswith("dana"):
+        raise ValueError(f"--elastic runs without --staleness-comp "
+                         f"{settings.compensation.staleness_comp} "
                          f"(its replies to a lost worker would be waited on): pass "
                          f"--staleness-comp none, or --optimizer sgd")
     if (args.no_worker_timeout or options.DEFAULT_NO_WORKER_S) >= settings.stall_abort:
@@ -92,7 +94,7 @@ def serve_main(args: argparse.Namespace) -> None:
     log = MetricsLog(None)
     if rank == 0:
         announce(job, resumed)   # --overwrite: another run's checkpoints go
-        log = MetricsLog(settings.log, tensorboard=settings.tensorboard)
+        log = MetricsLog(settings.log, tensorboard=settings.traces.tensorboard)
         log.write("config", **settings.as_dict(), run_id=run_id, elastic=True,
                   max_workers=slots, n_params=job.model.n_params, total_updates=job.total_steps)
     port = MPI.Open_port() if rank == 0 else None

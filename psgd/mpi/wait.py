@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence, Union
 
 from mpi4py import MPI
@@ -36,25 +37,28 @@ class StallError(RuntimeError):
     """A rank waited longer than the stall abort limit."""
 
 
-class _Settings:
-    def __init__(self) -> None:
-        self.max_sleep = env_float("PSGD_X_POLL_MAX_SLEEP", DEFAULT_MAX_SLEEP)
-        self.stall_timeout = env_float("PSGD_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
-        self.stall_abort = env_float("PSGD_STALL_ABORT", DEFAULT_STALL_ABORT)
+@dataclass(frozen=True)
+class Limits:
+    """The waits' limits in seconds: the longest backoff sleep, when a stall is reported and
+    when it ends the job."""
+
+    max_sleep: float
+    stall_timeout: float
+    stall_abort: float
 
 
-settings = _Settings()
+settings = Limits(max_sleep=env_float("PSGD_X_POLL_MAX_SLEEP", DEFAULT_MAX_SLEEP),
+                  stall_timeout=env_float("PSGD_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT),
+                  stall_abort=env_float("PSGD_STALL_ABORT", DEFAULT_STALL_ABORT))
 
 
 def configure(*, stall_timeout: float | None = None, stall_abort: float | None = None,
               max_sleep: float | None = None) -> None:
-    """Set the stall report/abort limits (seconds) and the longest backoff sleep."""
-    if stall_timeout is not None:
-        settings.stall_timeout = float(stall_timeout)
-    if stall_abort is not None:
-        settings.stall_abort = float(stall_abort)
-    if max_sleep is not None:
-        settings.max_sleep = float(max_sleep)
+    """Set the stall report/abort limits (seconds) and the longest backoff sleep: this
+    process's :data:`settings` become new limits (the old record is left as it was)."""
+    global settings
+    given = {"stall_timeout": stall_timeout, "stall_abort": stall_abort, "max_sleep": max_sleep}
+    settings = replace(settings, **{k: float(v) for k, v in given.items() if v is not None})
 
 
 class Poller:

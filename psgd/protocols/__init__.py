@@ -239,11 +239,11 @@ class Protocol:
 
     def check(self, *, staleness: int | str | None = None, overlap: bool = False,
               optimizer: str = "sgd", n_servers: int | None = None,
-              staleness_max: int | None = None, replay: str | None = None,
-              compress: str = "none", error_feedback: str = "auto",
-              momentum_correction: str = "auto",
+              staleness_max: int | None = None,
               topology: str | None = None, n_workers: int | None = None) -> float:
-        """Validate a run's protocol settings; return the staleness bound in force (auto: its maximum).
+        """Validate a run's protocol settings; return the staleness bound in force (auto: its
+        maximum). The features' options check their own flags against :meth:`can`
+        (:mod:`psgd.run.features`).
 
         Raises
         ------
@@ -251,24 +251,6 @@ class Protocol:
             Naming the first setting the protocol cannot run with.
         """
         bound = self.staleness_bound(staleness, staleness_max)
-        if replay and not self.can("replay"):
-            raise ValueError(f"{replay} does not apply to --protocol {self.name}"
-                             f"{self.replay_note}")
-        if compress != "none" and not self.can("compress"):
-            raise ValueError(f"--compress {compress} applies to --protocol "
-                             f"{names(able='compress')} (pushes to servers, the all-reduce), not "
-                             f"{self.name}")
-        if error_feedback == "on" and compress.partition(":")[0] in self.feedback_refused:
-            raise ValueError(f"--error-feedback on does not apply to --compress {compress} under "
-                             f"--protocol {self.name}{self.feedback_note}")
-        if momentum_correction == "gain" and not self.can("momentum-gain"):
-            raise ValueError(f"--momentum-correction gain applies to --protocol "
-                             f"{names(able='momentum-gain')}, whose step averages every worker's "
-                             f"push of a clock, not {self.name}")
-        if momentum_correction == "on" and not self.can("momentum-correction"):
-            raise ValueError(f"--momentum-correction on applies to --protocol "
-                             f"{names(able='momentum-correction')}, whose workers can keep the "
-                             f"momentum of the servers' step, not {self.name}")
         if overlap and not (self.can("overlap") and bound >= 1):
             raise ValueError(f"--overlap needs --protocol {names(able='overlap')} with a staleness "
                              f"bound >= 1, not {self.label(bound)}: otherwise a worker's next "
@@ -300,8 +282,7 @@ class Protocol:
                **settings) -> ProtocolConfig:
         """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`)."""
         bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer,
-                           staleness_max=staleness_max, compress=settings.get("compress", "none"),
-                           topology=topology, n_workers=n_workers)
+                           staleness_max=staleness_max, topology=topology, n_workers=n_workers)
         method = self.compensation(staleness_comp, optimizer, comp_lambda,
                                    settings.get("worker_momentum") is not None)
         return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,

@@ -8,7 +8,8 @@ from psgd.elastic import options as elastic_options
 from psgd.env import env_float
 from psgd.pipeline import options as pipeline_options
 from psgd.run import plan_job, settings
-from psgd.run.settings import DESCRIPTION, TrainSettings
+from psgd.run.run_plan import RunPlan
+from psgd.run.settings import DESCRIPTION
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
 
@@ -37,8 +38,8 @@ def run(args: argparse.Namespace) -> None:
         from psgd.elastic import no_cross_memory_attach
         no_cross_memory_attach()
     # the flags as given (the config file is read later); MPI_Init is the import of job
-    timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", TrainSettings.stall_timeout)
-    abort = args.stall_abort or env_float("PSGD_STALL_ABORT", TrainSettings.stall_abort)
+    timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", RunPlan.stall_timeout)
+    abort = args.stall_abort or env_float("PSGD_STALL_ABORT", RunPlan.stall_abort)
     initialised = init_watch.start(timeout, abort, launcher_rank())
     from psgd.mpi import wait
     from psgd.run.job import train_main

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,6 @@ from psgd.compress import feedback_on, gain
 from psgd.config import ProtocolConfig
 from psgd.env import ps_push_window, psgd_variables
 from psgd.errors import PsgdError, set_traceback_base
-from psgd.hogwild import DEFAULT_HOLD
 from psgd.mpi import timeline, wait, watchdog
 from psgd.mpi.phase import phase
 from psgd.mpi.roles import Roles, assign_roles, check_servers
@@ -24,8 +23,8 @@ from psgd.protocols import Protocol, get
 from psgd.protocols.momentum import plan as momentum_plan
 from psgd.run.checkpoint import Checkpoint, save_checkpoint
 from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
-from psgd.run.settings import FLAG_VARIABLES, Resumed, TrainSettings, resolve_run
-from psgd.run import straggler
+from psgd.run.run_plan import RunPlan
+from psgd.run.settings import FLAG_VARIABLES, Resumed, resolve_run
 from psgd.run.signals import EXIT_STOPPED, ignore, install
 from psgd.run.stop import StopControl
 
@@ -37,7 +36,7 @@ TAG_SETUP = 31003
 class Job:
     """Everything set up before training starts, identical in meaning on every rank."""
 
-    settings: TrainSettings
+    settings: RunPlan
     roles: Roles
     protocol: Protocol
     model: object
@@ -122,14 +121,14 @@ def _local_setup(args: argparse.Namespace, comm: MPI.Comm):
     # before the first wait on other ranks, so that it is reported as a stall too
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     from psgd.run import tensor_rank
-    if tensor_rank.wanted(settings):
+    if settings.split.wanted():
         tensor_rank.check(settings, comm.Get_size())
     else:
         check_servers(settings.servers, comm.Get_size())
     return settings, resumed
 
 
-def build_job(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resumed | None,
+def build_job(settings: RunPlan, roles: Roles, debug: bool, resumed: Resumed | None,
               run_id: str) -> Job:
     from psgd.data.csr import CSRShardReader
     from psgd.data.reader import ShardReader, dataset_info
@@ -138,37 +137,37 @@ def build_job(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resum
     model = model_for_data(settings, info)
     total = total_steps(settings, info, model, roles.n_workers)
     protocol = get(settings.protocol)
-    settings = replace(settings, hold_hot=_hold_hot(settings, info, protocol))
     resume = resume_checkpoint(settings, resumed, model, total, protocol)
     foreign = check_checkpoint_dir(settings, run_id)
     base = lr_by_clock(settings, total, model)
-    feedback = feedback_on(settings.compress, settings.error_feedback, settings.compress_bucket)
+    compression, compensation = settings.compression, settings.compensation
+    feedback = feedback_on(compression.compress, compression.error_feedback,
+                           compression.compress_bucket)
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.alpha
                    if settings.lr_schedule == "optimal" else settings.weight_decay}
-    gain_feedback = gain.auto_feedback(settings.compress, feedback, settings.compress_bucket)
-    where = momentum_plan(protocol, settings.momentum_correction, optimizer=settings.optimizer,
+    gain_feedback = gain.auto_feedback(compression.compress, feedback, compression.compress_bucket)
+    where = momentum_plan(protocol, compression.momentum_correction, optimizer=settings.optimizer,
                          momentum=settings.momentum, weight_decay=settings.weight_decay,
                          opt_hparams=opt_hparams, schedule=base, feedback=feedback,
-                         gain_feedback=gain_feedback, staleness_comp=settings.staleness_comp)
+                         gain_feedback=gain_feedback, staleness_comp=compensation.staleness_comp)
     config = protocol.config(
         model.n_params, staleness=settings.staleness, staleness_max=settings.staleness_max,
         overlap=settings.overlap,
         optimizer=where.optimizer,
         opt_hparams=where.opt_hparams,
         lr_schedule=where.schedule,  # clocks are the run's steps, also after a resume
-        staleness_comp=settings.staleness_comp, comp_lambda=settings.comp_lambda,
+        staleness_comp=compensation.staleness_comp, comp_lambda=compensation.comp_lambda,
         snapshot_every=settings.checkpoint_every,
-        skip_nonfinite=settings.skip_nonfinite, record=settings.record is not None,
+        skip_nonfinite=settings.skip_nonfinite, record=settings.recording.record is not None,
         replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
         topology=settings.topology, n_workers=roles.n_workers,
-        compress=settings.compress, compress_bucket=settings.compress_bucket,
+        compress=compression.compress, compress_bucket=compression.compress_bucket,
         error_feedback=feedback, worker_momentum=where.worker_momentum,
-        momentum_gain=where.momentum_gain, hold_hot=settings.hold_hot or 1,
+        momentum_gain=where.momentum_gain, hold_hot=settings.hot_rows.hold_hot or 1,
         push_window=ps_push_window())
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
-    slow = straggler.make(settings.straggler, settings.seed, max(roles.worker_index, 0),
-                          roles.n_workers)
+    slow = settings.stragglers.make(settings.seed, max(roles.worker_index, 0), roles.n_workers)
     reader = None
     if roles.is_worker:  # loads (and checks) this worker's slice while errors are still agreed
         if info.get("sparse"):
@@ -184,7 +183,7 @@ def build_job(settings: TrainSettings, roles: Roles, debug: bool, resumed: Resum
                straggler=slow if roles.is_worker else None)
 
 
-def lr_by_clock(settings: TrainSettings, total: int, model):
+def lr_by_clock(settings: RunPlan, total: int, model):
     """The learning rate by clock; ``optimal``'s t0 from the model's loss (hinge for svm)."""
     loss = "hinge" if getattr(model, "kind", None) == "svm" else "log"
     t0 = optimal_t0(settings.alpha, loss) if settings.lr_schedule == "optimal" else None
@@ -193,19 +192,7 @@ def lr_by_clock(settings: TrainSettings, total: int, model):
                          alpha=settings.alpha or 0.0, t0=t0)
 
 
-def _hold_hot(settings: TrainSettings, info: dict, protocol: Protocol) -> int | None:
-    """--hold-hot in force: None where no rows are held; where they are, the given value or
-    the default (the job's settings carry it, so the log's config record and checkpoints
-    show it)."""
-    if settings.hold_hot is not None and not info.get("sparse"):
-        raise ValueError(f"--hold-hot applies to a sparse model (linear or svm on CSR data); "
-                         f"{settings.data} is dense")
-    if not (protocol.can("hot-rows") and info.get("sparse")):
-        return None
-    return DEFAULT_HOLD if settings.hold_hot is None else settings.hold_hot
-
-
-def model_for_data(settings: TrainSettings, info: dict):
+def model_for_data(settings: RunPlan, info: dict):
     """The model of --model, checked against the kind of data (sparse CSR or dense)."""
     from psgd.nn import sparse
     is_sparse = sparse.is_sparse_spec(settings.model)
@@ -217,17 +204,17 @@ def model_for_data(settings: TrainSettings, info: dict):
                        n_classes=info["n_classes"])
 
 
-def _replay_events(settings: TrainSettings, roles: Roles, resume, total: int) -> tuple | None:
+def _replay_events(settings: RunPlan, roles: Roles, resume, total: int) -> tuple | None:
     """--replay's events per shard, checked against this run on every rank (for one error)."""
-    if not settings.replay:
+    if not settings.recording.replay:
         return None
     from psgd.run.record import load_events
-    events = load_events(settings.replay, settings, roles.n_servers, roles.n_workers,
+    events = load_events(settings.recording.replay, settings, roles.n_servers, roles.n_workers,
                          resume.step if resume else 0, total)
     return events if roles.is_server else None
 
 
-def total_steps(settings: TrainSettings, info: dict, model, n_workers: int) -> int:
+def total_steps(settings: RunPlan, info: dict, model, n_workers: int) -> int:
     """The run's steps per worker, once the dataset is known to fit the model."""
     if tuple(info["input_shape"]) != tuple(model.input_shape) and \
             int(np.prod(info["input_shape"])) != int(np.prod(model.input_shape)):
@@ -270,8 +257,8 @@ def train_main(args: argparse.Namespace) -> None:
         set_traceback_base(settings.log)
         if comm.Get_rank() == 0:
             _notice_unknown_variables()
-        from psgd.run import tensor_rank
-        if tensor_rank.wanted(settings):
+        if settings.split.wanted():
+            from psgd.run import tensor_rank
             job = tensor_rank.run(comm, settings, resumed, debug, agree)
         else:
             job = _run(comm, settings, resumed, debug)
@@ -285,7 +272,7 @@ def train_main(args: argparse.Namespace) -> None:
         raise SystemExit(EXIT_STOPPED)
 
 
-def _run(comm: MPI.Comm, settings: TrainSettings, resumed: Resumed | None, debug: bool) -> Job:
+def _run(comm: MPI.Comm, settings: RunPlan, resumed: Resumed | None, debug: bool) -> Job:
     """Set up the job (every blocking step a phase the watchdog times), run this rank's role."""
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
@@ -299,7 +286,7 @@ def _run(comm: MPI.Comm, settings: TrainSettings, resumed: Resumed | None, debug
         announce(job, resumed)
     with phase("setting up the stop notices"):
         job.stop = StopControl(roles, job.start_step, job.config.staleness)
-    if settings.timeline:   # one zero for every rank's clock
+    if settings.traces.timeline:   # one zero for every rank's clock
         with phase("starting the timeline"):
             wait.barrier(comm, "the other ranks to start the timeline")
         timeline.start()
@@ -309,7 +296,7 @@ def _run(comm: MPI.Comm, settings: TrainSettings, resumed: Resumed | None, debug
     else:
         from psgd.run.worker_rank import run_worker
         run_worker(job)
-    if settings.timeline:
+    if settings.traces.timeline:
         from psgd.run.trace import save_timeline
         with phase("gathering the timeline"):
             save_timeline(job)

@@ -68,7 +68,7 @@ class Lead:
         s, roles = job.settings, job.roles
         self.job, self.s, self.n_workers = job, s, roles.n_workers
         self.log = MetricsLog(s.log, append=job.resume is not None and s.log is not None,
-                              tensorboard=s.tensorboard)
+                              tensorboard=s.traces.tensorboard)
         self.x_test, self.y_test = job.reader.test_set()
         # batch-norm statistics for evaluation: recomputed from a seeded sample of the lead's rows
         job.model.set_calibration(job.reader.calibration_rows(CALIBRATION_SAMPLES)[0])
@@ -85,7 +85,7 @@ class Lead:
         self.last_timers: dict = {}
         # --compress: each step record carries its compression ratio
         self.float32_bytes = (_float32_bytes(roles.n_servers, roles.n_workers, job.model.n_params)
-                              if s.compress != "none" and (roles.n_servers or roles.n_workers > 1)
+                              if s.compression.compress != "none" and (roles.n_servers or roles.n_workers > 1)
                               else None)
 
     def after_steps(self, clock: int, losses, corrects, n: int, timers: dict, staleness,
@@ -215,14 +215,15 @@ class Lead:
               f"worker(s): {job.end_step - job.start_step} steps in {wall:.1f} s, "
               f"{summary['samples_per_s']:.0f} samples/s; final test accuracy "
               f"{summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})", flush=True)
-        if s.compress != "none" and "push_bytes" in summary:
+        if s.compression.compress != "none" and "push_bytes" in summary:
             notes = [text for on, text in (
                 (job.config.error_feedback, "error feedback on"),
                 (job.config.worker_momentum, "momentum on the workers (--momentum-correction)"),
                 (job.config.momentum_gain, "momentum as its gain: plain SGD at lr / "
                                            "(1 - momentum) (--momentum-correction)"))
                 if on]
-            print(f"psgd: {s.compress} pushes: {summary['push_bytes']:.0f} bytes each, "
+            print(f"psgd: {s.compression.compress} pushes: "
+                  f"{summary['push_bytes']:.0f} bytes each, "
                   f"{summary['compression_ratio']:.1f}x fewer than float32"
                   + "".join(f"; {text}" for text in notes), flush=True)
         if summary.get("consensus_distance") is not None:
@@ -234,12 +235,13 @@ class Lead:
                   flush=True)
         if s.log:
             print(f"psgd: log: {s.log}", flush=True)
-        if s.record:
-            print(f"psgd: record: {s.record} (replay with --replay {s.record})", flush=True)
-        if s.tensorboard:
-            print(f"psgd: tensorboard: {s.tensorboard} (tensorboard --logdir "
-                  f"{s.tensorboard})", flush=True)
-        if s.timeline:
-            print(f"psgd: timeline: {s.timeline} (open in ui.perfetto.dev)", flush=True)
+        record, traces = s.recording.record, s.traces
+        if record:
+            print(f"psgd: record: {record} (replay with --replay {record})", flush=True)
+        if traces.tensorboard:
+            print(f"psgd: tensorboard: {traces.tensorboard} (tensorboard --logdir "
+                  f"{traces.tensorboard})", flush=True)
+        if traces.timeline:
+            print(f"psgd: timeline: {traces.timeline} (open in ui.perfetto.dev)", flush=True)
         if s.checkpoint_dir:
             print(f"psgd: checkpoint: {newest}", flush=True)

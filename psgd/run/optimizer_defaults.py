@@ -17,21 +17,21 @@ def default_text(d: dict) -> str:
     return f"--optimizer {d['optimizer']} --lr-schedule {d['lr_schedule']}{lr}"
 
 
-def fill_defaults(s) -> None:
-    """Fill the optimizer, schedule and learning rate: a sparse model (linear, svm) given none of
-    the three trains with :data:`SPARSE_DEFAULT`; otherwise what is missing is
-    :data:`DENSE_DEFAULT`'s."""
+def fill_defaults(s) -> dict:
+    """The optimizer, schedule and learning rate of settings ``s``, filled: a sparse model
+    (linear, svm) given none of the three trains with :data:`SPARSE_DEFAULT`; otherwise what is
+    missing is :data:`DENSE_DEFAULT`'s."""
     given = (s.optimizer, s.lr_schedule, s.lr) != (None, None, None)
     kind = DENSE_DEFAULT if given or not is_sparse_spec(s.model) else SPARSE_DEFAULT
-    s.optimizer = s.optimizer or kind["optimizer"]
-    s.lr_schedule = s.lr_schedule or kind["lr_schedule"]
-    if s.lr is None and s.lr_schedule != "optimal":
-        s.lr = kind["lr"]
+    schedule = s.lr_schedule or kind["lr_schedule"]
+    lr = kind["lr"] if s.lr is None and schedule != "optimal" else s.lr
+    return {"optimizer": s.optimizer or kind["optimizer"], "lr_schedule": schedule, "lr": lr}
 
 
-def check_optimizer(s, sparse_steps: bool = False) -> None:
-    """Check the schedule, --alpha and --momentum against the optimizer; fill their defaults.
+def check_optimizer(s, sparse_steps: bool = False) -> dict:
+    """Check the schedule, --alpha and --momentum against the optimizer; return the two filled.
     ``sparse_steps``: the protocol steps a sparse model's touched rows only (hogwild)."""
+    alpha, momentum = s.alpha, s.momentum
     if s.lr_schedule not in SCHEDULES:
         raise UsageError(f"--lr-schedule {s.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
     if s.lr_schedule == "optimal":
@@ -41,10 +41,9 @@ def check_optimizer(s, sparse_steps: bool = False) -> None:
         if s.weight_decay:
             raise UsageError("--lr-schedule optimal takes its L2 penalty from --alpha: give "
                              "--alpha, not --weight-decay")
-        if s.alpha is None:
-            s.alpha = DEFAULT_ALPHA
-        if not (math.isfinite(s.alpha) and 0 < s.alpha < 1):
-            raise UsageError(f"--alpha must be in (0, 1), got {s.alpha}")
+        alpha = DEFAULT_ALPHA if alpha is None else alpha
+        if not (math.isfinite(alpha) and 0 < alpha < 1):
+            raise UsageError(f"--alpha must be in (0, 1), got {alpha}")
     elif s.alpha is not None:
         raise UsageError(f"--alpha is the L2 penalty of --lr-schedule optimal; with "
                          f"--lr-schedule {s.lr_schedule} use --weight-decay")
@@ -52,10 +51,11 @@ def check_optimizer(s, sparse_steps: bool = False) -> None:
         if s.momentum:
             raise UsageError(f"--optimizer adagrad takes no --momentum (got {s.momentum}): "
                              f"AdaGrad scales each coordinate's step and keeps no velocity")
-        s.momentum = 0.0
+        momentum = 0.0
         if s.weight_decay and sparse_steps and is_sparse_spec(s.model):
             raise UsageError(f"--optimizer adagrad with --weight-decay moves every row at every "
                              f"step, which --protocol {s.protocol}'s sparse steps cannot do "
                              f"lazily; drop --weight-decay")
-    elif s.momentum is None:
-        s.momentum = 0.9
+    elif momentum is None:
+        momentum = 0.9
+    return {"alpha": alpha, "momentum": momentum}

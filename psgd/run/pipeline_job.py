@@ -184,7 +184,7 @@ def _train(run: PipelineRun) -> tuple[float, float, list]:
     """The steps; the wall seconds, the seconds this stage waited on its neighbours and the
     last stage's (step, loss, accuracy, seconds) records."""
     wait.barrier(run.grid.p2p, "the other stages to start")
-    if run.settings.timeline:   # one zero for every rank's clock
+    if run.settings.traces.timeline:   # one zero for every rank's clock
         timeline.start()
     t0 = time.perf_counter()
     train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
@@ -194,7 +194,7 @@ def _train(run: PipelineRun) -> tuple[float, float, list]:
         run.trainer.worker.finish()
     wall = time.perf_counter() - t0
     wait.barrier(run.grid.p2p, "the other stages to finish their steps")
-    if run.settings.timeline:
+    if run.settings.traces.timeline:
         _save_timeline(run, wall)
     return wall, run.trainer.links.waited, records
 

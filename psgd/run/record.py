@@ -35,7 +35,8 @@ SETTINGS = ("data", "model", "protocol", "staleness", "staleness_comp", "comp_la
 
 
 def _shape(settings, n_servers: int, n_workers: int, start_step: int) -> dict:
-    out = {name: getattr(settings, name) for name in SETTINGS}
+    flat = settings.as_dict()
+    out = {name: flat[name] for name in SETTINGS}
     out.update(servers=n_servers, workers=n_workers, start_step=start_step)
     return out
 
@@ -60,11 +61,11 @@ def save_events(job, events: np.ndarray) -> Path | None:
 
 def write_events(settings, shards: list, n_workers: int, start_step: int, end_step: int,
                  run_id: str) -> Path:
-    """Write ``settings.record``: each shard's int32 (n_k, 3) events, atomically
+    """Write ``settings.recording.record``: each shard's int32 (n_k, 3) events, atomically
     (`psgd train --record`, and `psgd simulate`'s schedule)."""
     n_servers = len(shards)
     shape = _shape(settings, n_servers, n_workers, start_step)
-    path = Path(settings.record)
+    path = Path(settings.recording.record)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path) as tmp, h5py.File(tmp, "w") as f:
         for k, ev in enumerate(shards):

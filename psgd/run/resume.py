@@ -10,7 +10,8 @@ from mpi4py import MPI
 from psgd.mpi import wait
 from psgd.protocols import Protocol
 from psgd.run.checkpoint import AUTO, Checkpoint, foreign_checkpoints, load_checkpoint, new_run_id
-from psgd.run.settings import Resumed, TrainSettings
+from psgd.run.run_plan import RunPlan
+from psgd.run.settings import Resumed
 
 RUN_ID_BYTES = 32
 
@@ -25,7 +26,7 @@ def agreed_run_id(comm: MPI.Comm, resumed: Resumed | None) -> str:
     return bytes(buf).rstrip(b"\0").decode()
 
 
-def check_checkpoint_dir(settings: TrainSettings, run_id: str) -> list[Path]:
+def check_checkpoint_dir(settings: RunPlan, run_id: str) -> list[Path]:
     """Another run's checkpoints in --checkpoint-dir: refused, or (--overwrite) returned to remove."""
     if not settings.checkpoint_dir:
         return []
@@ -38,7 +39,7 @@ def check_checkpoint_dir(settings: TrainSettings, run_id: str) -> list[Path]:
     return foreign
 
 
-def resume_checkpoint(settings: TrainSettings, resumed: Resumed | None, model, total: int,
+def resume_checkpoint(settings: RunPlan, resumed: Resumed | None, model, total: int,
                       protocol: Protocol, load=load_checkpoint) -> Checkpoint | None:
     """The checkpoint to resume from (its parameters loaded into ``model``), or None;
     ``load(path)`` reads it (a part of its vectors, for a model that holds a part)."""

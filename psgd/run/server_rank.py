@@ -36,7 +36,7 @@ def run_server(job) -> None:
         job.end_step = job.stop.share_end(job.end_step)   # where the workers stopped
     if timeline.current is not None:
         timeline.current.wall = result.wall_s
-    if settings.record:
+    if settings.recording.record:
         from psgd.run.record import save_events
         with phase("gathering the recorded events"):
             save_events(job, result.events)

@@ -1,24 +1,20 @@
-"""The settings of `psgd train`: flags, TOML config and PSGD_* variables resolved into one validated object."""
+"""The flags of `psgd train`: flags, TOML config, PSGD_* variables and a resumed checkpoint's
+settings resolved into one validated :class:`psgd.run.run_plan.RunPlan`."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import textwrap
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from psgd import compress
-from psgd.hogwild import DEFAULT_HOLD
 from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
-from psgd.run.flag_groups import GROUPS
-from psgd.run.optimizer_defaults import (DENSE_DEFAULT, SPARSE_DEFAULT, check_optimizer,
-                                         default_text, fill_defaults)
-from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, get, names
-from psgd.protocols.momentum import mode as momentum_mode
-from psgd.ps import compensation
-from psgd.run import straggler, tensor_flags
+from psgd.run.optimizer_defaults import DENSE_DEFAULT, SPARSE_DEFAULT, default_text
+from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, names
+from psgd.run.features import CompensationOptions, RecordOptions, TraceOptions
+from psgd.run.run_plan import FEATURES, FLAG_NAMES, RunPlan, validate
+from psgd.run.tensor_flags import TensorOptions
 
 # --staleness auto: the servers set the bound (--resume auto: psgd.run.checkpoint)
 
@@ -60,73 +56,12 @@ Settings resolve as: command-line flag, then --config TOML file, then the
 PSGD_<NAME> environment variable (e.g. PSGD_LR=0.05), then the default."""
 
 
-@dataclass
-class TrainSettings:
-    """Every setting of a training run (one field per flag)."""
-
-    data: str | None = None
-    model: str = "lenet"
-    protocol: str = "ssp"
-    servers: int | None = None        # default: 1, or 0 for a protocol without servers
-    staleness: int | str | None = None  # the bound, for protocols that take one (ssp: default 2),
-                                        # or auto (psgd.ps.adaptive)
-    staleness_max: int | None = None  # --staleness auto's largest bound (default 16)
-    staleness_comp: str | None = None  # default: auto where updates are stale, else none
-    comp_lambda: float | None = None
-    staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
-    overlap: bool = False
-    topology: str | None = None        # gossip, adpsgd: default ring
-    optimizer: str | None = None      # default by model kind (DENSE_DEFAULT, SPARSE_DEFAULT)
-    lr: float | None = None
-    lr_schedule: str | None = None
-    alpha: float | None = None        # --lr-schedule optimal's L2 penalty (default DEFAULT_ALPHA)
-    warmup: int = 0
-    lr_step_every: int = 0
-    lr_gamma: float = 0.1
-    momentum: float | None = None     # default 0.9 (0 for adagrad, which takes none)
-    weight_decay: float = 0.0
-    batch_size: int = 64
-    epochs: float | None = None
-    steps: int | None = None
-    seed: int = 0
-    eval_every: int = 0
-    log_every: int = 20
-    eval_samples: int = 0             # 0 = the whole test split
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    resume: str | None = None
-    log: str | None = None
-    overwrite: bool = False
-    quiet: bool = False
-    stall_timeout: float = 60.0
-    stall_abort: float = 600.0
-    skip_nonfinite: bool = False
-    record: str | None = None
-    replay: str | None = None
-    timeline: str | None = None
-    tensorboard: str | None = None
-    compress: str = "none"
-    compress_bucket: int = 512
-    error_feedback: str = "auto"
-    momentum_correction: str = "auto"
-    augment: bool = False
-    straggler: str | None = None      # straggler emulation spec (psgd.run.straggler)
-    hold_hot: int | None = None       # sparse hogwild: steps a worker holds its hot rows' changes
-    tensor: int | None = None         # model parallelism inside layers (psgd.run.tensor_rank)
-    spatial: int | None = None
-    grid: str | None = None
-    dtype: str = "float32"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
 #: each setting's environment variable, PSGD_<NAME> (psgd.env.KNOBS are the others)
-FLAG_VARIABLES = frozenset(f"PSGD_{f.name.upper()}" for f in fields(TrainSettings))
+FLAG_VARIABLES = frozenset(f"PSGD_{name.upper()}" for name in FLAG_NAMES)
 
 
-# flag name -> (type, help); bools are store_true flags
-FLAGS: dict[str, tuple[type, str]] = {
+# the core settings' flag name -> (type, help); bools are store_true flags
+CORE_FLAGS: dict[str, tuple[type, str]] = {
     "data": (str, "HDF5 dataset (make one with `psgd data synth`)"),
     "model": (str, "model spec: a preset (lenet, cifar-cnn, resnet8, resnet20), "
                    "mlp:784-256-256-10, or layer tokens joined by '-' on the data's input shape, "
@@ -141,12 +76,6 @@ FLAGS: dict[str, tuple[type, str]] = {
                               f"--staleness-max] (see docs/guide/protocols.md)"),
     "staleness_max": (int, f"the largest bound --staleness {AUTO} may set (default "
                            f"{DEFAULT_STALENESS_MAX})"),
-    "staleness_comp": (str, "staleness compensation on the servers: " + "; ".join(
-        f"{name} ({text})" for name, text in compensation.help_items().items())
-        + f" (default auto for {names(compensations=None)} and hogwild, "
-          f"none where steps are never stale)"),
-    "comp_lambda": (float, f"dcasgd's lambda_0 >= 0 (default {compensation.DEFAULT_LAMBDA:g})"),
-    "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
     "overlap": (bool, f"{names(able='overlap')} with a staleness bound >= 1: pull the next "
                       f"parameters while computing (costs one clock of staleness; see docs/guide/protocols.md)"),
     "topology": (str, f"{names(decentralized=True)}: the workers' graph, one of ring, torus, "
@@ -191,57 +120,40 @@ FLAGS: dict[str, tuple[type, str]] = {
     "stall_timeout": (float, "report a rank waiting longer than this many seconds (default 60)"),
     "stall_abort": (float, "end the job when a rank waits longer than this (default 600)"),
     "skip_nonfinite": (bool, "skip and count pushes holding NaN/Inf instead of failing"),
-    "record": (str, f"write the servers' order of pushes and pulls to this HDF5 file "
-                    f"({names(able='replay')}; see --replay)"),
-    "replay": (str, "run again exactly as recorded: the same command with --replay FILE "
-                    "(and its own --log) gives bit-identical parameters and losses"),
-    "timeline": (str, "write every rank's compute, push, wait, pull, all-reduce and server "
-                      "spans to this Chrome trace JSON file (Perfetto, chrome://tracing)"),
-    "tensorboard": (str, "also write the metrics as TensorBoard event files into this directory "
-                         "(tensorboardX: pip install 'psgd[tensorboard]')"),
-    "compress": (str, "compress every push (" + names(able="compress") + "): " + "; ".join(
-        f"{k} ({v})" for k, v in compress.HELP.items()) + " (default none)"),
-    "compress_bucket": (int, "elements per bucket of qsgd's norms and sign's scales (default "
-                             "512)"),
-    "error_feedback": (str, "auto, on or off: keep what compression dropped and add it to the "
-                            "next push (auto: on for topk and sign)"),
-    "momentum_correction": (str, "auto, on, off or gain: on: each worker keeps the momentum "
-                                 "of its own gradients and pushes that velocity; the servers "
-                                 "(or the average) then take a plain step (Deep Gradient "
-                                 "Compression's momentum correction; under ssp and asp the "
-                                 "velocity takes the momentum --staleness-comp amom sets; "
-                                 + names(able="momentum-correction") + " with "
-                                 "--optimizer momentum or nesterov); gain ("
-                                 + names(able="momentum-gain") + "): the servers step plain SGD "
-                                 "at lr / (1 - momentum) on the pushed gradients; auto: where "
-                                 "error feedback runs, gain under " + names(able="momentum-gain")
-                                 + " with sign, else on"),
-    "straggler": (str, "emulate stragglers: " + straggler.FORMAT + "; slow=f: the worker's "
-                       "compute takes f times as long (it sleeps (f - 1) x its compute after "
-                       "each step), p=q,d=t: each step pauses t seconds (d=5x: 5 x its mean "
-                       "compute time) with probability q, seeded by --seed; e.g. "
-                       "'1:slow=3' or 'all:p=0.1,d=5x'"),
-    "hold_hot": (int, "hogwild on sparse data: each worker adds its changes to the rows most of "
-                      "its batches touch (the bias, the most frequent features) every N steps "
-                      "instead of every step, and reads them back then: fewer writes to the cache "
-                      "lines all workers share, those rows up to N steps stale (1: every step; "
-                      f"default {DEFAULT_HOLD}; applies where the steps run fused: --optimizer sgd "
-                      "or adagrad on one node, see docs/design/hogwild.md)"),
-    **tensor_flags.FLAGS,
+}
+#: every flag of `psgd train`: the core ones, then each feature's
+FLAGS = {**CORE_FLAGS, **{name: spec for f in FEATURES for name, spec in f.FLAGS.items()}}
+
+#: ``--help``'s sections: title -> the flags of one part of the core settings, then one per feature
+GROUPS = {
+    "data and model": ("data", "model", "augment"),
+    "protocol": ("protocol", "servers", "staleness", "staleness_max", "overlap", "topology"),
+    "optimizer and learning rate": ("optimizer", "lr", "lr_schedule", "alpha", "warmup",
+                                    "lr_step_every", "lr_gamma", "momentum", "weight_decay"),
+    "run length": ("batch_size", "epochs", "steps", "seed"),
+    "evaluation and logs": ("eval_every", "eval_samples", "log_every", "log", "overwrite",
+                            "quiet"),
+    "checkpoints and resuming": ("checkpoint_dir", "checkpoint_every", "resume"),
+    "failures and stalls": ("stall_timeout", "stall_abort", "skip_nonfinite"),
+    **{f.TITLE: tuple(f.FLAGS) for f in FEATURES},
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="TOML", help="TOML file of settings (flags override it)")
-    group_of = {name: title for title, names in GROUPS.items() for name in names}
-    groups = {title: parser.add_argument_group(title) for title in [*GROUPS, "other"]}
-    for name, (kind, help_text) in FLAGS.items():
-        flag, group = "--" + name.replace("_", "-"), groups[group_of.get(name, "other")]
-        if kind is bool:
-            group.add_argument(flag, action="store_true", default=None, help=help_text)
-        else:
-            group.add_argument(flag, type=kind, default=None, help=help_text,
-                               metavar=name.upper())
+    for title, flags in GROUPS.items():
+        group = parser.add_argument_group(title)
+        for name in flags:
+            _add_flag(group, name)
+
+
+def _add_flag(group, name: str) -> None:
+    kind, help_text = FLAGS[name]
+    flag = "--" + name.replace("_", "-")
+    if kind is bool:
+        group.add_argument(flag, action="store_true", default=None, help=help_text)
+    else:
+        group.add_argument(flag, type=kind, default=None, help=help_text, metavar=name.upper())
 
 
 def _coerce(name: str, value, source: str):
@@ -286,11 +198,11 @@ def load_toml(path: str) -> dict:
 
 # Settings of a run that a resume does not take from its checkpoint: how this attempt runs
 # (a checkpoint holds the serial flat vector, so any grid of model parts resumes it)
-NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort", "record",
-               "replay", "timeline", "tensorboard", *tensor_flags.FLAGS)
+NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort",
+               *RecordOptions.FLAGS, *TraceOptions.FLAGS, *TensorOptions.FLAGS)
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
-PER_PROTOCOL = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
-                "staleness_lr", "overlap", "topology")
+PER_PROTOCOL = ("servers", "staleness", "staleness_max", *CompensationOptions.FLAGS, "overlap",
+                "topology")
 RUN_LENGTH = ("steps", "epochs")
 
 
@@ -304,31 +216,32 @@ class Resumed:
     changed: list[str]   # "lr 0.001 -> 0.01" for each setting given anew
 
 
-def resolve(args: argparse.Namespace, environ=os.environ) -> TrainSettings:
+def resolve(args: argparse.Namespace, environ=os.environ) -> RunPlan:
     """Merge flag > TOML config > PSGD_* variable > the resumed checkpoint's > default; validate."""
     return resolve_run(args, environ)[0]
 
 
-def resolve_run(args: argparse.Namespace, environ=os.environ) -> tuple[TrainSettings, Resumed | None]:
+def resolve_run(args: argparse.Namespace, environ=os.environ) -> tuple[RunPlan, Resumed | None]:
     """:func:`resolve`, and the checkpoint the run resumes from (None for a fresh start)."""
     from_toml = load_toml(args.config) if getattr(args, "config", None) else {}
     given = {}
-    for f in fields(TrainSettings):
-        flag_value = getattr(args, f.name, None)
-        env_value = environ.get("PSGD_" + f.name.upper())
+    for name in FLAG_NAMES:
+        flag_value = getattr(args, name, None)
+        env_value = environ.get("PSGD_" + name.upper())
         if flag_value is not None:
-            given[f.name] = flag_value
-        elif f.name in from_toml:
-            given[f.name] = from_toml[f.name]
+            given[name] = flag_value
+        elif name in from_toml:
+            given[name] = from_toml[name]
         elif env_value not in (None, ""):
-            given[f.name] = _coerce(f.name, env_value, f"environment PSGD_{f.name.upper()}")
+            given[name] = _coerce(name, env_value, f"environment PSGD_{name.upper()}")
     _flag_wins_run_length(given, args)
     resumed, stored = _from_checkpoint(given)
-    settings = validate(TrainSettings(**{**_carried(stored, given), **given}))
+    plan = validate(RunPlan.from_flat({**_carried(stored, given), **given}))
     if resumed is not None:
-        resumed.changed = [f"{name} {stored[name]} -> {getattr(settings, name)}" for name in given
-                           if name in stored and stored[name] != getattr(settings, name)]
-    return settings, resumed
+        now = plan.as_dict()
+        resumed.changed = [f"{name} {stored[name]} -> {now[name]}" for name in given
+                           if name in stored and stored[name] != now[name]]
+    return plan, resumed
 
 
 def _from_checkpoint(given: dict) -> tuple[Resumed | None, dict]:
@@ -358,91 +271,3 @@ def _flag_wins_run_length(values: dict, args: argparse.Namespace) -> None:
     for given, other in (("steps", "epochs"), ("epochs", "steps")):
         if getattr(args, given, None) is not None and getattr(args, other, None) is None:
             values.pop(other, None)
-
-
-def validate(given: TrainSettings) -> TrainSettings:
-    """The settings with their defaults filled in (``given`` is left as it was); ValueError
-    naming the first bad setting."""
-    s = replace(given)
-    if s.data is None:
-        raise ValueError("no dataset: pass --data FILE (make one with `python -m psgd data synth -o FILE`)")
-    if not os.path.exists(s.data):
-        raise ValueError(f"--data {s.data}: no such file")
-    protocol = get(s.protocol)
-    if s.servers is None:
-        s.servers = 1 if protocol.servers else 0
-    if s.record and s.replay:
-        raise ValueError("give --record or --replay, not both")
-    if s.tensorboard:
-        from psgd.run.tb_events import check_dir
-        check_dir(s.tensorboard)
-    fill_defaults(s)
-    bound = protocol.check(staleness=s.staleness, overlap=s.overlap, optimizer=s.optimizer,
-                           n_servers=s.servers, staleness_max=s.staleness_max,
-                           replay="--record" if s.record else "--replay" if s.replay else None,
-                           compress=s.compress, topology=s.topology,
-                           error_feedback=s.error_feedback,
-                           momentum_correction=s.momentum_correction)
-    compress.check(s.compress, s.compress_bucket, s.error_feedback)
-    if s.hold_hot is not None and (s.hold_hot < 1 or not protocol.can("hot-rows")):
-        raise ValueError(f"--hold-hot must be >= 1, got {s.hold_hot}" if s.hold_hot < 1 else
-                         f"--hold-hot applies to --protocol {names(able='hot-rows')} on sparse "
-                         f"data, not {s.protocol}")
-    _staleness_comp(s, protocol)
-    momentum_mode(protocol, s.momentum_correction, optimizer=s.optimizer, feedback=False,
-                  staleness_comp=s.staleness_comp)
-    if s.staleness == AUTO:
-        s.staleness_max = int(bound)
-    elif protocol.bound is None:
-        s.staleness = int(bound)
-    check_optimizer(s, protocol.can("hot-rows"))
-    _check_numbers(s)
-    tensor_flags.check(s)
-    straggler.parse(s.straggler)   # the worker indices are checked against the job's workers
-    if s.replay and not os.path.exists(s.replay):
-        raise ValueError(f"--replay {s.replay}: no such file")
-    if s.log and os.path.exists(s.log) and not (s.resume or s.overwrite):
-        raise ValueError(f"--log {s.log} exists (another run's log): continue that run with "
-                         f"--resume, replace the log with --overwrite, or give another --log")
-    return s
-
-
-def _check_numbers(s: TrainSettings) -> None:
-    """Raise ValueError naming the first numeric setting out of its range."""
-    if s.lr is not None and not (math.isfinite(s.lr) and s.lr > 0):
-        raise ValueError(f"--lr must be a positive number, got {s.lr}")
-    if not 0 <= s.momentum < 1:
-        raise ValueError(f"--momentum must be in [0, 1), got {s.momentum}")
-    if s.weight_decay < 0:
-        raise ValueError(f"--weight-decay must be >= 0, got {s.weight_decay}")
-    if s.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {s.batch_size}")
-    if s.epochs is not None and s.steps is not None:
-        raise ValueError("give --epochs or --steps, not both")
-    if s.epochs is not None and not s.epochs > 0:
-        raise ValueError(f"--epochs must be > 0, got {s.epochs}")
-    if s.steps is not None and s.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {s.steps}")
-    for name in ("eval_every", "log_every", "checkpoint_every", "warmup", "eval_samples"):
-        if getattr(s, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(s, name)}")
-    if s.log_every == 0:
-        s.log_every = 1
-    if s.checkpoint_every and not s.checkpoint_dir:
-        raise ValueError("--checkpoint-every needs --checkpoint-dir")
-    if s.stall_timeout <= 0 or s.stall_abort <= 0:
-        raise ValueError("--stall-timeout and --stall-abort must be > 0")
-
-
-def _staleness_comp(s: TrainSettings, protocol) -> None:
-    """Resolve --staleness-comp (and its older spelling --staleness-lr) against the protocol."""
-    if s.staleness_lr not in ("none", "inverse"):
-        raise ValueError(f"--staleness-lr {s.staleness_lr!r} is not none or inverse")
-    if s.staleness_lr == "inverse":
-        if s.staleness_comp not in (None, "inverse"):
-            raise ValueError(f"--staleness-lr inverse and --staleness-comp {s.staleness_comp} "
-                             f"disagree: give --staleness-comp only")
-        s.staleness_comp = "inverse"
-    protocol.compensation(s.staleness_comp, s.optimizer, s.comp_lambda)
-    if s.staleness_comp is None:
-        s.staleness_comp = protocol.default_compensation()

@@ -39,11 +39,6 @@ REFUSED = (("compress", "none", "--compress"), ("straggler", None, "--straggler"
            ("eval_every", 0, "--eval-every"))
 
 
-def wanted(s) -> bool:
-    """Whether the settings ask for model parallelism inside layers."""
-    return bool(s.tensor or s.spatial or s.grid)
-
-
 def grid_shape(s, world: int) -> tuple[int, int, str]:
     """(D, T, axis) from --grid/--tensor/--spatial on ``world`` ranks; ValueError naming the flag."""
     if s.tensor and s.spatial:
@@ -72,10 +67,11 @@ def check(s, world: int) -> None:
     """Refuse what the tensor path does not run, one line each (no message is sent)."""
     if servers_of(s) >= world:
         raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
-    _, t, axis = grid_shape(s, world - servers_of(s))
+    _, t, axis = grid_shape(s.split, world - servers_of(s))
     tensor_servers.check(s, t, axis)
+    flat = s.as_dict()
     for name, unused, flag in REFUSED:
-        if getattr(s, name) != unused:
+        if flat[name] != unused:
             raise ValueError(f"{flag} is not supported with --{axis} or --grid")
     if s.lr_schedule == "optimal":
         raise ValueError(f"--lr-schedule optimal is not supported with --{axis} or --grid")
@@ -93,7 +89,7 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
     """Set up the grid (and its server groups) and the split model (errors agreed as one
     line), then train; a server rank serves its part's group."""
     n_servers = servers_of(settings)
-    d, t, axis = grid_shape(settings, comm.Get_size() - n_servers)
+    d, t, axis = grid_shape(settings.split, comm.Get_size() - n_servers)
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
     groups = tensor_servers.ServerGroups(comm, settings, t) if n_servers else None
@@ -125,7 +121,7 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
     model = TensorModel(s.model, split_spatial if axis == "spatial" else split_tensor, part, seed=s.seed,
-                        dtype=np.dtype(s.dtype), input_shape=info["input_shape"], n_classes=info["n_classes"])
+                        dtype=np.dtype(s.split.dtype), input_shape=info["input_shape"], n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
     ckpt = resume_checkpoint(s, resumed, model, total, get(s.protocol), load=lambda path: _load(path, model))
@@ -156,7 +152,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
     sums = np.zeros(3)
     if worker is not None:
         worker.start(model.params, step)
-    if s.timeline:   # one zero for every rank's clock
+    if s.traces.timeline:   # one zero for every rank's clock
         wait.barrier(comm, "the other ranks to start the timeline")
         timeline.start()
     begin = time.perf_counter()
@@ -183,7 +179,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
             _save(comm, replicas, s, setup, step)
     if worker is not None:
         worker.finish()
-    if s.timeline:
+    if s.traces.timeline:
         _save_timeline(comm, s, time.perf_counter() - begin)
     saved = _save(comm, replicas, s, setup, step) if s.checkpoint_dir else None
     _finish(comm, part, replicas, s, setup, log, step, times)

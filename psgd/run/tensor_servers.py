@@ -34,8 +34,8 @@ def check(s, parts: int, axis: str) -> None:
     if s.servers < parts or s.servers % parts:
         raise ValueError(f"--servers {s.servers}: each of the {parts} model parts has servers of its "
                          f"own, give a multiple of {parts}")
-    if s.dtype != "float32":
-        raise ValueError(f"--dtype {s.dtype}: the parameter servers hold float32; use --protocol "
+    if s.split.dtype != "float32":
+        raise ValueError(f"--dtype {s.split.dtype}: the parameter servers hold float32; use --protocol "
                          f"allreduce with --{axis}")
     if s.checkpoint_dir or s.resume:
         raise ValueError(f"--checkpoint-dir/--resume with --{axis} run under --protocol allreduce "
@@ -69,7 +69,7 @@ class ServerGroups:
         self.config = self.protocol.config(
             int(n[0]), staleness=s.staleness, staleness_max=s.staleness_max, optimizer=s.optimizer,
             opt_hparams={"momentum": s.momentum, "weight_decay": s.weight_decay}, lr_schedule=lr,
-            staleness_comp=s.staleness_comp, comp_lambda=s.comp_lambda, seed=s.seed,
+            staleness_comp=s.compensation.staleness_comp, comp_lambda=s.compensation.comp_lambda, seed=s.seed,
             n_workers=self.roles.n_workers)
         self.shard_map = ShardMap(int(n[0]), self.roles.n_servers)
         return buf

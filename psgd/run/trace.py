@@ -39,7 +39,7 @@ def save_timeline(job) -> Path | None:
         buf = np.empty(status.Get_count(MPI.BYTE) // 8, np.float64)
         comm.Recv(buf, source=rank, tag=TAG_TIMELINE)
         ranks.append(buf.reshape(-1, 5))
-    path = Path(job.settings.timeline)
+    path = Path(job.settings.traces.timeline)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path) as tmp:
         tmp.write_text(json.dumps(trace_events(ranks, roles.n_servers)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -49,17 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _settings(args):
     """The run's settings: resolved and validated as `psgd train`'s with --data, else as given."""
-    from psgd.run.settings import TrainSettings, resolve
+    from psgd.run.run_plan import FLAG_NAMES, RunPlan
+    from psgd.run.settings import resolve
     if args.data is not None:
         return resolve(args)
     if args.train or args.record:
         raise PsgdError("--train and --record need --data (the run they stand for)")
-    given = {f.name: getattr(args, f.name) for f in fields(TrainSettings)
-             if getattr(args, f.name, None) is not None}
-    settings = TrainSettings(**given)
-    if settings.servers is None:
-        settings.servers = 1
-    return settings
+    given = {name: getattr(args, name) for name in FLAG_NAMES
+             if getattr(args, name, None) is not None}
+    return RunPlan.from_flat({"servers": 1, **given})
 
 
 def _samples(args, settings) -> list:
@@ -80,9 +78,9 @@ def _check(args, settings, protocol) -> None:
         raise PsgdError(f"--workers must be >= 1, got {args.workers}")
     if settings.servers < 1 and not protocol.decentralized:
         raise PsgdError(f"--servers must be >= 1 for {protocol.name}, got {settings.servers}")
-    if settings.record and protocol.decentralized:
+    if settings.recording.record and protocol.decentralized:
         raise PsgdError(f"--record writes a server's order, which {protocol.name} has not")
-    if settings.record and not protocol.can("replay"):
+    if settings.recording.record and not protocol.can("replay"):
         raise PsgdError(f"--record writes a server's order, which {protocol.name} "
                         f"has not{protocol.replay_note}")
     if settings.overlap:
@@ -108,7 +106,8 @@ def _network(args, n_params: int, mean_s: float, settings, workers: int):
     from psgd.plan.command import measure_compression
     latencies = latencies_from_file(args.latency_from) if args.latency_from else None
     latency = float(np.median(latencies)) if latencies is not None else args.latency_us * 1e-6
-    coding = measure_compression(settings.compress, settings.compress_bucket, n_params)
+    coding = measure_compression(settings.compression.compress,
+                                 settings.compression.compress_bucket, n_params)
     job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
               workers, settings.servers, args.per_node, compression=coding)
     net = Network(parse_bandwidth(args.bandwidth), latency, args.shared_link,
@@ -145,7 +144,7 @@ def run(args: argparse.Namespace) -> None:
         steps = job.total_steps if job else settings.steps or 100
         samples = _samples(args, settings)
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
-                              settings.straggler)
+                              settings.stragglers.straggler)
         pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers)
         times += pjob.compression.encode_s * pjob.nbytes   # a coded push is encoded first
         if protocol.decentralized:
@@ -163,9 +162,9 @@ def run(args: argparse.Namespace) -> None:
            "n_params": n_params, "compute_ms_mean": float(times.mean() * 1e3),
            "simulation_wall_s": wall, **found,
            "bsp": {k: v for k, v in summary(bsp).items() if k != "delay"}}
-    if settings.record:
+    if settings.recording.record:
         _record(settings, schedule, args.workers, steps)
-        out["record"] = settings.record
+        out["record"] = settings.recording.record
     if args.train:
         from psgd.simulate.report import train_and_log
         out["training"] = train_and_log(job, schedule, args.workers, train)

@@ -38,7 +38,7 @@ def train_and_log(job, schedule, workers: int, train=None) -> dict:
     from psgd.simulate.train import train_along
     s, model = job.settings, job.model
     x_test, y_test = _test_set(s)
-    log = MetricsLog(s.log, tensorboard=s.tensorboard)
+    log = MetricsLog(s.log, tensorboard=s.traces.tensorboard)
     log.write("config", **s.as_dict(), workers=workers, simulated=True)
     per_clock = workers * (job.shard_map.n_shards if job.shard_map is not None else 1)
     train = train or partial(train_along, job, schedule.order, workers)

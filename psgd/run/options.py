@@ -1,0 +1,36 @@
+"""The shape of one feature's options: its flags, its ``--help`` section, and its part of the plan.
+
+A feature is a frozen dataclass whose fields are its flags' names (also its TOML keys and
+``PSGD_<NAME>`` variables). :meth:`Options.resolved` checks the given values against the
+run's core settings and the protocol's declared abilities and returns them with their
+defaults filled in; :class:`psgd.run.run_plan.RunPlan` holds the result.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar, Mapping
+
+
+@dataclass(frozen=True)
+class Options:
+    """One feature's settings (subclasses add the fields, one per flag)."""
+
+    KEY: ClassVar[str]                                # its field of the RunPlan
+    TITLE: ClassVar[str]                              # its section of ``psgd train --help``
+    FLAGS: ClassVar[dict[str, tuple[type, str]]]      # flag name -> (type, help)
+
+    @classmethod
+    def from_flat(cls, values: Mapping):
+        """The options among a flat mapping of settings (the others are ignored)."""
+        return cls(**{name: values[name] for name in cls.FLAGS if name in values})
+
+    def as_dict(self) -> dict:
+        """Flag name -> value, as the config record and checkpoints store them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def resolved(self, plan, protocol):
+        """These options checked against ``plan`` (its core settings resolved, and the
+        features before this one) and ``protocol``'s abilities, with their defaults filled;
+        UsageError naming the first bad flag."""
+        return self
+

@@ -26,8 +26,8 @@ def data(tmp_path_factory):
     return write_synth(tmp_path_factory.mktemp("elastic") / "synth.h5", 2000, 500)
 
 
-def _start(args: list, out, ranks: int = 1) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PSGD_STALL_ABORT="120")
+def _start(args: list, out, ranks: int = 1, env=None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PSGD_STALL_ABORT="120", **(env or {}))
     cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "psgd", *map(str, args)]
     return subprocess.Popen(cmd,
                             stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
@@ -62,7 +62,7 @@ class Run:
     """A server job and its joiners, with their output files under ``tmp``."""
 
     def __init__(self, tmp, data, updates: int = UPDATES, extra=(), protocol="asp",
-                 servers: int = 1) -> None:
+                 servers: int = 1, env=None) -> None:
         self.tmp, self.port, self.log = tmp, tmp / "port", tmp / "log.jsonl"
         self.procs, self.outs = [], []
         self.server = self._job("server", [
@@ -70,18 +70,19 @@ class Run:
             "--model", "mlp:784-64-10", "--optimizer", "sgd", "--lr", "0.05",
             "--steps", updates, "--port-file", self.port, "--stall-timeout", "3",
             "--no-worker-timeout", "20", "--log", self.log, "--log-every", "50", *extra],
-            ranks=servers)
+            ranks=servers, env=env)
         _until("the port file", self.port.exists, self.procs)
 
-    def _job(self, name: str, args: list, ranks: int = 1) -> subprocess.Popen:
+    def _job(self, name: str, args: list, ranks: int = 1, env=None) -> subprocess.Popen:
         out = open(self.tmp / f"{name}.out", "w")
         self.outs.append(out)
-        proc = _start(args, out, ranks)
+        proc = _start(args, out, ranks, env)
         self.procs.append(proc)
         return proc
 
-    def join(self, k: int) -> subprocess.Popen:
-        return self._job(f"joiner{k}", ["join", "--port-file", self.port])
+    def join(self, k: int, env=None) -> subprocess.Popen:
+        """Start joiner ``k`` (``env``: more environment, e.g. a PSGD_X_FAULT of its own)."""
+        return self._job(f"joiner{k}", ["join", "--port-file", self.port], env=env)
 
     def updates(self) -> int:
         steps = [r["updates"] for r in _records(self.log) if r["kind"] == "step"]

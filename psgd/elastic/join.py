@@ -74,7 +74,15 @@ def run(args: argparse.Namespace) -> None:
     knock(args.port_file, args.wait)
     inter = MPI.COMM_SELF.Connect(port)
     welcome = _welcome(inter, args.wait)
-    pushes, dropped = _train(inter, welcome, bool(getattr(args, "debug", False)))
+    from psgd.elastic.worker import ServersGone
+    try:
+        pushes, dropped = _train(inter, welcome, bool(getattr(args, "debug", False)),
+                                 args.port_file, port)
+    except ServersGone as gone:   # dropped while stopped, woken after the run's end
+        print(f"psgd: error: worker {welcome['slot']}: {gone} while this worker waited for "
+              f"the servers; what it pushed since their last answer was not applied",
+              file=sys.stderr, flush=True)
+        os._exit(1)
     if dropped:
         stall = welcome["settings"]["stall_timeout"]
         print(f"psgd: error: worker {welcome['slot']} was dropped by the servers after "
@@ -88,11 +96,12 @@ def run(args: argparse.Namespace) -> None:
     os._exit(0)   # MPI_Finalize could wait on the server job, which leaves the same way
 
 
-def _train(inter, welcome: dict, debug: bool) -> tuple[int, bool]:
+def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tuple[int, bool]:
     """Train as worker ``welcome['slot']`` until the servers say the run is over, or that they
-    dropped it; its pushes, and whether it was dropped."""
+    dropped it; its pushes, and whether it was dropped (:class:`ServersGone`: the servers'
+    port file went while it waited)."""
     from psgd.elastic.worker import ElasticWorker
-    from psgd.mpi import wait
+    from psgd.mpi import faults, wait
     from psgd.mpi.roles import Roles
     from psgd.run.job import build_job
     from psgd.run.settings import TrainSettings
@@ -108,7 +117,8 @@ def _train(inter, welcome: dict, debug: bool) -> tuple[int, bool]:
                    tensorboard=None, record=None)
     job = build_job(mine, roles, debug, None, welcome["run_id"])
     model, reader = job.model, job.reader
-    worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False))
+    worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False),
+                           port_file=port_file, port=port, fault=faults.for_rank(0))
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
     worker.start(model.params, clock)
     first = clock

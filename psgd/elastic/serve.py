@@ -15,6 +15,7 @@ from psgd.elastic.links import Links
 from psgd.elastic.door import Door
 from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
+from psgd.mpi.phase import phase
 from psgd.mpi.roles import Roles
 from psgd.protocols import AUTO, get, names
 from psgd.run.job import agreed_run_id, announce, build_job
@@ -150,10 +151,11 @@ def save(job, updates: int, clock: int, params: np.ndarray, opt_state: dict | No
     """An elastic run's checkpoint: its step is the updates applied (what --steps counts),
     its one clock the servers' (where the workers go on after a resume)."""
     s = job.settings
-    return save_checkpoint(s.checkpoint_dir, Checkpoint(
-        params=np.asarray(params, np.float32), model_spec=s.model, step=int(updates),
-        optimizer=s.optimizer, opt_state=dict(opt_state or {}), clocks=np.asarray([clock]),
-        protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id))
+    with phase("writing a checkpoint"):
+        return save_checkpoint(s.checkpoint_dir, Checkpoint(
+            params=np.asarray(params, np.float32), model_spec=s.model, step=int(updates),
+            optimizer=s.optimizer, opt_state=dict(opt_state or {}), clocks=np.asarray([clock]),
+            protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id))
 
 
 def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) -> int:

@@ -285,6 +285,18 @@ def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
     assert not run.port.exists()
 
 
+def test_a_job_that_leaves_removes_its_mpich_segment(tmp_path):
+    """psgd.elastic.leave ends a job without MPI_Finalize, which alone would unlink the job's
+    segment in /dev/shm (1 MiB left per job otherwise)."""
+    script = tmp_path / "leave.py"
+    script.write_text("from mpi4py import MPI\nfrom psgd.elastic import leave, mapped_segments\n"
+                      "print(' '.join(mapped_segments()), flush=True)\nleave(5)\n")
+    result = run_mpi(1, [script], timeout=60, check=False)
+    segments = result.stdout.split()
+    assert result.returncode == 5 and segments, (result.stdout, result.stderr)
+    assert not [path for path in segments if os.path.exists(path)]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "--elastic", "--protocol", "hogwild", "--optimizer", "sgd"],
      "--elastic runs --protocol bsp or ssp or asp so far, not hogwild"),
@@ -292,6 +304,8 @@ def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
      "--elastic runs --protocol bsp or ssp or asp so far, not allreduce"),
     (["train", "--elastic", "--protocol", "ssp", "--staleness", "auto", "--port-file", "p"],
      "--elastic runs a fixed --staleness s"),
+    (["train", "--elastic", "--protocol", "asp", "--optimizer", "momentum", "--staleness-comp",
+      "dana", "--port-file", "p"], "--elastic runs without --staleness-comp dana"),
     (["train", "--protocol", "asp", "--port-file", "p"], "--port-file applies with --elastic"),
     (["train", "--elastic", "--protocol", "asp"], "--elastic needs --port-file"),
     (["join", "--port-file", "/nonexistent/port"], "--port-file /nonexistent/port: no such file"),
@@ -302,3 +316,4 @@ def test_bad_elastic_input_gives_one_line(data, argv, message):
     result = run_mpi(1, ["-m", "psgd", *argv], timeout=60, check=False)
     lines = [line for line in result.stderr.splitlines() if line.startswith("psgd")]
     assert result.returncode != 0 and len(lines) == 1 and message in lines[0], result.stderr
+    assert "this is a bug" not in lines[0]   # bad input, not a bug

@@ -19,6 +19,8 @@ import uuid
 
 from mpi4py import MPI
 
+from psgd.elastic import leave
+from psgd.errors import UsageError
 from psgd.mpi.phase import phase
 
 KNOCK, TURN, READY = ".knock.", ".turn.", ".ready."
@@ -42,13 +44,13 @@ def knock(port_file: str, wait_s: float) -> None:
             if time.monotonic() > deadline:
                 _remove(port_file + KNOCK + name)
                 _remove(port_file + TURN + name)
-                raise ValueError(f"the servers at {port_file} did not admit this worker within "
+                raise UsageError(f"the servers at {port_file} did not admit this worker within "
                                  f"{wait_s:g} s (--wait)")
             time.sleep(0.02)
     try:
         os.replace(port_file + TURN + name, port_file + READY + name)
     except FileNotFoundError:
-        raise ValueError(f"the servers at {port_file} took this worker's turn back before it "
+        raise UsageError(f"the servers at {port_file} took this worker's turn back before it "
                          f"answered (it was slower than their --stall-timeout)") from None
 
 
@@ -109,7 +111,7 @@ class Door:
             print(f"psgd: error: {who} did not connect within {self.accept_s:g} s, and MPI "
                   f"cannot stop waiting for it; the servers end here (their last checkpoint "
                   f"stands)", file=sys.stderr, flush=True)
-            os._exit(1)
+            leave(1)
 
     def close(self) -> None:
         """Remove the port file and any knock, turn or answer left (a joiner then finds no run)."""

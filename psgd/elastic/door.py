@@ -4,7 +4,9 @@ With MPICH 5.0.2, a thread waiting in ``MPI_Comm_accept`` blocks every other thr
 (docs/design/elastic.md), so the servers cannot wait for joiners on a thread while they
 train; and two joiners connecting at once crash the accepting process (SIGBUS). So a joiner
 writes ``PORT_FILE.knock.<id>`` and waits for ``PORT_FILE.turn.<id>``; the servers look for
-knocks between messages and, one joiner at a time, write its turn file and accept it.
+knocks between messages and give one joiner at a time its turn. The joiner answers by renaming
+its turn to ``PORT_FILE.ready.<id>`` and connects at once; only then do the servers accept. A
+joiner that died after knocking never answers: its turn lapses and the servers go on.
 """
 from __future__ import annotations
 
@@ -17,80 +19,110 @@ import uuid
 
 from mpi4py import MPI
 
-KNOCK, TURN = ".knock.", ".turn."
+from psgd.elastic import leave
+from psgd.errors import UsageError
+from psgd.mpi.phase import phase
+
+KNOCK, TURN, READY = ".knock.", ".turn.", ".ready."
 LOOK_EVERY_S = 0.25   # how often the servers look for knocks
 
 
 def knock(port_file: str, wait_s: float) -> None:
-    """Announce a joiner and wait for its turn to call ``MPI_Comm_connect``.
+    """Announce a joiner, wait for its turn, and take it (the caller connects next).
 
     Raises
     ------
     ValueError
-        The servers gave no turn within ``wait_s`` seconds.
+        The servers gave no turn within ``wait_s`` seconds, or took it back.
     """
     name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with open(port_file + KNOCK + name, "w", encoding="utf-8"):
         pass
     deadline = time.monotonic() + wait_s
-    while not os.path.exists(port_file + TURN + name):
-        if time.monotonic() > deadline:
-            os.unlink(port_file + KNOCK + name)
-            raise ValueError(f"the servers at {port_file} did not admit this worker within "
-                             f"{wait_s:g} s (--wait)")
-        time.sleep(0.02)
+    with phase("waiting for a turn to join"):
+        while not os.path.exists(port_file + TURN + name):
+            if time.monotonic() > deadline:
+                _remove(port_file + KNOCK + name)
+                _remove(port_file + TURN + name)
+                raise UsageError(f"the servers at {port_file} did not admit this worker within "
+                                 f"{wait_s:g} s (--wait)")
+            time.sleep(0.02)
+    try:
+        os.replace(port_file + TURN + name, port_file + READY + name)
+    except FileNotFoundError:
+        raise UsageError(f"the servers at {port_file} took this worker's turn back before it "
+                         f"answered (it was slower than their --stall-timeout)") from None
 
 
 class Door:
     """The servers' side: ``port`` published in ``port_file``, knocks answered by :meth:`admit`.
 
-    ``accept_s``: an accept that a knocking joiner never completes (it died between its knock
-    and its connect) cannot be interrupted in MPI; after this long the server job prints why
-    and ends (exit 1; its last checkpoint stands).
+    ``accept_s``: how long a joiner has to answer its turn; and an accept that a joiner never
+    completes (it died between its answer and its connect) cannot be interrupted in MPI, so
+    after this long the server job prints why and ends (exit 1; its last checkpoint stands).
     """
 
     def __init__(self, comm: MPI.Comm, port: str, port_file: str, accept_s: float) -> None:
         self.comm, self.port, self.port_file = comm, port, port_file
         self.accept_s = float(accept_s)
         self.next_look = 0.0
+        self.turn: tuple[str, float] | None = None   # the joiner whose turn it is, and since when
 
-    def knocks(self) -> list[str]:
-        """Knock files waiting (looked for at most every LOOK_EVERY_S)."""
+    def look(self) -> tuple[str | None, str | None]:
+        """``(ready, lapsed)``: the joiner that answered its turn (admit it now), and one that
+        did not within ``accept_s`` (its turn is withdrawn); a new turn is given when none is
+        out (knocks looked for at most every LOOK_EVERY_S)."""
         now = time.monotonic()
-        if now < self.next_look:
-            return []
-        self.next_look = now + LOOK_EVERY_S
-        return sorted(glob.glob(glob.escape(self.port_file) + KNOCK + "*"))
+        if self.turn is not None:
+            name, since = self.turn
+            if os.path.exists(self.port_file + READY + name):
+                self.turn, self.next_look = None, 0.0
+                return name, None
+            if now - since > self.accept_s:
+                self.turn = None
+                _remove(self.port_file + TURN + name)
+                return None, name
+            return None, None
+        if now >= self.next_look:
+            self.next_look = now + LOOK_EVERY_S
+            knocks = sorted(glob.glob(glob.escape(self.port_file) + KNOCK + "*"))
+            if knocks:
+                name = knocks[0][len(self.port_file + KNOCK):]
+                os.replace(knocks[0], self.port_file + TURN + name)
+                self.turn = (name, now)
+        return None, None
 
-    def admit(self, knock_file: str | None) -> MPI.Intercomm:
-        """Accept the connection of the joiner that wrote ``knock_file`` (collective over the
-        server job's ``comm``: rank 0 names the knock, the other servers pass None)."""
-        turn = None
-        if knock_file is not None:
-            turn = self.port_file + TURN + knock_file[len(self.port_file + KNOCK):]
-            os.replace(knock_file, turn)
+    def admit(self, ready: str | None) -> MPI.Intercomm:
+        """Accept the connection of the joiner ``ready`` (as :meth:`look` named it; collective
+        over the server job's ``comm``: rank 0 names it, the other servers pass None)."""
         done = threading.Event()
-        who = (f"the joiner that knocked ({os.path.basename(knock_file)})" if knock_file else
+        who = (f"the joiner {ready} that answered its turn" if ready else
                "the joiner server rank 0 admitted")
         threading.Thread(target=self._guard, args=(done, who), daemon=True).start()
         try:
             return self.comm.Accept(self.port, root=0)
         finally:
             done.set()
-            if turn is not None:
-                os.unlink(turn)
+            if ready is not None:
+                _remove(self.port_file + READY + ready)
 
     def _guard(self, done: threading.Event, who: str) -> None:
         if not done.wait(self.accept_s):
             print(f"psgd: error: {who} did not connect within {self.accept_s:g} s, and MPI "
                   f"cannot stop waiting for it; the servers end here (their last checkpoint "
                   f"stands)", file=sys.stderr, flush=True)
-            os._exit(1)
+            leave(1)
 
     def close(self) -> None:
-        """Remove the port file and any knock left (a joiner then finds no run)."""
-        for path in [self.port_file] + glob.glob(glob.escape(self.port_file) + KNOCK + "*"):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        """Remove the port file and any knock, turn or answer left (a joiner then finds no run)."""
+        base = glob.escape(self.port_file)
+        for path in [self.port_file, *(p for mark in (KNOCK, TURN, READY)
+                                       for p in glob.glob(base + mark + "*"))]:
+            _remove(path)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -16,6 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from psgd.errors import UsageError
+
 EXIT_DROPPED = 3   # the servers dropped this worker (it was silent too long) and told it
 
 DESCRIPTION = """Join a running elastic run (psgd train --elastic) as one more worker.
@@ -38,11 +40,11 @@ def _port(path: str) -> str:
         with open(path, encoding="utf-8") as fh:
             port = fh.read().strip()
     except FileNotFoundError:
-        raise ValueError(f"--port-file {path}: no such file (is the server job running? it "
+        raise UsageError(f"--port-file {path}: no such file (is the server job running? it "
                          f"writes the file once its port is open, and removes it at the end)"
                          ) from None
     if not port:
-        raise ValueError(f"--port-file {path} is empty")
+        raise UsageError(f"--port-file {path} is empty")
     return port
 
 
@@ -54,19 +56,19 @@ def _welcome(inter, wait_s: float) -> dict:
     status, deadline = MPI.Status(), time.monotonic() + wait_s
     while (msg := inter.Improbe(0, TAG_WELCOME, status)) is None:
         if time.monotonic() > deadline:
-            raise ValueError(f"no welcome from the servers within {wait_s:g} s (--wait)")
+            raise UsageError(f"no welcome from the servers within {wait_s:g} s (--wait)")
         time.sleep(0.01)
     buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
     msg.Recv(buf)
     welcome = json.loads(bytes(buf).decode())
     if "refused" in welcome:
-        raise ValueError(f"the servers refused this worker: {welcome['refused']}")
+        raise UsageError(f"the servers refused this worker: {welcome['refused']}")
     return welcome
 
 
 def run(args: argparse.Namespace) -> None:
     port = _port(args.port_file)
-    from psgd.elastic import no_cross_memory_attach
+    from psgd.elastic import leave, no_cross_memory_attach
     no_cross_memory_attach()
     from mpi4py import MPI
 
@@ -74,25 +76,33 @@ def run(args: argparse.Namespace) -> None:
     knock(args.port_file, args.wait)
     inter = MPI.COMM_SELF.Connect(port)
     welcome = _welcome(inter, args.wait)
-    pushes, dropped = _train(inter, welcome, bool(getattr(args, "debug", False)))
+    from psgd.elastic.worker import ServersGone
+    try:
+        pushes, dropped = _train(inter, welcome, bool(getattr(args, "debug", False)),
+                                 args.port_file, port)
+    except ServersGone as gone:   # dropped while stopped, woken after the run's end
+        print(f"psgd: error: worker {welcome['slot']}: {gone} while this worker waited for "
+              f"the servers; what it pushed since their last answer was not applied",
+              file=sys.stderr, flush=True)
+        leave(1)
     if dropped:
         stall = welcome["settings"]["stall_timeout"]
         print(f"psgd: error: worker {welcome['slot']} was dropped by the servers after "
               f"{pushes} pushes: it sent nothing for longer than their --stall-timeout "
               f"({stall:g} s), and its pushes since were discarded; run `psgd join` again to "
               f"rejoin", file=sys.stderr, flush=True)
-        os._exit(EXIT_DROPPED)
+        leave(EXIT_DROPPED)
     print(f"psgd: worker {welcome['slot']}: {pushes} pushes from clock {welcome['clock']}; the "
           f"servers ended the run", flush=True)
-    sys.stdout.flush()
-    os._exit(0)   # MPI_Finalize could wait on the server job, which leaves the same way
+    leave(0)   # not MPI_Finalize: it could wait on the server job, which leaves the same way
 
 
-def _train(inter, welcome: dict, debug: bool) -> tuple[int, bool]:
+def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tuple[int, bool]:
     """Train as worker ``welcome['slot']`` until the servers say the run is over, or that they
-    dropped it; its pushes, and whether it was dropped."""
+    dropped it; its pushes, and whether it was dropped (:class:`ServersGone`: the servers'
+    port file went while it waited)."""
     from psgd.elastic.worker import ElasticWorker
-    from psgd.mpi import wait
+    from psgd.mpi import faults, wait
     from psgd.mpi.roles import Roles
     from psgd.run.job import build_job
     from psgd.run.run_plan import RunPlan
@@ -100,7 +110,7 @@ def _train(inter, welcome: dict, debug: bool) -> tuple[int, bool]:
     slot, clock, S = welcome["slot"], welcome["clock"], welcome["servers"]
     settings = RunPlan.from_flat(welcome["settings"])
     if not os.path.exists(settings.data):
-        raise ValueError(f"the run's data {settings.data} is not on this node")
+        raise UsageError(f"the run's data {settings.data} is not on this node")
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     roles = Roles(comm=inter, rank=S, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
     # the whole training set in an order of this slot's own; the servers write every file
@@ -109,7 +119,8 @@ def _train(inter, welcome: dict, debug: bool) -> tuple[int, bool]:
                    recording=replace(settings.recording, record=None))
     job = build_job(mine, roles, debug, None, welcome["run_id"])
     model, reader = job.model, job.reader
-    worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False))
+    worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False),
+                           port_file=port_file, port=port, fault=faults.for_rank(0))
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
     worker.start(model.params, clock)
     first = clock

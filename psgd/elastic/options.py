@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from psgd.errors import UsageError
+
 DEFAULT_MAX_WORKERS = 16
 DEFAULT_NO_WORKER_S = 300.0
 
@@ -35,8 +37,8 @@ def check(args: argparse.Namespace) -> None:
                                       ("--no-worker-timeout", args.no_worker_timeout))
              if value is not None]
     if given and not args.elastic:
-        raise ValueError(f"{given[0]} applies with --elastic only")
+        raise UsageError(f"{given[0]} applies with --elastic only")
     if args.max_workers is not None and args.max_workers < 1:
-        raise ValueError(f"--max-workers must be >= 1, got {args.max_workers}")
+        raise UsageError(f"--max-workers must be >= 1, got {args.max_workers}")
     if args.no_worker_timeout is not None and not args.no_worker_timeout > 0:
-        raise ValueError(f"--no-worker-timeout must be > 0, got {args.no_worker_timeout}")
+        raise UsageError(f"--no-worker-timeout must be > 0, got {args.no_worker_timeout}")

@@ -10,11 +10,13 @@ from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
 
-from psgd.elastic import options
+from psgd.elastic import leave, options
+from psgd.errors import UsageError
 from psgd.elastic.links import Links
 from psgd.elastic.door import Door
 from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
+from psgd.mpi.phase import phase
 from psgd.mpi.roles import Roles
 from psgd.protocols import AUTO, get, names
 from psgd.run.job import agreed_run_id, announce, build_job
@@ -32,27 +34,27 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[RunPlan, Resume
     settings, resumed = resolve_run(args)
     protocol = get(settings.protocol)
     if not protocol.can("elastic"):
-        raise ValueError(f"--elastic runs --protocol {names(able='elastic')} so far, not "
+        raise UsageError(f"--elastic runs --protocol {names(able='elastic')} so far, not "
                          f"{settings.protocol}: the servers must see every push to drop a lost "
                          f"worker (hogwild writes their memory one-sided, and the serverless "
                          f"protocols have no servers)")
     if comm.Get_size() != settings.servers:
-        raise ValueError(f"--elastic: the server job is the servers only: start it with "
+        raise UsageError(f"--elastic: the server job is the servers only: start it with "
                          f"mpiexec -n S and --servers S (got {comm.Get_size()} rank(s), "
                          f"--servers {settings.servers}); workers join with `psgd join`")
     if not args.port_file:
-        raise ValueError("--elastic needs --port-file PATH: where the workers find the servers "
+        raise UsageError("--elastic needs --port-file PATH: where the workers find the servers "
                          "(a shared file system across nodes)")
     if settings.staleness == AUTO:
-        raise ValueError("--elastic runs a fixed --staleness s (the servers' online bound "
+        raise UsageError("--elastic runs a fixed --staleness s (the servers' online bound "
                          "follows a fixed set of workers): pass --staleness N")
     if str(settings.compensation.staleness_comp).startswith("dana"):
-        raise ValueError(f"--elastic runs without --staleness-comp "
-                         f"{settings.compensation.staleness_comp} "
-                         f"(its replies to a lost worker would be waited on): pass "
-                         f"--staleness-comp none, or --optimizer sgd")
+        raise UsageError(f"--elastic runs without --staleness-comp "
+                         f"{settings.compensation.staleness_comp}: "
+                         f"its look-ahead and its lr / N count a fixed set of N workers, who "
+                         f"come and go here; pass --staleness-comp none, or --optimizer sgd")
     if (args.no_worker_timeout or options.DEFAULT_NO_WORKER_S) >= settings.stall_abort:
-        raise ValueError("--no-worker-timeout must be below --stall-abort")
+        raise UsageError("--no-worker-timeout must be below --stall-abort")
     return settings, resumed
 
 
@@ -81,8 +83,8 @@ def _say(kind: str, fields: dict) -> str:
 
 def serve_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd train --elastic`` (one rank): serve until the run's updates are
-    applied, then evaluate, checkpoint and leave by ``os._exit`` (a lost worker's requests stay
-    pending, and MPI_Finalize would wait on them)."""
+    applied, then evaluate, checkpoint and leave by :func:`psgd.elastic.leave` (a lost worker's
+    requests stay pending, and MPI_Finalize would wait on them)."""
     comm = MPI.COMM_WORLD
     settings, resumed = _settings(args, comm)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
@@ -111,9 +113,7 @@ def serve_main(args: argparse.Namespace) -> None:
         code = _finish(job, server, result, log, time.perf_counter() - t0)
     # a server rank that left first would make mpiexec end rank 0 before its summary
     wait.wait(comm.Ibarrier(), "the other servers to finish")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(code)
 
 
 def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
@@ -152,10 +152,11 @@ def save(job, updates: int, clock: int, params: np.ndarray, opt_state: dict | No
     """An elastic run's checkpoint: its step is the updates applied (what --steps counts),
     its one clock the servers' (where the workers go on after a resume)."""
     s = job.settings
-    return save_checkpoint(s.checkpoint_dir, Checkpoint(
-        params=np.asarray(params, np.float32), model_spec=s.model, step=int(updates),
-        optimizer=s.optimizer, opt_state=dict(opt_state or {}), clocks=np.asarray([clock]),
-        protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id))
+    with phase("writing a checkpoint"):
+        return save_checkpoint(s.checkpoint_dir, Checkpoint(
+            params=np.asarray(params, np.float32), model_spec=s.model, step=int(updates),
+            optimizer=s.optimizer, opt_state=dict(opt_state or {}), clocks=np.asarray([clock]),
+            protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id))
 
 
 def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) -> int:

@@ -87,9 +87,13 @@ class ElasticServer(_Server):
         changed = self._follow()
         self._tell_gone()
         if self.lead:
-            for knock in self.door.knocks():
-                self._admit(knock)
+            ready, lapsed = self.door.look()
+            if ready is not None:
+                self._admit(ready)
                 changed = True
+            if lapsed is not None:
+                self.event("refused", why=f"the joiner {lapsed} did not answer its turn within "
+                                          f"{self.door.accept_s:g} s (it died after knocking?)")
         now = time.monotonic()
         held = {dest - self.S for dest, _, _ in self.pending}   # waiting on the servers
         for w in list(self.links.live):
@@ -180,13 +184,13 @@ class ElasticServer(_Server):
 
     # ------------------------------------------------------------ joins, losses, the end
 
-    def _admit(self, knock: str) -> None:
-        """Rank 0: accept the joiner that knocked (with every server), and welcome it: a slot,
-        the clock it starts at, the run's settings; or refuse it."""
+    def _admit(self, ready: str) -> None:
+        """Rank 0: accept the joiner that answered its turn (with every server), and welcome
+        it: a slot, the clock it starts at, the run's settings; or refuse it."""
         w = self.state.index(FREE) if FREE in self.state and not self.over else -1
         clock = self.version
         self.peers.tell(ADMIT, w, clock)
-        inter = self.door.admit(knock)
+        inter = self.door.admit(ready)
         if w < 0:
             why = ("the run is over" if self.over else
                    f"all {self.W} slots were taken (--max-workers)")

@@ -1,14 +1,34 @@
 """The worker half of an elastic run: a parameter-server worker that stops when a reply says
-the run is over."""
+the run is over, and that leaves when its servers are gone."""
 from __future__ import annotations
 
+import time
+
+from psgd.errors import PsgdError
 from psgd.ps.messages import DROPPED, OVER
 from psgd.ps.worker import PSWorker
+
+LOOK_EVERY_S = 1.0   # how often a waiting worker checks that its servers are still there
+
+
+class ServersGone(PsgdError):
+    """The port file this worker joined by was removed or replaced: its server job has ended."""
 
 
 class ElasticWorker(PSWorker):
     """:class:`psgd.ps.worker.PSWorker` over the servers' intercommunicator (``roles.comm``,
     server s is remote rank s), without the push window (no memory is shared across jobs).
+
+    Parameters
+    ----------
+    port_file, port : str
+        Where the servers published ``port``; while a push or pull waits, the worker checks
+        every LOOK_EVERY_S that the file still names it, and raises :class:`ServersGone` if not
+        (the servers remove it when their run ends; a worker they dropped while it was
+        stopped, woken after that, is told so instead of waiting for good).
+    fault : psgd.mpi.faults.Fault, optional
+        Tests (``PSGD_X_FAULT``): fired at its clock after the push is posted, before it
+        completes (mid-push).
 
     Attributes
     ----------
@@ -20,6 +40,31 @@ class ElasticWorker(PSWorker):
     """
 
     over = dropped = False
+
+    def __init__(self, roles, shard_map, config, *, port_file: str, port: str,
+                 fault=None) -> None:
+        super().__init__(roles, shard_map, config)
+        self.port_file, self.port, self.fault = port_file, port, fault
+        self.next_look = time.monotonic() + LOOK_EVERY_S
+        self.between_polls = self._look
+
+    def _look(self) -> None:
+        now = time.monotonic()
+        if now < self.next_look:
+            return
+        self.next_look = now + LOOK_EVERY_S
+        try:
+            with open(self.port_file, encoding="utf-8") as fh:
+                same = fh.read().strip() == self.port
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise ServersGone(f"the servers' run has ended ({self.port_file} is gone)")
+
+    def _wait_push(self, push: list, owners: list, clock: int) -> None:
+        if self.fault is not None:
+            self.fault.at(clock)
+        super()._wait_push(push, owners, clock)
 
     def _wait_pull(self) -> None:
         super()._wait_pull()

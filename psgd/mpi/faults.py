@@ -9,7 +9,9 @@ single ``if fault is not None`` per step.  ``step`` means:
 * on a bsp/ssp/asp server, the number of pushes it has received before this one
   (``nan`` poisons the received payload);
 * on a hogwild server, the number of updates all workers have made (the global
-  counter).
+  counter);
+* on a ``psgd join`` worker (its own job's rank 0), the clock, fired after its push is
+  posted and before it completes (mid-push).
 
 Kinds: ``raise`` raises :class:`InjectedFault`; ``numpy`` makes numpy raise its own
 ValueError (adding vectors of different lengths, as a kernel's bug would); ``kill`` sends SIGKILL to this

@@ -143,8 +143,10 @@ def wait(request: MPI.Request, what: Describe, status: MPI.Status | None = None,
         poller.idle()
 
 
-def waitall(requests: Sequence[MPI.Request], what: Describe, spin_s: float = 0.0) -> None:
-    """Complete all requests, sleeping between polls (after a yield spin of ``spin_s`` seconds).
+def waitall(requests: Sequence[MPI.Request], what: Describe, spin_s: float = 0.0,
+            serve: Callable[[], None] | None = None) -> None:
+    """Complete all requests, sleeping between polls (after a yield spin of ``spin_s`` seconds;
+    ``serve()``, when given, runs between polls, as for :func:`wait`).
 
     Each time some of them complete, the backoff starts over: the rest
     usually follow within microseconds (a pull's payload right behind its
@@ -172,6 +174,8 @@ def waitall(requests: Sequence[MPI.Request], what: Describe, spin_s: float = 0.0
                 return
             poller.restart()
         else:
+            if serve is not None:
+                serve()
             poller.idle()
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -82,6 +82,10 @@ class PSWorker(WorkerHalf):
         when it sent them (``--momentum-correction``; 0 without it).
     """
 
+    #: called between the polls of a push's or a pull's wait (None: nothing; an elastic
+    #: worker checks that its servers are still there)
+    between_polls: Callable[[], None] | None = None
+
     def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig) -> None:
         check_ps_setup(roles, shard_map, config)
         if not roles.is_worker:
@@ -147,7 +151,7 @@ class PSWorker(WorkerHalf):
     def _wait_push(self, push: list, owners: list, clock: int) -> None:
         t0 = time.perf_counter()
         _wait.waitall(push, lambda: f"server rank(s) {_pending(push, owners)} to take the push "
-                      f"of clock {clock} (shards = ranks)")
+                      f"of clock {clock} (shards = ranks)", serve=self.between_polls)
         t1 = time.perf_counter()
         self.stats["push_s"] += t1 - t0
         if timeline.current is not None:
@@ -160,7 +164,7 @@ class PSWorker(WorkerHalf):
         _wait.waitall(reqs, lambda: f"server rank(s) {_pending(reqs[:2 * S], _pairs(S))} to "
                       f"answer the pull for clock {clock} (shards = ranks; a server holds a pull "
                       f"until the protocol allows it: its own report names the worker it waits "
-                      f"for)")
+                      f"for)", serve=self.between_polls)
         t1 = time.perf_counter()
         self._pull_reqs = []
         # the servers answered about held seconds after the pull was posted

@@ -155,7 +155,9 @@ def test_nothing_fits_names_what_the_smallest_needs():
 def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan(spec):
     from psgd.cli import build_parser
     from psgd.pipeline.options import from_args
+    from psgd import compress as codecs
     from psgd.protocols import get
+    from psgd.run.features import CompressionOptions
     from psgd.run.tensor_rank import grid_shape
     prof = toy_profile(spec)
     fit, _ = search(prof, Budget(4, 1 << 40, Network(1.25e9), batch=8))
@@ -176,9 +178,11 @@ def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan(spec
             assert grid_shape(args, 4) == (plan.replicas, plan.parts, plan.kind)
         assert (args.servers or 0) == plan.servers
         assert (args.compress or "") == plan.compress
-        if plan.compress:       # the protocol takes the compressor (the registry's own check)
-            get(plan.protocol).check(compress=plan.compress, n_servers=plan.servers,
-                                     n_workers=plan.replicas)
+        if plan.compress:       # the protocol takes the compressor (the options' own check)
+            protocol = get(plan.protocol)
+            protocol.check(n_servers=plan.servers, n_workers=plan.replicas)
+            CompressionOptions(compress=plan.compress).check(protocol)
+            codecs.check(plan.compress, 512, "auto")
         assert as_dict(plan, spec, "d.h5")["command"].startswith("mpiexec -n 4 psgd train")
 
 

@@ -9,6 +9,7 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from psgd.data import make_synthetic, write_dataset
@@ -67,6 +68,30 @@ def write_synth(path, n_train: int = 1200, n_test: int = 200) -> str:
     x, y, xt, yt = make_synthetic(n_train, n_test, seed=0)
     write_dataset(path, x, y, xt, yt, n_classes=10, scale=1 / 255, offset=0.0, source="test")
     return str(path)
+
+
+def serial_float64(data, spec, replicas, steps, batch, lr, momentum):
+    """Serial float64 momentum SGD on the union of the replicas' batches (replica r's slice at
+    every step, the gradients averaged): every step's losses, one column per replica, and the
+    final test loss (batch-norm statistics from replica 0's calibration rows)."""
+    from psgd.data.reader import ShardReader, dataset_info
+    from psgd.nn.model import build_model
+    from psgd.nn.optim import make_optimizer
+    info = dataset_info(data)
+    model = build_model(spec, seed=0, dtype=np.float64, input_shape=info["input_shape"],
+                        n_classes=info["n_classes"])
+    readers = [ShardReader(data, r, replicas, batch, seed=0) for r in range(replicas)]
+    opt = make_optimizer("momentum", model.n_params, momentum=momentum, dtype=np.float64)
+    losses = np.zeros((steps, replicas))
+    for step in range(steps):
+        grad = np.zeros(model.n_params)
+        for r, reader in enumerate(readers):
+            model.reseed(r, step)
+            losses[step, r] = model.loss_and_grad(*reader.batch(step))[0]
+            grad += model.grad
+        opt.step(model.params, grad / replicas, lr)
+    model.set_calibration(readers[0].calibration_rows(512)[0])
+    return losses, model.evaluate(*readers[0].test_set())[0]
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from conftest import serial_float64
+
 MLP = "mlp:784-45-33-10"
 
 
@@ -15,28 +17,6 @@ def train(mpirun, ranks, data, log, *flags, check=True):
 
 def records(log, kind):
     return [r for r in map(json.loads, log.read_text().splitlines()) if r["kind"] == kind]
-
-
-def serial_sgd(data, replicas, steps, batch, lr, mu):
-    """Serial float64 momentum SGD on the union of the replicas' batches (replica r's slice at
-    every step, the gradients averaged): replica 0's loss per step and the final test loss."""
-    from psgd.data.reader import ShardReader, dataset_info
-    from psgd.nn.model import build_model
-    from psgd.nn.optim import make_optimizer
-    info = dataset_info(data)
-    model = build_model(MLP, seed=0, dtype=np.float64, input_shape=info["input_shape"],
-                        n_classes=info["n_classes"])
-    readers = [ShardReader(data, r, replicas, batch, seed=0) for r in range(replicas)]
-    opt = make_optimizer("momentum", model.n_params, momentum=mu, dtype=np.float64)
-    losses = []
-    for step in range(steps):
-        grad = np.zeros(model.n_params)
-        for r, reader in enumerate(readers):
-            loss = model.loss_and_grad(*reader.batch(step))[0]
-            losses += [loss] if r == 0 else []
-            grad += model.grad
-        opt.step(model.params, grad / replicas, lr)
-    return losses, model.evaluate(*readers[0].test_set())[0]
 
 
 @pytest.mark.parametrize("ranks, replicas, servers, schedule, microbatches", [
@@ -54,13 +34,14 @@ def test_bsp_servers_of_each_stage_equal_serial_sgd_on_the_union_of_the_batches(
           "--schedule", schedule, "--protocol", "bsp", "--servers", servers, "--optimizer",
           "momentum", "--momentum", mu, "--lr", lr, "--lr-schedule", "constant",
           "--batch-size", batch, "--steps", steps, "--log-every", 1)
-    losses, test_loss = serial_sgd(dataset, replicas, steps, batch, lr, mu)
-    np.testing.assert_allclose([r["loss"] for r in records(log, "step")], losses, rtol=1e-5)
+    losses, test_loss = serial_float64(dataset, MLP, replicas, steps, batch, lr, mu)
+    np.testing.assert_allclose([r["loss"] for r in records(log, "step")], losses[:, 0],
+                               rtol=1e-5)   # the lead replica's loss
     summary = records(log, "summary")[0]
     assert summary["test_loss"] == pytest.approx(test_loss, rel=1e-5)
     assert summary["pipeline"]["replicas"] == replicas
     assert summary["pipeline"]["max_staleness"] == [0, 0]
-    untrained = serial_sgd(dataset, replicas, 0, batch, lr, mu)[1]
+    untrained = serial_float64(dataset, MLP, replicas, 0, batch, lr, mu)[1]
     assert abs(test_loss - untrained) > 1e-3   # the steps moved the model
 
 
@@ -72,7 +53,7 @@ def test_asynchronous_servers_of_each_stage_train_and_ssp_keeps_its_bound(
     train(mpirun, 6, dataset, log, "--pipeline", 2, "--microbatches", 2, "--protocol", protocol,
           "--servers", 2, *staleness, "--optimizer", "momentum", "--lr", 0.05,
           "--batch-size", 32, "--steps", 60, "--log-every", 10)
-    untrained = serial_sgd(dataset, 1, 0, 32, 0.05, 0.9)[1]
+    untrained = serial_float64(dataset, MLP, 1, 0, 32, 0.05, 0.9)[1]
     summary = records(log, "summary")[0]
     assert summary["test_loss"] < untrained - 0.3
     steps = [r["loss"] for r in records(log, "step")]

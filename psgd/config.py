@@ -1,11 +1,58 @@
-"""What every protocol family is told: the settings of one run that servers and workers share."""
+"""What every protocol family is told: the settings of one run that servers and workers share.
+
+:class:`ProtocolConfig` holds the protocol-level settings and, as one frozen object each, the
+features the halves read (:class:`Compression`, :class:`Compensation`, :class:`Recording`,
+:class:`HotRows`): the plan's own options (``psgd.run.features`` subclasses them with their
+flags and checks), so a feature's flag reaches a half without passing through the job.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
 
-@dataclass
+@dataclass(frozen=True)
+class Compression:
+    """``--compress`` and what rides on it (:mod:`psgd.compress`).
+
+    ``error_feedback`` is the flag (auto, on or off); ``feedback`` whether it is in force for
+    this compressor (the plan's options derive it from the flags); ``momentum_correction`` the flag, which the job turns
+    into :attr:`ProtocolConfig.worker_momentum` / :attr:`ProtocolConfig.momentum_gain`.
+    """
+
+    compress: str = "none"
+    compress_bucket: int = 512
+    error_feedback: str = "auto"
+    momentum_correction: str = "auto"
+    feedback: bool = False
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """The servers' staleness compensation (:mod:`psgd.ps.compensation`): in a
+    :class:`ProtocolConfig`, ``staleness_comp`` is the method that runs (``auto`` resolved)."""
+
+    staleness_comp: str | None = None
+    comp_lambda: float | None = None   # DC-ASGD's lambda_0 (None: the method's default)
+    staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
+
+
+@dataclass(frozen=True)
+class Recording:
+    """``--record FILE`` / ``--replay FILE``: the servers' order of events (:mod:`psgd.ps.order`)."""
+
+    record: str | None = None
+    replay: str | None = None
+
+
+@dataclass(frozen=True)
+class HotRows:
+    """Sparse hogwild's held hot rows (:mod:`psgd.hogwild.hot`); ``hold_hot`` None or 1: none."""
+
+    hold_hot: int | None = None
+
+
+@dataclass(frozen=True)
 class ProtocolConfig:
     """Settings of one run, identical on every rank (made by :func:`psgd.protocols.make_config`).
 
@@ -27,12 +74,6 @@ class ProtocolConfig:
     staleness_auto : bool
         ``--staleness auto``: the servers set the bound online
         (:mod:`psgd.ps.adaptive`) within [1, staleness].
-    staleness_comp : str
-        The staleness compensation the servers (or hogwild's workers) run:
-        ``none``, ``inverse``, ``dcasgd``, ``gap``, ``amom`` or ``dana``
-        (:mod:`psgd.ps.compensation`).
-    comp_lambda : float or None
-        DC-ASGD's lambda_0 (None: the method's default).
     overlap : bool
         Workers pull the next parameters during the computation (needs staleness >= 1).
     update_rule : type or None
@@ -49,16 +90,8 @@ class ProtocolConfig:
         A worker's pushes to the servers of its own node go through shared
         memory (:mod:`psgd.ps.push_window`); False keeps them to messages
         (``psgd train`` reads ``PSGD_X_PS_PUSH_WINDOW`` once, at set-up).
-    record : bool
-        Servers write down the order of their events (``--record``, :mod:`psgd.ps.order`).
-    replay : tuple of ndarray or None
-        Each shard's recorded events, to handle in that order (``--replay``).
-    compress : str
-        The pushes' compressor (``--compress``, :mod:`psgd.compress`); ``none``.
-    compress_bucket : int
-        Elements per bucket for qsgd's norms and sign's scales.
-    error_feedback : bool
-        Workers keep the compression residual and add it to the next push.
+    seed : int
+        The run's seed (workers' random rounding in qsgd; AD-PSGD's pairings).
     worker_momentum : dict or None
         Momentum correction (:mod:`psgd.compress.momentum`): each worker's
         ``WorkerMomentum(n, **worker_momentum)`` turns its gradient into what it
@@ -67,11 +100,11 @@ class ProtocolConfig:
         ``--momentum-correction gain`` (:mod:`psgd.compress.gain`): the momentum
         whose gain ``1 / (1 - momentum)`` ``lr_schedule`` already holds, the
         servers stepping plain SGD; 0: not in force.
-    seed : int
-        The run's seed (workers' random rounding in qsgd; AD-PSGD's pairings).
-    hold_hot : int
-        Sparse hogwild: steps a worker holds its changes to its hot rows
-        (:mod:`psgd.hogwild.hot`); 1: none held.
+    replay_events : tuple of ndarray or None
+        ``--replay``: each shard's recorded events, to handle in that order (on the servers).
+    compression, compensation, recording, hot_rows
+        The features' options as the plan resolved them (:class:`Compression`,
+        :class:`Compensation` with the method that runs, :class:`Recording`, :class:`HotRows`).
     """
 
     protocol: str
@@ -81,28 +114,26 @@ class ProtocolConfig:
     lr_schedule: Callable[[int], float] = lambda clock: 0.01
     staleness: float = 0.0
     staleness_auto: bool = False
-    staleness_comp: str = "none"
-    comp_lambda: float | None = None
     overlap: bool = False
     update_rule: type | None = None
     snapshot_every: int = 0
     skip_nonfinite: bool = False
     topology: str | None = None
     push_window: bool = True
-    record: bool = False
-    replay: tuple | None = None
-    compress: str = "none"
-    compress_bucket: int = 512
-    error_feedback: bool = False
+    seed: int = 0
     worker_momentum: dict | None = None
     momentum_gain: float = 0.0
-    seed: int = 0
-    hold_hot: int = 1
+    replay_events: tuple | None = None
+    compression: Compression = Compression()
+    compensation: Compensation = Compensation(staleness_comp="none")
+    recording: Recording = Recording()
+    hot_rows: HotRows = HotRows()
 
     def __post_init__(self) -> None:
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.overlap and self.staleness < 1:
             raise ValueError(f"overlap needs a staleness bound >= 1, got {self.staleness:g}")
-        if self.comp_lambda is not None and not self.comp_lambda >= 0:
-            raise ValueError(f"--comp-lambda must be >= 0, got {self.comp_lambda}")
+        lam = self.compensation.comp_lambda
+        if lam is not None and not lam >= 0:
+            raise ValueError(f"--comp-lambda must be >= 0, got {lam}")

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from psgd.config import Compensation
 from psgd.nn.optim import make_optimizer
 from psgd.protocols import get, make_config
 from psgd.protocols.momentum import mode as momentum_mode
@@ -99,7 +100,7 @@ class Reference:
 def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
     init = np.random.default_rng(7).standard_normal(N).astype(np.float32)
     config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
-                         lr_schedule=lambda c: LR, staleness_comp=method)
+                         lr_schedule=lambda c: LR, compensation=Compensation(method))
     versions = ShardVersions(init.copy())
     rule = SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions, n_workers=W)
     ref = Reference(method, init)
@@ -124,7 +125,7 @@ def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
 
 def test_dcasgd_corrects_only_what_moved_since_the_read():
     config = make_config("asp", N, optimizer="sgd", lr_schedule=lambda c: LR,
-                         staleness_comp="dcasgd", comp_lambda=0.5)
+                         compensation=Compensation("dcasgd", 0.5))
     versions = ShardVersions(np.zeros(N, np.float32))
     rule = SspUpdate(config, make_optimizer("sgd", N), versions, n_workers=1)
     rule.replied(0, 0, versions.live)
@@ -136,7 +137,7 @@ def test_dcasgd_corrects_only_what_moved_since_the_read():
 
 def test_a_push_is_never_written_and_reads_follow_overlap_slots():
     config = make_config("ssp", N, staleness=2, overlap=True, optimizer="momentum",
-                         lr_schedule=lambda c: LR, staleness_comp="gap")
+                         lr_schedule=lambda c: LR, compensation=Compensation("gap"))
     versions = ShardVersions(np.ones(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=2)
     assert rule.reads.shape == (2, 2, N)           # two slots per worker with overlap
@@ -153,7 +154,7 @@ def test_a_push_is_never_written_and_reads_follow_overlap_slots():
 
 def test_amom_scales_a_push_staler_than_the_mean_by_its_own_delay():
     config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
-                         lr_schedule=lambda c: LR, staleness_comp="amom")
+                         lr_schedule=lambda c: LR, compensation=Compensation("amom"))
     method = amom.AsyncAwareMomentum(config, make_optimizer("momentum", N, momentum=MU), N, 1)
     for _ in range(200):                                  # past the warm-up, mean delay 1
         _, lr = method.adjust(None, LR, 0, 1, None, None)
@@ -186,14 +187,14 @@ def test_running_mean_counts_the_first_values_fully():
                                                ("nesterov", "dana"), ("adam", "dana-adam")])
 def test_auto_picks_what_the_docs_say(optimizer, picked):
     assert compensation.resolve("auto", optimizer) == picked
-    assert make_config("asp", 4, optimizer=optimizer).staleness_comp == picked
-    assert make_config("ssp", 4, optimizer=optimizer).staleness_comp == picked
+    assert make_config("asp", 4, optimizer=optimizer).compensation.staleness_comp == picked
+    assert make_config("ssp", 4, optimizer=optimizer).compensation.staleness_comp == picked
 
 
 def test_synchronous_protocols_run_no_compensation_by_default():
     for name in ("bsp", "allreduce"):
-        assert make_config(name, 4, optimizer="momentum").staleness_comp == "none"
-    assert make_config("hogwild", 4, optimizer="momentum").staleness_comp == "amom"
+        assert make_config(name, 4, optimizer="momentum").compensation.staleness_comp == "none"
+    assert make_config("hogwild", 4, optimizer="momentum").compensation.staleness_comp == "amom"
 
 
 def test_auto_falls_back_to_amom_where_dana_cannot_run():
@@ -202,7 +203,7 @@ def test_auto_falls_back_to_amom_where_dana_cannot_run():
     assert compensation.resolve("auto", "momentum", get("hogwild").compensation_choices()) == "amom"
     assert compensation.resolve("auto", "momentum", worker_momentum=True) == "amom"
     assert make_config("asp", 4, optimizer="momentum",
-                       worker_momentum={"momentum": MU}).staleness_comp == "amom"
+                       worker_momentum={"momentum": MU}).compensation.staleness_comp == "amom"
     assert momentum_mode(get("asp"), "auto", optimizer="momentum", feedback=True,
                          staleness_comp="auto") == "workers"
     assert momentum_mode(get("asp"), "auto", optimizer="momentum", feedback=True,
@@ -217,7 +218,7 @@ def test_dana_adam_matches_its_numpy_reference_on_a_scripted_run():
     f32, lr, b1, b2, eps = np.float32, 0.01, 0.9, 0.999, 1e-8
     init = np.random.default_rng(5).standard_normal(N).astype(np.float32)
     config = make_config("asp", N, optimizer="adam", lr_schedule=lambda c: lr,
-                         staleness_comp="dana-adam")
+                         compensation=Compensation("dana-adam"))
     versions = ShardVersions(init.copy())
     rule = SspUpdate(config, make_optimizer("adam", N), versions, n_workers=W)
     w, m, v, t = init.copy(), np.zeros(N, np.float32), np.zeros(N, np.float32), 0
@@ -246,7 +247,7 @@ def test_dana_adam_matches_its_numpy_reference_on_a_scripted_run():
 
 def test_dana_answers_each_overlap_slot_from_its_own_buffer_and_waits_for_its_send():
     config = make_config("ssp", N, staleness=2, overlap=True, optimizer="momentum",
-                         lr_schedule=lambda c: LR, staleness_comp="dana")
+                         lr_schedule=lambda c: LR, compensation=Compensation("dana"))
     versions = ShardVersions(np.ones(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=2)
     assert rule.push(grad_for(0, 0), 0, 0, source=1, worker=0)
@@ -325,7 +326,7 @@ def test_dana_keeps_weight_decay_in_each_workers_velocity_and_nesterov_is_its_lo
     wd, f32 = 0.01, np.float32
     init = np.random.default_rng(3).standard_normal(N).astype(np.float32)
     config = make_config("asp", N, optimizer=name, lr_schedule=lambda c: LR,
-                         opt_hparams={"momentum": MU, "weight_decay": wd}, staleness_comp="dana")
+                         opt_hparams={"momentum": MU, "weight_decay": wd}, compensation=Compensation("dana"))
     versions = ShardVersions(init.copy())
     optimizer = make_optimizer(name, N, momentum=MU, weight_decay=wd)
     rule = SspUpdate(config, optimizer, versions, n_workers=2)
@@ -349,7 +350,7 @@ def test_dana_velocities_do_not_drift_apart_on_a_stiff_quadratic():
     worker's own velocity in the look-ahead the brake acts on the sum and both settle."""
     lam = np.float32(15.0)
     config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
-                         opt_hparams={"momentum": MU}, staleness_comp="dana")
+                         opt_hparams={"momentum": MU}, compensation=Compensation("dana"))
     versions = ShardVersions(np.ones(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions, n_workers=2)
     reads = [rule.replied(w, 0, versions.live).copy() for w in range(2)]
@@ -363,7 +364,7 @@ def test_dana_velocities_do_not_drift_apart_on_a_stiff_quadratic():
 
 def test_dana_stops_looking_ahead_by_a_finished_workers_velocity():
     config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
-                         staleness_comp="dana")
+                         compensation=Compensation("dana"))
     versions = ShardVersions(np.zeros(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=3)
     for w in range(3):
@@ -390,7 +391,7 @@ def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():
 
     def rule_at(params):
         config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
-                             opt_hparams={"momentum": MU}, staleness_comp="dana")
+                             opt_hparams={"momentum": MU}, compensation=Compensation("dana"))
         versions = ShardVersions(params.copy())
         return SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions,
                          n_workers=W), versions
@@ -423,7 +424,7 @@ def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():
 @pytest.mark.parametrize("method", ["dcasgd", "gap"])
 def test_a_methods_running_mean_square_is_its_checkpointed_state(method):
     config = make_config("asp", N, optimizer="sgd", lr_schedule=lambda c: LR,
-                         staleness_comp=method)
+                         compensation=Compensation(method))
     rule = SspUpdate(config, make_optimizer("sgd", N), ShardVersions(np.zeros(N, np.float32)),
                      n_workers=2)
     rule.replied(0, 0, rule.versions.live)

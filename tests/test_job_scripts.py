@@ -106,7 +106,6 @@ def _elastic_srun(bin_dir: Path) -> None:
 def test_elastic_batch_files_start_the_servers_then_the_workers(tmp_path, monkeypatch):
     import argparse
 
-    from psgd.elastic import options
     from psgd.run.settings import add_arguments, resolve
     _elastic_srun(tmp_path / "bin")
     port = tmp_path / "run.port"
@@ -123,12 +122,10 @@ def test_elastic_batch_files_start_the_servers_then_the_workers(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    options.add_arguments(parser)
     flags = srun[0].split(" train ")[1].split()
     flags[flags.index("--config") + 1] = str(ROOT / "jobs" / "configs" / "asp.toml")
     (tmp_path / "d.h5").touch()
     args = parser.parse_args([*flags, "--data", str(tmp_path / "d.h5")])
-    options.check(args)
     assert resolve(args, environ={}).steps == 50 and args.elastic
     # a worker job: a join the servers dropped (exit 3) joins again
     (tmp_path / "run.port.tried").unlink(missing_ok=True)

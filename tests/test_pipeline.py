@@ -11,7 +11,8 @@ import pytest
 from psgd.nn.model import build_model
 from psgd.nn.optim import make_optimizer
 from psgd.pipeline import partition
-from psgd.pipeline.options import PipelineOptions, from_args, refused
+from psgd.pipeline.options import PipelineOptions, refused
+from psgd.run.mode_flags import PipelineFlags
 from psgd.pipeline.reference import reference_step
 from psgd.pipeline.schedules import BACKWARD, FORWARD, in_flight, predicted_bubble, simulate, stage_ops
 from psgd.pipeline.stage import Stage
@@ -243,11 +244,11 @@ def test_bad_pipeline_options_are_one_line(opts, batch, message):
 
 
 def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
-    args = SimpleNamespace(pipeline=2, compress="topk:0.01", servers=None)
-    assert refused(args).startswith("--compress does not work under --pipeline")
-    assert refused(SimpleNamespace(pipeline=2)) is None
+    given = dict(pipeline=2, compress="topk:0.01", servers=None)
+    assert refused(given).startswith("--compress does not work under --pipeline")
+    assert refused(dict(pipeline=2)) is None
     with pytest.raises(ValueError, match="--microbatches applies to pipeline runs; give --pipeline K"):
-        from_args(SimpleNamespace(pipeline=None, microbatches=4))
+        PipelineFlags(microbatches=4).check_given()
 
 
 # -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------

@@ -154,7 +154,7 @@ def test_nothing_fits_names_what_the_smallest_needs():
 @pytest.mark.parametrize("spec", [SPEC, "lenet"])
 def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan(spec):
     from psgd.cli import build_parser
-    from psgd.pipeline.options import from_args
+    from psgd.run.mode_flags import PipelineFlags
     from psgd import compress as codecs
     from psgd.protocols import get
     from psgd.run.features import CompressionOptions
@@ -167,7 +167,7 @@ def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan(spec
         assert words[:3] == ["mpiexec", "-n", "4"]
         args = build_parser(words[4:]).parse_args(words[4:])
         assert args.protocol == plan.protocol and args.batch_size == plan.batch
-        opts = from_args(args)
+        opts = PipelineFlags.from_flat(vars(args)).options()
         if plan.kind == "pipeline":
             assert (opts.stages, opts.microbatches, opts.schedule) == \
                 (plan.stages, plan.microbatches, plan.schedule)

@@ -77,7 +77,7 @@ def test_a_new_protocol_is_one_entry(monkeypatch, tmp_path):
     and its own rules (here: no servers, sgd only) are enforced, with no other change."""
     entry = Protocol("lockstep", servers=False,
                      worker="psgd.collectives.allreduce_worker:AllreduceWorker",
-                     optimizers=("sgd",), optimizer_note=": a test protocol",
+                     optimizers=("sgd",), reasons={"optimizer": "a test protocol"},
                      summary="a test protocol: allreduce under another name")
     monkeypatch.setitem(PROTOCOLS, "lockstep", entry)
     from psgd.run import settings
@@ -116,3 +116,50 @@ def test_abilities_are_one_set_of_known_names_that_validation_reads():
     with pytest.raises(ValueError, match="--compress topk:0.1 applies to --protocol"):
         topk.check(plain)
     topk.check(dataclasses.replace(plain, abilities=plain.abilities | {"compress"}))
+
+
+def _refuse(key: str, p):
+    """Ask protocol ``p`` for what its entry refuses under ``key`` (an ability or a limit)."""
+    from psgd.nn.optim import OPTIMIZERS
+    from psgd.pipeline.schedules import SCHEDULES
+    from psgd.ps import compensation
+    from psgd.run.features import RecordOptions
+    from psgd.run.mode_flags import ElasticOptions
+    return {
+        "optimizer": lambda: p.check(optimizer=next(o for o in OPTIMIZERS
+                                                   if o not in p.optimizers)),
+        "staleness-comp": lambda: p.compensation(next(
+            m for m in compensation.choices() if m not in p.compensation_choices()), "momentum"),
+        "replay": lambda: RecordOptions(record="r.h5").resolved(None, p),
+        "compress": lambda: CompressionOptions(compress="topk:0.01").check(p),
+        "error-feedback": lambda: CompressionOptions(compress=p.feedback_refused[0],
+                                                     error_feedback="on").check(p),
+        "pipeline": lambda: p.check_pipeline(next(s for s in SCHEDULES if s not in p.pipelines)),
+        "elastic": lambda: ElasticOptions(elastic=True, port_file="p").resolved(None, p),
+    }[key]()
+
+
+def test_every_refusal_line_ends_with_the_reason_its_entry_declares():
+    """Each declared reason (and each default reason that applies) is what the refusal says."""
+    from psgd.protocols import DEFAULT_REASONS, LIMITS
+    asked = set()
+    for p in PROTOCOLS.values():
+        keys = set(p.reasons) | {k for k in DEFAULT_REASONS if k not in LIMITS and not p.can(k)}
+        if p.compensations is not None:
+            keys.add("staleness-comp")
+        for key in sorted(keys):
+            with pytest.raises(ValueError) as err:
+                _refuse(key, p)
+            reason = p.why_not(key)
+            assert reason and reason in str(err.value), (p.name, key, str(err.value))
+            asked.add(key)
+    assert asked == {"optimizer", "staleness-comp", "replay", "compress", "error-feedback",
+                     "pipeline", "elastic"}
+
+
+def test_a_reason_for_an_ability_the_entry_has_is_refused():
+    with pytest.raises(ValueError, match=r"reasons for \['compress'\]"):
+        Protocol("odd", servers=False, worker="x:Y", summary="",
+                 abilities=frozenset({"compress"}), reasons={"compress": "never"})
+    assert Protocol("own", servers=False, worker="x:Y", summary="",
+                    reasons={"replay": "its own"}).why_not("replay") == ": its own"

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
 
-from psgd.elastic import leave, options
+from psgd.elastic import leave
 from psgd.errors import UsageError
 from psgd.elastic.links import Links
 from psgd.elastic.door import Door
@@ -18,7 +18,7 @@ from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
 from psgd.mpi.phase import phase
 from psgd.mpi.roles import Roles
-from psgd.protocols import AUTO, get, names
+from psgd.protocols import get
 from psgd.run.job import agreed_run_id, announce, build_job
 from psgd.run.metrics import MetricsLog
 from psgd.run.checkpoint import Checkpoint, save_checkpoint
@@ -30,31 +30,11 @@ from psgd.run.signals import EXIT_STOPPED, received, signal_name
 def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[RunPlan, Resumed | None]:
     """The run's settings and the checkpoint it resumes from, refused with one line where the
     elastic run cannot take them."""
-    options.check(args)
-    settings, resumed = resolve_run(args)
-    protocol = get(settings.protocol)
-    if not protocol.can("elastic"):
-        raise UsageError(f"--elastic runs --protocol {names(able='elastic')} so far, not "
-                         f"{settings.protocol}: the servers must see every push to drop a lost "
-                         f"worker (hogwild writes their memory one-sided, and the serverless "
-                         f"protocols have no servers)")
+    settings, resumed = resolve_run(args)   # checks the elastic flags (psgd.run.mode_flags)
     if comm.Get_size() != settings.servers:
         raise UsageError(f"--elastic: the server job is the servers only: start it with "
                          f"mpiexec -n S and --servers S (got {comm.Get_size()} rank(s), "
                          f"--servers {settings.servers}); workers join with `psgd join`")
-    if not args.port_file:
-        raise UsageError("--elastic needs --port-file PATH: where the workers find the servers "
-                         "(a shared file system across nodes)")
-    if settings.staleness == AUTO:
-        raise UsageError("--elastic runs a fixed --staleness s (the servers' online bound "
-                         "follows a fixed set of workers): pass --staleness N")
-    if str(settings.compensation.staleness_comp).startswith("dana"):
-        raise UsageError(f"--elastic runs without --staleness-comp "
-                         f"{settings.compensation.staleness_comp}: "
-                         f"its look-ahead and its lr / N count a fixed set of N workers, who "
-                         f"come and go here; pass --staleness-comp none, or --optimizer sgd")
-    if (args.no_worker_timeout or options.DEFAULT_NO_WORKER_S) >= settings.stall_abort:
-        raise UsageError("--no-worker-timeout must be below --stall-abort")
     return settings, resumed
 
 
@@ -92,20 +72,18 @@ def serve_main(args: argparse.Namespace) -> None:
     rank, S = comm.Get_rank(), comm.Get_size()
     roles = Roles(comm=comm, rank=rank, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
     job = build_job(settings, roles, bool(getattr(args, "debug", False)), resumed, run_id)
-    slots = args.max_workers or options.DEFAULT_MAX_WORKERS
+    slots = settings.elastic.max_workers
     log = MetricsLog(None)
     if rank == 0:
         announce(job, resumed)   # --overwrite: another run's checkpoints go
         log = MetricsLog(settings.log, tensorboard=settings.traces.tensorboard)
-        log.write("config", **settings.as_dict(), run_id=run_id, elastic=True,
-                  max_workers=slots, n_params=job.model.n_params, total_updates=job.total_steps)
+        log.write("config", **settings.as_dict(), run_id=run_id, n_params=job.model.n_params, total_updates=job.total_steps)
     port = MPI.Open_port() if rank == 0 else None
-    door = Door(comm, port, args.port_file, settings.stall_timeout)
+    door = Door(comm, port, settings.elastic.port_file, settings.stall_timeout)
     if rank == 0:
-        _publish(port, args.port_file)
+        _publish(port, settings.elastic.port_file)
     t0 = time.perf_counter()
-    server = _server(job, comm, slots, door, log,
-                     args.no_worker_timeout or options.DEFAULT_NO_WORKER_S)
+    server = _server(job, comm, slots, door, log, settings.elastic.no_worker_timeout)
     result = server.run()
     code = 0
     if rank == 0:

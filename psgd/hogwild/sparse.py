@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
+from psgd.config import HotRows
 from psgd.hogwild.hot import hot_rows
 from psgd.hogwild.rows import add_rows, copy_rows
 from psgd.mpi.shardmap import ShardMap
@@ -47,13 +48,15 @@ class SparseUpdates:
     varying_momentum : bool
         The momentum may change at each step (``--staleness-comp amom``): momentum 0 is then
         still taken as momentum.
-    hold : int
-        Steps the fused run (:mod:`psgd.hogwild.fused`) holds the hot rows' changes (``--hold-hot``).
+    hot : HotRows
+        The run's hot rows (``--hold-hot``: steps the fused run, :mod:`psgd.hogwild.fused`,
+        holds their changes; None or 1: none held).
     """
 
     def __init__(self, model, shard_map: ShardMap, optimizer: Optimizer,
-                 varying_momentum: bool = False, hold: int = 1) -> None:
-        self.model, self.shard_map, self.hold = model, shard_map, int(hold)
+                 varying_momentum: bool = False, hot: HotRows = HotRows()) -> None:
+        self.model, self.shard_map, self.hot = model, shard_map, hot
+        self.hold = int(hot.hold_hot or 1)
         self.row_len = int(model.row_len)
         self.n_rows = shard_map.n // self.row_len
         wd = optimizer.weight_decay

@@ -92,7 +92,7 @@ class HogwildWorker(WorkerHalf):
         self.histogram = StalenessHistogram()
         # --staleness-comp: amom sets the local momentum, inverse scales each delta
         self._amom = (compensation.make("amom", config, self.optimizer, n, roles.n_workers)
-                      if config.staleness_comp == "amom" else None)
+                      if config.compensation.staleness_comp == "amom" else None)
         self._last_delay = 0
         self._inverse = Summary()
         self.grad_buffer = None
@@ -111,7 +111,7 @@ class HogwildWorker(WorkerHalf):
                 and os.environ.get("PSGD_X_HOGWILD_SPARSE", "on") != "off":
             self._sparse = SparseUpdates(model, self.shard_map, self.optimizer,
                                          varying_momentum=self._amom is not None,
-                                         hold=self.config.hold_hot)
+                                         hot=self.config.hot_rows)
             self._last_params = None
 
     def start(self, params: np.ndarray, clock: int = 0) -> None:
@@ -153,7 +153,7 @@ class HogwildWorker(WorkerHalf):
         ``shared`` window without ``--staleness-comp`` (``PSGD_X_HOGWILD_FUSED=off``: never)."""
         return (os.environ.get("PSGD_X_HOGWILD_FUSED", "on") != "off" and self._sparse is not None
                 and self._sparse.fuses and self.windows.shards is not None
-                and self.config.staleness_comp == "none")
+                and self.config.compensation.staleness_comp == "none")
 
     def run_steps(self, params: np.ndarray, x, y: np.ndarray, rows: np.ndarray, clock: int,
                   lrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -234,7 +234,7 @@ class HogwildWorker(WorkerHalf):
         """What ``--staleness-comp`` did on this worker (None: nothing)."""
         if self._amom is not None:
             return self._amom.summary()
-        if self.config.staleness_comp == "inverse":
+        if self.config.compensation.staleness_comp == "inverse":
             return {"method": "inverse", "learning-rate factor": self._inverse.as_dict()}
         return None
 
@@ -292,7 +292,7 @@ class HogwildWorker(WorkerHalf):
         self.histogram.add(staleness)
         self.stats["n_updates"] += 1
         self._last_delay = staleness
-        if self.config.staleness_comp == "inverse":
+        if self.config.compensation.staleness_comp == "inverse":
             factor = 1.0 / (1.0 + staleness)
             self._inverse.add(factor)
             if staleness > 0:

@@ -72,7 +72,7 @@ class ServerResult:
         versions, receive/sum buffers, optimizer state); the same whatever
         the number of workers.
     events : ndarray, int32 (n, 3) or None
-        With ``config.record``: the shard's order of events (:mod:`psgd.ps.order`).
+        With ``config.recording.record``: the shard's order of events (:mod:`psgd.ps.order`).
     push_bytes : int
         Bytes of every push this shard received (control header and payload, as
         MPI delivered them; a push-window push counts its header and its slice).

@@ -1,10 +1,11 @@
-"""`psgd train --pipeline`'s flags: parsed, checked, and the settings they cannot run with."""
+"""A pipeline run's options (psgd.run.mode_flags owns their flags), checked, and the settings
+they cannot run with."""
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
+from typing import Mapping
 
-from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
+from psgd.pipeline.schedules import SCHEDULES
 
 AUTO = "auto"
 _NO_SERVERS = "its protocol combines the stage replicas without servers"
@@ -87,77 +88,17 @@ class PipelineOptions:
         self.counts()
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The pipeline's flags on ``psgd train``."""
-    group = parser.add_argument_group("pipeline parallelism (docs/guide/pipeline.md)")
-    group.add_argument("--pipeline", type=int, metavar="K", default=None,
-                       help="cut the model into K contiguous stages, one rank each; "
-                            "ranks = D replicas x K")
-    group.add_argument("--microbatches", type=int, metavar="M", default=None,
-                       help="microbatches per batch (must divide --batch-size; default 1)")
-    group.add_argument("--schedule", default=None, metavar="S",
-                       help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)")
-    group.add_argument("--partition", default=None, metavar="CUT",
-                       help="auto (balance profiled layer costs; default) or layer-unit "
-                            "counts per stage, e.g. 3,2,4")
-    group.add_argument("--weight-stashing", choices=("on", "off"), default=None,
-                       help="pipedream: each backward runs on the weights its forward used "
-                            "(on, the default); off shows what stashing corrects")
-    group.add_argument("--vertical-sync", action="store_true", default=None,
-                       help="pipedream: every stage runs microbatch g on its weights after "
-                            "g - (K - 1) updates, the version stage 0 used (PipeDream's "
-                            "vertical sync)")
-    group.add_argument("--pipemare-anneal", type=int, default=None, metavar="N",
-                       help="pipemare: stage s's rate rises from lr / (K - s - 1) to lr over N "
-                            "microbatch steps (PipeMare's rescheduling; default a quarter of "
-                            "the run, 0: off)")
-    group.add_argument("--discrepancy-correction", choices=("on", "off"), default=None,
-                       help="pipemare: each backward runs on an estimate of its forward's "
-                            "weights (on, the default)")
-    group.add_argument("--memory-per-rank", type=_bytes, default=None, metavar="BYTES",
-                       help="auto partition: each stage's parameters, gradients and stored "
-                            "activations must fit (e.g. 200M, 2G)")
-
-
-def _bytes(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    scale = units.get(text[-1:].lower(), 1)
-    try:
-        return int(float(text[:-1] if scale > 1 else text) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 200M)") from None
-
-
-def from_args(args: argparse.Namespace) -> PipelineOptions | None:
-    """The options of ``args`` (None without --pipeline); a pipeline flag alone is an error."""
-    given = [f for f in ("microbatches", "schedule", "partition", "memory_per_rank",
-                         "weight_stashing", "vertical_sync", "pipemare_anneal",
-                         "discrepancy_correction")
-             if getattr(args, f, None) is not None]
-    if getattr(args, "pipeline", None) is None:
-        if given:
-            flag = "--" + given[0].replace("_", "-")
-            raise ValueError(f"{flag} applies to pipeline runs; give --pipeline K")
-        return None
-    return PipelineOptions(stages=args.pipeline, microbatches=args.microbatches or 1,
-                           schedule=args.schedule or "1f1b", partition=args.partition or AUTO,
-                           memory_per_rank=args.memory_per_rank,
-                           stash=getattr(args, "weight_stashing", None) != "off",
-                           vertical_sync=bool(getattr(args, "vertical_sync", None)),
-                           anneal=getattr(args, "pipemare_anneal", None),
-                           correct=getattr(args, "discrepancy_correction", None) != "off")
-
-
 SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
                    "staleness_lr")
 
 
-def refused(args: argparse.Namespace, servers: bool = False) -> str | None:
-    """One line for the first flag given that a pipeline run does not run, else None
-    (``servers``: the protocol has parameter servers, which take their own flags)."""
+def refused(given: Mapping, servers: bool = False) -> str | None:
+    """One line for the first setting ``given`` (flag name -> value, from a flag, the TOML
+    config or a variable) that a pipeline run does not run, else None (``servers``: the
+    protocol has parameter servers, which take their own flags)."""
     for name, why in REFUSED.items():
         if servers and name in SERVER_SETTINGS:
             continue
-        if getattr(args, name, None) not in (None, False):
+        if given.get(name) not in (None, False):
             return f"--{name.replace('_', '-')} does not work under --pipeline: {why}"
     return None

@@ -9,34 +9,14 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from psgd.config import ProtocolConfig
+from psgd.config import Compensation, ProtocolConfig
 from psgd.errors import UsageError
 from psgd.nn.optim import OPTIMIZERS
+from psgd.protocols.abilities import ABILITIES, DEFAULT_REASONS, LIMITS  # noqa: F401 (handed on)
 from psgd.ps import compensation
 
-#: what a protocol may declare it can do (``Protocol.abilities``), and what that means
-ABILITIES = {
-    "overlap": "--overlap (pull during the computation) applies; it also needs a bound >= 1",
-    "server-snapshots": "checkpoints are assembled from the servers' shards (else the lead "
-                        "worker writes its own replica)",
-    "resume-optimizer": "a checkpoint's optimizer state is loaded on resume (which then needs "
-                        "the same --optimizer)",
-    "replay": "--record / --replay apply: its servers handle every push and pull themselves, in "
-              "an order they can write down (psgd.ps.order)",
-    "compress": "--compress applies: its workers push, or all-reduce, through psgd.compress",
-    "momentum-correction": "--momentum-correction on applies (psgd.protocols.momentum): the "
-                           "workers can keep the momentum the step would apply",
-    "momentum-gain": "--momentum-correction gain applies, and auto means it with error "
-                     "feedback (psgd.compress.gain): the servers step plain SGD at the "
-                     "momentum's gain on every worker's push of a clock at once",
-    "hot-rows": "--hold-hot applies: sparse workers hold their changes to the rows most batches "
-                "touch (psgd.hogwild.hot)",
-    "elastic": "--elastic applies: workers may be lost and join while the servers run "
-               "(psgd.elastic); the servers' version, bound and barrier count the live workers "
-               "only, so it needs a protocol whose servers see every push",
-}
 AUTO = "auto"                 # --staleness auto: the servers set the bound (psgd.ps.adaptive)
 DEFAULT_STALENESS_MAX = 16    # its largest value unless --staleness-max says otherwise
 
@@ -60,26 +40,22 @@ class Protocol:
         The bound when ``--staleness`` is not given (only when ``bound`` is None).
     optimizers : tuple of str
         The optimizers the protocol runs.
-    optimizer_note : str
-        Why the others are refused (appended to the error).
     abilities : frozenset of str
         What it can do, each a key of :data:`ABILITIES` (which says what each means).
     compensations : tuple of str or None
         The ``--staleness-comp`` methods it runs (:mod:`psgd.ps.compensation`; None: every
         registered method, those registered later included); the default is ``auto`` where
         it runs, else ``none``.
-    compensation_note : str
-        Why the others are refused.
     staleness_unit : str
         What its staleness histogram counts: ``clocks`` (a server's version
         minus the one a push was computed on) or ``updates`` (hogwild).
-    replay_note : str
-        Why not, where it cannot.
     feedback_refused : tuple of str
-        Compressors (by name) it runs without ``--error-feedback on``, and why (``feedback_note``).
+        Compressors (by name) it runs without ``--error-feedback on``.
     pipelines : tuple of str
         The ``--pipeline`` schedules under which it combines each stage's replicas;
-        ``pipeline_note`` says why not the others.
+    reasons : dict
+        Why it refuses, by an ability it lacks (a key of :data:`ABILITIES`) or a setting it
+        limits (a key of :data:`LIMITS`); every refusal line ends with it (:meth:`why_not`).
     graph : str or None
         ``"module:function"`` of a decentralized protocol's graph,
         ``function(topology, n_workers)``, which raises ValueError for a
@@ -115,16 +91,12 @@ class Protocol:
     bound: float | None = 0.0
     default_staleness: int = 2
     optimizers: tuple[str, ...] = OPTIMIZERS
-    optimizer_note: str = ""
     abilities: frozenset[str] = frozenset({"resume-optimizer"})
     compensations: tuple[str, ...] | None = ("none",)
-    compensation_note: str = ": its steps are never stale"
     staleness_unit: str = "clocks"
-    replay_note: str = ": it has no servers whose order of pushes could be recorded"
     feedback_refused: tuple[str, ...] = ()
-    feedback_note: str = ""
     pipelines: tuple[str, ...] = ()   # --pipeline schedules whose stage replicas it combines
-    pipeline_note: str = ""
+    reasons: dict = field(default_factory=dict, hash=False)
     graph: str | None = None
     cost: str | None = None
     example: dict = field(default_factory=dict, hash=False)
@@ -163,6 +135,18 @@ class Protocol:
         if unknown:
             raise UsageError(f"protocol {self.name!r}: unknown abilities {sorted(unknown)}; "
                              f"known: {', '.join(ABILITIES)}")
+        odd = set(self.reasons) - (set(ABILITIES) - set(self.abilities)) - set(LIMITS)
+        if odd:
+            raise UsageError(f"protocol {self.name!r}: reasons for {sorted(odd)}, which are no "
+                             f"ability it lacks nor one of {', '.join(LIMITS)}")
+
+    def why_not(self, key: str) -> str:
+        """``": reason"`` for refusing ``key`` (an ability it lacks, or a key of :data:`LIMITS`)
+        as its entry declares it (else :data:`DEFAULT_REASONS`); ``""`` when none is."""
+        if key not in ABILITIES and key not in LIMITS:
+            raise KeyError(f"{key!r} is not one of {', '.join(ABILITIES)}, {', '.join(LIMITS)}")
+        text = self.reasons.get(key, DEFAULT_REASONS.get(key))
+        return f": {text}" if text else ""
 
     def can(self, ability: str) -> bool:
         """Whether it has ``ability`` (a key of :data:`ABILITIES`)."""
@@ -175,7 +159,7 @@ class Protocol:
         if schedule not in self.pipelines:
             able = " or ".join(p.name for p in PROTOCOLS.values() if schedule in p.pipelines)
             raise ValueError(f"--protocol {self.name} does not combine the replicas of a "
-                             f"--schedule {schedule} pipeline{self.pipeline_note}; {able} does")
+                             f"--schedule {schedule} pipeline{self.why_not('pipeline')}; {able} does")
 
     def compensation_choices(self) -> tuple[str, ...]:
         """The ``--staleness-comp`` values it takes."""
@@ -200,7 +184,7 @@ class Protocol:
         resolved = compensation.resolve(method, optimizer, runs, worker_momentum)
         if method not in runs:
             raise ValueError(f"--staleness-comp {method} does not apply to --protocol "
-                             f"{self.name}{self.compensation_note}; choose one of "
+                             f"{self.name}{self.why_not('staleness-comp')}; choose one of "
                              f"{', '.join(runs)}")
         if comp_lambda is not None and resolved != "dcasgd":
             raise ValueError(f"--comp-lambda applies to --staleness-comp dcasgd only, "
@@ -264,7 +248,7 @@ class Protocol:
             raise ValueError(f"--optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if optimizer not in self.optimizers:
             raise ValueError(f"optimizer {optimizer!r} is not supported with --protocol "
-                             f"{self.name}{self.optimizer_note}; choose one of "
+                             f"{self.name}{self.why_not('optimizer')}; choose one of "
                              f"{', '.join(self.optimizers)}")
         self.topology(topology, n_workers)
         return bound
@@ -276,19 +260,21 @@ class Protocol:
         return self.name
 
     def config(self, n_params: int, *, staleness: int | str | None = None,
-               overlap: bool = False, optimizer: str = "sgd", staleness_comp: str | None = None,
-               comp_lambda: float | None = None, staleness_max: int | None = None,
+               overlap: bool = False, optimizer: str = "sgd",
+               compensation: Compensation = Compensation(), staleness_max: int | None = None,
                topology: str | None = None, n_workers: int | None = None,
                **settings) -> ProtocolConfig:
-        """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`)."""
+        """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`),
+        its ``compensation`` holding the method that runs (``auto`` and the default resolved)."""
         bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer,
                            staleness_max=staleness_max, topology=topology, n_workers=n_workers)
-        method = self.compensation(staleness_comp, optimizer, comp_lambda,
+        method = self.compensation(compensation.staleness_comp, optimizer,
+                                   compensation.comp_lambda,
                                    settings.get("worker_momentum") is not None)
         return ProtocolConfig(protocol=self.name, n_params=n_params, optimizer=optimizer,
                               staleness=bound, staleness_auto=staleness == AUTO,
-                              overlap=overlap, staleness_comp=method,
-                              comp_lambda=comp_lambda,
+                              overlap=overlap,
+                              compensation=replace(compensation, staleness_comp=method),
                               topology=self.topology(topology),
                               update_rule=_load(self.update_rule) if self.update_rule else None,
                               **settings)
@@ -351,16 +337,18 @@ def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
 
 
 _PS = dict(servers=True, worker="psgd.ps.worker:PSWorker", server="psgd.ps.server:serve",
-           pipelines=("gpipe", "1f1b"), pipeline_note=(
-               ": pipedream and pipemare step a stage after every microbatch on the weights "
+           pipelines=("gpipe", "1f1b"), reasons={"pipeline": (
+               "pipedream and pipemare step a stage after every microbatch on the weights "
                "its schedule keeps (stashed or predicted), which a pull from the servers would "
-               "replace between a microbatch's forward and its backward"))
-_OWN_MODELS = (": every worker keeps a model of its own, so a stage's replicas would drift "
-               "apart")
+               "replace between a microbatch's forward and its backward")})
+_OWN_MODELS = {"pipeline": "every worker keeps a model of its own, so a stage's replicas would "
+                           "drift apart",
+               "compress": "its workers average whole models with their neighbours, not "
+                           "gradients"}
 _PS_CAN = frozenset({"server-snapshots", "replay", "compress", "resume-optimizer",
                      "momentum-correction"})
 _COST = "psgd.plan.rows:"   # the cost models, imported only by psgd plan
-_STALE = dict(compensations=None, compensation_note="")
+_STALE = dict(compensations=None)
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("bsp", update_rule="psgd.ps.bsp:BspUpdate", bound=0.0, **_PS, cost=_COST + "bsp_rows",
@@ -381,16 +369,20 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         abilities=frozenset({"hot-rows"}), cost=_COST + "hogwild_rows",
         example={"optimizer": "sgd"}, optimizers=("sgd", "momentum", "nesterov", "adagrad"),
         compensations=("none", "inverse", "amom", "auto"),
-        pipeline_note=(": its workers add to one copy of the whole model lock-free, with no "
-                       "servers of a stage's own"),
-        compensation_note=(": a hogwild worker never sees the parameters its update lands on, "
-                           "which dcasgd and gap need"),
-        replay_note=(": its workers read and add to the servers' memory one-sided and "
-                     "lock-free, so no rank sees, or could impose, the order of updates"),
-        optimizer_note=(": Adam's bias correction and second-moment scaling assume one stream "
-                        "of its own updates to one copy of the parameters, but under hogwild "
-                        "every worker adds to the same copy (use --protocol asp, whose server "
-                        "runs Adam)"),
+        reasons={
+            "pipeline": ("its workers add to one copy of the whole model lock-free, with no "
+                         "servers of a stage's own"),
+            "staleness-comp": ("a hogwild worker never sees the parameters its update lands on, "
+                               "which dcasgd and gap need"),
+            "replay": ("its workers read and add to the servers' memory one-sided and "
+                       "lock-free, so no rank sees, or could impose, the order of updates"),
+            "compress": "its workers add their updates to the servers' memory, with no push",
+            "elastic": ("its workers write the servers' memory one-sided, so no server sees "
+                        "a push to drop a lost worker"),
+            "optimizer": ("Adam's bias correction and second-moment scaling assume one stream "
+                          "of its own updates to one copy of the parameters, but under hogwild "
+                          "every worker adds to the same copy (use --protocol asp, whose "
+                          "server runs Adam)")},
         summary=(
             "lock-free one-sided MPI (Niu et al. 2011): workers step their optimizer locally, "
             "MPI_Get the parameters and MPI_Accumulate the difference into the servers' RMA "
@@ -403,15 +395,15 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         feedback_refused=("fp16",),
         cost=_COST + "allreduce_rows", example={"ranks": 2},
         pipelines=("gpipe", "1f1b", "pipedream", "pipemare"),
-        feedback_note=(": its ring rounds every partial sum to half precision, which no "
-                       "worker's residual could hold"),
+        reasons={"error-feedback": ("its ring rounds every partial sum to half precision, "
+                                    "which no worker's residual could hold")},
         summary=("no servers (--servers 0): gradients are averaged with psgd's all-reduce and "
                  "every worker applies the same step to its replica (--compress fp16: a ring "
                  "of half-precision messages; qsgd, topk, sign: an all-gather of encodings)")),
     Protocol(
         "gossip", servers=False, worker="psgd.gossip.dpsgd:GossipWorker",
         graph="psgd.gossip.topology:mixing_matrix", cost=_COST + "gossip_rows",
-        pipeline_note=_OWN_MODELS,
+        reasons=_OWN_MODELS,
         summary=("decentralized synchronous gossip (D-PSGD, Lian et al. 2017; --servers 0): each "
                  "worker keeps its own model and optimizer, and every step averages it with its "
                  "neighbours on --topology ring, torus, exponential or complete (default ring), "
@@ -419,7 +411,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         "adpsgd", servers=False, worker="psgd.gossip.adpsgd:AdpsgdWorker",
         graph="psgd.gossip.adpsgd:partners", cost=_COST + "adpsgd_rows", example={"ranks": 2},
-        pipeline_note=_OWN_MODELS,
+        reasons=_OWN_MODELS,
         summary=("asynchronous gossip (AD-PSGD, Lian et al. 2018; --servers 0): each worker "
                  "keeps its own model and, whenever ready, averages it with one neighbour "
                  "drawn at random (seeded) on --topology, with no global step (only the log "

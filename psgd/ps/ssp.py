@@ -30,7 +30,7 @@ class SspUpdate(UpdateRuleBase):
         self.optimizer = optimizer
         self.versions = versions
         n = versions.live.shape[0]
-        self.comp = compensation.make(config.staleness_comp, config, optimizer, n, n_workers)
+        self.comp = compensation.make(config.compensation.staleness_comp, config, optimizer, n, n_workers)
         self.slots = 2 if config.overlap else 1
         self.read_count = np.zeros((n_workers, self.slots), np.int64)
         self.reads = (np.zeros((n_workers, self.slots, n), np.float32)

@@ -116,9 +116,9 @@ class PSWorker(WorkerHalf):
                       "staleness": 0, "max_staleness": 0, "push_bytes": 0,
                       "bound": math.inf}
         # qsgd's rounding: a stream of its own per worker, repeatable from the run's seed
-        compressor = make_compressor(config.compress, config.compress_bucket,
+        compressor = make_compressor(config.compression.compress, config.compression.compress_bucket,
                                      seed=config.seed * 100_003 + roles.worker_index + 1)
-        self.encoder = (PushEncoder(compressor, shard_map, config.error_feedback)
+        self.encoder = (PushEncoder(compressor, shard_map, config.compression.feedback)
                         if compressor is not None else None)
         # --momentum-correction: the worker pushes its velocity, not the gradient, each shard's
         # part with the momentum its server's last reply named (ssp/asp: the compensation's)

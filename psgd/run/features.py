@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, replace
 
 from psgd import compress
+from psgd.config import Compensation, Compression, HotRows, Recording
 from psgd.errors import UsageError
 from psgd.hogwild import DEFAULT_HOLD
 from psgd.nn.sparse import is_sparse_spec
@@ -17,7 +18,7 @@ from psgd.run.options import Options
 
 
 @dataclass(frozen=True)
-class CompensationOptions(Options):
+class CompensationOptions(Compensation, Options):
     """How the servers correct a stale update (psgd.ps.compensation)."""
 
     KEY, TITLE = "compensation", "staleness compensation"
@@ -30,10 +31,6 @@ class CompensationOptions(Options):
                                f"{compensation.DEFAULT_LAMBDA:g})"),
         "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
     }
-
-    staleness_comp: str | None = None  # default: auto where updates are stale, else none
-    comp_lambda: float | None = None
-    staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
 
     def resolved(self, plan, protocol) -> CompensationOptions:
         if self.staleness_lr not in ("none", "inverse"):
@@ -49,7 +46,7 @@ class CompensationOptions(Options):
 
 
 @dataclass(frozen=True)
-class CompressionOptions(Options):
+class CompressionOptions(Compression, Options):
     """What each push is compressed to, and where the momentum and the residual live."""
 
     KEY, TITLE = "compression", "compression"
@@ -73,29 +70,35 @@ class CompressionOptions(Options):
                                      + names(able="momentum-gain") + " with sign, else on"),
     }
 
-    compress: str = "none"
-    compress_bucket: int = 512
-    error_feedback: str = "auto"
-    momentum_correction: str = "auto"
+    def __post_init__(self) -> None:
+        """``feedback``, error feedback in force, follows from the flags (a bad --compress
+        leaves it off: :meth:`resolved` names it)."""
+        try:
+            on = compress.feedback_on(self.compress, self.error_feedback, self.compress_bucket)
+        except ValueError:
+            on = False
+        object.__setattr__(self, "feedback", on)
 
     def check(self, protocol) -> None:
         """UsageError when ``protocol`` has not the abilities these options need."""
         if self.compress != "none" and not protocol.can("compress"):
             raise UsageError(f"--compress {self.compress} applies to --protocol "
                              f"{names(able='compress')} (pushes to servers, the all-reduce), "
-                             f"not {protocol.name}")
+                             f"not {protocol.name}{protocol.why_not('compress')}")
         if self.error_feedback == "on" and \
                 self.compress.partition(":")[0] in protocol.feedback_refused:
             raise UsageError(f"--error-feedback on does not apply to --compress {self.compress} "
-                             f"under --protocol {protocol.name}{protocol.feedback_note}")
+                             f"under --protocol {protocol.name}{protocol.why_not('error-feedback')}")
         if self.momentum_correction == "gain" and not protocol.can("momentum-gain"):
             raise UsageError(f"--momentum-correction gain applies to --protocol "
                              f"{names(able='momentum-gain')}, whose step averages every "
-                             f"worker's push of a clock, not {protocol.name}")
+                             f"worker's push of a clock, not {protocol.name}"
+                             f"{protocol.why_not('momentum-gain')}")
         if self.momentum_correction == "on" and not protocol.can("momentum-correction"):
             raise UsageError(f"--momentum-correction on applies to --protocol "
                              f"{names(able='momentum-correction')}, whose workers can keep the "
-                             f"momentum of the servers' step, not {protocol.name}")
+                             f"momentum of the servers' step, not {protocol.name}"
+                             f"{protocol.why_not('momentum-correction')}")
 
     def resolved(self, plan, protocol) -> CompressionOptions:
         self.check(protocol)
@@ -106,7 +109,7 @@ class CompressionOptions(Options):
 
 
 @dataclass(frozen=True)
-class RecordOptions(Options):
+class RecordOptions(Recording, Options):
     """The servers' order of pushes and pulls, written or followed."""
 
     KEY, TITLE = "recording", "record and replay"
@@ -117,16 +120,13 @@ class RecordOptions(Options):
                         "(and its own --log) gives bit-identical parameters and losses"),
     }
 
-    record: str | None = None
-    replay: str | None = None
-
     def resolved(self, plan, protocol) -> RecordOptions:
         if self.record and self.replay:
             raise UsageError("give --record or --replay, not both")
         given = "--record" if self.record else "--replay" if self.replay else None
         if given and not protocol.can("replay"):
             raise UsageError(f"{given} does not apply to --protocol {protocol.name}"
-                             f"{protocol.replay_note}")
+                             f"{protocol.why_not('replay')}")
         if self.replay and not os.path.exists(self.replay):
             raise UsageError(f"--replay {self.replay}: no such file")
         return self
@@ -186,7 +186,7 @@ class StragglerOptions(Options):
 
 
 @dataclass(frozen=True)
-class HotRowOptions(Options):
+class HotRowOptions(HotRows, Options):
     """Sparse hogwild's held hot rows (psgd.hogwild)."""
 
     KEY, TITLE = "hot_rows", "sparse models"
@@ -200,15 +200,13 @@ class HotRowOptions(Options):
                           "docs/design/hogwild.md)"),
     }
 
-    hold_hot: int | None = None   # resolved: None where no rows are held
-
     def resolved(self, plan, protocol) -> HotRowOptions:
         hold = self.hold_hot
         if hold is not None and hold < 1:
             raise UsageError(f"--hold-hot must be >= 1, got {hold}")
         if hold is not None and not protocol.can("hot-rows"):
             raise UsageError(f"--hold-hot applies to --protocol {names(able='hot-rows')} on "
-                             f"sparse data, not {protocol.name}")
+                             f"sparse data, not {protocol.name}{protocol.why_not('hot-rows')}")
         sparse = is_sparse_spec(plan.model)   # the job checks the data against the model
         if hold is not None and not sparse:
             raise UsageError(f"--hold-hot applies to a sparse model (linear or svm on CSR "

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from psgd.compress import feedback_on, gain
+from psgd.compress import gain
 from psgd.config import ProtocolConfig
 from psgd.env import ps_push_window, psgd_variables
 from psgd.errors import PsgdError, set_traceback_base
@@ -140,31 +140,27 @@ def build_job(settings: RunPlan, roles: Roles, debug: bool, resumed: Resumed | N
     resume = resume_checkpoint(settings, resumed, model, total, protocol)
     foreign = check_checkpoint_dir(settings, run_id)
     base = lr_by_clock(settings, total, model)
-    compression, compensation = settings.compression, settings.compensation
-    feedback = feedback_on(compression.compress, compression.error_feedback,
-                           compression.compress_bucket)
+    compression = settings.compression
     opt_hparams = {"momentum": settings.momentum, "weight_decay": settings.alpha
                    if settings.lr_schedule == "optimal" else settings.weight_decay}
-    gain_feedback = gain.auto_feedback(compression.compress, feedback, compression.compress_bucket)
+    gain_feedback = gain.auto_feedback(compression.compress, compression.feedback,
+                                       compression.compress_bucket)
     where = momentum_plan(protocol, compression.momentum_correction, optimizer=settings.optimizer,
                          momentum=settings.momentum, weight_decay=settings.weight_decay,
-                         opt_hparams=opt_hparams, schedule=base, feedback=feedback,
-                         gain_feedback=gain_feedback, staleness_comp=compensation.staleness_comp)
+                         opt_hparams=opt_hparams, schedule=base, feedback=compression.feedback,
+                         gain_feedback=gain_feedback,
+                         staleness_comp=settings.compensation.staleness_comp)
     config = protocol.config(
         model.n_params, staleness=settings.staleness, staleness_max=settings.staleness_max,
-        overlap=settings.overlap,
-        optimizer=where.optimizer,
-        opt_hparams=where.opt_hparams,
+        overlap=settings.overlap, optimizer=where.optimizer, opt_hparams=where.opt_hparams,
         lr_schedule=where.schedule,  # clocks are the run's steps, also after a resume
-        staleness_comp=compensation.staleness_comp, comp_lambda=compensation.comp_lambda,
-        snapshot_every=settings.checkpoint_every,
-        skip_nonfinite=settings.skip_nonfinite, record=settings.recording.record is not None,
-        replay=_replay_events(settings, roles, resume, total), seed=settings.seed,
-        topology=settings.topology, n_workers=roles.n_workers,
-        compress=compression.compress, compress_bucket=compression.compress_bucket,
-        error_feedback=feedback, worker_momentum=where.worker_momentum,
-        momentum_gain=where.momentum_gain, hold_hot=settings.hot_rows.hold_hot or 1,
-        push_window=ps_push_window())
+        snapshot_every=settings.checkpoint_every, skip_nonfinite=settings.skip_nonfinite,
+        seed=settings.seed, topology=settings.topology, n_workers=roles.n_workers,
+        worker_momentum=where.worker_momentum, momentum_gain=where.momentum_gain,
+        replay_events=_replay_events(settings, roles, resume, total),
+        push_window=ps_push_window(), compression=compression,
+        compensation=settings.compensation, recording=settings.recording,
+        hot_rows=settings.hot_rows)
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = settings.stragglers.make(settings.seed, max(roles.worker_index, 0), roles.n_workers)

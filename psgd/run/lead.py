@@ -217,7 +217,7 @@ class Lead:
               f"{summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f})", flush=True)
         if s.compression.compress != "none" and "push_bytes" in summary:
             notes = [text for on, text in (
-                (job.config.error_feedback, "error feedback on"),
+                (job.config.compression.feedback, "error feedback on"),
                 (job.config.worker_momentum, "momentum on the workers (--momentum-correction)"),
                 (job.config.momentum_gain, "momentum as its gain: plain SGD at lr / "
                                            "(1 - momentum) (--momentum-correction)"))

@@ -7,7 +7,7 @@ defaults filled in; :class:`psgd.run.run_plan.RunPlan` holds the result.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 
@@ -26,7 +26,7 @@ class Options:
 
     def as_dict(self) -> dict:
         """Flag name -> value, as the config record and checkpoints store them."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in self.FLAGS}
 
     def resolved(self, plan, protocol):
         """These options checked against ``plan`` (its core settings resolved, and the

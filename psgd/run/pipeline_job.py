@@ -26,7 +26,7 @@ from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.metrics import MetricsLog
-from psgd.run.settings import resolve_run
+from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
 
 DEFAULT_PROTOCOL = "allreduce"
@@ -51,16 +51,16 @@ class PipelineRun:
 
 
 def _setup(args: argparse.Namespace, comm: MPI.Comm):
-    args.protocol = args.protocol or DEFAULT_PROTOCOL
-    refused = pipeline_options.refused(args, servers=get(args.protocol).servers)
+    given = given_settings(args)
+    if "protocol" not in given:
+        args.protocol = DEFAULT_PROTOCOL
+    protocol = get(given.get("protocol", DEFAULT_PROTOCOL))
+    refused = pipeline_options.refused(given, servers=protocol.servers)
     if refused:
         raise ValueError(refused)
-    opts = pipeline_options.from_args(args)
-    if opts.schedule in pipeline_options.SCHEDULES:
-        get(args.protocol).check_pipeline(opts.schedule)
-    settings, resumed = resolve_run(args)
+    settings, resumed = resolve_run(args)   # checks the pipeline's flags (psgd.run.mode_flags)
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
-    opts.check(settings.batch_size)
+    opts = settings.pipeline.options()
     partition.check_stages(_skeleton(settings), opts.stages)
     n_servers = servers_of(settings)
     if n_servers:

@@ -11,12 +11,13 @@ from psgd.errors import UsageError
 from psgd.protocols import AUTO, get
 from psgd.run.features import (CompensationOptions, CompressionOptions, HotRowOptions,
                                RecordOptions, StragglerOptions, TraceOptions)
+from psgd.run.mode_flags import ElasticOptions, PipelineFlags
 from psgd.run.optimizer_defaults import check_optimizer, fill_defaults
 from psgd.run.tensor_flags import TensorOptions
 
 #: the features, in the order they are resolved (each may read those before it)
 FEATURES = (CompensationOptions, CompressionOptions, RecordOptions, TraceOptions,
-            StragglerOptions, HotRowOptions, TensorOptions)
+            StragglerOptions, HotRowOptions, TensorOptions, PipelineFlags, ElasticOptions)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class RunPlan:
     stragglers: StragglerOptions = StragglerOptions()
     hot_rows: HotRowOptions = HotRowOptions()
     split: TensorOptions = TensorOptions()
+    pipeline: PipelineFlags = PipelineFlags()
+    elastic: ElasticOptions = ElasticOptions()
 
     @classmethod
     def from_flat(cls, values: Mapping) -> RunPlan:

@@ -13,6 +13,7 @@ from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
 from psgd.run.optimizer_defaults import DENSE_DEFAULT, SPARSE_DEFAULT, default_text
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, names
 from psgd.run.features import CompensationOptions, RecordOptions, TraceOptions
+from psgd.run.mode_flags import ElasticOptions, PipelineFlags
 from psgd.run.run_plan import FEATURES, FLAG_NAMES, RunPlan, validate
 from psgd.run.tensor_flags import TensorOptions
 
@@ -199,7 +200,8 @@ def load_toml(path: str) -> dict:
 # Settings of a run that a resume does not take from its checkpoint: how this attempt runs
 # (a checkpoint holds the serial flat vector, so any grid of model parts resumes it)
 NOT_RESUMED = ("resume", "overwrite", "quiet", "stall_timeout", "stall_abort",
-               *RecordOptions.FLAGS, *TraceOptions.FLAGS, *TensorOptions.FLAGS)
+               *RecordOptions.FLAGS, *TraceOptions.FLAGS, *TensorOptions.FLAGS,
+               *PipelineFlags.FLAGS, *ElasticOptions.FLAGS)
 # Settings a protocol resolves for itself: restored only when the protocol stays the same
 PER_PROTOCOL = ("servers", "staleness", "staleness_max", *CompensationOptions.FLAGS, "overlap",
                 "topology")
@@ -223,6 +225,19 @@ def resolve(args: argparse.Namespace, environ=os.environ) -> RunPlan:
 
 def resolve_run(args: argparse.Namespace, environ=os.environ) -> tuple[RunPlan, Resumed | None]:
     """:func:`resolve`, and the checkpoint the run resumes from (None for a fresh start)."""
+    given = given_settings(args, environ)
+    resumed, stored = _from_checkpoint(given)
+    plan = validate(RunPlan.from_flat({**_carried(stored, given), **given}))
+    if resumed is not None:
+        now = plan.as_dict()
+        resumed.changed = [f"{name} {stored[name]} -> {now[name]}" for name in given
+                           if name in stored and stored[name] != now[name]]
+    return plan, resumed
+
+
+def given_settings(args: argparse.Namespace, environ=os.environ) -> dict:
+    """The settings given, flag name -> value: each from its flag, else the TOML config, else
+    its PSGD_<NAME> variable (nothing filled in or checked)."""
     from_toml = load_toml(args.config) if getattr(args, "config", None) else {}
     given = {}
     for name in FLAG_NAMES:
@@ -235,13 +250,7 @@ def resolve_run(args: argparse.Namespace, environ=os.environ) -> tuple[RunPlan, 
         elif env_value not in (None, ""):
             given[name] = _coerce(name, env_value, f"environment PSGD_{name.upper()}")
     _flag_wins_run_length(given, args)
-    resumed, stored = _from_checkpoint(given)
-    plan = validate(RunPlan.from_flat({**_carried(stored, given), **given}))
-    if resumed is not None:
-        now = plan.as_dict()
-        resumed.changed = [f"{name} {stored[name]} -> {now[name]}" for name in given
-                           if name in stored and stored[name] != now[name]]
-    return plan, resumed
+    return given
 
 
 def _from_checkpoint(given: dict) -> tuple[Resumed | None, dict]:

@@ -69,7 +69,7 @@ class ServerGroups:
         self.config = self.protocol.config(
             int(n[0]), staleness=s.staleness, staleness_max=s.staleness_max, optimizer=s.optimizer,
             opt_hparams={"momentum": s.momentum, "weight_decay": s.weight_decay}, lr_schedule=lr,
-            staleness_comp=s.compensation.staleness_comp, comp_lambda=s.compensation.comp_lambda, seed=s.seed,
+            compensation=s.compensation, seed=s.seed,
             n_workers=self.roles.n_workers)
         self.shard_map = ShardMap(int(n[0]), self.roles.n_servers)
         return buf

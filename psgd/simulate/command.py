@@ -82,7 +82,7 @@ def _check(args, settings, protocol) -> None:
         raise PsgdError(f"--record writes a server's order, which {protocol.name} has not")
     if settings.recording.record and not protocol.can("replay"):
         raise PsgdError(f"--record writes a server's order, which {protocol.name} "
-                        f"has not{protocol.replay_note}")
+                        f"has not{protocol.why_not('replay')}")
     if settings.overlap:
         raise PsgdError("psgd simulate posts each pull behind its push: a pull posted before "
                         "the compute (--overlap) is not modelled; drop --overlap")

@@ -124,10 +124,10 @@ class _Codec:
     def __init__(self, config, smap, workers: int) -> None:
         from psgd.compress import make
         from psgd.compress.feedback import PushEncoder
-        self.encoders = [PushEncoder(make(config.compress, config.compress_bucket,
+        self.encoders = [PushEncoder(make(config.compression.compress, config.compression.compress_bucket,
                                           seed=config.seed * 100_003 + w + 1),
-                                     smap, config.error_feedback) for w in range(workers)]
-        self.decoder = make(config.compress, config.compress_bucket)
+                                     smap, config.compression.feedback) for w in range(workers)]
+        self.decoder = make(config.compression.compress, config.compression.compress_bucket)
         self.frames: list = [None] * workers
         self.clock = np.full(workers, -1, np.int64)
 
@@ -153,7 +153,7 @@ class _Servers:
         self.shards = [_Shard(job.config, self.smap.view(job.model.params, s), workers, s)
                        for s in range(self.smap.n_shards)]
         self.read = np.zeros((workers, self.smap.n_shards), np.int64)   # version each last read
-        coded = job.config.compress not in (None, "none")
+        coded = job.config.compression.compress not in (None, "none")
         self.codec = _Codec(job.config, self.smap, workers) if coded else None
         self.extra_bytes = self.codec.nbytes if coded else 0
 
@@ -185,9 +185,9 @@ class _LockFree:
 
     def __init__(self, job, workers: int, vw: VirtualWorkers) -> None:
         config, n = job.config, job.model.n_params
-        if config.staleness_comp != "none":
+        if config.compensation.staleness_comp != "none":
             raise UsageError(f"psgd simulate --train runs hogwild without --staleness-comp, "
-                            f"not {config.staleness_comp}")
+                            f"not {config.compensation.staleness_comp}")
         self.smap, self.vw, self.config = job.shard_map, vw, config
         self.live = job.model.params.copy()
         self.optimizers = [make_optimizer(config.optimizer, n, **config.opt_hparams)

@@ -12,6 +12,7 @@ import json
 import numpy as np
 from mpi4py import MPI
 
+from psgd.config import Compression
 from psgd.compress.gain import server_step
 from psgd.errors import report_and_abort
 from psgd.mpi.roles import assign_roles
@@ -38,8 +39,8 @@ def main():
     if args.gain is not None:
         optimizer, hparams, schedule = server_step(args.gain, 0.0, schedule)
     config = make_config("bsp", N, optimizer=optimizer, opt_hparams=hparams,
-                         lr_schedule=schedule, compress=args.compress,
-                         error_feedback=args.gain is not None)
+                         lr_schedule=schedule, compression=Compression(
+                             args.compress, feedback=args.gain is not None))
     init = np.arange(N, dtype=np.float32) / 8
     if roles.is_server:
         result = serve(roles, smap, config, init_shard=smap.view(init, roles.server_index).copy())

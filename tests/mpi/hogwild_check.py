@@ -8,6 +8,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from psgd.config import Compensation
 from psgd.errors import report_and_abort
 from psgd.hogwild.server import serve_hogwild
 from psgd.hogwild.worker import HogwildWorker
@@ -114,7 +115,7 @@ def main():
         check_rejected(roles, args.optimizer)
         return
     config = make_config("hogwild", args.n_params, optimizer=args.optimizer, opt_hparams=hparams,
-                         staleness_comp="none")   # the sums below are exact without it
+                         compensation=Compensation("none"))   # the sums below are exact without it
     shard_map = ShardMap(args.n_params, args.servers)
     if roles.is_server:
         run_server(roles, shard_map, config, args.steps, args.window)

@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 from reference import softmax_grad
 
+from psgd.config import Compensation
 from psgd.errors import report_and_abort
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
@@ -289,7 +290,7 @@ def mode_momentum(args, comm):
     target once pushes are late and stays within what the servers had in force."""
     roles = assign_roles(comm, args.servers)
     mu = 0.9
-    config = ps_config("asp", N_PARAMS, optimizer="momentum", staleness_comp="amom",
+    config = ps_config("asp", N_PARAMS, optimizer="momentum", compensation=Compensation("amom"),
                        opt_hparams={"momentum": 0.0, "weight_decay": 0.0},
                        lr_schedule=lambda c: LR,
                        worker_momentum={"momentum": mu, "nesterov": False, "weight_decay": 0.0})

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from psgd.config import Compensation
 from psgd.errors import report_and_abort
 from psgd.hogwild.server import serve_hogwild
 from psgd.hogwild.worker import HogwildWorker
@@ -86,7 +87,7 @@ def main():
     lrs = [schedule(step) for step in range(args.steps)]
     hparams = {"weight_decay": args.decay, **({} if sgd else {"momentum": MOMENTUM})}
     config = make_config("hogwild", n, optimizer=args.optimizer, opt_hparams=hparams,
-                         staleness_comp="none")
+                         compensation=Compensation("none"))
     shard_map = ShardMap(n, args.servers)
     if roles.is_server:
         lo, hi = shard_map.range(roles.server_index)

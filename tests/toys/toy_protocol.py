@@ -39,7 +39,7 @@ def rows(job, net, name):
 
 register(Protocol(
     "toymean", servers=False, worker="toy_protocol:MeanWorker", optimizers=("sgd", "momentum"),
-    optimizer_note=": a toy", cost="toy_protocol:rows",
+    reasons={"optimizer": "a toy"}, cost="toy_protocol:rows",
     example={"ranks": 2, "config": "tests/toys/toymean.toml"},
     summary="a toy from outside psgd: the mean gradient by MPI_Iallreduce, then each "
             "worker's step"))

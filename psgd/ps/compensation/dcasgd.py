@@ -23,7 +23,7 @@ class DcAsgd(Compensation):
 
     def __init__(self, config, optimizer, n, n_workers=1):
         super().__init__(config, optimizer, n, n_workers)
-        self.lam = DEFAULT_LAMBDA if config.comp_lambda is None else config.comp_lambda
+        self.lam = DEFAULT_LAMBDA if config.compensation.comp_lambda is None else config.compensation.comp_lambda
         self.meansq = np.zeros(n, np.float32)
         self.out = np.empty(n, np.float32)
 

@@ -50,6 +50,7 @@ class HotRows:
     """Sparse hogwild's held hot rows (:mod:`psgd.hogwild.hot`); ``hold_hot`` None or 1: none."""
 
     hold_hot: int | None = None
+    hot_touch: float | None = None   # a row is hot above this chance of a batch touching it
 
 
 @dataclass(frozen=True)

@@ -117,3 +117,35 @@ def test_one_worker_holding_hot_rows_steps_as_holding_none_to_rounding(hold, lam
     assert np.allclose(l1, l2, rtol=1e-5)
     assert c1 == c2 == steps and (st1 == 0).all() and (st2 == 0).all()
     assert pushed2 < pushed1   # held rows are added once per settle, not every step
+
+
+def test_hot_touch_goes_from_the_plan_to_the_sparse_workers_choice_of_rows(tmp_path):
+    """--hot-touch F reaches SparseUpdates as the plan's own hot-rows options (ProtocolConfig
+    carries them as they are) and picks hot_rows' rows for F; refused out of (0, 1) and where
+    no rows are held."""
+    from types import SimpleNamespace
+
+    from psgd.hogwild.sparse import SparseUpdates
+    from psgd.mpi.shardmap import ShardMap
+    from psgd.nn.optim import make_optimizer
+    from psgd.nn.sparse import build_sparse_model
+    from psgd.protocols import make_config
+    from psgd.run.run_plan import RunPlan, validate
+    data = tmp_path / "d.h5"
+    data.write_bytes(b"")   # existence is all that validation checks
+    flat = dict(data=str(data), protocol="hogwild", model="linear", hot_touch=0.2)
+    plan = validate(RunPlan.from_flat(flat))
+    model = build_sparse_model("linear:5-2", 5, 2)
+    config = make_config("hogwild", model.n_params, hot_rows=plan.hot_rows)
+    assert config.hot_rows is plan.hot_rows and plan.as_dict()["hot_touch"] == 0.2
+    updates = SparseUpdates(model, ShardMap(model.n_params, 1),
+                            make_optimizer("sgd", model.n_params), hot=config.hot_rows)
+    indices = np.concatenate([np.zeros(100), np.ones(30), np.full(10, 2), [3]]).astype(np.int32)
+    x = SimpleNamespace(indices=indices, indptr=np.arange(101))
+    slot, hot, hold = updates.held(x, 4)
+    assert hot.tolist() == hot_rows(indices, 100, 6, 4, DEFAULT_HOLD, touch=0.2)[1].tolist()
+    assert hot.tolist() == [0, 1, 2, 5] and hold == DEFAULT_HOLD   # 2: touched with 0.34 > 0.2
+    with pytest.raises(ValueError, match=r"--hot-touch must be in \(0, 1\), got 1.5"):
+        validate(RunPlan.from_flat({**flat, "hot_touch": 1.5}))
+    with pytest.raises(ValueError, match="--hot-touch applies with --hold-hot's held rows"):
+        validate(RunPlan.from_flat({**flat, "protocol": "asp", "model": "mlp:784-10"}))

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from numba import njit
 
 from psgd.config import HotRows
-from psgd.hogwild.hot import hot_rows
+from psgd.hogwild.hot import HOT_TOUCH, hot_rows
 from psgd.hogwild.rows import add_rows, copy_rows
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.lazy_adagrad import LazyAdagrad
@@ -50,7 +50,7 @@ class SparseUpdates:
         still taken as momentum.
     hot : HotRows
         The run's hot rows (``--hold-hot``: steps the fused run, :mod:`psgd.hogwild.fused`,
-        holds their changes; None or 1: none held).
+        holds their changes, None or 1: none held; ``--hot-touch``: which rows are hot).
     """
 
     def __init__(self, model, shard_map: ShardMap, optimizer: Optimizer,
@@ -80,8 +80,9 @@ class SparseUpdates:
         at ``batch`` rows a step and this run's hold, kept for the next run."""
         key = (id(x), batch)
         if self._held is None or self._held[0] != key:
+            touch = HOT_TOUCH if self.hot.hot_touch is None else self.hot.hot_touch
             self._held = key, (*hot_rows(x.indices, max(len(x.indptr) - 1, 1), self.n_rows, batch,
-                                         self.hold), self.hold)
+                                         self.hold, touch), self.hold)
         return self._held[1]
 
     @property

@@ -198,6 +198,9 @@ class HotRowOptions(HotRows, Options):
                           f"(1: every step; default {DEFAULT_HOLD}; applies where the steps run "
                           "fused: --optimizer sgd or adagrad on one node, see "
                           "docs/design/hogwild.md)"),
+        "hot_touch": (float, "with --hold-hot: a row is hot, and held, when a batch touches it "
+                             "with a chance above F, 0 < F < 1 (default 0.5: more often than "
+                             "not); lower holds more rows"),
     }
 
     def resolved(self, plan, protocol) -> HotRowOptions:
@@ -211,6 +214,12 @@ class HotRowOptions(HotRows, Options):
         if hold is not None and not sparse:
             raise UsageError(f"--hold-hot applies to a sparse model (linear or svm on CSR "
                              f"data), not --model {plan.model}")
+        touch = self.hot_touch
+        if touch is not None and not 0 < touch < 1:
+            raise UsageError(f"--hot-touch must be in (0, 1), got {touch}")
         if not (protocol.can("hot-rows") and sparse):
+            if touch is not None:
+                raise UsageError(f"--hot-touch applies with --hold-hot's held rows (--protocol "
+                                 f"{names(able='hot-rows')} on sparse data)")
             return self
         return replace(self, hold_hot=DEFAULT_HOLD if hold is None else hold)

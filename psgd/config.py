@@ -16,8 +16,9 @@ class Compression:
     """``--compress`` and what rides on it (:mod:`psgd.compress`).
 
     ``error_feedback`` is the flag (auto, on or off); ``feedback`` whether it is in force for
-    this compressor (the plan's options derive it from the flags); ``momentum_correction`` the flag, which the job turns
-    into :attr:`ProtocolConfig.worker_momentum` / :attr:`ProtocolConfig.momentum_gain`.
+    this compressor (the plan's options derive it from the flags); ``momentum_correction``
+    the flag, which the job turns into :attr:`ProtocolConfig.worker_momentum` and
+    :attr:`ProtocolConfig.momentum_gain`.
     """
 
     compress: str = "none"

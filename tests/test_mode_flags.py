@@ -79,6 +79,8 @@ def test_elastic_under_a_protocol_without_the_ability_gives_its_declared_reason(
     ({"PSGD_MAX_WORKERS": "4"}, "--max-workers applies with --elastic only"),
     ({"PSGD_PIPELINE": "2", "PSGD_WEIGHT_STASHING": "maybe"}, "--weight-stashing must be on or off"),
     ({"PSGD_ELASTIC": "yes"}, "--elastic needs --port-file"),
+    ({"PSGD_PIPELINE": "2", "PSGD_MEMORY_PER_RANK": "lots"},
+     "PSGD_MEMORY_PER_RANK: memory_per_rank must be byte_count, got 'lots'"),
 ])
 def test_a_mode_flag_from_a_variable_is_checked_like_the_flag(data, env, message):
     with pytest.raises(ValueError, match=message):
@@ -91,3 +93,10 @@ def test_a_setting_a_pipeline_does_not_run_is_refused_from_a_toml_config_too(tmp
     given = given_settings(parse("--config", str(cfg), "--data", data), environ={})
     assert refused(given).startswith("--compress does not work under --pipeline")
     assert PipelineFlags.from_flat(given).pipeline == 2
+
+
+def test_byte_counts_read_suffixes_and_toml_integers():
+    assert (byte_count("4096"), byte_count("2k"), byte_count("1.5G"), byte_count(7)) == \
+        (4096, 2048, 3 * 2 ** 29, 7)
+    with pytest.raises(SystemExit):   # argparse's one line
+        parse("--pipeline", "2", "--memory-per-rank", "lots")

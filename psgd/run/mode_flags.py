@@ -2,6 +2,7 @@
 job (--elastic): their flags, TOML keys and PSGD_<NAME> variables like every feature's."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, replace
 
 from psgd.errors import UsageError
@@ -15,15 +16,20 @@ DEFAULT_NO_WORKER_S = 300.0
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
+class NotBytes(argparse.ArgumentTypeError, ValueError):
+    """A --memory-per-rank that is no byte count (argparse prints its message; a TOML key or a
+    variable's is a usage line like any bad setting's)."""
+
+
 def byte_count(text) -> int:
-    """``200M``, ``2G``, ``4096`` (or an int from TOML) as bytes; ValueError otherwise."""
+    """``200M``, ``2G``, ``4096`` (or an int from TOML) as bytes; :class:`NotBytes` otherwise."""
     if isinstance(text, int):
         return text
     scale = _UNITS.get(str(text)[-1:].lower(), 1)
     try:
         return int(float(text[:-1] if scale > 1 else text) * scale)
     except ValueError:
-        raise ValueError(f"not a byte count: {text!r} (e.g. 200M)") from None
+        raise NotBytes(f"not a byte count: {text!r} (e.g. 200M)") from None
 
 
 def _on_off(flag: str, value: str | None) -> None:

@@ -31,7 +31,7 @@ class AllreduceWorker(WorkerHalf):
     :func:`psgd.collectives.allreduce.allreduce` (``op="mean"``) and the optimizer updates
     the local replica; since every worker applies the same averaged gradient to
     the same parameters, the replicas stay bitwise identical, which is checked
-    every ``check_every`` steps. With ``config.compression.compress`` the average goes through
+    every ``check_every`` steps. With ``config.compression`` the average goes through
     :mod:`psgd.collectives.compressed` instead (its bytes in ``stats["push_bytes"]``).
 
     Parameters
@@ -74,7 +74,8 @@ class AllreduceWorker(WorkerHalf):
         self.stats = {"allreduce_s": 0.0, "optimizer_s": 0.0, "check_s": 0.0, "step_s": 0.0,
                       "steps": 0, "checks": 0, "skipped": 0}
         # --compress: qsgd's rounding takes a stream of its own per worker, as a PS worker's
-        compressor = make_compressor(config.compression.compress, config.compression.compress_bucket,
+        coding = config.compression
+        compressor = make_compressor(coding.compress, coding.compress_bucket,
                                      seed=config.seed * 100_003 + roles.worker_index + 1)
         self.coded = None if compressor is None else compressed.make(
             self.comm.Dup(), compressor, self.n_params, config.compression.feedback)

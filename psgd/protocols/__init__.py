@@ -52,7 +52,7 @@ class Protocol:
     feedback_refused : tuple of str
         Compressors (by name) it runs without ``--error-feedback on``.
     pipelines : tuple of str
-        The ``--pipeline`` schedules under which it combines each stage's replicas;
+        The ``--pipeline`` schedules under which it combines each stage's replicas.
     reasons : dict
         Why it refuses, by an ability it lacks (a key of :data:`ABILITIES`) or a setting it
         limits (a key of :data:`LIMITS`); every refusal line ends with it (:meth:`why_not`).

@@ -97,9 +97,11 @@ class _Server:
         self.segments: dict[int, np.ndarray] = {}   # worker rank -> its shard slice in the window
         self.n_window_pushes = 0
         self.fault = faults.for_rank(self.rank)  # None unless PSGD_X_FAULT names this rank (tests)
-        self.order = (Replay(config.replay_events[self.shard], self.shard) if config.replay_events is not None
+        events = config.replay_events
+        self.order = (Replay(events[self.shard], self.shard) if events is not None
                       else Recorder() if config.recording.record else Order())
-        self.compressor = make_compressor(config.compression.compress, config.compression.compress_bucket)
+        coding = config.compression
+        self.compressor = make_compressor(coding.compress, coding.compress_bucket)
         self.frame = (np.zeros(self.compressor.max_bytes(self.n), np.uint8)
                       if self.compressor is not None else None)
         self.push_bytes = 0   # control header and payload of every push, as received

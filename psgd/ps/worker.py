@@ -116,7 +116,8 @@ class PSWorker(WorkerHalf):
                       "staleness": 0, "max_staleness": 0, "push_bytes": 0,
                       "bound": math.inf}
         # qsgd's rounding: a stream of its own per worker, repeatable from the run's seed
-        compressor = make_compressor(config.compression.compress, config.compression.compress_bucket,
+        coding = config.compression
+        compressor = make_compressor(coding.compress, coding.compress_bucket,
                                      seed=config.seed * 100_003 + roles.worker_index + 1)
         self.encoder = (PushEncoder(compressor, shard_map, config.compression.feedback)
                         if compressor is not None else None)

@@ -124,10 +124,11 @@ class _Codec:
     def __init__(self, config, smap, workers: int) -> None:
         from psgd.compress import make
         from psgd.compress.feedback import PushEncoder
-        self.encoders = [PushEncoder(make(config.compression.compress, config.compression.compress_bucket,
+        coding = config.compression
+        self.encoders = [PushEncoder(make(coding.compress, coding.compress_bucket,
                                           seed=config.seed * 100_003 + w + 1),
-                                     smap, config.compression.feedback) for w in range(workers)]
-        self.decoder = make(config.compression.compress, config.compression.compress_bucket)
+                                     smap, coding.feedback) for w in range(workers)]
+        self.decoder = make(coding.compress, coding.compress_bucket)
         self.frames: list = [None] * workers
         self.clock = np.full(workers, -1, np.int64)
 

@@ -146,3 +146,15 @@ def test_protocol_names_are_compared_only_in_the_registry():
             continue
         found += [f"{path.relative_to(ROOT)}:{line}" for line in protocol_name_comparisons(tree)]
     assert not found, "protocol name compared outside psgd/protocols: " + ", ".join(found)
+
+
+def test_no_hasattr_probes_a_protocol_half():
+    """The halves' optional parts are methods with defaults (psgd.halves): the job, the worker
+    and server families ask an optimizer or a value what it is, never a half what it can do."""
+    probed = set()
+    for package in ("run", "ps", "hogwild", "collectives", "gossip"):
+        for path in sorted((ROOT / "psgd" / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr":
+                    probed.add(ast.unparse(node.args[0]))
+    assert probed <= {"optimizer", "self.optimizer", "value"}, probed

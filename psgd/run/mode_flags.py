@@ -45,24 +45,27 @@ class PipelineFlags(Options):
     KEY, TITLE = "pipeline", "pipeline parallelism (docs/guide/pipeline.md)"
     FLAGS = {
         "pipeline": (int, "cut the model into K contiguous stages, one rank each; "
-                          "ranks = D replicas x K"),
-        "microbatches": (int, "microbatches per batch (must divide --batch-size; default 1)"),
-        "schedule": (str, f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)"),
+                          "ranks = D replicas x K", "K"),
+        "microbatches": (int, "microbatches per batch (must divide --batch-size; default 1)",
+                         "M"),
+        "schedule": (str, f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)", "S"),
         "partition": (str, "auto (balance profiled layer costs; default) or layer-unit counts "
-                           "per stage, e.g. 3,2,4"),
+                           "per stage, e.g. 3,2,4", "CUT"),
         "weight_stashing": (str, "on or off, pipedream: each backward runs on the weights its "
                                  "forward used (on, the default); off shows what stashing "
-                                 "corrects"),
+                                 "corrects", "on|off"),
         "vertical_sync": (bool, "pipedream: every stage runs microbatch g on its weights after "
                                 "g - (K - 1) updates, the version stage 0 used (PipeDream's "
                                 "vertical sync)"),
         "pipemare_anneal": (int, "pipemare: stage s's rate rises from lr / (K - s - 1) to lr "
                                  "over N microbatch steps (PipeMare's rescheduling; default a "
-                                 "quarter of the run, 0: off)"),
+                                 "quarter of the run, 0: off)", "N"),
         "discrepancy_correction": (str, "on or off, pipemare: each backward runs on an estimate "
-                                        "of its forward's weights (on, the default)"),
+                                        "of its forward's weights (on, the default)",
+                                   "on|off"),
         "memory_per_rank": (byte_count, "auto partition: each stage's parameters, gradients and "
-                                        "stored activations must fit (e.g. 200M, 2G)"),
+                                        "stored activations must fit (e.g. 200M, 2G)",
+                           "BYTES"),
     }
 
     pipeline: int | None = None
@@ -121,12 +124,12 @@ class ElasticOptions(Options):
                           "--epochs count the servers' updates over all workers "
                           "(docs/guide/elastic.md)"),
         "port_file": (str, "--elastic: write the servers' MPI port name here; `psgd join "
-                           "--port-file PATH` reads it (and knocks beside it)"),
+                           "--port-file PATH` reads it (and knocks beside it)", "PATH"),
         "max_workers": (int, f"--elastic: the most workers that may join over the run, a lost "
-                             f"one's place not reused (default {DEFAULT_MAX_WORKERS})"),
+                             f"one's place not reused (default {DEFAULT_MAX_WORKERS})", "N"),
         "no_worker_timeout": (float, f"--elastic: end the run (with a checkpoint, exit 1) after "
                                      f"this long with no worker connected (default "
-                                     f"{DEFAULT_NO_WORKER_S:g})"),
+                                     f"{DEFAULT_NO_WORKER_S:g})", "SECONDS"),
     }
 
     elastic: bool = False

@@ -17,7 +17,7 @@ class Options:
 
     KEY: ClassVar[str]                                # its field of the RunPlan
     TITLE: ClassVar[str]                              # its section of ``psgd train --help``
-    FLAGS: ClassVar[dict[str, tuple[type, str]]]      # flag name -> (type, help)
+    FLAGS: ClassVar[dict[str, tuple]]                 # flag name -> (type, help[, metavar])
 
     @classmethod
     def from_flat(cls, values: Mapping):

@@ -149,12 +149,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_flag(group, name: str) -> None:
-    kind, help_text = FLAGS[name]
+    kind, help_text, *metavar = FLAGS[name]   # (type, help) or (type, help, metavar)
     flag = "--" + name.replace("_", "-")
     if kind is bool:
         group.add_argument(flag, action="store_true", default=None, help=help_text)
     else:
-        group.add_argument(flag, type=kind, default=None, help=help_text, metavar=name.upper())
+        group.add_argument(flag, type=kind, default=None, help=help_text,
+                           metavar=metavar[0] if metavar else name.upper())
 
 
 def _coerce(name: str, value, source: str):

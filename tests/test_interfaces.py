@@ -49,7 +49,7 @@ def test_the_checker_finds_a_missing_method_and_a_wrong_signature():
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_every_entry_s_worker_half_meets_the_interface(name):
     entry = PROTOCOLS[name]
-    worker = protocols._load(entry.worker)
+    worker = protocols.load(entry.worker)
     assert issubclass(worker, WorkerHalfBase), f"{name}: its worker half is no psgd.halves.WorkerHalf"
     assert missing(worker, interfaces.WorkerHalf) == [], name
     if worker.runs_steps is not WorkerHalfBase.runs_steps:
@@ -61,10 +61,10 @@ def test_every_entry_s_worker_half_meets_the_interface(name):
 @pytest.mark.parametrize("name", [n for n, p in PROTOCOLS.items() if p.servers])
 def test_every_server_half_and_update_rule_meets_the_interface(name):
     entry = PROTOCOLS[name]
-    serve = inspect.signature(protocols._load(entry.server))
+    serve = inspect.signature(protocols.load(entry.server))
     declared = inspect.signature(interfaces.ServerHalf.__call__).parameters
     assert list(serve.parameters)[:len(declared) - 1] == list(declared)[1:], name
     if entry.update_rule:
-        rule = protocols._load(entry.update_rule)
+        rule = protocols.load(entry.update_rule)
         assert issubclass(rule, UpdateRuleBase), name
         assert missing(rule, interfaces.UpdateRule) == [], name

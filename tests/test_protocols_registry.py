@@ -13,12 +13,12 @@ from psgd.run.features import CompressionOptions
 
 def test_every_entry_names_halves_that_import():
     for p in PROTOCOLS.values():
-        assert callable(protocols._load(p.worker)), p.name
+        assert callable(protocols.load(p.worker)), p.name
         assert (p.server is not None) == p.servers, p.name
         if p.server:
-            assert callable(protocols._load(p.server)), p.name
+            assert callable(protocols.load(p.server)), p.name
         if p.update_rule:
-            assert isinstance(protocols._load(p.update_rule), type), p.name
+            assert isinstance(protocols.load(p.update_rule), type), p.name
 
 
 @pytest.mark.parametrize("name, given, bound", [

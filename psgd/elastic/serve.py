@@ -11,6 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from psgd.elastic import leave, options
+from psgd.elastic.alive import Beat, beat_path
 from psgd.errors import UsageError
 from psgd.elastic.links import Links
 from psgd.elastic.door import Door
@@ -101,7 +102,10 @@ def serve_main(args: argparse.Namespace) -> None:
                   max_workers=slots, n_params=job.model.n_params, total_updates=job.total_steps)
     port = MPI.Open_port() if rank == 0 else None
     door = Door(comm, port, args.port_file, settings.stall_timeout)
+    beat = None
     if rank == 0:
+        door.close()   # what a killed run with this port file left (its beats, knocks)
+        beat = Beat(beat_path(args.port_file))   # the workers watch it while they wait
         _publish(port, args.port_file)
     t0 = time.perf_counter()
     server = _server(job, comm, slots, door, log,
@@ -109,6 +113,7 @@ def serve_main(args: argparse.Namespace) -> None:
     result = server.run()
     code = 0
     if rank == 0:
+        beat.stop()
         door.close()
         code = _finish(job, server, result, log, time.perf_counter() - t0)
     # a server rank that left first would make mpiexec end rank 0 before its summary

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from psgd.elastic.alive import BEAT_S, HOST, Beat, Pulse, beat_path, running
 
 
@@ -58,3 +60,35 @@ def test_another_hosts_beat_is_quiet_when_its_file_stops_moving(tmp_path):
 def test_no_beat_file_tells_nothing(tmp_path):
     pulse = Pulse(str(tmp_path / "missing"))
     assert not pulse.dead() and pulse.quiet_s() == 0.0 and pulse.gone(0.0) == ""
+
+
+def test_stale_mpich_segments_go_and_mapped_or_young_ones_stay():
+    from psgd.elastic import SEGMENT_PREFIX, remove_stale_segments
+    if not os.path.isdir("/proc/self") or not os.path.isdir(os.path.dirname(SEGMENT_PREFIX)):
+        pytest.skip("needs /proc and /dev/shm")
+    tag = f"psgdtest{os.getpid()}"
+    stale, mapped, young = (f"{SEGMENT_PREFIX}{tag}{k}_0" for k in ("s", "m", "y"))
+    holder = None
+    try:
+        for path in (stale, mapped):
+            with open(path, "wb") as fh:
+                fh.write(b"\0" * 4096)
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import mmap, sys, time\nf = open(sys.argv[1], 'r+b')\n"
+            "m = mmap.mmap(f.fileno(), 0)\nprint('mapped', flush=True)\ntime.sleep(60)"),
+            mapped], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "mapped"
+        time.sleep(1.2)
+        with open(young, "wb") as fh:
+            fh.write(b"\0" * 4096)
+        removed = remove_stale_segments(min_age_s=1.0)
+        assert stale in removed and not os.path.exists(stale)
+        assert os.path.exists(mapped) and os.path.exists(young), removed
+        assert mapped not in removed and young not in removed
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        for path in (stale, mapped, young):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -68,8 +68,9 @@ def _welcome(inter, wait_s: float) -> dict:
 
 def run(args: argparse.Namespace) -> None:
     port = _port(args.port_file)
-    from psgd.elastic import leave, no_cross_memory_attach
+    from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
     no_cross_memory_attach()
+    tidy_shm()
     from mpi4py import MPI
 
     from psgd.elastic.door import knock

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
 
-from psgd.elastic import leave, options
+from psgd.elastic import leave, options, tidy_shm
 from psgd.elastic.alive import Beat, beat_path
 from psgd.errors import UsageError
 from psgd.elastic.links import Links
@@ -88,6 +88,7 @@ def serve_main(args: argparse.Namespace) -> None:
     requests stay pending, and MPI_Finalize would wait on them)."""
     comm = MPI.COMM_WORLD
     settings, resumed = _settings(args, comm)
+    tidy_shm()   # what killed jobs left: this job leaves by os._exit, never MPI_Finalize
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     run_id = agreed_run_id(comm, resumed)
     rank, S = comm.Get_rank(), comm.Get_size()

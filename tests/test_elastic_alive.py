@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from psgd.elastic.alive import BEAT_S, HOST, Beat, Pulse, beat_path, running
+from psgd.elastic.alive import BEAT_S, PLACE, Beat, Pulse, beat_path, running
 
 
 def test_a_beat_names_this_process_moves_and_is_removed_at_its_end(tmp_path):
@@ -16,7 +16,7 @@ def test_a_beat_names_this_process_moves_and_is_removed_at_its_end(tmp_path):
     assert path.endswith("port.alive.3")
     beat = Beat(path)
     try:
-        assert open(path).read().split() == [HOST, str(os.getpid())]
+        assert open(path).read().split() == [PLACE, str(os.getpid())]
         first = os.stat(path).st_mtime_ns
         deadline = time.monotonic() + 20 * BEAT_S
         while os.stat(path).st_mtime_ns == first and time.monotonic() < deadline:
@@ -30,7 +30,7 @@ def test_a_beat_names_this_process_moves_and_is_removed_at_its_end(tmp_path):
 def test_a_process_of_this_host_is_dead_once_it_ends_zombie_or_reaped(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     path = tmp_path / "port.alive.0"
-    path.write_text(f"{HOST} {child.pid}\n")
+    path.write_text(f"{PLACE} {child.pid}\n")
     pulse = Pulse(str(path))
     assert not pulse.dead() and pulse.gone(1.0) == ""
     os.kill(child.pid, signal.SIGKILL)
@@ -45,7 +45,7 @@ def test_a_process_of_this_host_is_dead_once_it_ends_zombie_or_reaped(tmp_path):
 def test_another_hosts_beat_is_quiet_when_its_file_stops_moving(tmp_path):
     now = [100.0]
     path = tmp_path / "port.alive"
-    path.write_text(f"{HOST}-elsewhere 1\n")   # pid 1 there says nothing here
+    path.write_text(f"{PLACE}-elsewhere 1\n")   # pid 1 there says nothing here
     pulse = Pulse(str(path), clock=lambda: now[0])
     assert not pulse.dead() and pulse.quiet_s() == 0.0
     now[0] += 7.0

@@ -2,7 +2,7 @@
 
 MPI reports no dead peer here, and MPICH may crash a process that sends to a peer dead for
 seconds (docs/design/elastic.md), so the servers and the workers watch each other outside
-MPI. A :class:`Beat` writes ``host pid`` to its file and touches it every BEAT_S; a
+MPI. A :class:`Beat` writes ``place pid`` (host, boot, pid namespace) to its file and touches it every BEAT_S; a
 :class:`Pulse` reads it: on the same host a pid that is gone is a certain death, across hosts
 a file untouched for long is a quiet process (stopped, or dead).
 """
@@ -18,6 +18,22 @@ BEAT_S = 0.25
 HOST = socket.gethostname()
 
 
+def _place() -> str:
+    """This host and pid namespace, as a beat names them (a pid is checked only where it
+    means the same process: same boot of the same host, same namespace)."""
+    marks = [HOST]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as fh:
+            marks.append(fh.read().strip()[:8])
+        marks.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:   # no /proc: the host name alone
+        pass
+    return "/".join(m.replace(" ", "_") for m in marks)
+
+
+PLACE = _place()
+
+
 def beat_path(port_file: str, worker: int | None = None) -> str:
     """The beat file of the servers (``worker`` None) or of worker slot ``worker``."""
     return port_file + ALIVE + ("" if worker is None else f".{worker}")
@@ -30,7 +46,7 @@ class Beat:
         self.path, self._stop = path, threading.Event()
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(f"{HOST} {os.getpid()}\n")
+            fh.write(f"{PLACE} {os.getpid()}\n")
         os.replace(tmp, path)
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -74,14 +90,14 @@ class Pulse:
 
     def __init__(self, path: str, clock=time.monotonic) -> None:
         self.path, self.clock = path, clock
-        self.who: tuple[str, int] | None = None   # (host, pid), once the file was read
+        self.who: tuple[str, int] | None = None   # (place, pid), once the file was read
         self.mtime, self.changed = None, clock()
 
     def _read(self) -> None:
         try:
             with open(self.path, encoding="utf-8") as fh:
-                host, pid = fh.read().split()
-            self.who = (host, int(pid))
+                place, pid = fh.read().split()
+            self.who = (place, int(pid))
         except (OSError, ValueError):
             pass
 
@@ -90,14 +106,14 @@ class Pulse:
         False when it lives, or when that cannot be told from here (another host, no file)."""
         if self.who is None:
             self._read()
-        return self.who is not None and self.who[0] == HOST and not running(self.who[1])
+        return self.who is not None and self.who[0] == PLACE and not running(self.who[1])
 
     def quiet_s(self) -> float:
         """Seconds since the beat last changed, on this host's clock (0 on the same host while
         the pid runs, and while there is no file: then nothing is known)."""
         if self.who is None:
             self._read()
-        if self.who is None or self.who[0] == HOST:
+        if self.who is None or self.who[0] == PLACE:
             return 0.0
         try:
             mtime = os.stat(self.path).st_mtime_ns

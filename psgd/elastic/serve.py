@@ -90,6 +90,8 @@ def serve_main(args: argparse.Namespace) -> None:
     settings, resumed = _settings(args, comm)
     tidy_shm()   # what killed jobs left: this job leaves by os._exit, never MPI_Finalize
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    # every rank checks the settings (the --log must not exist yet) before rank 0 writes it
+    wait.wait(comm.Ibarrier(), "the other servers to check the settings")
     run_id = agreed_run_id(comm, resumed)
     rank, S = comm.Get_rank(), comm.Get_size()
     roles = Roles(comm=comm, rank=rank, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from psgd.elastic.alive import BEAT_S, PLACE, Beat, Pulse, beat_path, running
+from psgd.elastic.alive import BEAT_S, FRESH_S, PLACE, Beat, Pulse, beat_path, running
 
 
 def test_a_beat_names_this_process_moves_and_is_removed_at_its_end(tmp_path):
@@ -31,12 +31,15 @@ def test_a_process_of_this_host_is_dead_once_it_ends_zombie_or_reaped(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     path = tmp_path / "port.alive.0"
     path.write_text(f"{PLACE} {child.pid}\n")
-    pulse = Pulse(str(path))
+    now = [0.0]
+    pulse = Pulse(str(path), clock=lambda: now[0])
     assert not pulse.dead() and pulse.gone(1.0) == ""
     os.kill(child.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while running(child.pid) and time.monotonic() < deadline:   # a zombie until reaped
         time.sleep(0.01)
+    assert not pulse.dead()   # seen running FRESH_S ago: not looked at again yet
+    now[0] += FRESH_S
     assert pulse.dead() and str(child.pid) in pulse.gone(1.0)
     child.wait()
     assert pulse.dead()

@@ -15,6 +15,8 @@ import time
 
 ALIVE = ".alive"   # the servers' beat: PORT_FILE.alive; worker w's: PORT_FILE.alive.<w>
 BEAT_S = 0.25
+FRESH_S = 0.05   # a pid seen running is not looked at again for this long (a send to a peer
+                 # dead that briefly stays pending and harms nothing; seconds-old deaths crash)
 HOST = socket.gethostname()
 
 
@@ -92,6 +94,7 @@ class Pulse:
         self.path, self.clock = path, clock
         self.who: tuple[str, int] | None = None   # (place, pid), once the file was read
         self.mtime, self.changed = None, clock()
+        self.seen_running = -FRESH_S   # when the pid was last seen running
 
     def _read(self) -> None:
         try:
@@ -106,7 +109,15 @@ class Pulse:
         False when it lives, or when that cannot be told from here (another host, no file)."""
         if self.who is None:
             self._read()
-        return self.who is not None and self.who[0] == PLACE and not running(self.who[1])
+        if self.who is None or self.who[0] != PLACE:
+            return False
+        now = self.clock()
+        if now - self.seen_running < FRESH_S:
+            return False
+        if running(self.who[1]):
+            self.seen_running = now
+            return False
+        return True
 
     def quiet_s(self) -> float:
         """Seconds since the beat last changed, on this host's clock (0 on the same host while

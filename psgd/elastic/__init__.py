@@ -1,8 +1,10 @@
 """Elastic asynchronous training: a server job that worker jobs join and leave while it trains."""
 import os
 import sys
+import time
 
 SEGMENT_PREFIX = "/dev/shm/mpich_shm_"   # MPICH's shared-memory segment of a job's ranks
+STALE_AGE_S = 60.0   # a segment younger than this may be a starting job's, not yet mapped
 
 
 def no_cross_memory_attach() -> None:
@@ -22,6 +24,60 @@ def mapped_segments() -> list[str]:
     except OSError:
         return []
     return sorted(p for p in paths if p.startswith(SEGMENT_PREFIX))
+
+
+def _mapped_by_mine() -> set[str]:
+    """The MPICH segments any process of this user maps (one whose maps cannot be read, such
+    as a non-dumpable process, is taken to map none: MPI ranks are readable)."""
+    mapped, uid = set(), os.getuid()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/maps", encoding="utf-8") as fh:
+                mapped.update(line.split()[-1] for line in fh if SEGMENT_PREFIX in line)
+        except OSError:   # it ended meanwhile, or hides its maps
+            continue
+    return mapped
+
+
+def remove_stale_segments(min_age_s: float = STALE_AGE_S) -> list[str]:
+    """Unlink this user's MPICH segments in /dev/shm that no process maps any more (left by
+    a SIGKILLed job, which nothing of it unlinks) and older than ``min_age_s``; the paths
+    removed (none where there is no /proc)."""
+    shm, now = os.path.dirname(SEGMENT_PREFIX), time.time()
+    try:
+        names = os.listdir(shm)
+    except OSError:
+        return []
+    old = []
+    for name in names:
+        path = os.path.join(shm, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (path.startswith(SEGMENT_PREFIX) and st.st_uid == os.getuid()
+                and now - max(st.st_mtime, st.st_ctime) > min_age_s):
+            old.append(path)
+    if not old or not os.path.isdir("/proc/self"):
+        return []
+    mapped = _mapped_by_mine()
+    removed = [p for p in old if p not in mapped]
+    for path in removed:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return removed
+
+
+def tidy_shm() -> None:
+    """At a job's start: :func:`remove_stale_segments`, said in one line when there were any."""
+    removed = remove_stale_segments()
+    if removed:
+        print(f"psgd: removed {len(removed)} MPICH segment(s) of killed jobs from /dev/shm "
+              f"(no process mapped them)", flush=True)
 
 
 def leave(code: int) -> None:

@@ -20,6 +20,7 @@ import uuid
 from mpi4py import MPI
 
 from psgd.elastic import leave
+from psgd.elastic.alive import ALIVE
 from psgd.errors import UsageError
 from psgd.mpi.phase import phase
 
@@ -114,9 +115,10 @@ class Door:
             leave(1)
 
     def close(self) -> None:
-        """Remove the port file and any knock, turn or answer left (a joiner then finds no run)."""
+        """Remove the port file and any knock, turn, answer or beat left (a joiner then finds no
+        run)."""
         base = glob.escape(self.port_file)
-        for path in [self.port_file, *(p for mark in (KNOCK, TURN, READY)
+        for path in [self.port_file, *(p for mark in (KNOCK, TURN, READY, ALIVE)
                                        for p in glob.glob(base + mark + "*"))]:
             _remove(path)
 

@@ -68,33 +68,41 @@ def _welcome(inter, wait_s: float) -> dict:
 
 def run(args: argparse.Namespace) -> None:
     port = _port(args.port_file)
-    from psgd.elastic import leave, no_cross_memory_attach
+    from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
     no_cross_memory_attach()
+    tidy_shm()
     from mpi4py import MPI
 
     from psgd.elastic.door import knock
     knock(args.port_file, args.wait)
     inter = MPI.COMM_SELF.Connect(port)
     welcome = _welcome(inter, args.wait)
+    from psgd.elastic.alive import Beat, beat_path
+    beat = Beat(beat_path(args.port_file, welcome["slot"]))   # the servers watch it
+
+    def end(code: int) -> None:
+        beat.stop()
+        leave(code)   # not MPI_Finalize: it could wait on the server job, which leaves so too
+
     from psgd.elastic.worker import ServersGone
     try:
         pushes, dropped = _train(inter, welcome, bool(getattr(args, "debug", False)),
                                  args.port_file, port)
-    except ServersGone as gone:   # dropped while stopped, woken after the run's end
+    except ServersGone as gone:   # the server job was killed, or ended while this one slept
         print(f"psgd: error: worker {welcome['slot']}: {gone} while this worker waited for "
               f"the servers; what it pushed since their last answer was not applied",
               file=sys.stderr, flush=True)
-        leave(1)
+        end(1)
     if dropped:
         stall = welcome["settings"]["stall_timeout"]
         print(f"psgd: error: worker {welcome['slot']} was dropped by the servers after "
               f"{pushes} pushes: it sent nothing for longer than their --stall-timeout "
               f"({stall:g} s), and its pushes since were discarded; run `psgd join` again to "
               f"rejoin", file=sys.stderr, flush=True)
-        leave(EXIT_DROPPED)
+        end(EXIT_DROPPED)
     print(f"psgd: worker {welcome['slot']}: {pushes} pushes from clock {welcome['clock']}; the "
           f"servers ended the run", flush=True)
-    leave(0)   # not MPI_Finalize: it could wait on the server job, which leaves the same way
+    end(0)
 
 
 def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tuple[int, bool]:
@@ -120,7 +128,8 @@ def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tupl
     job = build_job(mine, roles, debug, None, welcome["run_id"])
     model, reader = job.model, job.reader
     worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False),
-                           port_file=port_file, port=port, fault=faults.for_rank(0))
+                           port_file=port_file, port=port, stall_timeout=settings.stall_timeout,
+                           fault=faults.for_rank(0))
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
     worker.start(model.params, clock)
     first = clock

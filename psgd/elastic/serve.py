@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
 
-from psgd.elastic import leave
+from psgd.elastic import leave, tidy_shm
+from psgd.elastic.alive import Beat, beat_path
 from psgd.errors import UsageError
 from psgd.elastic.links import Links
 from psgd.elastic.door import Door
@@ -67,7 +68,10 @@ def serve_main(args: argparse.Namespace) -> None:
     requests stay pending, and MPI_Finalize would wait on them)."""
     comm = MPI.COMM_WORLD
     settings, resumed = _settings(args, comm)
+    tidy_shm()   # what killed jobs left: this job leaves by os._exit, never MPI_Finalize
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    # every rank checks the settings (the --log must not exist yet) before rank 0 writes it
+    wait.wait(comm.Ibarrier(), "the other servers to check the settings")
     run_id = agreed_run_id(comm, resumed)
     rank, S = comm.Get_rank(), comm.Get_size()
     roles = Roles(comm=comm, rank=rank, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
@@ -80,13 +84,17 @@ def serve_main(args: argparse.Namespace) -> None:
         log.write("config", **settings.as_dict(), run_id=run_id, n_params=job.model.n_params, total_updates=job.total_steps)
     port = MPI.Open_port() if rank == 0 else None
     door = Door(comm, port, settings.elastic.port_file, settings.stall_timeout)
+    beat = None
     if rank == 0:
+        door.close()   # what a killed run with this port file left (its beats, knocks)
+        beat = Beat(beat_path(settings.elastic.port_file))   # the workers watch it while they wait
         _publish(port, settings.elastic.port_file)
     t0 = time.perf_counter()
     server = _server(job, comm, slots, door, log, settings.elastic.no_worker_timeout)
     result = server.run()
     code = 0
     if rank == 0:
+        beat.stop()
         door.close()
         code = _finish(job, server, result, log, time.perf_counter() - t0)
     # a server rank that left first would make mpiexec end rank 0 before its summary

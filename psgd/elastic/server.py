@@ -16,6 +16,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from psgd.elastic.alive import BEAT_S, Pulse, beat_path
 from psgd.elastic.links import Links, WorkerLost
 from psgd.elastic.peers import ADMIT, DROP, END, Peers
 from psgd.errors import PsgdError
@@ -24,6 +25,7 @@ from psgd.ps.server import _Server
 
 TAG_WELCOME = 7201
 FREE, JOINING, LIVE, DONE, LOST = "free", "joining", "live", "done", "lost"
+HOLD_S = 4 * BEAT_S   # a worker whose beat is still this long gets no reply until it moves
 
 
 class ElasticServer(_Server):
@@ -66,6 +68,8 @@ class ElasticServer(_Server):
         self.first = np.zeros(self.W, np.int64)     # the clock each worker started at
         self.span = np.full((self.W, 2), -1, np.int64)   # updates applied when it came, left
         self.data_reqs: list = [None] * self.W      # each worker's reply in flight
+        self.pulses: list = [None] * self.W         # each worker's beat (psgd.elastic.alive)
+        self.next_look = 0.0                        # when to look at the beats again
         self.sent: list = []                        # welcome messages (buffer, request)
         self.over, self.abandoned = False, False
         self.empty_since = time.monotonic()
@@ -95,21 +99,35 @@ class ElasticServer(_Server):
                 self.event("refused", why=f"the joiner {lapsed} did not answer its turn within "
                                           f"{self.door.accept_s:g} s (it died after knocking?)")
         now = time.monotonic()
-        held = {dest - self.S for dest, _, _ in self.pending}   # waiting on the servers
+        look, held = now >= self.next_look, {dest - self.S for dest, _, _ in self.pending}
+        if look:
+            self.next_look = now + BEAT_S
         for w in list(self.links.live):
-            silent = now - self.links.heard[w]
-            if w in held:
-                continue
-            if self.state[w] == JOINING and silent > self.no_worker_s:
-                self._drop(w, f"sent nothing for {silent:.0f} s after joining")
-                changed = True
-            elif self.state[w] == LIVE and silent > self.links.silence_s:
-                self._drop(w, f"silent for {silent:.1f} s (--stall-timeout "
-                              f"{self.links.silence_s:g})")
+            why = self._lost(w, now - self.links.heard[w], w in held, look)
+            if why:
+                self._drop(w, why)
                 changed = True
         if self.lead:
             self._lead_end(now)
         return changed
+
+    def _lost(self, w: int, silent: float, held: bool, look: bool) -> str:
+        """Why live worker ``w`` is lost ("" while it is not): its process ended (looked at
+        when ``look``), or it was silent too long; a worker whose pull the servers hold waits
+        on them, so only a beat that stopped moving counts then."""
+        pulse = self.pulses[w]
+        if look and pulse.dead():
+            return "its process ended"
+        if held:
+            quiet = pulse.quiet_s()
+            return (f"its beat stood still for {quiet:.1f} s while its pull waited "
+                    f"(--stall-timeout {self.links.silence_s:g})"
+                    if quiet > self.links.silence_s else "")
+        if self.state[w] == JOINING and silent > self.no_worker_s:
+            return f"sent nothing for {silent:.0f} s after joining"
+        if self.state[w] == LIVE and silent > self.links.silence_s:
+            return f"silent for {silent:.1f} s (--stall-timeout {self.links.silence_s:g})"
+        return ""
 
     def _lead_end(self, now: float) -> None:
         """Server rank 0 ends the run on a stop signal or after the no-worker timeout."""
@@ -125,6 +143,11 @@ class ElasticServer(_Server):
         """A dropped worker that was slow, not dead: its messages are taken and discarded,
         and its next pull is answered with ``DROPPED`` (it then leaves with one line)."""
         for w, inter in list(self.links.gone.items()):
+            if self.pulses[w].dead():   # nothing to tell, and a send to it could crash MPICH
+                del self.links.gone[w]
+                continue
+            if self.pulses[w].quiet_s() > HOLD_S:
+                continue
             while (msg := inter.Improbe(0, MPI.ANY_TAG, self.status)) is not None:
                 tag = self.status.Get_tag()
                 buf = np.empty(max(self.status.Get_count(MPI.BYTE), 8), np.uint8)
@@ -175,6 +198,19 @@ class ElasticServer(_Server):
         if self.lead and not self.over and self.n_pushes >= self.updates:
             self._end(f"{self.n_pushes} updates applied")
 
+    def _answer_pulls(self) -> None:
+        """Answer no worker that may be dead: MPICH can crash a process that sends to a peer
+        dead for seconds. A worker whose process ended is dropped first; one whose beat stands
+        still (another host) keeps its pull until the beat moves or it is dropped."""
+        for dest, _, _ in list(self.pending):
+            w = dest - self.S
+            if self.state[w] in (JOINING, LIVE) and self.pulses[w].dead():
+                self._drop(w, "its process ended (seen before answering its pull)")
+        quiet = [p for p in self.pending if self.pulses[p[0] - self.S].quiet_s() > HOLD_S]
+        self.pending = [p for p in self.pending if p not in quiet]
+        super()._answer_pulls()
+        self.pending += quiet
+
     def _reply(self, dest: int, w: int, clock: int, since: float, now: float) -> None:
         reqs = self.versions.reqs[self.versions.index]
         before = len(reqs)
@@ -205,6 +241,7 @@ class ElasticServer(_Server):
         self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
         self.pushes[w], self.done[w] = clock, False
         self.n_done -= 1
+        self.pulses[w] = Pulse(beat_path(self.door.port_file, w))
         self.links.add(w, inter)
         self.event("joined", worker=w, clock=clock, updates=self.n_pushes)
 

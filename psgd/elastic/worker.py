@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import time
 
+from psgd.elastic.alive import Pulse, beat_path
 from psgd.errors import PsgdError
 from psgd.ps.messages import DROPPED, OVER
 from psgd.ps.worker import PSWorker
 
 LOOK_EVERY_S = 1.0   # how often a waiting worker checks that its servers are still there
+QUIET_TIMEOUTS = 5   # a server beat still for this many --stall-timeout: the servers are gone
 
 
 class ServersGone(PsgdError):
-    """The port file this worker joined by was removed or replaced: its server job has ended."""
+    """The servers' job has ended: the port file this worker joined by was removed or replaced,
+    or their process is gone (killed)."""
 
 
 class ElasticWorker(PSWorker):
@@ -23,9 +26,13 @@ class ElasticWorker(PSWorker):
     ----------
     port_file, port : str
         Where the servers published ``port``; while a push or pull waits, the worker checks
-        every LOOK_EVERY_S that the file still names it, and raises :class:`ServersGone` if not
-        (the servers remove it when their run ends; a worker they dropped while it was
-        stopped, woken after that, is told so instead of waiting for good).
+        every LOOK_EVERY_S that the file still names it and that the servers' beat lives
+        (:mod:`psgd.elastic.alive`: their process on this host runs, or their beat on another
+        host moved within QUIET_TIMEOUTS x ``stall_timeout``), and raises
+        :class:`ServersGone` if not (the servers remove the file when their run ends; a killed
+        server job leaves it, but not its process).
+    stall_timeout : float
+        The run's --stall-timeout.
     fault : psgd.mpi.faults.Fault, optional
         Tests (``PSGD_X_FAULT``): fired at its clock after the push is posted, before it
         completes (mid-push).
@@ -42,9 +49,11 @@ class ElasticWorker(PSWorker):
     over = dropped = False
 
     def __init__(self, roles, shard_map, config, *, port_file: str, port: str,
-                 fault=None) -> None:
+                 stall_timeout: float, fault=None) -> None:
         super().__init__(roles, shard_map, config)
         self.port_file, self.port, self.fault = port_file, port, fault
+        self.servers = Pulse(beat_path(port_file))
+        self.quiet_limit = QUIET_TIMEOUTS * stall_timeout
         self.next_look = time.monotonic() + LOOK_EVERY_S
         self.between_polls = self._look
 
@@ -60,6 +69,10 @@ class ElasticWorker(PSWorker):
             same = False
         if not same:
             raise ServersGone(f"the servers' run has ended ({self.port_file} is gone)")
+        why = self.servers.gone(self.quiet_limit)
+        if why:
+            raise ServersGone(f"the server job is gone ({why}; it was killed? --resume auto "
+                              f"continues it from its last checkpoint)")
 
     def _wait_push(self, push: list, owners: list, clock: int) -> None:
         if self.fault is not None:

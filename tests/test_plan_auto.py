@@ -230,9 +230,13 @@ def test_every_plan_counts_the_process_base_and_its_data_slice_once():
         assert p.memory - state[p.label()] == prof.base_bytes + -(-data // p.replicas), p.label()
 
 
-def test_the_measured_base_does_not_grow_with_the_models_parameters():
-    from psgd.plan.auto import get_profile
-    small, big = get_profile("mlp:20-8-4", None), get_profile("mlp:784-2048-2048-10", None)  # 22 MB
+def test_the_measured_base_does_not_grow_with_the_models_parameters(tmp_path):
+    """Each profile made by `psgd plan --auto` in a process of its own, as a user makes it."""
+    def base_of(spec):
+        _plan_cli("--model", spec, "--ranks", "2", "--memory-per-rank", "1T", "--profile",
+                  str(tmp_path / "p.json")).check_returncode()
+        return profiles.load(str((tmp_path / "p.json").rename(tmp_path / f"{len(spec)}.json")))
+    small, big = base_of("mlp:20-8-4"), base_of("mlp:784-2048-2048-10")     # 3 KB, 22 MB
     assert 50 << 20 < small.base_bytes < 1 << 30
     assert abs(big.base_bytes - small.base_bytes) < 0.1 * small.base_bytes
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")       # the profile times one BLAS thread, as a rank runs
 
 import common  # noqa: E402
 from common import ROOT, mpiexec, run_bounded  # noqa: E402

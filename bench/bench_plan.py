@@ -96,7 +96,7 @@ def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) ->
     plans, _ = search(prof, bench_budget(args, memory, data))
     rows = []
     for plan in chosen(plans, args.top):
-        rate = measured_rate(plan, data, model, args, tmp / f"{case}-{args.rate}-{len(rows)}.jsonl")
+        rate = measured_rate(plan, data, model, args, tmp / f"{case}-{args.rate}-{args.ranks}-{len(rows)}.jsonl")
         rows.append({"rank": plans.index(plan) + 1, "plan": plan.label(), "sync": plan.sync,
                      "arithmetic": arithmetic(plan),
                      "predicted": round(plan.samples_per_s, 1), "measured": round(rate, 1),

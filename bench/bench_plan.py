@@ -16,9 +16,9 @@ are measured too. Writes plan-synthetic.{json,md} into runs/bench/plan-TIME/
 
 With ``--net RATES`` every run goes through ``psgd net --nodes 2 --rate RATE`` (rank r on
 emulated node r mod 2, one shared link) and the search plans for that placement and link,
-at each rank count of ``--ranks`` (a comma list here); the cases are the CIFAR preset and an MLP on 3x32x32 images, and a table of the plans the
-search picks at 64-1024 ranks (predicted only) follows. Writes plan-net-synthetic.* and
-docs/results/plan-net.md.
+at each rank count of ``--ranks`` (a comma list here); the cases are the CIFAR preset and
+an MLP on 3x32x32 images, and a table of the plans the search picks at 64-1024 ranks
+(predicted only) follows. Writes plan-net-synthetic.* and docs/results/plan-net.md.
 """
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) ->
     plans, _ = search(prof, bench_budget(args, memory, data))
     rows = []
     for plan in chosen(plans, args.top):
-        rate = measured_rate(plan, data, model, args, tmp / f"{case}-{args.rate}-{args.ranks}-{len(rows)}.jsonl")
+        log = tmp / f"{case}-{args.rate}-{args.ranks}-{len(rows)}.jsonl"
+        rate = measured_rate(plan, data, model, args, log)
         rows.append({"rank": plans.index(plan) + 1, "plan": plan.label(), "sync": plan.sync,
                      "arithmetic": arithmetic(plan),
                      "predicted": round(plan.samples_per_s, 1), "measured": round(rate, 1),

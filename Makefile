@@ -178,7 +178,7 @@ bench-gossip: install
 bench-tensor: install
 	$(PY) bench/bench_tensor.py $(ARGS)
 
-bench-plan: install   # the plans psgd plan --auto keeps, run on 2 ranks (ARGS="--net 1gbit,10gbit --ranks 4": on psgd net, root): a few minutes
+bench-plan: install   # the plans psgd plan --auto keeps, run on 2 ranks (ARGS="--net 1gbit,10gbit --ranks 2,4": on psgd net, root): a few minutes
 	$(PY) bench/bench_plan.py $(ARGS)
 
 bench-elastic: install   # a run that loses a worker and gains one, against an uninterrupted one

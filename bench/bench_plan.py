@@ -1,7 +1,7 @@
 """`make bench-plan`: the plans `psgd plan --auto` keeps, run, against its predictions.
 
     .venv/bin/python bench/bench_plan.py [--ranks 2] [--seconds 3] [--top 3] [--publish]
-    .venv/bin/python bench/bench_plan.py --net 1gbit,10gbit --ranks 4 [--publish]
+    .venv/bin/python bench/bench_plan.py --net 1gbit,10gbit --ranks 2,4 [--publish]
 
 For each case (a model and a memory budget per rank) the search runs on a profile made
 here; its top plans and the fastest pure plan of each kind (data-parallel, pipeline,
@@ -15,10 +15,10 @@ are measured too. Writes plan-synthetic.{json,md} into runs/bench/plan-TIME/
 (--publish: bench/results/ and docs/results/plan.md).
 
 With ``--net RATES`` every run goes through ``psgd net --nodes 2 --rate RATE`` (rank r on
-emulated node r mod 2, one shared link) and the search plans for that placement and link;
-the cases are the CIFAR preset and an MLP on 3x32x32 images, and a table of the plans the
-search picks at 64-1024 ranks (predicted only) follows. Writes plan-net-synthetic.* and
-docs/results/plan-net.md.
+emulated node r mod 2, one shared link) and the search plans for that placement and link,
+at each rank count of ``--ranks`` (a comma list here); the cases are the CIFAR preset and
+an MLP on 3x32x32 images, and a table of the plans the search picks at 64-1024 ranks
+(predicted only) follows. Writes plan-net-synthetic.* and docs/results/plan-net.md.
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")       # the profile times one BLAS thread, as a rank runs
 
 import common  # noqa: E402
 from common import ROOT, mpiexec, run_bounded  # noqa: E402
@@ -94,7 +96,8 @@ def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) ->
     plans, _ = search(prof, bench_budget(args, memory, data))
     rows = []
     for plan in chosen(plans, args.top):
-        rate = measured_rate(plan, data, model, args, tmp / f"{case}-{args.rate}-{len(rows)}.jsonl")
+        log = tmp / f"{case}-{args.rate}-{args.ranks}-{len(rows)}.jsonl"
+        rate = measured_rate(plan, data, model, args, log)
         rows.append({"rank": plans.index(plan) + 1, "plan": plan.label(), "sync": plan.sync,
                      "arithmetic": arithmetic(plan),
                      "predicted": round(plan.samples_per_s, 1), "measured": round(rate, 1),
@@ -179,7 +182,8 @@ def table(cases: list, args) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ranks", type=lambda t: [int(n) for n in t.split(",")], default=[2],
+                    help="ranks per run (default 2); with --net a comma list, e.g. 2,4")
     ap.add_argument("--steps", type=int, default=30, help="at least (default 30)")
     ap.add_argument("--seconds", type=float, default=3.0, help="predicted seconds per run")
     ap.add_argument("--top", type=int, default=3)
@@ -193,7 +197,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.net:
         return main_net(args)
-    args.rate = None
+    if len(args.ranks) != 1:
+        raise SystemExit("bench-plan: --ranks takes one count without --net")
+    args.rate, args.ranks = None, args.ranks[0]
     out = common.out_dir(args, "plan")
     times = search_times()
     print(json.dumps({"search_s": times}), flush=True)
@@ -216,15 +222,18 @@ def main_net(args) -> None:
     """The --net bench: NET_CASES at each rate on 3x32x32 synthetic images, then the
     extrapolation table."""
     out, parts, results = common.out_dir(args, "plan-net"), [], {}
+    counts = args.ranks
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "colour.h5"
         run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
                      "4096", "--test", "256", "-o", str(data)], 300, cwd=ROOT).check_returncode()
-        for rate in args.net.split(","):
-            args.rate = rate
-            cases = [run_case(i, m, mem, data, Path(tmp), args) for i, (m, mem) in enumerate(NET_CASES)]
-            results[rate] = cases
-            parts += [f"## {rate}", "", table(cases, args)]
+        for ranks in counts:
+            for rate in args.net.split(","):
+                args.ranks, args.rate = ranks, rate
+                cases = [run_case(i, m, mem, data, Path(tmp), args)
+                         for i, (m, mem) in enumerate(NET_CASES)]
+                results[f"{rate}, {args.ranks} ranks"] = cases
+                parts += [f"## {rate}, {args.ranks} ranks", "", table(cases, args)]
         paper = paper_table(Path(tmp))
     parts += ["## 64 to 1024 ranks: predicted only, never run", "",
               "The fastest plan the search finds, and the fastest whose arithmetic is serial "

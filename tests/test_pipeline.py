@@ -340,7 +340,7 @@ def test_discrepancy_correction_recovers_the_forwards_weights_under_steady_updat
     step, w = np.array([0.1, -0.2, 0.05]), np.zeros(3)
     history = [w.copy()]
     for _ in range(200):
-        c.observe(w, w + step)
+        c.observe(w.copy(), w + step)     # observe takes over its first argument
         w = w + step
         history.append(w.copy())
     np.testing.assert_allclose(c.predict(w), history[-1 - c.tau], rtol=1e-9)

@@ -27,6 +27,7 @@ WINOGRAD_MIN_CHANNELS = 32  # fewer input channels: im2col as fast or faster (be
 WINOGRAD5_MIN_CHANNELS = 16  # the same for 5x5 kernels, F(2x2, 5x5)
 KEEP_TILES_BYTES = 8 << 20  # a 5x5 Winograd conv keeps its batch's transformed input up to this size
 INITS = ("uniform", "he", "glorot")
+INIT_BLOCK_VALUES = 1 << 20  # float64 values drawn at once when filling a layer's weights
 
 
 def init_weights(w: np.ndarray, b: np.ndarray, fan_in: int, fan_out: int, init: str,
@@ -36,10 +37,12 @@ def init_weights(w: np.ndarray, b: np.ndarray, fan_in: int, fan_out: int, init: 
     ``"uniform"`` is PyTorch's default for nn.Linear and nn.Conv2d (kaiming_uniform with
     a = sqrt(5)): weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)).  ``"he"``: weights
     normal with std sqrt(2/fan_in); ``"glorot"``: weights U(+-sqrt(6/(fan_in+fan_out))); both
-    with zero biases.
+    with zero biases.  The weights are drawn a block of rows at a time (the same values as
+    one draw), so a wide layer never has a float64 copy of its whole.
     """
     rows = w.reshape(-1, w.shape[-1])     # a view: the weights as (rows, last axis)
-    for r0, values in weight_draws(rows.shape, b.size, fan_in, fan_out, init, rng):
+    block = max(1, INIT_BLOCK_VALUES // rows.shape[1])
+    for r0, values in weight_draws(rows.shape, b.size, fan_in, fan_out, init, rng, block):
         if r0 < rows.shape[0]:
             rows[r0:r0 + len(values)] = values
         else:

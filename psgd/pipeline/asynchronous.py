@@ -60,7 +60,7 @@ class AsyncTrainer:
                 allreduce(grid.replica_comm, stage.acc, "sum", label=f" of stage {grid.stage}")
             g = first + m
             rate = lr(g) * (1.0 if self.anneal is None else pipemare.rate(self.tau, g, self.anneal))
-            before = stage.params.copy() if self.correction is not None else None
+            before = stage.params.copy() if self.correction is not None and self.tau else None
             self.optimizer.step(stage.params, stage.acc, rate, scale=1.0 / grid.replicas)
             if before is not None:
                 self.correction.observe(before, stage.params)

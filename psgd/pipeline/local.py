@@ -1,13 +1,14 @@
 """A stage's own part of a model: only layers ``[a, b)`` get parameters and gradients.
 
 The parameters are drawn as the whole model's are (one generator through every layer
-in order); the layers before the stage are drawn into a scratch buffer one at a time,
-so a rank never holds more than its stage and one other layer.
+in order); the layers before the stage are drawn and dropped a block at a time
+(:func:`psgd.nn.draw.param_draws`), so a rank holds only its stage.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from psgd.nn.draw import param_draws
 from psgd.nn.model import Model, _walk, model_layers
 from psgd.nn.elementwise import Dropout
 from psgd.nn.norm import BatchNorm
@@ -73,15 +74,10 @@ class StageModel(Model):
 
 
 def _skip(spec, seed, input_shape, n_classes, a: int, dtype, rng) -> None:
-    """Advance ``rng`` past the draws of layers ``[0, a)``, each into its own scratch buffer."""
-    layers = model_layers(spec, seed, input_shape, n_classes)[0][:a]
-    for i, layer in enumerate(layers):
-        shapes = layer.param_shapes()
-        if shapes:
-            views = {name: np.zeros(s, dtype) for name, s in shapes}
-            layer.bind(views, {name: np.zeros(s, dtype) for name, s in shapes})
-            layer.init_params(rng)
-        layers[i] = None   # its scratch buffer goes with it
+    """Advance ``rng`` past the draws of layers ``[0, a)``, their values dropped block by block."""
+    for layer in model_layers(spec, seed, input_shape, n_classes)[0][:a]:
+        for _ in param_draws(layer, rng, dtype):
+            pass
 
 
 def stage_model(settings, info: dict, a: int, b: int) -> StageModel:

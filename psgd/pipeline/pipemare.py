@@ -33,13 +33,18 @@ class Correction:
         self.delta = np.zeros(n, dtype)
 
     def observe(self, before: np.ndarray, after: np.ndarray) -> None:
-        """Fold the update ``after - before`` into ``delta``."""
+        """Fold the update ``after - before`` into ``delta`` (``before`` is overwritten)."""
+        update = np.subtract(after, before, out=before)
+        update *= 1.0 - self.gamma
         self.delta *= self.gamma
-        self.delta += (1.0 - self.gamma) * (after - before)
+        self.delta += update
 
     def predict(self, weights: np.ndarray) -> np.ndarray | None:
         """The forward's weights as estimated from ``weights`` (None when there is no delay)."""
-        return weights - self.tau * self.delta if self.tau else None
+        if not self.tau:
+            return None
+        estimate = np.multiply(self.delta, self.tau)
+        return np.subtract(weights, estimate, out=estimate)
 
 
 def default_anneal(total_microbatches: int) -> int:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+SWAP_CHUNK = 1 << 14   # values exchanged at a time between the weights and a stashed version
+
 
 class Stage:
     """Layers ``[a, b)`` of ``model``; parameters ``model.params[lo:hi]``.
@@ -84,9 +86,9 @@ class Stage:
 
         With :attr:`stash` the backward (and its recomputed forward) runs on the weights
         microbatch ``m``'s forward used; with :attr:`predict` on ``predict(params)``
-        (PipeMare's estimate of them); the current ones are put back after it.
+        (PipeMare's estimate of them): their values and the current ones trade places for
+        the backward and trade back after it, so no third copy is made.
         """
-        current = None
         stashed = self._stashed.pop(m) if self.stash else None
         unchanged = self._live == m and m in self._on_current   # no step since its forward
         self._on_current.discard(m)
@@ -94,9 +96,9 @@ class Stage:
             stashed = self.predict(self.params)
             if stashed is not None:   # the forward is run again, on the predicted weights
                 unchanged, self._live = False, None
-        if stashed is not None and not unchanged:
-            current = self.params.copy()
-            self.params[:] = stashed
+        swapped = stashed is not None and not unchanged
+        if swapped:
+            _swap(self.params, stashed)
         if self._live != m:
             self._run(m)
         if self.last:
@@ -107,6 +109,14 @@ class Stage:
         np.add(self.acc, self.model.grad[self.lo:self.hi], out=self.acc)
         del self.inputs[m]
         self._live = None
-        if current is not None:
-            self.params[:] = current
+        if swapped:
+            _swap(self.params, stashed)
         return None if self.first else dy
+
+
+def _swap(a: np.ndarray, b: np.ndarray, chunk: int = SWAP_CHUNK) -> None:
+    """Exchange the values of the vectors ``a`` and ``b`` ``chunk`` values at a time."""
+    for i in range(0, a.size, chunk):
+        held = a[i:i + chunk].copy()
+        a[i:i + chunk] = b[i:i + chunk]
+        b[i:i + chunk] = held

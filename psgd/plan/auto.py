@@ -56,7 +56,6 @@ def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH) -> prof
     measured here, the rank's base memory included (and saved at ``path`` when given)."""
     from psgd.plan.base import measure
     from psgd.plan.inputs import model_of_spec
-    from psgd.plan.memory import activations
     model = model_of_spec(spec)
     if path and os.path.exists(path):
         prof = profiles.load(path)
@@ -64,9 +63,8 @@ def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH) -> prof
             raise UsageError(f"--profile {path} is of model {prof.spec}, not --model {spec}")
         return prof
     prof = profiles.profile_model(model, batch)
-    held = 2 * prof.param_bytes      # the run's parameters and gradient, and its activations
-    base = measure(spec, lambda b: held + activations(prof.units, b))
-    prof = replace(prof, base_bytes=int(base * BASE_MARGIN))
+    del model
+    prof = replace(prof, base_bytes=int(measure() * BASE_MARGIN))
     if path:
         profiles.save(prof, path)
     return prof

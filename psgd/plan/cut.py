@@ -50,12 +50,13 @@ class Stages:
 
 
 def weight_copies(schedule: str, flight: int) -> int:
-    """A stage's extra copies of its weights: pipedream's ``flight - 1`` stashed versions,
-    pipemare's correction (its update average and the predicted weights), and under both the
-    current weights kept while a backward runs on other ones; none for gpipe and 1f1b."""
+    """A stage's extra copies of its weights: pipedream's stash, one version per microbatch in
+    flight (a backward's version is swapped with the current weights, not copied); pipemare's
+    correction on a stage with a delay (``flight`` > 1): its update average, and the weights
+    before a step or the predicted ones during a backward; none for gpipe and 1f1b."""
     if schedule == "pipedream":
         return flight
-    return 3 if schedule == "pipemare" else 0
+    return 2 if schedule == "pipemare" and flight > 1 else 0
 
 
 def schedule_time(times: list[float], microbatches: int, asynchronous: bool) -> tuple[float, float]:

@@ -45,9 +45,14 @@ def pipeline_stage(units: list[Unit], microbatch: int, in_flight: int, slots: in
             + microbatch * sum(u.out_bytes for u in units))
 
 
-def tensor_part(profile: Profile, batch: int, parts: int, slots: int) -> int:
-    """One of ``parts`` tensor ranks: split parameters divided (others whole), their
-    gradient, optimizer state and all-reduce buffer, and the activations (split units' 1/T)."""
+def tensor_params(profile: Profile, parts: int) -> int:
+    """The parameter bytes one of ``parts`` tensor ranks holds: split ones divided, others whole."""
     split = sum(u.split_bytes for u in profile.units)
-    params = profile.param_bytes - split + -(-split // parts)
-    return (3 + slots) * params + activations(profile.units, batch, parts)
+    return profile.param_bytes - split + -(-split // parts)
+
+
+def tensor_part(profile: Profile, batch: int, parts: int, slots: int, replicated: bool) -> int:
+    """One of ``parts`` tensor ranks: its parameters, their gradient, optimizer state, the
+    all-reduce buffer across ``replicated`` replicas, and the activations (split units' 1/T)."""
+    params = tensor_params(profile, parts)
+    return (2 + slots + int(replicated)) * params + activations(profile.units, batch, parts)

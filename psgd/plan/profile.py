@@ -104,7 +104,8 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
     """Time each unit of ``model`` (a :class:`psgd.nn.model.Model`) on a random batch of
     ``batch`` samples, best of ``repeats`` after one warm-up pass; per-sample figures; the
     compressors' codecs and the spatial split's reach. ``base_bytes`` is left 0:
-    :func:`psgd.plan.auto.get_profile` measures it (:mod:`psgd.plan.base`)."""
+    :func:`psgd.plan.auto.get_profile` measures it (:mod:`psgd.plan.base`). Call it with
+    BLAS on one thread, as a rank runs (psgd's command line pins it before numpy loads)."""
     from psgd.pipeline.partition import units
     spans = units(model)
     rng = np.random.default_rng(seed)

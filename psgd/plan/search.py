@@ -243,15 +243,14 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * (u.in_bytes + u.out_bytes) // 8)),
                                     list(range(t)), budget.net) for u in split)
-        local = memory.tensor_part(profile, 0, t, 0) // 3
+        local = memory.tensor_params(profile, t)
         update = (_replica_allreduce_s(budget, local, t, d) if d > 1 else 0.0) \
             + local * profile.step_s_per_byte
         wire = d * 2 * (t - 1) * sum(b * (u.in_bytes + u.out_bytes) // 2 for u in split) \
             + 2 * (d - 1) * local * t
         plans.append(Plan("tensor", "allreduce", budget.ranks, b, compute + comm + update,
-                          budget.fixed(profile, d) + memory.tensor_part(profile, b, t, budget.slots),
-                          wire, replicas=d,
-                          parts=t))
+                          budget.fixed(profile, d) + memory.tensor_part(profile, b, t, budget.slots, d > 1),
+                          wire, replicas=d, parts=t))
     return plans
 
 

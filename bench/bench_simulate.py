@@ -14,7 +14,7 @@
    the run's timeline, in order (a straggler's sleeps included: on two shared
    cores they also free a core for the others, which drawing the spec anew
    would miss), each message's latency drawn from half the pulls' round trips
-   the run measured (``--latency-from``);
+   the run measured (``--latency-from``; gossip: each exchange from its step spans);
    compared: updates/s over the
    training loop, the staleness histogram's total-variation distance, and the
    final test accuracy of the real run against the simulator's training along
@@ -49,6 +49,7 @@ PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--s
 VALIDATED = {**PROTOCOLS, "hogwild": ["--protocol", "hogwild"],
              "gossip": ["--protocol", "gossip", "--servers", "0"],
              "adpsgd": ["--protocol", "adpsgd", "--servers", "0"]}
+DRAWN = {"gossip"}   # its exchanges drawn from the run's step spans (no pulls to read)
 COMP = {"none": ["--staleness-comp", "none"], "dana": ["--staleness-comp", "dana"]}
 TRAIN = ["--optimizer", "momentum", "--lr", "0.05", "--skip-nonfinite"]
 
@@ -190,7 +191,7 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     sim = simulate(tmp, "--workers", W, "--model", opts.model, "--batch-size", 32,
                    "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
                    "--per-node", W + _servers(proto), "--data", data, "--train",
-                   *([] if math.isnan(pulls) else ["--latency-from", tl]))
+                   *(["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else []))
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
            "steps": opts.steps, "real_updates_per_s": real,

@@ -251,6 +251,21 @@ def test_latencies_from_a_trace_are_half_of_each_pull_past_a_workers_first(tmp_p
         latencies_from_file(str(tmp_path / "none.json"))
 
 
+def test_a_gossip_runs_exchanges_are_its_step_spans_past_each_workers_second(tmp_path):
+    from psgd.simulate.compute import latencies_from_file
+    events = [{"ph": "X", "name": name, "pid": pid, "ts": ts, "dur": dur}
+              for pid, name, ts, dur in [(1, "step", 0, 900), (1, "step", 10, 800),
+                                         (1, "step", 20, 300), (1, "compute", 30, 50),
+                                         (1, "step", 40, 700), (2, "step", 0, 600),
+                                         (2, "step", 5, 600), (2, "step", 9, 250)]]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    got = latencies_from_file(str(tmp_path / "t.json"), "step")
+    np.testing.assert_allclose(sorted(got), [250e-6, 300e-6, 700e-6])
+    (tmp_path / "ps.json").write_text(json.dumps({"traceEvents": events[3:4]}))
+    with pytest.raises(ValueError, match="no step spans"):
+        latencies_from_file(str(tmp_path / "ps.json"), "step")
+
+
 @pytest.mark.parametrize("flags", [["--momentum-correction", "on"],
                                    ["--compress", "topk:0.1"]])   # auto: on, with feedback
 def test_training_with_the_workers_momentum_is_refused_in_one_line(tmp_path, dataset, flags):

@@ -1,6 +1,8 @@
 """Gossip (D-PSGD) simulated: step times against `psgd plan`'s row and a straggler's reach on the
-ring, training against serial SGD (one worker) and a numpy X <- M X - lr G(X) on the graph."""
+ring, exchanges drawn from a trace, training against serial SGD (one worker) and a numpy
+X <- M X - lr G(X) on the graph."""
 import argparse
+import json
 
 import numpy as np
 import pytest
@@ -95,5 +97,42 @@ def test_a_deterministic_straggler_delay_holds_back_each_step_k_hops_away_from_s
         assert (steps[i, k + 1:] >= d).all()
     (plan_s, _), = gossip_rows(Job(1000, (c + d) / 16, 16, W, 0), Network(1.25e9),
                                "gossip").values()
-    steady = W / gossip.summary(ends, times, exchange)["steady_updates_per_s"]
+    steady = np.diff(ends.max(axis=0))[-1]
     np.testing.assert_allclose(steady, plan_s, rtol=1e-9)   # plan's row at the straggler's pace
+
+
+def test_the_steady_rate_counts_from_the_earliest_first_step_as_a_real_timeline_is_read():
+    W, T, c = 4, 6, 1e-3
+    times = np.full((W, T), c)
+    times[1, 0] = 0.5   # worker 1 starts late: its neighbours wait on it from their step 1
+    ends = gossip.step_ends(times, mixing_matrix("ring", W), 0.0, 0.0)
+    assert ends[0, 0] < 2 * c and ends[0, 1] >= 0.5   # worker 0's first step ended early
+    rate = gossip.summary(ends, times, 0.0)["steady_updates_per_s"]
+    np.testing.assert_allclose(rate, W * (T - 1) / (ends.max() - ends[:, 0].min()), rtol=1e-12)
+    assert rate < W / 0.1   # the late start's half second is inside the span it counts
+
+
+def test_one_measured_exchange_is_a_fixed_exchange_and_draws_take_each_value():
+    W, T, mix = 4, 30, 2e-4
+    times = compute_times([1e-3], W, T, seed=3, jitter="lognormal:0.5")
+    matrix = mixing_matrix("ring", W)
+    one = gossip.measured_exchanges([3e-3], (W, T), mix, seed=5)
+    np.testing.assert_array_equal(gossip.step_ends(times, matrix, one, mix),
+                                  gossip.step_ends(times, matrix, 3e-3 - mix, mix))
+    drawn = gossip.measured_exchanges([1e-4, 2e-3], (W, T), mix, seed=5)
+    assert set(np.unique(drawn)) == {0.0, 2e-3 - mix}   # a span shorter than the mix: 0 s
+
+
+def test_a_gossip_trace_with_equal_steps_paces_the_simulated_ring_at_its_step(tmp_path):
+    from psgd.cli import build_parser
+    from psgd.simulate.command import run as run_simulate
+    step_us, W = 5000, 4
+    events = [{"ph": "X", "name": "step", "pid": w, "ts": 10_000 * k, "dur": step_us}
+              for w in range(W) for k in range(8)]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    argv = ["simulate", "--workers", str(W), "--protocol", "gossip", "--servers", "0",
+            "--model", "mlp:784-10", "--compute-ms", "1", "--steps", "10", "--latency-from",
+            str(tmp_path / "t.json"), "--json", str(tmp_path / "s.json")]
+    run_simulate(build_parser(argv).parse_args(argv))
+    out = json.loads((tmp_path / "s.json").read_text())
+    np.testing.assert_allclose(W / out["steady_updates_per_s"], step_us * 1e-6, rtol=1e-9)

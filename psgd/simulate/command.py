@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lat = sim.add_mutually_exclusive_group()
     lat.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
     lat.add_argument("--latency-from", metavar="FILE", help="draw each message's latency from a "
-                     "real run's --timeline (half of each pull's round trip)")
+                     "real run's --timeline (half of each pull's round trip; gossip: each "
+                     "exchange from the step spans)")
     sim.add_argument("--shm-bandwidth", default="32gbit", help="copies within a node "
                      "(default 32gbit)")
     sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
@@ -96,16 +97,20 @@ def _check_job(job) -> None:
                         "with error feedback); pass --momentum-correction off, or drop --train")
 
 
-def _network(args, n_params: int, mean_s: float, settings, workers: int):
-    """The cost model's job and network, and the measured latencies (None: the network's)."""
+def _network(args, n_params: int, mean_s: float, settings, workers: int, span: str):
+    """The cost model's job and network, and the measured latencies (None: the network's;
+    ``span``: which spans of --latency-from hold them, see
+    :func:`psgd.simulate.compute.latencies_from_file`; "step": a gossip step's exchange,
+    no message latency)."""
     from psgd.plan.command import parse_bandwidth
     from psgd.plan.cost import Job, Network, check
     from psgd.simulate.compute import latencies_from_file
     if args.per_node < 1:
         raise PsgdError(f"--per-node must be >= 1, got {args.per_node}")
     from psgd.plan.command import measure_compression
-    latencies = latencies_from_file(args.latency_from) if args.latency_from else None
-    latency = float(np.median(latencies)) if latencies is not None else args.latency_us * 1e-6
+    latencies = latencies_from_file(args.latency_from, span) if args.latency_from else None
+    latency = (float(np.median(latencies)) if latencies is not None and span == "pull"
+               else args.latency_us * 1e-6)
     coding = measure_compression(settings.compression.compress,
                                  settings.compression.compress_bucket, n_params)
     job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
@@ -145,11 +150,14 @@ def run(args: argparse.Namespace) -> None:
         samples = _samples(args, settings)
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
                               settings.stragglers.straggler)
-        pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers)
+        graph = _graph(protocol, settings, args.workers)
+        span = "step" if isinstance(graph, np.ndarray) else "pull"
+        pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers,
+                                  span)
         times += pjob.compression.encode_s * pjob.nbytes   # a coded push is encoded first
         if protocol.decentralized:
-            found, schedule, wall, train = _gossip(protocol, settings, job, pjob, (net, lat), times)
-            pjob = replace(pjob, servers=1)
+            found, schedule, wall, train = _gossip(graph, settings, job, pjob, (net, lat), times)
+            pjob, lat = replace(pjob, servers=1), (lat if span == "pull" else None)
         else:
             schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times, lat,
                                        settings.seed)
@@ -175,16 +183,27 @@ def run(args: argparse.Namespace) -> None:
             json.dump(out, fh, indent=1)
 
 
-def _gossip(protocol, settings, job, pjob, network, times):
+def _graph(protocol, settings, workers: int):
+    """A decentralized protocol's graph (:func:`psgd.simulate.gossip.graph`); None for the
+    parameter servers'."""
+    if not protocol.decentralized:
+        return None
+    from psgd.simulate import gossip
+    return gossip.graph(protocol, protocol.topology(settings.topology, workers), workers)
+
+
+def _gossip(matrix, settings, job, pjob, network, times):
     """A decentralized protocol's summary, its clocks, the loop's seconds and its trainer
-    (``network``: the network and any measured latencies, which only AD-PSGD's links draw)."""
+    (``network``: the network and any measured latencies: AD-PSGD's links draw them, gossip
+    draws its exchanges from them)."""
     from functools import partial
     from psgd.simulate import gossip
-    W, net = times.shape[0], network[0]
-    matrix = gossip.graph(protocol, protocol.topology(settings.topology, W), W)
+    W, (net, measured) = times.shape[0], network
     if not isinstance(matrix, np.ndarray):   # partners: pairs without a global step
         return _pairs(matrix, settings, job, pjob, network, times)
     exchange_s, mix_s = gossip.costs(matrix, replace(pjob, servers=0), net)
+    if measured is not None:
+        exchange_s = gossip.measured_exchanges(measured, times.shape, mix_s, settings.seed)
     t0 = time.perf_counter()
     ends = gossip.step_ends(times, matrix, exchange_s, mix_s)
     wall = time.perf_counter() - t0

@@ -4,8 +4,10 @@ A worker's step t ends once it has computed its gradient and its neighbours'
 models of step t (sent as each ended step t - 1, as
 :class:`psgd.gossip.dpsgd.GossipWorker` posts them) have arrived, then it
 mixes and steps; the exchange and the mixing cost what `psgd plan`'s gossip
-row charges. Training mixes every worker's model with the protocol's mixing
-matrix and steps each worker's own optimizer, as the real worker does.
+row charges, or each exchange is drawn from a real run's step spans
+(:func:`measured_exchanges`). Training mixes every worker's model with the
+protocol's mixing matrix and steps each worker's own optimizer, as the real
+worker does.
 """
 from __future__ import annotations
 
@@ -46,26 +48,38 @@ def costs(matrix: np.ndarray, job, net) -> tuple[float, float]:
     return exchange, (degree + 1 + STEP_PASSES) * job.nbytes / net.shm_bandwidth
 
 
-def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s: float,
+def measured_exchanges(steps_s: np.ndarray, shape, mix_s: float, seed: int) -> np.ndarray:
+    """Each worker's exchange at each step (float64 ``shape``), drawn (seeded) from a real
+    run's step spans ``steps_s`` (seconds), less the mixing and step the simulation charges
+    (at least 0 s): on ranks whose messages move only while both ends poll MPI, a step's
+    span is its exchange."""
+    rng = np.random.default_rng([seed, 0x9055])
+    return np.maximum(rng.choice(np.asarray(steps_s, np.float64), shape) - mix_s, 0.0)
+
+
+def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s,
               mix_s: float) -> np.ndarray:
-    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds."""
+    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds;
+    ``exchange_s`` one value, or each worker's at each step (W, T)."""
     W, T = times.shape
     near = (matrix > 0) & ~np.eye(W, dtype=bool)
+    exchange = np.broadcast_to(np.asarray(exchange_s, np.float64), (W, T))
     ends, prev = np.empty((W, T)), np.zeros(W)
     for t in range(T):
-        arrived = np.where(near, prev[None, :], -np.inf).max(axis=1) + exchange_s
+        arrived = np.where(near, prev[None, :], -np.inf).max(axis=1) + exchange[:, t]
         prev = np.maximum(prev + times[:, t], arrived) + mix_s
         ends[:, t] = prev
     return ends
 
 
-def summary(ends: np.ndarray, times: np.ndarray, exchange_s: float) -> dict:
+def summary(ends: np.ndarray, times: np.ndarray, exchange_s) -> dict:
     """The JSON-ready summary, in the parameter servers' keys (staleness 0: every step mixes
-    the neighbours' models of the same step)."""
+    the neighbours' models of the same step); the steady rate from the earliest end of a
+    first step, as a real run's timeline is read (bench_simulate.real_rate)."""
     W, T = ends.shape
     sec = float(ends.max())
     busy = times.sum(axis=1) / sec
-    first = ends[:, 0].max()
+    first = ends[:, 0].min()
     steady = W * (T - 1) / (sec - first) if T > 1 and sec > first else float("inf")
     return {"simulated_s": sec, "updates": W * T, "updates_per_s": W * T / sec,
             "steady_updates_per_s": steady,
@@ -73,7 +87,8 @@ def summary(ends: np.ndarray, times: np.ndarray, exchange_s: float) -> dict:
             "delay": {"mean": 0.0, "p50": 0, "p99": 0, "max": 0, "histogram": [W * T]},
             "worker_utilisation": {"mean": float(busy.mean()), "min": float(busy.min()),
                                    "max": float(busy.max())},
-            "server_utilisation": [], "link_utilisation": min(1.0, exchange_s * T / sec)}
+            "server_utilisation": [],
+            "link_utilisation": min(1.0, float(np.mean(exchange_s)) * T / sec)}
 
 
 class Clocks:

@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lat = sim.add_mutually_exclusive_group()
     lat.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
     lat.add_argument("--latency-from", metavar="FILE", help="draw each message's latency from a "
-                     "real run's --timeline (half of each pull's round trip; gossip: each "
-                     "exchange from the step spans)")
+                     "real run's --timeline (half of each pull's round trip; gossip: the "
+                     "exchange, the mean step span)")
     sim.add_argument("--shm-bandwidth", default="32gbit", help="copies within a node "
                      "(default 32gbit)")
     sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
@@ -195,7 +195,7 @@ def _graph(protocol, settings, workers: int):
 def _gossip(matrix, settings, job, pjob, network, times):
     """A decentralized protocol's summary, its clocks, the loop's seconds and its trainer
     (``network``: the network and any measured latencies: AD-PSGD's links draw them, gossip
-    draws its exchanges from them)."""
+    takes its exchange from them)."""
     from functools import partial
     from psgd.simulate import gossip
     W, (net, measured) = times.shape[0], network
@@ -203,7 +203,7 @@ def _gossip(matrix, settings, job, pjob, network, times):
         return _pairs(matrix, settings, job, pjob, network, times)
     exchange_s, mix_s = gossip.costs(matrix, replace(pjob, servers=0), net)
     if measured is not None:
-        exchange_s = gossip.measured_exchanges(measured, times.shape, mix_s, settings.seed)
+        exchange_s = gossip.measured_exchange(measured, mix_s)
     t0 = time.perf_counter()
     ends = gossip.step_ends(times, matrix, exchange_s, mix_s)
     wall = time.perf_counter() - t0

@@ -1,13 +1,15 @@
 """Synchronous gossip (D-PSGD) simulated: each worker's step ends on the graph; training each model.
 
-A worker's step t ends once it has computed its gradient and its neighbours'
-models of step t (sent as each ended step t - 1, as
-:class:`psgd.gossip.dpsgd.GossipWorker` posts them) have arrived, then it
-mixes and steps; the exchange and the mixing cost what `psgd plan`'s gossip
-row charges, or each exchange is drawn from a real run's step spans
-(:func:`measured_exchanges`). Training mixes every worker's model with the
-protocol's mixing matrix and steps each worker's own optimizer, as the real
-worker does.
+:class:`psgd.gossip.dpsgd.GossipWorker` posts the exchange of its step t - 1
+model as that step ends, but MPI moves a message of a model's size only while
+both ends poll it (no asynchronous progress): the exchange runs once the worker
+and each neighbour have computed step t's gradient and wait, so a worker's step
+t ends an exchange and a mixing after the last of its neighbourhood arrives.
+The exchange and the mixing cost what `psgd plan`'s gossip row charges (which
+lets the exchange overlap the compute), or the exchange is the mean of a real
+run's step spans (:func:`measured_exchange`). Training mixes every worker's
+model with the protocol's mixing matrix and steps each worker's own optimizer,
+as the real worker does.
 """
 from __future__ import annotations
 
@@ -48,31 +50,29 @@ def costs(matrix: np.ndarray, job, net) -> tuple[float, float]:
     return exchange, (degree + 1 + STEP_PASSES) * job.nbytes / net.shm_bandwidth
 
 
-def measured_exchanges(steps_s: np.ndarray, shape, mix_s: float, seed: int) -> np.ndarray:
-    """Each worker's exchange at each step (float64 ``shape``), drawn (seeded) from a real
-    run's step spans ``steps_s`` (seconds), less the mixing and step the simulation charges
-    (at least 0 s): on ranks whose messages move only while both ends poll MPI, a step's
-    span is its exchange."""
-    rng = np.random.default_rng([seed, 0x9055])
-    return np.maximum(rng.choice(np.asarray(steps_s, np.float64), shape) - mix_s, 0.0)
+def measured_exchange(steps_s, mix_s: float) -> float:
+    """Seconds of one exchange from a real run's step spans ``steps_s`` (seconds): their mean,
+    less the mixing and step the simulation charges (at least 0). The mean, not a draw per
+    step: a span also holds the wait for a neighbour that was descheduled, and independent
+    draws would count such a wait again in each neighbour's maximum."""
+    return max(float(np.mean(steps_s)) - mix_s, 0.0)
 
 
-def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s,
+def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s: float,
               mix_s: float) -> np.ndarray:
-    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds;
-    ``exchange_s`` one value, or each worker's at each step (W, T)."""
+    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds:
+    an exchange and a mixing after the last of its neighbourhood (itself included) computed."""
     W, T = times.shape
-    near = (matrix > 0) & ~np.eye(W, dtype=bool)
-    exchange = np.broadcast_to(np.asarray(exchange_s, np.float64), (W, T))
+    hood = matrix > 0
     ends, prev = np.empty((W, T)), np.zeros(W)
     for t in range(T):
-        arrived = np.where(near, prev[None, :], -np.inf).max(axis=1) + exchange[:, t]
-        prev = np.maximum(prev + times[:, t], arrived) + mix_s
+        ready = prev + times[:, t]
+        prev = np.where(hood, ready[None, :], -np.inf).max(axis=1) + exchange_s + mix_s
         ends[:, t] = prev
     return ends
 
 
-def summary(ends: np.ndarray, times: np.ndarray, exchange_s) -> dict:
+def summary(ends: np.ndarray, times: np.ndarray, exchange_s: float) -> dict:
     """The JSON-ready summary, in the parameter servers' keys (staleness 0: every step mixes
     the neighbours' models of the same step); the steady rate from the earliest end of a
     first step, as a real run's timeline is read (bench_simulate.real_rate)."""
@@ -87,8 +87,7 @@ def summary(ends: np.ndarray, times: np.ndarray, exchange_s) -> dict:
             "delay": {"mean": 0.0, "p50": 0, "p99": 0, "max": 0, "histogram": [W * T]},
             "worker_utilisation": {"mean": float(busy.mean()), "min": float(busy.min()),
                                    "max": float(busy.max())},
-            "server_utilisation": [],
-            "link_utilisation": min(1.0, float(np.mean(exchange_s)) * T / sec)}
+            "server_utilisation": [], "link_utilisation": min(1.0, exchange_s * T / sec)}
 
 
 class Clocks:

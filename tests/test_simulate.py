@@ -274,3 +274,27 @@ def test_training_with_the_workers_momentum_is_refused_in_one_line(tmp_path, dat
                      "--compute-ms", 1, "--steps", 4, "--data", dataset, "--train",
                      "--optimizer", "momentum", *flags)
     assert "not the velocity" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_measured_shm_bandwidth_is_the_one_simulated_with(tmp_path):
+    argv = ["--workers", 3, "--protocol", "asp", "--model", "mlp:784-64-10", "--compute-ms", 1,
+            "--steps", 20]
+    simulate_cli(tmp_path, *argv, "--json", tmp_path / "m.json")
+    measured = json.loads((tmp_path / "m.json").read_text())
+    assert 0 < measured["shm_bandwidth"] < math.inf
+    simulate_cli(tmp_path, *argv, "--shm-bandwidth", f"{measured['shm_bandwidth'] * 8!r}bit",
+                 "--json", tmp_path / "g.json")
+    given = json.loads((tmp_path / "g.json").read_text())
+    assert given["shm_bandwidth"] == pytest.approx(measured["shm_bandwidth"], rel=1e-12)
+    assert given["updates_per_s"] == pytest.approx(measured["updates_per_s"], rel=1e-9)
+
+
+def test_the_shm_bandwidth_counts_an_optimizer_step_as_its_passes(monkeypatch):
+    import psgd.simulate.links as links
+    from psgd.plan.cost import STEP_PASSES
+    clock = iter(np.arange(0.0, 100.0, 0.25e-3))   # each reading 0.25 ms after the one before
+    monkeypatch.setattr(links.time, "perf_counter", lambda: next(clock))
+    n = 5000
+    got = links.measure_shm_bandwidth(n, "momentum", seconds=0.01)
+    # the loop reads the clock once per step: each step 0.25 ms, one of STEP_PASSES passes each
+    np.testing.assert_allclose(got, STEP_PASSES * 4 * n / 0.25e-3, rtol=0.05)

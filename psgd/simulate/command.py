@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lat.add_argument("--latency-from", metavar="FILE", help="draw each message's latency from a "
                      "real run's --timeline (half of each pull's round trip; gossip: the "
                      "exchange, the mean step span)")
-    sim.add_argument("--shm-bandwidth", default="32gbit", help="copies within a node "
-                     "(default 32gbit)")
+    sim.add_argument("--shm-bandwidth", default="measure", help="copies and passes within a "
+                     "node, e.g. 32gbit (default: measured here, an optimizer step on a vector "
+                     "of the model's size being 4 passes)")
     sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
     sim.add_argument("--shared-link", action="store_true", help="all nodes share one link")
     sim.add_argument("--train", action="store_true", help="train along the simulated order "
@@ -116,9 +117,19 @@ def _network(args, n_params: int, mean_s: float, settings, workers: int, span: s
     job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
               workers, settings.servers, args.per_node, compression=coding)
     net = Network(parse_bandwidth(args.bandwidth), latency, args.shared_link,
-                  parse_bandwidth(args.shm_bandwidth))
+                  _shm_bandwidth(args.shm_bandwidth, n_params, settings.optimizer))
     check(job, net)
     return job, net, latencies
+
+
+def _shm_bandwidth(text: str, n_params: int, optimizer: str | None) -> float:
+    """``--shm-bandwidth`` in bytes/s: as given, or ``measure``: the run's optimizer (sgd when
+    none is set) stepping a vector of ``n_params`` here, a step being STEP_PASSES passes."""
+    from psgd.plan.command import parse_bandwidth
+    from psgd.simulate.links import measure_shm_bandwidth
+    if text == "measure":
+        return measure_shm_bandwidth(n_params, optimizer or "sgd")
+    return parse_bandwidth(text)
 
 
 def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0):
@@ -168,6 +179,7 @@ def run(args: argparse.Namespace) -> None:
     out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),
            "workers": args.workers, "servers": settings.servers, "steps": steps,
            "n_params": n_params, "compute_ms_mean": float(times.mean() * 1e3),
+           "shm_bandwidth": net.shm_bandwidth,
            "simulation_wall_s": wall, **found,
            "bsp": {k: v for k, v in summary(bsp).items() if k != "delay"}}
     if settings.recording.record:

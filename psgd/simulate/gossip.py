@@ -1,15 +1,11 @@
 """Synchronous gossip (D-PSGD) simulated: each worker's step ends on the graph; training each model.
 
-:class:`psgd.gossip.dpsgd.GossipWorker` posts the exchange of its step t - 1
-model as that step ends, but MPI moves a message of a model's size only while
-both ends poll it (no asynchronous progress): the exchange runs once the worker
-and each neighbour have computed step t's gradient and wait, so a worker's step
-t ends an exchange and a mixing after the last of its neighbourhood arrives.
-The exchange and the mixing cost what `psgd plan`'s gossip row charges (which
-lets the exchange overlap the compute), or the exchange is the mean of a real
-run's step spans (:func:`measured_exchange`). Training mixes every worker's
-model with the protocol's mixing matrix and steps each worker's own optimizer,
-as the real worker does.
+MPI moves a model only while both ends poll (no asynchronous progress), so a
+worker's step t ends an exchange and a mixing after the last of its
+neighbourhood has computed step t; the costs are `psgd plan`'s gossip row's,
+or the exchange is a real run's mean step span (:func:`measured_exchange`).
+Training mixes the models with the mixing matrix and steps each worker's own
+optimizer, as :class:`psgd.gossip.dpsgd.GossipWorker` does.
 """
 from __future__ import annotations
 

@@ -14,14 +14,15 @@
    the run's timeline, in order (a straggler's sleeps included: on two shared
    cores they also free a core for the others, which drawing the spec anew
    would miss), each message's latency drawn from half the pulls' round trips
-   the run measured (``--latency-from``);
+   the run measured (``--latency-from``; gossip: each exchange from its step spans);
    compared: updates/s over the
    training loop, the staleness histogram's total-variation distance, and the
    final test accuracy of the real run against the simulator's training along
    its order at the same seed (means over seeds).
-3. The table: W = 16, 64, 256, 1024 (``--table-widths``), predicted updates/s and staleness for
-   bsp, ssp s=2 and asp (with and without compensation), and up to W = 256
-   the accuracy of training along the simulated order (``--train``).
+3. The table: W = 16, 64, 256, 1024 (``--table-widths``) of ``--table-model``, predicted
+   updates/s and staleness for bsp, ssp s=2 and asp (with and without compensation), and up
+   to W = 256 (``--table-train-upto``) the accuracy of training along the simulated order
+   (``--train``, ``--table-epochs``).
 
 Writes simulate.json and simulate.md into runs/bench/simulate-TIME/ (--publish:
 bench/results/).
@@ -49,6 +50,7 @@ PROTOCOLS = {"bsp": ["--protocol", "bsp"], "ssp s=2": ["--protocol", "ssp", "--s
 VALIDATED = {**PROTOCOLS, "hogwild": ["--protocol", "hogwild"],
              "gossip": ["--protocol", "gossip", "--servers", "0"],
              "adpsgd": ["--protocol", "adpsgd", "--servers", "0"]}
+DRAWN = {"gossip"}   # its exchanges drawn from the run's step spans (no pulls to read)
 COMP = {"none": ["--staleness-comp", "none"], "dana": ["--staleness-comp", "dana"]}
 TRAIN = ["--optimizer", "momentum", "--lr", "0.05", "--skip-nonfinite"]
 
@@ -190,7 +192,7 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     sim = simulate(tmp, "--workers", W, "--model", opts.model, "--batch-size", 32,
                    "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
                    "--per-node", W + _servers(proto), "--data", data, "--train",
-                   *([] if math.isnan(pulls) else ["--latency-from", tl]))
+                   *(["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else []))
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
            "steps": opts.steps, "real_updates_per_s": real,
@@ -243,14 +245,14 @@ def _first_at(log: Path, target: float) -> float | None:
 
 
 def _cell(tmp: Path, data: Path, W: int, proto: str, comp: str, compute_ms: float,
-          train: bool, target: float) -> dict:
+          train: bool, opts) -> dict:
     S = max(1, W // 16)
     log = tmp / f"t-{W}-{proto}-{comp}.jsonl".replace(" ", "").replace("=", "")
-    argv = ["--workers", W, "--servers", S, "--model", TABLE_MODEL, *PROTOCOLS[proto],
+    argv = ["--workers", W, "--servers", S, "--model", opts.table_model, *PROTOCOLS[proto],
             "--compute-ms", compute_ms, "--jitter", "lognormal:0.5", "--batch-size", 64]
     if train:
-        argv += ["--data", data, "--epochs", 2, *TRAIN, *COMP[comp], "--train", "--log", log,
-                 "--eval-every", max(1, 60000 // (W * 64) // 4)]
+        argv += ["--data", data, "--epochs", opts.table_epochs, *TRAIN, *COMP[comp], "--train",
+                 "--log", log, "--eval-every", max(1, 60000 // (W * 64) // 4)]
     else:
         argv += ["--steps", 20]
     sim = simulate(tmp, *argv)
@@ -259,7 +261,7 @@ def _cell(tmp: Path, data: Path, W: int, proto: str, comp: str, compute_ms: floa
             "bsp_updates_per_s": sim["bsp"]["updates_per_s"]}
     if train:
         cell.update(test_acc=sim["training"]["test_acc"], simulated_s=sim["simulated_s"],
-                    time_to_target_s=_first_at(log, target),
+                    time_to_target_s=_first_at(log, opts.target),
                     train_wall_s=sim["training"]["seconds"])
     print(f"table: W={W} {proto} {comp}: {cell['updates_per_s']:.0f}/s, staleness mean "
           f"{cell['staleness_mean']:.2f} max {cell['staleness_max']}"
@@ -267,14 +269,15 @@ def _cell(tmp: Path, data: Path, W: int, proto: str, comp: str, compute_ms: floa
     return cell
 
 
-def table(tmp: Path, data: Path, widths: list, target: float, save) -> tuple[list, float]:
+def table(tmp: Path, data: Path, opts, save) -> tuple[list, float]:
     from psgd.plan.command import measure_compute_s
-    compute_ms = measure_compute_s(TABLE_MODEL, 64, seconds=1.0) * 64e3
+    compute_ms = measure_compute_s(opts.table_model, 64, seconds=1.0) * 64e3
     cells = []
-    for W in widths:
+    for W in opts.table_widths:
         for proto in PROTOCOLS:
             for comp in ("none",) if proto == "bsp" else COMP:
-                cells.append(_cell(tmp, data, W, proto, comp, compute_ms, W <= 256, target))
+                cells.append(_cell(tmp, data, W, proto, comp, compute_ms,
+                                   W <= opts.table_train_upto, opts))
                 save(cells, compute_ms)
     return cells, compute_ms
 
@@ -296,8 +299,8 @@ def markdown(result: dict) -> str:
                      f"{r['ratio']:.2f} | {tv} | "
                      f"{r['real_acc']:.4f} | "
                      f"{r['sim_acc']:.4f} | {r['acc_gap_points']:+.2f} |")
-    lines += ["", f"## Table ({TABLE_MODEL}, compute {result['compute_ms']:.2f} ms per batch "
-              f"of 64, 10gbit switched)", "",
+    lines += ["", f"## Table ({result.get('table_model', TABLE_MODEL)}, compute "
+              f"{result['compute_ms']:.2f} ms per batch of 64, 10gbit switched)", "",
               "| W | S | protocol | comp | updates/s | x bsp | staleness mean | max | "
               f"test acc | sim. s to {result['target']:.0%} |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["table"]:
@@ -341,6 +344,12 @@ def arguments() -> argparse.Namespace:
                     help="validate with --straggler runs only")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
+    ap.add_argument("--table-model", default=TABLE_MODEL, help=f"the table's model (default "
+                    f"{TABLE_MODEL})")
+    ap.add_argument("--table-epochs", type=float, default=2, help="epochs of each table cell's "
+                    "training (default 2)")
+    ap.add_argument("--table-train-upto", type=int, default=256, help="the largest W whose "
+                    "cells train along the order (default 256; above: the event loop only)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     q = args.quick
@@ -360,7 +369,7 @@ def main() -> None:
         tmp = Path(tmp)
         data = common.dataset(tmp, args.quick, "bench-simulate", train=20000 if args.quick else None)
         result = {"target": args.target, "table": [], "compute_ms": float("nan"),
-                  "argv": sys.argv[1:]}
+                  "table_model": args.table_model, "argv": sys.argv[1:]}
 
         def save(cells=None, compute_ms=None):   # after each part: a cut-short run keeps its cells
             if cells is not None:
@@ -373,7 +382,7 @@ def main() -> None:
         result["validation"] = validate(tmp, data.path, args)
         result["agreement"] = agreement(result["validation"])
         save()
-        table(tmp, data.path, args.table_widths, args.target, save)
+        table(tmp, data.path, args, save)
     common.write_json(out / f"{stem}.json", result, data.name)
     (out / f"{stem}.partial.json").unlink()
     common.write_text(out / f"{stem}.md", markdown(result), data.name)

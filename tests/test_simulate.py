@@ -251,6 +251,21 @@ def test_latencies_from_a_trace_are_half_of_each_pull_past_a_workers_first(tmp_p
         latencies_from_file(str(tmp_path / "none.json"))
 
 
+def test_a_gossip_runs_exchanges_are_its_step_spans_past_each_workers_second(tmp_path):
+    from psgd.simulate.compute import latencies_from_file
+    events = [{"ph": "X", "name": name, "pid": pid, "ts": ts, "dur": dur}
+              for pid, name, ts, dur in [(1, "step", 0, 900), (1, "step", 10, 800),
+                                         (1, "step", 20, 300), (1, "compute", 30, 50),
+                                         (1, "step", 40, 700), (2, "step", 0, 600),
+                                         (2, "step", 5, 600), (2, "step", 9, 250)]]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    got = latencies_from_file(str(tmp_path / "t.json"), "step")
+    np.testing.assert_allclose(sorted(got), [250e-6, 300e-6, 700e-6])
+    (tmp_path / "ps.json").write_text(json.dumps({"traceEvents": events[3:4]}))
+    with pytest.raises(ValueError, match="no step spans"):
+        latencies_from_file(str(tmp_path / "ps.json"), "step")
+
+
 @pytest.mark.parametrize("flags", [["--momentum-correction", "on"],
                                    ["--compress", "topk:0.1"]])   # auto: on, with feedback
 def test_training_with_the_workers_momentum_is_refused_in_one_line(tmp_path, dataset, flags):
@@ -259,3 +274,27 @@ def test_training_with_the_workers_momentum_is_refused_in_one_line(tmp_path, dat
                      "--compute-ms", 1, "--steps", 4, "--data", dataset, "--train",
                      "--optimizer", "momentum", *flags)
     assert "not the velocity" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_measured_shm_bandwidth_is_the_one_simulated_with(tmp_path):
+    argv = ["--workers", 3, "--protocol", "asp", "--model", "mlp:784-64-10", "--compute-ms", 1,
+            "--steps", 20]
+    simulate_cli(tmp_path, *argv, "--json", tmp_path / "m.json")
+    measured = json.loads((tmp_path / "m.json").read_text())
+    assert 0 < measured["shm_bandwidth"] < math.inf
+    simulate_cli(tmp_path, *argv, "--shm-bandwidth", f"{measured['shm_bandwidth'] * 8!r}bit",
+                 "--json", tmp_path / "g.json")
+    given = json.loads((tmp_path / "g.json").read_text())
+    assert given["shm_bandwidth"] == pytest.approx(measured["shm_bandwidth"], rel=1e-12)
+    assert given["updates_per_s"] == pytest.approx(measured["updates_per_s"], rel=1e-9)
+
+
+def test_the_shm_bandwidth_counts_an_optimizer_step_as_its_passes(monkeypatch):
+    import psgd.simulate.links as links
+    from psgd.plan.cost import STEP_PASSES
+    clock = iter(np.arange(0.0, 100.0, 0.25e-3))   # each reading 0.25 ms after the one before
+    monkeypatch.setattr(links.time, "perf_counter", lambda: next(clock))
+    n = 5000
+    got = links.measure_shm_bandwidth(n, "momentum", seconds=0.01)
+    # the loop reads the clock once per step: each step 0.25 ms, one of STEP_PASSES passes each
+    np.testing.assert_allclose(got, STEP_PASSES * 4 * n / 0.25e-3, rtol=0.05)

@@ -1,6 +1,8 @@
 """Gossip (D-PSGD) simulated: step times against `psgd plan`'s row and a straggler's reach on the
-ring, training against serial SGD (one worker) and a numpy X <- M X - lr G(X) on the graph."""
+ring, exchanges drawn from a trace, training against serial SGD (one worker) and a numpy
+X <- M X - lr G(X) on the graph."""
 import argparse
+import json
 
 import numpy as np
 import pytest
@@ -20,24 +22,27 @@ LR = 0.05
 
 
 @pytest.mark.parametrize("c", [1e-3, 40e-3])   # exchange-bound, then compute-bound
-def test_equal_steps_on_the_ring_take_what_plans_gossip_row_says(c):
+def test_equal_steps_on_the_ring_take_plans_gossip_row_plus_the_overlap_mpi_does_not_give(c):
     W, T, n = 8, 5, 2_000_000
     job, net = Job(n, c / 16, 16, W, 0), Network(1.25e9)
     matrix = mixing_matrix("ring", W)
-    ends = gossip.step_ends(np.full((W, T), c), matrix, *gossip.costs(matrix, job, net))
-    (step_s, _), = gossip_rows(job, net, "gossip").values()
-    np.testing.assert_allclose(ends[:, -1], T * step_s, rtol=1e-12)
+    exchange, mix = gossip.costs(matrix, job, net)
+    ends = gossip.step_ends(np.full((W, T), c), matrix, exchange, mix)
+    np.testing.assert_allclose(ends, np.tile(np.arange(1, T + 1) * (c + exchange + mix), (W, 1)),
+                               rtol=1e-12)
+    (step_s, _), = gossip_rows(job, net, "gossip").values()   # the exchange under the compute
+    np.testing.assert_allclose(ends[0, -1] / T - step_s, min(c, exchange), rtol=1e-9)
 
 
-def test_a_straggler_slows_the_ring_one_hop_per_step():
+def test_a_late_worker_holds_back_the_ring_one_hop_further_each_step():
     W, c = 8, 1e-3
     times = np.full((W, 6), c)
     times[0, 0] = 1.0   # worker 0's first step takes a second
     ends = gossip.step_ends(times, mixing_matrix("ring", W), 0.0, 0.0)
     late = ends > 0.5
-    for t in range(6):   # by step t the delay has reached workers within t hops of worker 0
+    for t in range(6):   # by step t the delay has reached workers within t + 1 hops of worker 0
         hops = np.minimum(np.arange(W), W - np.arange(W))
-        assert (late[:, t] == (hops <= t)).all()
+        assert (late[:, t] == (hops <= t + 1)).all()
 
 
 def test_the_registry_graph_is_gossips_mixing_matrix_and_adpsgds_partners():
@@ -81,7 +86,7 @@ def test_training_mixes_and_steps_as_dpsgd(dataset, W, topology):
     assert np.abs(got - init).max() > 100 * 1e-5   # it moved well past the tolerance
 
 
-def test_a_deterministic_straggler_delay_holds_back_each_step_k_hops_away_from_step_k():
+def test_a_deterministic_straggler_delay_holds_back_each_step_k_hops_away_from_step_k_less_1():
     W, T, c, d, slow = 8, 10, 1e-3, 0.05, 3
     times = compute_times([c], W, T, straggler=f"{slow}:p=1,d={d}")
     matrix = mixing_matrix("ring", W)
@@ -89,11 +94,40 @@ def test_a_deterministic_straggler_delay_holds_back_each_step_k_hops_away_from_s
     ends = gossip.step_ends(times, matrix, exchange, mix)
     steps = np.diff(np.concatenate([np.zeros((W, 1)), ends], axis=1), axis=1)
     hops = np.minimum(np.abs(np.arange(W) - slow), W - np.abs(np.arange(W) - slow))
-    for i in range(W):   # k hops away: its step k ends past k + 1 delays, every later step >= d
-        k = hops[i]
+    for i in range(W):   # k hops away: from step k - 1 past its delays, every later step >= d
+        k = max(hops[i] - 1, 0)
         assert (ends[i, k:] >= (np.arange(k, T) - k + 1) * d).all()
         assert (steps[i, k + 1:] >= d).all()
-    (plan_s, _), = gossip_rows(Job(1000, (c + d) / 16, 16, W, 0), Network(1.25e9),
-                               "gossip").values()
-    steady = W / gossip.summary(ends, times, exchange)["steady_updates_per_s"]
-    np.testing.assert_allclose(steady, plan_s, rtol=1e-9)   # plan's row at the straggler's pace
+    np.testing.assert_allclose(steps[:, -1], c + d + exchange + mix, rtol=1e-9)   # its pace
+
+
+def test_the_steady_rate_counts_from_the_earliest_first_step_as_a_real_timeline_is_read():
+    W, T, c = 4, 6, 1e-3
+    times = np.full((W, T), c)
+    times[1, 0] = 0.5   # worker 1 starts late: worker 3, two hops away, waits from its step 1
+    ends = gossip.step_ends(times, mixing_matrix("ring", W), 0.0, 0.0)
+    assert ends[3, 0] < 2 * c and ends[3, 1] >= 0.5   # worker 3's first step ended early
+    rate = gossip.summary(ends, times, 0.0)["steady_updates_per_s"]
+    np.testing.assert_allclose(rate, W * (T - 1) / (ends.max() - ends[:, 0].min()), rtol=1e-12)
+    assert rate < W / 0.1   # the late start's half second is inside the span it counts
+
+
+def test_a_measured_exchange_is_the_mean_step_span_less_the_mix():
+    spans = np.array([1e-3, 2e-3, 6e-3])
+    assert gossip.measured_exchange(spans, 1e-3) == pytest.approx(spans.mean() - 1e-3, rel=1e-12)
+    assert gossip.measured_exchange(spans, 1.0) == 0.0   # never below the mix it stands beside
+
+
+def test_a_gossip_trace_with_equal_steps_paces_the_ring_at_compute_plus_its_step(tmp_path):
+    from psgd.cli import build_parser
+    from psgd.simulate.command import run as run_simulate
+    step_us, W = 5000, 4
+    events = [{"ph": "X", "name": "step", "pid": w, "ts": 10_000 * k, "dur": step_us}
+              for w in range(W) for k in range(8)]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    argv = ["simulate", "--workers", str(W), "--protocol", "gossip", "--servers", "0",
+            "--model", "mlp:784-10", "--compute-ms", "1", "--steps", "10", "--latency-from",
+            str(tmp_path / "t.json"), "--json", str(tmp_path / "s.json")]
+    run_simulate(build_parser(argv).parse_args(argv))
+    out = json.loads((tmp_path / "s.json").read_text())
+    np.testing.assert_allclose(W / out["steady_updates_per_s"], step_us * 1e-6 + 1e-3, rtol=1e-9)

@@ -37,9 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lat = sim.add_mutually_exclusive_group()
     lat.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
     lat.add_argument("--latency-from", metavar="FILE", help="draw each message's latency from a "
-                     "real run's --timeline (half of each pull's round trip)")
-    sim.add_argument("--shm-bandwidth", default="32gbit", help="copies within a node "
-                     "(default 32gbit)")
+                     "real run's --timeline (half of each pull's round trip; gossip: the "
+                     "exchange, the mean step span)")
+    sim.add_argument("--shm-bandwidth", default="measure", help="copies and passes within a "
+                     "node, e.g. 32gbit (default: measured here, an optimizer step on a vector "
+                     "of the model's size being 4 passes)")
     sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
     sim.add_argument("--shared-link", action="store_true", help="all nodes share one link")
     sim.add_argument("--train", action="store_true", help="train along the simulated order "
@@ -96,24 +98,38 @@ def _check_job(job) -> None:
                         "with error feedback); pass --momentum-correction off, or drop --train")
 
 
-def _network(args, n_params: int, mean_s: float, settings, workers: int):
-    """The cost model's job and network, and the measured latencies (None: the network's)."""
+def _network(args, n_params: int, mean_s: float, settings, workers: int, span: str):
+    """The cost model's job and network, and the measured latencies (None: the network's;
+    ``span``: which spans of --latency-from hold them, see
+    :func:`psgd.simulate.compute.latencies_from_file`; "step": a gossip step's exchange,
+    no message latency)."""
     from psgd.plan.command import parse_bandwidth
     from psgd.plan.cost import Job, Network, check
     from psgd.simulate.compute import latencies_from_file
     if args.per_node < 1:
         raise PsgdError(f"--per-node must be >= 1, got {args.per_node}")
     from psgd.plan.command import measure_compression
-    latencies = latencies_from_file(args.latency_from) if args.latency_from else None
-    latency = float(np.median(latencies)) if latencies is not None else args.latency_us * 1e-6
+    latencies = latencies_from_file(args.latency_from, span) if args.latency_from else None
+    latency = (float(np.median(latencies)) if latencies is not None and span == "pull"
+               else args.latency_us * 1e-6)
     coding = measure_compression(settings.compression.compress,
                                  settings.compression.compress_bucket, n_params)
     job = Job(n_params, mean_s / settings.batch_size, settings.batch_size,
               workers, settings.servers, args.per_node, compression=coding)
     net = Network(parse_bandwidth(args.bandwidth), latency, args.shared_link,
-                  parse_bandwidth(args.shm_bandwidth))
+                  _shm_bandwidth(args.shm_bandwidth, n_params, settings.optimizer))
     check(job, net)
     return job, net, latencies
+
+
+def _shm_bandwidth(text: str, n_params: int, optimizer: str | None) -> float:
+    """``--shm-bandwidth`` in bytes/s: as given, or ``measure``: the run's optimizer (sgd when
+    none is set) stepping a vector of ``n_params`` here, a step being STEP_PASSES passes."""
+    from psgd.plan.command import parse_bandwidth
+    from psgd.simulate.links import measure_shm_bandwidth
+    if text == "measure":
+        return measure_shm_bandwidth(n_params, optimizer or "sgd")
+    return parse_bandwidth(text)
 
 
 def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0):
@@ -145,11 +161,14 @@ def run(args: argparse.Namespace) -> None:
         samples = _samples(args, settings)
         times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
                               settings.stragglers.straggler)
-        pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers)
+        graph = _graph(protocol, settings, args.workers)
+        span = "step" if isinstance(graph, np.ndarray) else "pull"
+        pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers,
+                                  span)
         times += pjob.compression.encode_s * pjob.nbytes   # a coded push is encoded first
         if protocol.decentralized:
-            found, schedule, wall, train = _gossip(protocol, settings, job, pjob, (net, lat), times)
-            pjob = replace(pjob, servers=1)
+            found, schedule, wall, train = _gossip(graph, settings, job, pjob, (net, lat), times)
+            pjob, lat = replace(pjob, servers=1), (lat if span == "pull" else None)
         else:
             schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times, lat,
                                        settings.seed)
@@ -160,6 +179,7 @@ def run(args: argparse.Namespace) -> None:
     out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),
            "workers": args.workers, "servers": settings.servers, "steps": steps,
            "n_params": n_params, "compute_ms_mean": float(times.mean() * 1e3),
+           "shm_bandwidth": net.shm_bandwidth,
            "simulation_wall_s": wall, **found,
            "bsp": {k: v for k, v in summary(bsp).items() if k != "delay"}}
     if settings.recording.record:
@@ -175,16 +195,27 @@ def run(args: argparse.Namespace) -> None:
             json.dump(out, fh, indent=1)
 
 
-def _gossip(protocol, settings, job, pjob, network, times):
+def _graph(protocol, settings, workers: int):
+    """A decentralized protocol's graph (:func:`psgd.simulate.gossip.graph`); None for the
+    parameter servers'."""
+    if not protocol.decentralized:
+        return None
+    from psgd.simulate import gossip
+    return gossip.graph(protocol, protocol.topology(settings.topology, workers), workers)
+
+
+def _gossip(matrix, settings, job, pjob, network, times):
     """A decentralized protocol's summary, its clocks, the loop's seconds and its trainer
-    (``network``: the network and any measured latencies, which only AD-PSGD's links draw)."""
+    (``network``: the network and any measured latencies: AD-PSGD's links draw them, gossip
+    takes its exchange from them)."""
     from functools import partial
     from psgd.simulate import gossip
-    W, net = times.shape[0], network[0]
-    matrix = gossip.graph(protocol, protocol.topology(settings.topology, W), W)
+    W, (net, measured) = times.shape[0], network
     if not isinstance(matrix, np.ndarray):   # partners: pairs without a global step
         return _pairs(matrix, settings, job, pjob, network, times)
     exchange_s, mix_s = gossip.costs(matrix, replace(pjob, servers=0), net)
+    if measured is not None:
+        exchange_s = gossip.measured_exchange(measured, mix_s)
     t0 = time.perf_counter()
     ends = gossip.step_ends(times, matrix, exchange_s, mix_s)
     wall = time.perf_counter() - t0

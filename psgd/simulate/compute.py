@@ -50,15 +50,21 @@ def samples_from_file(path: str) -> list[np.ndarray]:
     return found
 
 
-def latencies_from_file(path: str) -> np.ndarray:
-    """Per-message latencies (seconds, float64) from a psgd timeline: half of each ``pull``
-    span past a worker's first (a pull span runs from the push handed over to the reply in
+def latencies_from_file(path: str, span: str = "pull") -> np.ndarray:
+    """Per-message latencies (seconds, float64) from a psgd timeline.
+
+    ``span="pull"`` (a parameter-server run): half of each ``pull`` span past a
+    worker's first (a pull span runs from the push handed over to the reply in
     hand: a round trip of two messages, each way's wait for a core included).
+    ``span="step"`` (a gossip run): each ``step`` span past a worker's second (the
+    wait for the neighbours' models, the mixing and the optimizer step: where
+    MPI moves a message only while both ends poll, the exchange's own time; the
+    first two steps wait on the neighbours' start-up).
 
     Raises
     ------
     ValueError
-        One line: the file is unreadable, not a trace, or holds no pull spans.
+        One line: the file is unreadable, not a trace, or holds no such spans.
     """
     try:
         with open(path, encoding="utf-8") as fh:
@@ -67,13 +73,14 @@ def latencies_from_file(path: str) -> np.ndarray:
         raise ValueError(f"--latency-from {path}: not a psgd timeline ({exc})") from None
     spans: dict = {}
     for e in events:
-        if e.get("ph") == "X" and e.get("name") == "pull" and e.get("dur", 0) > 0:
+        if e.get("ph") == "X" and e.get("name") == span and e.get("dur", 0) > 0:
             spans.setdefault(e.get("pid"), []).append((e["ts"], e["dur"]))
-    found = [d for v in spans.values() for _, d in sorted(v)[1:]]
+    skip, scale = (1, 0.5e-6) if span == "pull" else (2, 1e-6)
+    found = [d for v in spans.values() for _, d in sorted(v)[skip:]]
     if not found:
-        raise ValueError(f"--latency-from {path}: no pull spans (a parameter-server run's "
-                         f"--timeline)")
-    return np.array(found, np.float64) * 0.5e-6
+        run = "a parameter-server run's" if span == "pull" else "a gossip run's"
+        raise ValueError(f"--latency-from {path}: no {span} spans ({run} --timeline)")
+    return np.array(found, np.float64) * scale
 
 
 def _from_trace(events: list) -> list[np.ndarray]:

@@ -1,11 +1,11 @@
 """Synchronous gossip (D-PSGD) simulated: each worker's step ends on the graph; training each model.
 
-A worker's step t ends once it has computed its gradient and its neighbours'
-models of step t (sent as each ended step t - 1, as
-:class:`psgd.gossip.dpsgd.GossipWorker` posts them) have arrived, then it
-mixes and steps; the exchange and the mixing cost what `psgd plan`'s gossip
-row charges. Training mixes every worker's model with the protocol's mixing
-matrix and steps each worker's own optimizer, as the real worker does.
+MPI moves a model only while both ends poll (no asynchronous progress), so a
+worker's step t ends an exchange and a mixing after the last of its
+neighbourhood has computed step t; the costs are `psgd plan`'s gossip row's,
+or the exchange is a real run's mean step span (:func:`measured_exchange`).
+Training mixes the models with the mixing matrix and steps each worker's own
+optimizer, as :class:`psgd.gossip.dpsgd.GossipWorker` does.
 """
 from __future__ import annotations
 
@@ -46,26 +46,36 @@ def costs(matrix: np.ndarray, job, net) -> tuple[float, float]:
     return exchange, (degree + 1 + STEP_PASSES) * job.nbytes / net.shm_bandwidth
 
 
+def measured_exchange(steps_s, mix_s: float) -> float:
+    """Seconds of one exchange from a real run's step spans ``steps_s`` (seconds): their mean,
+    less the mixing and step the simulation charges (at least 0). The mean, not a draw per
+    step: a span also holds the wait for a neighbour that was descheduled, and independent
+    draws would count such a wait again in each neighbour's maximum."""
+    return max(float(np.mean(steps_s)) - mix_s, 0.0)
+
+
 def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s: float,
               mix_s: float) -> np.ndarray:
-    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds."""
+    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds:
+    an exchange and a mixing after the last of its neighbourhood (itself included) computed."""
     W, T = times.shape
-    near = (matrix > 0) & ~np.eye(W, dtype=bool)
+    hood = matrix > 0
     ends, prev = np.empty((W, T)), np.zeros(W)
     for t in range(T):
-        arrived = np.where(near, prev[None, :], -np.inf).max(axis=1) + exchange_s
-        prev = np.maximum(prev + times[:, t], arrived) + mix_s
+        ready = prev + times[:, t]
+        prev = np.where(hood, ready[None, :], -np.inf).max(axis=1) + exchange_s + mix_s
         ends[:, t] = prev
     return ends
 
 
 def summary(ends: np.ndarray, times: np.ndarray, exchange_s: float) -> dict:
     """The JSON-ready summary, in the parameter servers' keys (staleness 0: every step mixes
-    the neighbours' models of the same step)."""
+    the neighbours' models of the same step); the steady rate from the earliest end of a
+    first step, as a real run's timeline is read (bench_simulate.real_rate)."""
     W, T = ends.shape
     sec = float(ends.max())
     busy = times.sum(axis=1) / sec
-    first = ends[:, 0].max()
+    first = ends[:, 0].min()
     steady = W * (T - 1) / (sec - first) if T > 1 and sec > first else float("inf")
     return {"simulated_s": sec, "updates": W * T, "updates_per_s": W * T / sec,
             "steady_updates_per_s": steady,

@@ -10,9 +10,26 @@ network's, or drawn (seeded) from measured ones.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from psgd.plan.cost import Job, Network, Traffic
+from psgd.plan.cost import STEP_PASSES, Job, Network, Traffic
+
+
+def measure_shm_bandwidth(n_params: int, optimizer: str = "sgd", seconds: float = 0.1) -> float:
+    """Bytes/s of one of the cost model's passes over a float32 vector of ``n_params`` on this
+    machine: ``optimizer``'s step on it, timed, is STEP_PASSES of them (what the model charges
+    a step, a push's apply and a mixing are counted in)."""
+    from psgd.nn.optim import make_optimizer
+    opt = make_optimizer(optimizer, n_params)
+    params, grad = np.zeros(n_params, np.float32), np.full(n_params, 1e-3, np.float32)
+    opt.step(params, grad, 1e-3)   # compile
+    steps, start = 0, time.perf_counter()
+    while steps < 3 or time.perf_counter() - start < seconds:
+        opt.step(params, grad, 1e-3)
+        steps += 1
+    return STEP_PASSES * 4.0 * n_params * steps / (time.perf_counter() - start)
 
 
 def transfer_s(job: Job, net: Network, a: int, b: int, nbytes: float) -> float:

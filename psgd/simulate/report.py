@@ -15,7 +15,8 @@ def print_summary(out: dict) -> None:
     st, bsp = out["staleness"], out["bsp"]
     wu = out["worker_utilisation"]
     print(f"{out['protocol']}: W={out['workers']} S={out['servers']}, {out['steps']} steps each, "
-          f"{out['n_params']} parameters, compute {out['compute_ms_mean']:.3g} ms per step "
+          f"{out['n_params']} parameters, compute {out['compute_ms_mean']:.3g} ms per step, "
+          f"local passes at {out['shm_bandwidth'] * 8e-9:.3g} Gbit/s "
           f"(simulated in {out['simulation_wall_s']:.2f} s)")
     print(f"  {out['updates_per_s']:.1f} updates/s over {out['simulated_s']:.3g} simulated s "
           f"(bsp: {bsp['updates_per_s']:.1f}, x{out['updates_per_s'] / bsp['updates_per_s']:.2f})")

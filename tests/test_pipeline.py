@@ -103,8 +103,9 @@ def _run_in_threads(work, trainers):
     assert not errors, errors
 
 
-def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
-    """K stages, each in a thread with its own model copy; the whole vector after ``steps``."""
+def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32, keep=False):
+    """K stages, each in a thread with its own model copy; the whole vector after ``steps``
+    (``keep``: the stages hold their activations instead of recomputing them)."""
     models = [make(spec, dtype) for _ in range(k)]
     us = partition.units(models[0])
     counts = [len(us) // k + (i < len(us) % k) for i in range(k)]
@@ -114,7 +115,7 @@ def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
     xs, ys = data(models[0], steps)
     trainers = []
     for s, (a, b) in enumerate(bounds):
-        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1)
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, keep=keep)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
         trainers.append(PipelineTrainer(stage, _Links(s, fwd, bwd), grid, options,
                                         make_optimizer(opt, stage.hi - stage.lo)))
@@ -141,6 +142,48 @@ def check_equal(spec, k, m, schedule, steps=3, **kw):
     assert not np.array_equal(ref, make(spec, kw.get("dtype", np.float32)).params)  # it trained
     np.testing.assert_array_equal(params, ref)
     return trainers
+
+
+def _count_forwards(monkeypatch):
+    """Every layer forward run in this test, by layer class (a list of names)."""
+    from psgd.nn.layers import Conv2D, Dense
+    calls = []
+    for cls in (Dense, Conv2D):
+        orig = cls.forward
+        monkeypatch.setattr(cls, "forward", lambda self, x, orig=orig, name=cls.__name__: (
+            calls.append(name), orig(self, x))[1])
+    return calls
+
+
+def _weighted_layers(spec) -> int:
+    return sum(type(p).__name__ in ("Dense", "Conv2D") for layer in make(spec).layers
+               for p in [layer, *getattr(layer, "parts", [])])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("spec,k,m", [(MLP, 3, 4), (BN_CONV, 2, 8), (RESNET, 3, 4)])
+def test_kept_activations_equal_serial_bit_for_bit_and_run_each_forward_once(
+        monkeypatch, spec, k, m, schedule):
+    calls = _count_forwards(monkeypatch)
+    params, trainers, (xs, ys) = run_threads(spec, k, m, schedule, 3, keep=True)
+    assert len(calls) == 3 * m * _weighted_layers(spec)   # no forward ran twice
+    ref = serial(spec, m, 3, xs, ys)
+    assert not np.array_equal(ref, make(spec).params)
+    np.testing.assert_array_equal(params, ref)
+
+
+def test_1f1b_keeps_K_minus_s_microbatches_activations_and_gpipe_M():
+    k, m = 3, 8
+    held = {sch: [t.stage.store.peak_bytes for t in run_threads(MLP, k, m, sch, 1, keep=True)[1]]
+            for sch in ("gpipe", "1f1b")}
+    for s in range(k):
+        assert held["1f1b"][s] * m == held["gpipe"][s] * (k - s)
+
+
+def test_recomputed_activations_run_forwards_again(monkeypatch):
+    calls = _count_forwards(monkeypatch)
+    run_threads(MLP, 3, 4, "1f1b", 1)
+    assert len(calls) > 4 * _weighted_layers(MLP)   # stages 0 and 1 re-run their forwards
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -236,6 +279,10 @@ def test_profile_gives_every_unit_its_bytes():
      "--discrepancy-correction applies to --schedule pipemare, not pipedream"),
     (dict(stages=2, schedule="pipemare", stash=False), 16,
      "--weight-stashing applies to --schedule pipedream, not pipemare"),
+    (dict(stages=2, schedule="pipemare", recompute=False), 16,
+     "--recompute off needs the backward on its forward's weights; pipemare runs it on newer"),
+    (dict(stages=2, schedule="pipedream", stash=False, recompute=False), 16,
+     "pipedream without weight stashing runs it on newer ones"),
 ])
 def test_bad_pipeline_options_are_one_line(opts, batch, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -251,7 +298,7 @@ def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
 
 
 # -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------
-def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", **trainer):
+def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", keep=False, **trainer):
     """Train ``n`` steps of the asynchronous pipeline (PipeDream, or PipeMare through
     ``trainer``'s anneal/correct) in one thread per stage; (params, bounds, xs, ys, lr)."""
     from psgd.pipeline.asynchronous import AsyncTrainer
@@ -264,7 +311,7 @@ def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", **trainer):
     ys = rng.integers(0, 10, (n, 4))
     trainers = []
     for s, (a, b) in enumerate(bounds):
-        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash)
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash, keep=keep)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
         trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
                                      make_optimizer(opt, stage.hi - stage.lo), **trainer))
@@ -275,15 +322,18 @@ def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", **trainer):
     return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
 
 
-def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False):
-    return run_async_threads(spec, k, n, lambda g: 0.05 / (1 + g), stash, opt, vertical=vertical)
+def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False, keep=False):
+    return run_async_threads(spec, k, n, lambda g: 0.05 / (1 + g), stash, opt, keep,
+                             vertical=vertical)
 
 
 @pytest.mark.parametrize("spec,k,vertical", [(MLP, 3, False), (BN_CONV, 2, False), (MLP, 4, False),
                                              (MLP, 4, True), (BN_CONV, 3, True)])
-def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k, vertical):
+@pytest.mark.parametrize("keep", [False, True])
+def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k, vertical,
+                                                                               keep):
     from psgd.pipeline.reference import reference_pipedream
-    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12, vertical=vertical)
+    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12, vertical=vertical, keep=keep)
     ref = make(spec)
     reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr,
                         vertical=vertical)

@@ -45,6 +45,7 @@ class PipelineOptions:
     vertical_sync: bool = False     # pipedream: every stage runs a microbatch on stage 0's version
     anneal: int | None = None       # pipemare: rescheduling steps (None: a quarter of the run; 0: off)
     correct: bool = True            # pipemare: discrepancy correction
+    recompute: bool = True          # each backward re-runs its forward (off: keep activations)
 
     def counts(self) -> list[int] | None:
         """The ``--partition`` counts, or None for ``auto``."""
@@ -77,6 +78,10 @@ class PipelineOptions:
         if not self.stash and self.schedule != "pipedream":
             raise ValueError(f"--weight-stashing applies to --schedule pipedream, not "
                              f"{self.schedule}")
+        if not self.recompute and (self.schedule == "pipemare" or not self.stash):
+            raise ValueError(f"--recompute off needs the backward on its forward's weights; "
+                             f"{self.schedule}{'' if self.stash else ' without weight stashing'} "
+                             f"runs it on newer ones (use gpipe, 1f1b or pipedream with stashing)")
         if (self.anneal is not None or not self.correct) and self.schedule != "pipemare":
             flag = "--pipemare-anneal" if self.anneal is not None else "--discrepancy-correction"
             raise ValueError(f"{flag} applies to --schedule pipemare, not {self.schedule}")
@@ -114,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--discrepancy-correction", choices=("on", "off"), default=None,
                        help="pipemare: each backward runs on an estimate of its forward's "
                             "weights (on, the default)")
+    group.add_argument("--recompute", choices=("on", "off"), default=None,
+                       help="on (default): a stage keeps each in-flight microbatch's input and "
+                            "re-runs its forward before the backward (least memory); off: it "
+                            "keeps every layer's activations and runs each forward once")
     group.add_argument("--memory-per-rank", type=_bytes, default=None, metavar="BYTES",
                        help="auto partition: each stage's parameters, gradients and stored "
                             "activations must fit (e.g. 200M, 2G)")
@@ -132,7 +141,7 @@ def from_args(args: argparse.Namespace) -> PipelineOptions | None:
     """The options of ``args`` (None without --pipeline); a pipeline flag alone is an error."""
     given = [f for f in ("microbatches", "schedule", "partition", "memory_per_rank",
                          "weight_stashing", "vertical_sync", "pipemare_anneal",
-                         "discrepancy_correction")
+                         "discrepancy_correction", "recompute")
              if getattr(args, f, None) is not None]
     if getattr(args, "pipeline", None) is None:
         if given:
@@ -145,7 +154,8 @@ def from_args(args: argparse.Namespace) -> PipelineOptions | None:
                            stash=getattr(args, "weight_stashing", None) != "off",
                            vertical_sync=bool(getattr(args, "vertical_sync", None)),
                            anneal=getattr(args, "pipemare_anneal", None),
-                           correct=getattr(args, "discrepancy_correction", None) != "off")
+                           correct=getattr(args, "discrepancy_correction", None) != "off",
+                           recompute=getattr(args, "recompute", None) != "off")
 
 
 SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",

@@ -273,7 +273,7 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
     resident memory (the process's), on rank 0."""
     stage, opts = run.trainer.stage, run.options
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
-    mine = np.array([wall, waited, stage.peak_inputs * stage.input_bytes,
+    mine = np.array([wall, waited, stage.activation_bytes,
                      stage.params.nbytes, stage.peak_inputs, *run.trainer.busy, rss,
                      _max_staleness(run)], np.float64)
     rows = np.zeros((run.grid.stages, 9)) if run.grid.stage == 0 else None

@@ -410,3 +410,33 @@ def test_pipemare_default_anneal_is_a_quarter_of_the_whole_run_also_when_resumed
     resumed = build_trainer(model, grid, opts, [(0, n)], optimizer, 16, 5, whole=20)
     fresh = build_trainer(model, grid, opts, [(0, n)], optimizer, 16, 20)
     assert resumed.anneal == fresh.anneal == default_anneal(20 * 4) != default_anneal(5 * 4)
+
+
+# -- the cut with recomputation -------------------------------------------------------------
+@pytest.mark.parametrize("schedule,m", [("1f1b", 4), ("gpipe", 4), ("1f1b", 1), ("pipedream", 8)])
+def test_recomputed_forwards_are_the_backwards_that_do_not_follow_their_forward(schedule, m):
+    from psgd.pipeline.schedules import recomputed
+    k = 3
+    for s in range(k):
+        live, again = None, 0   # the microbatch the layers last ran forward
+        for kind, i in stage_ops(schedule, k, s, m):
+            if kind == BACKWARD:
+                again += live != i
+                live = None
+            else:
+                live = i
+        assert recomputed(schedule, k, s, m) == again
+    assert recomputed("1f1b", k, k - 1, m) == 0
+
+
+def test_a_cut_that_counts_recomputation_moves_units_off_the_recomputing_stages():
+    # six equal units, forward half of forward plus backward: with stage 0 re-running every
+    # forward (3 per unit against the last stage's 2), 3,3 gives 9 and 2,4 balances (6, 8)
+    costs = [partition.UnitCost(2.0, 1, 1, 1, forward=1.0) for _ in range(6)]
+    shares = partition.recompute_shares("1f1b", 2, 8)
+    assert shares == (1.0, 0.0)
+    assert partition.best_cut(costs, 2, lambda s: 1) == [3, 3]
+    counts = partition.best_cut(costs, 2, lambda s: 1, recompute=shares)
+    best = min(partition.slowest(costs, c, recompute=shares) for c in compositions(6, 2))
+    assert counts == [2, 4]
+    assert partition.slowest(costs, counts, recompute=shares) == best

@@ -98,7 +98,10 @@ def _cut(settings, opts, model) -> tuple[list[int], list | None]:
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
     bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
-    return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank), costs
+    again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
+        if opts.recompute else (0.0, 0.0)
+    return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank,
+                              recompute=again, keep=not opts.recompute), costs
 
 
 def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int], list | None]:
@@ -333,13 +336,16 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
           f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}",
           flush=True)
     edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
+        if opts.recompute else (0.0, 0.0)
     for s, (a, b) in enumerate(partition.layer_bounds(model, counts)):
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
                 f"{type(model.layers[b - 1]).__name__}), {n * model.dtype.itemsize} parameter bytes")
         if costs is not None:
             part = costs[edges[s]:edges[s + 1]]
-            line += (f", predicted {1e3 * sum(c.seconds for c in part):.2f} ms and "
+            ms = 1e3 * partition.stage_time(part, 0.0, s == opts.stages - 1, again)
+            line += (f", predicted {ms:.2f} ms and "
                      f"{part[0].in_bytes} input bytes per microbatch")
         print(line, flush=True)
 

@@ -440,3 +440,17 @@ def test_a_cut_that_counts_recomputation_moves_units_off_the_recomputing_stages(
     best = min(partition.slowest(costs, c, recompute=shares) for c in compositions(6, 2))
     assert counts == [2, 4]
     assert partition.slowest(costs, counts, recompute=shares) == best
+
+
+@pytest.mark.parametrize("spec", [MLP, BN_CONV, RESNET])
+def test_the_auto_cut_of_a_profiled_spec_model_is_the_exhaustive_optimum(spec):
+    """The dynamic program's cut over the model's own measured unit costs (with and without
+    recomputation, K = 2 and 3) is as fast as the best of every contiguous cut."""
+    model = make(spec)
+    costs = partition.profile(model, 4, repeats=1)
+    n = len(costs)
+    for k in (2, 3):
+        for shares in ((0.0, 0.0), partition.recompute_shares("1f1b", k, 4)):
+            counts = partition.best_cut(costs, k, lambda s: 1, recompute=shares)
+            best = min(partition.slowest(costs, c, recompute=shares) for c in compositions(n, k))
+            assert partition.slowest(costs, counts, recompute=shares) == best

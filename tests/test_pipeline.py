@@ -2,7 +2,9 @@
 threads (one model copy each) against the serial reference, bit for bit."""
 import itertools
 import queue
+import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -292,6 +294,7 @@ def test_bad_pipeline_options_are_one_line(opts, batch, message):
 def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
     args = SimpleNamespace(pipeline=2, compress="topk:0.01", servers=None)
     assert refused(args).startswith("--compress does not work under --pipeline")
+    assert "pipedream and pipemare included" in refused(SimpleNamespace(pipeline=2, record="r"))
     assert refused(SimpleNamespace(pipeline=2)) is None
     with pytest.raises(ValueError, match="--microbatches applies to pipeline runs; give --pipeline K"):
         from_args(SimpleNamespace(pipeline=None, microbatches=4))
@@ -339,6 +342,34 @@ def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(
                         vertical=vertical)
     assert not np.array_equal(ref.params, make(spec).params)
     np.testing.assert_array_equal(params, ref.params)
+
+
+class _JitteredLinks(_Links):
+    """In-process links that sleep a random 0-2 ms before each send: another timing."""
+
+    def __init__(self, s, fwd, bwd, rng):
+        super().__init__(s, fwd, bwd)
+        self.rng = rng
+
+    def send_activation(self, g, x):
+        time.sleep(self.rng.uniform(0, 2e-3))
+        super().send_activation(g, x)
+
+    def send_gradient(self, g, dx):
+        time.sleep(self.rng.uniform(0, 2e-3))
+        super().send_gradient(g, dx)
+
+
+@pytest.mark.parametrize("trainer", [{}, {"anneal": 8, "correct": True}])
+def test_an_asynchronous_run_repeats_bit_exactly_under_another_timing(monkeypatch, trainer):
+    """pipedream (and pipemare) need no --record: the result does not depend on when
+    messages arrive, only on the schedule's fixed op order."""
+    plain = run_async_threads(MLP, 3, 12, lambda g: 0.05, **trainer)[0]
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(sys.modules[__name__], "_Links",
+                        lambda s, fwd, bwd: _JitteredLinks(s, fwd, bwd, rng))
+    jittered = run_async_threads(MLP, 3, 12, lambda g: 0.05, **trainer)[0]
+    np.testing.assert_array_equal(plain, jittered)
 
 
 def test_vertical_sync_differs_from_plain_pipedream():

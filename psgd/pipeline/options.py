@@ -8,6 +8,9 @@ from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 
 AUTO = "auto"
 _NO_SERVERS = "its protocol combines the stage replicas without servers"
+_FIXED_ORDER = ("every schedule, pipedream and pipemare included, fixes each stage's op order "
+                "and the weight version each microbatch sees, so a run repeats bit-exactly "
+                "whatever its timing: nothing to {}")
 # settings of `psgd train` that a pipeline does not run: their flags are refused (the first
 # SERVER_SETTINGS only where a parameter-server protocol combines the stage replicas)
 REFUSED = {
@@ -23,8 +26,8 @@ REFUSED = {
     "error_feedback": "nothing is compressed",
     "momentum_correction": "nothing is compressed",
     "straggler": "straggler emulation runs in the data-parallel worker loop only",
-    "record": "a pipeline's order is fixed by its schedule: nothing to record",
-    "replay": "a pipeline's order is fixed by its schedule: nothing to replay",
+    "record": _FIXED_ORDER.format("record"),
+    "replay": _FIXED_ORDER.format("replay"),
     "tensorboard": "not written by pipeline runs yet",
     "eval_every": "a pipeline run evaluates once, at the end",
     "hold_hot": "sparse models are not cut into stages",

@@ -48,6 +48,7 @@ class PipelineRun:
     lr: object
     run_id: str
     counts: list
+    groups: object = None   # the stage's parameter-server group (a server protocol)
 
 
 def _setup(args: argparse.Namespace, comm: MPI.Comm):
@@ -128,7 +129,7 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
     start = _resume(settings, resumed, model, total)
     trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start,
                             whole=total)
-    if start:
+    if start and trainer.optimizer is not None:   # with servers, the servers load theirs
         part = (model.offset, model.offset + model.n_params)
         state = load_checkpoint(resumed.path, part).opt_state
         delta = state.pop(DELTA, None)
@@ -163,8 +164,18 @@ def _resume(settings, resumed, model, total: int) -> int:
 
 
 def _save(run: PipelineRun, step: int) -> None:
-    """Gather replica 0's stage slices (parameters, optimizer state) and write one checkpoint."""
-    s, model, opt = run.settings, run.model, run.trainer.optimizer
+    """Gather replica 0's stage slices (parameters, optimizer state), or with servers take
+    each stage's from its servers, and write one checkpoint."""
+    s = run.settings
+    if run.groups is not None:
+        if run.grid.comm.Get_rank() != 0:
+            return
+        from psgd.run.pipeline_servers import receive_states
+        params, state = receive_states(run.groups.world, run.groups.state_sources(),
+                                       tensor_servers.state_keys(s), step)
+        _write(run, step, params, state)
+        return
+    model, opt = run.model, run.trainer.optimizer
     params = run.grid.gather(run.trainer.stage.params.copy(), model.n_total)
     state = opt.state_dict()
     correction = getattr(run.trainer, "correction", None)
@@ -174,8 +185,12 @@ def _save(run: PipelineRun, step: int) -> None:
         full = run.grid.gather(np.ascontiguousarray(value), model.n_total) \
             if isinstance(value, np.ndarray) else value
         state[key] = full
-    if params is None:
-        return
+    if params is not None:
+        _write(run, step, params, state)
+
+
+def _write(run: PipelineRun, step: int, params: np.ndarray, state: dict) -> None:
+    s = run.settings
     config = {**s.as_dict(), "pipeline": vars(run.options).copy()}
     save_checkpoint(s.checkpoint_dir, Checkpoint(
         params=params, model_spec=s.model, step=step, optimizer=s.optimizer, opt_state=state,
@@ -383,6 +398,8 @@ def train_pipeline(args: argparse.Namespace) -> None:
     counts, costs = _agreed_cut(comm, settings, opts, debug)
     n_servers = servers_of(settings)
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
+    if groups is not None:
+        groups.resume_path = resumed.path if resumed is not None else None
     with phase("splitting into replicas and stages"):
         workers = workers_comm(comm, n_servers) if n_servers else comm
         grid = Grid(workers, opts.stages) if workers is not None else None
@@ -394,6 +411,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
         groups.serve(groups.share(None, 0))
         return
     if groups is not None:
+        run.groups = groups
         run.trainer.worker = _stage_worker(groups, run)
     lead = workers.Get_rank() == 0
     if lead:
@@ -409,7 +427,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
 def _stage_worker(groups: ServerGroups, run: PipelineRun):
     """The stage's worker half over its own servers, started on the stage's parameters."""
     params = run.trainer.stage.params
-    groups.share(params, run.total)
+    groups.share(params, run.total, run.model.offset, run.start)
     worker = groups.worker()
     worker.start(params, run.start)
     return worker

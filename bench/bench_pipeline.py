@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import common  # noqa: E402
 
 BALANCED = "mlp:784-1024-1024-1024-1024-10"   # cut 2,3: two stages of about 1.9M parameters
+FINE = "mlp:784" + "-1024" * 7 + "-10"         # 8 units: the auto cut can balance measured time
 BIG = "mlp:784-4096-4096-4096-10"             # about 37M parameters
 
 
@@ -36,13 +37,19 @@ def train(data: Path, tmp: Path, ranks: int, name: str, *flags, prefix=()) -> di
 
 
 def bubble_rows(data, tmp, steps):
+    """K = 2, M = 1, 4, 8: the layer-balanced cut of BALANCED recomputing each forward (stage 0
+    only), and FINE's auto cut (by measured time) keeping activations."""
     rows = []
-    for m in (1, 4, 8):
-        p = train(data, tmp, 2, f"bubble-m{m}", "--model", BALANCED, "--pipeline", 2,
-                  "--partition", "2,3", "--microbatches", m, "--batch-size", 64,
-                  "--steps", steps)["pipeline"]
-        rows.append({"K": 2, "M": m, "formula": p["predicted_bubble"], "simulated": p["simulated_idle"],
-                     "measured": p["idle"], "samples_per_s": p["samples_per_s"]})
+    for model, cut, recompute in ((BALANCED, "2,3", "on"), (FINE, "auto", "off")):
+        for m in (1, 4, 8):
+            p = train(data, tmp, 2, f"bubble-m{m}-{recompute}", "--model", model, "--pipeline", 2,
+                      "--partition", cut, "--microbatches", m, "--batch-size", 128,
+                      "--steps", steps, "--recompute", recompute, "--optimizer", "sgd")["pipeline"]
+            rows.append({"K": 2, "M": m, "model": model, "cut": p["cut"], "recompute": recompute,
+                         "formula": p["predicted_bubble"],
+                         "simulated": p["simulated_idle"], "measured": p["idle"],
+                         "samples_per_s": p["samples_per_s"], "forward_s": p["forward_s"],
+                         "backward_s": p["backward_s"]})
     return rows
 
 
@@ -128,10 +135,14 @@ def learning_rows(data, tmp, args):
 
 def bubble_markdown(rows: list) -> list[str]:
     f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
-    out = ["## Bubble (K = 2, balanced stages, 1f1b)", "",
-           "| M | (K-1)/(M+K-1) | simulated per stage | measured per stage | samples/s |",
-           "|---|---|---|---|---|"]
-    return out + [f"| {r['M']} | {r['formula']:.3f} | {f(r['simulated'])} | {f(r['measured'])} | "
+    ms = lambda xs: ", ".join(f"{1e3 * x:.2f}" for x in xs)  # noqa: E731
+    out = ["## Bubble (K = 2, 1f1b, batch 128, sgd)", "",
+           "| model, cut | --recompute | M | (K-1)/(M+K-1) | simulated per stage | measured per stage | "
+           "forward ms per stage | backward ms per stage | samples/s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    return out + [f"| {r.get('model', BALANCED)}, {','.join(map(str, r.get('cut', [2, 3])))} | "
+                  f"{r.get('recompute', 'on')} | {r['M']} | {r['formula']:.3f} | {f(r['simulated'])} | "
+                  f"{f(r['measured'])} | {ms(r.get('forward_s', []))} | {ms(r.get('backward_s', []))} | "
                   f"{r['samples_per_s']:.0f} |" for r in rows]
 
 

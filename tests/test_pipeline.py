@@ -2,7 +2,9 @@
 threads (one model copy each) against the serial reference, bit for bit."""
 import itertools
 import queue
+import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -104,8 +106,9 @@ def _run_in_threads(work, trainers):
     assert not errors, errors
 
 
-def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
-    """K stages, each in a thread with its own model copy; the whole vector after ``steps``."""
+def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32, keep=False):
+    """K stages, each in a thread with its own model copy; the whole vector after ``steps``
+    (``keep``: the stages hold their activations instead of recomputing them)."""
     models = [make(spec, dtype) for _ in range(k)]
     us = partition.units(models[0])
     counts = [len(us) // k + (i < len(us) % k) for i in range(k)]
@@ -115,7 +118,7 @@ def run_threads(spec, k, m, schedule, steps, opt="momentum", dtype=np.float32):
     xs, ys = data(models[0], steps)
     trainers = []
     for s, (a, b) in enumerate(bounds):
-        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1)
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, keep=keep)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
         trainers.append(PipelineTrainer(stage, _Links(s, fwd, bwd), grid, options,
                                         make_optimizer(opt, stage.hi - stage.lo)))
@@ -142,6 +145,48 @@ def check_equal(spec, k, m, schedule, steps=3, **kw):
     assert not np.array_equal(ref, make(spec, kw.get("dtype", np.float32)).params)  # it trained
     np.testing.assert_array_equal(params, ref)
     return trainers
+
+
+def _count_forwards(monkeypatch):
+    """Every layer forward run in this test, by layer class (a list of names)."""
+    from psgd.nn.layers import Conv2D, Dense
+    calls = []
+    for cls in (Dense, Conv2D):
+        orig = cls.forward
+        monkeypatch.setattr(cls, "forward", lambda self, x, orig=orig, name=cls.__name__: (
+            calls.append(name), orig(self, x))[1])
+    return calls
+
+
+def _weighted_layers(spec) -> int:
+    return sum(type(p).__name__ in ("Dense", "Conv2D") for layer in make(spec).layers
+               for p in [layer, *getattr(layer, "parts", [])])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("spec,k,m", [(MLP, 3, 4), (BN_CONV, 2, 8), (RESNET, 3, 4)])
+def test_kept_activations_equal_serial_bit_for_bit_and_run_each_forward_once(
+        monkeypatch, spec, k, m, schedule):
+    calls = _count_forwards(monkeypatch)
+    params, trainers, (xs, ys) = run_threads(spec, k, m, schedule, 3, keep=True)
+    assert len(calls) == 3 * m * _weighted_layers(spec)   # no forward ran twice
+    ref = serial(spec, m, 3, xs, ys)
+    assert not np.array_equal(ref, make(spec).params)
+    np.testing.assert_array_equal(params, ref)
+
+
+def test_1f1b_keeps_K_minus_s_microbatches_activations_and_gpipe_M():
+    k, m = 3, 8
+    held = {sch: [t.stage.store.peak_bytes for t in run_threads(MLP, k, m, sch, 1, keep=True)[1]]
+            for sch in ("gpipe", "1f1b")}
+    for s in range(k):
+        assert held["1f1b"][s] * m == held["gpipe"][s] * (k - s)
+
+
+def test_recomputed_activations_run_forwards_again(monkeypatch):
+    calls = _count_forwards(monkeypatch)
+    run_threads(MLP, 3, 4, "1f1b", 1)
+    assert len(calls) > 4 * _weighted_layers(MLP)   # stages 0 and 1 re-run their forwards
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -237,6 +282,10 @@ def test_profile_gives_every_unit_its_bytes():
      "--discrepancy-correction applies to --schedule pipemare, not pipedream"),
     (dict(stages=2, schedule="pipemare", stash=False), 16,
      "--weight-stashing applies to --schedule pipedream, not pipemare"),
+    (dict(stages=2, schedule="pipemare", recompute=False), 16,
+     "--recompute off needs the backward on its forward's weights; pipemare runs it on newer"),
+    (dict(stages=2, schedule="pipedream", stash=False, recompute=False), 16,
+     "pipedream without weight stashing runs it on newer ones"),
 ])
 def test_bad_pipeline_options_are_one_line(opts, batch, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -246,13 +295,14 @@ def test_bad_pipeline_options_are_one_line(opts, batch, message):
 def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
     given = dict(pipeline=2, compress="topk:0.01", servers=None)
     assert refused(given).startswith("--compress does not work under --pipeline")
+    assert "pipedream and pipemare included" in refused(dict(pipeline=2, record="r"))
     assert refused(dict(pipeline=2)) is None
     with pytest.raises(ValueError, match="--microbatches applies to pipeline runs; give --pipeline K"):
         PipelineFlags(microbatches=4).check_given()
 
 
 # -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------
-def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", **trainer):
+def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", keep=False, **trainer):
     """Train ``n`` steps of the asynchronous pipeline (PipeDream, or PipeMare through
     ``trainer``'s anneal/correct) in one thread per stage; (params, bounds, xs, ys, lr)."""
     from psgd.pipeline.asynchronous import AsyncTrainer
@@ -265,7 +315,7 @@ def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", **trainer):
     ys = rng.integers(0, 10, (n, 4))
     trainers = []
     for s, (a, b) in enumerate(bounds):
-        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash)
+        stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash, keep=keep)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
         trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
                                      make_optimizer(opt, stage.hi - stage.lo), **trainer))
@@ -276,20 +326,51 @@ def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", **trainer):
     return np.concatenate([t.stage.params for t in trainers]), bounds, xs, ys, lr
 
 
-def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False):
-    return run_async_threads(spec, k, n, lambda g: 0.05 / (1 + g), stash, opt, vertical=vertical)
+def run_pipedream_threads(spec, k, n, stash=True, opt="momentum", vertical=False, keep=False):
+    return run_async_threads(spec, k, n, lambda g: 0.05 / (1 + g), stash, opt, keep,
+                             vertical=vertical)
 
 
 @pytest.mark.parametrize("spec,k,vertical", [(MLP, 3, False), (BN_CONV, 2, False), (MLP, 4, False),
                                              (MLP, 4, True), (BN_CONV, 3, True)])
-def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k, vertical):
+@pytest.mark.parametrize("keep", [False, True])
+def test_pipedream_with_weight_stashing_equals_its_serial_reference_bit_for_bit(spec, k, vertical,
+                                                                               keep):
     from psgd.pipeline.reference import reference_pipedream
-    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12, vertical=vertical)
+    params, bounds, xs, ys, lr = run_pipedream_threads(spec, k, 12, vertical=vertical, keep=keep)
     ref = make(spec)
     reference_pipedream(ref, make_optimizer("momentum", ref.n_params), xs, ys, bounds, lr,
                         vertical=vertical)
     assert not np.array_equal(ref.params, make(spec).params)
     np.testing.assert_array_equal(params, ref.params)
+
+
+class _JitteredLinks(_Links):
+    """In-process links that sleep a random 0-2 ms before each send: another timing."""
+
+    def __init__(self, s, fwd, bwd, rng):
+        super().__init__(s, fwd, bwd)
+        self.rng = rng
+
+    def send_activation(self, g, x):
+        time.sleep(self.rng.uniform(0, 2e-3))
+        super().send_activation(g, x)
+
+    def send_gradient(self, g, dx):
+        time.sleep(self.rng.uniform(0, 2e-3))
+        super().send_gradient(g, dx)
+
+
+@pytest.mark.parametrize("trainer", [{}, {"anneal": 8, "correct": True}])
+def test_an_asynchronous_run_repeats_bit_exactly_under_another_timing(monkeypatch, trainer):
+    """pipedream (and pipemare) need no --record: the result does not depend on when
+    messages arrive, only on the schedule's fixed op order."""
+    plain = run_async_threads(MLP, 3, 12, lambda g: 0.05, **trainer)[0]
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(sys.modules[__name__], "_Links",
+                        lambda s, fwd, bwd: _JitteredLinks(s, fwd, bwd, rng))
+    jittered = run_async_threads(MLP, 3, 12, lambda g: 0.05, **trainer)[0]
+    np.testing.assert_array_equal(plain, jittered)
 
 
 def test_vertical_sync_differs_from_plain_pipedream():
@@ -361,3 +442,47 @@ def test_pipemare_default_anneal_is_a_quarter_of_the_whole_run_also_when_resumed
     resumed = build_trainer(model, grid, opts, [(0, n)], optimizer, 16, 5, whole=20)
     fresh = build_trainer(model, grid, opts, [(0, n)], optimizer, 16, 20)
     assert resumed.anneal == fresh.anneal == default_anneal(20 * 4) != default_anneal(5 * 4)
+
+
+# -- the cut with recomputation -------------------------------------------------------------
+@pytest.mark.parametrize("schedule,m", [("1f1b", 4), ("gpipe", 4), ("1f1b", 1), ("pipedream", 8)])
+def test_recomputed_forwards_are_the_backwards_that_do_not_follow_their_forward(schedule, m):
+    from psgd.pipeline.schedules import recomputed
+    k = 3
+    for s in range(k):
+        live, again = None, 0   # the microbatch the layers last ran forward
+        for kind, i in stage_ops(schedule, k, s, m):
+            if kind == BACKWARD:
+                again += live != i
+                live = None
+            else:
+                live = i
+        assert recomputed(schedule, k, s, m) == again
+    assert recomputed("1f1b", k, k - 1, m) == 0
+
+
+def test_a_cut_that_counts_recomputation_moves_units_off_the_recomputing_stages():
+    # six equal units, forward half of forward plus backward: with stage 0 re-running every
+    # forward (3 per unit against the last stage's 2), 3,3 gives 9 and 2,4 balances (6, 8)
+    costs = [partition.UnitCost(2.0, 1, 1, 1, forward=1.0) for _ in range(6)]
+    shares = partition.recompute_shares("1f1b", 2, 8)
+    assert shares == (1.0, 0.0)
+    assert partition.best_cut(costs, 2, lambda s: 1) == [3, 3]
+    counts = partition.best_cut(costs, 2, lambda s: 1, recompute=shares)
+    best = min(partition.slowest(costs, c, recompute=shares) for c in compositions(6, 2))
+    assert counts == [2, 4]
+    assert partition.slowest(costs, counts, recompute=shares) == best
+
+
+@pytest.mark.parametrize("spec", [MLP, BN_CONV, RESNET])
+def test_the_auto_cut_of_a_profiled_spec_model_is_the_exhaustive_optimum(spec):
+    """The dynamic program's cut over the model's own measured unit costs (with and without
+    recomputation, K = 2 and 3) is as fast as the best of every contiguous cut."""
+    model = make(spec)
+    costs = partition.profile(model, 4, repeats=1)
+    n = len(costs)
+    for k in (2, 3):
+        for shares in ((0.0, 0.0), partition.recompute_shares("1f1b", k, 4)):
+            counts = partition.best_cut(costs, k, lambda s: 1, recompute=shares)
+            best = min(partition.slowest(costs, c, recompute=shares) for c in compositions(n, k))
+            assert partition.slowest(costs, counts, recompute=shares) == best

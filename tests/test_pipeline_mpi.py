@@ -78,6 +78,7 @@ def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dat
     (2, ["--protocol", "adpsgd"], "--protocol adpsgd does not combine the replicas"),
     (2, ["--memory-per-rank", "10k"], "no cut into 2 stages fits --memory-per-rank 10240"),
     (2, ["--weight-stashing", "off"], "--weight-stashing applies to --schedule pipedream, not 1f1b"),
+    (2, ["--schedule", "pipemare", "--recompute", "off"], "--recompute off needs the backward on"),
 ])
 def test_bad_pipeline_input_is_one_line(mpirun, dataset, ranks, flags, message):
     proc = mpirun(ranks, train(dataset, "--steps", 2, *flags), timeout=60, check=False)
@@ -119,6 +120,23 @@ def test_checkpoints_pass_between_pipeline_and_data_parallel_bit_exactly(mpirun,
         one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")
         assert np.array_equal(one.params, two.params)
         assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])
+
+
+def test_kept_activations_train_as_recomputed_ones_bit_exactly_and_hold_more_bytes(
+        mpirun, dataset, tmp_path):
+    """gpipe, K = 2, M = 4: --recompute off ends on the parameters --recompute on does (the
+    same arithmetic, each forward run once) and its summary counts the kept layer buffers."""
+    ends, held = {}, {}
+    for recompute in ("on", "off"):
+        d, log = tmp_path / recompute, tmp_path / f"{recompute}.jsonl"
+        mpirun(2, train(dataset, "--steps", 4, "--schedule", "gpipe", "--recompute", recompute,
+                        "--checkpoint-dir", d, "--log", log), timeout=120)
+        ends[recompute] = load_checkpoint(d / "ckpt-00000004.h5")
+        held[recompute] = next(json.loads(l) for l in log.read_text().splitlines()
+                               if '"summary"' in l)["pipeline"]["activation_bytes"]
+    assert np.array_equal(ends["on"].params, ends["off"].params)
+    assert np.array_equal(ends["on"].opt_state["velocity"], ends["off"].opt_state["velocity"])
+    assert all(off > on for on, off in zip(held["on"], held["off"]))
 
 
 def test_a_pipeline_flag_without_pipeline_is_one_usage_line(mpirun, dataset):

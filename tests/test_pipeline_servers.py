@@ -73,7 +73,8 @@ def test_asynchronous_servers_of_each_stage_train_and_ssp_keeps_its_bound(
     (5, ["--protocol", "bsp", "--servers", 2],
      "--pipeline 2: the 5 ranks are not 2 servers + D replicas x 2 stages"),
     (4, ["--protocol", "asp", "--servers", 2, "--checkpoint-dir", "ck"],
-     "--checkpoint-dir/--resume with --pipeline run under --protocol allreduce only"),
+     "--checkpoint-dir/--resume of a pipeline over servers run under --protocol bsp or "
+     "allreduce, not asp"),
     (2, ["--staleness", 2], "--staleness does not work under --pipeline: its protocol combines"),
 ])
 def test_a_protocol_or_grid_the_stage_replicas_cannot_run_is_one_line(mpirun, dataset, tmp_path,
@@ -82,3 +83,25 @@ def test_a_protocol_or_grid_the_stage_replicas_cannot_run_is_one_line(mpirun, da
                 "--batch-size", 16, *flags, check=False)
     errors = [x for x in out.stderr.splitlines() if "error" in x]
     assert out.returncode != 0 and len(errors) == 1 and line in errors[0], out.stderr
+
+
+def test_a_resumed_bsp_pipeline_over_servers_ends_bit_equal_to_the_unbroken_run(
+        mpirun, dataset, tmp_path):
+    """2 servers + 1 replica x 2 stages, momentum: the servers' parameters and velocity go
+    into the checkpoints (each stage's first server sends its stage's slice); the run
+    resumed from step 4 ends where the one that wrote it does, bit for bit."""
+    from psgd.run.checkpoint import load_checkpoint
+    a, b = tmp_path / "a", tmp_path / "b"
+    flags = ["--pipeline", 2, "--microbatches", 2, "--batch-size", 16, "--protocol", "bsp",
+             "--servers", 2, "--optimizer", "momentum", "--lr", 0.05, "--steps", 8]
+    train(mpirun, 4, dataset, tmp_path / "a.jsonl", *flags, "--checkpoint-dir", a,
+          "--checkpoint-every", 4)
+    train(mpirun, 4, dataset, tmp_path / "b.jsonl", *flags, "--checkpoint-dir", b,
+          "--resume", a / "ckpt-00000004.h5")
+    mid, one, two = (load_checkpoint(p) for p in (a / "ckpt-00000004.h5", a / "ckpt-00000008.h5",
+                                                  b / "ckpt-00000008.h5"))
+    assert one.step == two.step == 8 and mid.step == 4
+    assert np.abs(mid.opt_state["velocity"]).max() > 0
+    assert not np.array_equal(mid.params, one.params)
+    assert np.array_equal(one.params, two.params)
+    assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])

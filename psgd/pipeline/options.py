@@ -9,6 +9,9 @@ from psgd.pipeline.schedules import SCHEDULES
 
 AUTO = "auto"
 _NO_SERVERS = "its protocol combines the stage replicas without servers"
+_FIXED_ORDER = ("every schedule, pipedream and pipemare included, fixes each stage's op order "
+                "and the weight version each microbatch sees, so a run repeats bit-exactly "
+                "whatever its timing: nothing to {}")
 # settings of `psgd train` that a pipeline does not run: their flags are refused (the first
 # SERVER_SETTINGS only where a parameter-server protocol combines the stage replicas)
 REFUSED = {
@@ -24,8 +27,8 @@ REFUSED = {
     "error_feedback": "nothing is compressed",
     "momentum_correction": "nothing is compressed",
     "straggler": "straggler emulation runs in the data-parallel worker loop only",
-    "record": "a pipeline's order is fixed by its schedule: nothing to record",
-    "replay": "a pipeline's order is fixed by its schedule: nothing to replay",
+    "record": _FIXED_ORDER.format("record"),
+    "replay": _FIXED_ORDER.format("replay"),
     "tensorboard": "not written by pipeline runs yet",
     "eval_every": "a pipeline run evaluates once, at the end",
     "hold_hot": "sparse models are not cut into stages",
@@ -46,6 +49,7 @@ class PipelineOptions:
     vertical_sync: bool = False     # pipedream: every stage runs a microbatch on stage 0's version
     anneal: int | None = None       # pipemare: rescheduling steps (None: a quarter of the run; 0: off)
     correct: bool = True            # pipemare: discrepancy correction
+    recompute: bool = True          # each backward re-runs its forward (off: keep activations)
 
     def counts(self) -> list[int] | None:
         """The ``--partition`` counts, or None for ``auto``."""
@@ -78,6 +82,10 @@ class PipelineOptions:
         if not self.stash and self.schedule != "pipedream":
             raise ValueError(f"--weight-stashing applies to --schedule pipedream, not "
                              f"{self.schedule}")
+        if not self.recompute and (self.schedule == "pipemare" or not self.stash):
+            raise ValueError(f"--recompute off needs the backward on its forward's weights; "
+                             f"{self.schedule}{'' if self.stash else ' without weight stashing'} "
+                             f"runs it on newer ones (use gpipe, 1f1b or pipedream with stashing)")
         if (self.anneal is not None or not self.correct) and self.schedule != "pipemare":
             flag = "--pipemare-anneal" if self.anneal is not None else "--discrepancy-correction"
             raise ValueError(f"{flag} applies to --schedule pipemare, not {self.schedule}")

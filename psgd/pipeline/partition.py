@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from psgd.pipeline.schedules import recomputed
+
 
 @dataclass(frozen=True)
 class UnitCost:
@@ -15,6 +17,7 @@ class UnitCost:
     in_bytes: int         # its input activation
     out_bytes: int        # its output activation
     param_bytes: int
+    forward: float = 0.0  # the forward alone
 
 
 def units(model) -> list[tuple[int, int]]:
@@ -58,35 +61,49 @@ def profile(model, microbatch: int, repeats: int = 3, seed: int = 0,
     for lo, hi in units(model):
         owner = model if unit_model is None else unit_model(lo, hi)
         layers = owner.layers[lo:hi]
-        best, out = np.inf, a
+        best, fwd, out = np.inf, np.inf, a
         for _ in range(repeats):
             t = time.perf_counter()
             out = a
             for layer in layers:
                 layer.set_mode("train")
                 out = layer.forward(out)
+            t1 = time.perf_counter()
             dy = np.ones_like(out) / out.size
             for layer in reversed(layers):
                 dy = layer.backward(dy, need_dx=True)
-            best = min(best, time.perf_counter() - t)
+            best, fwd = min(best, time.perf_counter() - t), min(fwd, t1 - t)
         out = out.copy()
         costs.append(UnitCost(best, a.nbytes, out.nbytes, model.dtype.itemsize * sum(
-            int(np.prod(s)) for layer in layers for _, s in layer.param_shapes())))
+            int(np.prod(s)) for layer in layers for _, s in layer.param_shapes()), fwd))
         a = out
     return costs
 
 
-def stage_memory(costs: list[UnitCost], in_flight: int) -> int:
+def stage_memory(costs: list[UnitCost], in_flight: int, keep: bool = False) -> int:
     """Bytes a stage holds: parameters, gradient and its accumulation, ``in_flight`` stored
-    inputs, and one microbatch's activations inside it."""
+    inputs, and one microbatch's activations inside it (``keep``: each stored one's)."""
     return (3 * sum(c.param_bytes for c in costs) + in_flight * costs[0].in_bytes
-            + sum(c.out_bytes for c in costs))
+            + (in_flight if keep else 1) * sum(c.out_bytes for c in costs))
 
 
-def stage_time(costs: list[UnitCost], seconds_per_byte: float, last: bool) -> float:
-    """A stage's compute per microbatch plus sending its output and receiving its gradient."""
+def stage_time(costs: list[UnitCost], seconds_per_byte: float, last: bool,
+               recompute: tuple[float, float] = (0.0, 0.0)) -> float:
+    """A stage's compute per microbatch plus sending its output and receiving its gradient.
+
+    ``recompute``: the share of microbatches whose forward runs again before the backward,
+    on the stages before the last and on the last (:func:`recompute_shares`).
+    """
     send = 0.0 if last else 2 * costs[-1].out_bytes * seconds_per_byte
-    return sum(c.seconds for c in costs) + send
+    again = recompute[1] if last else recompute[0]
+    return sum(c.seconds + again * c.forward for c in costs) + send
+
+
+def recompute_shares(schedule: str, stages: int, microbatches: int) -> tuple[float, float]:
+    """The share of forwards run twice under ``--recompute on``: stage 0's, the last stage's
+    (under gpipe and 1f1b every stage before the last is as stage 0)."""
+    return tuple(recomputed(schedule, stages, s, microbatches) / microbatches
+                 for s in (0, stages - 1))
 
 
 def min_max_cut(n: int, stages: int, seconds, fits) -> list[int] | None:
@@ -119,16 +136,19 @@ def min_max_cut(n: int, stages: int, seconds, fits) -> list[int] | None:
 
 
 def best_cut(costs: list[UnitCost], stages: int, in_flight, memory: int | None = None,
-             seconds_per_byte: float = 0.0) -> list[int]:
+             seconds_per_byte: float = 0.0, recompute: tuple[float, float] = (0.0, 0.0),
+             keep: bool = False) -> list[int]:
     """:func:`min_max_cut` over measured unit costs: unit counts per stage minimising the
-    slowest stage.
+    slowest stage (``recompute``: see :func:`stage_time`; ``keep``: the stages keep every
+    stored microbatch's activations, ``--recompute off``).
 
     ``in_flight(s)``: stored microbatches on stage ``s`` (the schedule's bound), for the
     memory cap ``memory`` (bytes per rank; None: none).  Raises ValueError when no cut fits.
     """
     counts = min_max_cut(
-        len(costs), stages, lambda i, j, last: stage_time(costs[i:j], seconds_per_byte, last),
-        lambda i, j, k: memory is None or stage_memory(costs[i:j], in_flight(k)) <= memory)
+        len(costs), stages,
+        lambda i, j, last: stage_time(costs[i:j], seconds_per_byte, last, recompute),
+        lambda i, j, k: memory is None or stage_memory(costs[i:j], in_flight(k), keep) <= memory)
     if counts is None:
         need = max(stage_memory([c], in_flight(0)) for c in costs)
         raise ValueError(f"no cut into {stages} stages fits --memory-per-rank {memory} bytes "
@@ -136,8 +156,9 @@ def best_cut(costs: list[UnitCost], stages: int, in_flight, memory: int | None =
     return counts
 
 
-def slowest(costs: list[UnitCost], counts: list[int], seconds_per_byte: float = 0.0) -> float:
+def slowest(costs: list[UnitCost], counts: list[int], seconds_per_byte: float = 0.0,
+            recompute: tuple[float, float] = (0.0, 0.0)) -> float:
     """The slowest stage's time per microbatch under ``counts``."""
     edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-    return max(stage_time(costs[a:b], seconds_per_byte, b == len(costs))
+    return max(stage_time(costs[a:b], seconds_per_byte, b == len(costs), recompute)
                for a, b in zip(edges[:-1], edges[1:]))

@@ -42,6 +42,14 @@ def in_flight(schedule: str, stages: int, stage: int, microbatches: int) -> int:
     return peak
 
 
+def recomputed(schedule: str, stages: int, stage: int, microbatches: int) -> int:
+    """How many of ``stage``'s backwards re-run their forward when the layers keep only their
+    last forward (``--recompute on``): those that do not follow their own forward at once."""
+    ops = stage_ops(schedule, stages, stage, microbatches)
+    return sum(kind == BACKWARD and (i == 0 or ops[i - 1] != (FORWARD, m))
+               for i, (kind, m) in enumerate(ops))
+
+
 def simulate(schedule: str, stages: int, microbatches: int, forward=1.0,
              backward=2.0) -> list[float]:
     """Each stage's idle fraction of the batch's span.

@@ -13,7 +13,9 @@ class Stage:
     buffers), so a stage stores each in-flight microbatch's *input* and, when the
     layers last ran another microbatch, runs the forward again before the backward
     (GPipe's re-materialisation).  The recomputed forward is the same arithmetic, so
-    the gradients are those a single process computes.
+    the gradients are those a single process computes.  With ``keep`` an
+    :class:`~psgd.pipeline.activations.ActivationStore` holds each in-flight
+    microbatch's layer state instead, and no forward runs twice.
 
     Attributes
     ----------
@@ -23,8 +25,11 @@ class Stage:
         The most microbatch inputs held at once.
     """
 
-    def __init__(self, model, a: int, b: int, first: bool, last: bool, stash: bool = False) -> None:
+    def __init__(self, model, a: int, b: int, first: bool, last: bool, stash: bool = False,
+                 keep: bool = False) -> None:
+        from psgd.pipeline.activations import ActivationStore
         self.model, self.a, self.b = model, a, b
+        self.store = ActivationStore(model, a, b) if keep else None
         self.stash = stash                     # weight stashing (PipeDream): see :meth:`backward`
         self._stashed: dict[int, np.ndarray] = {}
         self._on_current: set[int] = set()     # forwards that ran on the then-current weights
@@ -44,6 +49,12 @@ class Stage:
     @property
     def params(self) -> np.ndarray:
         return self.model.params[self.lo:self.hi]
+
+    @property
+    def activation_bytes(self) -> int:
+        """The most bytes of stored microbatch inputs, plus the store's layer buffers."""
+        held = self.store.peak_bytes if self.store is not None else 0
+        return self.peak_inputs * self.input_bytes + held
 
     def begin_batch(self) -> None:
         self.acc[:] = 0.0
@@ -74,11 +85,16 @@ class Stage:
         model = self.model
         if model.stochastic:
             model.reseed(*key)
+        if self.store is not None:
+            self.store.begin()
         for layer in model.layers[self.a:self.b]:
             layer.set_mode("train")
             x = layer.forward(x)
         self._live = m
-        return model._loss(x, y) if self.last else x
+        out = model._loss(x, y) if self.last else x
+        if self.store is not None:
+            self.store.keep(m)
+        return out
 
     def backward(self, m: int, dy: np.ndarray | None) -> np.ndarray | None:
         """Microbatch ``m``'s backward from ``dy`` (the last stage: from its loss); adds its
@@ -99,7 +115,8 @@ class Stage:
         swapped = stashed is not None and not unchanged
         if swapped:
             _swap(self.params, stashed)
-        if self._live != m:
+        kept = self.store is not None and self.store.restore(m)
+        if self._live != m and not kept:
             self._run(m)
         if self.last:
             dy = self.model._dlogits
@@ -108,6 +125,8 @@ class Stage:
             dy = layers[i].backward(dy, need_dx=i > self._first_dx)
         np.add(self.acc, self.model.grad[self.lo:self.hi], out=self.acc)
         del self.inputs[m]
+        if self.store is not None:
+            self.store.release(m)
         self._live = None
         if swapped:
             _swap(self.params, stashed)

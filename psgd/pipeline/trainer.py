@@ -76,7 +76,8 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
     a, b = bounds[s]
     asynchronous = options.schedule in ASYNCHRONOUS
     stash = options.schedule == "pipedream" and options.stash
-    stage = Stage(model, a, b, first=s == 0, last=s == k - 1, stash=stash)
+    stage = Stage(model, a, b, first=s == 0, last=s == k - 1, stash=stash,
+                  keep=not options.recompute)
     micro, total = batch_size // options.microbatches, batches * options.microbatches
     shape_in = (micro, *model.layers[a].in_shape)
     shape_out = (micro, *model.layers[b - 1].out_shape)

@@ -63,6 +63,9 @@ class PipelineFlags(Options):
         "discrepancy_correction": (str, "on or off, pipemare: each backward runs on an estimate "
                                         "of its forward's weights (on, the default)",
                                    "on|off"),
+        "recompute": (str, "on (default): a stage keeps each in-flight microbatch's input and "
+                           "re-runs its forward before the backward (least memory); off: it "
+                           "keeps every layer's activations and runs each forward once", "on|off"),
         "memory_per_rank": (byte_count, "auto partition: each stage's parameters, gradients and "
                                         "stored activations must fit (e.g. 200M, 2G)",
                            "BYTES"),
@@ -76,6 +79,7 @@ class PipelineFlags(Options):
     vertical_sync: bool | None = None
     pipemare_anneal: int | None = None
     discrepancy_correction: str | None = None
+    recompute: str | None = None
     memory_per_rank: int | None = None
 
     def check_given(self) -> None:
@@ -88,6 +92,7 @@ class PipelineFlags(Options):
                                  f"give --pipeline K")
         _on_off("weight-stashing", self.weight_stashing)
         _on_off("discrepancy-correction", self.discrepancy_correction)
+        _on_off("recompute", self.recompute)
 
     def options(self) -> PipelineOptions | None:
         """The run's pipeline options (None without --pipeline), defaults filled."""
@@ -99,7 +104,8 @@ class PipelineFlags(Options):
                                stash=self.weight_stashing != "off",
                                vertical_sync=bool(self.vertical_sync),
                                anneal=self.pipemare_anneal,
-                               correct=self.discrepancy_correction != "off")
+                               correct=self.discrepancy_correction != "off",
+                               recompute=self.recompute != "off")
 
     def resolved(self, plan, protocol) -> PipelineFlags:
         self.check_given()

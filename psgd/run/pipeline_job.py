@@ -48,6 +48,7 @@ class PipelineRun:
     lr: object
     run_id: str
     counts: list
+    groups: object = None   # the stage's parameter-server group (a server protocol)
 
 
 def _setup(args: argparse.Namespace, comm: MPI.Comm):
@@ -98,7 +99,10 @@ def _cut(settings, opts, model) -> tuple[list[int], list | None]:
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
     bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
-    return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank), costs
+    again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
+        if opts.recompute else (0.0, 0.0)
+    return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank,
+                              recompute=again, keep=not opts.recompute), costs
 
 
 def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int], list | None]:
@@ -125,7 +129,7 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
     start = _resume(settings, resumed, model, total)
     trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start,
                             whole=total)
-    if start:
+    if start and trainer.optimizer is not None:   # with servers, the servers load theirs
         part = (model.offset, model.offset + model.n_params)
         state = load_checkpoint(resumed.path, part).opt_state
         delta = state.pop(DELTA, None)
@@ -160,8 +164,18 @@ def _resume(settings, resumed, model, total: int) -> int:
 
 
 def _save(run: PipelineRun, step: int) -> None:
-    """Gather replica 0's stage slices (parameters, optimizer state) and write one checkpoint."""
-    s, model, opt = run.settings, run.model, run.trainer.optimizer
+    """Gather replica 0's stage slices (parameters, optimizer state), or with servers take
+    each stage's from its servers, and write one checkpoint."""
+    s = run.settings
+    if run.groups is not None:
+        if run.grid.comm.Get_rank() != 0:
+            return
+        from psgd.run.pipeline_servers import receive_states
+        params, state = receive_states(run.groups.world, run.groups.state_sources(),
+                                       tensor_servers.state_keys(s), step)
+        _write(run, step, params, state)
+        return
+    model, opt = run.model, run.trainer.optimizer
     params = run.grid.gather(run.trainer.stage.params.copy(), model.n_total)
     state = opt.state_dict()
     correction = getattr(run.trainer, "correction", None)
@@ -171,8 +185,12 @@ def _save(run: PipelineRun, step: int) -> None:
         full = run.grid.gather(np.ascontiguousarray(value), model.n_total) \
             if isinstance(value, np.ndarray) else value
         state[key] = full
-    if params is None:
-        return
+    if params is not None:
+        _write(run, step, params, state)
+
+
+def _write(run: PipelineRun, step: int, params: np.ndarray, state: dict) -> None:
+    s = run.settings
     config = {**s.as_dict(), "pipeline": vars(run.options).copy()}
     save_checkpoint(s.checkpoint_dir, Checkpoint(
         params=params, model_spec=s.model, step=step, optimizer=s.optimizer, opt_state=state,
@@ -273,7 +291,7 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
     resident memory (the process's), on rank 0."""
     stage, opts = run.trainer.stage, run.options
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
-    mine = np.array([wall, waited, stage.peak_inputs * stage.input_bytes,
+    mine = np.array([wall, waited, stage.activation_bytes,
                      stage.params.nbytes, stage.peak_inputs, *run.trainer.busy, rss,
                      _max_staleness(run)], np.float64)
     rows = np.zeros((run.grid.stages, 9)) if run.grid.stage == 0 else None
@@ -333,13 +351,16 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
           f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}",
           flush=True)
     edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
+        if opts.recompute else (0.0, 0.0)
     for s, (a, b) in enumerate(partition.layer_bounds(model, counts)):
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
                 f"{type(model.layers[b - 1]).__name__}), {n * model.dtype.itemsize} parameter bytes")
         if costs is not None:
             part = costs[edges[s]:edges[s + 1]]
-            line += (f", predicted {1e3 * sum(c.seconds for c in part):.2f} ms and "
+            ms = 1e3 * partition.stage_time(part, 0.0, s == opts.stages - 1, again)
+            line += (f", predicted {ms:.2f} ms and "
                      f"{part[0].in_bytes} input bytes per microbatch")
         print(line, flush=True)
 
@@ -377,6 +398,8 @@ def train_pipeline(args: argparse.Namespace) -> None:
     counts, costs = _agreed_cut(comm, settings, opts, debug)
     n_servers = servers_of(settings)
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
+    if groups is not None:
+        groups.resume_path = resumed.path if resumed is not None else None
     with phase("splitting into replicas and stages"):
         workers = workers_comm(comm, n_servers) if n_servers else comm
         grid = Grid(workers, opts.stages) if workers is not None else None
@@ -388,6 +411,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
         groups.serve(groups.share(None, 0))
         return
     if groups is not None:
+        run.groups = groups
         run.trainer.worker = _stage_worker(groups, run)
     lead = workers.Get_rank() == 0
     if lead:
@@ -403,7 +427,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
 def _stage_worker(groups: ServerGroups, run: PipelineRun):
     """The stage's worker half over its own servers, started on the stage's parameters."""
     params = run.trainer.stage.params
-    groups.share(params, run.total)
+    groups.share(params, run.total, run.model.offset, run.start)
     worker = groups.worker()
     worker.start(params, run.start)
     return worker

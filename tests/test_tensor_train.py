@@ -38,6 +38,7 @@ def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpiru
 @pytest.mark.parametrize("flags", [["--model", "mlp:784-64-64-10", "--tensor", 2],
                                    ["--model", "lenet", "--tensor", 2],
                                    ["--model", "resnet8", "--tensor", 2],
+                                   ["--model", "resnet8", "--spatial", 2],
                                    ["--model", "conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-relu-pool:2-"
                                                "flatten-dense:10", "--spatial", 2]])
 def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dataset, tmp_path, flags):

@@ -30,7 +30,8 @@ CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("lenet", split_tensor, None),
          ("conv:6x3:pad1-bn-relu-pool:2-conv:5x3:s2-relu-conv:7x3:pad1-bn-relu-gap-dense:9-relu-dense:5",
           split_tensor, (3, 12, 12)),
-         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_tensor, (3, 12, 12)),
+         # the projection block's 10 filters split unevenly over 3 and 4 ranks
+         ("conv:8x3:pad1-bn-relu-res:8-res:10:s2-gap-dense:5", split_tensor, (3, 12, 12)),
          ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_spatial, (3, 24, 8)),
          # 6 rows after the stride-2 block: split 3 or 4 ways thinner than its 3x3 convs,
          # so the rows are gathered before it and it runs whole

@@ -165,6 +165,31 @@ def test_grid_run_resumed_from_its_checkpoint_ends_bit_equal_to_the_unbroken_run
 
 
 @pytest.mark.mpi
+def test_grid_over_bsp_servers_resumed_from_its_checkpoint_ends_bit_equal_and_as_allreduce(
+        mpirun, dataset, tmp_path):
+    """--grid 2,2 over 2 bsp servers (one per part): each part's lead server hands replica 0 its
+    snapshot, saved as the serial flat vector; a run resumed at step 10 (the servers given the
+    part's parameters, momentum and clock) ends bit-equal, and the state equals the
+    all-reduce run's on the same batches (float32 round-off)."""
+    from conftest import assert_resumed_alike
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["--model", "mlp:784-45-33-10", "--optimizer", "momentum", "--lr", "0.05",
+              "--batch-size", 16, "--steps", 20, "--checkpoint-every", 10]
+    servers = ["--grid", "2,2", "--protocol", "bsp", "--servers", 2]
+    train(mpirun, 6, dataset, tmp_path / "full.jsonl", *common, *servers, "--checkpoint-dir", full)
+    part.mkdir()
+    (part / "ckpt-00000010.h5").write_bytes((full / "ckpt-00000010.h5").read_bytes())
+    train(mpirun, 6, dataset, tmp_path / "part.jsonl", *common, *servers, "--checkpoint-dir", part,
+          "--resume", part)
+    assert_resumed_alike(tmp_path, full, part)
+    train(mpirun, 2, dataset, tmp_path / "dp.jsonl", *common, "--checkpoint-dir", tmp_path / "dp")
+    for step in (10, 20):
+        a, b = _ckpt(full, step), _ckpt(tmp_path / "dp", step)
+        np.testing.assert_allclose(a.params, b.params, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(a.opt_state["velocity"], b.opt_state["velocity"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("model, split", [
     ("mlp:784-45-33-10", "--tensor"), ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:10", "--spatial")])
 def test_a_checkpoint_passes_between_a_split_run_and_a_plain_run_both_ways(mpirun, dataset, tmp_path,

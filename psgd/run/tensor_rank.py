@@ -5,7 +5,8 @@ model (:mod:`psgd.tensor`): each draws, trains and evaluates only its own part, 
 read the same batches; the D replicas read their own slices, and every parameter's gradient
 is averaged over them with psgd's all-reduce before each rank steps its own part.
 Checkpoints hold the serial flat vector (replica 0's parts gathered on rank 0 on save, each
-rank reading its own rows on load), so any grid or a plain run resumes them.
+rank reading its own rows on load), so any grid or a plain run resumes them; under
+parameter servers each part's servers send replica 0 their state to save.
 Flags this path does not carry are refused.
 """
 from __future__ import annotations
@@ -106,8 +107,8 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
         groups.serve(groups.share(None, 0))
         return TensorJob(total_steps=0, end_step=0)
     if groups is not None:
-        groups.share(setup["model"].params, setup["total"])
-        setup["worker"] = groups.worker()
+        groups.share(setup["model"].params, setup["total"], setup["start"], setup.pop("opt_state"))
+        setup["worker"], setup["groups"] = groups.worker(), groups
     if grid.Get_rank() == 0:
         announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
     return _train(grid, part, replicas, settings, setup)
@@ -127,10 +128,11 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     ckpt = resume_checkpoint(s, resumed, model, total, get(s.protocol), load=lambda path: _load(path, model))
     opt = None if servers_of(s) else make_optimizer(
         s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay, dtype=model.dtype)
-    if ckpt is not None:
+    if ckpt is not None and opt is not None:
         opt.load_state_dict(ckpt.opt_state)
     return {"model": model, "reader": reader, "total": total, "axis": axis,
             "opt": opt, "start": ckpt.step if ckpt else 0, "run_id": run_id,
+            "opt_state": ckpt.opt_state if ckpt is not None and opt is None else None,
             "foreign": check_checkpoint_dir(s, run_id)}
 
 
@@ -181,6 +183,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         worker.finish()
     if s.traces.timeline:
         _save_timeline(comm, s, time.perf_counter() - begin)
+    setup["end"] = step
     saved = _save(comm, replicas, s, setup, step) if s.checkpoint_dir else None
     _finish(comm, part, replicas, s, setup, log, step, times)
     free_all()
@@ -192,13 +195,19 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
 
 def _save(comm, replicas, s, setup: dict, step: int):
     """Gather the parts' parameters and optimizer state of replica 0 (every replica holds the
-    same) into serial flat vectors on rank 0, which writes them as one checkpoint and returns
-    its path."""
-    model = setup["model"]
+    same; under servers, each part's servers send theirs to replica 0) into serial flat
+    vectors on rank 0, which writes them as one checkpoint and returns its path."""
+    model, groups = setup["model"], setup.get("groups")
     if replicas.Get_rank() != 0:
         return None
-    params = model.gather_flat(model.params)
-    state = {k: model.gather_flat(v) if np.ndim(v) else v for k, v in setup["opt"].state_dict().items()}
+    if groups is not None:
+        at, params, state = groups.receive_state(final=step == setup.get("end"))
+        if at not in (step, -1):
+            raise AssertionError(f"the part's servers sent the state of step {at}, not {step}")
+    else:
+        params, state = model.params, setup["opt"].state_dict()
+    params = model.gather_flat(params)
+    state = {k: model.gather_flat(v) if np.ndim(v) else v for k, v in state.items()}
     if comm.Get_rank() != 0:
         return None
     return save_checkpoint(s.checkpoint_dir, Checkpoint(

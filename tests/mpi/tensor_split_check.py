@@ -5,6 +5,8 @@ Usage: tensor_split_check.py — checks an MLP split Megatron-style (uneven widt
 nets split by height (pad, stride, pool, BN; gathered where a part would be thinner than
 the kernel) and by channels, residual blocks split both ways, on COMM_WORLD, in float64 and float32.
 """
+from functools import partial
+
 import numpy as np
 from mpi4py import MPI
 
@@ -14,6 +16,7 @@ from psgd.nn.model import build_model
 from psgd.nn.optim import make_optimizer
 from psgd.tensor.conv import split_tensor
 from psgd.tensor.dense import split_dense_chain
+from psgd.tensor.mixed import split_mixed
 from psgd.tensor.model import TensorModel
 from psgd.tensor.spatial import SpatialWindow, split_spatial
 
@@ -35,7 +38,12 @@ CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_spatial, (3, 24, 8)),
          # 6 rows after the stride-2 block: split 3 or 4 ways thinner than its 3x3 convs,
          # so the rows are gathered before it and it runs whole
-         ("conv:4x3:pad1-bn-relu-res:4-res:6:s2-res:6-gap-dense:5", split_spatial, (2, 12, 5))]
+         ("conv:4x3:pad1-bn-relu-res:4-res:6:s2-res:6-gap-dense:5", split_spatial, (2, 12, 5)),
+         # --grid auto's mixes: the layers before the cut on each rank's samples, the rest split
+         ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=5), (2, 8, 8)),
+         ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=2), (2, 8, 8)),
+         ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=7), (2, 8, 8)),
+         ("conv:8x3:pad1-bn-relu-res:8-res:10:s2-gap-dense:5", partial(split_mixed, cut=4), (3, 12, 12))]
 
 
 def rel(a, b):

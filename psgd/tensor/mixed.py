@@ -105,22 +105,22 @@ def split_mixed(layers: list, comm, cut: int) -> list:
 
 def _collectives(layer, first: bool) -> list:
     """(kind, values per sample or per step) of the collectives one step of split ``layer``
-    runs: ("allreduce" | "allgather", values, per_sample)."""
+    runs: ("all-reduce" | "all-gather", values, per_sample)."""
     size = lambda shape: int(np.prod(shape))  # noqa: E731
     if isinstance(layer, SplitResidual):
         out = [c for part in layer.parts for c in _collectives(part, False)]
-        return out + ([("allreduce", size(layer.in_shape), True)] if layer.reduce else [])
+        return out + ([("all-reduce", size(layer.in_shape), True)] if layer.reduce else [])
     if isinstance(layer, (ColumnDense, ColumnConv)):
-        out = [] if first or not getattr(layer, "reduce_dx", True) else [("allreduce", size(layer.in_shape), True)]
-        return out + ([("allgather", size(layer.out_shape), True)] if getattr(layer, "gather", False) else [])
+        out = [] if first or not getattr(layer, "reduce_dx", True) else [("all-reduce", size(layer.in_shape), True)]
+        return out + ([("all-gather", size(layer.out_shape), True)] if getattr(layer, "gather", False) else [])
     if isinstance(layer, (RowDense, RowConv)):
-        return [("allreduce", size(layer.out_shape), True)]
+        return [("all-reduce", size(layer.out_shape), True)]
     if isinstance(layer, (GatherChannels, GatherBatch)):
-        return [("allgather", size(layer.out_shape), True)]
+        return [("all-gather", size(layer.out_shape), True)]
     if isinstance(layer, OnSamples):
-        return [("allreduce", sum(size(s) for _, s in layer.param_shapes()), False)]
+        return [("all-reduce", sum(size(s) for _, s in layer.param_shapes()), False)]
     if isinstance(layer, SpatialBatchNorm):
-        return [("allreduce", 0, False)] * 2
+        return [("all-reduce", 0, False)] * 2
     return []
 
 
@@ -130,7 +130,7 @@ def step_seconds(split: list, batch: int, parts: int, itemsize: int) -> float:
     for layer in split:
         for kind, values, per_sample in _collectives(layer, first):
             n = values * itemsize * (batch if per_sample else 1)
-            hops = 2 * (parts - 1) if kind == "allreduce" else parts - 1
+            hops = 2 * (parts - 1) if kind == "all-reduce" else parts - 1
             total += hops * LATENCY_S + hops / parts * n * SECONDS_PER_BYTE
         first = first and not layer.param_shapes()
     return total

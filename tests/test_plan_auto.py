@@ -251,15 +251,16 @@ def test_the_training_split_is_counted_from_the_file(tmp_path):
     assert train_bytes(path) == want and train_bytes(str(tmp_path / "none.h5")) == 0
 
 
-def test_the_spatial_parts_are_those_the_conv_layers_take():
+def test_the_spatial_parts_are_those_that_split_every_conv_layer():
     from psgd.pipeline.partition import units
-    from psgd.tensor.spatial import split_spatial
+    from psgd.tensor.spatial import SpatialWindow, height_split
     model = model_of_spec("lenet")
     count, most = profiles._spatial(model, units(model))
     assert 0 < count < len(units(model)) and most >= 2
-    split_spatial(model.layers, profiles._Group(most))
-    with pytest.raises(ValueError):
-        split_spatial(model.layers, profiles._Group(most + 1))
+    windows = [sum(isinstance(la, SpatialWindow) for la in height_split(model.layers, profiles._Group(p))[0])
+               for p in (most, most + 1)]
+    assert windows[0] == sum(type(la).__name__ in ("Conv2D", "MaxPool2D") for la in model.layers)
+    assert windows[1] < windows[0]    # one more part: a layer is too thin, the rest runs whole
     assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC))) == (0, 1)
 
 

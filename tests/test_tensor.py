@@ -1,4 +1,5 @@
 """Model parallelism inside a layer: the primitives' adjoint tests and split layers against serial."""
+import numpy as np
 import pytest
 
 NAMES = ["copy", "allreduce", "allgather", "split", "reduce_scatter", "scatter", "gather", "halo"]
@@ -18,10 +19,12 @@ def test_split_layers_match_serial_forward_input_and_weight_gradients_and_steps(
     """Megatron MLPs (uneven widths), conv nets split by height and by channels (an odd
     conv that gathers, uneven filters, BN), residual blocks split by channels and by height
     (a stride-2 block with its projection), float64 to 1e-12 and float32 to 1e-5 relative;
-    LeNet's 5x5 conv on 14 rows is refused by height above 2 ranks."""
+    by height, layers thinner than their kernel (LeNet's second conv above 2 ranks, a
+    resnet's last block above 2) run whole on gathered rows, and a first conv that cannot
+    be split at all is refused; --grid auto's batch-then-tensor mixes at three cuts."""
     out = mpirun(n, ["tensor_split_check.py"], timeout=180).stdout
-    assert out.count("split ok") == (16 if n <= 2 else 14), out
-    assert (n <= 2) or "refused ok" in out, out
+    assert out.count("split ok") == 26, out
+    assert (n == 1) or "refused ok" in out, out
 
 
 class FakeComm:
@@ -98,3 +101,23 @@ def test_each_part_draws_its_own_values_of_the_serial_draw_bit_equal(spec, shape
                 for lo, hi, block in tm.owned_blocks(np.ones(tm.n_params, np.int64)):
                     count[lo:hi] += block
             assert np.array_equal(total, serial.params) and (count == 1).all(), (spec, t)
+
+
+def test_grid_auto_runs_a_conv_trunk_on_samples_and_splits_the_wide_dense_head():
+    """Gholami's integrated choice on a conv trunk with a wide head: neither pure batch (cut at
+    the end: every weight all-reduced) nor pure tensor (cut 0: every activation all-reduced)
+    is cheapest; the pure-batch cost is the alpha-beta all-reduce of each layer's weights and
+    the all-gather of the logits, counted here by hand."""
+    from psgd.nn.model import model_layers
+    from psgd.tensor import mixed
+    spec = "conv:8x3:pad1-relu-conv:8x3:pad1-relu-pool:2-flatten-dense:2048-relu-dense:10"
+    layers = model_layers(spec, 0, (1, 28, 28), 10)[0]
+    cut, costs = mixed.choose_cut(layers, FakeComm(0, 2), batch=32, itemsize=4)
+    names = [type(layer).__name__ for layer in layers]
+    assert 0 < cut < len(layers) and costs[cut] == min(c for c in costs if c is not None)
+    assert costs[cut] < min(costs[0], costs[-1])
+    assert "Conv2D" in names[:cut] and "Dense" not in names[:cut]
+    a, b = mixed.LATENCY_S, mixed.SECONDS_PER_BYTE
+    weights = [sum(int(np.prod(s)) for _, s in layer.param_shapes()) for layer in layers if layer.param_shapes()]
+    batch = sum(2 * a + n * 4 * b for n in weights) + a + 32 * 10 * 4 * b / 2
+    assert costs[-1] == pytest.approx(batch, rel=1e-12)

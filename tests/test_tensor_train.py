@@ -33,11 +33,25 @@ def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpiru
     assert grid["param_bytes_per_rank"] == (784 * 23 + 23 + 23 * 33 + 33 + 33 * 5 + 5) * 4
 
 
+@pytest.mark.mpi
+def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, dataset, tmp_path):
+    """--grid auto on 2 ranks: the conv trunk on each rank's samples, the wide dense head split
+    (the cut is neither end), and the run is the serial run on the same batches (float32)."""
+    flags = ["--model", "conv:8x3:pad1-relu-conv:8x3:pad1-relu-pool:2-flatten-dense:256-relu-dense:10",
+             "--optimizer", "momentum", "--lr", "0.05", "--batch-size", 16, "--steps", 15]
+    train(mpirun, 2, dataset, tmp_path / "auto.jsonl", *flags, "--grid", "auto")
+    train(mpirun, 1, dataset, tmp_path / "serial.jsonl", *flags)
+    auto, serial = summary(tmp_path / "auto.jsonl"), summary(tmp_path / "serial.jsonl")
+    assert auto["axis"] == "auto" and 0 < auto["auto_cut"] < 9
+    assert auto["test_loss"] == pytest.approx(serial["test_loss"], rel=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("flags", [["--model", "mlp:784-64-64-10", "--tensor", 2],
                                    ["--model", "lenet", "--tensor", 2],
                                    ["--model", "resnet8", "--tensor", 2],
+                                   ["--model", "resnet8", "--spatial", 2],
                                    ["--model", "conv:8x3:pad1-bn-relu-pool:2-conv:8x3:pad1-relu-pool:2-"
                                                "flatten-dense:10", "--spatial", 2]])
 def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dataset, tmp_path, flags):
@@ -63,6 +77,7 @@ def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dat
     (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--compress", "topk:0.1"],
      "--compress is not supported with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--spatial", 2], "--spatial needs a model with conv layers"),
+    (2, ["--model", "mlp:784-8-10", "--grid", "auto", "--tensor", 2], "--grid auto chooses each layer's split"),
     (2, ["--model", "mlp:784-1-10", "--tensor", 2], "--tensor 2 is larger than dense layer 784->1"),
     (1, ["--model", "mlp:784-8-10", "--dtype", "float64"], "--dtype float64 runs only with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--dtype", "float16"], "--dtype float16: choose one of"),
@@ -161,6 +176,31 @@ def test_grid_run_resumed_from_its_checkpoint_ends_bit_equal_to_the_unbroken_run
     (part / "ckpt-00000010.h5").write_bytes((full / "ckpt-00000010.h5").read_bytes())
     train(mpirun, 4, dataset, tmp_path / "part.jsonl", *common, "--checkpoint-dir", part, "--resume", part)
     assert_resumed_alike(tmp_path, full, part)
+
+
+@pytest.mark.mpi
+def test_grid_over_bsp_servers_resumed_from_its_checkpoint_ends_bit_equal_and_as_allreduce(
+        mpirun, dataset, tmp_path):
+    """--grid 2,2 over 2 bsp servers (one per part): each part's lead server hands replica 0 its
+    snapshot, saved as the serial flat vector; a run resumed at step 10 (the servers given the
+    part's parameters, momentum and clock) ends bit-equal, and the state equals the
+    all-reduce run's on the same batches (float32 round-off)."""
+    from conftest import assert_resumed_alike
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["--model", "mlp:784-45-33-10", "--optimizer", "momentum", "--lr", "0.05",
+              "--batch-size", 16, "--steps", 20, "--checkpoint-every", 10]
+    servers = ["--grid", "2,2", "--protocol", "bsp", "--servers", 2]
+    train(mpirun, 6, dataset, tmp_path / "full.jsonl", *common, *servers, "--checkpoint-dir", full)
+    part.mkdir()
+    (part / "ckpt-00000010.h5").write_bytes((full / "ckpt-00000010.h5").read_bytes())
+    train(mpirun, 6, dataset, tmp_path / "part.jsonl", *common, *servers, "--checkpoint-dir", part,
+          "--resume", part)
+    assert_resumed_alike(tmp_path, full, part)
+    train(mpirun, 2, dataset, tmp_path / "dp.jsonl", *common, "--checkpoint-dir", tmp_path / "dp")
+    for step in (10, 20):
+        a, b = _ckpt(full, step), _ckpt(tmp_path / "dp", step)
+        np.testing.assert_allclose(a.params, b.params, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(a.opt_state["velocity"], b.opt_state["velocity"], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.mpi

@@ -384,7 +384,7 @@ class Flatten(Layer):
         self.in_shape, self.out_shape = tuple(in_shape), (int(np.prod(in_shape)),)
 
     def forward(self, x):
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], *self.out_shape)   # also for an empty batch
 
     def backward(self, dy, need_dx=True):
         return dy.reshape(dy.shape[0], *self.in_shape) if need_dx else None

@@ -140,21 +140,22 @@ class _Group:
 
 
 def _spatial(model, spans, widest: int = 16) -> tuple[int, int]:
-    """(the leading units psgd.tensor.spatial splits by height, the most parts its layers
-    take, up to ``widest``); (0, 1) for a model without an image input."""
+    """(the leading units psgd.tensor.spatial splits by height, the most parts that split all
+    of them, up to ``widest``); (0, 1) for a model without an image input."""
     names = [type(la).__name__ for la in model.layers]
     if "ChannelsLast" not in names:
         return 0, 1
     from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, MaxPool2D
     from psgd.nn.norm import BatchNorm
-    from psgd.tensor.spatial import split_spatial
+    from psgd.tensor.spatial import height_split
     kinds = (ChannelsLast, Conv2D, MaxPool2D, AvgPool2D, BatchNorm, Elementwise)
     end = next((i for i, la in enumerate(model.layers) if not isinstance(la, kinds)),
                len(model.layers))
     count, most = sum(hi <= end for _, hi in spans), 1
     for parts in range(2, widest + 1):
         try:
-            split_spatial(model.layers, _Group(parts))
+            if height_split(model.layers, _Group(parts))[1] < end:
+                break     # a part thinner than a kernel: the rest would run whole
         except ValueError:
             break
         most = parts

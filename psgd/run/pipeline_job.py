@@ -164,23 +164,22 @@ def _resume(settings, resumed, model, total: int) -> int:
 
 
 def _save(run: PipelineRun, step: int) -> None:
-    """Gather replica 0's stage slices (parameters, optimizer state), or with servers take
-    each stage's from its servers, and write one checkpoint."""
-    s = run.settings
-    if run.groups is not None:
-        if run.grid.comm.Get_rank() != 0:
-            return
-        from psgd.run.pipeline_servers import receive_states
-        params, state = receive_states(run.groups.world, run.groups.state_sources(),
-                                       tensor_servers.state_keys(s), step)
-        _write(run, step, params, state)
+    """Gather replica 0's stage slices (parameters, optimizer state; with servers, each stage's
+    servers send theirs to its replica 0) and write one checkpoint."""
+    if run.grid.replica != 0:   # every replica holds the same; the gather is over one replica
         return
-    model, opt = run.model, run.trainer.optimizer
-    params = run.grid.gather(run.trainer.stage.params.copy(), model.n_total)
-    state = opt.state_dict()
-    correction = getattr(run.trainer, "correction", None)
-    if correction is not None:   # pipemare's T2 estimate goes on with a resumed run
-        state[DELTA] = correction.delta
+    model = run.model
+    if run.groups is not None:
+        at, params, state = run.groups.receive_state(final=step == run.total)
+        if at not in (step, -1):
+            raise AssertionError(f"stage {run.grid.stage}'s servers sent the state of step {at}, "
+                                 f"not {step}")
+    else:
+        params, state = run.trainer.stage.params.copy(), run.trainer.optimizer.state_dict()
+        correction = getattr(run.trainer, "correction", None)
+        if correction is not None:   # pipemare's T2 estimate goes on with a resumed run
+            state[DELTA] = correction.delta
+    params = run.grid.gather(params, model.n_total)
     for key, value in list(state.items()):
         full = run.grid.gather(np.ascontiguousarray(value), model.n_total) \
             if isinstance(value, np.ndarray) else value
@@ -398,8 +397,6 @@ def train_pipeline(args: argparse.Namespace) -> None:
     counts, costs = _agreed_cut(comm, settings, opts, debug)
     n_servers = servers_of(settings)
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
-    if groups is not None:
-        groups.resume_path = resumed.path if resumed is not None else None
     with phase("splitting into replicas and stages"):
         workers = workers_comm(comm, n_servers) if n_servers else comm
         grid = Grid(workers, opts.stages) if workers is not None else None
@@ -412,7 +409,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
         return
     if groups is not None:
         run.groups = groups
-        run.trainer.worker = _stage_worker(groups, run)
+        run.trainer.worker = _stage_worker(groups, run, resumed)
     lead = workers.Get_rank() == 0
     if lead:
         _announce(run, counts, costs)
@@ -424,10 +421,14 @@ def train_pipeline(args: argparse.Namespace) -> None:
     run.grid.free()
 
 
-def _stage_worker(groups: ServerGroups, run: PipelineRun):
-    """The stage's worker half over its own servers, started on the stage's parameters."""
-    params = run.trainer.stage.params
-    groups.share(params, run.total, run.model.offset, run.start)
+def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed):
+    """The stage's worker half over its own servers, started on the stage's parameters (and a
+    resumed run's optimizer state, which its servers take from the first replica)."""
+    params, model = run.trainer.stage.params, run.model
+    state = None
+    if resumed is not None and run.grid.replica == 0:
+        state = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params)).opt_state
+    groups.share(params, run.total, run.start, state)
     worker = groups.worker()
     worker.start(params, run.start)
     return worker

@@ -5,7 +5,8 @@ model (:mod:`psgd.tensor`): each draws, trains and evaluates only its own part, 
 read the same batches; the D replicas read their own slices, and every parameter's gradient
 is averaged over them with psgd's all-reduce before each rank steps its own part.
 Checkpoints hold the serial flat vector (replica 0's parts gathered on rank 0 on save, each
-rank reading its own rows on load), so any grid or a plain run resumes them.
+rank reading its own rows on load), so any grid or a plain run resumes them; under
+parameter servers each part's servers send replica 0 their state to save.
 Flags this path does not carry are refused.
 """
 from __future__ import annotations
@@ -46,11 +47,15 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
     axis, parts = ("spatial", s.spatial) if s.spatial else ("tensor", s.tensor)
     if parts is not None and parts < 1:
         raise ValueError(f"--{axis} {parts}: must be >= 1")
+    if s.grid == "auto":
+        if parts is not None:
+            raise ValueError(f"--grid auto chooses each layer's split itself; drop --{axis}")
+        return 1, world, "auto"
     if s.grid:
         try:
             d, t = (int(v) for v in str(s.grid).split(","))
         except ValueError:
-            raise ValueError(f"--grid {s.grid!r}: expected D,T (two integers, e.g. 2,2)") from None
+            raise ValueError(f"--grid {s.grid!r}: expected D,T (two integers, e.g. 2,2) or auto") from None
         if d < 1 or t < 1:
             raise ValueError(f"--grid {s.grid}: D and T must be >= 1")
         if parts is not None and parts != t:
@@ -68,6 +73,8 @@ def check(s, world: int) -> None:
     if servers_of(s) >= world:
         raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
     _, t, axis = grid_shape(s.split, world - servers_of(s))
+    if axis == "auto" and servers_of(s):
+        raise ValueError("--grid auto runs under --protocol allreduce")
     tensor_servers.check(s, t, axis)
     flat = s.as_dict()
     for name, unused, flag in REFUSED:
@@ -106,8 +113,8 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
         groups.serve(groups.share(None, 0))
         return TensorJob(total_steps=0, end_step=0)
     if groups is not None:
-        groups.share(setup["model"].params, setup["total"])
-        setup["worker"] = groups.worker()
+        groups.share(setup["model"].params, setup["total"], setup["start"], setup.pop("opt_state"))
+        setup["worker"], setup["groups"] = groups.worker(), groups
     if grid.Get_rank() == 0:
         announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
     return _train(grid, part, replicas, settings, setup)
@@ -120,18 +127,32 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     from psgd.tensor.model import TensorModel
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
-    model = TensorModel(s.model, split_spatial if axis == "spatial" else split_tensor, part, seed=s.seed,
+    choice: dict = {}
+    split = {"spatial": split_spatial, "tensor": split_tensor}.get(axis) or _auto(s, choice)
+    model = TensorModel(s.model, split, part, seed=s.seed,
                         dtype=np.dtype(s.split.dtype), input_shape=info["input_shape"], n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
     total = s.steps or max(1, int(round((s.epochs or 1.0) * reader.steps_per_epoch)))
     ckpt = resume_checkpoint(s, resumed, model, total, get(s.protocol), load=lambda path: _load(path, model))
     opt = None if servers_of(s) else make_optimizer(
         s.optimizer, model.n_params, momentum=s.momentum, weight_decay=s.weight_decay, dtype=model.dtype)
-    if ckpt is not None:
+    if ckpt is not None and opt is not None:
         opt.load_state_dict(ckpt.opt_state)
-    return {"model": model, "reader": reader, "total": total, "axis": axis,
+    return {"model": model, "reader": reader, "total": total, "axis": axis, "auto": choice,
             "opt": opt, "start": ckpt.step if ckpt else 0, "run_id": run_id,
+            "opt_state": ckpt.opt_state if ckpt is not None and opt is None else None,
             "foreign": check_checkpoint_dir(s, run_id)}
+
+
+def _auto(s, choice: dict):
+    """--grid auto's split: the cut of :func:`psgd.tensor.mixed.choose_cut`, kept in ``choice``."""
+    from psgd.tensor.mixed import choose_cut, split_mixed
+
+    def split(layers, comm):
+        choice["cut"], choice["costs"] = choose_cut(layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize)
+        choice["layers"] = [type(layer).__name__ for layer in layers]
+        return split_mixed(layers, comm, choice["cut"])
+    return split
 
 
 def _load(path, model):
@@ -181,6 +202,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         worker.finish()
     if s.traces.timeline:
         _save_timeline(comm, s, time.perf_counter() - begin)
+    setup["end"] = step
     saved = _save(comm, replicas, s, setup, step) if s.checkpoint_dir else None
     _finish(comm, part, replicas, s, setup, log, step, times)
     free_all()
@@ -192,13 +214,19 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
 
 def _save(comm, replicas, s, setup: dict, step: int):
     """Gather the parts' parameters and optimizer state of replica 0 (every replica holds the
-    same) into serial flat vectors on rank 0, which writes them as one checkpoint and returns
-    its path."""
-    model = setup["model"]
+    same; under servers, each part's servers send theirs to replica 0) into serial flat
+    vectors on rank 0, which writes them as one checkpoint and returns its path."""
+    model, groups = setup["model"], setup.get("groups")
     if replicas.Get_rank() != 0:
         return None
-    params = model.gather_flat(model.params)
-    state = {k: model.gather_flat(v) if np.ndim(v) else v for k, v in setup["opt"].state_dict().items()}
+    if groups is not None:
+        at, params, state = groups.receive_state(final=step == setup.get("end"))
+        if at not in (step, -1):
+            raise AssertionError(f"the part's servers sent the state of step {at}, not {step}")
+    else:
+        params, state = model.params, setup["opt"].state_dict()
+    params = model.gather_flat(params)
+    state = {k: model.gather_flat(v) if np.ndim(v) else v for k, v in state.items()}
     if comm.Get_rank() != 0:
         return None
     return save_checkpoint(s.checkpoint_dir, Checkpoint(
@@ -264,10 +292,21 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
     ms = 1e3 * float(np.median(times[1:] or times))
     d, t, most = comm.Get_size() // part.Get_size(), part.Get_size(), int(every[:, 0].max())
     whole = model.n_total * model.dtype.itemsize
+    _say_auto(setup["auto"])
     log.write("summary", steps=step, test_loss=loss, test_accuracy=acc, grid=[d, t], axis=setup["axis"],
+              auto_cut=setup["auto"].get("cut"),
               step_ms=ms, param_bytes_per_rank=most, param_bytes_serial=whole,
               peak_rss_bytes=every[:, 1].tolist())
     log.close()
     print(f"psgd: {setup['axis']} grid D={d} x T={t}: {step} steps, test loss {loss:.4f}, "
           f"accuracy {acc:.4f}; median step {ms:.2f} ms; parameters {most} bytes per rank "
           f"(whole model {whole}); peak RSS MiB per rank {(every[:, 1] >> 20).tolist()}", flush=True)
+
+
+def _say_auto(auto: dict) -> None:
+    """--grid auto: which layers ran on the samples and which were split, and each cut's cost."""
+    if auto:
+        cut, costs = auto["cut"], [None if c is None else round(c, 6) for c in auto["costs"]]
+        print(f"psgd: --grid auto: layers {auto['layers'][:cut]} on each rank's samples, "
+              f"{auto['layers'][cut:]} split by tensor (cut {cut}; modelled collective seconds "
+              f"per cut {costs})", flush=True)

@@ -4,8 +4,13 @@ The parts are a --tensor/--spatial grid's slices or a --pipeline's stages.  With
 parameter-server group of their own: its flat vector is part t's local vector, so each
 tensor slice is its own part of the servers' state.  Ranks 0..S-1 are the servers (server
 s serves part s // (S/T)), ranks S.. the D x T grid.  The halves are the protocol's own.
+A part's state (its local vector, optimizer state, clock) travels packed in one byte buffer
+(:func:`pack_state`): from the first replica to the servers on set-up (a resumed run's),
+and from the part's lead server to the first replica for each checkpoint.
 """
 from __future__ import annotations
+
+import json
 
 import numpy as np
 from mpi4py import MPI
@@ -16,6 +21,30 @@ from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule
 from psgd.protocols import get
+from psgd.ps.messages import _mprobe
+
+TAG_STATE = 31007    # a part's state, from its lead server to its first replica
+
+
+def pack_state(step: int, final: bool, params: np.ndarray, opt_state: dict | None) -> np.ndarray:
+    """One uint8 buffer: (step, final, names' length, n, k), the JSON of the optimizer state's
+    array names and scalars (padded to 8 bytes), then params and the k arrays as float32."""
+    opt_state = opt_state or {}
+    arrays = {k: v for k, v in opt_state.items() if np.ndim(v)}
+    scalars = {k: getattr(v, "item", lambda v=v: v)() for k, v in opt_state.items() if not np.ndim(v)}
+    names = json.dumps([list(arrays), scalars]).encode()
+    names += b" " * (-len(names) % 8)
+    head = np.array([step, final, len(names), params.size, len(arrays)], np.int64)
+    rows = np.stack([params, *arrays.values()]).astype(np.float32)
+    return np.concatenate([head.view(np.uint8), np.frombuffer(names, np.uint8), rows.view(np.uint8).reshape(-1)])
+
+
+def unpack_state(buf: np.ndarray) -> tuple[int, bool, np.ndarray, dict]:
+    """(step, final, params, optimizer state) of a :func:`pack_state` buffer."""
+    step, final, size, n, k = (int(v) for v in buf[:40].view(np.int64))
+    arrays, scalars = json.loads(bytes(buf[40:40 + size]))
+    rows = buf[40 + size:].view(np.float32).reshape(1 + k, n)
+    return step, bool(final), rows[0].copy(), {**dict(zip(arrays, rows[1:].copy())), **scalars}
 
 
 def servers_of(s) -> int:
@@ -37,10 +66,10 @@ def check(s, parts: int, axis: str) -> None:
     if s.split.dtype != "float32":
         raise ValueError(f"--dtype {s.split.dtype}: the parameter servers hold float32; use --protocol "
                          f"allreduce with --{axis}")
-    if (s.checkpoint_dir or s.resume) and axis != "pipeline":
+    if (s.checkpoint_dir or s.resume) and not protocol.can("server-snapshots"):
         raise ValueError(f"--checkpoint-dir/--resume with --{axis} run under --protocol allreduce "
-                         f"only (the servers of a grid keep no checkpoint yet)")
-    if (s.checkpoint_dir or s.resume) and protocol.bound != 0.0:
+                         f"only (the servers of {s.protocol} keep no checkpoint yet)")
+    if (s.checkpoint_dir or s.resume) and axis == "pipeline" and protocol.bound != 0.0:
         raise ValueError(f"--checkpoint-dir/--resume of a pipeline over servers run under "
                          f"--protocol bsp or allreduce, not {s.protocol} (a resumed run is "
                          f"exact where the servers apply every replica's step together)")
@@ -58,74 +87,70 @@ class ServerGroups:
             self.roles = assign_roles(self.comm, per)
         self.settings, self.protocol = s, get(s.protocol)
         self.config = self.shard_map = None
-        self.world, self.n_servers, self.parts = comm, n_servers, parts
-        self.total = self.offset = self.start = 0
-        self.resume_path = None   # a resumed pipeline's checkpoint file
 
-    def share(self, params: np.ndarray | None, total: int, offset: int = 0,
-              start: int = 0) -> np.ndarray:
-        """The part's initial local vector, from its first replica to its servers (collective);
-        ``total``, the run's steps (its learning-rate schedule's), ``offset``, the part's first
-        element in the whole vector, and ``start``, a resumed run's step, are the first
-        replica's."""
+    def share(self, params: np.ndarray | None, total: int, start: int = 0,
+              opt_state: dict | None = None) -> tuple:
+        """The part's initial state (local vector, step, optimizer state: a resumed run's), from
+        its first replica to its servers (collective); ``total``, the run's steps (its
+        learning-rate schedule's), is the first replica's. Returns (params, start, opt_state)."""
         root = self.roles.n_servers
-        n = np.array([params.size if params is not None else 0, total, offset, start], np.int64)
+        buf = pack_state(start, False, params, opt_state) if params is not None else None
+        n = np.array([buf.size if buf is not None else 0, total], np.int64)
         wait.wait(self.comm.Ibcast(n, root=root), "the first replica to send the part's size")
-        self.total, self.offset, self.start = (int(v) for v in n[1:])
-        buf = params if params is not None else np.empty(int(n[0]), np.float32)
+        buf = buf if buf is not None else np.empty(int(n[0]), np.uint8)
         wait.wait(self.comm.Ibcast(buf, root=root), "the first replica to send the part's parameters")
+        start, _, params, opt_state = unpack_state(buf)
         s = self.settings
         lr = make_schedule(s.lr_schedule, s.lr, int(n[1]), warmup=s.warmup,
                            step_every=s.lr_step_every, gamma=s.lr_gamma)
         self.config = self.protocol.config(
-            int(n[0]), staleness=s.staleness, staleness_max=s.staleness_max, optimizer=s.optimizer,
+            params.size, staleness=s.staleness, staleness_max=s.staleness_max, optimizer=s.optimizer,
             opt_hparams={"momentum": s.momentum, "weight_decay": s.weight_decay}, lr_schedule=lr,
             compensation=s.compensation, seed=s.seed,
-            n_workers=self.roles.n_workers,
-            snapshot_every=s.checkpoint_every if s.checkpoint_dir else 0)
-        self.shard_map = ShardMap(int(n[0]), self.roles.n_servers)
-        return buf
+            n_workers=self.roles.n_workers, snapshot_every=s.checkpoint_every if s.checkpoint_dir else 0)
+        self.shard_map = ShardMap(params.size, self.roles.n_servers)
+        return params, start, opt_state
 
-    def serve(self, params: np.ndarray) -> None:
+    def serve(self, state: tuple) -> None:
         """A server's run: its shard of the part's vector until every replica is done; with
-        --checkpoint-dir the part's first server sends the part's state to the grid's rank 0
-        at each checkpoint (:mod:`psgd.run.pipeline_servers`)."""
-        from psgd.run.pipeline_servers import StateSender
-        shard, s = self.roles.server_index, self.settings
-        sender = None
-        if s.checkpoint_dir and self.roles.rank == 0:
-            sender = StateSender(self.world, self.n_servers, state_keys(s), self.total)
+        --checkpoint-dir the lead server hands each snapshot and the final state to the part's
+        first replica."""
+        params, start, opt_state = state
+        shard, sends = self.roles.server_index, []
+        lo, hi = self.shard_map.range(shard)
+        cut = {k: v[lo:hi].copy() if np.ndim(v) else v for k, v in opt_state.items()} or None
+        lead = self.settings.checkpoint_dir and shard == 0
+
+        def hand(step, final, params, opt_state):
+            sends.append(pack_state(step, final, params, opt_state))
+            sends.append(self.comm.Isend(sends[-1], self.roles.n_servers, TAG_STATE))
+
         with phase("serving the grid's part", watch=False):
             result = self.protocol.serve(
-                self.roles, self.shard_map, self.config,
-                init_shard=self.shard_map.view(params, shard).copy(),
-                init_opt_state=self._resumed_state(shard), start_clock=self.start,
-                on_snapshot=sender.snapshot if sender is not None else None)
-        if sender is not None:
-            sender.final(result.params, result.opt_state or {})
+                self.roles, self.shard_map, self.config, init_shard=self.shard_map.view(params, shard).copy(),
+                init_opt_state=cut, start_clock=start,
+                on_snapshot=(lambda clock, params, opt_state: hand(clock + 1, False, params, opt_state))
+                if lead else None)
+        if lead:
+            hand(-1, True, result.params, result.opt_state)   # the replicas know where they stopped
+            for request in sends[1::2]:
+                wait.wait(request, "the part's first replica to take its state")
 
-    def _resumed_state(self, shard: int) -> dict | None:
-        """A resumed run's optimizer state for this server's shard of the part."""
-        if not self.start:
-            return None
-        from psgd.run.checkpoint import load_checkpoint
-        lo, hi = self.shard_map.range(shard)
-        return load_checkpoint(self.resume_path, (self.offset + lo, self.offset + hi)).opt_state
-
-    def state_sources(self) -> list[int]:
-        """The world rank of each part's first server."""
-        per = self.n_servers // self.parts
-        return [p * per for p in range(self.parts)]
+    def receive_state(self, final: bool) -> tuple[int, np.ndarray, dict]:
+        """The first replica: (step, params, optimizer state) of the part's next snapshot, or
+        (``final``) of the state its servers ended with, from the lead server."""
+        status = MPI.Status()
+        while True:
+            msg = _mprobe(self.comm, 0, TAG_STATE, status, "the part's lead server to send its state")
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            wait.wait(msg.Irecv(buf), "the part's state from its lead server")
+            step, last, params, opt_state = unpack_state(buf)
+            if last or not final:
+                return step, params, opt_state
 
     def worker(self):
         """This replica's worker half (it pushes the part's gradient, pulls its parameters)."""
         return self.protocol.make_worker(self.roles, self.shard_map, self.config)
-
-
-def state_keys(s) -> tuple:
-    """The optimizer's per-element state keys (``--optimizer``'s) a checkpoint carries."""
-    from psgd.nn.optim import make_optimizer
-    return tuple(make_optimizer(s.optimizer, 1).state_keys)
 
 
 def workers_comm(comm, n_servers: int):

@@ -33,10 +33,12 @@ def _conv(conv: Conv2D, in_shape: tuple, filters: int) -> Conv2D:
 
 
 class ColumnConv(Layer):
-    """Output channels [c0, c1) of ``conv`` from the replicated input."""
+    """Output channels [c0, c1) of ``conv`` from the replicated input; its backward all-reduces
+    the input gradient, unless ``reduce_dx`` is False (the caller sums it with another first)."""
 
-    def __init__(self, conv: Conv2D, comm) -> None:
+    def __init__(self, conv: Conv2D, comm, reduce_dx: bool = True) -> None:
         super().__init__()
+        self.reduce_dx = reduce_dx
         f = conv.out_shape[2]
         check_width(f, comm.Get_size(), f"{conv}'s filters")
         self.comm, self.sizes = comm, pr.split_sizes(f, comm.Get_size())
@@ -58,7 +60,7 @@ class ColumnConv(Layer):
 
     def backward(self, dy, need_dx=True):
         dx = self.inner.backward(np.ascontiguousarray(dy), need_dx)
-        return pr.copy_adjoint(dx, self.comm) if need_dx else None
+        return pr.copy_adjoint(dx, self.comm) if need_dx and self.reduce_dx else dx
 
 
 class RowConv(Layer):
@@ -132,12 +134,21 @@ class LocalBatchNorm(BatchNorm):
 def channel_residual(block: Residual, comm) -> SplitResidual:
     """``block`` split by channels: its first conv column-parallel with its batch norm and ReLU
     on the local channels, the second conv row-parallel (one all-reduce each way), the second
-    batch norm and the shortcut replicated."""
+    batch norm replicated. A projection shortcut is column-parallel on the same channels as
+    the first conv, its batch norm local, its output all-gathered before the add; the two
+    column convs' partial input gradients are summed and all-reduced once."""
     conv1, bn1, relu, conv2, bn2 = block.main
-    col = ColumnConv(conv1, comm)
-    bn1 = LocalBatchNorm(bn1, (*bn1.in_shape[:-1], col.c1 - col.c0), col.c0, col.c1)
-    return SplitResidual([col, bn1, relu, RowConv(conv2, comm), bn2], list(block.shortcut),
-                         block.in_shape, block.out_shape)
+    col = ColumnConv(conv1, comm, reduce_dx=not block.shortcut)
+    main = [col, LocalBatchNorm(bn1, (*bn1.in_shape[:-1], col.c1 - col.c0), col.c0, col.c1), relu,
+            RowConv(conv2, comm), bn2]
+    if not block.shortcut:
+        return SplitResidual(main, [], block.in_shape, block.out_shape)
+    proj, bn = block.shortcut
+    pcol = ColumnConv(proj, comm, reduce_dx=False)
+    shortcut = [pcol, LocalBatchNorm(bn, pcol.out_shape, pcol.c0, pcol.c1),
+                GatherChannels(pcol.sizes, proj.out_shape, comm)]
+    return SplitResidual(main, shortcut, block.in_shape, block.out_shape,
+                         reduce=lambda dx: pr.copy_adjoint(dx, comm))
 
 
 def split_conv_channels(layers: list, comm) -> list:

@@ -6,8 +6,9 @@ Rank r computes output rows ``split_sizes(OH, P)[r]``.  It needs input rows
 padding on an explicitly padded slab.  Conv weights are replicated with a partial
 gradient (one all-reduce completes it); batch norm all-reduces its statistics, so its
 parameter gradients come out whole.  Before the first layer that needs whole images
-(flatten, global pool, dense) the slabs are all-gathered; residual blocks are split
-inside (:func:`height_residual`).
+(flatten, global pool, dense), or one whose rows would be thinner than its kernel, the slabs
+are all-gathered and the rest runs whole; residual blocks are split inside
+(:func:`height_residual`).
 """
 from __future__ import annotations
 
@@ -59,6 +60,11 @@ class GatherHeight(SplitHeight):
         return _batch_first(pr.allgather_adjoint(_height_first(dy), self.comm, self.sizes)) if need_dx else None
 
 
+class TooThin(ValueError):
+    """A layer's rows split over the group would be thinner than its kernel, or its halo deeper
+    than a neighbour's rows."""
+
+
 class SpatialWindow(Layer):
     """A conv or pool layer on this rank's rows; ``in_sizes``: every rank's input rows."""
 
@@ -78,13 +84,13 @@ class SpatialWindow(Layer):
             a, b = o0 * layer.stride - pad, (o0 + out_sizes[q] - 1) * layer.stride - pad + kh
             need.append((a, b))
             if out_sizes[q] < 1 or in_sizes[q] < kh:
-                raise ValueError(f"--spatial {p}: {layer} would leave rank {q} {in_sizes[q]} input rows "
+                raise TooThin(f"--spatial {p}: {layer} would leave rank {q} {in_sizes[q]} input rows "
                                  f"of {h} (at least {kh}, the kernel height, needed); use a smaller --spatial")
         self.lo = [max(0, starts[q] - max(a, 0)) for q, (a, b) in enumerate(need)]
         self.hi = [max(0, min(b, h) - starts[q + 1]) for q, (a, b) in enumerate(need)]
         for q in range(p):
             if self.lo[q] > (in_sizes[q - 1] if q else 0) or self.hi[q] > (in_sizes[q + 1] if q + 1 < p else 0):
-                raise ValueError(f"--spatial {p}: {layer} needs a halo deeper than a neighbour's "
+                raise TooThin(f"--spatial {p}: {layer} needs a halo deeper than a neighbour's "
                                  f"{min(in_sizes)} rows; use a smaller --spatial")
         a, b = need[r]
         self.rows = b - a                        # rows of the padded slab
@@ -192,34 +198,53 @@ def height_residual(block: Residual, sizes: list, comm) -> tuple[SplitResidual, 
                          (rows[r], *block.out_shape[1:])), rows
 
 
-def split_spatial(layers: list, comm) -> list:
-    """The serial ``layers`` of a conv net with their conv, pool and BN layers split by height."""
-    out, sizes, shape, gathered = [], None, None, False
-    for layer in layers:
-        if gathered:
-            out.append(layer)
-        elif sizes is None:
+def _by_height(layer, sizes: list, shape: tuple, comm):
+    """(``layer`` on this rank's rows, every rank's output rows, the whole output shape), or
+    None for a layer that needs whole images; :class:`TooThin` when a part is too thin."""
+    if isinstance(layer, (Conv2D, MaxPool2D, AvgPool2D)):
+        win = SpatialWindow(layer, sizes, comm)
+        return win, win.out_sizes, layer.out_shape
+    if isinstance(layer, BatchNorm):
+        return SpatialBatchNorm(layer, (sizes[comm.Get_rank()], *shape[1:]), comm), sizes, shape
+    if isinstance(layer, Residual):
+        block, rows = height_residual(layer, sizes, comm)
+        return block, rows, layer.out_shape
+    if isinstance(layer, Elementwise):
+        return layer, sizes, shape
+    return None
+
+
+def height_split(layers: list, comm) -> tuple[list, int]:
+    """(the serial ``layers`` of a conv net with their leading conv, pool, BN and residual
+    layers split by height; the index of the first serial layer that runs on whole images).
+
+    Splitting stops at the first layer that needs whole images (flatten, global pool, dense)
+    or whose rows split over ``comm`` would be thinner than its kernel: the rows are gathered
+    there and the rest runs whole (replicated) on every rank."""
+    out, sizes, shape = [], None, None
+    for i, layer in enumerate(layers):
+        if sizes is None:
             out.append(layer)
             if isinstance(layer, ChannelsLast):
-                shape = layer.out_shape
-                split = SplitHeight(shape, comm)
+                shape, split = layer.out_shape, SplitHeight(layer.out_shape, comm)
                 out.append(split)
                 sizes = split.sizes
-        elif isinstance(layer, (Conv2D, MaxPool2D, AvgPool2D)):
-            win = SpatialWindow(layer, sizes, comm)
-            out.append(win)
-            sizes, shape = win.out_sizes, layer.out_shape
-        elif isinstance(layer, BatchNorm):
-            out.append(SpatialBatchNorm(layer, (sizes[comm.Get_rank()], *shape[1:]), comm))
-        elif isinstance(layer, Residual):
-            block, sizes = height_residual(layer, sizes, comm)
-            out.append(block)
-            shape = layer.out_shape
-        elif isinstance(layer, Elementwise):
-            out.append(layer)
-        else:
-            out += [GatherHeight(sizes, shape, comm), layer]
-            gathered = True
+            continue
+        try:
+            part = _by_height(layer, sizes, shape, comm)
+        except TooThin:
+            if not any(isinstance(q, (SpatialWindow, SplitResidual)) for q in out):
+                raise                     # not even the first conv splits: refuse
+            part = None
+        if part is None:
+            return out + [GatherHeight(sizes, shape, comm), *layers[i:]], i
+        out.append(part[0])
+        sizes, shape = part[1], part[2]
     if sizes is None:
         raise ValueError("--spatial needs a model with conv layers (an image input); this one has none")
-    return out
+    return out, len(layers)
+
+
+def split_spatial(layers: list, comm) -> list:
+    """The serial ``layers`` split by height as far as they go (:func:`height_split`)."""
+    return height_split(layers, comm)[0]

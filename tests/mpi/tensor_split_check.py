@@ -2,9 +2,11 @@
 evaluation (batch-norm calibration included) through the parts.
 
 Usage: tensor_split_check.py — checks an MLP split Megatron-style (uneven widths) and conv
-nets split by height (pad, stride, pool, BN) and by channels, residual blocks split both
-ways, on COMM_WORLD, in float64 and float32.
+nets split by height (pad, stride, pool, BN; gathered where a part would be thinner than
+the kernel) and by channels, residual blocks split both ways, on COMM_WORLD, in float64 and float32.
 """
+from functools import partial
+
 import numpy as np
 from mpi4py import MPI
 
@@ -14,11 +16,16 @@ from psgd.nn.model import build_model
 from psgd.nn.optim import make_optimizer
 from psgd.tensor.conv import split_tensor
 from psgd.tensor.dense import split_dense_chain
+from psgd.tensor.mixed import split_mixed
 from psgd.tensor.model import TensorModel
-from psgd.tensor.spatial import split_spatial
+from psgd.tensor.spatial import SpatialWindow, split_spatial
 
 comm = MPI.COMM_WORLD
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
+# after 3 float32 steps a ReLU or max-pool tie can flip under another summation order (LeNet
+# on 4 ranks: one conv's gradient moves 2e-3 at step 3), so the steps get a looser bound
+# there; float64 checks them to 1e-12
+STEPS_TOL = {np.float64: 1e-12, np.float32: 1e-3}
 CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("mlp:17-9-4", split_dense_chain, None),
          ("conv:4x3:pad1-bn-relu-pool:2-conv:6x3:s2:pad1-relu-flatten-dense:5", split_spatial, (2, 40, 11)),
@@ -26,8 +33,17 @@ CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("lenet", split_tensor, None),
          ("conv:6x3:pad1-bn-relu-pool:2-conv:5x3:s2-relu-conv:7x3:pad1-bn-relu-gap-dense:9-relu-dense:5",
           split_tensor, (3, 12, 12)),
-         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_tensor, (3, 12, 12)),
-         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_spatial, (3, 24, 8))]
+         # the projection block's 10 filters split unevenly over 3 and 4 ranks
+         ("conv:8x3:pad1-bn-relu-res:8-res:10:s2-gap-dense:5", split_tensor, (3, 12, 12)),
+         ("conv:8x3:pad1-bn-relu-res:8-res:12:s2-gap-dense:5", split_spatial, (3, 24, 8)),
+         # 6 rows after the stride-2 block: split 3 or 4 ways thinner than its 3x3 convs,
+         # so the rows are gathered before it and it runs whole
+         ("conv:4x3:pad1-bn-relu-res:4-res:6:s2-res:6-gap-dense:5", split_spatial, (2, 12, 5)),
+         # --grid auto's mixes: the layers before the cut on each rank's samples, the rest split
+         ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=5), (2, 8, 8)),
+         ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=2), (2, 8, 8)),
+         ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=7), (2, 8, 8)),
+         ("conv:8x3:pad1-bn-relu-res:8-res:10:s2-gap-dense:5", partial(split_mixed, cut=4), (3, 12, 12))]
 
 
 def rel(a, b):
@@ -68,9 +84,9 @@ def check(spec, split, shape, dtype):
         opt_t.step(tm.params, tm.grad, 0.05)
     errs["3 steps"] = whole(tm, tm.params, serial.params)
     errs["evaluate"] = evaluate(tm, serial, rng, dtype)
-    worst = max(errs.values())
+    once = max(v for k, v in errs.items() if k != "3 steps")
     line = ", ".join(f"{k} {v:.1e}" for k, v in errs.items())
-    if not worst <= TOL[dtype]:
+    if not (once <= TOL[dtype] and errs["3 steps"] <= STEPS_TOL[dtype]):
         raise AssertionError(f"{spec} {np.dtype(dtype).name} on {comm.size} ranks: {line}")
     if comm.rank == 0:
         print(f"split ok {spec} {np.dtype(dtype).name} ranks={comm.size}: {line}", flush=True)
@@ -96,21 +112,30 @@ def evaluate(tm, serial, rng, dtype):
 
 
 def refuses_thin_slabs():
-    """LeNet's second conv (5x5 on 14 rows) cannot be split 3 ways: one clear ValueError."""
+    """A first conv (5x5 on 6 rows) that cannot be split by height at all: one clear ValueError."""
     try:
-        TensorModel("lenet", split_spatial, comm)
+        TensorModel("conv:3x5-relu-flatten-dense:5", split_spatial, comm, input_shape=(1, 6, 9), n_classes=5)
     except ValueError as exc:
         if comm.rank == 0:
             print(f"refused ok ranks={comm.size}: {exc}", flush=True)
         return
-    raise AssertionError(f"lenet split {comm.size} ways by height was not refused")
+    raise AssertionError(f"a 5x5 conv on 6 rows split {comm.size} ways by height was not refused")
+
+
+def gathers_where_too_thin():
+    """LeNet's second conv (5x5 on 14 rows) split 3 or 4 ways would be thinner than its kernel:
+    the rows are gathered before it, so only the first conv and pool stay split."""
+    tm = TensorModel("lenet", split_spatial, comm)
+    windows = sum(isinstance(layer, SpatialWindow) for layer in tm.layers)
+    if windows != (4 if comm.size <= 2 else 2):   # conv, pool (and conv, pool) split
+        raise AssertionError(f"lenet split {comm.size} ways keeps {windows} layers split by height")
 
 
 def main():
+    if comm.size > 1:
+        refuses_thin_slabs()
+    gathers_where_too_thin()
     for spec, split, shape in CASES:
-        if spec == "lenet" and split is split_spatial and comm.size > 2:
-            refuses_thin_slabs()
-            continue
         for dtype in (np.float64, np.float32):
             check(spec, split, shape, dtype)
 

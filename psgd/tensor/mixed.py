@@ -1,0 +1,149 @@
+"""`--grid auto`: each layer of the model split its own way over the group (Gholami et al.'s
+integrated choice), batch-parallel up to a cut and tensor-parallel after it.
+
+The group reads one batch.  The layers before the cut run on this rank's samples
+(:class:`SplitBatch`, whose adjoint all-gathers), with replicated weights whose gradients
+are partial sums (one all-reduce completes them) and batch norms whose sums are
+all-reduced; :class:`GatherBatch` all-gathers the samples at the cut; the layers after it
+are split by :func:`psgd.tensor.conv.split_tensor`.  :func:`choose_cut` costs every cut
+with the alpha-beta model (computation is divided by the group in every case, so only the
+collectives and the re-layout differ) and takes the cheapest.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from psgd.nn.layers import Layer
+from psgd.nn.norm import BatchNorm
+from psgd.nn.residual import Residual
+from psgd.tensor import primitives as pr
+from psgd.tensor.conv import ColumnConv, GatherChannels, RowConv, split_tensor
+from psgd.tensor.dense import ColumnDense, RowDense
+from psgd.tensor.residual import SplitResidual
+from psgd.tensor.spatial import SpatialBatchNorm
+
+# the planner's default network (psgd plan --auto): 10 Gbit/s links, 20 us per message
+LATENCY_S, SECONDS_PER_BYTE = 20e-6, 8 / 10e9
+
+
+class SplitBatch(Layer):
+    """Replicated (B, ...) -> this rank's samples; backward all-gathers them."""
+
+    def __init__(self, shape: tuple, comm) -> None:
+        super().__init__()
+        self.comm, self.in_shape, self.out_shape = comm, tuple(shape), tuple(shape)
+
+    def _sizes(self, n: int) -> list:
+        return pr.split_sizes(n, self.comm.Get_size())
+
+    def forward(self, x):
+        self._n = x.shape[0]
+        return np.ascontiguousarray(pr.split_forward(x, self.comm, self._sizes(x.shape[0])))
+
+    def backward(self, dy, need_dx=True):
+        return pr.split_adjoint(dy, self.comm, self._sizes(self._n)) if need_dx else None
+
+
+class GatherBatch(SplitBatch):
+    """This rank's samples -> the replicated batch; backward keeps this rank's samples."""
+
+    def forward(self, x):
+        self._n = int(pr.allreduce_forward(np.array([x.shape[0]], np.int64), self.comm)[0])
+        return pr.allgather_forward(x, self.comm, self._sizes(self._n))
+
+    def backward(self, dy, need_dx=True):
+        return np.ascontiguousarray(pr.allgather_adjoint(dy, self.comm, self._sizes(self._n))) \
+            if need_dx else None
+
+
+class OnSamples(Layer):
+    """A serial layer with parameters run on this rank's samples: its weight gradient is a
+    partial sum over the group (kind ``partial``)."""
+
+    def __init__(self, layer) -> None:
+        super().__init__()
+        self.inner, self.in_shape, self.out_shape = layer, layer.in_shape, layer.out_shape
+
+    def param_shapes(self):
+        return self.inner.param_shapes()
+
+    def select(self, name, shape):
+        return slice(None), slice(None), "partial"
+
+    def bind(self, params, grads):
+        self.inner.bind(params, grads)
+
+    def set_mode(self, mode):
+        super().set_mode(mode)
+        self.inner.set_mode(mode)
+
+    def forward(self, x):
+        return self.inner.forward(x)
+
+    def backward(self, dy, need_dx=True):
+        return self.inner.backward(dy, need_dx)
+
+
+def on_samples(layer, comm):
+    """``layer`` run on this rank's samples: batch norms with the group's sums, a residual
+    block with its parts so, other layers with parameters as :class:`OnSamples`."""
+    if isinstance(layer, BatchNorm):
+        return SpatialBatchNorm(layer, layer.in_shape, comm)
+    if isinstance(layer, Residual):
+        parts = [on_samples(p, comm) for p in layer.parts]
+        return SplitResidual(parts[:len(layer.main)], parts[len(layer.main):], layer.in_shape, layer.out_shape)
+    return OnSamples(layer) if layer.param_shapes() else layer
+
+
+def split_mixed(layers: list, comm, cut: int) -> list:
+    """Layers [0, cut) on this rank's samples, the rest split by :func:`split_tensor`."""
+    if cut == 0:
+        return split_tensor(list(layers), comm)
+    head = [SplitBatch(layers[0].in_shape, comm)] + [on_samples(layer, comm) for layer in layers[:cut]]
+    return head + [GatherBatch(layers[cut - 1].out_shape, comm)] + split_tensor(list(layers[cut:]), comm)
+
+
+def _collectives(layer, first: bool) -> list:
+    """(kind, values per sample or per step) of the collectives one step of split ``layer``
+    runs: ("all-reduce" | "all-gather", values, per_sample)."""
+    size = lambda shape: int(np.prod(shape))  # noqa: E731
+    if isinstance(layer, SplitResidual):
+        out = [c for part in layer.parts for c in _collectives(part, False)]
+        return out + ([("all-reduce", size(layer.in_shape), True)] if layer.reduce else [])
+    if isinstance(layer, (ColumnDense, ColumnConv)):
+        out = [] if first or not getattr(layer, "reduce_dx", True) else [("all-reduce", size(layer.in_shape), True)]
+        return out + ([("all-gather", size(layer.out_shape), True)] if getattr(layer, "gather", False) else [])
+    if isinstance(layer, (RowDense, RowConv)):
+        return [("all-reduce", size(layer.out_shape), True)]
+    if isinstance(layer, (GatherChannels, GatherBatch)):
+        return [("all-gather", size(layer.out_shape), True)]
+    if isinstance(layer, OnSamples):
+        return [("all-reduce", sum(size(s) for _, s in layer.param_shapes()), False)]
+    if isinstance(layer, SpatialBatchNorm):
+        return [("all-reduce", 0, False)] * 2
+    return []
+
+
+def step_seconds(split: list, batch: int, parts: int, itemsize: int) -> float:
+    """The alpha-beta seconds of the collectives of one step of the ``split`` layers."""
+    total, first = 0.0, True
+    for layer in split:
+        for kind, values, per_sample in _collectives(layer, first):
+            n = values * itemsize * (batch if per_sample else 1)
+            hops = 2 * (parts - 1) if kind == "all-reduce" else parts - 1
+            total += hops * LATENCY_S + hops / parts * n * SECONDS_PER_BYTE
+        first = first and not layer.param_shapes()
+    return total
+
+
+def choose_cut(layers: list, comm, batch: int, itemsize: int) -> tuple[int, list]:
+    """(the cut of the cheapest :func:`split_mixed`, every cut's seconds; None where the tensor
+    part cannot split); ties go to the later cut (fewer split layers)."""
+    costs = []
+    for cut in range(len(layers) + 1):
+        try:
+            costs.append(step_seconds(split_mixed(layers, comm, cut), batch, comm.Get_size(), itemsize))
+        except ValueError:
+            costs.append(None)
+    best = min(c for c in costs if c is not None)
+    return max(i for i, c in enumerate(costs) if c == best), costs

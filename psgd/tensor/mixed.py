@@ -20,7 +20,7 @@ from psgd.tensor import primitives as pr
 from psgd.tensor.conv import ColumnConv, GatherChannels, RowConv, split_tensor
 from psgd.tensor.dense import ColumnDense, RowDense
 from psgd.tensor.residual import SplitResidual
-from psgd.tensor.spatial import SpatialBatchNorm
+from psgd.tensor.spatial import PartialWeights, SpatialBatchNorm
 
 # the planner's default network (psgd plan --auto): 10 Gbit/s links, 20 us per message
 LATENCY_S, SECONDS_PER_BYTE = 20e-6, 8 / 10e9
@@ -56,22 +56,12 @@ class GatherBatch(SplitBatch):
             if need_dx else None
 
 
-class OnSamples(Layer):
-    """A serial layer with parameters run on this rank's samples: its weight gradient is a
-    partial sum over the group (kind ``partial``)."""
+class OnSamples(PartialWeights):
+    """A serial layer with parameters run on this rank's samples."""
 
     def __init__(self, layer) -> None:
         super().__init__()
         self.inner, self.in_shape, self.out_shape = layer, layer.in_shape, layer.out_shape
-
-    def param_shapes(self):
-        return self.inner.param_shapes()
-
-    def select(self, name, shape):
-        return slice(None), slice(None), "partial"
-
-    def bind(self, params, grads):
-        self.inner.bind(params, grads)
 
     def set_mode(self, mode):
         super().set_mode(mode)

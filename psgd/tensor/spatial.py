@@ -65,7 +65,22 @@ class TooThin(ValueError):
     than a neighbour's rows."""
 
 
-class SpatialWindow(Layer):
+class PartialWeights(Layer):
+    """A layer that runs serial layer ``self.inner`` on part of the data (its rows or its
+    samples), so its weight gradient on this rank is a partial sum over the group (kind
+    ``partial``)."""
+
+    def param_shapes(self):
+        return self.inner.param_shapes()
+
+    def select(self, name, shape):
+        return slice(None), slice(None), "partial"
+
+    def bind(self, params, grads):
+        self.inner.bind(params, grads)
+
+
+class SpatialWindow(PartialWeights):
     """A conv or pool layer on this rank's rows; ``in_sizes``: every rank's input rows."""
 
     def __init__(self, layer, in_sizes: list, comm) -> None:
@@ -104,15 +119,6 @@ class SpatialWindow(Layer):
             self.inner = type(layer)(slab, layer.k, layer.stride)
         if self.inner.out_shape[0] != out_sizes[r]:
             raise AssertionError(f"{layer}: slab gives {self.inner.out_shape[0]} rows, not {out_sizes[r]}")
-
-    def param_shapes(self):
-        return self.inner.param_shapes()
-
-    def select(self, name, shape):
-        return slice(None), slice(None), "partial"
-
-    def bind(self, params, grads):
-        self.inner.bind(params, grads)
 
     def forward(self, x):
         ext = pr.halo_forward(_height_first(x), self.comm, self.lo, self.hi)

@@ -13,6 +13,7 @@ from psgd.plan.cost import NONE, Compression, Job, Network, flat_allreduce_s, pr
 from psgd.pipeline.partition import min_max_cut
 from psgd.plan.cut import Stages, schedule_time, stage_in_flight
 from psgd.plan.profile import Profile
+from psgd.plan.tensor_comm import tensor_collectives
 
 
 @dataclass(frozen=True)
@@ -228,12 +229,14 @@ def pipeline_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Pl
 
 def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x T for each T dividing the ranks, no wider than the narrowest split layer: split
-    units' compute over T, one all-reduce of each split unit's mean activation in the group
-    (Megatron's pairs: one in the forward, one in the backward per pair), the replicas'."""
+    units' compute over T, the group's collectives as the split pairs the layers
+    (:func:`psgd.plan.tensor_comm.tensor_collectives`), then the replicas' all-reduce."""
     split = [u for u in profile.units if u.split_bytes]
     if not split:
         return []
     plans, b = [], budget.batch
+    # each collective as the bytes an all-reduce of the same cost moves (a gather: half)
+    reduced = [n if kind == "all-reduce" else n // 2 for kind, n in tensor_collectives(profile.units)]
     for t in divisors(budget.ranks):
         if not 2 <= t <= min(u.width for u in split):
             continue
@@ -241,12 +244,12 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         compute = b * sum((u.forward_s + u.backward_s) / (t if u.split_bytes else 1)
                           for u in profile.units)
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
-        comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * (u.in_bytes + u.out_bytes) // 8)),
-                                    list(range(t)), budget.net) for u in split)
+        comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * n // 4)), list(range(t)),
+                                    budget.net) for n in reduced)
         local = memory.tensor_params(profile, t)
         update = (_replica_allreduce_s(budget, local, t, d) if d > 1 else 0.0) \
             + local * profile.step_s_per_byte
-        wire = d * 2 * (t - 1) * sum(b * (u.in_bytes + u.out_bytes) // 2 for u in split) \
+        wire = d * 2 * (t - 1) * sum(b * n for n in reduced) \
             + 2 * (d - 1) * local * t
         plans.append(Plan("tensor", "allreduce", budget.ranks, b, compute + comm + update,
                           budget.fixed(profile, d) + memory.tensor_part(profile, b, t, budget.slots, d > 1),

@@ -85,8 +85,8 @@ def test_plan_auto_without_a_profile_reads_the_base_in_the_rank_and_stays_within
 
 @pytest.mark.mpi
 def test_plan_file_runs_a_saved_pipeline_plan(mpirun, dataset, tmp_path):
-    prof = get_profile(BIG, None, batch=8)
-    fit, _ = search(prof, Budget(2, 1 << 30, Network(1.25e9), batch=64))
+    prof = get_profile(BIG, None, batch=8)      # its base is this process's, however large
+    fit, _ = search(prof, Budget(2, prof.base_bytes + (1 << 30), Network(1.25e9), batch=64))
     plan = next(p for p in fit if p.kind == "pipeline" and p.sync)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(as_dict(plan, BIG, dataset)))

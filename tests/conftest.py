@@ -63,6 +63,20 @@ def mpirun():
     return run_mpi
 
 
+@pytest.fixture
+def data(tmp_path):
+    """An empty file where a dataset is expected: `psgd train`'s settings check only that it exists."""
+    path = tmp_path / "d.h5"
+    path.write_bytes(b"")
+    return str(path)
+
+
+def parse_train(*argv):
+    """`psgd train ARGV` as the command line parses it."""
+    from psgd.cli import build_parser
+    return build_parser().parse_args(["train", *argv])
+
+
 def write_synth(path, n_train: int = 1200, n_test: int = 200) -> str:
     """Write a small synthetic psgd dataset (seed 0) at ``path``; returns the path as str."""
     x, y, xt, yt = make_synthetic(n_train, n_test, seed=0)

@@ -2,7 +2,7 @@
 variables, --help sections, the config record, and refusals from the protocols' declarations."""
 import pytest
 
-from psgd.cli import build_parser
+from conftest import parse_train
 from psgd.errors import UsageError
 from psgd.pipeline.options import refused
 from psgd.protocols import get
@@ -10,22 +10,11 @@ from psgd.run.mode_flags import DEFAULT_NO_WORKER_S, ElasticOptions, PipelineFla
 from psgd.run.settings import FLAGS, GROUPS, given_settings, resolve
 
 
-@pytest.fixture
-def data(tmp_path):
-    path = tmp_path / "d.h5"
-    path.write_bytes(b"")  # existence is all that resolve() checks
-    return str(path)
-
-
-def parse(*argv):
-    return build_parser().parse_args(["train", *argv])
-
-
 def test_pipeline_flags_come_from_a_toml_config_and_reach_the_record(tmp_path, data):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[train]\ndata = "{data}"\nprotocol = "allreduce"\npipeline = 2\n'
                    f'microbatches = 4\nschedule = "gpipe"\nmemory-per-rank = "200M"\n')
-    plan = resolve(parse("--config", str(cfg), "--batch-size", "16"), environ={})
+    plan = resolve(parse_train("--config", str(cfg), "--batch-size", "16"), environ={})
     opts = plan.pipeline.options()
     assert (opts.stages, opts.microbatches, opts.schedule) == (2, 4, "gpipe")
     assert opts.memory_per_rank == byte_count("200M") == 200 * 2 ** 20
@@ -35,11 +24,11 @@ def test_pipeline_flags_come_from_a_toml_config_and_reach_the_record(tmp_path, d
 
 def test_elastic_flags_come_from_variables_and_their_defaults_are_filled(data):
     env = {"PSGD_ELASTIC": "1", "PSGD_PORT_FILE": "run.port", "PSGD_MAX_WORKERS": "4"}
-    plan = resolve(parse("--data", data, "--protocol", "asp"), environ=env)
+    plan = resolve(parse_train("--data", data, "--protocol", "asp"), environ=env)
     assert plan.elastic == ElasticOptions(elastic=True, port_file="run.port", max_workers=4,
                                           no_worker_timeout=DEFAULT_NO_WORKER_S)
     assert plan.as_dict()["max_workers"] == 4
-    assert resolve(parse("--data", data), environ={}).elastic == ElasticOptions()
+    assert resolve(parse_train("--data", data), environ={}).elastic == ElasticOptions()
 
 
 def test_the_modes_are_features_of_the_plan_with_a_help_section_each():
@@ -57,7 +46,7 @@ def test_a_schedule_the_protocol_cannot_combine_is_refused_with_its_declared_rea
         data, protocol, schedule):
     argv = ["--data", data, "--protocol", protocol, "--pipeline", "2", "--schedule", schedule]
     with pytest.raises(ValueError) as err:
-        resolve(parse(*argv, "--optimizer", "sgd"), environ={})
+        resolve(parse_train(*argv, "--optimizer", "sgd"), environ={})
     line = str(err.value)
     assert line.startswith(f"--protocol {protocol} does not combine the replicas of a "
                            f"--schedule {schedule} pipeline{get(protocol).why_not('pipeline')}; ")
@@ -67,7 +56,7 @@ def test_a_schedule_the_protocol_cannot_combine_is_refused_with_its_declared_rea
 @pytest.mark.parametrize("protocol", ["hogwild", "allreduce", "gossip"])
 def test_elastic_under_a_protocol_without_the_ability_gives_its_declared_reason(data, protocol):
     with pytest.raises(UsageError) as err:
-        resolve(parse("--data", data, "--protocol", protocol, "--optimizer", "sgd", "--elastic",
+        resolve(parse_train("--data", data, "--protocol", protocol, "--optimizer", "sgd", "--elastic",
                       "--port-file", "p"), environ={})
     line = str(err.value)
     assert line.startswith("--elastic runs --protocol bsp or ssp or asp so far, not " + protocol)
@@ -84,13 +73,13 @@ def test_elastic_under_a_protocol_without_the_ability_gives_its_declared_reason(
 ])
 def test_a_mode_flag_from_a_variable_is_checked_like_the_flag(data, env, message):
     with pytest.raises(ValueError, match=message):
-        resolve(parse("--data", data, "--protocol", "asp"), environ=env)
+        resolve(parse_train("--data", data, "--protocol", "asp"), environ=env)
 
 
 def test_a_setting_a_pipeline_does_not_run_is_refused_from_a_toml_config_too(tmp_path, data):
     cfg = tmp_path / "c.toml"
     cfg.write_text('pipeline = 2\ncompress = "sign"\n')
-    given = given_settings(parse("--config", str(cfg), "--data", data), environ={})
+    given = given_settings(parse_train("--config", str(cfg), "--data", data), environ={})
     assert refused(given).startswith("--compress does not work under --pipeline")
     assert PipelineFlags.from_flat(given).pipeline == 2
 
@@ -99,4 +88,4 @@ def test_byte_counts_read_suffixes_and_toml_integers():
     assert (byte_count("4096"), byte_count("2k"), byte_count("1.5G"), byte_count(7)) == \
         (4096, 2048, 3 * 2 ** 29, 7)
     with pytest.raises(SystemExit):   # argparse's one line
-        parse("--pipeline", "2", "--memory-per-rank", "lots")
+        parse_train("--pipeline", "2", "--memory-per-rank", "lots")

@@ -10,13 +10,6 @@ from psgd.run.metrics import read_log
 from psgd.run.settings import DENSE_DEFAULT, SPARSE_DEFAULT, resolve
 
 
-@pytest.fixture
-def data(tmp_path):
-    path = tmp_path / "d.h5"
-    path.write_bytes(b"")   # existence is all that resolve() checks
-    return str(path)
-
-
 def settings(data, *argv):
     return resolve(build_parser().parse_args(["train", "--data", data, *argv]), environ={})
 

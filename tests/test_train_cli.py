@@ -1,35 +1,25 @@
 """Settings resolution (flag > TOML > PSGD_* > default) and validation of `psgd train` flags."""
 
 import pytest
+from conftest import parse_train
 
 from psgd.cli import build_parser
 from psgd.run.settings import load_toml, resolve
-
-
-@pytest.fixture
-def data(tmp_path):
-    path = tmp_path / "d.h5"
-    path.write_bytes(b"")  # existence is all that resolve() checks
-    return str(path)
-
-
-def parse(*argv):
-    return build_parser().parse_args(["train", *argv])
 
 
 def test_flag_beats_toml_beats_env_beats_default(tmp_path, data):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[train]\ndata = "{data}"\nlr = 0.2\nbatch-size = 32\nprotocol = "asp"\n')
     env = {"PSGD_LR": "0.3", "PSGD_BATCH_SIZE": "16", "PSGD_SEED": "7"}
-    s = resolve(parse("--config", str(cfg), "--lr", "0.1"), environ=env)
+    s = resolve(parse_train("--config", str(cfg), "--lr", "0.1"), environ=env)
     assert (s.lr, s.batch_size, s.seed, s.protocol) == (0.1, 32, 7, "asp")
     assert s.momentum == 0.9 and s.servers == 1
 
 
 def test_defaults_fill_protocol_dependent_values(data):
-    s = resolve(parse("--data", data), environ={})
+    s = resolve(parse_train("--data", data), environ={})
     assert (s.protocol, s.staleness, s.servers) == ("ssp", 2, 1)
-    s = resolve(parse("--data", data, "--protocol", "allreduce"), environ={})
+    s = resolve(parse_train("--data", data, "--protocol", "allreduce"), environ={})
     assert s.servers == 0
 
 
@@ -83,23 +73,23 @@ def test_the_plan_round_trips_through_its_flat_record(data):
 ])
 def test_bad_values_are_named(data, argv, match):
     with pytest.raises(ValueError, match=match):
-        resolve(parse("--data", data, *argv), environ={})
+        resolve(parse_train("--data", data, *argv), environ={})
 
 
 def test_staleness_auto_resolves_to_its_maximum(data):
-    s = resolve(parse("--data", data, "--staleness", "auto"), environ={})
+    s = resolve(parse_train("--data", data, "--staleness", "auto"), environ={})
     assert (s.staleness, s.staleness_max) == ("auto", 16)
-    s = resolve(parse("--data", data), environ={"PSGD_STALENESS": "AUTO", "PSGD_STALENESS_MAX": "5"})
+    s = resolve(parse_train("--data", data), environ={"PSGD_STALENESS": "AUTO", "PSGD_STALENESS_MAX": "5"})
     assert (s.staleness, s.staleness_max) == ("auto", 5)
     with pytest.raises(SystemExit):   # argparse: "invalid an integer or auto value"
-        parse("--staleness", "often")
+        parse_train("--staleness", "often")
 
 
 def test_missing_data_file():
     with pytest.raises(ValueError, match="no such file"):
-        resolve(parse("--data", "/nonexistent.h5"), environ={})
+        resolve(parse_train("--data", "/nonexistent.h5"), environ={})
     with pytest.raises(ValueError, match="pass --data"):
-        resolve(parse(), environ={})
+        resolve(parse_train(), environ={})
 
 
 def test_toml_errors(tmp_path):
@@ -121,12 +111,12 @@ def test_toml_errors(tmp_path):
 
 def test_bad_env_value(data):
     with pytest.raises(ValueError, match="PSGD_LR"):
-        resolve(parse("--data", data), environ={"PSGD_LR": "fast"})
+        resolve(parse_train("--data", data), environ={"PSGD_LR": "fast"})
 
 
 def test_unknown_flag_exits_2_with_one_line(capsys):
     with pytest.raises(SystemExit) as exc:
-        parse("--lrr", "0.1")
+        parse_train("--lrr", "0.1")
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unrecognized arguments: --lrr" in err[0]
@@ -145,7 +135,7 @@ def test_version_and_every_run_length_default_are_told(capsys):
         build_parser().parse_args(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"psgd {psgd.__version__}"
     with pytest.raises(SystemExit):
-        parse("--help")
+        parse_train("--help")
     text = " ".join(capsys.readouterr().out.split())
     assert "--steps; default 1)" in text and "(exclusive with --epochs; default 1 epoch)" in text
     assert "--overwrite replace an existing --log" in text

@@ -9,6 +9,7 @@ import numpy as np
 from psgd.kernels.finite import finite
 from psgd.kernels.loss import labels_in_range, softmax_cross_entropy
 from psgd.nn.elementwise import Dropout
+from psgd.nn.flat import FlatParams
 from psgd.nn.layers import Dense, Layer
 from psgd.nn.norm import BatchNorm
 from psgd.nn.spec import PRESETS, TOKEN_HELP, build_layers, expand_preset
@@ -19,7 +20,7 @@ CALIBRATION_BATCH = 64
 CALIBRATION_SAMPLES = 512   # training rows whose batch-norm statistics evaluation uses
 
 
-class Model:
+class Model(FlatParams):
     """A feed-forward network whose parameters live in one contiguous vector.
 
     Attributes
@@ -122,21 +123,6 @@ class Model:
         for bn in self.batchnorms:
             bn.end_calibration()
 
-    @property
-    def params(self) -> np.ndarray:
-        return self._params
-
-    @params.setter
-    def params(self, value) -> None:
-        value = np.asarray(value)
-        if value.shape != self._params.shape:
-            raise ValueError(f"params must have shape {self._params.shape}, got {value.shape}")
-        np.copyto(self._params, value)
-
-    @property
-    def grad(self) -> np.ndarray:
-        return self._grad
-
     def use_grad_buffer(self, buf: np.ndarray | None) -> None:
         """Compute gradients into ``buf`` from now on (None: a fresh buffer of the model's own).
 
@@ -144,14 +130,7 @@ class Model:
         a parameter-server worker's :attr:`psgd.ps.worker.PSWorker.grad_buffer`,
         which the servers of its node read in place.  Its values are not kept.
         """
-        if buf is None:
-            buf = np.zeros(self.n_params, self.dtype)
-        if not (isinstance(buf, np.ndarray) and buf.shape == (self.n_params,)
-                and buf.dtype == self.dtype and buf.flags.c_contiguous):
-            raise ValueError(f"a gradient buffer must be a contiguous {self.dtype} vector of "
-                             f"length {self.n_params}, got {getattr(buf, 'dtype', type(buf))} "
-                             f"{getattr(buf, 'shape', '')}")
-        self._grad = buf
+        self._grad = self._grad_buffer(buf)
         self._bind()
 
     def _bind(self) -> None:

@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 
+from psgd.nn.flat import FlatParams
+
 KINDS = ("linear", "svm")
 SPEC_HELP = "expected 'linear' or 'svm' (sizes from the data) or 'linear:D-K' / 'svm:D-K'"
 
@@ -38,7 +40,7 @@ def check_data_kind(spec: str, sparse_model: bool, sparse_data: bool, data: str)
                          f"--model linear or --model svm")
 
 
-class SparseLinear:
+class SparseLinear(FlatParams):
     """A linear model over CSR input with the contract of :class:`psgd.nn.model.Model`.
 
     Attributes
@@ -68,26 +70,9 @@ class SparseLinear:
     def set_calibration(self, x) -> None:
         """No effect: a linear model has no batch norm."""
 
-    @property
-    def params(self) -> np.ndarray:
-        return self._params
-
-    @params.setter
-    def params(self, value) -> None:
-        value = np.asarray(value)
-        if value.shape != self._params.shape:
-            raise ValueError(f"params must have shape {self._params.shape}, got {value.shape}")
-        np.copyto(self._params, value)
-
-    @property
-    def grad(self) -> np.ndarray:
-        return self._grad
-
     def use_grad_buffer(self, buf: np.ndarray | None) -> None:
         """Compute gradients into ``buf`` from now on (None: a fresh buffer); zeroed here."""
-        buf = np.zeros(self.n_params, self.dtype) if buf is None else buf
-        if not (isinstance(buf, np.ndarray) and buf.shape == (self.n_params,) and buf.dtype == self.dtype):
-            raise ValueError(f"a gradient buffer must be a {self.dtype} vector of length {self.n_params}")
+        buf = self._grad_buffer(buf)
         buf[:] = 0
         self._grad = buf
         self.touched = np.zeros(0, np.int64)

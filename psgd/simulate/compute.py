@@ -139,7 +139,7 @@ def compute_times(samples, workers: int, steps: int, seed: int = 0,
     run's bursts stay bursts), else draws with replacement from all of them
     pooled; times the jitter; plus what
     ``--straggler`` would make it wait after that compute (the same seeded
-    pauses as a real run with this ``seed``).
+    pauses as a real run with this ``seed``: :func:`straggler_waits`).
     """
     per_worker = [np.asarray(s, np.float64).ravel() for s in
                   (samples if isinstance(samples, list) else [samples])]
@@ -152,9 +152,17 @@ def compute_times(samples, workers: int, steps: int, seed: int = 0,
     else:
         times = pooled[rng.integers(0, pooled.size, (workers, steps))]
     times *= jitter_factors(jitter, rng, times.shape)
-    for w in range(workers):
-        slow = straggler_spec.for_worker(straggler, w, workers)
+    return times + straggler_waits(times, seed, straggler)
+
+
+def straggler_waits(times: np.ndarray, seed: int, straggler: str | None) -> np.ndarray:
+    """Seconds each worker would sleep after each compute of ``times`` (W, T) under
+    ``--straggler`` (the same seeded pauses as a real run with this ``seed``); zeros without."""
+    W, T = times.shape
+    waits = np.zeros((W, T))
+    for w in range(W):
+        slow = straggler_spec.for_worker(straggler, w, W)
         if slow.active:
             emulated = straggler_spec.Straggler(slow, seed, w, sleep=lambda _s: None)
-            times[w] += [emulated.after_compute(c, times[w, c]) for c in range(steps)]
-    return times
+            waits[w] = [emulated.after_compute(c, times[w, c]) for c in range(T)]
+    return waits

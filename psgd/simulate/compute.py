@@ -22,8 +22,10 @@ JITTER_FORMAT = "lognormal:SIGMA or pareto:ALPHA (ALPHA > 1)"
 def samples_from_file(path: str) -> list[np.ndarray]:
     """Seconds each worker spends per step outside the protocol, from a psgd timeline (Chrome
     trace: the gaps between a worker's ``step`` spans, led by its median gap plus how much
-    later than the first worker it started its first step; else its ``compute`` spans) or JSON-lines log (each worker's mean compute per step, from the
-    summary); one float64 array per worker found.
+    later than the first worker it started its first step, the ranks' clocks set to the
+    server's (:mod:`psgd.simulate.clocks`); else its ``compute`` spans) or JSON-lines log
+    (each worker's mean compute per step, from the summary); one float64 array per worker
+    found.
 
     Raises
     ------
@@ -84,10 +86,13 @@ def latencies_from_file(path: str, span: str = "pull") -> np.ndarray:
 
 
 def _from_trace(events: list) -> list[np.ndarray]:
+    from psgd.simulate.clocks import worker_offsets
+    shift = worker_offsets(events)   # a late start read on the server's clock
     spans: dict = {}
     for e in events:
         if e.get("ph") == "X" and e.get("name") in ("step", "compute") and e.get("dur", 0) > 0:
-            spans.setdefault((e.get("pid"), e["name"]), []).append((e["ts"], e["dur"]))
+            spans.setdefault((e.get("pid"), e["name"]), []).append(
+                (e["ts"] + shift.get(e.get("pid"), 0.0), e["dur"]))
     out = []
     firsts = [min(v)[0] for (_, name), v in spans.items() if name == "step" and len(v) > 2]
     for pid in sorted({pid for pid, _ in spans}, key=str):

@@ -137,10 +137,15 @@ def speed(quick: bool) -> dict:
 # ---- 2. validation against real runs ------------------------------------------------------
 
 def _trace(path: Path) -> dict:
+    """(pid, name) -> [(ts, dur)], the workers' clocks set to the server's."""
+    from psgd.simulate.clocks import worker_offsets
+    events = json.loads(path.read_text())["traceEvents"]
+    shift = worker_offsets(events)
     spans: dict = {}
-    for e in json.loads(path.read_text())["traceEvents"]:
+    for e in events:
         if e.get("ph") == "X":
-            spans.setdefault((e["pid"], e["name"]), []).append((e["ts"], e["dur"]))
+            spans.setdefault((e["pid"], e["name"]), []).append(
+                (e["ts"] + shift.get(e["pid"], 0.0), e["dur"]))
     return spans
 
 
@@ -189,10 +194,11 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     tl, summary = _real(tmp, data, W, proto, slow, opts.steps, opts.model, seed)
     spans = _trace(tl)
     pulls = pull_us(spans)
-    sim = simulate(tmp, "--workers", W, "--model", opts.model, "--batch-size", 32,
-                   "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
-                   "--per-node", W + _servers(proto), "--data", data, "--train",
-                   *(["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else []))
+    argv = ["--workers", W, "--model", opts.model, "--batch-size", 32, "--steps", opts.steps,
+            "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
+            "--per-node", W + _servers(proto), "--data", data, "--train",
+            *(["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else [])]
+    sim = simulate(tmp, *argv)
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
            "steps": opts.steps, "real_updates_per_s": real,
@@ -203,10 +209,23 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
            "real_acc": summary["test_accuracy"], "sim_acc": sim["training"]["test_acc"],
            "real_staleness": summary["staleness_histogram"],
            "sim_staleness": sim["staleness"]["histogram"]}
+    if opts.cores:   # the same trace simulated again on the cores the run had
+        row["cores"] = _on_cores(tmp, argv, opts.cores, real, summary)
     print(f"validate: W={W} {proto}{' slow' if slow else ''} seed {seed}: real {real:.1f}/s, "
           f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}, "
           f"accuracy real {row['real_acc']:.4f} sim {row['sim_acc']:.4f}", flush=True)
     return row
+
+
+def _on_cores(tmp: Path, argv: list, cores: int, real: float, summary: dict) -> dict:
+    """The pair's simulation with ``--cores``: ratio, TV and accuracy."""
+    sim = simulate(tmp, *argv, "--cores", cores)
+    out = {"cores": cores, "ratio": sim["steady_updates_per_s"] / real,
+           "tv": _tv(summary["staleness_histogram"], sim["staleness"]["histogram"]),
+           "sim_acc": sim["training"]["test_acc"], "sim_staleness": sim["staleness"]["histogram"]}
+    print(f"validate:   --cores {cores}: x{out['ratio']:.2f}, TV {out['tv']}, accuracy "
+          f"{out['sim_acc']:.4f}", flush=True)
+    return out
 
 
 def validate(tmp: Path, data: Path, opts) -> list:
@@ -227,6 +246,11 @@ def agreement(rows: list) -> list:
                 for k in ("real_step_ms", "sim_step_ms", "ratio", "tv", "real_acc", "sim_acc")}
         out.append({"W": W, "protocol": proto, "straggler": slow, "seeds": len(rs), **mean,
                     "acc_gap_points": 100 * (mean["sim_acc"] - mean["real_acc"])})
+        if "cores" in rs[0]:
+            on = {k: float(np.mean([r["cores"][k] for r in rs])) if rs[0]["cores"][k] is not None
+                  else None for k in ("ratio", "tv", "sim_acc")}
+            out[-1]["cores"] = {"cores": rs[0]["cores"]["cores"], **on,
+                                "acc_gap_points": 100 * (on["sim_acc"] - mean["real_acc"])}
     return out
 
 
@@ -299,6 +323,7 @@ def markdown(result: dict) -> str:
                      f"{r['ratio']:.2f} | {tv} | "
                      f"{r['real_acc']:.4f} | "
                      f"{r['sim_acc']:.4f} | {r['acc_gap_points']:+.2f} |")
+    lines += _cores_lines(result["agreement"])
     lines += ["", f"## Table ({result.get('table_model', TABLE_MODEL)}, compute "
               f"{result['compute_ms']:.2f} ms per batch of 64, 10gbit switched)", "",
               "| W | S | protocol | comp | updates/s | x bsp | staleness mean | max | "
@@ -311,6 +336,21 @@ def markdown(result: dict) -> str:
                      f"{c.get('test_acc', float('nan')):.4f} | "
                      f"{'-' if t is None else f'{t:.2f}'} |")
     return "\n".join(lines)
+
+
+def _cores_lines(agreement: list) -> list:
+    """The validation's rows simulated again with --cores (none: [])."""
+    rows = [r for r in agreement if "cores" in r]
+    if not rows:
+        return []
+    lines = ["", f"### The same traces simulated with --cores {rows[0]['cores']['cores']}", "",
+             "| W | protocol | straggler | ratio | TV | gap (points) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["cores"]
+        tv = "-" if c["tv"] is None else f"{c['tv']:.3f}"
+        lines.append(f"| {r['W']} | {r['protocol']} | {'W-1 slow=3' if r['straggler'] else '-'} "
+                     f"| {c['ratio']:.2f} | {tv} | {c['acc_gap_points']:+.2f} |")
+    return lines
 
 
 def _protocols(text: str) -> list:
@@ -342,6 +382,8 @@ def arguments() -> argparse.Namespace:
                     default=(False, True), help="validate without --straggler runs only")
     ap.add_argument("--straggler-only", dest="stragglers", action="store_const", const=(True,),
                     help="validate with --straggler runs only")
+    ap.add_argument("--cores", type=int, default=None, help="also simulate each validation "
+                    "trace with psgd simulate --cores N (the cores the real runs shared)")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     ap.add_argument("--table-model", default=TABLE_MODEL, help=f"the table's model (default "

@@ -190,6 +190,9 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--protocol", "asp", "--staleness", 1, "--overlap"], "drop --overlap"),
     (["--workers", 4, "--protocol", "hogwild", "--train"], "need --data"),
     (["--workers", 1, "--protocol", "adpsgd", "--servers", 0], "needs at least 2 workers"),
+    (["--workers", 4, "--cores", 0], "--cores must be >= 1"),
+    (["--workers", 4, "--busy-wait"], "--busy-wait needs --cores"),
+    (["--workers", 4, "--cores", 2, "--protocol", "gossip", "--servers", 0], "not gossip's"),
 ])
 def test_bad_input_is_one_line(tmp_path, argv, message):
     (tmp_path / "PROFILE").write_text('{"kind": "step"}\n')

@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "of the model's size being 4 passes)")
     sim.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
     sim.add_argument("--shared-link", action="store_true", help="all nodes share one link")
+    sim.add_argument("--cores", type=int, help="the cores all ranks share (default one per "
+                     "rank): a compute or a server's work stretches while more ranks run; give "
+                     "compute times a rank takes alone (--compute-ms, the profile)")
+    sim.add_argument("--busy-wait", action="store_true", help="with --cores: a waiting rank is "
+                     "runnable too (MPICH's own blocking calls spin; psgd's waits sleep)")
     sim.add_argument("--train", action="store_true", help="train along the simulated order "
                      "(needs --data)")
     sim.add_argument("--json", metavar="FILE", help="write the summary as JSON")
@@ -85,6 +90,13 @@ def _check(args, settings, protocol) -> None:
     if settings.recording.record and not protocol.can("replay"):
         raise PsgdError(f"--record writes a server's order, which {protocol.name} "
                         f"has not{protocol.why_not('replay')}")
+    if args.cores is not None and args.cores < 1:
+        raise PsgdError(f"--cores must be >= 1, got {args.cores}")
+    if args.cores is not None and protocol.decentralized:
+        raise PsgdError(f"--cores models the parameter-server protocols' ranks, not "
+                        f"{protocol.name}'s")
+    if args.busy_wait and args.cores is None:
+        raise PsgdError("--busy-wait needs --cores (the cores the waiting ranks spin on)")
     if settings.overlap:
         raise PsgdError("psgd simulate posts each pull behind its push: a pull posted before "
                         "the compute (--overlap) is not modelled; drop --overlap")
@@ -132,19 +144,23 @@ def _shm_bandwidth(text: str, n_params: int, optimizer: str | None) -> float:
     return parse_bandwidth(text)
 
 
-def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0):
+def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0, cpu=None):
+    """The event loop's schedule and wall seconds (``cpu``: None, or the straggler waits in
+    ``times`` and ``(cores, busy_wait)``)."""
     from psgd.simulate.events import simulate
     from psgd.simulate.links import Links
     from psgd.simulate.rules import rules_for
     rules = rules_for(protocol, staleness, pjob, net)
+    waits, cores = cpu if cpu is not None else (None, None)
     t0 = time.perf_counter()
-    schedule = simulate(rules, times, pjob.servers, Links(pjob, net, latencies, seed))
+    schedule = simulate(rules, times, pjob.servers, Links(pjob, net, latencies, seed),
+                        waits, cores)
     return schedule, time.perf_counter() - t0
 
 
 def run(args: argparse.Namespace) -> None:
     from psgd.protocols import get
-    from psgd.simulate.compute import compute_times
+    from psgd.simulate.compute import compute_times, straggler_waits
     from psgd.simulate.stats import summary
     try:
         settings = _settings(args)
@@ -159,27 +175,29 @@ def run(args: argparse.Namespace) -> None:
         n_params = job.model.n_params if job else _n_params(settings.model)
         steps = job.total_steps if job else settings.steps or 100
         samples = _samples(args, settings)
-        times = compute_times(samples, args.workers, steps, settings.seed, args.jitter,
-                              settings.stragglers.straggler)
+        times = compute_times(samples, args.workers, steps, settings.seed, args.jitter)
+        waits = straggler_waits(times, settings.seed, settings.stragglers.straggler)
+        times += waits
         graph = _graph(protocol, settings, args.workers)
         span = "step" if isinstance(graph, np.ndarray) else "pull"
         pjob, net, lat = _network(args, n_params, float(times.mean()), settings, args.workers,
                                   span)
         times += pjob.compression.encode_s * pjob.nbytes   # a coded push is encoded first
+        cpu = None if args.cores is None else (waits, (args.cores, args.busy_wait))
         if protocol.decentralized:
             found, schedule, wall, train = _gossip(graph, settings, job, pjob, (net, lat), times)
             pjob, lat = replace(pjob, servers=1), (lat if span == "pull" else None)
         else:
             schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times, lat,
-                                       settings.seed)
+                                       settings.seed, cpu)
             found, train = summary(schedule), None
-        bsp, _ = _simulate(get("bsp"), None, pjob, net, times, lat, settings.seed)
+        bsp, _ = _simulate(get("bsp"), None, pjob, net, times, lat, settings.seed, cpu)
     except ValueError as exc:
         raise PsgdError(str(exc)) from None
     out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),
            "workers": args.workers, "servers": settings.servers, "steps": steps,
            "n_params": n_params, "compute_ms_mean": float(times.mean() * 1e3),
-           "shm_bandwidth": net.shm_bandwidth,
+           "shm_bandwidth": net.shm_bandwidth, "cores": args.cores,
            "simulation_wall_s": wall, **found,
            "bsp": {k: v for k, v in summary(bsp).items() if k != "delay"}}
     if settings.recording.record:

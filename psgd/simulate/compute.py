@@ -22,8 +22,10 @@ JITTER_FORMAT = "lognormal:SIGMA or pareto:ALPHA (ALPHA > 1)"
 def samples_from_file(path: str) -> list[np.ndarray]:
     """Seconds each worker spends per step outside the protocol, from a psgd timeline (Chrome
     trace: the gaps between a worker's ``step`` spans, led by its median gap plus how much
-    later than the first worker it started its first step; else its ``compute`` spans) or JSON-lines log (each worker's mean compute per step, from the
-    summary); one float64 array per worker found.
+    later than the first worker it started its first step, the ranks' clocks set to the
+    server's (:mod:`psgd.simulate.clocks`); else its ``compute`` spans) or JSON-lines log
+    (each worker's mean compute per step, from the summary); one float64 array per worker
+    found.
 
     Raises
     ------
@@ -84,10 +86,13 @@ def latencies_from_file(path: str, span: str = "pull") -> np.ndarray:
 
 
 def _from_trace(events: list) -> list[np.ndarray]:
+    from psgd.simulate.clocks import worker_offsets
+    shift = worker_offsets(events)   # a late start read on the server's clock
     spans: dict = {}
     for e in events:
         if e.get("ph") == "X" and e.get("name") in ("step", "compute") and e.get("dur", 0) > 0:
-            spans.setdefault((e.get("pid"), e["name"]), []).append((e["ts"], e["dur"]))
+            spans.setdefault((e.get("pid"), e["name"]), []).append(
+                (e["ts"] + shift.get(e.get("pid"), 0.0), e["dur"]))
     out = []
     firsts = [min(v)[0] for (_, name), v in spans.items() if name == "step" and len(v) > 2]
     for pid in sorted({pid for pid, _ in spans}, key=str):
@@ -139,7 +144,7 @@ def compute_times(samples, workers: int, steps: int, seed: int = 0,
     run's bursts stay bursts), else draws with replacement from all of them
     pooled; times the jitter; plus what
     ``--straggler`` would make it wait after that compute (the same seeded
-    pauses as a real run with this ``seed``).
+    pauses as a real run with this ``seed``: :func:`straggler_waits`).
     """
     per_worker = [np.asarray(s, np.float64).ravel() for s in
                   (samples if isinstance(samples, list) else [samples])]
@@ -152,9 +157,17 @@ def compute_times(samples, workers: int, steps: int, seed: int = 0,
     else:
         times = pooled[rng.integers(0, pooled.size, (workers, steps))]
     times *= jitter_factors(jitter, rng, times.shape)
-    for w in range(workers):
-        slow = straggler_spec.for_worker(straggler, w, workers)
+    return times + straggler_waits(times, seed, straggler)
+
+
+def straggler_waits(times: np.ndarray, seed: int, straggler: str | None) -> np.ndarray:
+    """Seconds each worker would sleep after each compute of ``times`` (W, T) under
+    ``--straggler`` (the same seeded pauses as a real run with this ``seed``); zeros without."""
+    W, T = times.shape
+    waits = np.zeros((W, T))
+    for w in range(W):
+        slow = straggler_spec.for_worker(straggler, w, W)
         if slow.active:
             emulated = straggler_spec.Straggler(slow, seed, w, sleep=lambda _s: None)
-            times[w] += [emulated.after_compute(c, times[w, c]) for c in range(steps)]
-    return times
+            waits[w] = [emulated.after_compute(c, times[w, c]) for c in range(T)]
+    return waits

@@ -10,19 +10,24 @@ does: a pull for clock c waits until the shard's version (the fewest pushes
 of any unfinished worker) is at least c - bound. A ``lockfree`` protocol
 (hogwild) has no server loop: an update lands and the read returns at once,
 and its staleness counts updates. Each shard's order of pushes, replies and
-dones is written down as :mod:`psgd.ps.order` records a real server's.
+dones is written down as :mod:`psgd.ps.order` records a real server's. With
+``cores`` the ranks' CPU work shares that many cores (:mod:`psgd.simulate.cores`):
+each shard then takes its messages one at a time, its work stretched as the
+workers' computes are.
 """
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from psgd.ps.order import DONE, PUSHED, REPLIED
+from psgd.simulate.cores import Cores
 from psgd.simulate.links import Links
 
-COMPUTED, PUSH, APPLIED, REPLY, DONE_IN = range(5)
+COMPUTED, PUSH, APPLIED, REPLY, DONE_IN, WAKE, WORKED, ADVANCED = range(8)
 
 
 @dataclass(frozen=True)
@@ -68,11 +73,15 @@ class _Shard:
         self.level[0] = workers
         self.pending: list[tuple[int, int]] = []   # held pulls (worker, clock), arrival order
         self.active = workers
+        self.inbox: deque = deque()   # with cores: (kind, worker) not yet taken up
+        self.working = False
 
 
 class _Loop:
-    def __init__(self, rules: Rules, times: np.ndarray, servers: int, links: Links) -> None:
+    def __init__(self, rules: Rules, times: np.ndarray, servers: int, links: Links,
+                 waits: np.ndarray, cores: tuple | None) -> None:
         self.rules, self.times, self.S, self.links = rules, times, servers, links
+        self.waits = waits
         self.W, self.T = times.shape
         self.heap: list = []
         self.seq = 0
@@ -85,6 +94,9 @@ class _Loop:
         self.order: list[tuple] = []
         self.stale: list[int] = []
         self.delay: list[int] = []
+        self.cores = None if cores is None else Cores(
+            cores[0], self.W + (0 if rules.lockfree else servers), cores[1],
+            lambda t, g: self.at(t, WAKE, g))
 
     def at(self, t: float, kind: int, a: int, b: int = 0) -> None:
         self.seq += 1
@@ -95,7 +107,9 @@ class _Loop:
             self.shards[s].pending = [(w, 0) for w in range(self.W)]
             self._answer(s, self.links.latency())
         t = 0.0
-        handlers = (self._computed, self._push, self._applied, self._got_reply, self._done)
+        handlers = (self._computed, self._push, self._applied, self._got_reply, self._done,
+                    self._wake, self._worked, self._advanced)
+        self.handlers = handlers
         while self.heap:
             t, _, kind, a, b = heapq.heappop(self.heap)
             handlers[kind](t, a, b)
@@ -109,6 +123,10 @@ class _Loop:
         shard = self.shards[s]
         if self.rules.lockfree:
             self._applied(t, s, w)
+            return
+        if self.cores:
+            shard.inbox.append((PUSH, w))
+            self._serve(t, s)
             return
         shard.free = max(t, shard.free) + self.rules.push_s
         shard.busy += self.rules.push_s
@@ -127,7 +145,10 @@ class _Loop:
         shard.level[c] -= 1
         shard.level[c + 1] += 1
         shard.pending.append((w, c + 1))   # the pull posted behind the push
+        shard.working = False
         self._advance(t, s)
+        if self.cores:
+            self._serve(t, s)
 
     def _advance(self, t: float, s: int) -> None:
         shard = self.shards[s]
@@ -137,6 +158,11 @@ class _Loop:
                 shard.version += 1
         if shard.version > old and self.rules.summed:
             shard.updates += 1
+            if self.cores:   # the step is CPU work too: the replies go out after it
+                shard.working = True
+                shard.busy += self.rules.advance_s
+                self.cores.start(t, self.rules.advance_s, ADVANCED, s)
+                return
             shard.free = max(t, shard.free) + self.rules.advance_s
             shard.busy += self.rules.advance_s
             t = shard.free
@@ -176,18 +202,55 @@ class _Loop:
             return
         self.clock[w] = c + 1
         self.busy[w] += self.times[w, c]
-        self.at(t + self.times[w, c], COMPUTED, w)
+        if self.cores:   # the CPU part shares the cores, then the wait off them
+            self.cores.start(t, self.times[w, c] - self.waits[w, c], WORKED, w, c)
+        else:
+            self.at(t + self.times[w, c], COMPUTED, w)
 
     def _done(self, t: float, s: int, w: int) -> None:
+        if self.cores:
+            self.shards[s].inbox.append((DONE_IN, w))
+            self._serve(t, s)
+            return
+        self._finish(max(t, self.shards[s].free), s, w)
+
+    def _wake(self, t: float, generation: int, _b: int) -> None:
+        for kind, a, b in self.cores.wake(t, generation):
+            self.handlers[kind](t, a, b)
+
+    def _worked(self, t: float, w: int, c: int) -> None:
+        if self.waits[w, c] > 0:
+            self.at(t + self.waits[w, c], COMPUTED, w)
+        else:
+            self._computed(t, w, 0)
+
+    def _advanced(self, t: float, s: int, _b: int) -> None:
+        self.shards[s].working = False
+        self._answer(s, t)
+        self._serve(t, s)
+
+    def _serve(self, t: float, s: int) -> None:
+        """With cores: a shard idle takes up its next message (a push: CPU work; a done)."""
         shard = self.shards[s]
-        t = max(t, shard.free)
+        while not shard.working and shard.inbox:
+            kind, w = shard.inbox.popleft()
+            if kind == DONE_IN:
+                self._finish(t, s, w)
+            else:
+                shard.working = True
+                shard.busy += self.rules.push_s
+                self.cores.start(t, self.rules.push_s, APPLIED, s, w)
+
+    def _finish(self, t: float, s: int, w: int) -> None:
+        shard = self.shards[s]
         self.order.append((t, s, DONE, w, -1))
         shard.level[shard.pushes[w]] -= 1
         shard.active -= 1
         self._advance(t, s)
 
 
-def simulate(rules: Rules, times: np.ndarray, servers: int, links: Links) -> Schedule:
+def simulate(rules: Rules, times: np.ndarray, servers: int, links: Links,
+             waits: np.ndarray | None = None, cores: tuple | None = None) -> Schedule:
     """Run the job to its end: every worker computes ``times.shape[1]`` steps.
 
     Parameters
@@ -199,8 +262,15 @@ def simulate(rules: Rules, times: np.ndarray, servers: int, links: Links) -> Sch
         S >= 1 shards.
     links : Links
         The network, with ranks 0..S-1 the servers and S.. the workers.
+    waits : float64 (W, T), optional
+        The part of each compute spent off the cores (a straggler's sleep; default none).
+    cores : (int, bool), optional
+        The cores the ranks share and whether a waiting rank is runnable
+        (:class:`psgd.simulate.cores.Cores`); default a core per rank.
     """
-    loop = _Loop(rules, np.asarray(times, np.float64), servers, links)
+    times = np.asarray(times, np.float64)
+    waits = np.zeros_like(times) if waits is None else np.asarray(waits, np.float64)
+    loop = _Loop(rules, times, servers, links, waits, cores)
     seconds = loop.run()
     order = loop.order
     return Schedule(

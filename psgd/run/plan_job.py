@@ -19,9 +19,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plan", metavar="auto|FILE", default=None,
                        help="auto: run the fastest plan of `psgd plan --auto` for this job's ranks "
                             "within --memory-per-rank; FILE: a plan saved with psgd plan --auto --json")
-    group.add_argument("--bandwidth", default=None, help="--plan auto: each node's link (default 10gbit)")
-    group.add_argument("--latency-us", type=float, default=None, help="--plan auto: per message (default 20)")
-    group.add_argument("--per-node", type=int, default=None, help="--plan auto: ranks per node (default 1)")
     group.add_argument("--profile", default=None, metavar="FILE",
                        help="--plan auto: the per-layer profile (read if it exists, else written)")
 
@@ -29,9 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """Before MPI: refuse a budget flag without --plan auto and a flag the plan sets; keep the
     memory budget away from the pipeline's own --memory-per-rank."""
-    budget = [f for f in BUDGET if getattr(args, f, None) is not None]
+    from psgd.run.tensor_flags import auto_grid
+    grid_auto = auto_grid(getattr(args, "grid", None))
+    budget = [f for f in BUDGET if getattr(args, f, None) is not None and (f == "profile" or not grid_auto)]
     if args.plan != "auto" and budget:
-        raise ValueError(f"--{budget[0].replace('_', '-')} applies to --plan auto")
+        where = "--plan auto" if budget[0] == "profile" else "--plan auto and --grid auto"
+        raise ValueError(f"--{budget[0].replace('_', '-')} applies to {where}")
     if args.plan is None:
         return
     given = [f for f in CHOSEN if getattr(args, f, None) is not None]

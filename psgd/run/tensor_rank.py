@@ -28,6 +28,7 @@ from psgd.protocols import get
 from psgd.run import signals, tensor_servers
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
+from psgd.run.tensor_flags import auto_grid
 from psgd.run.tensor_servers import servers_of
 from psgd.run.metrics import MetricsLog
 
@@ -47,10 +48,10 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
     axis, parts = ("spatial", s.spatial) if s.spatial else ("tensor", s.tensor)
     if parts is not None and parts < 1:
         raise ValueError(f"--{axis} {parts}: must be >= 1")
-    if s.grid == "auto":
+    if auto_grid(s.grid):
         if parts is not None:
-            raise ValueError(f"--grid auto chooses each layer's split itself; drop --{axis}")
-        return 1, world, "auto"
+            raise ValueError(f"--grid {s.grid} chooses each layer's split itself; drop --{axis}")
+        return _auto_shape(s.grid, world)
     if s.grid:
         try:
             d, t = (int(v) for v in str(s.grid).split(","))
@@ -66,6 +67,18 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
     if world % parts:
         raise ValueError(f"--{axis} {parts} does not divide the job's {world} ranks")
     return world // parts, parts, axis
+
+
+def _auto_shape(grid: str, world: int) -> tuple[int, int, str]:
+    """(D, T, "auto") of --grid auto (D = 1) or D,auto on ``world`` ranks."""
+    d = 1 if grid == "auto" else grid.split(",")[0]
+    try:
+        d = int(d)
+    except ValueError:
+        raise ValueError(f"--grid {grid!r}: expected auto or D,auto (D an integer, e.g. 2,auto)") from None
+    if d < 1 or world % d:
+        raise ValueError(f"--grid {grid}: D must be >= 1 and divide the job's {world} ranks")
+    return d, world // d, "auto"
 
 
 def check(s, world: int) -> None:
@@ -128,7 +141,7 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
     choice: dict = {}
-    split = {"spatial": split_spatial, "tensor": split_tensor}.get(axis) or _auto(s, choice)
+    split = {"spatial": split_spatial, "tensor": split_tensor}.get(axis) or _auto(s, choice, n_replicas)
     model = TensorModel(s.model, split, part, seed=s.seed,
                         dtype=np.dtype(s.split.dtype), input_shape=info["input_shape"], n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
@@ -144,12 +157,16 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
             "foreign": check_checkpoint_dir(s, run_id)}
 
 
-def _auto(s, choice: dict):
-    """--grid auto's split: the cut of :func:`psgd.tensor.mixed.choose_cut`, kept in ``choice``."""
+def _auto(s, choice: dict, n_replicas: int):
+    """--grid auto's split: the cut of :func:`psgd.tensor.mixed.choose_cut` priced on the run's
+    network (:mod:`psgd.run.grid_cost`), kept in ``choice``."""
+    from psgd.run.grid_cost import pricer
     from psgd.tensor.mixed import choose_cut, split_mixed
 
     def split(layers, comm):
-        choice["cut"], choice["costs"] = choose_cut(layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize)
+        price, choice["network"] = pricer(s.split, n_replicas * comm.Get_size(), comm.Get_size(), servers_of(s))
+        choice["cut"], choice["costs"] = choose_cut(layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize,
+                                                    price, n_replicas)
         choice["layers"] = [type(layer).__name__ for layer in layers]
         return split_mixed(layers, comm, choice["cut"])
     return split
@@ -309,4 +326,4 @@ def _say_auto(auto: dict) -> None:
         cut, costs = auto["cut"], [None if c is None else round(c, 6) for c in auto["costs"]]
         print(f"psgd: --grid auto: layers {auto['layers'][:cut]} on each rank's samples, "
               f"{auto['layers'][cut:]} split by tensor (cut {cut}; modelled collective seconds "
-              f"per cut {costs})", flush=True)
+              f"per cut {costs}, on {auto['network']})", flush=True)

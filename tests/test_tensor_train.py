@@ -83,6 +83,8 @@ def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dat
     (2, ["--model", "mlp:784-8-10", "--spatial", 2], "--spatial needs a model with conv layers"),
     (2, ["--model", "mlp:784-8-10", "--grid", "auto", "--tensor", 2], "--grid auto chooses each layer's split"),
     (2, ["--model", "mlp:784-8-10", "--grid", "3,auto"], "--grid 3,auto: D must be >= 1 and divide the job's 2"),
+    (4, ["--model", "mlp:784-8-10", "--grid", "auto", "--protocol", "asp", "--servers", 2],
+     "--grid auto runs under --protocol allreduce or bsp, not asp"),
     (2, ["--model", "mlp:784-8-10", "--grid", "auto", "--bandwidth", "fast"], "--bandwidth 'fast' is not a bandwidth"),
     (2, ["--model", "mlp:784-1-10", "--tensor", 2], "--tensor 2 is larger than dense layer 784->1"),
     (1, ["--model", "mlp:784-8-10", "--dtype", "float64"], "--dtype float64 runs only with --tensor"),
@@ -126,13 +128,17 @@ def _train_and_assert_serial(mpirun, ranks, dataset, log, model, flags, run, rto
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks, flags", [(6, ["--grid", "2,2", "--servers", 2]),
-                                          (6, ["--tensor", 2, "--servers", 4])])
+@pytest.mark.parametrize("ranks, model, flags", [
+    (6, "mlp:784-45-33-10", ["--grid", "2,2", "--servers", 2]),
+    (6, "mlp:784-45-33-10", ["--tensor", 2, "--servers", 4]),
+    # --grid 2,auto: the conv and its dropout on each rank's samples, the dense layers split
+    (6, "conv:4x3:pad1-relu-dropout:0.25-pool:2-flatten-dense:64-relu-dense:10",
+     ["--grid", "2,auto", "--servers", 2])])
 def test_bsp_servers_across_the_replicas_equal_serial_sgd_on_the_same_batches(mpirun, dataset, tmp_path,
-                                                                              ranks, flags):
+                                                                              ranks, model, flags):
     """Each part's D replicas push to its own S/T servers; bsp averages and steps once per
     clock, so every step's loss and the test loss are serial momentum SGD's (float32 round-off)."""
-    _train_and_assert_serial(mpirun, ranks, dataset, tmp_path / "run.jsonl", "mlp:784-45-33-10",
+    _train_and_assert_serial(mpirun, ranks, dataset, tmp_path / "run.jsonl", model,
                              [*flags, "--protocol", "bsp"], (10, 16, 0.0625, 0.875), rtol=1e-5)
 
 

@@ -86,8 +86,10 @@ def check(s, world: int) -> None:
     if servers_of(s) >= world:
         raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
     _, t, axis = grid_shape(s.split, world - servers_of(s))
-    if axis == "auto" and servers_of(s):
-        raise ValueError("--grid auto runs under --protocol allreduce")
+    if axis == "auto" and servers_of(s) and get(s.protocol).bound != 0.0:
+        raise ValueError(f"--grid {s.split.grid} runs under --protocol allreduce or bsp, not "
+                         f"{s.protocol} (its layers on samples are copies on every part, equal "
+                         f"only while the part's servers step together)")
     tensor_servers.check(s, t, axis)
     flat = s.as_dict()
     for name, unused, flag in REFUSED:

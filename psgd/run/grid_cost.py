@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from types import SimpleNamespace
 
 from psgd.errors import UsageError
 from psgd.plan.cost import Job, Network, flat_allreduce_s
 from psgd.plan.inputs import parse_bandwidth
 
 BANDWIDTH, LATENCY_US = "10gbit", 20.0     # psgd plan's defaults
+NO_NETWORK_FLAGS = SimpleNamespace(bandwidth=None, latency_us=None, per_node=None)
 
 
 def emulated(environ=os.environ) -> tuple[float | None, int] | None:
@@ -27,27 +29,28 @@ def emulated(environ=os.environ) -> tuple[float | None, int] | None:
         raise UsageError(f"environment variable PSGD_X_NET={raw!r}: expected RATE,NODES") from None
 
 
-def network(split, environ=os.environ) -> tuple[Network, int | None, str]:
-    """(the network, psgd net's nodes or None, a line naming both) for ``split``'s options: a
-    flag wins, then psgd net's link (one link all nodes share), then psgd plan's default."""
+def network(flags, environ=os.environ) -> tuple[Network, int | None, str]:
+    """(the network, psgd net's nodes or None, a line naming both) for ``flags`` (bandwidth,
+    latency_us, per_node; None where not given): a flag wins, then psgd net's link (one link
+    all nodes share), then psgd plan's default."""
     net = emulated(environ)
     rate = net[0] if net else None
-    bandwidth = parse_bandwidth(split.bandwidth) if split.bandwidth else rate or parse_bandwidth(BANDWIDTH)
-    latency = split.latency_us if split.latency_us is not None else LATENCY_US
+    bandwidth = parse_bandwidth(flags.bandwidth) if flags.bandwidth else rate or parse_bandwidth(BANDWIDTH)
+    latency = flags.latency_us if flags.latency_us is not None else LATENCY_US
     shared = net is not None
     where = f"psgd net's {net[1]} nodes, one shared link" if shared \
-        else f"{split.per_node or 1} rank(s) per node"
+        else f"{flags.per_node or 1} rank(s) per node"
     line = f"{bandwidth * 8e-9:g} Gbit/s, {latency:g} us per message, {where}"
     return Network(bandwidth, latency * 1e-6, shared), (net[1] if net else None), line
 
 
-def pricer(split, ranks: int, parts: int, first: int = 0, environ=os.environ):
+def pricer(flags, ranks: int, parts: int, first: int = 0, environ=os.environ):
     """``price(kind, nbytes)``: seconds of one collective of ``nbytes`` among the ``parts``
     ranks of a group (kind ``all-reduce`` or ``all-gather``), or across the replicas (kind
     ``replica all-reduce``), on a grid of ``ranks`` from world rank ``first`` in which rank w
     is part w % parts of replica w // parts; and the network's line."""
-    net, cliques, line = network(split, environ)
-    job = Job(1, 0.0, 1, first + ranks, 0, split.per_node or 1, cliques)
+    net, cliques, line = network(flags, environ)
+    job = Job(1, 0.0, 1, first + ranks, 0, flags.per_node or 1, cliques)
     group = [first + r for r in range(parts)]
     replicas = [first + r for r in range(0, ranks, parts)]
 

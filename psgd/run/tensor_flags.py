@@ -23,24 +23,16 @@ class TensorOptions(Options):
                          "with halo exchange (--protocol allreduce; see docs/guide/tensor.md)"),
         "grid": (str, "D,T: D data replicas x T model parts (--tensor, or --spatial when given); "
                       "auto or D,auto: each layer split its own way over the ranks (or each "
-                      "replica's ranks), priced on the network below"),
+                      "replica's ranks), priced on --bandwidth, --latency-us, --per-node"),
         "dtype": (str, "float32 (default) or float64: the parameters, activations and optimizer "
                        "state of a --tensor/--spatial/--grid run (float64 for checks against "
                        "serial to round-off)"),
-        "bandwidth": (str, "--grid auto and --plan auto: each node's link (default 10gbit; "
-                           "under psgd net, its --rate)"),
-        "latency_us": (float, "--grid auto and --plan auto: per message (default 20)"),
-        "per_node": (int, "--grid auto and --plan auto: ranks per node (default 1; under "
-                          "psgd net, rank r is on node r mod N)"),
     }
 
     tensor: int | None = None
     spatial: int | None = None
     grid: str | None = None
     dtype: str = "float32"
-    bandwidth: str | None = None
-    latency_us: float | None = None
-    per_node: int | None = None
 
     def wanted(self) -> bool:
         """Whether the run splits its model over ranks."""
@@ -53,13 +45,6 @@ class TensorOptions(Options):
         if self.dtype != "float32" and not self.wanted():
             raise UsageError(f"--dtype {self.dtype} runs only with --tensor, --spatial or --grid "
                              f"(--grid 1,1 on one rank is the serial run)")
-        if self.latency_us is not None and not self.latency_us >= 0:
-            raise UsageError(f"--latency-us {self.latency_us}: must be >= 0")
-        if self.per_node is not None and self.per_node < 1:
-            raise UsageError(f"--per-node {self.per_node}: must be >= 1")
-        if self.bandwidth is not None:
-            from psgd.plan.inputs import parse_bandwidth
-            parse_bandwidth(self.bandwidth)
         return self
 
 

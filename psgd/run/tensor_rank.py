@@ -107,9 +107,10 @@ class TensorJob:
     end_step: int
 
 
-def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
+def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     """Set up the grid (and its server groups) and the split model (errors agreed as one
-    line), then train; a server rank serves its part's group."""
+    line), then train; a server rank serves its part's group. ``network``: the flags
+    --grid auto prices on (:func:`psgd.run.plan_job.network_flags`)."""
     n_servers = servers_of(settings)
     d, t, axis = grid_shape(settings.split, comm.Get_size() - n_servers)
     with phase("agreeing on the run id"):
@@ -121,7 +122,7 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
             rank = grid.Get_rank()
             part, replicas = grid.Split(rank // t, rank % t), grid.Split(rank % t, rank // t)
     build = (lambda: None) if grid is None else \
-        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id))
+        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id, network))
     setup = agree(comm, build, debug, "build the split model and load the checkpoint",
                   "agreeing that every rank could split the model")
     if grid is None:
@@ -135,7 +136,7 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
     return _train(grid, part, replicas, settings, setup)
 
 
-def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str) -> dict:
+def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str, network) -> dict:
     """This rank's part of the model, drawn (or read from the checkpoint) without the whole."""
     from psgd.data.reader import ShardReader, dataset_info
     from psgd.tensor.conv import split_tensor
@@ -143,7 +144,7 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
     choice: dict = {}
-    split = {"spatial": split_spatial, "tensor": split_tensor}.get(axis) or _auto(s, choice, n_replicas)
+    split = {"spatial": split_spatial, "tensor": split_tensor}.get(axis) or _auto(s, choice, n_replicas, network)
     model = TensorModel(s.model, split, part, seed=s.seed,
                         dtype=np.dtype(s.split.dtype), input_shape=info["input_shape"], n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
@@ -159,14 +160,15 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
             "foreign": check_checkpoint_dir(s, run_id)}
 
 
-def _auto(s, choice: dict, n_replicas: int):
+def _auto(s, choice: dict, n_replicas: int, network):
     """--grid auto's split: the cut of :func:`psgd.tensor.mixed.choose_cut` priced on the run's
     network (:mod:`psgd.run.grid_cost`), kept in ``choice``."""
-    from psgd.run.grid_cost import pricer
+    from psgd.run.grid_cost import NO_NETWORK_FLAGS, pricer
     from psgd.tensor.mixed import choose_cut, split_mixed
 
     def split(layers, comm):
-        price, choice["network"] = pricer(s.split, n_replicas * comm.Get_size(), comm.Get_size(), servers_of(s))
+        price, choice["network"] = pricer(network or NO_NETWORK_FLAGS, n_replicas * comm.Get_size(),
+                                          comm.Get_size(), servers_of(s))
         choice["cut"], choice["costs"] = choose_cut(layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize,
                                                     price, n_replicas)
         choice["layers"] = [type(layer).__name__ for layer in layers]

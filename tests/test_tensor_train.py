@@ -47,6 +47,7 @@ def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, da
     train(mpirun, d, dataset, tmp_path / "serial.jsonl", *flags)
     auto, serial = summary(tmp_path / "auto.jsonl"), summary(tmp_path / "serial.jsonl")
     assert auto["axis"] == "auto" and auto["grid"] == [d, 2] and 3 < auto["auto_cut"] < 10
+    assert auto["auto_network"] == "10 Gbit/s, 20 us per message, 1 rank(s) per node"
     assert auto["test_loss"] == pytest.approx(serial["test_loss"], rel=1e-4)
 
 

@@ -315,7 +315,7 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
     whole = model.n_total * model.dtype.itemsize
     _say_auto(setup["auto"])
     log.write("summary", steps=step, test_loss=loss, test_accuracy=acc, grid=[d, t], axis=setup["axis"],
-              auto_cut=setup["auto"].get("cut"),
+              auto_cut=setup["auto"].get("cut"), auto_network=setup["auto"].get("network"),
               step_ms=ms, param_bytes_per_rank=most, param_bytes_serial=whole,
               peak_rss_bytes=every[:, 1].tolist())
     log.close()

@@ -10,6 +10,16 @@ parameter bytes against the whole model's. The grids run ``--rounds`` times, int
 (the 2-core machine is shared, and one run's step times move by half between runs): the
 table gives the fastest round and the range. Writes tensor-synthetic.{json,md} into
 runs/bench/tensor-TIME/ (--publish: bench/results/ and docs/results/tensor.md).
+
+    .venv/bin/python bench/bench_tensor.py --net 1gbit,10gbit [--model mlp:784-8192-8192-10]
+
+With ``--net RATES`` (root: psgd net) the issue's comparison on 2 emulated nodes at each
+rate: `psgd plan --auto`'s tensor 1x2 plan (``--grid 1,2``) against its plain allreduce
+W=2 plan (psgd's allreduce protocol), each run as bench/bench_plan.py runs a plan under
+``psgd net --nodes 2`` and beside the search's prediction for that link (bench_plan's
+budget: one shared link, rank r on node r mod 2, the ranks sharing this machine's cores;
+the profile taken at the runs' batch, as a weight-heavy layer's time per sample falls with
+the batch). Writes tensor-net-synthetic.{json,md}.
 """
 from __future__ import annotations
 
@@ -65,6 +75,58 @@ def table(rows: list, args) -> str:
     return "\n".join(lines)
 
 
+def net_rows(args) -> list:
+    """Per rate: the tensor 1x2 and the plain allreduce W=2 plans, predicted and measured."""
+    from types import SimpleNamespace
+
+    import bench_plan
+    from psgd.plan.auto import get_profile
+    from psgd.plan.search import search
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = common.dataset(Path(tmp), True, "bench-tensor-net", train=2048).path
+        prof = get_profile(args.model, str(Path(tmp) / "profile.json"), args.batch_size)
+        for rate in args.net.split(","):
+            run = SimpleNamespace(rate=rate, ranks=2, per_node=1, batch_size=args.batch_size,
+                                  steps=3, seconds=args.seconds, timeout=args.timeout)
+            plans, _ = search(prof, bench_plan.bench_budget(run, 1 << 40, data))
+            picked = [next(p for p in plans if p.kind == "tensor" and p.replicas == 1),
+                      next(p for p in plans if p.kind == "data" and p.protocol == "allreduce"
+                           and not p.compress and not p.servers)]
+            for plan in picked:
+                log = Path(tmp) / f"{rate}-{plan.kind}.jsonl"
+                measured = bench_plan.measured_rate(plan, data, args.model, run, log)
+                rows.append({"rate": rate, "plan": plan.label(), "args": " ".join(plan.train_args()),
+                             "predicted": round(plan.samples_per_s, 1), "measured": round(measured, 1),
+                             "ratio": round(measured / plan.samples_per_s, 3)})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def net_table(rows: list, args) -> str:
+    lines = [f"Model `{args.model}`, batch {args.batch_size} per replica, on `psgd net --nodes 2 "
+             f"--rate RATE` (one shared link, rank r on node r mod 2; this machine's cores shared).",
+             "", "| rate | plan | psgd train flags | predicted samples/s | measured | measured/predicted |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['rate']} | {r['plan']} | `{r['args']}` | {r['predicted']:.1f} | {r['measured']:.1f} "
+              f"| {r['ratio']:.2f} |" for r in rows]
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        tensor, data = (next(r for r in rows if r["rate"] == rate and r["plan"].startswith(k))
+                        for k in ("tensor", "allreduce"))
+        lines.append(f"\n{rate}: tensor 1x2 / allreduce W=2 measured {tensor['measured'] / data['measured']:.2f}x, "
+                     f"predicted {tensor['predicted'] / data['predicted']:.2f}x.")
+    return "\n".join(lines)
+
+
+def main_net(args) -> None:
+    out, rows = common.out_dir(args, "tensor-net"), net_rows(args)
+    body = net_table(rows, args)
+    stem = common.result_stem("tensor-net", True)
+    common.write_json(out / f"{stem}.json", {"rows": rows, "model": args.model}, common.SYNTHETIC)
+    common.write_text(out / f"{stem}.md", body, common.SYNTHETIC)
+    print(body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="mlp:784-4096-4096-10")
@@ -72,8 +134,13 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--net", default=None, metavar="RATES",
+                    help="e.g. 1gbit,10gbit: tensor 1x2 against allreduce W=2 on psgd net's 2 nodes")
+    ap.add_argument("--seconds", type=float, default=8.0, help="--net: predicted seconds per run")
     common.add_output_arguments(ap)
     args = ap.parse_args()
+    if args.net:
+        return main_net(args)
     out = common.out_dir(args, "tensor")
     with tempfile.TemporaryDirectory() as tmp:
         data = common.dataset(Path(tmp), True, "bench-tensor", train=4096)

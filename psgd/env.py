@@ -54,6 +54,7 @@ KNOBS = {
     "PSGD_MPIEXEC": "the launcher psgd demo and the tests start (default: the venv's mpiexec)",
     "PSGD_DEMO_DIR": "where psgd demo writes (default demo/)",
     "PSGD_X_TEST_MARK": "tests: marks the processes a test started",
+    "PSGD_X_NET": "set by psgd net: its link's bits/s (or none) and its nodes, RATE,NODES",
 }
 
 

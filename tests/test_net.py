@@ -56,15 +56,15 @@ def test_refuses_with_one_line_without_tc(tmp_path):
 
 @needs_root
 def test_command_runs_in_a_shaped_namespace_that_is_removed_after_it_fails():
-    script = ("ip netns identify $$; tc qdisc show dev lo; echo $MPIR_CVAR_NUM_CLIQUES $FI_PROVIDER;"
-              " exit 3")
+    script = ("ip netns identify $$; tc qdisc show dev lo; echo $MPIR_CVAR_NUM_CLIQUES $FI_PROVIDER"
+              " $PSGD_X_NET; exit 3")
     proc = subprocess.run(PSGD + ["--nodes", "3", "--rate", "1gbit", "--", "sh", "-c", script],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 3, proc.stderr
     name, qdisc, env = proc.stdout.splitlines()[:3]
     assert name.startswith("psgd-net-")
     assert "tbf" in qdisc and "rate 1Gbit" in qdisc
-    assert env == "3 tcp"
+    assert env == "3 tcp 1000000000,3"    # PSGD_X_NET: what --grid auto prices its cuts on
     assert name not in namespaces()
 
 

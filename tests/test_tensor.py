@@ -1,4 +1,6 @@
 """Model parallelism inside a layer: the primitives' adjoint tests and split layers against serial."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -21,9 +23,10 @@ def test_split_layers_match_serial_forward_input_and_weight_gradients_and_steps(
     (a stride-2 block with its projection), float64 to 1e-12 and float32 to 1e-5 relative;
     by height, layers thinner than their kernel (LeNet's second conv above 2 ranks, a
     resnet's last block above 2) run whole on gathered rows, and a first conv that cannot
-    be split at all is refused; --grid auto's batch-then-tensor mixes at three cuts."""
+    be split at all is refused; --grid auto's batch-then-tensor mixes at three cuts, and one
+    with a dropout on the samples (its masks the serial ones)."""
     out = mpirun(n, ["tensor_split_check.py"], timeout=180).stdout
-    assert out.count("split ok") == 26, out
+    assert out.count("split ok") == 28, out
     assert (n == 1) or "refused ok" in out, out
 
 
@@ -103,21 +106,62 @@ def test_each_part_draws_its_own_values_of_the_serial_draw_bit_equal(spec, shape
             assert np.array_equal(total, serial.params) and (count == 1).all(), (spec, t)
 
 
+NO_FLAGS = SimpleNamespace(bandwidth=None, latency_us=None, per_node=None)
+
+
+def _plan_allreduce(net, ranks, group, nbytes, cliques=None):
+    """psgd plan's all-reduce of ``nbytes`` among ``group`` of ``ranks`` on ``net``."""
+    from psgd.plan.cost import Job, flat_allreduce_s
+    return flat_allreduce_s(Job(max(1, int(nbytes // 4)), 0.0, 1, ranks, cliques=cliques), group, net)
+
+
 def test_grid_auto_runs_a_conv_trunk_on_samples_and_splits_the_wide_dense_head():
     """Gholami's integrated choice on a conv trunk with a wide head: neither pure batch (cut at
     the end: every weight all-reduced) nor pure tensor (cut 0: every activation all-reduced)
-    is cheapest; the pure-batch cost is the alpha-beta all-reduce of each layer's weights and
-    the all-gather of the logits, counted here by hand."""
+    is cheapest; the pure-batch cost is psgd plan's all-reduce of each layer's weights and
+    of half the logits (an all-gather), on psgd plan's default network, counted here by hand."""
     from psgd.nn.model import model_layers
+    from psgd.plan.cost import Network
+    from psgd.run.grid_cost import pricer
     from psgd.tensor import mixed
     spec = "conv:8x3:pad1-relu-conv:8x3:pad1-relu-pool:2-flatten-dense:2048-relu-dense:10"
     layers = model_layers(spec, 0, (1, 28, 28), 10)[0]
-    cut, costs = mixed.choose_cut(layers, FakeComm(0, 2), batch=32, itemsize=4)
+    price, line = pricer(NO_FLAGS, 2, 2, environ={})
+    cut, costs = mixed.choose_cut(layers, FakeComm(0, 2), 32, 4, price)
     names = [type(layer).__name__ for layer in layers]
     assert 0 < cut < len(layers) and costs[cut] == min(c for c in costs if c is not None)
     assert costs[cut] < min(costs[0], costs[-1])
     assert "Conv2D" in names[:cut] and "Dense" not in names[:cut]
-    a, b = mixed.LATENCY_S, mixed.SECONDS_PER_BYTE
+    assert line == "10 Gbit/s, 20 us per message, 1 rank(s) per node"
+    net = Network(10e9 / 8, 20e-6)
     weights = [sum(int(np.prod(s)) for _, s in layer.param_shapes()) for layer in layers if layer.param_shapes()]
-    batch = sum(2 * a + n * 4 * b for n in weights) + a + 32 * 10 * 4 * b / 2
+    batch = sum(_plan_allreduce(net, 2, [0, 1], 4 * n) for n in weights) \
+        + _plan_allreduce(net, 2, [0, 1], 32 * 10 * 4 / 2)
     assert costs[-1] == pytest.approx(batch, rel=1e-12)
+
+
+def test_grid_auto_prices_on_psgd_nets_link_and_adds_the_replicas_all_reduce():
+    """Under psgd net (PSGD_X_NET) the group's collectives cross its one shared link, rank r
+    on node r mod N; a flag wins over it; with D replicas each cut adds the all-reduce of
+    this rank's parameters across them (ranks 0, T, 2T...), as psgd plan prices it."""
+    from psgd.nn.model import model_layers
+    from psgd.plan.cost import Network
+    from psgd.run.grid_cost import pricer
+    from psgd.tensor import mixed
+    env = {"PSGD_X_NET": "1000000000,2"}
+    price, line = pricer(NO_FLAGS, 4, 2, environ=env)
+    assert line == "1 Gbit/s, 20 us per message, psgd net's 2 nodes, one shared link"
+    shared = Network(1e9 / 8, 20e-6, shared=True)
+    for kind, nbytes, group in [("all-reduce", 1e6, [0, 1]), ("all-gather", 1e6, [0, 1]),
+                                ("replica all-reduce", 3e5, [0, 2])]:
+        reduced = nbytes / 2 if kind == "all-gather" else nbytes
+        assert price(kind, nbytes) == pytest.approx(_plan_allreduce(shared, 4, group, reduced, 2), rel=1e-12)
+    assert price("all-reduce", 1e6) > 5 * pricer(NO_FLAGS, 4, 2, environ={})[0]("all-reduce", 1e6)
+    flagged = SimpleNamespace(bandwidth="100gbit", latency_us=5.0, per_node=None)
+    assert pricer(flagged, 4, 2, environ=env)[1].startswith("100 Gbit/s, 5 us per message, psgd net")
+    layers = model_layers("mlp:64-32-32-10", 0, (64,), 10)[0]
+    alone = mixed.choose_cut(layers, FakeComm(0, 2), 16, 4, price)[1]
+    both = mixed.choose_cut(layers, FakeComm(0, 2), 16, 4, price, replicas=2)[1]
+    for cut, (a, b) in enumerate(zip(alone, both)):
+        held = mixed.local_values(mixed.split_mixed(layers, FakeComm(0, 2), cut))
+        assert b == pytest.approx(a + price("replica all-reduce", 4 * held), rel=1e-12)

@@ -34,15 +34,20 @@ def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpiru
 
 
 @pytest.mark.mpi
-def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, dataset, tmp_path):
-    """--grid auto on 2 ranks: the conv trunk on each rank's samples, the wide dense head split
-    (the cut is neither end), and the run is the serial run on the same batches (float32)."""
-    flags = ["--model", "conv:8x3:pad1-relu-conv:8x3:pad1-relu-pool:2-flatten-dense:256-relu-dense:10",
+@pytest.mark.parametrize("ranks, grid", [(2, "auto"), (4, "2,auto")])
+def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, dataset, tmp_path, ranks, grid):
+    """--grid auto on 2 ranks (D = 1), and 2,auto on 4 (D = 2 groups of 2, combined by
+    all-reduce): the conv trunk (its dropout drawing the serial masks) on each rank's
+    samples, the wide dense head split (the cut is neither end), and the run is the serial
+    run (D = 2: plain all-reduce on 2 ranks) on the same batches (float32)."""
+    flags = ["--model", "conv:8x3:pad1-relu-dropout:0.25-conv:8x3:pad1-relu-pool:2-flatten-dense:256-relu-dense:10",
              "--optimizer", "momentum", "--lr", "0.05", "--batch-size", 16, "--steps", 15]
-    train(mpirun, 2, dataset, tmp_path / "auto.jsonl", *flags, "--grid", "auto")
-    train(mpirun, 1, dataset, tmp_path / "serial.jsonl", *flags)
+    d = ranks // 2
+    train(mpirun, ranks, dataset, tmp_path / "auto.jsonl", *flags, "--grid", grid)
+    train(mpirun, d, dataset, tmp_path / "serial.jsonl", *flags)
     auto, serial = summary(tmp_path / "auto.jsonl"), summary(tmp_path / "serial.jsonl")
-    assert auto["axis"] == "auto" and 0 < auto["auto_cut"] < 9
+    assert auto["axis"] == "auto" and auto["grid"] == [d, 2] and 3 < auto["auto_cut"] < 10
+    assert auto["auto_network"] == "10 Gbit/s, 20 us per message, 1 rank(s) per node"
     assert auto["test_loss"] == pytest.approx(serial["test_loss"], rel=1e-4)
 
 
@@ -78,6 +83,10 @@ def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dat
      "--compress is not supported with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--spatial", 2], "--spatial needs a model with conv layers"),
     (2, ["--model", "mlp:784-8-10", "--grid", "auto", "--tensor", 2], "--grid auto chooses each layer's split"),
+    (2, ["--model", "mlp:784-8-10", "--grid", "3,auto"], "--grid 3,auto: D must be >= 1 and divide the job's 2"),
+    (4, ["--model", "mlp:784-8-10", "--grid", "auto", "--protocol", "asp", "--servers", 2],
+     "--grid auto runs under --protocol allreduce or bsp, not asp"),
+    (2, ["--model", "mlp:784-8-10", "--grid", "auto", "--bandwidth", "fast"], "--bandwidth 'fast' is not a bandwidth"),
     (2, ["--model", "mlp:784-1-10", "--tensor", 2], "--tensor 2 is larger than dense layer 784->1"),
     (1, ["--model", "mlp:784-8-10", "--dtype", "float64"], "--dtype float64 runs only with --tensor"),
     (2, ["--model", "mlp:784-8-10", "--tensor", 2, "--dtype", "float16"], "--dtype float16: choose one of"),
@@ -120,13 +129,17 @@ def _train_and_assert_serial(mpirun, ranks, dataset, log, model, flags, run, rto
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks, flags", [(6, ["--grid", "2,2", "--servers", 2]),
-                                          (6, ["--tensor", 2, "--servers", 4])])
+@pytest.mark.parametrize("ranks, model, flags", [
+    (6, "mlp:784-45-33-10", ["--grid", "2,2", "--servers", 2]),
+    (6, "mlp:784-45-33-10", ["--tensor", 2, "--servers", 4]),
+    # --grid 2,auto: the conv and its dropout on each rank's samples, the dense layers split
+    (6, "conv:4x3:pad1-relu-dropout:0.25-pool:2-flatten-dense:64-relu-dense:10",
+     ["--grid", "2,auto", "--servers", 2])])
 def test_bsp_servers_across_the_replicas_equal_serial_sgd_on_the_same_batches(mpirun, dataset, tmp_path,
-                                                                              ranks, flags):
+                                                                              ranks, model, flags):
     """Each part's D replicas push to its own S/T servers; bsp averages and steps once per
     clock, so every step's loss and the test loss are serial momentum SGD's (float32 round-off)."""
-    _train_and_assert_serial(mpirun, ranks, dataset, tmp_path / "run.jsonl", "mlp:784-45-33-10",
+    _train_and_assert_serial(mpirun, ranks, dataset, tmp_path / "run.jsonl", model,
                              [*flags, "--protocol", "bsp"], (10, 16, 0.0625, 0.875), rtol=1e-5)
 
 

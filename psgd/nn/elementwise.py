@@ -70,11 +70,16 @@ class Dropout(Layer):
         self._active = self.mode == "train" and self.p > 0
         if not self._active:
             return x
-        self._u = self._buf("u", (x.size,), np.float32)
-        self._rng.random(dtype=np.float32, out=self._u)
+        self._u = self._mask(x.size)
         out = self._buf("out", x.shape, x.dtype)
         dropout_forward(np.ascontiguousarray(x).reshape(-1), self._u, self.p, out.reshape(-1))
         return out
+
+    def _mask(self, size: int) -> np.ndarray:
+        """The next ``size`` uniforms of the stream, which the mask compares with ``p``."""
+        u = self._buf("u", (size,), np.float32)
+        self._rng.random(dtype=np.float32, out=u)
+        return u
 
     def backward(self, dy, need_dx=True):
         if not need_dx:

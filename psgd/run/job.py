@@ -255,7 +255,8 @@ def train_main(args: argparse.Namespace) -> None:
             _notice_unknown_variables()
         if settings.split.wanted():
             from psgd.run import tensor_rank
-            job = tensor_rank.run(comm, settings, resumed, debug, agree)
+            from psgd.run.plan_job import network_flags
+            job = tensor_rank.run(comm, settings, resumed, debug, agree, network_flags(args))
         else:
             job = _run(comm, settings, resumed, debug)
         with phase("finishing"):

@@ -93,7 +93,8 @@ class Namespace:
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
 
     def command(self, argv: list[str], nodes: int) -> list[str]:
-        env = {**MPICH_ENV, "MPIR_CVAR_NUM_CLIQUES": str(nodes)}
+        rate = "none" if self.rate_bps is None else f"{self.rate_bps:.0f}"
+        env = {**MPICH_ENV, "MPIR_CVAR_NUM_CLIQUES": str(nodes), "PSGD_X_NET": f"{rate},{nodes}"}
         return ["ip", "netns", "exec", self.name, "env",
                 *(f"{k}={v}" for k, v in env.items()), *argv]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from types import SimpleNamespace
 
 from psgd.errors import PsgdError, UsageError
 
@@ -19,9 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plan", metavar="auto|FILE", default=None,
                        help="auto: run the fastest plan of `psgd plan --auto` for this job's ranks "
                             "within --memory-per-rank; FILE: a plan saved with psgd plan --auto --json")
-    group.add_argument("--bandwidth", default=None, help="--plan auto: each node's link (default 10gbit)")
-    group.add_argument("--latency-us", type=float, default=None, help="--plan auto: per message (default 20)")
-    group.add_argument("--per-node", type=int, default=None, help="--plan auto: ranks per node (default 1)")
+    group.add_argument("--bandwidth", default=None, help="--plan auto and --grid auto: each node's "
+                       "link (default 10gbit; --grid auto under psgd net: its --rate)")
+    group.add_argument("--latency-us", type=float, default=None,
+                       help="--plan auto and --grid auto: per message (default 20)")
+    group.add_argument("--per-node", type=int, default=None, help="--plan auto and --grid auto: "
+                       "ranks per node (default 1; under psgd net, rank r is on node r mod N)")
     group.add_argument("--profile", default=None, metavar="FILE",
                        help="--plan auto: the per-layer profile (read if it exists, else written)")
 
@@ -29,9 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """Before MPI: refuse a budget flag without --plan auto and a flag the plan sets; keep the
     memory budget away from the pipeline's own --memory-per-rank."""
-    budget = [f for f in BUDGET if getattr(args, f, None) is not None]
+    from psgd.run.tensor_flags import auto_grid
+    grid_auto = auto_grid(getattr(args, "grid", None))
+    budget = [f for f in BUDGET if getattr(args, f, None) is not None and (f == "profile" or not grid_auto)]
     if args.plan != "auto" and budget:
-        raise ValueError(f"--{budget[0].replace('_', '-')} applies to --plan auto")
+        where = "--plan auto" if budget[0] == "profile" else "--plan auto and --grid auto"
+        raise ValueError(f"--{budget[0].replace('_', '-')} applies to {where}")
+    if getattr(args, "latency_us", None) is not None and not args.latency_us >= 0:
+        raise ValueError(f"--latency-us {args.latency_us}: must be >= 0")
+    if getattr(args, "per_node", None) is not None and args.per_node < 1:
+        raise ValueError(f"--per-node {args.per_node}: must be >= 1")
     if args.plan is None:
         return
     given = [f for f in CHOSEN if getattr(args, f, None) is not None]
@@ -40,6 +51,11 @@ def check(args: argparse.Namespace) -> None:
     if args.plan == "auto" and (args.memory_per_rank is None or args.model is None):
         raise ValueError("--plan auto needs --model SPEC and --memory-per-rank BYTES")
     args.plan_memory, args.memory_per_rank = args.memory_per_rank, None
+
+
+def network_flags(args: argparse.Namespace) -> SimpleNamespace:
+    """The network flags --grid auto prices its cuts on (None where not given)."""
+    return SimpleNamespace(**{f: getattr(args, f, None) for f in ("bandwidth", "latency_us", "per_node")})
 
 
 def _read(path: str, ranks: int) -> dict:

@@ -21,7 +21,9 @@ class TensorOptions(Options):
                         "see docs/guide/tensor.md)"),
         "spatial": (int, "split conv, pool and batch-norm layers over P ranks by image height, "
                          "with halo exchange (--protocol allreduce; see docs/guide/tensor.md)"),
-        "grid": (str, "D,T: D data replicas x T model parts (--tensor, or --spatial when given)"),
+        "grid": (str, "D,T: D data replicas x T model parts (--tensor, or --spatial when given); "
+                      "auto or D,auto: each layer split its own way over the ranks (or each "
+                      "replica's ranks), priced on --bandwidth, --latency-us, --per-node"),
         "dtype": (str, "float32 (default) or float64: the parameters, activations and optimizer "
                        "state of a --tensor/--spatial/--grid run (float64 for checks against "
                        "serial to round-off)"),
@@ -44,3 +46,8 @@ class TensorOptions(Options):
             raise UsageError(f"--dtype {self.dtype} runs only with --tensor, --spatial or --grid "
                              f"(--grid 1,1 on one rank is the serial run)")
         return self
+
+
+def auto_grid(grid) -> bool:
+    """Whether --grid lets each layer choose its split (auto, or D,auto)."""
+    return str(grid).split(",")[-1].strip() == "auto"

@@ -28,6 +28,7 @@ from psgd.protocols import get
 from psgd.run import signals, tensor_servers
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
+from psgd.run.tensor_flags import auto_grid
 from psgd.run.tensor_servers import servers_of
 from psgd.run.metrics import MetricsLog
 
@@ -47,10 +48,10 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
     axis, parts = ("spatial", s.spatial) if s.spatial else ("tensor", s.tensor)
     if parts is not None and parts < 1:
         raise ValueError(f"--{axis} {parts}: must be >= 1")
-    if s.grid == "auto":
+    if auto_grid(s.grid):
         if parts is not None:
-            raise ValueError(f"--grid auto chooses each layer's split itself; drop --{axis}")
-        return 1, world, "auto"
+            raise ValueError(f"--grid {s.grid} chooses each layer's split itself; drop --{axis}")
+        return _auto_shape(s.grid, world)
     if s.grid:
         try:
             d, t = (int(v) for v in str(s.grid).split(","))
@@ -68,13 +69,27 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
     return world // parts, parts, axis
 
 
+def _auto_shape(grid: str, world: int) -> tuple[int, int, str]:
+    """(D, T, "auto") of --grid auto (D = 1) or D,auto on ``world`` ranks."""
+    d = 1 if grid == "auto" else grid.split(",")[0]
+    try:
+        d = int(d)
+    except ValueError:
+        raise ValueError(f"--grid {grid!r}: expected auto or D,auto (D an integer, e.g. 2,auto)") from None
+    if d < 1 or world % d:
+        raise ValueError(f"--grid {grid}: D must be >= 1 and divide the job's {world} ranks")
+    return d, world // d, "auto"
+
+
 def check(s, world: int) -> None:
     """Refuse what the tensor path does not run, one line each (no message is sent)."""
     if servers_of(s) >= world:
         raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
     _, t, axis = grid_shape(s.split, world - servers_of(s))
-    if axis == "auto" and servers_of(s):
-        raise ValueError("--grid auto runs under --protocol allreduce")
+    if axis == "auto" and servers_of(s) and get(s.protocol).bound != 0.0:
+        raise ValueError(f"--grid {s.split.grid} runs under --protocol allreduce or bsp, not "
+                         f"{s.protocol} (its layers on samples are copies on every part, equal "
+                         f"only while the part's servers step together)")
     tensor_servers.check(s, t, axis)
     flat = s.as_dict()
     for name, unused, flag in REFUSED:
@@ -92,9 +107,10 @@ class TensorJob:
     end_step: int
 
 
-def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
+def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     """Set up the grid (and its server groups) and the split model (errors agreed as one
-    line), then train; a server rank serves its part's group."""
+    line), then train; a server rank serves its part's group. ``network``: the flags
+    --grid auto prices on (:func:`psgd.run.plan_job.network_flags`)."""
     n_servers = servers_of(settings)
     d, t, axis = grid_shape(settings.split, comm.Get_size() - n_servers)
     with phase("agreeing on the run id"):
@@ -106,7 +122,7 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
             rank = grid.Get_rank()
             part, replicas = grid.Split(rank // t, rank % t), grid.Split(rank % t, rank // t)
     build = (lambda: None) if grid is None else \
-        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id))
+        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id, network))
     setup = agree(comm, build, debug, "build the split model and load the checkpoint",
                   "agreeing that every rank could split the model")
     if grid is None:
@@ -120,7 +136,7 @@ def run(comm, settings, resumed, debug: bool, agree) -> TensorJob:
     return _train(grid, part, replicas, settings, setup)
 
 
-def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str) -> dict:
+def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str, network) -> dict:
     """This rank's part of the model, drawn (or read from the checkpoint) without the whole."""
     from psgd.data.reader import ShardReader, dataset_info
     from psgd.tensor.conv import split_tensor
@@ -128,7 +144,7 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
     from psgd.tensor.spatial import split_spatial
     info = dataset_info(s.data)
     choice: dict = {}
-    split = {"spatial": split_spatial, "tensor": split_tensor}.get(axis) or _auto(s, choice)
+    split = {"spatial": split_spatial, "tensor": split_tensor}.get(axis) or _auto(s, choice, n_replicas, network)
     model = TensorModel(s.model, split, part, seed=s.seed,
                         dtype=np.dtype(s.split.dtype), input_shape=info["input_shape"], n_classes=info["n_classes"])
     reader = ShardReader(s.data, replica, n_replicas, s.batch_size, seed=s.seed)
@@ -144,12 +160,17 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
             "foreign": check_checkpoint_dir(s, run_id)}
 
 
-def _auto(s, choice: dict):
-    """--grid auto's split: the cut of :func:`psgd.tensor.mixed.choose_cut`, kept in ``choice``."""
+def _auto(s, choice: dict, n_replicas: int, network):
+    """--grid auto's split: the cut of :func:`psgd.tensor.mixed.choose_cut` priced on the run's
+    network (:mod:`psgd.run.grid_cost`), kept in ``choice``."""
+    from psgd.run.grid_cost import NO_NETWORK_FLAGS, pricer
     from psgd.tensor.mixed import choose_cut, split_mixed
 
     def split(layers, comm):
-        choice["cut"], choice["costs"] = choose_cut(layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize)
+        price, choice["network"] = pricer(network or NO_NETWORK_FLAGS, n_replicas * comm.Get_size(),
+                                          comm.Get_size(), servers_of(s))
+        choice["cut"], choice["costs"] = choose_cut(layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize,
+                                                    price, n_replicas)
         choice["layers"] = [type(layer).__name__ for layer in layers]
         return split_mixed(layers, comm, choice["cut"])
     return split
@@ -294,7 +315,7 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
     whole = model.n_total * model.dtype.itemsize
     _say_auto(setup["auto"])
     log.write("summary", steps=step, test_loss=loss, test_accuracy=acc, grid=[d, t], axis=setup["axis"],
-              auto_cut=setup["auto"].get("cut"),
+              auto_cut=setup["auto"].get("cut"), auto_network=setup["auto"].get("network"),
               step_ms=ms, param_bytes_per_rank=most, param_bytes_serial=whole,
               peak_rss_bytes=every[:, 1].tolist())
     log.close()
@@ -309,4 +330,4 @@ def _say_auto(auto: dict) -> None:
         cut, costs = auto["cut"], [None if c is None else round(c, 6) for c in auto["costs"]]
         print(f"psgd: --grid auto: layers {auto['layers'][:cut]} on each rank's samples, "
               f"{auto['layers'][cut:]} split by tensor (cut {cut}; modelled collective seconds "
-              f"per cut {costs})", flush=True)
+              f"per cut {costs}, on {auto['network']})", flush=True)

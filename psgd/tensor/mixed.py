@@ -5,14 +5,15 @@ The group reads one batch.  The layers before the cut run on this rank's samples
 (:class:`SplitBatch`, whose adjoint all-gathers), with replicated weights whose gradients
 are partial sums (one all-reduce completes them) and batch norms whose sums are
 all-reduced; :class:`GatherBatch` all-gathers the samples at the cut; the layers after it
-are split by :func:`psgd.tensor.conv.split_tensor`.  :func:`choose_cut` costs every cut
-with the alpha-beta model (computation is divided by the group in every case, so only the
-collectives and the re-layout differ) and takes the cheapest.
+are split by :func:`psgd.tensor.conv.split_tensor`.  :func:`choose_cut` costs every cut's
+collectives with a price the caller gives (`psgd plan`'s alpha-beta model, psgd.run.grid_cost;
+computation is divided by the group in every case) and takes the cheapest.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from psgd.nn.elementwise import Dropout
 from psgd.nn.layers import Layer
 from psgd.nn.norm import BatchNorm
 from psgd.nn.residual import Residual
@@ -21,10 +22,6 @@ from psgd.tensor.conv import ColumnConv, GatherChannels, RowConv, split_tensor
 from psgd.tensor.dense import ColumnDense, RowDense
 from psgd.tensor.residual import SplitResidual
 from psgd.tensor.spatial import PartialWeights, SpatialBatchNorm
-
-# the planner's default network (psgd plan --auto): 10 Gbit/s links, 20 us per message
-LATENCY_S, SECONDS_PER_BYTE = 20e-6, 8 / 10e9
-
 
 class SplitBatch(Layer):
     """Replicated (B, ...) -> this rank's samples; backward all-gathers them."""
@@ -74,13 +71,30 @@ class OnSamples(PartialWeights):
         return self.inner.backward(dy, need_dx)
 
 
-def on_samples(layer, comm):
-    """``layer`` run on this rank's samples: batch norms with the group's sums, a residual
-    block with its parts so, other layers with parameters as :class:`OnSamples`."""
+class SampleDropout(Dropout):
+    """A dropout on this rank's samples whose masks are the serial ones: it draws the whole
+    batch's mask from the same stream and keeps this rank's rows of it."""
+
+    def __init__(self, layer: Dropout, source: SplitBatch) -> None:
+        super().__init__(layer.in_shape, layer.p)
+        self.mask_index, self.source = layer.mask_index, source
+
+    def _mask(self, size: int) -> np.ndarray:
+        n, comm, width = self.source._n, self.source.comm, int(np.prod(self.in_shape))
+        lo = sum(self.source._sizes(n)[:comm.Get_rank()]) * width
+        return super()._mask(n * width)[lo:lo + size]
+
+
+def on_samples(layer, comm, source: SplitBatch):
+    """``layer`` run on this rank's samples (``source`` split them): batch norms with the
+    group's sums, dropout with the serial masks, a residual block with its parts so, other
+    layers with parameters as :class:`OnSamples`."""
     if isinstance(layer, BatchNorm):
         return SpatialBatchNorm(layer, layer.in_shape, comm)
+    if isinstance(layer, Dropout):
+        return SampleDropout(layer, source)
     if isinstance(layer, Residual):
-        parts = [on_samples(p, comm) for p in layer.parts]
+        parts = [on_samples(p, comm, source) for p in layer.parts]
         return SplitResidual(parts[:len(layer.main)], parts[len(layer.main):], layer.in_shape, layer.out_shape)
     return OnSamples(layer) if layer.param_shapes() else layer
 
@@ -89,7 +103,8 @@ def split_mixed(layers: list, comm, cut: int) -> list:
     """Layers [0, cut) on this rank's samples, the rest split by :func:`split_tensor`."""
     if cut == 0:
         return split_tensor(list(layers), comm)
-    head = [SplitBatch(layers[0].in_shape, comm)] + [on_samples(layer, comm) for layer in layers[:cut]]
+    source = SplitBatch(layers[0].in_shape, comm)
+    head = [source] + [on_samples(layer, comm, source) for layer in layers[:cut]]
     return head + [GatherBatch(layers[cut - 1].out_shape, comm)] + split_tensor(list(layers[cut:]), comm)
 
 
@@ -114,26 +129,35 @@ def _collectives(layer, first: bool) -> list:
     return []
 
 
-def step_seconds(split: list, batch: int, parts: int, itemsize: int) -> float:
-    """The alpha-beta seconds of the collectives of one step of the ``split`` layers."""
+def step_seconds(split: list, batch: int, itemsize: int, price) -> float:
+    """Seconds of the collectives of one step of the ``split`` layers within the group, each
+    priced by ``price(kind, nbytes)`` (kind ``all-reduce`` or ``all-gather``)."""
     total, first = 0.0, True
     for layer in split:
         for kind, values, per_sample in _collectives(layer, first):
-            n = values * itemsize * (batch if per_sample else 1)
-            hops = 2 * (parts - 1) if kind == "all-reduce" else parts - 1
-            total += hops * LATENCY_S + hops / parts * n * SECONDS_PER_BYTE
+            total += price(kind, values * itemsize * (batch if per_sample else 1))
         first = first and not layer.param_shapes()
     return total
 
 
-def choose_cut(layers: list, comm, batch: int, itemsize: int) -> tuple[int, list]:
+def local_values(split: list) -> int:
+    """Parameters this rank holds of the ``split`` layers (what the replicas all-reduce)."""
+    return sum(int(np.prod(shape)) for layer in split for _, shape in layer.param_shapes())
+
+
+def choose_cut(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1) -> tuple[int, list]:
     """(the cut of the cheapest :func:`split_mixed`, every cut's seconds; None where the tensor
-    part cannot split); ties go to the later cut (fewer split layers)."""
+    part cannot split); ties go to the later cut (fewer split layers).  A cut's seconds are
+    its group's collectives and, over ``replicas`` > 1, the all-reduce of this rank's
+    gradient across them (``price("replica all-reduce", nbytes)``)."""
     costs = []
     for cut in range(len(layers) + 1):
         try:
-            costs.append(step_seconds(split_mixed(layers, comm, cut), batch, comm.Get_size(), itemsize))
+            split = split_mixed(layers, comm, cut)
         except ValueError:
             costs.append(None)
+            continue
+        across = price("replica all-reduce", local_values(split) * itemsize) if replicas > 1 else 0.0
+        costs.append(step_seconds(split, batch, itemsize, price) + across)
     best = min(c for c in costs if c is not None)
     return max(i for i, c in enumerate(costs) if c == best), costs

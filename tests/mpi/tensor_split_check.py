@@ -3,7 +3,8 @@ evaluation (batch-norm calibration included) through the parts.
 
 Usage: tensor_split_check.py — checks an MLP split Megatron-style (uneven widths) and conv
 nets split by height (pad, stride, pool, BN; gathered where a part would be thinner than
-the kernel) and by channels, residual blocks split both ways, on COMM_WORLD, in float64 and float32.
+the kernel) and by channels, residual blocks split both ways, --grid auto's mixes (dropout
+on samples included), on COMM_WORLD, in float64 and float32.
 """
 from functools import partial
 
@@ -43,7 +44,9 @@ CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=5), (2, 8, 8)),
          ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=2), (2, 8, 8)),
          ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=7), (2, 8, 8)),
-         ("conv:8x3:pad1-bn-relu-res:8-res:10:s2-gap-dense:5", partial(split_mixed, cut=4), (3, 12, 12))]
+         ("conv:8x3:pad1-bn-relu-res:8-res:10:s2-gap-dense:5", partial(split_mixed, cut=4), (3, 12, 12)),
+         # a dropout on each rank's samples draws the serial masks (its rows of the whole batch's)
+         ("conv:6x3:pad1-relu-dropout:0.5-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=4), (2, 8, 8))]
 
 
 def rel(a, b):
@@ -69,6 +72,8 @@ def check(spec, split, shape, dtype):
     rng = np.random.default_rng(5)
     x = rng.normal(size=(6, *serial.input_shape)).astype(dtype)
     y = rng.integers(0, serial.n_classes, 6)
+    serial.reseed(7)
+    tm.reseed(7)
     ref_logits, ref_dx = chain(serial.layers, x, y, dtype)
     logits, dx = chain(tm.layers, x, y, dtype)
     if tm.partial.size:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -22,7 +23,8 @@ from psgd.pipeline.local import stage_model
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get
-from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from psgd.run.checkpoint import Checkpoint, checkpoint_name, load_checkpoint
+from psgd.run.checkpoint_parts import save_manifest, save_part
 from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.metrics import MetricsLog
@@ -164,11 +166,11 @@ def _resume(settings, resumed, model, total: int) -> int:
 
 
 def _save(run: PipelineRun, step: int) -> None:
-    """Gather replica 0's stage slices (parameters, optimizer state; with servers, each stage's
-    servers send theirs to its replica 0) and write one checkpoint."""
-    if run.grid.replica != 0:   # every replica holds the same; the gather is over one replica
+    """Replica 0's stages each write their part (parameters, optimizer state; with servers,
+    the state its servers sent), then its stage 0 writes the manifest naming them: nothing is
+    joined on one rank (:mod:`psgd.run.checkpoint_parts`)."""
+    if run.grid.replica != 0:   # every replica holds the same
         return
-    model = run.model
     if run.groups is not None:
         at, params, state = run.groups.receive_state(final=step == run.total)
         if at not in (step, -1):
@@ -179,22 +181,34 @@ def _save(run: PipelineRun, step: int) -> None:
         correction = getattr(run.trainer, "correction", None)
         if correction is not None:   # pipemare's T2 estimate goes on with a resumed run
             state[DELTA] = correction.delta
-    params = run.grid.gather(params, model.n_total)
-    for key, value in list(state.items()):
-        full = run.grid.gather(np.ascontiguousarray(value), model.n_total) \
-            if isinstance(value, np.ndarray) else value
-        state[key] = full
-    if params is not None:
-        _write(run, step, params, state)
+    directory, row = Path(run.settings.checkpoint_dir), run.grid.row_comm
+    if run.grid.stage == 0:   # a set rewritten (a resumed run's): its old manifest goes first
+        (directory / checkpoint_name(step)).unlink(missing_ok=True)
+    wait.wait(row.Ibarrier(), "stage 0 to drop an older manifest of this step")
+    failed = None
+    try:
+        save_part(directory, step, run.grid.stage, params, state)
+    except OSError as exc:
+        failed = exc
+    steps = [v for v in state.values() if np.ndim(v) == 0]
+    mine = np.array([run.model.offset, run.model.offset + params.size, steps[-1] if steps else 0,
+                     failed is None], np.int64)
+    parts = np.zeros((run.grid.stages, 4), np.int64)
+    wait.wait(row.Igather(mine, parts, root=0), "the stages to write their checkpoint parts")
+    if failed is not None:
+        raise ValueError(f"checkpoint part of step {step}: {failed}")
+    if run.grid.stage == 0 and parts[:, 3].all():
+        keys = [k for k, v in state.items() if np.ndim(v)]
+        save_manifest(directory, _header(run, step, int(parts[0, 2])), parts[:, :3].tolist(), keys)
 
 
-def _write(run: PipelineRun, step: int, params: np.ndarray, state: dict) -> None:
+def _header(run: PipelineRun, step: int, steps: int) -> Checkpoint:
+    """The manifest's attributes (stage 0's optimizer step count)."""
     s = run.settings
     config = {**s.as_dict(), "pipeline": vars(run.options).copy()}
-    save_checkpoint(s.checkpoint_dir, Checkpoint(
-        params=params, model_spec=s.model, step=step, optimizer=s.optimizer, opt_state=state,
-        clocks=np.asarray([step] * run.grid.replicas), protocol=s.protocol, seed=s.seed,
-        config=config, run_id=run.run_id))
+    return Checkpoint(params=np.empty(0, np.float32), model_spec=s.model, step=step,
+                      optimizer=s.optimizer, opt_state={"steps": steps}, clocks=np.asarray([step] * run.grid.replicas),
+                      protocol=s.protocol, seed=s.seed, config=config, run_id=run.run_id)
 
 
 def _train(run: PipelineRun) -> tuple[float, float, list]:

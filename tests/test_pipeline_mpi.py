@@ -170,7 +170,8 @@ def test_each_stage_rank_holds_its_share_of_a_model_not_the_whole(mpirun, datase
     assert max(rss[4]) < rss[1][0] - 0.7 * (whole - largest), (rss, whole, largest)
 
 
-def test_each_stage_writes_its_part_and_a_cut_off_set_is_skipped_on_resume(mpirun, dataset, tmp_path):
+def test_each_stage_writes_its_part_and_a_cut_off_set_is_skipped_on_resume(
+        mpirun, dataset, tmp_path):
     """1f1b, 2 replicas x 2 stages under allreduce, checkpoints every 2 of 8 steps: each stage's
     part holds only its slice; with the step-8 set cut off before its manifest and the step-6
     set missing a part, --resume auto goes on from step 4 and ends bit-equal to the unbroken

@@ -438,11 +438,11 @@ def train_pipeline(args: argparse.Namespace) -> None:
 def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed):
     """The stage's worker half over its own servers, started on the stage's parameters (and a
     resumed run's optimizer state, which its servers take from the first replica)."""
-    params, model = run.trainer.stage.params, run.model
+    params, model, first = run.trainer.stage.params, run.model, run.grid.replica == 0
     state = None
-    if resumed is not None and run.grid.replica == 0:
+    if resumed is not None and first:
         state = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params)).opt_state
-    groups.share(params, run.total, run.start, state)
+    groups.share(params if first else None, run.total, run.start, state)   # the first replica's
     worker = groups.worker()
     worker.start(params, run.start)
     return worker

@@ -52,6 +52,7 @@ def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dat
     proc = mpirun(2, train(dataset, "--steps", 8, "--checkpoint-dir", a, "--checkpoint-every", 4,
                            "--log", log, "--schedule", "gpipe", "--timeline", tl), timeout=120)
     assert "psgd:   stage 1: layers" in proc.stdout and "idle per stage" in proc.stdout
+    assert "--recompute off" in proc.stdout   # auto: no --memory-per-rank to keep to
     records = [json.loads(l) for l in log.read_text().splitlines()]
     summary = next(r for r in records if r["kind"] == "summary")["pipeline"]
     assert len(summary["idle"]) == 2 and all(0 <= f < 1 for f in summary["idle"])
@@ -193,3 +194,14 @@ def test_each_stage_writes_its_part_and_a_cut_off_set_is_skipped_on_resume(
     two = load_checkpoint(c / "ckpt-00000008.h5")
     assert np.array_equal(one.params, two.params)
     assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])
+
+
+@pytest.mark.parametrize("cap,recompute", [("3M", "off"), ("2M", "on")])
+def test_recompute_auto_recomputes_only_where_kept_activations_do_not_fit_the_cap(
+        mpirun, dataset, cap, recompute):
+    """gpipe, M = 4 microbatches of 64 rows: a cut keeping every layer's activations of the 4
+    stored microbatches fits 3 MiB per rank, not 2 MiB (where recomputing them fits)."""
+    proc = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--model", "mlp:784-128-128-128-10",
+                      "--batch-size", 256, "--pipeline", 2, "--microbatches", 4, "--schedule",
+                      "gpipe", "--steps", 1, "--memory-per-rank", cap], timeout=60)
+    assert f"--recompute {recompute}" in proc.stdout, proc.stdout

@@ -5,7 +5,7 @@ import argparse
 import resource
 import time
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -88,35 +88,48 @@ def _skeleton(settings):
     return stage_model(settings, info, 0, 0)
 
 
-def _cut(settings, opts, model) -> tuple[list[int], list | None]:
-    """Units per stage (--partition's, or the profile's dynamic program) and the profiled
-    unit costs (None for given counts).  Run on rank 0, whose cut every rank takes; the
-    profile allocates one unit's parameters at a time."""
+def _cut(settings, opts, model) -> tuple[list[int], list | None, object]:
+    """Units per stage (--partition's, or the profile's dynamic program), the profiled unit
+    costs (None for given counts) and the options with --recompute auto decided.  Run on
+    rank 0, whose cut every rank takes; the profile allocates one unit's parameters at a time."""
     counts = opts.counts()
     if counts is not None:
         partition.layer_bounds(model, counts)   # checks that they cover the model
-        return counts, None
+        return counts, None, opts.resolved(lambda: True)
     from psgd.data.reader import dataset_info
     info = dataset_info(settings.data)
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
     bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
-    again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
-        if opts.recompute else (0.0, 0.0)
-    return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank,
-                              recompute=again, keep=not opts.recompute), costs
+
+    def cut(recompute: bool) -> list[int]:
+        again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
+            if recompute else (0.0, 0.0)
+        return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank,
+                                  recompute=again, keep=not recompute)
+
+    def fits() -> bool:
+        try:
+            return bool(cut(False))
+        except ValueError:
+            return False
+
+    opts = opts.resolved(fits)
+    return cut(opts.recompute), costs, opts
 
 
-def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int], list | None]:
-    """Rank 0's cut on every rank (one line and exit 1 everywhere when it finds none)."""
+def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int], list | None, object]:
+    """Rank 0's cut and --recompute on every rank (one line and exit 1 everywhere when it
+    finds no cut)."""
     def on_rank0():
         if comm.Get_rank() != 0:
-            return None, None
+            return None, None, opts
         return _cut(settings, opts, _skeleton(settings))
-    counts, costs = agree(comm, on_rank0, debug, "cut the model into stages", "agreeing on the cut")
-    buf = np.array(counts or [0] * opts.stages, np.int64)
+    counts, costs, decided = agree(comm, on_rank0, debug, "cut the model into stages",
+                                   "agreeing on the cut")
+    buf = np.array([*(counts or [0] * opts.stages), bool(decided.recompute)], np.int64)
     wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the cut")
-    return buf.tolist(), costs
+    return buf[:-1].tolist(), costs, replace(opts, recompute=bool(buf[-1]))
 
 
 def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
@@ -361,8 +374,8 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     over = f" over {servers} --protocol {run.settings.protocol} servers" if servers else ""
     print(f"psgd: pipeline of {opts.stages} stages x {run.grid.replicas} replica(s){over}, "
           f"--schedule {opts.schedule}, {opts.microbatches} microbatch(es) of "
-          f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}",
-          flush=True)
+          f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}, "
+          f"--recompute {'on' if opts.recompute else 'off'}", flush=True)
     edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
     again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
         if opts.recompute else (0.0, 0.0)
@@ -408,7 +421,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
                                     "check the settings", "agreeing on the settings")
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
-    counts, costs = _agreed_cut(comm, settings, opts, debug)
+    counts, costs, opts = _agreed_cut(comm, settings, opts, debug)
     n_servers = servers_of(settings)
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
     with phase("splitting into replicas and stages"):

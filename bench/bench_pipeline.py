@@ -145,6 +145,7 @@ LEARN_RUNS = {   # the asynchronous schedules step every microbatch: lr / M, the
     "pipemare": ["--schedule", "pipemare"],
     "pipemare-plain": ["--schedule", "pipemare", "--pipemare-anneal", 0,
                        "--discrepancy-correction", "off"],
+    "allreduce": [],   # data parallelism on the same K ranks, batch 32 / K each (equal samples)
 }
 
 
@@ -155,11 +156,12 @@ def learning_rows(data, tmp, args):
     rows = []
     for name in args.rows.split(","):
         flags = LEARN_RUNS[name]
-        rate = lr / m if flags[1] in ("pipedream", "pipemare") else lr
-        acc = [train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet", "--pipeline", k,
-                     "--microbatches", m, "--batch-size", 32, "--steps", args.learn_steps,
-                     "--seed", seed, "--optimizer", "momentum", "--eval-samples",
-                     args.eval_samples, *flags, "--lr", rate)["test_accuracy"]
+        rate = lr / m if flags and flags[1] in ("pipedream", "pipemare") else lr
+        mode = ["--protocol", "allreduce", "--batch-size", 32 // k] if name == "allreduce" else \
+            ["--pipeline", k, "--microbatches", m, "--batch-size", 32]
+        acc = [train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet", *mode,
+                     "--steps", args.learn_steps, "--seed", seed, "--optimizer", "momentum",
+                     "--eval-samples", args.eval_samples, *flags, "--lr", rate)["test_accuracy"]
                for seed in range(args.seeds)]
         rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
                      "test_accuracy": acc})

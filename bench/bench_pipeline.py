@@ -65,6 +65,39 @@ def memory_rows(data, tmp, steps):
     return rows
 
 
+RECOMPUTE_MODELS = {"mlp": (FINE, 256), "conv": ("lenet", 128)}   # model, batch
+
+
+def recompute_rows(data, tmp, steps):
+    """K = 2, auto cut, gpipe and 1f1b, M = 4 and 8, an MLP and lenet: --recompute on against
+    off, each run's step time, every stage's peak resident memory and stored activation bytes."""
+    rows = []
+    for name, (model, batch) in RECOMPUTE_MODELS.items():
+        for schedule in ("gpipe", "1f1b"):
+            for m in (4, 8):
+                for recompute in ("on", "off"):
+                    p = train(data, tmp, 2, f"recompute-{name}-{schedule}-{m}-{recompute}",
+                              "--model", model, "--pipeline", 2, "--microbatches", m,
+                              "--batch-size", batch, "--schedule", schedule, "--steps", steps,
+                              "--recompute", recompute, "--optimizer", "momentum")["pipeline"]
+                    rows.append({"model": model, "batch": batch, "schedule": schedule, "M": m,
+                                 "recompute": recompute, "cut": p["cut"],
+                                 "step_ms": 1e3 * batch / p["samples_per_s"],
+                                 "peak_rss_bytes": p["peak_rss_bytes"],
+                                 "activation_bytes": p["activation_bytes"]})
+    return rows
+
+
+def recompute_markdown(rows: list) -> list[str]:
+    mib = lambda xs: ", ".join(f"{x / 2**20:.1f}" for x in xs)  # noqa: E731
+    out = ["## --recompute on against off (K = 2, auto cut, momentum)", "",
+           "| model, batch | schedule | M | --recompute | cut | step ms | peak RSS MiB per stage | "
+           "stored activations MiB per stage |", "|---|---|---|---|---|---|---|---|"]
+    return out + [f"| {r['model']}, {r['batch']} | {r['schedule']} | {r['M']} | {r['recompute']} | "
+                  f"{','.join(map(str, r['cut']))} | {r['step_ms']:.1f} | {mib(r['peak_rss_bytes'])} | "
+                  f"{mib(r['activation_bytes'])} |" for r in rows]
+
+
 def throughput_rows(data, tmp, steps):
     pipe = train(data, tmp, 2, "throughput-pipeline", "--model", BIG, "--pipeline", 2,
                  "--microbatches", 8, "--batch-size", 64, "--steps", steps, "--optimizer", "sgd")
@@ -112,6 +145,7 @@ LEARN_RUNS = {   # the asynchronous schedules step every microbatch: lr / M, the
     "pipemare": ["--schedule", "pipemare"],
     "pipemare-plain": ["--schedule", "pipemare", "--pipemare-anneal", 0,
                        "--discrepancy-correction", "off"],
+    "allreduce": [],   # data parallelism on the same K ranks, batch 32 / K each (equal samples)
 }
 
 
@@ -122,11 +156,12 @@ def learning_rows(data, tmp, args):
     rows = []
     for name in args.rows.split(","):
         flags = LEARN_RUNS[name]
-        rate = lr / m if flags[1] in ("pipedream", "pipemare") else lr
-        acc = [train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet", "--pipeline", k,
-                     "--microbatches", m, "--batch-size", 32, "--steps", args.learn_steps,
-                     "--seed", seed, "--optimizer", "momentum", "--eval-samples",
-                     args.eval_samples, *flags, "--lr", rate)["test_accuracy"]
+        rate = lr / m if flags and flags[1] in ("pipedream", "pipemare") else lr
+        mode = ["--protocol", "allreduce", "--batch-size", 32 // k] if name == "allreduce" else \
+            ["--pipeline", k, "--microbatches", m, "--batch-size", 32]
+        acc = [train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet", *mode,
+                     "--steps", args.learn_steps, "--seed", seed, "--optimizer", "momentum",
+                     "--eval-samples", args.eval_samples, *flags, "--lr", rate)["test_accuracy"]
                for seed in range(args.seeds)]
         rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
                      "test_accuracy": acc})
@@ -166,9 +201,10 @@ def markdown(res: dict) -> str:
 
 
 def part_markdown(part: str, rows: list) -> str:
-    """The table of ``--only bubble`` or ``--only net``."""
-    if part == "bubble":
-        return "\n".join(bubble_markdown(rows)) + "\n"
+    """The table of ``--only bubble``, ``--only recompute`` or ``--only net``."""
+    if part in ("bubble", "recompute"):
+        table = bubble_markdown if part == "bubble" else recompute_markdown
+        return "\n".join(table(rows)) + "\n"
     out = ["## Throughput on 2 emulated nodes (mlp:784-4096-4096-4096-10, 37M parameters, sgd)",
            "", "| link | pipeline K=2 M=8, batch 64: samples/s | idle per stage | "
            "allreduce W=2, batch 32 each: samples/s | pipeline / allreduce |", "|---|---|---|---|---|"]
@@ -200,9 +236,10 @@ def main() -> None:
                     help="test rows each learning run evaluates (default 2000)")
     ap.add_argument("--fashion", action="store_true",
                     help="Fashion-MNIST instead of synthetic data (when installed)")
-    ap.add_argument("--only", choices=("timing", "learning", "bubble", "net"), default=None,
+    ap.add_argument("--only", choices=("timing", "learning", "bubble", "recompute", "net"),
+                    default=None,
                     help="run one part: timing (bubble, memory, throughput, cut), learning, "
-                         "bubble alone, or net (the throughput pair on `psgd net` at 1 and "
+                         "bubble alone, recompute (step time and memory, on against off), or net (the throughput pair on `psgd net` at 1 and "
                          "10 Gbit/s; needs root) (each writes its own result files)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
@@ -213,9 +250,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         data = common.dataset(tmp, not args.fashion, "bench-pipeline", train=4096)
-        if args.only in ("bubble", "net"):
-            rows = bubble_rows(data.path, tmp, args.steps) if args.only == "bubble" else \
-                net_rows(data.path, tmp, args.big_steps)
+        if args.only in ("bubble", "recompute", "net"):
+            rows = {"bubble": lambda: bubble_rows(data.path, tmp, args.steps),
+                    "recompute": lambda: recompute_rows(data.path, tmp, args.steps),
+                    "net": lambda: net_rows(data.path, tmp, args.big_steps)}[args.only]()
             _write(out, f"pipeline-{args.only}", {args.only: rows}, part_markdown(args.only, rows),
                    data.name, not args.fashion)
         elif args.only != "learning":

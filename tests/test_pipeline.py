@@ -292,6 +292,24 @@ def test_bad_pipeline_options_are_one_line(opts, batch, message):
         PipelineOptions(**opts).check(batch)
 
 
+@pytest.mark.parametrize("opts,fits,recompute", [
+    (dict(schedule="1f1b"), True, False),       # auto keeps activations where they fit
+    (dict(schedule="gpipe"), False, True),      # ... and recomputes where only that fits
+    (dict(schedule="pipedream"), True, False),  # stashing: the backward's weights are its forward's
+    (dict(schedule="pipedream", stash=False), True, True),
+    (dict(schedule="pipemare"), True, True),
+    (dict(schedule="gpipe", recompute=True), True, True),    # given: kept as given
+    (dict(schedule="gpipe", recompute=False), False, False),
+])
+def test_recompute_auto_keeps_activations_unless_the_schedule_or_the_cap_forbids(opts, fits,
+                                                                                  recompute):
+    base = PipelineOptions(stages=2, microbatches=4, **opts)
+    decided = base.resolved(lambda: fits)
+    assert decided.recompute is recompute
+    assert decided.recomputes is recompute
+    assert base.recomputes is (base.recompute if base.recompute is not None else not base.can_keep)
+
+
 def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
     given = dict(pipeline=2, compress="topk:0.01", servers=None)
     assert refused(given).startswith("--compress does not work under --pipeline")

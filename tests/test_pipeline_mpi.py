@@ -1,11 +1,14 @@
 """Pipelines under mpiexec: the exact arithmetic over real links, the CLI end to end with a
 bit-exact resume, and bad input as one line."""
 import json
+import shutil
 
+import h5py
 import numpy as np
 import pytest
 
 from psgd.run.checkpoint import load_checkpoint
+from psgd.run.checkpoint_parts import part_name
 
 MLP = "mlp:784-32-32-16-10"
 
@@ -49,6 +52,7 @@ def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dat
     proc = mpirun(2, train(dataset, "--steps", 8, "--checkpoint-dir", a, "--checkpoint-every", 4,
                            "--log", log, "--schedule", "gpipe", "--timeline", tl), timeout=120)
     assert "psgd:   stage 1: layers" in proc.stdout and "idle per stage" in proc.stdout
+    assert "--recompute off" in proc.stdout   # auto: no --memory-per-rank to keep to
     records = [json.loads(l) for l in log.read_text().splitlines()]
     summary = next(r for r in records if r["kind"] == "summary")["pipeline"]
     assert len(summary["idle"]) == 2 and all(0 <= f < 1 for f in summary["idle"])
@@ -165,3 +169,39 @@ def test_each_stage_rank_holds_its_share_of_a_model_not_the_whole(mpirun, datase
     largest = 4 * 4 * (784 * 1500 + 1500 * 1500 + 3000)   # stage 0's four vectors
     # every stage rank saves at least the bytes it does not own, less some slack
     assert max(rss[4]) < rss[1][0] - 0.7 * (whole - largest), (rss, whole, largest)
+
+
+def test_each_stage_writes_its_part_and_a_cut_off_set_is_skipped_on_resume(
+        mpirun, dataset, tmp_path):
+    """1f1b, 2 replicas x 2 stages under allreduce, checkpoints every 2 of 8 steps: each stage's
+    part holds only its slice; with the step-8 set cut off before its manifest and the step-6
+    set missing a part, --resume auto goes on from step 4 and ends bit-equal to the unbroken
+    run."""
+    a, c, log = tmp_path / "a", tmp_path / "c", tmp_path / "c.jsonl"
+    flags = ["--steps", 8, "--schedule", "1f1b", "--checkpoint-every", 2]
+    mpirun(4, train(dataset, *flags, "--checkpoint-dir", a), timeout=120)
+    one = load_checkpoint(a / "ckpt-00000008.h5")
+    stage0 = load_checkpoint(a / "ckpt-00000008.h5", (0, 784 * 32 + 32))   # its first layer
+    with h5py.File(a / part_name(8, 0)) as f:   # stage 0's part: its slice only
+        assert np.array_equal(f["params"][:], stage0.params)
+    shutil.copytree(a, c)
+    (c / "ckpt-00000008.h5").unlink()
+    (c / part_name(6, 1)).unlink()
+    mpirun(4, train(dataset, *flags, "--checkpoint-dir", c, "--resume", "auto", "--log", log,
+                    "--log-every", 1), timeout=120)
+    steps = [json.loads(l)["step"] for l in log.read_text().splitlines() if '"step"' in l]
+    assert steps[0] == 5
+    two = load_checkpoint(c / "ckpt-00000008.h5")
+    assert np.array_equal(one.params, two.params)
+    assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])
+
+
+@pytest.mark.parametrize("cap,recompute", [("3M", "off"), ("2M", "on")])
+def test_recompute_auto_recomputes_only_where_kept_activations_do_not_fit_the_cap(
+        mpirun, dataset, cap, recompute):
+    """gpipe, M = 4 microbatches of 64 rows: a cut keeping every layer's activations of the 4
+    stored microbatches fits 3 MiB per rank, not 2 MiB (where recomputing them fits)."""
+    proc = mpirun(2, ["-m", "psgd", "train", "--data", dataset, "--model", "mlp:784-128-128-128-10",
+                      "--batch-size", 256, "--pipeline", 2, "--microbatches", 4, "--schedule",
+                      "gpipe", "--steps", 1, "--memory-per-rank", cap], timeout=60)
+    assert f"--recompute {recompute}" in proc.stdout, proc.stdout

@@ -1,11 +1,14 @@
 """Pipeline x data parallel over parameter servers: S servers + D replicas x K stages, each
 stage's replicas pushing to that stage's own servers under bsp, ssp or asp."""
 import json
+import shutil
 
+import h5py
 import numpy as np
 import pytest
 
 from conftest import serial_float64
+from psgd.run.checkpoint import load_checkpoint
 
 MLP = "mlp:784-45-33-10"
 
@@ -72,9 +75,6 @@ def test_asynchronous_servers_of_each_stage_train_and_ssp_keeps_its_bound(
     (3, ["--protocol", "bsp", "--servers", 1], "--servers 1: each of the 2 model parts"),
     (5, ["--protocol", "bsp", "--servers", 2],
      "--pipeline 2: the 5 ranks are not 2 servers + D replicas x 2 stages"),
-    (4, ["--protocol", "asp", "--servers", 2, "--checkpoint-dir", "ck"],
-     "--checkpoint-dir/--resume of a pipeline over servers run under --protocol bsp or "
-     "allreduce, not asp"),
     (2, ["--staleness", 2], "--staleness does not work under --pipeline: its protocol combines"),
 ])
 def test_a_protocol_or_grid_the_stage_replicas_cannot_run_is_one_line(mpirun, dataset, tmp_path,
@@ -90,7 +90,6 @@ def test_a_resumed_bsp_pipeline_over_servers_ends_bit_equal_to_the_unbroken_run(
     """2 servers + 1 replica x 2 stages, momentum: the servers' parameters and velocity go
     into the checkpoints (each stage's first server sends its stage's slice); the run
     resumed from step 4 ends where the one that wrote it does, bit for bit."""
-    from psgd.run.checkpoint import load_checkpoint
     a, b = tmp_path / "a", tmp_path / "b"
     flags = ["--pipeline", 2, "--microbatches", 2, "--batch-size", 16, "--protocol", "bsp",
              "--servers", 2, "--optimizer", "momentum", "--lr", 0.05, "--steps", 8]
@@ -105,3 +104,53 @@ def test_a_resumed_bsp_pipeline_over_servers_ends_bit_equal_to_the_unbroken_run(
     assert not np.array_equal(mid.params, one.params)
     assert np.array_equal(one.params, two.params)
     assert np.array_equal(one.opt_state["velocity"], two.opt_state["velocity"])
+
+
+@pytest.mark.parametrize("protocol", ["ssp", "asp"])
+def test_an_asynchronous_pipeline_over_servers_resumes_at_its_step_with_its_state(
+        mpirun, dataset, tmp_path, protocol):
+    """2 servers + 1 replica x 2 stages, momentum 0.5: run a writes step 4's checkpoint.  Resumed
+    from it with --lr 1e-30 (so the parameters stay and the gradients are fixed), the run logs
+    steps 5..8, ends on step 4's parameters (to 1e-20), and its velocities minus those of the
+    same run resumed from a copy whose optimizer state is zeroed are 0.5^4 times step 4's: the
+    servers of both stages took the saved parameters and optimizer state (one replica, so the
+    order of the pushes is fixed)."""
+    a, b, z = tmp_path / "a", tmp_path / "b", tmp_path / "z"
+    flags = ["--pipeline", 2, "--microbatches", 2, "--batch-size", 16, "--protocol", protocol,
+             "--servers", 2, "--optimizer", "momentum", "--momentum", 0.5, "--steps", 8,
+             "--lr-schedule", "constant", "--log-every", 1]
+    train(mpirun, 4, dataset, tmp_path / "a.jsonl", *flags, "--lr", 0.05, "--checkpoint-dir", a,
+          "--checkpoint-every", 4)
+    shutil.copytree(a, z)
+    for part in z.glob("ckpt-00000004.part-*.h5"):
+        with h5py.File(part, "r+") as f:
+            for array in f["optimizer"].values():   # the optimizer's and dana's velocities
+                array[...] = 0
+    for out, source in ((b, a), (z / "run", z)):
+        train(mpirun, 4, dataset, tmp_path / f"{out.name}.jsonl", *flags, "--lr", 1e-30,
+              "--checkpoint-dir", out, "--resume", source / "ckpt-00000004.h5")
+    mid, end, zeroed = (load_checkpoint(d / name) for d, name in (
+        (a, "ckpt-00000004.h5"), (b, "ckpt-00000008.h5"), (z / "run", "ckpt-00000008.h5")))
+    assert [r["step"] for r in records(tmp_path / "b.jsonl", "step")] == [5, 6, 7, 8]
+    assert np.abs(end.params - mid.params).max() < 1e-20   # parameters at 0 move by lr * v
+    assert np.abs(mid.opt_state["velocity"]).max() > 0
+    for key in ("velocity", "dana_velocity_0"):   # dana: momentum's default compensation
+        np.testing.assert_allclose(end.opt_state[key] - zeroed.opt_state[key],
+                                   0.5 ** 4 * mid.opt_state[key], rtol=1e-4, atol=1e-7)
+
+
+def test_an_asp_pipeline_of_two_replicas_resumes_and_finishes(mpirun, dataset, tmp_path):
+    """2 servers + 2 replicas x 2 stages under asp: the resumed run starts at step 4 and ends
+    at 8 with a finite state (its order of pushes is its own: not bit-equal)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    flags = ["--pipeline", 2, "--microbatches", 2, "--batch-size", 16, "--protocol", "asp",
+             "--servers", 2, "--optimizer", "momentum", "--lr", 0.05, "--steps", 8,
+             "--log-every", 1]
+    train(mpirun, 6, dataset, tmp_path / "a.jsonl", *flags, "--checkpoint-dir", a,
+          "--checkpoint-every", 4)
+    train(mpirun, 6, dataset, tmp_path / "b.jsonl", *flags, "--checkpoint-dir", b,
+          "--resume", a / "ckpt-00000004.h5")
+    assert [r["step"] for r in records(tmp_path / "b.jsonl", "step")] == [5, 6, 7, 8]
+    mid, end = load_checkpoint(a / "ckpt-00000004.h5"), load_checkpoint(b / "ckpt-00000008.h5")
+    assert end.step == 8 and np.isfinite(end.opt_state["velocity"]).all()
+    assert not np.array_equal(end.params, mid.params)

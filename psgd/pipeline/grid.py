@@ -1,7 +1,6 @@
 """The rank grid of a pipeline: D data-parallel replicas x K stages, and the communicators of each axis."""
 from __future__ import annotations
 
-import numpy as np
 from mpi4py import MPI
 
 from psgd.mpi import wait
@@ -20,7 +19,7 @@ class Grid:
     replica_comm : MPI.Comm
         The D ranks of this stage (all-reduce of its gradients).
     row_comm : MPI.Comm
-        The K stages of this replica, ranked by stage (gathers of the whole vector).
+        The K stages of this replica, ranked by stage (checkpoint parts, summaries).
     comm : MPI.Comm
         ``comm`` itself (every rank of the grid).
     """
@@ -40,19 +39,6 @@ class Grid:
         wait.wait(req, "the other ranks to set up the pipeline's communicator")
         self.replica_comm = comm.Split(self.stage, self.replica)
         self.row_comm = comm.Split(self.replica, self.stage)
-
-    def gather(self, part: np.ndarray, n: int) -> np.ndarray | None:
-        """Replica 0's stage slices, concatenated in stage order, on its stage 0 (None elsewhere).
-
-        Collective over each replica's row; replicas other than 0 take part and get None.
-        """
-        counts = np.zeros(self.stages, np.int64)
-        wait.wait(self.row_comm.Iallgather(np.array([part.size], np.int64), counts),
-                  "the stages to send their slice sizes")
-        out = np.empty(n if self.stage == 0 else 0, part.dtype)
-        recv = [out, counts.tolist()] if self.stage == 0 else None
-        wait.wait(self.row_comm.Igatherv(part, recv, root=0), "the stages to send their slices")
-        return out if self.stage == 0 and self.replica == 0 else None
 
     def free(self) -> None:
         for c in (self.p2p, self.replica_comm, self.row_comm):

@@ -2,7 +2,7 @@
 they cannot run with."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from psgd.pipeline.schedules import SCHEDULES
@@ -49,7 +49,28 @@ class PipelineOptions:
     vertical_sync: bool = False     # pipedream: every stage runs a microbatch on stage 0's version
     anneal: int | None = None       # pipemare: rescheduling steps (None: a quarter of the run; 0: off)
     correct: bool = True            # pipemare: discrepancy correction
-    recompute: bool = True          # each backward re-runs its forward (off: keep activations)
+    recompute: bool | None = None   # each backward re-runs its forward; False: keep activations;
+                                    # None (auto): keep them where the schedule and the cap allow
+
+    @property
+    def can_keep(self) -> bool:
+        """Whether the schedule's backwards run on their forwards' weights (so kept
+        activations are the right ones): not pipemare, not pipedream without stashing."""
+        return self.schedule != "pipemare" and self.stash
+
+    @property
+    def recomputes(self) -> bool:
+        """--recompute on, or auto where activations cannot be kept (auto is resolved against
+        --memory-per-rank by :meth:`resolved` before a run)."""
+        return self.recompute if self.recompute is not None else not self.can_keep
+
+    def resolved(self, fits) -> "PipelineOptions":
+        """These options with --recompute auto decided: off where the schedule allows and
+        ``fits()`` (a cut keeping every stored microbatch's activations fits --memory-per-rank),
+        else on."""
+        if self.recompute is not None:
+            return self
+        return replace(self, recompute=not (self.can_keep and fits()))
 
     def counts(self) -> list[int] | None:
         """The ``--partition`` counts, or None for ``auto``."""
@@ -82,7 +103,7 @@ class PipelineOptions:
         if not self.stash and self.schedule != "pipedream":
             raise ValueError(f"--weight-stashing applies to --schedule pipedream, not "
                              f"{self.schedule}")
-        if not self.recompute and (self.schedule == "pipemare" or not self.stash):
+        if self.recompute is False and not self.can_keep:
             raise ValueError(f"--recompute off needs the backward on its forward's weights; "
                              f"{self.schedule}{'' if self.stash else ' without weight stashing'} "
                              f"runs it on newer ones (use gpipe, 1f1b or pipedream with stashing)")

@@ -77,7 +77,7 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
     asynchronous = options.schedule in ASYNCHRONOUS
     stash = options.schedule == "pipedream" and options.stash
     stage = Stage(model, a, b, first=s == 0, last=s == k - 1, stash=stash,
-                  keep=not options.recompute)
+                  keep=not options.recomputes)
     micro, total = batch_size // options.microbatches, batches * options.microbatches
     shape_in = (micro, *model.layers[a].in_shape)
     shape_out = (micro, *model.layers[b - 1].out_shape)

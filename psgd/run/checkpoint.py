@@ -18,6 +18,7 @@ from psgd.errors import UsageError
 FORMAT_VERSION = 1
 NAME_RE = re.compile(r"^ckpt-(\d{8})\.h5$")
 AUTO = "auto"   # --resume auto: the newest checkpoint in --checkpoint-dir, else a fresh start
+PARTS = "parts"  # a manifest's attribute: JSON list of its part files (psgd.run.checkpoint_parts)
 
 
 @dataclass
@@ -71,37 +72,48 @@ def save_checkpoint(directory: str | os.PathLike, ckpt: Checkpoint, keep: int = 
         stale.unlink(missing_ok=True)
     with atomic_output(final, prefix=".ckpt-", suffix=".h5.tmp") as tmp:
         _write_file(tmp, ckpt)
-    for old in list_checkpoints(directory, ckpt.run_id)[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
+    prune(directory, ckpt.run_id, keep)
     return final
+
+
+def prune(directory: Path, run_id: str, keep: int) -> None:
+    """Remove all but run ``run_id``'s newest ``keep`` checkpoints (a manifest with its parts)."""
+    for old in list_checkpoints(directory, run_id)[:-keep] if keep > 0 else []:
+        parts = part_files(old)
+        old.unlink(missing_ok=True)   # the manifest first: never a manifest without its parts
+        for part in parts:
+            part.unlink(missing_ok=True)
 
 
 def _write_file(path: Path, ckpt: Checkpoint) -> None:
     with h5py.File(path, "w") as f:
         f.create_dataset("params", data=np.asarray(ckpt.params, dtype=np.float32))
         group = f.create_group("optimizer")
-        steps = 0
         for key, value in ckpt.opt_state.items():
-            if np.ndim(value) == 0:
-                steps = int(value)
-            else:
+            if np.ndim(value):
                 group.create_dataset(key, data=np.asarray(value, dtype=np.float32))
         f.create_dataset("clocks", data=np.asarray(ckpt.clocks, dtype=np.int64))
-        f.attrs.update({
-            "format_version": FORMAT_VERSION, "psgd_version": psgd.__version__,
-            "model_spec": ckpt.model_spec, "n_params": int(np.size(ckpt.params)),
-            "step": int(ckpt.step), "protocol": ckpt.protocol, "optimizer": ckpt.optimizer,
-            "optimizer_steps": steps, "seed": int(ckpt.seed), "run_id": ckpt.run_id,
-            "config": json.dumps(ckpt.config, sort_keys=True, default=str),
-        })
+        f.attrs.update(header(ckpt, int(np.size(ckpt.params))))
+
+
+def header(ckpt: Checkpoint, n: int) -> dict:
+    """The attributes of a checkpoint of ``n`` parameters (its optimizer's step count is the
+    scalar in its optimizer state)."""
+    steps = [int(v) for v in ckpt.opt_state.values() if np.ndim(v) == 0]
+    return {"format_version": FORMAT_VERSION, "psgd_version": psgd.__version__,
+            "model_spec": ckpt.model_spec, "n_params": n, "step": int(ckpt.step),
+            "protocol": ckpt.protocol, "optimizer": ckpt.optimizer,
+            "optimizer_steps": steps[-1] if steps else 0, "seed": int(ckpt.seed),
+            "run_id": ckpt.run_id, "config": json.dumps(ckpt.config, sort_keys=True, default=str)}
 
 
 def list_checkpoints(directory: str | os.PathLike, run_id: str | None = None) -> list[Path]:
-    """Complete checkpoints in ``directory`` (of run ``run_id`` only, if given), oldest first."""
+    """Complete checkpoints in ``directory`` (of run ``run_id`` only, if given), oldest first;
+    a manifest naming a missing part (a set cut off while written) is not one."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if NAME_RE.match(p.name)]
+    found = [p for p in directory.iterdir() if NAME_RE.match(p.name) and not _missing_part(p)]
     if run_id is not None:
         found = [p for p in found if _run_id(p) == run_id]
     return sorted(found, key=lambda p: int(NAME_RE.match(p.name).group(1)))
@@ -114,6 +126,20 @@ def _run_id(path: Path) -> str | None:
             return str(f.attrs.get("run_id", ""))
     except OSError:
         return None
+
+
+def part_files(path: Path) -> list[Path]:
+    """The part files a manifest names ([] for a one-file checkpoint or an unreadable file)."""
+    try:
+        with h5py.File(path, "r") as f:
+            names = json.loads(f.attrs.get(PARTS, "[]"))
+    except (OSError, json.JSONDecodeError):
+        return []
+    return [path.parent / name for name in names]
+
+
+def _missing_part(path: Path) -> str | None:
+    return next((p.name for p in part_files(path) if not p.exists()), None)
 
 
 def foreign_checkpoints(directory: str | os.PathLike, run_id: str) -> list[Path]:
@@ -166,6 +192,15 @@ def _config(path, attrs: dict) -> dict:
     return config
 
 
+def _steps(attrs: dict, part: tuple[int, int] | None) -> int:
+    """The optimizer's step count: a manifest's for the part that holds ``part``'s start (its
+    parts' optimizers may have stepped apart), else the checkpoint's."""
+    bounds = json.loads(attrs.get("part_steps", "[]"))   # [[lo, hi, steps], ...]
+    at = part[0] if part is not None else 0
+    return next((s for lo, hi, s in bounds if lo <= at < hi),
+                int(attrs.get("optimizer_steps", 0)))
+
+
 def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None,
                     take=None) -> Checkpoint:
     """Read and validate a checkpoint file; a clear ValueError names what is wrong.
@@ -197,6 +232,10 @@ def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None
                              f"is not supported (this psgd reads {FORMAT_VERSION})")
         if "params" not in f:
             raise UsageError(f"checkpoint {path}: missing dataset /params")
+        missing = _missing_part(path)
+        if missing:
+            raise UsageError(f"checkpoint {path}: its part {missing} is missing (a set whose "
+                             f"writing was cut off)")
         n = int(attrs["n_params"])
         if f["params"].shape != (n,):
             raise UsageError(f"checkpoint {path}: /params has shape {f['params'].shape}, "
@@ -210,7 +249,7 @@ def load_checkpoint(path: str | os.PathLike, part: tuple[int, int] | None = None
                 raise UsageError(f"checkpoint {path}: /optimizer/{key} has shape {ds.shape}, "
                                  f"expected ({n},)")
             opt_state[key] = read(ds)
-        opt_state["steps"] = int(attrs.get("optimizer_steps", 0))
+        opt_state["steps"] = _steps(attrs, part)
         clocks = np.asarray(f["clocks"][...], dtype=np.int64) if "clocks" in f else np.zeros(0, np.int64)
         config = _config(path, attrs)
     return Checkpoint(params=params, model_spec=str(attrs["model_spec"]), step=int(attrs["step"]),

@@ -63,9 +63,12 @@ class PipelineFlags(Options):
         "discrepancy_correction": (str, "on or off, pipemare: each backward runs on an estimate "
                                         "of its forward's weights (on, the default)",
                                    "on|off"),
-        "recompute": (str, "on (default): a stage keeps each in-flight microbatch's input and "
-                           "re-runs its forward before the backward (least memory); off: it "
-                           "keeps every layer's activations and runs each forward once", "on|off"),
+        "recompute": (str, "on: a stage keeps each in-flight microbatch's input and re-runs "
+                           "its forward before the backward (least memory); off: it keeps every "
+                           "layer's activations and runs each forward once; auto (default): off "
+                           "unless the schedule needs on (pipemare, pipedream without stashing) "
+                           "or no cut keeping activations fits --memory-per-rank",
+                      "auto|on|off"),
         "memory_per_rank": (byte_count, "auto partition: each stage's parameters, gradients and "
                                         "stored activations must fit (e.g. 200M, 2G)",
                            "BYTES"),
@@ -92,7 +95,8 @@ class PipelineFlags(Options):
                                  f"give --pipeline K")
         _on_off("weight-stashing", self.weight_stashing)
         _on_off("discrepancy-correction", self.discrepancy_correction)
-        _on_off("recompute", self.recompute)
+        if self.recompute not in (None, "auto", "on", "off"):
+            raise UsageError(f"--recompute must be auto, on or off, got {self.recompute!r}")
 
     def options(self) -> PipelineOptions | None:
         """The run's pipeline options (None without --pipeline), defaults filled."""
@@ -105,7 +109,7 @@ class PipelineFlags(Options):
                                vertical_sync=bool(self.vertical_sync),
                                anneal=self.pipemare_anneal,
                                correct=self.discrepancy_correction != "off",
-                               recompute=self.recompute != "off")
+                               recompute={"on": True, "off": False}.get(self.recompute))
 
     def resolved(self, plan, protocol) -> PipelineFlags:
         self.check_given()

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import resource
 import time
-from dataclasses import dataclass
+from pathlib import Path
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,7 +23,8 @@ from psgd.pipeline.local import stage_model
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get
-from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from psgd.run.checkpoint import Checkpoint, checkpoint_name, load_checkpoint
+from psgd.run.checkpoint_parts import save_manifest, save_part
 from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.metrics import MetricsLog
@@ -86,35 +88,48 @@ def _skeleton(settings):
     return stage_model(settings, info, 0, 0)
 
 
-def _cut(settings, opts, model) -> tuple[list[int], list | None]:
-    """Units per stage (--partition's, or the profile's dynamic program) and the profiled
-    unit costs (None for given counts).  Run on rank 0, whose cut every rank takes; the
-    profile allocates one unit's parameters at a time."""
+def _cut(settings, opts, model) -> tuple[list[int], list | None, object]:
+    """Units per stage (--partition's, or the profile's dynamic program), the profiled unit
+    costs (None for given counts) and the options with --recompute auto decided.  Run on
+    rank 0, whose cut every rank takes; the profile allocates one unit's parameters at a time."""
     counts = opts.counts()
     if counts is not None:
         partition.layer_bounds(model, counts)   # checks that they cover the model
-        return counts, None
+        return counts, None, opts.resolved(lambda: True)
     from psgd.data.reader import dataset_info
     info = dataset_info(settings.data)
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
     bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
-    again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
-        if opts.recompute else (0.0, 0.0)
-    return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank,
-                              recompute=again, keep=not opts.recompute), costs
+
+    def cut(recompute: bool) -> list[int]:
+        again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
+            if recompute else (0.0, 0.0)
+        return partition.best_cut(costs, opts.stages, bound, opts.memory_per_rank,
+                                  recompute=again, keep=not recompute)
+
+    def fits() -> bool:
+        try:
+            return bool(cut(False))
+        except ValueError:
+            return False
+
+    opts = opts.resolved(fits)
+    return cut(opts.recompute), costs, opts
 
 
-def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int], list | None]:
-    """Rank 0's cut on every rank (one line and exit 1 everywhere when it finds none)."""
+def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int], list | None, object]:
+    """Rank 0's cut and --recompute on every rank (one line and exit 1 everywhere when it
+    finds no cut)."""
     def on_rank0():
         if comm.Get_rank() != 0:
-            return None, None
+            return None, None, opts
         return _cut(settings, opts, _skeleton(settings))
-    counts, costs = agree(comm, on_rank0, debug, "cut the model into stages", "agreeing on the cut")
-    buf = np.array(counts or [0] * opts.stages, np.int64)
+    counts, costs, decided = agree(comm, on_rank0, debug, "cut the model into stages",
+                                   "agreeing on the cut")
+    buf = np.array([*(counts or [0] * opts.stages), bool(decided.recompute)], np.int64)
     wait.wait(comm.Ibcast(buf, root=0), "rank 0 to send the cut")
-    return buf.tolist(), costs
+    return buf[:-1].tolist(), costs, replace(opts, recompute=bool(buf[-1]))
 
 
 def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
@@ -164,11 +179,11 @@ def _resume(settings, resumed, model, total: int) -> int:
 
 
 def _save(run: PipelineRun, step: int) -> None:
-    """Gather replica 0's stage slices (parameters, optimizer state; with servers, each stage's
-    servers send theirs to its replica 0) and write one checkpoint."""
-    if run.grid.replica != 0:   # every replica holds the same; the gather is over one replica
+    """Replica 0's stages each write their part (parameters, optimizer state; with servers,
+    the state its servers sent), then its stage 0 writes the manifest naming them: nothing is
+    joined on one rank (:mod:`psgd.run.checkpoint_parts`)."""
+    if run.grid.replica != 0:   # every replica holds the same
         return
-    model = run.model
     if run.groups is not None:
         at, params, state = run.groups.receive_state(final=step == run.total)
         if at not in (step, -1):
@@ -179,22 +194,34 @@ def _save(run: PipelineRun, step: int) -> None:
         correction = getattr(run.trainer, "correction", None)
         if correction is not None:   # pipemare's T2 estimate goes on with a resumed run
             state[DELTA] = correction.delta
-    params = run.grid.gather(params, model.n_total)
-    for key, value in list(state.items()):
-        full = run.grid.gather(np.ascontiguousarray(value), model.n_total) \
-            if isinstance(value, np.ndarray) else value
-        state[key] = full
-    if params is not None:
-        _write(run, step, params, state)
+    directory, row = Path(run.settings.checkpoint_dir), run.grid.row_comm
+    if run.grid.stage == 0:   # a set rewritten (a resumed run's): its old manifest goes first
+        (directory / checkpoint_name(step)).unlink(missing_ok=True)
+    wait.wait(row.Ibarrier(), "stage 0 to drop an older manifest of this step")
+    failed = None
+    try:
+        save_part(directory, step, run.grid.stage, params, state)
+    except OSError as exc:
+        failed = exc
+    steps = [v for v in state.values() if np.ndim(v) == 0]
+    mine = np.array([run.model.offset, run.model.offset + params.size, steps[-1] if steps else 0,
+                     failed is None], np.int64)
+    parts = np.zeros((run.grid.stages, 4), np.int64)
+    wait.wait(row.Igather(mine, parts, root=0), "the stages to write their checkpoint parts")
+    if failed is not None:
+        raise ValueError(f"checkpoint part of step {step}: {failed}")
+    if run.grid.stage == 0 and parts[:, 3].all():
+        keys = [k for k, v in state.items() if np.ndim(v)]
+        save_manifest(directory, _header(run, step, int(parts[0, 2])), parts[:, :3].tolist(), keys)
 
 
-def _write(run: PipelineRun, step: int, params: np.ndarray, state: dict) -> None:
+def _header(run: PipelineRun, step: int, steps: int) -> Checkpoint:
+    """The manifest's attributes (stage 0's optimizer step count)."""
     s = run.settings
     config = {**s.as_dict(), "pipeline": vars(run.options).copy()}
-    save_checkpoint(s.checkpoint_dir, Checkpoint(
-        params=params, model_spec=s.model, step=step, optimizer=s.optimizer, opt_state=state,
-        clocks=np.asarray([step] * run.grid.replicas), protocol=s.protocol, seed=s.seed,
-        config=config, run_id=run.run_id))
+    return Checkpoint(params=np.empty(0, np.float32), model_spec=s.model, step=step,
+                      optimizer=s.optimizer, opt_state={"steps": steps}, clocks=np.asarray([step] * run.grid.replicas),
+                      protocol=s.protocol, seed=s.seed, config=config, run_id=run.run_id)
 
 
 def _train(run: PipelineRun) -> tuple[float, float, list]:
@@ -347,8 +374,8 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     over = f" over {servers} --protocol {run.settings.protocol} servers" if servers else ""
     print(f"psgd: pipeline of {opts.stages} stages x {run.grid.replicas} replica(s){over}, "
           f"--schedule {opts.schedule}, {opts.microbatches} microbatch(es) of "
-          f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}",
-          flush=True)
+          f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}, "
+          f"--recompute {'on' if opts.recompute else 'off'}", flush=True)
     edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
     again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
         if opts.recompute else (0.0, 0.0)
@@ -394,7 +421,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
                                     "check the settings", "agreeing on the settings")
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
-    counts, costs = _agreed_cut(comm, settings, opts, debug)
+    counts, costs, opts = _agreed_cut(comm, settings, opts, debug)
     n_servers = servers_of(settings)
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
     with phase("splitting into replicas and stages"):
@@ -424,11 +451,11 @@ def train_pipeline(args: argparse.Namespace) -> None:
 def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed):
     """The stage's worker half over its own servers, started on the stage's parameters (and a
     resumed run's optimizer state, which its servers take from the first replica)."""
-    params, model = run.trainer.stage.params, run.model
+    params, model, first = run.trainer.stage.params, run.model, run.grid.replica == 0
     state = None
-    if resumed is not None and run.grid.replica == 0:
+    if resumed is not None and first:
         state = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params)).opt_state
-    groups.share(params, run.total, run.start, state)
+    groups.share(params if first else None, run.total, run.start, state)   # the first replica's
     worker = groups.worker()
     worker.start(params, run.start)
     return worker

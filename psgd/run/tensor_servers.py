@@ -69,10 +69,6 @@ def check(s, parts: int, axis: str) -> None:
     if (s.checkpoint_dir or s.resume) and not protocol.can("server-snapshots"):
         raise ValueError(f"--checkpoint-dir/--resume with --{axis} run under --protocol allreduce "
                          f"only (the servers of {s.protocol} keep no checkpoint yet)")
-    if (s.checkpoint_dir or s.resume) and axis == "pipeline" and protocol.bound != 0.0:
-        raise ValueError(f"--checkpoint-dir/--resume of a pipeline over servers run under "
-                         f"--protocol bsp or allreduce, not {s.protocol} (a resumed run is "
-                         f"exact where the servers apply every replica's step together)")
 
 
 class ServerGroups:

@@ -64,7 +64,8 @@ def main():
         for t in range(steps):
             trainer.step(t, 0.05, model._check_x(xs[t, grid.replica]), ys[t, grid.replica])
     trainer.links.finish()
-    params = grid.gather(trainer.stage.params.copy(), model.n_total)
+    parts = grid.row_comm.gather(trainer.stage.params.copy(), root=0)   # replica's stages in order
+    params = np.concatenate(parts) if parts is not None else None
     test_x, test_y = (a[:, 0].reshape(-1, *a.shape[3:]) for a in batches(model, 2, 1))
     result = evaluate(model, grid, (test_x, test_y), test_x[:40] if model.any_batchnorm else None)
     peaks = np.zeros(comm.Get_size(), np.int64)

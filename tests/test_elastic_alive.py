@@ -45,6 +45,15 @@ def test_a_process_of_this_host_is_dead_once_it_ends_zombie_or_reaped(tmp_path):
     assert pulse.dead()
 
 
+def test_a_process_that_ends_while_its_stat_is_read_has_ended(monkeypatch):
+    """Linux answers ESRCH to a read of /proc/<pid>/stat when the pid ended after the open."""
+    def ended(*args, **kwargs):
+        raise ProcessLookupError(3, "No such process")
+    assert running(os.getpid())
+    monkeypatch.setattr("builtins.open", ended)
+    assert not running(os.getpid())
+
+
 def test_another_hosts_beat_is_quiet_when_its_file_stops_moving(tmp_path):
     now = [100.0]
     path = tmp_path / "port.alive"

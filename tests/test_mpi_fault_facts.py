@@ -3,14 +3,16 @@
 If one of these fails after an MPI upgrade, the premise of the elastic design changed: read
 the design page again before trusting its conclusions.
 """
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
-from conftest import MPI_DIR, mpiexec_path
+from conftest import MPI_DIR, mpiexec_path, wait_marked_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
@@ -74,3 +76,46 @@ def test_a_joiner_job_killed_leaves_the_server_job_running_and_the_next_joiner_i
     lines = [line for line in out.splitlines() if line.startswith(("ADMITTED", "SILENT", "SERVER"))]
     assert sorted(lines) == ["ADMITTED 1", "ADMITTED 2", "SERVER ALIVE", f"SILENT 1 after {sent} messages",
                              f"SILENT 2 after {sent} messages"], out
+
+
+def _ring_job(args: list, marker: str) -> subprocess.Popen:
+    return _launch(["-n", 1, sys.executable, MPI_DIR / "ring_survivors.py", *args],
+                   env={"PSGD_X_TEST_MARK": marker, "PYTHONFAULTHANDLER": "1",
+                        "UCX_TLS": "posix,sysv,self"})   # shared memory only: see the probe
+
+
+@mpich_only
+@pytest.mark.parametrize("members, when", [(3, "after"), (3, "before"), (4, "after")])
+def test_a_ring_over_joined_jobs_goes_on_without_a_killed_member(tmp_path, members, when):
+    """One job per ring member, merged into one communicator: the survivors of a SIGKILL go on
+    point to point, and agree on each clock's sum (all members' before, the survivors' after)."""
+    port, marker, clocks, dead = tmp_path / "port", uuid.uuid4().hex, 40, 2
+    coord = _ring_job(["coord", port, members, clocks], marker)
+    deadline = time.monotonic() + 30
+    while not port.exists() and time.monotonic() < deadline and coord.poll() is None:
+        time.sleep(0.05)
+    assert port.exists(), _finish(coord)
+    ring = [_ring_job(["ring", port, dead, when, clocks, 512], marker) for _ in range(members)]
+    outs = [_finish(p, 90) for p in ring]
+    out, err = _finish(coord, 30)
+    assert coord.returncode == 0 and "COORD DONE" in out, (out, err)
+    assert not wait_marked_gone(marker, 10), "a process of the probe was left behind"
+    # exactly one member (the one of rank `dead`) was killed; every other one finished
+    said = "\n---\n".join(o + e for o, e in outs)
+    assert sorted(p.returncode == 0 for p in ring) == [False] + [True] * (members - 1), said
+    results = {}
+    for (o, e), p in zip(outs, ring):
+        if p.returncode == 0:
+            sums = json.loads(o.split("SUMS ", 1)[1].splitlines()[0])
+            rings = json.loads(o.split("RING ", 1)[1].splitlines()[0])
+            results[o.split("RANK ", 1)[1].split()[0]] = (sums, rings)
+    assert len(results) == members - 1, said
+    (sums, rings), = {json.dumps(r): r for r in results.values()}.values()   # all agree
+    everyone, survivors = list(range(1, members + 1)), [r for r in range(1, members + 1) if r != dead]
+    assert rings[0] == everyone and rings[-1] == survivors, rings
+    # one switch, near the killed one's clock: a clock that it finished before it died, or that
+    # a survivor finished with its messages sent before the kill, keeps everyone's sum
+    switch = rings.index(survivors)
+    assert rings[:switch] == [everyone] * switch and rings[switch:] == [survivors] * (clocks - switch)
+    assert clocks // 2 - 1 <= switch <= clocks // 2 + 1, rings
+    assert sums == [sum(r + 1000.0 * c for r in rings[c]) for c in range(clocks)]

@@ -74,7 +74,7 @@ def running(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
                 return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):   # ESRCH: it ended during the read
             return False
         except (OSError, IndexError):
             return True

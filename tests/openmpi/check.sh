@@ -40,4 +40,6 @@ kill -USR1 "$launcher"
 rc=0; wait "$launcher" || rc=$?
 grep -E "psgd: stopped by SIGUSR1 at step [0-9]+ of 100000" "$data/stop.out" && [ "$rc" = 75 ] \
     && ls "$data"/stop/ckpt-*.h5 > /dev/null || { echo "stop under Open MPI: exit $rc"; cat "$data/stop.out"; exit 1; }
+# a ring over separate mpiruns goes on without a SIGKILLed member (docs/design/elastic.md)
+tests/openmpi/ring_survivors.sh "$PY"
 echo "openmpi check passed"

@@ -52,12 +52,38 @@ def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
     assert profiles.load(tmp_path / "p.json") == prof
 
 
+def test_a_units_seconds_per_call_and_per_sample_go_through_its_two_timings():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n, per_sample, per_call = int(rng.integers(1, 64)), *rng.uniform(1e-6, 1e-3, 2)
+        slope, fixed = profiles._affine(per_call + n * per_sample, per_call + 2 * n * per_sample, n)
+        assert (slope, fixed) == pytest.approx((per_sample, per_call))
+        # the larger batch no slower than the smaller, or a negative intercept: proportional
+        for small, large in [(2 * fixed, fixed), (fixed, 3 * fixed)]:
+            slope, flat = profiles._affine(small, large, n)
+            assert flat == 0 and slope * 2 * n == pytest.approx(large)
+
+
+def test_the_profile_times_the_backward_the_model_runs(monkeypatch):
+    """No input gradient up to the first layer with parameters (a rank never computes it)."""
+    model = model_of_spec("mlp:12-8-6-4")
+    asked = []
+    for i, layer in enumerate(model.layers):
+        def backward(dy, need_dx=True, _i=i, _inner=layer.backward):
+            asked.append((_i, need_dx))
+            return _inner(dy, need_dx)
+        monkeypatch.setattr(layer, "backward", backward)
+    profiles.profile_model(model, batch=4, repeats=1)
+    first = min(i for i, la in enumerate(model.layers) if la.param_shapes())
+    assert asked and all(need == (i > first) for i, need in asked)
+
+
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
-    ('{"format": "psgd-profile/2", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
+    ('{"format": "psgd-profile/3", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
      '"base_bytes": 0}', "empty"),
     ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
-     "not a psgd-profile/2 file"),
+     "not a psgd-profile/3 file"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "p.json"

@@ -151,7 +151,7 @@ def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
         w = budget.ranks - servers
         for codec in ["", *profile.codecs]:
             c = _codec(profile, budget, codec)
-            job = Job(n_params, profile.compute_s, budget.batch, w, servers, budget.per_node,
+            job = Job(n_params, profile.compute_at(budget.batch) / budget.batch, budget.batch, w, servers, budget.per_node,
                       budget.cliques, budget.cores, compression=c)
             for row, r in predict(job, budget.net).items():
                 entry = get(row.split()[0])
@@ -241,8 +241,8 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= t <= min(u.width for u in split):
             continue
         d = budget.ranks // t
-        compute = b * sum((u.forward_s + u.backward_s) / (t if u.split_bytes else 1)
-                          for u in profile.units)
+        compute = sum((u.forward_at(b) + u.backward_at(b)) / (t if u.split_bytes else 1)
+                      for u in profile.units)
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * n // 4)), list(range(t)),
                                     budget.net) for n in reduced)
@@ -269,8 +269,9 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= p <= profile.spatial_max or n == 0:
             continue
         d = budget.ranks // p
-        compute = b * sum((u.forward_s + u.backward_s) / (p if i < n else 1)
-                          for i, u in enumerate(profile.units))
+        compute = sum(u.forward_fixed_s + u.backward_fixed_s
+                      + b * (u.forward_s + u.backward_s) / (p if i < n else 1)
+                      for i, u in enumerate(profile.units))
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
         comm = flat_allreduce_s(replace(group, n_params=max(1, gather)), list(range(p)),
@@ -293,8 +294,9 @@ def _on_shared_cores(profile: Profile, budget: Budget) -> Profile:
     """``profile`` with its compute slowed by ranks / cores when the ranks outnumber the cores
     (the data rows slow their workers' compute the same way, :class:`Job`'s ``cores``)."""
     slow = max(1.0, budget.ranks / budget.cores) if budget.cores else 1.0
-    units = tuple(replace(u, forward_s=u.forward_s * slow, backward_s=u.backward_s * slow)
-                  for u in profile.units)
+    units = tuple(replace(u, forward_s=u.forward_s * slow, backward_s=u.backward_s * slow,
+                          forward_fixed_s=u.forward_fixed_s * slow,
+                          backward_fixed_s=u.backward_fixed_s * slow) for u in profile.units)
     return replace(profile, units=units, step_s_per_byte=profile.step_s_per_byte * slow)
 
 

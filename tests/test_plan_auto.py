@@ -347,3 +347,20 @@ def test_a_stage_allocates_the_weight_copies_the_plan_counts(schedule, s):
     flight = stage_in_flight(schedule, k, 1)[s]
     expected = weight_copies(schedule, flight) * stage.params.nbytes
     assert abs(peak + held - expected) < 0.1 * stage.params.nbytes, (peak, held, expected, flight)
+
+@pytest.mark.parametrize("spec", ["topk:0.01", "sign", "qsgd:4", "fp16"])
+def test_the_codec_measure_encodes_as_a_worker_does(monkeypatch, spec):
+    """Through the worker's encoder, with the error-feedback residual where --error-feedback
+    auto keeps one (its passes are a step's work too), on the whole gradient."""
+    from psgd.compress import feedback
+    from psgd.plan.codec import measure_compression, residual
+    seen = []
+    inner = feedback.PushEncoder.encode
+
+    def encode(self, grad):
+        seen.append((self.feedback, grad.size))
+        return inner(self, grad)
+    monkeypatch.setattr(feedback.PushEncoder, "encode", encode)
+    c = measure_compression(spec, 512, 5000, seconds=0.01)
+    assert c.encode_s > 0 and c.decode_s > 0 and c.ratio > 1
+    assert seen and all(s == (residual(spec) and spec != "fp16", 5000) for s in seen)

@@ -78,6 +78,19 @@ def test_the_profile_times_the_backward_the_model_runs(monkeypatch):
     assert asked and all(need == (i > first) for i, need in asked)
 
 
+def test_a_profiles_scratch_is_what_the_layers_hold_at_another_batch():
+    """Input gradients, im2col columns and pooling's argmax, per unit, beyond its output."""
+    from psgd.pipeline.partition import units
+    model = model_of_spec("lenet")
+    prof = profiles.profile_model(model, batch=4, repeats=1)
+    x = np.random.default_rng(0).standard_normal((6, *model.input_shape)).astype(model.dtype)
+    spans = units(model)
+    _, _, acts = profiles._time_units(model, x, spans)
+    held = profiles._scratch(model, spans, acts, 6)
+    assert [u.scratch_at(6) for u in prof.units] == held
+    assert sum(held) > 6 * sum(u.out_bytes for u in prof.units)     # more than the outputs
+
+
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
     ('{"format": "psgd-profile/3", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '

@@ -12,7 +12,7 @@ import numpy as np
 
 from psgd.errors import UsageError
 
-FORMAT = "psgd-profile/3"        # /2: base_bytes; /3: seconds per call
+FORMAT = "psgd-profile/3"        # /2: base_bytes; /3: seconds per call, scratch
 SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor splits
 
 
@@ -20,7 +20,8 @@ SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor split
 class Unit:
     """One cuttable unit (:func:`psgd.pipeline.partition.units`): ``forward_s`` and
     ``backward_s`` per sample of a batch, ``*_fixed_s`` per call whatever its batch (mostly
-    reading the weights: a small batch runs a GEMM slower per sample); bytes per sample.
+    reading the weights: a small batch runs a GEMM slower per sample); bytes per sample,
+    ``scratch_fixed`` bytes whatever the batch.
 
     ``split_bytes``: the part of ``param_bytes`` that --tensor divides among its parts;
     ``width``: the narrowest split layer's output width (no more parts than that).
@@ -36,6 +37,13 @@ class Unit:
     width: int = 0
     forward_fixed_s: float = 0.0
     backward_fixed_s: float = 0.0
+    scratch_bytes: int = 0
+    scratch_fixed: int = 0
+
+    def scratch_at(self, batch: int) -> int:
+        """Bytes of the layers' kept buffers beyond the unit's output for a batch of ``batch``
+        (input gradients, im2col columns, Winograd tiles, pooling's argmax)."""
+        return self.scratch_fixed + batch * self.scratch_bytes
 
     def forward_at(self, batch: int) -> float:
         return self.forward_fixed_s + batch * self.forward_s
@@ -112,6 +120,13 @@ def _best_times(model, x, spans, repeats: int) -> tuple[np.ndarray, np.ndarray, 
     return fw, bw, acts
 
 
+def _scratch(model, spans, acts: list, batch: int) -> list[int]:
+    """Each span's layer buffers (:meth:`psgd.nn.layers.Layer._buf`) less its output."""
+    held = [sum(b.nbytes for la in model.layers[lo:hi] for b in getattr(la, "_bufs", {}).values())
+            for lo, hi in spans]
+    return [max(0, h - acts[j + 1].nbytes // acts[j + 1].shape[0] * batch) for j, h in enumerate(held)]
+
+
 def _affine(small: float, large: float, n: int) -> tuple[float, float]:
     """(per sample, per call) seconds through a call's times at ``n`` and ``2 n`` samples;
     proportional where the two do not give a positive slope and intercept (timing noise)."""
@@ -147,14 +162,17 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
     x = rng.standard_normal((2 * batch, *model.input_shape)).astype(model.dtype)
     model._set_mode("train")
     fw1, bw1, acts = _best_times(model, x[:batch], spans, repeats)
+    held1 = _scratch(model, spans, acts, batch)
     fw2, bw2, _ = _best_times(model, x, spans, repeats)
+    held2 = _scratch(model, spans, acts, 2 * batch)
     out = []
     for j, (lo, hi) in enumerate(spans):
         name, split_bytes, width = _unit_info(model, lo, hi)
         params = 4 * sum(int(np.prod(s)) for la in model.layers[lo:hi] for _, s in la.param_shapes())
         (fs, ff), (bs, bf) = _affine(fw1[j], fw2[j], batch), _affine(bw1[j], bw2[j], batch)
+        per = max(0, held2[j] - held1[j]) // batch
         out.append(Unit(name, fs, bs, acts[j].nbytes // batch, acts[j + 1].nbytes // batch,
-                        params, split_bytes, width, ff, bf))
+                        params, split_bytes, width, ff, bf, per, max(0, held1[j] - batch * per)))
     return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params),
                    0, _codecs(model.n_params), *_spatial(model, spans))
 
@@ -224,7 +242,7 @@ def load(path: str) -> Profile:
         profile = Profile(units=units, **data)
         bad = [u.name for u in units if min(u.forward_s, u.backward_s, u.forward_fixed_s,
                                             u.backward_fixed_s, u.in_bytes, u.out_bytes,
-                                            u.param_bytes) < 0]
+                                            u.param_bytes, u.scratch_bytes, u.scratch_fixed) < 0]
         if not units or bad or profile.batch < 1 or not profile.step_s_per_byte >= 0 \
                 or profile.base_bytes < 0:
             raise ValueError("empty, or a negative time or size" + (f" in {bad[0]}" if bad else ""))

@@ -280,8 +280,8 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
                                list(range(p)), budget.net)
         update = (_replica_allreduce_s(budget, profile.param_bytes, p, d) if d > 1 else 0.0) \
             + profile.param_bytes * profile.step_s_per_byte
-        acts = b * (lead[0].in_bytes + sum(u.out_bytes // (p if i < n else 1)
-                                           for i, u in enumerate(profile.units)))
+        acts = b * lead[0].in_bytes + sum((b * u.out_bytes + u.scratch_at(b)) // (p if i < n else 1)
+                                          for i, u in enumerate(profile.units))
         mem = (3 + budget.slots) * profile.param_bytes + acts + budget.fixed(profile, d)
         wire = d * (2 * (p - 1) * (b * lead[-1].out_bytes + sum(u.param_bytes for u in lead))) \
             + 2 * (d - 1) * profile.param_bytes * p

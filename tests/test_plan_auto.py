@@ -48,6 +48,7 @@ def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
         assert a.out_bytes == b.in_bytes                  # a unit's output is the next's input
     assert prof.units[0].in_bytes == 4 * int(np.prod(model.input_shape))
     assert all(u.forward_s > 0 and u.backward_s > 0 for u in prof.units)
+    assert all(type(t) is float for u in prof.units for t in (u.forward_s, u.forward_fixed_s, u.backward_s))
     profiles.save(prof, tmp_path / "p.json")
     assert profiles.load(tmp_path / "p.json") == prof
 

@@ -169,7 +169,8 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
     for j, (lo, hi) in enumerate(spans):
         name, split_bytes, width = _unit_info(model, lo, hi)
         params = 4 * sum(int(np.prod(s)) for la in model.layers[lo:hi] for _, s in la.param_shapes())
-        (fs, ff), (bs, bf) = _affine(fw1[j], fw2[j], batch), _affine(bw1[j], bw2[j], batch)
+        (fs, ff), (bs, bf) = (_affine(float(a[j]), float(b[j]), batch)
+                              for a, b in ((fw1, fw2), (bw1, bw2)))
         per = max(0, held2[j] - held1[j]) // batch
         out.append(Unit(name, fs, bs, acts[j].nbytes // batch, acts[j + 1].nbytes // batch,
                         params, split_bytes, width, ff, bf, per, max(0, held1[j] - batch * per)))

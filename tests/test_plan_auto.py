@@ -37,7 +37,7 @@ def toy_profile(spec=SPEC, seed=0) -> Profile:
                         params, params if dense else 0, layers[0].out_shape[0] if dense else 0))
     return Profile(model.spec, 8, tuple(out), 1e-10, 1000,
                    {"fp16": [2.0, 1e-10, 1e-10, True], "topk:0.01": [50.0, 1e-9, 1e-9, False]},
-                   *profiles._spatial(model, units(model)))
+                   *profiles._spatial(model, units(model), 4))
 
 
 def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
@@ -295,13 +295,35 @@ def test_the_spatial_parts_are_those_that_split_every_conv_layer():
     from psgd.pipeline.partition import units
     from psgd.tensor.spatial import SpatialWindow, height_split
     model = model_of_spec("lenet")
-    count, most = profiles._spatial(model, units(model))
+    count, most, _ = profiles._spatial(model, units(model), 4)
     assert 0 < count < len(units(model)) and most >= 2
     windows = [sum(isinstance(la, SpatialWindow) for la in height_split(model.layers, profiles._Group(p))[0])
                for p in (most, most + 1)]
     assert windows[0] == sum(type(la).__name__ in ("Conv2D", "MaxPool2D") for la in model.layers)
     assert windows[1] < windows[0]    # one more part: a layer is too thin, the rest runs whole
-    assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC))) == (0, 1)
+    assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC)), 4) == (0, 1, 0.0)
+
+
+def test_a_spatial_parts_convs_are_timed_on_the_slab_the_split_gives_them(monkeypatch):
+    """Each conv of the leading layers: the part's slab (rows plus halo, im2col) against the
+    whole layer as the model runs it, the difference a part's over its half."""
+    from psgd.plan import spatial_time
+    from psgd.tensor.spatial import SpatialWindow, height_split
+    model = model_of_spec("cifar-cnn")
+    timed = []
+
+    def seconds(conv, batch, repeats, fill=False):
+        timed.append((conv.in_shape, conv.winograd, fill))
+        return float(np.prod(conv.in_shape)) * (2.0 if fill else 1.0)
+    monkeypatch.setattr(spatial_time, "_seconds", seconds)
+    extra = spatial_time.extra_s(model.layers, 4)
+    split = [la.inner for la in height_split(model.layers, profiles._Group(2))[0]
+             if isinstance(la, SpatialWindow) and type(la.inner).__name__ == "Conv2D"]
+    convs = [la for la in model.layers if type(la).__name__ == "Conv2D"]
+    assert [t for t in timed if t[2]] == [(c.in_shape, False, True) for c in split]
+    assert [t for t in timed if not t[2]] == [(c.in_shape, c.winograd, False) for c in convs]
+    want = sum(2.0 * np.prod(s.in_shape) - np.prod(c.in_shape) / 2 for s, c in zip(split, convs))
+    assert extra == pytest.approx(want / 4)
 
 
 class _Neighbour:

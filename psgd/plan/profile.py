@@ -58,7 +58,8 @@ class Profile:
     ``base_bytes``: a rank's resident bytes beyond its training state (:mod:`psgd.plan.base`);
     ``codecs``: compressor spec -> [ratio, encode s/byte, decode s/byte, summable in a ring];
     ``spatial_units``: the leading units --spatial splits by height, into at most
-    ``spatial_max`` parts."""
+    ``spatial_max`` parts; ``spatial_extra_s``: seconds per sample by which one of two
+    parts' conv layers exceed half the whole ones (:mod:`psgd.plan.spatial_time`)."""
 
     spec: str
     batch: int
@@ -68,6 +69,7 @@ class Profile:
     codecs: dict = field(default_factory=dict, hash=False)
     spatial_units: int = 0
     spatial_max: int = 1
+    spatial_extra_s: float = 0.0
 
     @property
     def param_bytes(self) -> int:
@@ -175,7 +177,7 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
         out.append(Unit(name, fs, bs, acts[j].nbytes // batch, acts[j + 1].nbytes // batch,
                         params, split_bytes, width, ff, bf, per, max(0, held1[j] - batch * per)))
     return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params),
-                   0, _codecs(model.n_params), *_spatial(model, spans))
+                   0, _codecs(model.n_params), *_spatial(model, spans, batch))
 
 
 class _Group:
@@ -191,12 +193,13 @@ class _Group:
         return 0
 
 
-def _spatial(model, spans, widest: int = 16) -> tuple[int, int]:
+def _spatial(model, spans, batch: int, widest: int = 16) -> tuple[int, int, float]:
     """(the leading units psgd.tensor.spatial splits by height, the most parts that split all
-    of them, up to ``widest``); (0, 1) for a model without an image input."""
+    of them, up to ``widest``, and a part's conv time beyond its share,
+    :func:`psgd.plan.spatial_time.extra_s`); (0, 1, 0.0) for a model without an image input."""
     names = [type(la).__name__ for la in model.layers]
     if "ChannelsLast" not in names:
-        return 0, 1
+        return 0, 1, 0.0
     from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, MaxPool2D
     from psgd.nn.norm import BatchNorm
     from psgd.tensor.spatial import height_split
@@ -211,7 +214,10 @@ def _spatial(model, spans, widest: int = 16) -> tuple[int, int]:
         except ValueError:
             break
         most = parts
-    return count, most
+    if most == 1 or not count:
+        return count, most, 0.0
+    from psgd.plan.spatial_time import extra_s
+    return count, most, extra_s(model.layers[:spans[count - 1][1]], batch)
 
 
 def _codecs(n_params: int) -> dict:

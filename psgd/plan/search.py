@@ -259,7 +259,8 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
 
 def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x P for each P dividing the ranks that the conv layers take (``--spatial``): the
-    leading image units' compute and activations over P, the rest whole on every part; per
+    leading image units' compute and activations over P (its convs as the parts run them,
+    ``spatial_extra_s``), the rest whole on every part; per
     split unit a halo exchange each way (its latency; the rows are few), one all-gather of
     the last split unit's output before the whole layers (and its adjoint), the P group's
     all-reduce of the split units' partial weight gradients, then the replicas'."""
@@ -269,9 +270,9 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= p <= profile.spatial_max or n == 0:
             continue
         d = budget.ranks // p
-        compute = sum(u.forward_fixed_s + u.backward_fixed_s
-                      + b * (u.forward_s + u.backward_s) / (p if i < n else 1)
-                      for i, u in enumerate(profile.units))
+        compute = b * profile.spatial_extra_s * 2 / p + sum(
+            u.forward_fixed_s + u.backward_fixed_s + b * (u.forward_s + u.backward_s) / (p if i < n else 1)
+            for i, u in enumerate(profile.units))
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
         comm = flat_allreduce_s(replace(group, n_params=max(1, gather)), list(range(p)),

@@ -400,3 +400,18 @@ def test_the_codec_measure_encodes_as_a_worker_does(monkeypatch, spec):
     c = measure_compression(spec, 512, 5000, seconds=0.01)
     assert c.encode_s > 0 and c.decode_s > 0 and c.ratio > 1
     assert seen and all(s == (residual(spec) and spec != "fp16", 5000) for s in seen)
+
+
+def test_a_tensor_rows_compute_is_its_units_share_times_the_measured_split_ratio():
+    from dataclasses import replace
+    from psgd.plan.search import tensor_plans
+    from psgd.plan.tensor_time import split_ratio
+    model = model_of_spec("mlp:30-16-12-10")
+    prof = profiles.profile_model(model, batch=4, repeats=1)
+    assert np.isfinite(prof.tensor_ratio) and prof.tensor_ratio > 0
+    assert np.isfinite(split_ratio(model, prof.units, 8, repeats=1))
+    budget = Budget(2, 1 << 40, Network(1.25e9), batch=8)
+    (one,), (two,) = tensor_plans(replace(prof, tensor_ratio=1.0), budget), \
+        tensor_plans(replace(prof, tensor_ratio=2.0), budget)
+    share = sum((u.forward_at(8) + u.backward_at(8)) / (2 if u.split_bytes else 1) for u in prof.units)
+    assert two.step_s - one.step_s == pytest.approx(share)

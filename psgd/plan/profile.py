@@ -59,7 +59,9 @@ class Profile:
     ``codecs``: compressor spec -> [ratio, encode s/byte, decode s/byte, summable in a ring];
     ``spatial_units``: the leading units --spatial splits by height, into at most
     ``spatial_max`` parts; ``spatial_extra_s``: seconds per sample by which one of two
-    parts' conv layers exceed half the whole ones (:mod:`psgd.plan.spatial_time`)."""
+    parts' conv layers exceed half the whole ones (:mod:`psgd.plan.spatial_time`);
+    ``tensor_ratio``: a --tensor part's step over its units' share
+    (:func:`psgd.plan.tensor_time.split_ratio`)."""
 
     spec: str
     batch: int
@@ -70,6 +72,7 @@ class Profile:
     spatial_units: int = 0
     spatial_max: int = 1
     spatial_extra_s: float = 0.0
+    tensor_ratio: float = 1.0
 
     @property
     def param_bytes(self) -> int:
@@ -176,8 +179,12 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
         per = max(0, held2[j] - held1[j]) // batch
         out.append(Unit(name, fs, bs, acts[j].nbytes // batch, acts[j + 1].nbytes // batch,
                         params, split_bytes, width, ff, bf, per, max(0, held1[j] - batch * per)))
+    ratio = 1.0
+    if any(u.split_bytes for u in out):
+        from psgd.plan.tensor_time import split_ratio
+        ratio = split_ratio(model, out, 2 * batch, repeats)
     return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params),
-                   0, _codecs(model.n_params), *_spatial(model, spans, batch))
+                   0, _codecs(model.n_params), *_spatial(model, spans, batch), ratio)
 
 
 class _Group:

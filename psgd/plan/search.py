@@ -229,8 +229,9 @@ def pipeline_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Pl
 
 def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x T for each T dividing the ranks, no wider than the narrowest split layer: split
-    units' compute over T, the group's collectives as the split pairs the layers
-    (:func:`psgd.plan.tensor_comm.tensor_collectives`), then the replicas' all-reduce."""
+    units' compute over T (times the profile's measured ``tensor_ratio``), the group's
+    collectives as the split pairs the layers (:func:`psgd.plan.tensor_comm.tensor_collectives`),
+    then the replicas' all-reduce."""
     split = [u for u in profile.units if u.split_bytes]
     if not split:
         return []
@@ -241,8 +242,8 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= t <= min(u.width for u in split):
             continue
         d = budget.ranks // t
-        compute = sum((u.forward_at(b) + u.backward_at(b)) / (t if u.split_bytes else 1)
-                      for u in profile.units)
+        compute = profile.tensor_ratio * sum((u.forward_at(b) + u.backward_at(b))
+                                             / (t if u.split_bytes else 1) for u in profile.units)
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * n // 4)), list(range(t)),
                                     budget.net) for n in reduced)

@@ -173,6 +173,20 @@ def test_dropout_is_the_identity_outside_training_and_drops_about_p_in_training(
     assert layer.forward(x) is x
 
 
+@pytest.mark.parametrize("rows, channels", [(0, 3), (5, 3), (65536, 32), (9000, 64)])
+def test_calibration_sums_are_the_whole_batch_float64_sums_without_its_copies(rows, channels):
+    import tracemalloc
+    from psgd.nn.norm import CALIBRATION_BLOCK_BYTES, batch_sums
+    x2 = (np.random.default_rng(rows).standard_normal((rows, channels)) * 3 + 1).astype(np.float32)
+    whole = x2.astype(np.float64)
+    tracemalloc.start()
+    s, q = batch_sums(x2)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert np.array_equal(s, whole.sum(axis=0)) and np.array_equal(q, (whole * whole).sum(axis=0))
+    assert peak <= 4 * CALIBRATION_BLOCK_BYTES + 16 * channels + 4096
+
+
 def test_batchnorm_calibration_gives_the_population_statistics():
     bn = BatchNorm((2, 2, 3))
     bind_flat(bn)

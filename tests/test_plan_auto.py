@@ -37,7 +37,7 @@ def toy_profile(spec=SPEC, seed=0) -> Profile:
                         params, params if dense else 0, layers[0].out_shape[0] if dense else 0))
     return Profile(model.spec, 8, tuple(out), 1e-10, 1000,
                    {"fp16": [2.0, 1e-10, 1e-10, True], "topk:0.01": [50.0, 1e-9, 1e-9, False]},
-                   *profiles._spatial(model, units(model)))
+                   *profiles._spatial(model, units(model), 4))
 
 
 def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
@@ -48,16 +48,56 @@ def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
         assert a.out_bytes == b.in_bytes                  # a unit's output is the next's input
     assert prof.units[0].in_bytes == 4 * int(np.prod(model.input_shape))
     assert all(u.forward_s > 0 and u.backward_s > 0 for u in prof.units)
+    assert all(type(t) is float for u in prof.units for t in (u.forward_s, u.forward_fixed_s, u.backward_s))
     profiles.save(prof, tmp_path / "p.json")
     assert profiles.load(tmp_path / "p.json") == prof
 
 
+def test_a_units_seconds_per_call_and_per_sample_go_through_its_two_timings():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n, per_sample, per_call = int(rng.integers(1, 64)), *rng.uniform(1e-6, 1e-3, 2)
+        slope, fixed = profiles._affine(per_call + n * per_sample, per_call + 2 * n * per_sample, n)
+        assert (slope, fixed) == pytest.approx((per_sample, per_call))
+        # the larger batch no slower than the smaller, or a negative intercept: proportional
+        for small, large in [(2 * fixed, fixed), (fixed, 3 * fixed)]:
+            slope, flat = profiles._affine(small, large, n)
+            assert flat == 0 and slope * 2 * n == pytest.approx(large)
+
+
+def test_the_profile_times_the_backward_the_model_runs(monkeypatch):
+    """No input gradient up to the first layer with parameters (a rank never computes it)."""
+    model = model_of_spec("mlp:12-8-6-4")
+    asked = []
+    for i, layer in enumerate(model.layers):
+        def backward(dy, need_dx=True, _i=i, _inner=layer.backward):
+            asked.append((_i, need_dx))
+            return _inner(dy, need_dx)
+        monkeypatch.setattr(layer, "backward", backward)
+    profiles.profile_model(model, batch=4, repeats=1)
+    first = min(i for i, la in enumerate(model.layers) if la.param_shapes())
+    assert asked and all(need == (i > first) for i, need in asked)
+
+
+def test_a_profiles_scratch_is_what_the_layers_hold_at_another_batch():
+    """Input gradients, im2col columns and pooling's argmax, per unit, beyond its output."""
+    from psgd.pipeline.partition import units
+    model = model_of_spec("lenet")
+    prof = profiles.profile_model(model, batch=4, repeats=1)
+    x = np.random.default_rng(0).standard_normal((6, *model.input_shape)).astype(model.dtype)
+    spans = units(model)
+    _, _, acts = profiles._time_units(model, x, spans)
+    held = profiles._scratch(model, spans, acts, 6)
+    assert [u.scratch_at(6) for u in prof.units] == held
+    assert sum(held) > 6 * sum(u.out_bytes for u in prof.units)     # more than the outputs
+
+
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
-    ('{"format": "psgd-profile/2", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
+    ('{"format": "psgd-profile/3", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
      '"base_bytes": 0}', "empty"),
     ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
-     "not a psgd-profile/2 file"),
+     "not a psgd-profile/3 file"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "p.json"
@@ -255,13 +295,35 @@ def test_the_spatial_parts_are_those_that_split_every_conv_layer():
     from psgd.pipeline.partition import units
     from psgd.tensor.spatial import SpatialWindow, height_split
     model = model_of_spec("lenet")
-    count, most = profiles._spatial(model, units(model))
+    count, most, _ = profiles._spatial(model, units(model), 4)
     assert 0 < count < len(units(model)) and most >= 2
     windows = [sum(isinstance(la, SpatialWindow) for la in height_split(model.layers, profiles._Group(p))[0])
                for p in (most, most + 1)]
     assert windows[0] == sum(type(la).__name__ in ("Conv2D", "MaxPool2D") for la in model.layers)
     assert windows[1] < windows[0]    # one more part: a layer is too thin, the rest runs whole
-    assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC))) == (0, 1)
+    assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC)), 4) == (0, 1, 0.0)
+
+
+def test_a_spatial_parts_convs_are_timed_on_the_slab_the_split_gives_them(monkeypatch):
+    """Each conv of the leading layers: the part's slab (rows plus halo, im2col) against the
+    whole layer as the model runs it, the difference a part's over its half."""
+    from psgd.plan import spatial_time
+    from psgd.tensor.spatial import SpatialWindow, height_split
+    model = model_of_spec("cifar-cnn")
+    timed = []
+
+    def seconds(conv, batch, repeats, fill=False):
+        timed.append((conv.in_shape, conv.winograd, fill))
+        return float(np.prod(conv.in_shape)) * (2.0 if fill else 1.0)
+    monkeypatch.setattr(spatial_time, "_seconds", seconds)
+    extra = spatial_time.extra_s(model.layers, 4)
+    split = [la.inner for la in height_split(model.layers, profiles._Group(2))[0]
+             if isinstance(la, SpatialWindow) and type(la.inner).__name__ == "Conv2D"]
+    convs = [la for la in model.layers if type(la).__name__ == "Conv2D"]
+    assert [t for t in timed if t[2]] == [(c.in_shape, False, True) for c in split]
+    assert [t for t in timed if not t[2]] == [(c.in_shape, c.winograd, False) for c in convs]
+    want = sum(2.0 * np.prod(s.in_shape) - np.prod(c.in_shape) / 2 for s, c in zip(split, convs))
+    assert extra == pytest.approx(want / 4)
 
 
 class _Neighbour:
@@ -321,3 +383,35 @@ def test_a_stage_allocates_the_weight_copies_the_plan_counts(schedule, s):
     flight = stage_in_flight(schedule, k, 1)[s]
     expected = weight_copies(schedule, flight) * stage.params.nbytes
     assert abs(peak + held - expected) < 0.1 * stage.params.nbytes, (peak, held, expected, flight)
+
+@pytest.mark.parametrize("spec", ["topk:0.01", "sign", "qsgd:4", "fp16"])
+def test_the_codec_measure_encodes_as_a_worker_does(monkeypatch, spec):
+    """Through the worker's encoder, with the error-feedback residual where --error-feedback
+    auto keeps one (its passes are a step's work too), on the whole gradient."""
+    from psgd.compress import feedback
+    from psgd.plan.codec import measure_compression, residual
+    seen = []
+    inner = feedback.PushEncoder.encode
+
+    def encode(self, grad):
+        seen.append((self.feedback, grad.size))
+        return inner(self, grad)
+    monkeypatch.setattr(feedback.PushEncoder, "encode", encode)
+    c = measure_compression(spec, 512, 5000, seconds=0.01)
+    assert c.encode_s > 0 and c.decode_s > 0 and c.ratio > 1
+    assert seen and all(s == (residual(spec) and spec != "fp16", 5000) for s in seen)
+
+
+def test_a_tensor_rows_compute_is_its_units_share_times_the_measured_split_ratio():
+    from dataclasses import replace
+    from psgd.plan.search import tensor_plans
+    from psgd.plan.tensor_time import split_ratio
+    model = model_of_spec("mlp:30-16-12-10")
+    prof = profiles.profile_model(model, batch=4, repeats=1)
+    assert np.isfinite(prof.tensor_ratio) and prof.tensor_ratio > 0
+    assert np.isfinite(split_ratio(model, prof.units, 8, repeats=1))
+    budget = Budget(2, 1 << 40, Network(1.25e9), batch=8)
+    (one,), (two,) = tensor_plans(replace(prof, tensor_ratio=1.0), budget), \
+        tensor_plans(replace(prof, tensor_ratio=2.0), budget)
+    share = sum((u.forward_at(8) + u.backward_at(8)) / (2 if u.split_bytes else 1) for u in prof.units)
+    assert two.step_s - one.step_s == pytest.approx(share)

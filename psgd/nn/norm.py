@@ -13,6 +13,21 @@ from psgd.kernels.batchnorm import (batchnorm_backward, batchnorm_forward_eval,
                                     batchnorm_forward_train)
 from psgd.nn.layers import Layer
 
+CALIBRATION_BLOCK_BYTES = 1 << 20     # float64 rows a calibration pass converts at a time
+
+
+def batch_sums(x2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 sums of the rows of ``x2`` (rows, C) and of their squares, a block of rows at
+    a time: the same additions, row after row, as over the whole batch converted at once,
+    without its two float64 copies."""
+    rows = max(1, CALIBRATION_BLOCK_BYTES // (8 * x2.shape[1]))
+    s, q = np.zeros(x2.shape[1]), np.zeros(x2.shape[1])
+    for a in range(0, x2.shape[0], rows):
+        block = x2[a:a + rows].astype(np.float64)
+        s = np.add.reduce(np.vstack([s[None], block]), axis=0)
+        q = np.add.reduce(np.vstack([q[None], block * block]), axis=0)
+    return s, q
+
 
 class BatchNorm(Layer):
     """``gamma * (x - mean) / sqrt(var + eps) + beta`` per channel; any per-sample shape (..., C).
@@ -63,9 +78,9 @@ class BatchNorm(Layer):
             batchnorm_forward_eval(x2, self.gamma, self.beta, self.mean, self.var, self.eps, self.relu, o2)
             return out
         if self.mode == "calibrate":
-            x64 = x2.astype(np.float64)
-            self._sum += x64.sum(axis=0)
-            self._sumsq += (x64 * x64).sum(axis=0)
+            s, q = batch_sums(x2)
+            self._sum += s
+            self._sumsq += q
             self._count += x2.shape[0]
         self._x2, self._o2 = x2, o2
         self._mean = self._buf("mean", (c,), np.float64)

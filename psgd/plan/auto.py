@@ -146,7 +146,8 @@ def run_auto(args: argparse.Namespace) -> None:
                           "plans": [as_dict(p, args.model, args.data) for p in top]}, indent=1))
         return
     print(f"{args.model}: {prof.param_bytes / 2**20:.2f} MB of parameters, "
-          f"{prof.compute_s * 1e6:.0f} us per sample, {prof.base_bytes / 2**20:.0f} MB per "
+          f"{prof.compute_at(budget.batch) / budget.batch * 1e6:.0f} us per sample at batch "
+          f"{budget.batch}, {prof.base_bytes / 2**20:.0f} MB per "
           f"process before training state; {budget.ranks} ranks, "
           f"{budget.memory / 2**20:.0f} MB each, batch {budget.batch} per replica; profile "
           f"{profiled:.1f} s, search {searched:.2f} s, {len(plans)} plans fit")

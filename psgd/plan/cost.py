@@ -93,10 +93,14 @@ class Job:
         return self.nbytes if self.touched is None else COORDINATE_BYTES * self.touched
 
     @property
+    def share(self) -> float:
+        """A worker's slow-down when the workers outnumber the cores."""
+        return max(1.0, self.workers / self.cores) if self.cores else 1.0
+
+    @property
     def compute_step_s(self) -> float:
         """One worker's compute per step, slowed when the workers outnumber the cores."""
-        share = max(1.0, self.workers / self.cores) if self.cores else 1.0
-        return self.batch * self.compute_s * share
+        return self.batch * self.compute_s * self.share
 
     def without_servers(self) -> "Job":
         """The same workers as an all-reduce job (no servers, the same placement rule)."""
@@ -321,7 +325,8 @@ def flat_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
 
 def compressed_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
     """The compressed all-reduce (psgd.collectives.compressed): the fp16 ring, or the
-    all-gather of each rank's encoding (N-1 frames to the right neighbour, MPI's ring)."""
+    all-gather of each rank's encoding (N-1 frames to the right neighbour, MPI's ring); the
+    codec's work slowed as the compute when the workers outnumber the cores."""
     n, c = len(ranks), job.compression
     if n == 1:
         return 0.0
@@ -334,7 +339,7 @@ def compressed_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
         for i, r in enumerate(ranks):
             t.carry(r, ranks[(i + 1) % n], (n - 1) * job.coded_bytes)
         codec_s = (c.encode_s + n * c.decode_s) * job.nbytes
-    return t.seconds(net, 2 * (n - 1) if c.ring else n) + codec_s
+    return t.seconds(net, 2 * (n - 1) if c.ring else n) + codec_s * job.share
 
 
 def ring_step_s(job: Job, net: Network) -> float:

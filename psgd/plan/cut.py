@@ -35,7 +35,7 @@ class Stages:
     def __post_init__(self):
         u, again = self.profile.units, 2 if self.rerun else 1
         object.__setattr__(self, "_compute", np.concatenate([[0.0], np.cumsum(
-            [again * x.forward_s + x.backward_s for x in u])]) * self.microbatch)
+            [again * x.forward_at(self.microbatch) + x.backward_at(self.microbatch) for x in u])]))
 
     def seconds(self, i: int, j: int, last: bool) -> float:
         """Compute of units [i, j) on one microbatch, plus sending its output and receiving

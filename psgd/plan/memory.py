@@ -9,10 +9,12 @@ OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "adam":
 
 
 def activations(units: tuple[Unit, ...] | list[Unit], samples: int, parts: int = 1) -> int:
-    """One forward's stored activations for ``samples``: the input and every unit's output;
-    a unit whose parameters --tensor splits keeps 1/``parts`` of its output."""
-    out = sum(u.out_bytes // parts if u.split_bytes else u.out_bytes for u in units)
-    return samples * (units[0].in_bytes + out)
+    """One forward's stored activations for ``samples``: the input and every unit's output,
+    and the layers' scratch (:meth:`Unit.scratch_at`); a unit whose parameters --tensor
+    splits keeps 1/``parts`` of its output and scratch."""
+    return samples * units[0].in_bytes + sum(
+        (samples * u.out_bytes + u.scratch_at(samples)) // (parts if u.split_bytes else 1)
+        for u in units)
 
 
 def allreduce_worker(profile: Profile, batch: int, slots: int) -> int:
@@ -38,11 +40,11 @@ def pipeline_stage(units: list[Unit], microbatch: int, in_flight: int, slots: in
                    stashed: int = 0, replicated: bool = False) -> int:
     """A pipeline stage: parameters, gradient and its accumulation, optimizer state,
     ``stashed`` weight versions (PipeDream), the all-reduce buffer across replicas, the
-    inputs of ``in_flight`` microbatches and one microbatch's activations inside it."""
+    inputs of ``in_flight`` microbatches and one microbatch's activations and scratch inside it."""
     params = sum(u.param_bytes for u in units)
     return ((3 + slots + stashed + int(replicated)) * params
             + in_flight * microbatch * units[0].in_bytes
-            + microbatch * sum(u.out_bytes for u in units))
+            + sum(microbatch * u.out_bytes + u.scratch_at(microbatch) for u in units))
 
 
 def tensor_params(profile: Profile, parts: int) -> int:

@@ -1,5 +1,5 @@
-"""A model's per-unit profile for the planner: forward and backward seconds, activation and
-parameter bytes per cuttable unit, the optimizer step's seconds per byte, the compressors'
+"""A model's per-unit profile for the planner: forward and backward seconds (per call and per
+sample, from two batch sizes), activation and parameter bytes per cuttable unit, the optimizer step's seconds per byte, the compressors'
 codecs, the spatial split's reach, and the bytes a rank holds besides its training state;
 saved as JSON."""
 from __future__ import annotations
@@ -12,13 +12,16 @@ import numpy as np
 
 from psgd.errors import UsageError
 
-FORMAT = "psgd-profile/2"        # /2: base_bytes
+FORMAT = "psgd-profile/3"        # /2: base_bytes; /3: seconds per call, scratch
 SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor splits
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One cuttable unit (:func:`psgd.pipeline.partition.units`), per sample of a batch.
+    """One cuttable unit (:func:`psgd.pipeline.partition.units`): ``forward_s`` and
+    ``backward_s`` per sample of a batch, ``*_fixed_s`` per call whatever its batch (mostly
+    reading the weights: a small batch runs a GEMM slower per sample); bytes per sample,
+    ``scratch_fixed`` bytes whatever the batch.
 
     ``split_bytes``: the part of ``param_bytes`` that --tensor divides among its parts;
     ``width``: the narrowest split layer's output width (no more parts than that).
@@ -32,6 +35,21 @@ class Unit:
     param_bytes: int
     split_bytes: int = 0
     width: int = 0
+    forward_fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
+    scratch_bytes: int = 0
+    scratch_fixed: int = 0
+
+    def scratch_at(self, batch: int) -> int:
+        """Bytes of the layers' kept buffers beyond the unit's output for a batch of ``batch``
+        (input gradients, im2col columns, Winograd tiles, pooling's argmax)."""
+        return self.scratch_fixed + batch * self.scratch_bytes
+
+    def forward_at(self, batch: int) -> float:
+        return self.forward_fixed_s + batch * self.forward_s
+
+    def backward_at(self, batch: int) -> float:
+        return self.backward_fixed_s + batch * self.backward_s
 
 
 @dataclass(frozen=True)
@@ -40,7 +58,10 @@ class Profile:
     ``base_bytes``: a rank's resident bytes beyond its training state (:mod:`psgd.plan.base`);
     ``codecs``: compressor spec -> [ratio, encode s/byte, decode s/byte, summable in a ring];
     ``spatial_units``: the leading units --spatial splits by height, into at most
-    ``spatial_max`` parts."""
+    ``spatial_max`` parts; ``spatial_extra_s``: seconds per sample by which one of two
+    parts' conv layers exceed half the whole ones (:mod:`psgd.plan.spatial_time`);
+    ``tensor_ratio``: a --tensor part's step over its units' share
+    (:func:`psgd.plan.tensor_time.split_ratio`)."""
 
     spec: str
     batch: int
@@ -50,6 +71,8 @@ class Profile:
     codecs: dict = field(default_factory=dict, hash=False)
     spatial_units: int = 0
     spatial_max: int = 1
+    spatial_extra_s: float = 0.0
+    tensor_ratio: float = 1.0
 
     @property
     def param_bytes(self) -> int:
@@ -59,6 +82,10 @@ class Profile:
     def compute_s(self) -> float:
         """Forward plus backward seconds per sample, the whole model on one core."""
         return sum(u.forward_s + u.backward_s for u in self.units)
+
+    def compute_at(self, batch: int) -> float:
+        """Forward plus backward seconds of a batch of ``batch``, the whole model on one core."""
+        return sum(u.forward_at(batch) + u.backward_at(batch) for u in self.units)
 
 
 def _unit_info(model, lo: int, hi: int) -> tuple[str, int, int]:
@@ -70,6 +97,8 @@ def _unit_info(model, lo: int, hi: int) -> tuple[str, int, int]:
 
 
 def _time_units(model, x, spans) -> tuple[list[float], list[float], list[np.ndarray]]:
+    """Each span's forward and backward seconds on ``x``; no input gradient up to the first
+    layer with parameters, as the model's own backward."""
     acts, fw, bw, a = [], [], [0.0] * len(spans), x
     for lo, hi in spans:
         acts.append(a)
@@ -82,9 +111,34 @@ def _time_units(model, x, spans) -> tuple[list[float], list[float], list[np.ndar
         lo, hi = spans[j]
         t = time.perf_counter()
         for i in range(hi - 1, lo - 1, -1):
-            dy = model.layers[i].backward(dy, need_dx=True)
+            dy = model.layers[i].backward(dy, need_dx=i > model._first_param_layer)
         bw[j] = time.perf_counter() - t
     return fw, bw, acts + [a]
+
+
+def _best_times(model, x, spans, repeats: int) -> tuple[np.ndarray, np.ndarray, list]:
+    _time_units(model, x, spans)                    # compile, and the buffers of this batch
+    fw, bw = np.full(len(spans), np.inf), np.full(len(spans), np.inf)
+    for _ in range(repeats):
+        f, b, acts = _time_units(model, x, spans)
+        fw, bw = np.minimum(fw, f), np.minimum(bw, b)
+    return fw, bw, acts
+
+
+def _scratch(model, spans, acts: list, batch: int) -> list[int]:
+    """Each span's layer buffers (:meth:`psgd.nn.layers.Layer._buf`) less its output."""
+    held = [sum(b.nbytes for la in model.layers[lo:hi] for b in getattr(la, "_bufs", {}).values())
+            for lo, hi in spans]
+    return [max(0, h - acts[j + 1].nbytes // acts[j + 1].shape[0] * batch) for j, h in enumerate(held)]
+
+
+def _affine(small: float, large: float, n: int) -> tuple[float, float]:
+    """(per sample, per call) seconds through a call's times at ``n`` and ``2 n`` samples;
+    proportional where the two do not give a positive slope and intercept (timing noise)."""
+    slope = (large - small) / n
+    if slope <= 0 or small - n * slope < 0:
+        return large / (2 * n), 0.0
+    return slope, small - n * slope
 
 
 def _step_s_per_byte(n: int, seconds: float = 0.1) -> float:
@@ -101,29 +155,36 @@ def _step_s_per_byte(n: int, seconds: float = 0.1) -> float:
 
 
 def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Profile:
-    """Time each unit of ``model`` (a :class:`psgd.nn.model.Model`) on a random batch of
-    ``batch`` samples, best of ``repeats`` after one warm-up pass; per-sample figures; the
-    compressors' codecs and the spatial split's reach. ``base_bytes`` is left 0:
-    :func:`psgd.plan.auto.get_profile` measures it (:mod:`psgd.plan.base`). Call it with
-    BLAS on one thread, as a rank runs (psgd's command line pins it before numpy loads)."""
+    """Time each unit of ``model`` (a :class:`psgd.nn.model.Model`) on random batches of
+    ``batch`` and ``2 batch`` samples, best of ``repeats`` after one warm-up pass each; a
+    unit's seconds per sample and per call through the two; the compressors' codecs and the
+    spatial split's reach. ``base_bytes`` is left 0: :func:`psgd.plan.auto.get_profile`
+    measures it (:mod:`psgd.plan.base`). Call it with BLAS on one thread, as a rank runs
+    (psgd's command line pins it before numpy loads)."""
     from psgd.pipeline.partition import units
     spans = units(model)
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch, *model.input_shape)).astype(model.dtype)
+    x = rng.standard_normal((2 * batch, *model.input_shape)).astype(model.dtype)
     model._set_mode("train")
-    _time_units(model, x, spans)                    # compile
-    fw, bw = [np.inf] * len(spans), [np.inf] * len(spans)
-    for _ in range(repeats):
-        f, b, acts = _time_units(model, x, spans)
-        fw, bw = np.minimum(fw, f), np.minimum(bw, b)
+    fw1, bw1, acts = _best_times(model, x[:batch], spans, repeats)
+    held1 = _scratch(model, spans, acts, batch)
+    fw2, bw2, _ = _best_times(model, x, spans, repeats)
+    held2 = _scratch(model, spans, acts, 2 * batch)
     out = []
     for j, (lo, hi) in enumerate(spans):
         name, split_bytes, width = _unit_info(model, lo, hi)
         params = 4 * sum(int(np.prod(s)) for la in model.layers[lo:hi] for _, s in la.param_shapes())
-        out.append(Unit(name, float(fw[j]) / batch, float(bw[j]) / batch, acts[j].nbytes // batch,
-                        acts[j + 1].nbytes // batch, params, split_bytes, width))
+        (fs, ff), (bs, bf) = (_affine(float(a[j]), float(b[j]), batch)
+                              for a, b in ((fw1, fw2), (bw1, bw2)))
+        per = max(0, held2[j] - held1[j]) // batch
+        out.append(Unit(name, fs, bs, acts[j].nbytes // batch, acts[j + 1].nbytes // batch,
+                        params, split_bytes, width, ff, bf, per, max(0, held1[j] - batch * per)))
+    ratio = 1.0
+    if any(u.split_bytes for u in out):
+        from psgd.plan.tensor_time import split_ratio
+        ratio = split_ratio(model, out, 2 * batch, repeats)
     return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params),
-                   0, _codecs(model.n_params), *_spatial(model, spans))
+                   0, _codecs(model.n_params), *_spatial(model, spans, batch), ratio)
 
 
 class _Group:
@@ -139,12 +200,13 @@ class _Group:
         return 0
 
 
-def _spatial(model, spans, widest: int = 16) -> tuple[int, int]:
+def _spatial(model, spans, batch: int, widest: int = 16) -> tuple[int, int, float]:
     """(the leading units psgd.tensor.spatial splits by height, the most parts that split all
-    of them, up to ``widest``); (0, 1) for a model without an image input."""
+    of them, up to ``widest``, and a part's conv time beyond its share,
+    :func:`psgd.plan.spatial_time.extra_s`); (0, 1, 0.0) for a model without an image input."""
     names = [type(la).__name__ for la in model.layers]
     if "ChannelsLast" not in names:
-        return 0, 1
+        return 0, 1, 0.0
     from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, MaxPool2D
     from psgd.nn.norm import BatchNorm
     from psgd.tensor.spatial import height_split
@@ -159,7 +221,10 @@ def _spatial(model, spans, widest: int = 16) -> tuple[int, int]:
         except ValueError:
             break
         most = parts
-    return count, most
+    if most == 1 or not count:
+        return count, most, 0.0
+    from psgd.plan.spatial_time import extra_s
+    return count, most, extra_s(model.layers[:spans[count - 1][1]], batch)
 
 
 def _codecs(n_params: int) -> dict:
@@ -189,8 +254,9 @@ def load(path: str) -> Profile:
             raise ValueError(f"not a {FORMAT} file")
         units = tuple(Unit(**u) for u in data.pop("units"))
         profile = Profile(units=units, **data)
-        bad = [u.name for u in units if min(u.forward_s, u.backward_s, u.in_bytes, u.out_bytes,
-                                            u.param_bytes) < 0]
+        bad = [u.name for u in units if min(u.forward_s, u.backward_s, u.forward_fixed_s,
+                                            u.backward_fixed_s, u.in_bytes, u.out_bytes,
+                                            u.param_bytes, u.scratch_bytes, u.scratch_fixed) < 0]
         if not units or bad or profile.batch < 1 or not profile.step_s_per_byte >= 0 \
                 or profile.base_bytes < 0:
             raise ValueError("empty, or a negative time or size" + (f" in {bad[0]}" if bad else ""))

@@ -151,7 +151,7 @@ def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
         w = budget.ranks - servers
         for codec in ["", *profile.codecs]:
             c = _codec(profile, budget, codec)
-            job = Job(n_params, profile.compute_s, budget.batch, w, servers, budget.per_node,
+            job = Job(n_params, profile.compute_at(budget.batch) / budget.batch, budget.batch, w, servers, budget.per_node,
                       budget.cliques, budget.cores, compression=c)
             for row, r in predict(job, budget.net).items():
                 entry = get(row.split()[0])
@@ -229,8 +229,9 @@ def pipeline_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Pl
 
 def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x T for each T dividing the ranks, no wider than the narrowest split layer: split
-    units' compute over T, the group's collectives as the split pairs the layers
-    (:func:`psgd.plan.tensor_comm.tensor_collectives`), then the replicas' all-reduce."""
+    units' compute over T (times the profile's measured ``tensor_ratio``), the group's
+    collectives as the split pairs the layers (:func:`psgd.plan.tensor_comm.tensor_collectives`),
+    then the replicas' all-reduce."""
     split = [u for u in profile.units if u.split_bytes]
     if not split:
         return []
@@ -241,8 +242,8 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= t <= min(u.width for u in split):
             continue
         d = budget.ranks // t
-        compute = b * sum((u.forward_s + u.backward_s) / (t if u.split_bytes else 1)
-                          for u in profile.units)
+        compute = profile.tensor_ratio * sum((u.forward_at(b) + u.backward_at(b))
+                                             / (t if u.split_bytes else 1) for u in profile.units)
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * n // 4)), list(range(t)),
                                     budget.net) for n in reduced)
@@ -259,7 +260,8 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
 
 def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x P for each P dividing the ranks that the conv layers take (``--spatial``): the
-    leading image units' compute and activations over P, the rest whole on every part; per
+    leading image units' compute and activations over P (its convs as the parts run them,
+    ``spatial_extra_s``), the rest whole on every part; per
     split unit a halo exchange each way (its latency; the rows are few), one all-gather of
     the last split unit's output before the whole layers (and its adjoint), the P group's
     all-reduce of the split units' partial weight gradients, then the replicas'."""
@@ -269,8 +271,9 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= p <= profile.spatial_max or n == 0:
             continue
         d = budget.ranks // p
-        compute = b * sum((u.forward_s + u.backward_s) / (p if i < n else 1)
-                          for i, u in enumerate(profile.units))
+        compute = b * profile.spatial_extra_s * 2 / p + sum(
+            u.forward_fixed_s + u.backward_fixed_s + b * (u.forward_s + u.backward_s) / (p if i < n else 1)
+            for i, u in enumerate(profile.units))
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
         comm = flat_allreduce_s(replace(group, n_params=max(1, gather)), list(range(p)),
@@ -279,8 +282,8 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
                                list(range(p)), budget.net)
         update = (_replica_allreduce_s(budget, profile.param_bytes, p, d) if d > 1 else 0.0) \
             + profile.param_bytes * profile.step_s_per_byte
-        acts = b * (lead[0].in_bytes + sum(u.out_bytes // (p if i < n else 1)
-                                           for i, u in enumerate(profile.units)))
+        acts = b * lead[0].in_bytes + sum((b * u.out_bytes + u.scratch_at(b)) // (p if i < n else 1)
+                                          for i, u in enumerate(profile.units))
         mem = (3 + budget.slots) * profile.param_bytes + acts + budget.fixed(profile, d)
         wire = d * (2 * (p - 1) * (b * lead[-1].out_bytes + sum(u.param_bytes for u in lead))) \
             + 2 * (d - 1) * profile.param_bytes * p
@@ -293,8 +296,9 @@ def _on_shared_cores(profile: Profile, budget: Budget) -> Profile:
     """``profile`` with its compute slowed by ranks / cores when the ranks outnumber the cores
     (the data rows slow their workers' compute the same way, :class:`Job`'s ``cores``)."""
     slow = max(1.0, budget.ranks / budget.cores) if budget.cores else 1.0
-    units = tuple(replace(u, forward_s=u.forward_s * slow, backward_s=u.backward_s * slow)
-                  for u in profile.units)
+    units = tuple(replace(u, forward_s=u.forward_s * slow, backward_s=u.backward_s * slow,
+                          forward_fixed_s=u.forward_fixed_s * slow,
+                          backward_fixed_s=u.backward_fixed_s * slow) for u in profile.units)
     return replace(profile, units=units, step_s_per_byte=profile.step_s_per_byte * slow)
 
 

@@ -177,7 +177,7 @@ def test_plans_over_the_cap_are_dropped_and_the_fastest_comes_first():
     rates = [p.samples_per_s for p in fit]
     assert rates == sorted(rates, reverse=True)
     kinds = {p.kind for p in loose}
-    assert kinds == {"data", "pipeline", "tensor"}
+    assert kinds == {"data", "pipeline", "tensor", "grid"}
     assert {p.compress for p in loose} == {"", "fp16", "topk:0.01"}
     for p in fit:
         assert p.sync == (p.staleness == 0 and not p.compress and not p.averaging)
@@ -215,8 +215,9 @@ def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan(spec
             assert opts.counts() == list(plan.partition)
         else:
             assert opts is None
-        if plan.kind in ("tensor", "spatial"):
-            assert grid_shape(args, 4) == (plan.replicas, plan.parts, plan.kind)
+        if plan.kind in ("tensor", "spatial", "grid"):
+            axis = "auto" if plan.kind == "grid" else plan.kind
+            assert grid_shape(args, 4) == (plan.replicas, plan.parts, axis)
         assert (args.servers or 0) == plan.servers
         assert (args.compress or "") == plan.compress
         if plan.compress:       # the protocol takes the compressor (the options' own check)

@@ -58,3 +58,24 @@ def tensor_part(profile: Profile, batch: int, parts: int, slots: int, replicated
     all-reduce buffer across ``replicated`` replicas, and the activations (split units' 1/T)."""
     params = tensor_params(profile, parts)
     return (2 + slots + int(replicated)) * params + activations(profile.units, batch, parts)
+
+
+def grid_params(profile: Profile, on_samples: int, parts: int) -> int:
+    """The parameter bytes one of ``parts`` ranks of a --grid auto group holds: the first
+    ``on_samples`` units' whole, the rest's as a tensor part's."""
+    split = sum(u.split_bytes for u in profile.units[on_samples:])
+    return profile.param_bytes - split + -(-split // parts)
+
+
+def grid_part(profile: Profile, batch: int, parts: int, slots: int, replicated: bool,
+              on_samples: int) -> int:
+    """One of ``parts`` ranks of a --grid auto group: its parameters (:func:`grid_params`),
+    their gradient, optimizer state, the all-reduce buffer across ``replicated`` replicas, the
+    batch's input, the first ``on_samples`` units' activations at its share of the samples,
+    and the rest's as a tensor part's from the gathered batch."""
+    params = grid_params(profile, on_samples, parts)
+    head, tail = profile.units[:on_samples], profile.units[on_samples:]
+    share = -(-batch // parts)
+    acts = batch * head[0].in_bytes + sum(share * u.out_bytes + u.scratch_at(share) for u in head) \
+        if head else 0
+    return (2 + slots + int(replicated)) * params + acts + (activations(tail, batch, parts) if tail else 0)

@@ -1,6 +1,7 @@
 """The search behind `psgd plan --auto`: data-parallel rows of every protocol (plain and
-compressed), pipelines D x K (cut by dynamic program), tensor splits D x T and spatial splits
-D x P, those over the memory cap dropped, fastest first."""
+compressed), pipelines D x K (cut by dynamic program), tensor splits D x T, spatial splits
+D x P and auto grids D x T (each layer's split as --grid auto chooses it), those over the
+memory cap dropped, fastest first."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -44,7 +45,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Plan:
-    """One way to run: ``kind`` data, pipeline, tensor or spatial; D = ``replicas`` (the
+    """One way to run: ``kind`` data, pipeline, tensor, spatial or grid (--grid D,auto); D = ``replicas`` (the
     workers of a data plan), K ``stages``, T (or P) ``parts``; predicted seconds per step, bytes per rank, idle
     fraction of the pipeline, bytes on the wire per step; ``sync``: the arithmetic is
     serial SGD's on the union of the batches, else ``staleness`` steps expected,
@@ -90,6 +91,8 @@ class Plan:
             args += ["--grid", f"{self.replicas},{self.parts}"]
         if self.kind == "spatial":
             args += ["--spatial", str(self.parts)]
+        if self.kind == "grid":
+            args += ["--grid", f"{self.replicas},auto", *self.extra["network"]]
         return args
 
     def label(self) -> str:
@@ -98,6 +101,8 @@ class Plan:
                     f"cut {','.join(map(str, self.partition))}")
         if self.kind in ("tensor", "spatial"):
             return f"{self.kind} {self.replicas}x{self.parts}"
+        if self.kind == "grid":
+            return f"grid {self.replicas}x{self.parts} auto cut {self.extra['cut']}"
         codec = f" {self.compress}" if self.compress else ""
         return f"{self.extra.get('row', self.protocol)}{codec} W={self.replicas} S={self.servers}"
 
@@ -292,6 +297,13 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
     return plans
 
 
+def grid_plans(profile: Profile, budget: Budget) -> list[Plan]:
+    """--grid D,auto for each T >= 2 dividing the ranks (:func:`psgd.plan.grid.grid_rows`)."""
+    from psgd.plan.grid import grid_rows, serial_layers
+    return [Plan("grid", "allreduce", budget.ranks, budget.batch, **row)
+            for row in grid_rows(profile, budget, serial_layers(profile.spec))]
+
+
 def _on_shared_cores(profile: Profile, budget: Budget) -> Profile:
     """``profile`` with its compute slowed by ranks / cores when the ranks outnumber the cores
     (the data rows slow their workers' compute the same way, :class:`Job`'s ``cores``)."""
@@ -310,7 +322,7 @@ def search(profile: Profile, budget: Budget) -> tuple[list[Plan], Plan]:
         raise UsageError(f"--ranks {budget.ranks}: a plan needs at least 1 rank")
     shared = _on_shared_cores(profile, budget)
     loose = data_plans(profile, budget) + tensor_plans(shared, budget) \
-        + spatial_plans(shared, budget) + pipeline_plans(shared, budget, None)
+        + spatial_plans(shared, budget) + grid_plans(shared, budget) + pipeline_plans(shared, budget, None)
     smallest = min(loose, key=lambda p: p.memory)
     fit = [p for p in loose if p.memory <= budget.memory]
     fit += [p for p in pipeline_plans(shared, budget, budget.memory)

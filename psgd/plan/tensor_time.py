@@ -16,14 +16,17 @@ class _Done:
         return True
 
 
-class _Alone:
-    """Rank 0 of :data:`PARTS` whose collectives complete at once (the others add zeros)."""
+class Alone:
+    """Rank 0 of ``parts`` whose collectives complete at once (the others add zeros)."""
+
+    def __init__(self, parts: int = PARTS) -> None:
+        self.parts = parts
 
     def Get_rank(self) -> int:
         return 0
 
     def Get_size(self) -> int:
-        return PARTS
+        return self.parts
 
     def Iallreduce(self, send, recv, op):
         recv[0][...] = send[0]
@@ -42,7 +45,7 @@ def split_ratio(model, units, batch: int, repeats: int = 3) -> float:
     share of it (split units' forward and backward / PARTS, the others whole)."""
     from psgd.tensor.conv import split_tensor
     from psgd.tensor.model import TensorModel
-    part = TensorModel(model.spec, split_tensor, _Alone(), input_shape=model.input_shape,
+    part = TensorModel(model.spec, split_tensor, Alone(), input_shape=model.input_shape,
                        n_classes=model.n_classes)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *part.input_shape)).astype(part.dtype)

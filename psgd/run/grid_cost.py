@@ -1,15 +1,14 @@
 """The prices `--grid auto` cuts by: `psgd plan`'s :class:`~psgd.plan.cost.Network` (from
---bandwidth, --latency-us, --per-node, or the link ``psgd net`` emulates) and its all-reduce
-by messages, :func:`~psgd.plan.cost.flat_allreduce_s`, with an all-gather priced as an
-all-reduce of half its bytes, as `psgd plan`'s tensor rows price it."""
+--bandwidth, --latency-us, --per-node, or the link ``psgd net`` emulates) and the price
+`psgd plan`'s auto-grid rows cut by, :func:`psgd.plan.grid.group_price`."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from types import SimpleNamespace
 
 from psgd.errors import UsageError
-from psgd.plan.cost import Job, Network, flat_allreduce_s
+from psgd.plan.cost import Network
+from psgd.plan.grid import group_price
 from psgd.plan.inputs import parse_bandwidth
 
 BANDWIDTH, LATENCY_US = "10gbit", 20.0     # psgd plan's defaults
@@ -45,18 +44,8 @@ def network(flags, environ=os.environ) -> tuple[Network, int | None, str]:
 
 
 def pricer(flags, ranks: int, parts: int, first: int = 0, environ=os.environ):
-    """``price(kind, nbytes)``: seconds of one collective of ``nbytes`` among the ``parts``
-    ranks of a group (kind ``all-reduce`` or ``all-gather``), or across the replicas (kind
-    ``replica all-reduce``), on a grid of ``ranks`` from world rank ``first`` in which rank w
-    is part w % parts of replica w // parts; and the network's line."""
+    """(``price(kind, nbytes)`` of :func:`~psgd.plan.grid.group_price` for a group of ``parts``
+    on a grid of ``ranks`` from world rank ``first``, on the network of ``flags``; the
+    network's line)."""
     net, cliques, line = network(flags, environ)
-    job = Job(1, 0.0, 1, first + ranks, 0, flags.per_node or 1, cliques)
-    group = [first + r for r in range(parts)]
-    replicas = [first + r for r in range(0, ranks, parts)]
-
-    def price(kind: str, nbytes: float) -> float:
-        ranks_of = replicas if kind == "replica all-reduce" else group
-        reduced = nbytes / 2 if kind == "all-gather" else nbytes
-        return flat_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))), ranks_of, net)
-    return price, line
-
+    return group_price(net, flags.per_node or 1, cliques, ranks, parts, first), line

@@ -86,7 +86,8 @@ def _search(args: argparse.Namespace, ranks: int) -> dict:
 
 
 def apply(args: argparse.Namespace, plan: dict) -> None:
-    """Set the flags of ``plan`` (a dict of :func:`psgd.plan.auto.as_dict`) on ``args``."""
+    """Set the flags of ``plan`` (a dict of :func:`psgd.plan.auto.as_dict`) on ``args``; an
+    auto grid's network flags too."""
     words = plan["train_args"]
     parsed = dict(zip(words[::2], words[1::2]))
     args.protocol, args.batch_size = parsed["--protocol"], int(parsed["--batch-size"])
@@ -97,6 +98,9 @@ def apply(args: argparse.Namespace, plan: dict) -> None:
     args.grid = parsed.get("--grid")
     args.spatial = int(parsed["--spatial"]) if "--spatial" in parsed else None
     args.compress = parsed.get("--compress")
+    for flag, kind in (("--bandwidth", str), ("--latency-us", float), ("--per-node", int)):
+        if flag in parsed:      # an auto grid's network, which it cuts by
+            setattr(args, flag[2:].replace("-", "_"), kind(parsed[flag]))
 
 
 def _broadcast(comm, plan: dict | None) -> dict:

@@ -1,0 +1,82 @@
+"""`--grid auto` in `psgd plan`: the price its cut is chosen by (:func:`group_price`, which
+the run's :mod:`psgd.run.grid_cost` uses too) and the D x T rows, each at the cut
+:func:`psgd.tensor.mixed.choose_cut` takes, with the profile's compute and memory."""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+from psgd.plan import memory
+from psgd.plan.cost import Job, Network, flat_allreduce_s
+
+ITEMSIZE = 4        # float32, psgd train's dtype
+
+
+def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, parts: int,
+                first: int = 0):
+    """``price(kind, nbytes)``: seconds of one collective of ``nbytes`` among the ``parts``
+    ranks of a group (kind ``all-reduce`` or ``all-gather``, the latter priced as an
+    all-reduce of half its bytes, as the tensor rows price it), or across the replicas (kind
+    ``replica all-reduce``), on a grid of ``ranks`` from world rank ``first`` in which rank w
+    is part w % parts of replica w // parts: psgd's all-reduce on ``net``."""
+    job = Job(1, 0.0, 1, first + ranks, 0, per_node, cliques)
+    group = [first + r for r in range(parts)]
+    replicas = [first + r for r in range(0, ranks, parts)]
+
+    def price(kind: str, nbytes: float) -> float:
+        ranks_of = replicas if kind == "replica all-reduce" else group
+        reduced = nbytes / 2 if kind == "all-gather" else nbytes
+        return flat_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))), ranks_of, net)
+    return price
+
+
+def network_args(budget) -> list[str]:
+    """The ``psgd train`` flags that give the run ``budget``'s network to cut by."""
+    return ["--bandwidth", f"{budget.net.bandwidth * 8e-9:.12g}gbit",
+            "--latency-us", f"{budget.net.latency * 1e6:.12g}", "--per-node", str(budget.per_node)]
+
+
+def serial_layers(spec: str) -> list | None:
+    """The layers of ``spec`` as the run splits them (no parameters drawn); None for a spec
+    that takes its input shape from the data or is sparse (no --grid auto row)."""
+    from psgd.nn.model import model_layers
+    try:
+        return list(model_layers(spec)[0])
+    except (ValueError, KeyError):
+        return None
+
+
+def grid_rows(profile, budget, layers: list | None) -> list[dict]:
+    """The fields of each :class:`~psgd.plan.search.Plan` of kind ``grid`` (all but kind,
+    protocol, ranks and batch): ``--grid D,auto`` for each T >= 2 dividing the ranks: the cut of
+    :func:`~psgd.tensor.mixed.choose_cut` priced by :func:`group_price` on the budget's
+    network (its seconds are the row's collectives, the replicas' all-reduce included); the
+    units before the cut computed on batch / T samples, those after it as a tensor row's
+    (split units over T, times the measured ``tensor_ratio``); the optimizer step on the
+    rank's parameters."""
+    from psgd.pipeline.partition import units
+    from psgd.plan.tensor_time import Alone
+    from psgd.tensor.mixed import choose_cut, split_mixed, step_seconds
+    if layers is None or not any(u.split_bytes for u in profile.units):
+        return []
+    starts = [a for a, _ in units(SimpleNamespace(layers=layers))]
+    plans, b = [], budget.batch
+    for t in [t for t in range(2, budget.ranks + 1) if budget.ranks % t == 0]:
+        d = budget.ranks // t
+        price = group_price(budget.net, budget.per_node, budget.cliques, budget.ranks, t)
+        cut, costs = choose_cut(layers, Alone(t), b, ITEMSIZE, price, d)
+        k = sum(a < cut for a in starts)            # units on samples
+        head, tail = profile.units[:k], profile.units[k:]
+        compute = sum(u.forward_at(-(-b // t)) + u.backward_at(-(-b // t)) for u in head) \
+            + profile.tensor_ratio * sum((u.forward_at(b) + u.backward_at(b)) / (t if u.split_bytes else 1)
+                                         for u in tail)
+        local = memory.grid_params(profile, k, t)
+        moved = step_seconds(split_mixed(layers, Alone(t), cut), b, ITEMSIZE,
+                             lambda kind, n: n / 2 if kind == "all-gather" else n)
+        wire = d * 2 * (t - 1) * moved + 2 * (d - 1) * local * t
+        plans.append({"step_s": compute + costs[cut] + local * profile.step_s_per_byte,
+                      "memory": budget.fixed(profile, d) + memory.grid_part(profile, b, t, budget.slots, d > 1, k),
+                      "wire_bytes": wire, "replicas": d, "parts": t,
+                      "extra": {"cut": cut, "collective_s": costs[cut], "compute_s": compute,
+                                "network": network_args(budget)}})
+    return plans

@@ -1,0 +1,96 @@
+"""`psgd plan --auto`'s auto-grid rows (--grid D,auto): the cut and its collectives are the
+run's own choice on the same network, the compute and memory are the profile's, and a model
+whose mixed cut is cheapest gets a row faster than its pure tensor and pure data rows."""
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from psgd.plan import memory
+from psgd.plan.cost import Network
+from psgd.plan.search import Budget, search
+from test_plan_auto import toy_profile
+
+
+def real_names(prof):
+    """``prof`` with each unit named as a measured profile names it (its layers, lower case):
+    the tensor rows read their collectives from those names."""
+    from psgd.pipeline.partition import units
+    from psgd.plan.inputs import model_of_spec
+    model = model_of_spec(prof.spec)
+    names = ["+".join(type(la).__name__.lower() for la in model.layers[lo:hi]) for lo, hi in units(model)]
+    return replace(prof, units=tuple(replace(u, name=n) for u, n in zip(prof.units, names)))
+
+
+@pytest.mark.parametrize("spec, ranks, rate", [("lenet", 2, 1e9), ("lenet", 4, 1e8),
+                                               ("mlp:20-16-12-8-4", 4, 1e10)])
+def test_an_auto_grid_rows_collectives_are_the_runs_chosen_cut_and_its_price(spec, ranks, rate):
+    """Each grid row's cut and collective seconds are those `psgd train` chooses when given the
+    row's own command: its flags parsed by psgd train, priced by psgd.run.grid_cost, cut by
+    choose_cut on the layers the run splits."""
+    from psgd.cli import build_parser
+    from psgd.nn.model import model_layers
+    from psgd.run.grid_cost import pricer
+    from psgd.run.plan_job import network_flags
+    from psgd.run.tensor_rank import grid_shape
+    from psgd.tensor.mixed import choose_cut
+    from test_tensor import FakeComm
+    net = Network(rate / 8, 20 * 1e-6)      # as psgd plan and psgd train read --latency-us 20
+    fit, _ = search(real_names(toy_profile(spec)), Budget(ranks, 1 << 40, net, batch=8))
+    grids = [p for p in fit if p.kind == "grid"]
+    assert sorted(p.parts for p in grids) == [t for t in range(2, ranks + 1) if ranks % t == 0]
+    for plan in grids:
+        words = plan.train_args()
+        args = build_parser(["train", *words]).parse_args(["train", "--data", "d.h5", *words])
+        d, t, axis = grid_shape(args, ranks)
+        assert (d, t, axis) == (plan.replicas, plan.parts, "auto")
+        price, _ = pricer(network_flags(args), ranks, t, environ={})
+        cut, costs = choose_cut(model_layers(spec)[0], FakeComm(0, t), args.batch_size, 4, price, d)
+        assert plan.extra["cut"] == cut and plan.extra["collective_s"] == costs[cut]
+        assert plan.label() == f"grid {d}x{t} auto cut {cut}"
+
+
+def test_the_rows_compute_is_the_units_on_samples_at_their_share_and_the_rest_as_a_tensor_row():
+    """Doubling the measured tensor ratio adds the units after the cut's tensor share once more;
+    the units before it run on batch / T samples."""
+    from psgd.pipeline.partition import units
+    from psgd.plan.grid import grid_rows, serial_layers
+    prof = real_names(toy_profile("lenet"))
+    budget = Budget(2, 1 << 40, Network(1e9 / 8), batch=8)
+    layers = serial_layers("lenet")
+    (one,), (two,) = grid_rows(replace(prof, tensor_ratio=1.0), budget, layers), \
+        grid_rows(replace(prof, tensor_ratio=2.0), budget, layers)
+    starts = [lo for lo, _ in units(SimpleNamespace(layers=layers))]
+    k = sum(a < one["extra"]["cut"] for a in starts)
+    tail = sum((u.forward_at(8) + u.backward_at(8)) / (2 if u.split_bytes else 1) for u in prof.units[k:])
+    head = sum(u.forward_at(4) + u.backward_at(4) for u in prof.units[:k])
+    assert 0 < k < len(prof.units)
+    assert two["step_s"] - one["step_s"] == pytest.approx(tail)
+    assert one["extra"]["compute_s"] == pytest.approx(head + tail)
+
+
+def test_an_auto_grids_memory_is_a_tensor_parts_at_cut_0_and_holds_the_head_whole():
+    prof = toy_profile("lenet")
+    n = len(prof.units)
+    assert memory.grid_part(prof, 8, 2, 1, True, 0) == memory.tensor_part(prof, 8, 2, 1, True)
+    assert memory.grid_params(prof, n, 2) == prof.param_bytes
+    for k in range(n + 1):
+        split = sum(u.split_bytes for u in prof.units[k:])
+        assert memory.grid_params(prof, k, 2) == prof.param_bytes - split + -(-split // 2)
+
+
+def test_a_model_whose_mixed_cut_is_cheapest_gets_a_grid_row_faster_than_pure_tensor_and_data():
+    """lenet on 2 ranks at 100 Mbit/s: its convs on samples (small weights), its dense head
+    split (large weights); in the plan's own model the grid row has more samples/s than every
+    tensor and every synchronous data row on the same ranks."""
+    prof = real_names(toy_profile("lenet"))
+    fit, _ = search(prof, Budget(2, 1 << 40, Network(1e8 / 8), batch=32))
+    (grid,) = [p for p in fit if p.kind == "grid"]
+    from psgd.plan.grid import serial_layers
+    assert 0 < grid.extra["cut"] < len(serial_layers("lenet"))
+    rivals = [p for p in fit if p.kind == "tensor" or p.kind == "data" and p.sync]
+    assert {p.kind for p in rivals} == {"tensor", "data"}
+    assert all(grid.samples_per_s > p.samples_per_s for p in rivals), \
+        [(p.label(), p.samples_per_s, grid.samples_per_s) for p in rivals]
+    assert np.isfinite(grid.memory) and grid.memory > 0

@@ -94,3 +94,25 @@ def test_a_model_whose_mixed_cut_is_cheapest_gets_a_grid_row_faster_than_pure_te
     assert all(grid.samples_per_s > p.samples_per_s for p in rivals), \
         [(p.label(), p.samples_per_s, grid.samples_per_s) for p in rivals]
     assert np.isfinite(grid.memory) and grid.memory > 0
+
+
+def test_plan_auto_prints_the_grid_row_with_its_label_and_command(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from psgd.plan import profile as profiles
+    path = tmp_path / "p.json"
+    profiles.save(real_names(toy_profile("lenet")), path)
+    base = [sys.executable, "-m", "psgd", "plan", "--auto", "--model", "lenet", "--profile", str(path),
+            "--ranks", "4", "--memory-per-rank", "1G", "--bandwidth", "100mbit", "--batch-size", "32",
+            "--top", "100"]
+    text = subprocess.run(base, capture_output=True, text=True, timeout=120, check=True).stdout
+    data = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=120,
+                                     check=True).stdout)
+    grids = [p for p in data["plans"] if p["kind"] == "grid"]
+    assert sorted(p["parts"] for p in grids) == [2, 4]
+    for p in grids:
+        assert p["plan"] == f"grid {p['replicas']}x{p['parts']} auto cut {p['cut']}" and p["plan"] in text
+        assert p["command"].endswith(f"--grid {p['replicas']},auto --bandwidth 0.1gbit --latency-us 20 "
+                                     "--per-node 1") and p["command"] in text
+        assert p["step_s"] > p["collective_s"] > 0 and p["compute_s"] > 0

@@ -113,6 +113,23 @@ def test_plan_file_runs_a_saved_spatial_plan(mpirun, dataset, tmp_path):
 
 
 @pytest.mark.mpi
+def test_plan_file_runs_a_saved_auto_grid_plan_at_its_cut_and_network(mpirun, dataset, tmp_path):
+    """A saved --grid D,auto row runs with its network flags: the run cuts where the plan
+    said, on the plan's network."""
+    from test_plan_grid import real_names, toy_profile
+    net = Network(1e8 / 8, 20 * 1e-6)
+    fit, _ = search(real_names(toy_profile("lenet")), Budget(2, 1 << 40, net, batch=32))
+    plan = next(p for p in fit if p.kind == "grid")
+    path, log = tmp_path / "plan.json", tmp_path / "run.jsonl"
+    path.write_text(json.dumps(as_dict(plan, "lenet", dataset)))
+    out = train(mpirun, 2, dataset, "--model", "lenet", "--plan", path, "--log", log)
+    assert "--grid 1,auto --bandwidth 0.1gbit --latency-us 20 --per-node 1" in out.stdout
+    summary = [r for r in read_log(log) if r["kind"] == "summary"][-1]
+    assert summary["axis"] == "auto" and summary["auto_cut"] == plan.extra["cut"]
+    assert summary["auto_network"] == "0.1 Gbit/s, 20 us per message, 1 rank(s) per node"
+
+
+@pytest.mark.mpi
 def test_a_bad_plan_file_or_a_budget_nothing_fits_is_one_line(mpirun, dataset, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")

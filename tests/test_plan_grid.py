@@ -116,3 +116,18 @@ def test_plan_auto_prints_the_grid_row_with_its_label_and_command(tmp_path):
         assert p["command"].endswith(f"--grid {p['replicas']},auto --bandwidth 0.1gbit --latency-us 20 "
                                      "--per-node 1") and p["command"] in text
         assert p["step_s"] > p["collective_s"] > 0 and p["compute_s"] > 0
+
+
+@pytest.mark.parametrize("spec", ["mlp:784-256-256-10", "lenet", "cifar-cnn"])
+def test_cut_0_costs_what_the_tensor_rows_collectives_cost(spec):
+    """The run's price of cut 0 (every layer split) is the tensor row's collectives
+    (psgd/plan/tensor_comm.py), each priced by the same group price: two accounts of one
+    split agree."""
+    from psgd.plan.grid import group_price, serial_layers
+    from psgd.plan.tensor_comm import tensor_collectives
+    from psgd.plan.tensor_time import Alone
+    from psgd.tensor.mixed import choose_cut
+    prof, price = real_names(toy_profile(spec)), group_price(Network(1e9 / 8, 20e-6), 1, None, 2, 2)
+    _, costs = choose_cut(serial_layers(spec), Alone(2), 32, 4, price)
+    assert costs[0] == pytest.approx(sum(price(kind, 32 * n) for kind, n in tensor_collectives(prof.units)),
+                                     rel=1e-12)

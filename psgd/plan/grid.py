@@ -42,7 +42,7 @@ def serial_layers(spec: str) -> list | None:
     from psgd.nn.model import model_layers
     try:
         return list(model_layers(spec)[0])
-    except (ValueError, KeyError):
+    except ValueError:
         return None
 
 

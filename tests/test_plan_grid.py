@@ -40,6 +40,8 @@ def test_an_auto_grid_rows_collectives_are_the_runs_chosen_cut_and_its_price(spe
     fit, _ = search(real_names(toy_profile(spec)), Budget(ranks, 1 << 40, net, batch=8))
     grids = [p for p in fit if p.kind == "grid"]
     assert sorted(p.parts for p in grids) == [t for t in range(2, ranks + 1) if ranks % t == 0]
+    narrow = search(real_names(toy_profile(spec)), Budget(ranks, 1 << 40, net, batch=1))[0]
+    assert not [p for p in narrow if p.kind == "grid"]      # a part would have no sample
     for plan in grids:
         words = plan.train_args()
         args = build_parser(["train", *words]).parse_args(["train", "--data", "d.h5", *words])

@@ -48,7 +48,8 @@ def serial_layers(spec: str) -> list | None:
 
 def grid_rows(profile, budget, layers: list | None) -> list[dict]:
     """The fields of each :class:`~psgd.plan.search.Plan` of kind ``grid`` (all but kind,
-    protocol, ranks and batch): ``--grid D,auto`` for each T >= 2 dividing the ranks: the cut of
+    protocol, ranks and batch): ``--grid D,auto`` for each T >= 2 dividing the ranks, no more
+    than the batch (each part runs at least one sample before the cut): the cut of
     :func:`~psgd.tensor.mixed.choose_cut` priced by :func:`group_price` on the budget's
     network (its seconds are the row's collectives, the replicas' all-reduce included); the
     units before the cut computed on batch / T samples, those after it as a tensor row's
@@ -61,7 +62,7 @@ def grid_rows(profile, budget, layers: list | None) -> list[dict]:
         return []
     starts = [a for a, _ in units(SimpleNamespace(layers=layers))]
     plans, b = [], budget.batch
-    for t in [t for t in range(2, budget.ranks + 1) if budget.ranks % t == 0]:
+    for t in [t for t in range(2, min(b, budget.ranks) + 1) if budget.ranks % t == 0]:
         d = budget.ranks // t
         price = group_price(budget.net, budget.per_node, budget.cliques, budget.ranks, t)
         cut, costs = choose_cut(layers, Alone(t), b, ITEMSIZE, price, d)

@@ -85,7 +85,7 @@ def measured_rate(plan, data: Path, model: str, args, log: Path) -> float:
 def chosen(plans: list, top: int) -> list:
     """The top plans, then the fastest of each kind not among them."""
     picked = plans[:top]
-    for kind in ("data", "pipeline", "tensor", "spatial"):
+    for kind in ("data", "pipeline", "tensor", "spatial", "grid"):
         pure = next((p for p in plans if p.kind == kind), None)
         if pure is not None and pure not in picked:
             picked.append(pure)

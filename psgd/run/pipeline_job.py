@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import resource
 import time
-from pathlib import Path
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -23,16 +22,15 @@ from psgd.pipeline.local import stage_model
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get
-from psgd.run.checkpoint import Checkpoint, checkpoint_name, load_checkpoint
-from psgd.run.checkpoint_parts import save_manifest, save_part
 from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
+from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
+from psgd.run.pipeline_checkpoint import DELTA, resume_stage, save
 from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
 
 DEFAULT_PROTOCOL = "allreduce"
-DELTA = "pipemare_delta"   # the optimizer-state key of pipemare's discrepancy-correction state
 
 
 @dataclass
@@ -141,7 +139,7 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
     hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
     make = None if servers_of(settings) else \
         lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
-    start = _resume(settings, resumed, model, total)
+    start = resume_stage(settings, resumed, model, total)
     trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start,
                             whole=total)
     if start and trainer.optimizer is not None:   # with servers, the servers load theirs
@@ -157,71 +155,6 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
                              seed=settings.seed, augment=settings.augment)
     return PipelineRun(settings, opts, grid, model, trainer, reader, total, start,
                        lr_by_clock(settings, total, model), run_id, list(counts))
-
-
-def _resume(settings, resumed, model, total: int) -> int:
-    """The step the run starts at; the stage's slice of a checkpoint's parameters is loaded
-    into ``model`` (each rank reads its own part of the flat vector)."""
-    if resumed is None:
-        return 0
-    ckpt = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params))
-    if ckpt.model_spec != settings.model or ckpt.params.shape != model.params.shape:
-        raise ValueError(f"checkpoint {resumed.path} is of model {ckpt.model_spec!r}, "
-                         f"not --model {settings.model!r}")
-    if ckpt.optimizer != settings.optimizer:
-        raise ValueError(f"checkpoint {resumed.path} was trained with optimizer "
-                         f"{ckpt.optimizer}; resume with --optimizer {ckpt.optimizer}")
-    if ckpt.step >= total:
-        raise ValueError(f"checkpoint {resumed.path} is at step {ckpt.step}, at or past the "
-                         f"run's {total} steps: nothing left to train")
-    model.params[:] = ckpt.params
-    return ckpt.step
-
-
-def _save(run: PipelineRun, step: int) -> None:
-    """Replica 0's stages each write their part (parameters, optimizer state; with servers,
-    the state its servers sent), then its stage 0 writes the manifest naming them: nothing is
-    joined on one rank (:mod:`psgd.run.checkpoint_parts`)."""
-    if run.grid.replica != 0:   # every replica holds the same
-        return
-    if run.groups is not None:
-        at, params, state = run.groups.receive_state(final=step == run.total)
-        if at not in (step, -1):
-            raise AssertionError(f"stage {run.grid.stage}'s servers sent the state of step {at}, "
-                                 f"not {step}")
-    else:
-        params, state = run.trainer.stage.params.copy(), run.trainer.optimizer.state_dict()
-        correction = getattr(run.trainer, "correction", None)
-        if correction is not None:   # pipemare's T2 estimate goes on with a resumed run
-            state[DELTA] = correction.delta
-    directory, row = Path(run.settings.checkpoint_dir), run.grid.row_comm
-    if run.grid.stage == 0:   # a set rewritten (a resumed run's): its old manifest goes first
-        (directory / checkpoint_name(step)).unlink(missing_ok=True)
-    wait.wait(row.Ibarrier(), "stage 0 to drop an older manifest of this step")
-    failed = None
-    try:
-        save_part(directory, step, run.grid.stage, params, state)
-    except OSError as exc:
-        failed = exc
-    steps = [v for v in state.values() if np.ndim(v) == 0]
-    mine = np.array([run.model.offset, run.model.offset + params.size, steps[-1] if steps else 0,
-                     failed is None], np.int64)
-    parts = np.zeros((run.grid.stages, 4), np.int64)
-    wait.wait(row.Igather(mine, parts, root=0), "the stages to write their checkpoint parts")
-    if failed is not None:
-        raise ValueError(f"checkpoint part of step {step}: {failed}")
-    if run.grid.stage == 0 and parts[:, 3].all():
-        keys = [k for k, v in state.items() if np.ndim(v)]
-        save_manifest(directory, _header(run, step, int(parts[0, 2])), parts[:, :3].tolist(), keys)
-
-
-def _header(run: PipelineRun, step: int, steps: int) -> Checkpoint:
-    """The manifest's attributes (stage 0's optimizer step count)."""
-    s = run.settings
-    config = {**s.as_dict(), "pipeline": vars(run.options).copy()}
-    return Checkpoint(params=np.empty(0, np.float32), model_spec=s.model, step=step,
-                      optimizer=s.optimizer, opt_state={"steps": steps}, clocks=np.asarray([step] * run.grid.replicas),
-                      protocol=s.protocol, seed=s.seed, config=config, run_id=run.run_id)
 
 
 def _train(run: PipelineRun) -> tuple[float, float, list]:
@@ -267,7 +200,7 @@ def _train_steps(run: PipelineRun, t0: float) -> list:
             records.append((done, loss / run.options.microbatches, correct / s.batch_size,
                             time.perf_counter() - t0))
         if s.checkpoint_every and done % s.checkpoint_every == 0 and done < run.total:
-            _save(run, done)
+            save(run, done)
     return records
 
 
@@ -284,7 +217,7 @@ def _train_asynchronous(run: PipelineRun, t0: float) -> list:
         run.trainer.run((b - a) * m, lambda g: run.lr(g // m), xs, ys,
                         g0=(a - run.start) * m, first=a * m)
         if b < run.total:
-            _save(run, b)
+            save(run, b)
     n = (run.total - run.start) * m
     samples = n * (run.settings.batch_size // m)
     return [(run.total, run.trainer.loss / n, run.trainer.correct / samples,
@@ -395,7 +328,7 @@ def _finish(run: PipelineRun, log: MetricsLog, wall: float, waited: float) -> No
     """Summary, final checkpoint and evaluation; rank 0 prints and logs them."""
     summary = _summary(run, wall, waited)
     if run.settings.checkpoint_dir:
-        _save(run, run.total)
+        save(run, run.total)
     result = _evaluate(run)
     if summary is None:
         return

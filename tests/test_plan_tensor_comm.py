@@ -6,40 +6,26 @@ import pytest
 from psgd.nn.model import build_model
 from psgd.plan.profile import profile_model
 from psgd.plan.tensor_comm import tensor_collectives
+from psgd.plan.tensor_time import Alone
 from psgd.tensor.conv import split_tensor
 from psgd.tensor.model import TensorModel
 
 
-class Done:
-    def Test(self):
-        return True
-
-
-class RecordingComm:
+class RecordingComm(Alone):
     """Rank 0 of 2 whose collectives complete at once (the other rank adds zeros) and are
     recorded as (kind, bytes): an all-reduce's buffer, an all-gather's whole result."""
 
     def __init__(self):
+        super().__init__(2)
         self.calls = []
 
-    def Get_rank(self):
-        return 0
-
-    def Get_size(self):
-        return 2
-
     def Iallreduce(self, send, recv, op):
-        recv[0][...] = send[0]
         self.calls.append(("all-reduce", send[0].nbytes))
-        return Done()
+        return super().Iallreduce(send, recv, op)
 
     def Iallgatherv(self, send, recv):
-        out, (counts, displs), _ = recv
-        flat = out.reshape(-1)
-        flat[:] = 0
-        flat[displs[0]:displs[0] + counts[0]] = send[0].reshape(-1)
-        self.calls.append(("all-gather", out.nbytes))
-        return Done()
+        self.calls.append(("all-gather", recv[0].nbytes))
+        return super().Iallgatherv(send, recv)
 
 
 SPECS = [("mlp:30-16-12-10", None),                       # a pair, then a column that gathers

@@ -127,11 +127,11 @@ bench-rma: install
 bench-hier-chunks: install
 	$(PY) bench/bench_hier_chunks.py $(ARGS)
 
-# rows two sparse hogwild workers share (ARGS="--data SPARSE.h5" or ARGS=--line-transfer)
 # a worker's load time and memory: rows dealt by a permutation against a contiguous slice
 bench-data-order: install
 	$(PY) bench/bench_data_order.py $(ARGS)
 
+# rows two sparse hogwild workers share (ARGS="--data SPARSE.h5" or ARGS=--line-transfer)
 bench-sparse-sharing: install
 	$(PY) bench/sparse_sharing.py $(ARGS)
 

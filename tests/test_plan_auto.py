@@ -94,10 +94,10 @@ def test_a_profiles_scratch_is_what_the_layers_hold_at_another_batch():
 
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
-    ('{"format": "psgd-profile/3", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
+    ('{"format": "psgd-profile/4", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
      '"base_bytes": 0}', "empty"),
     ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
-     "not a psgd-profile/3 file"),
+     "not a psgd-profile/4 file"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "p.json"
@@ -251,6 +251,16 @@ def test_plan_auto_cli_json_and_its_one_line_errors(tmp_path):
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_table_says_pipelines_of_split_stages_are_not_searched_where_ranks_allow_them(tmp_path, ranks):
+    path = tmp_path / "p.json"
+    profiles.save(toy_profile(), path)
+    out = _plan_cli("--model", SPEC, "--profile", str(path), "--bandwidth", "1gbit", "--batch", "8",
+                    "--ranks", str(ranks), "--memory-per-rank", "1G", "--top", "50")
+    assert out.returncode == 0, out.stderr
+    assert ("not searched: pipelines of --tensor or --spatial stages" in out.stdout) == (ranks == 4)
+
+
 def test_a_stage_with_microbatches_in_flight_runs_its_forward_twice():
     from psgd.plan.cut import Stages
     prof = toy_profile()
@@ -340,10 +350,14 @@ def test_a_spatial_part_is_timed_with_the_halo_rows_a_middle_rank_exchanges(part
     loss, _ = part.loss_and_grad(x, np.arange(4) % part.n_classes)
     assert np.isfinite(loss) and np.isfinite(part.grad).all()
     want = []
-    for w in (la for la in part.layers if isinstance(la, SpatialWindow)):
-        lo, hi = w.lo, w.hi
-        want += [(lo[1], -1)] * bool(lo[1]) + [(hi[1], 1)] * bool(hi[1])
-        want += [(hi[0], -1)] * bool(hi[0]) + [(lo[2], 1)] * bool(parts > 2 and lo[2])
+    for i, w in enumerate(part.layers):
+        if not isinstance(w, SpatialWindow):
+            continue
+        lo, hi = w.lo, w.hi    # rank 1 receives lo[1] rows from rank 0 and hi[1] from rank 2
+        rows = [(lo[1], -1), (hi[1], 1)]
+        if i > part._first_param_layer:      # the backward sends back the gradients of the others' rows
+            rows += [(hi[0], -1)] + ([(lo[2], 1)] if parts > 2 else [])
+        want += [r for r in rows if r[0]]
     assert want and sorted(comm.received) == sorted(want)   # rows forward, their gradients back
     assert sorted(comm.sent) == sorted(comm.received)
 
@@ -360,10 +374,12 @@ def test_the_split_rows_compute_is_its_units_share_times_the_ratio_timed_at_its_
     prof = profiles.profile_model(model, batch=4, repeats=1)
     assert set(prof.spatial_ratios) == {p for p in tensor_time.TIMED if p <= prof.spatial_max}
     budget = Budget(4, 1 << 40, Network(1.25e9), batch=8)
+    share = tensor_time.spatial_share(prof.units, prof.spatial_units, 8, 2)
+    assert prof.spatial_ratios[2] * share == pytest.approx(0.5 / 2)
     for p in (2, 4):
         share = tensor_time.spatial_share(prof.units, prof.spatial_units, 8, p)
-        assert prof.spatial_ratios[p] * share == pytest.approx(0.5 / p)
-        rows = [spatial_plans(replace(prof, spatial_ratios=r), budget) for r in ({2: 1.0}, {2: 1.0, 4: 3.0})]
+        rows = [spatial_plans(replace(prof, spatial_max=4, spatial_ratios=r), budget)
+                for r in ({2: 1.0}, {2: 1.0, 4: 3.0})]
         one, three = (next(q for q in r if q.parts == p) for r in rows)
         assert three.step_s - one.step_s == pytest.approx(2 * share if p == 4 else 0.0)
     mlp = profiles.profile_model(model_of_spec("mlp:30-16-12-10"), batch=4, repeats=1)

@@ -37,7 +37,7 @@ def toy_profile(spec=SPEC, seed=0) -> Profile:
                         params, params if dense else 0, layers[0].out_shape[0] if dense else 0))
     return Profile(model.spec, 8, tuple(out), 1e-10, 1000,
                    {"fp16": [2.0, 1e-10, 1e-10, True], "topk:0.01": [50.0, 1e-9, 1e-9, False]},
-                   *profiles._spatial(model, units(model), 4))
+                   *profiles._spatial(model, units(model)))
 
 
 def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
@@ -94,10 +94,10 @@ def test_a_profiles_scratch_is_what_the_layers_hold_at_another_batch():
 
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
-    ('{"format": "psgd-profile/3", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
+    ('{"format": "psgd-profile/4", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
      '"base_bytes": 0}', "empty"),
     ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
-     "not a psgd-profile/3 file"),
+     "not a psgd-profile/4 file"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "p.json"
@@ -251,6 +251,16 @@ def test_plan_auto_cli_json_and_its_one_line_errors(tmp_path):
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_table_says_pipelines_of_split_stages_are_not_searched_where_ranks_allow_them(tmp_path, ranks):
+    path = tmp_path / "p.json"
+    profiles.save(toy_profile(), path)
+    out = _plan_cli("--model", SPEC, "--profile", str(path), "--bandwidth", "1gbit", "--batch", "8",
+                    "--ranks", str(ranks), "--memory-per-rank", "1G", "--top", "50")
+    assert out.returncode == 0, out.stderr
+    assert ("not searched: pipelines of --tensor or --spatial stages" in out.stdout) == (ranks == 4)
+
+
 def test_a_stage_with_microbatches_in_flight_runs_its_forward_twice():
     from psgd.plan.cut import Stages
     prof = toy_profile()
@@ -296,35 +306,88 @@ def test_the_spatial_parts_are_those_that_split_every_conv_layer():
     from psgd.pipeline.partition import units
     from psgd.tensor.spatial import SpatialWindow, height_split
     model = model_of_spec("lenet")
-    count, most, _ = profiles._spatial(model, units(model), 4)
+    count, most = profiles._spatial(model, units(model))
     assert 0 < count < len(units(model)) and most >= 2
     windows = [sum(isinstance(la, SpatialWindow) for la in height_split(model.layers, profiles._Group(p))[0])
                for p in (most, most + 1)]
     assert windows[0] == sum(type(la).__name__ in ("Conv2D", "MaxPool2D") for la in model.layers)
     assert windows[1] < windows[0]    # one more part: a layer is too thin, the rest runs whole
-    assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC)), 4) == (0, 1, 0.0)
+    assert profiles._spatial(model_of_spec(SPEC), units(model_of_spec(SPEC))) == (0, 1)
 
 
-def test_a_spatial_parts_convs_are_timed_on_the_slab_the_split_gives_them(monkeypatch):
-    """Each conv of the leading layers: the part's slab (rows plus halo, im2col) against the
-    whole layer as the model runs it, the difference a part's over its half."""
-    from psgd.plan import spatial_time
-    from psgd.tensor.spatial import SpatialWindow, height_split
-    model = model_of_spec("cifar-cnn")
-    timed = []
+class _Recording:
+    """A stand-in communicator that records each halo message's rows."""
 
-    def seconds(conv, batch, repeats, fill=False):
-        timed.append((conv.in_shape, conv.winograd, fill))
-        return float(np.prod(conv.in_shape)) * (2.0 if fill else 1.0)
-    monkeypatch.setattr(spatial_time, "_seconds", seconds)
-    extra = spatial_time.extra_s(model.layers, 4)
-    split = [la.inner for la in height_split(model.layers, profiles._Group(2))[0]
-             if isinstance(la, SpatialWindow) and type(la.inner).__name__ == "Conv2D"]
-    convs = [la for la in model.layers if type(la).__name__ == "Conv2D"]
-    assert [t for t in timed if t[2]] == [(c.in_shape, False, True) for c in split]
-    assert [t for t in timed if not t[2]] == [(c.in_shape, c.winograd, False) for c in convs]
-    want = sum(2.0 * np.prod(s.in_shape) - np.prod(c.in_shape) / 2 for s, c in zip(split, convs))
-    assert extra == pytest.approx(want / 4)
+    def __init__(self, parts, rank):
+        from psgd.plan.tensor_time import Alone
+        self.alone, self.sent, self.received = Alone(parts, rank), [], []
+
+    def __getattr__(self, name):
+        return getattr(self.alone, name)
+
+    def Isend(self, buf, dest, tag):
+        self.sent.append((len(buf), dest - self.alone.rank))
+        return self.alone.Isend(buf, dest, tag)
+
+    def Irecv(self, buf, source, tag):
+        buf[...] = np.nan
+        self.received.append((len(buf), source - self.alone.rank))
+        request = self.alone.Irecv(buf, source, tag)
+        assert not np.isnan(buf).any()            # the stand-in's halo rows are zeros
+        return request
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_a_spatial_part_is_timed_with_the_halo_rows_a_middle_rank_exchanges(parts):
+    """The timed part (rank 1 of ``parts``) posts, per window and pass, a receive and a send of
+    the rows its split gives each neighbour, and its step is finite."""
+    from psgd.tensor.model import TensorModel
+    from psgd.tensor.spatial import SpatialWindow, split_spatial
+    model = model_of_spec("lenet")
+    comm = _Recording(parts, 1)
+    part = TensorModel("lenet", split_spatial, comm, input_shape=model.input_shape, n_classes=model.n_classes)
+    x = np.random.default_rng(0).standard_normal((4, *model.input_shape)).astype(np.float32)
+    loss, _ = part.loss_and_grad(x, np.arange(4) % part.n_classes)
+    assert np.isfinite(loss) and np.isfinite(part.grad).all()
+    want = []
+    for i, w in enumerate(part.layers):
+        if not isinstance(w, SpatialWindow):
+            continue
+        lo, hi = w.lo, w.hi    # rank 1 receives lo[1] rows from rank 0 and hi[1] from rank 2
+        rows = [(lo[1], -1), (hi[1], 1)]
+        if i > part._first_param_layer:      # the backward sends back the gradients of the others' rows
+            rows += [(hi[0], -1)] + ([(lo[2], 1)] if parts > 2 else [])
+        want += [r for r in rows if r[0]]
+    assert want and sorted(comm.received) == sorted(want)   # rows forward, their gradients back
+    assert sorted(comm.sent) == sorted(comm.received)
+
+
+def test_the_split_rows_compute_is_its_units_share_times_the_ratio_timed_at_its_parts(monkeypatch):
+    """A spatial or tensor row's compute: the units' share at its P or T times the profile's
+    ratio at that count (the widest timed count below it when not timed); at the profiled
+    batch that product is the timed part's step."""
+    from dataclasses import replace
+    from psgd.plan import tensor_time
+    from psgd.plan.search import spatial_plans, tensor_plans
+    monkeypatch.setattr(tensor_time, "part_seconds", lambda model, split, parts, batch, repeats=3: 0.5 / parts)
+    model = model_of_spec("lenet")
+    prof = profiles.profile_model(model, batch=4, repeats=1)
+    assert set(prof.spatial_ratios) == {p for p in tensor_time.TIMED if p <= prof.spatial_max}
+    budget = Budget(4, 1 << 40, Network(1.25e9), batch=8)
+    share = tensor_time.spatial_share(prof.units, prof.spatial_units, 8, 2)
+    assert prof.spatial_ratios[2] * share == pytest.approx(0.5 / 2)
+    for p in (2, 4):
+        share = tensor_time.spatial_share(prof.units, prof.spatial_units, 8, p)
+        rows = [spatial_plans(replace(prof, spatial_max=4, spatial_ratios=r), budget)
+                for r in ({2: 1.0}, {2: 1.0, 4: 3.0})]
+        one, three = (next(q for q in r if q.parts == p) for r in rows)
+        assert three.step_s - one.step_s == pytest.approx(2 * share if p == 4 else 0.0)
+    mlp = profiles.profile_model(model_of_spec("mlp:30-16-12-10"), batch=4, repeats=1)
+    assert set(mlp.tensor_ratios) == {2, 4, 8} and mlp.tensor_ratio == mlp.tensor_ratios[2]
+    rows = [tensor_plans(replace(mlp, tensor_ratios={2: 1.0, 8: r}), Budget(16, 1 << 40, Network(1.25e9), batch=8))
+            for r in (1.0, 2.0)]
+    by_t = [{q.parts: q.step_s for q in r} for r in rows]
+    assert by_t[0][4] == by_t[1][4] and by_t[1][8] > by_t[0][8]
 
 
 class _Neighbour:
@@ -412,7 +475,7 @@ def test_a_tensor_rows_compute_is_its_units_share_times_the_measured_split_ratio
     assert np.isfinite(prof.tensor_ratio) and prof.tensor_ratio > 0
     assert np.isfinite(split_ratio(model, prof.units, 8, repeats=1))
     budget = Budget(2, 1 << 40, Network(1.25e9), batch=8)
-    (one,), (two,) = tensor_plans(replace(prof, tensor_ratio=1.0), budget), \
-        tensor_plans(replace(prof, tensor_ratio=2.0), budget)
+    (one,), (two,) = tensor_plans(replace(prof, tensor_ratios={2: 1.0}), budget), \
+        tensor_plans(replace(prof, tensor_ratios={2: 2.0}), budget)
     share = sum((u.forward_at(8) + u.backward_at(8)) / (2 if u.split_bytes else 1) for u in prof.units)
     assert two.step_s - one.step_s == pytest.approx(share)

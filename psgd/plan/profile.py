@@ -12,7 +12,7 @@ import numpy as np
 
 from psgd.errors import UsageError
 
-FORMAT = "psgd-profile/3"        # /2: base_bytes; /3: seconds per call, scratch
+FORMAT = "psgd-profile/4"        # /2: base_bytes; /3: seconds per call, scratch; /4: ratios per part count
 SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor splits
 
 
@@ -58,10 +58,10 @@ class Profile:
     ``base_bytes``: a rank's resident bytes beyond its training state (:mod:`psgd.plan.base`);
     ``codecs``: compressor spec -> [ratio, encode s/byte, decode s/byte, summable in a ring];
     ``spatial_units``: the leading units --spatial splits by height, into at most
-    ``spatial_max`` parts; ``spatial_extra_s``: seconds per sample by which one of two
-    parts' conv layers exceed half the whole ones (:mod:`psgd.plan.spatial_time`);
-    ``tensor_ratio``: a --tensor part's step over its units' share
-    (:func:`psgd.plan.tensor_time.split_ratio`)."""
+    ``spatial_max`` parts; ``spatial_ratios``: parts -> a --spatial part's step over its
+    units' share (:func:`psgd.plan.tensor_time.spatial_ratio`); ``tensor_ratios``: parts -> a
+    --tensor part's step over its units' share (:func:`psgd.plan.tensor_time.split_ratio`),
+    ``tensor_ratio`` the one at two parts."""
 
     spec: str
     batch: int
@@ -71,8 +71,9 @@ class Profile:
     codecs: dict = field(default_factory=dict, hash=False)
     spatial_units: int = 0
     spatial_max: int = 1
-    spatial_extra_s: float = 0.0
+    spatial_ratios: dict = field(default_factory=dict, hash=False)
     tensor_ratio: float = 1.0
+    tensor_ratios: dict = field(default_factory=dict, hash=False)
 
     @property
     def param_bytes(self) -> int:
@@ -179,12 +180,19 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
         per = max(0, held2[j] - held1[j]) // batch
         out.append(Unit(name, fs, bs, acts[j].nbytes // batch, acts[j + 1].nbytes // batch,
                         params, split_bytes, width, ff, bf, per, max(0, held1[j] - batch * per)))
-    ratio = 1.0
-    if any(u.split_bytes for u in out):
-        from psgd.plan.tensor_time import split_ratio
-        ratio = split_ratio(model, out, 2 * batch, repeats)
-    return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params),
-                   0, _codecs(model.n_params), *_spatial(model, spans, batch), ratio)
+    ratios, reach = _tensor_ratios(model, out, 2 * batch, repeats), _spatial(model, spans)
+    return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params), 0,
+                   _codecs(model.n_params), *reach, _spatial_ratios(model, out, reach, 2 * batch, repeats),
+                   ratios.get(2, 1.0), ratios)
+
+
+def _tensor_ratios(model, units, batch: int, repeats: int) -> dict:
+    """Parts -> :func:`psgd.plan.tensor_time.split_ratio` for each timed count the split
+    layers allow (none without split layers)."""
+    from psgd.plan.tensor_time import TIMED, split_ratio
+    split = [u for u in units if u.split_bytes]
+    return {t: split_ratio(model, units, batch, repeats, t) for t in TIMED
+            if split and t <= min(u.width for u in split)}
 
 
 class _Group:
@@ -200,13 +208,12 @@ class _Group:
         return 0
 
 
-def _spatial(model, spans, batch: int, widest: int = 16) -> tuple[int, int, float]:
+def _spatial(model, spans, widest: int = 16) -> tuple[int, int]:
     """(the leading units psgd.tensor.spatial splits by height, the most parts that split all
-    of them, up to ``widest``, and a part's conv time beyond its share,
-    :func:`psgd.plan.spatial_time.extra_s`); (0, 1, 0.0) for a model without an image input."""
+    of them, up to ``widest``); (0, 1) for a model without an image input."""
     names = [type(la).__name__ for la in model.layers]
     if "ChannelsLast" not in names:
-        return 0, 1, 0.0
+        return 0, 1
     from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, MaxPool2D
     from psgd.nn.norm import BatchNorm
     from psgd.tensor.spatial import height_split
@@ -221,10 +228,15 @@ def _spatial(model, spans, batch: int, widest: int = 16) -> tuple[int, int, floa
         except ValueError:
             break
         most = parts
-    if most == 1 or not count:
-        return count, most, 0.0
-    from psgd.plan.spatial_time import extra_s
-    return count, most, extra_s(model.layers[:spans[count - 1][1]], batch)
+    return count, most
+
+
+def _spatial_ratios(model, units, reach: tuple[int, int], batch: int, repeats: int) -> dict:
+    """Parts -> :func:`psgd.plan.tensor_time.spatial_ratio` for each timed count the split
+    reaches (``reach``: :func:`_spatial`'s)."""
+    from psgd.plan.tensor_time import TIMED, spatial_ratio
+    count, most = reach
+    return {p: spatial_ratio(model, units, count, batch, p, repeats) for p in TIMED if count and p <= most}
 
 
 def _codecs(n_params: int) -> dict:
@@ -253,13 +265,16 @@ def load(path: str) -> Profile:
         if data.pop("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
         units = tuple(Unit(**u) for u in data.pop("units"))
+        for key in ("spatial_ratios", "tensor_ratios"):
+            data[key] = {int(k): float(v) for k, v in data.get(key, {}).items()}
         profile = Profile(units=units, **data)
         bad = [u.name for u in units if min(u.forward_s, u.backward_s, u.forward_fixed_s,
                                             u.backward_fixed_s, u.in_bytes, u.out_bytes,
                                             u.param_bytes, u.scratch_bytes, u.scratch_fixed) < 0]
+        ratios = [*profile.spatial_ratios.values(), *profile.tensor_ratios.values(), profile.tensor_ratio]
         if not units or bad or profile.batch < 1 or not profile.step_s_per_byte >= 0 \
-                or profile.base_bytes < 0:
-            raise ValueError("empty, or a negative time or size" + (f" in {bad[0]}" if bad else ""))
+                or profile.base_bytes < 0 or not all(0 < r < np.inf for r in ratios):
+            raise ValueError("empty, or a negative time, size or ratio" + (f" in {bad[0]}" if bad else ""))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"--profile {path}: not a psgd profile ({exc}); make one with "
                          f"psgd plan --auto --model SPEC --profile {path}") from None

@@ -15,6 +15,7 @@ from psgd.pipeline.partition import min_max_cut
 from psgd.plan.cut import Stages, schedule_time, stage_in_flight
 from psgd.plan.profile import Profile
 from psgd.plan.tensor_comm import tensor_collectives
+from psgd.plan.tensor_time import ratio_at, spatial_share, tensor_share
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ def pipeline_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Pl
 
 def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x T for each T dividing the ranks, no wider than the narrowest split layer: split
-    units' compute over T (times the profile's measured ``tensor_ratio``), the group's
+    units' compute over T (times the profile's ratio measured at T, or the widest timed below it), the group's
     collectives as the split pairs the layers (:func:`psgd.plan.tensor_comm.tensor_collectives`),
     then the replicas' all-reduce."""
     split = [u for u in profile.units if u.split_bytes]
@@ -247,8 +248,7 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= t <= min(u.width for u in split):
             continue
         d = budget.ranks // t
-        compute = profile.tensor_ratio * sum((u.forward_at(b) + u.backward_at(b))
-                                             / (t if u.split_bytes else 1) for u in profile.units)
+        compute = ratio_at(profile.tensor_ratios, t, profile.tensor_ratio) * tensor_share(profile.units, b, t)
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * n // 4)), list(range(t)),
                                     budget.net) for n in reduced)
@@ -265,8 +265,8 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
 
 def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x P for each P dividing the ranks that the conv layers take (``--spatial``): the
-    leading image units' compute and activations over P (its convs as the parts run them,
-    ``spatial_extra_s``), the rest whole on every part; per
+    leading image units' compute and activations over P, the rest whole on every part, the
+    compute times the profile's ratio measured at P (or the widest timed below it); per
     split unit a halo exchange each way (its latency; the rows are few), one all-gather of
     the last split unit's output before the whole layers (and its adjoint), the P group's
     all-reduce of the split units' partial weight gradients, then the replicas'."""
@@ -276,9 +276,7 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= p <= profile.spatial_max or n == 0:
             continue
         d = budget.ranks // p
-        compute = b * profile.spatial_extra_s * 2 / p + sum(
-            u.forward_fixed_s + u.backward_fixed_s + b * (u.forward_s + u.backward_s) / (p if i < n else 1)
-            for i, u in enumerate(profile.units))
+        compute = ratio_at(profile.spatial_ratios, p) * spatial_share(profile.units, n, b, p)
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
         comm = flat_allreduce_s(replace(group, n_params=max(1, gather)), list(range(p)),

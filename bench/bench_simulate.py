@@ -168,7 +168,7 @@ def pull_us(spans: dict) -> float:
 
 def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int, model: str,
           seed: int) -> tuple:
-    name = f"{proto.replace(' ', '').replace('=', '')}-w{W}{'-slow' if slow else ''}-s{seed}"
+    name = _name(W, proto, slow, seed)
     tl, log = tmp / f"{name}.json", tmp / f"{name}.jsonl"
     extra = ["--straggler", f"{W - 1}:slow=3"] if slow else []
     psgd("train", "--data", data, "--model", model, "--batch-size", 32, "--steps", steps,
@@ -189,9 +189,26 @@ def _tv(real: list, sim: list) -> float | None:
     return tv_distance(real, sim) if sum(real) and sum(sim) else None
 
 
+def _name(W: int, proto: str, slow: bool, seed: int) -> str:
+    return f"{proto.replace(' ', '').replace('=', '')}-w{W}{'-slow' if slow else ''}-s{seed}"
+
+
+def _saved(folder: Path, W: int, proto: str, slow: bool, seed: int) -> tuple:
+    """A real run kept by ``--keep``: its timeline and its log's summary."""
+    name = _name(W, proto, slow, seed)
+    tl, log = folder / f"{name}.json", folder / f"{name}.jsonl"
+    if not tl.exists():
+        raise SystemExit(f"bench-simulate: --from {folder}: no {tl.name}")
+    return tl, [json.loads(line) for line in log.read_text().splitlines()][-1]
+
+
 def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int) -> dict:
-    """One real run and its simulation (trained along, at the same seed), compared."""
-    tl, summary = _real(tmp, data, W, proto, slow, opts.steps, opts.model, seed)
+    """One real run (or one kept, ``--from``) and its simulation (trained along, at the same
+    seed), compared; ``--keep``: the run's timeline, log and this row stay in that folder."""
+    if opts.source:
+        tl, summary = _saved(opts.source, W, proto, slow, seed)
+    else:
+        tl, summary = _real(opts.keep or tmp, data, W, proto, slow, opts.steps, opts.model, seed)
     spans = _trace(tl)
     pulls = pull_us(spans)
     argv = ["--workers", W, "--model", opts.model, "--batch-size", 32, "--steps", opts.steps,
@@ -214,6 +231,8 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     print(f"validate: W={W} {proto}{' slow' if slow else ''} seed {seed}: real {real:.1f}/s, "
           f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}, "
           f"accuracy real {row['real_acc']:.4f} sim {row['sim_acc']:.4f}", flush=True)
+    if opts.keep:
+        (opts.keep / f"{_name(W, proto, slow, seed)}.row.json").write_text(json.dumps(row))
     return row
 
 
@@ -384,6 +403,12 @@ def arguments() -> argparse.Namespace:
                     help="validate with --straggler runs only")
     ap.add_argument("--cores", type=int, default=None, help="also simulate each validation "
                     "trace with psgd simulate --cores N (the cores the real runs shared)")
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep each real "
+                    "run's timeline and log, and each validation row as NAME.row.json, in DIR")
+    ap.add_argument("--from", dest="source", type=Path, default=None, metavar="DIR",
+                    help="simulate the real runs kept in DIR by --keep instead of running them")
+    ap.add_argument("--no-speed", dest="speed", action="store_false",
+                    help="skip part 1 (the event loop's speed)")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     ap.add_argument("--table-model", default=TABLE_MODEL, help=f"the table's model (default "
@@ -398,6 +423,8 @@ def arguments() -> argparse.Namespace:
     args.widths = ([2] if q else [2, 4, 8]) if args.widths is None else args.widths
     args.seeds = args.seeds or (1 if q else 3)
     args.steps = args.steps or (30 if q else 100)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     if args.table_widths is None:
         args.table_widths = [16, 64] if q else [16, 64, 256, 1024]
     return args
@@ -419,7 +446,7 @@ def main() -> None:
             (out / f"{stem}.partial.json").unlink(missing_ok=True)   # one stamp, not one per save
             common.write_json(out / f"{stem}.partial.json", result, data.name)
 
-        result["speed"] = speed(args.quick)
+        result["speed"] = speed(args.quick) if args.speed else {}
         save()
         result["validation"] = validate(tmp, data.path, args)
         result["agreement"] = agreement(result["validation"])

@@ -166,13 +166,18 @@ def pull_us(spans: dict) -> float:
     return float(np.median(found)) if found else float("nan")
 
 
-def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int, model: str,
-          seed: int) -> tuple:
+def _schedule(opts) -> list:
+    """The validation's learning-rate schedule flags (none: psgd's default)."""
+    return ["--lr-schedule", opts.lr_schedule] if opts.lr_schedule else []
+
+
+def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int) -> tuple:
     name = _name(W, proto, slow, seed)
     tl, log = tmp / f"{name}.json", tmp / f"{name}.jsonl"
     extra = ["--straggler", f"{W - 1}:slow=3"] if slow else []
-    psgd("train", "--data", data, "--model", model, "--batch-size", 32, "--steps", steps,
-         "--seed", seed, *VALIDATED[proto], *extra, "--timeline", tl, "--log", log, "--quiet",
+    psgd("train", "--data", data, "--model", opts.model, "--batch-size", 32,
+         "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], *extra, *_schedule(opts),
+         "--timeline", tl, "--log", log, "--quiet",
          ranks=W + _servers(proto))
     summary = [json.loads(line) for line in log.read_text().splitlines()][-1]
     return tl, summary
@@ -208,17 +213,17 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     if opts.source:
         tl, summary = _saved(opts.source, W, proto, slow, seed)
     else:
-        tl, summary = _real(opts.keep or tmp, data, W, proto, slow, opts.steps, opts.model, seed)
+        tl, summary = _real(opts.keep or tmp, data, W, proto, slow, opts, seed)
     spans = _trace(tl)
     pulls = pull_us(spans)
     argv = ["--workers", W, "--model", opts.model, "--batch-size", 32, "--steps", opts.steps,
-            "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
+            "--seed", seed, *VALIDATED[proto], *_schedule(opts), "--compute-from", tl,
             "--per-node", W + _servers(proto), "--data", data, "--train",
             *(["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else [])]
     sim = simulate(tmp, *argv)
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
-           "steps": opts.steps, "real_updates_per_s": real,
+           "steps": opts.steps, "lr_schedule": opts.lr_schedule, "real_updates_per_s": real,
            "sim_updates_per_s": sim["steady_updates_per_s"],
            "ratio": sim["steady_updates_per_s"] / real,
            "real_step_ms": W / real * 1e3, "sim_step_ms": W / sim["steady_updates_per_s"] * 1e3,
@@ -395,6 +400,9 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="steps of each validation run "
                     "(default 100; --quick 30)")
     ap.add_argument("--model", default="mlp:784-128-10", help="validation's model")
+    ap.add_argument("--lr-schedule", default=None, help="validation's --lr-schedule, real runs "
+                    "and simulations (default psgd's); cosine ends each run at lr 0, so its final "
+                    "accuracy is not one step's spike")
     ap.add_argument("--protocols", type=_protocols, default=list(VALIDATED),
                     help=f"validation's protocols, comma-separated (default {','.join(VALIDATED)})")
     ap.add_argument("--no-straggler", dest="stragglers", action="store_const", const=(False,),

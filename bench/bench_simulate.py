@@ -218,9 +218,9 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     pulls = pull_us(spans)
     argv = ["--workers", W, "--model", opts.model, "--batch-size", 32, "--steps", opts.steps,
             "--seed", seed, *VALIDATED[proto], *_schedule(opts), "--compute-from", tl,
-            "--per-node", W + _servers(proto), "--data", data, "--train",
-            *(["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else [])]
-    sim = simulate(tmp, *argv)
+            "--per-node", W + _servers(proto), "--data", data, "--train"]
+    latency = ["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else []
+    sim = simulate(tmp, *argv, *latency)
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
            "steps": opts.steps, "lr_schedule": opts.lr_schedule, "real_updates_per_s": real,
@@ -232,7 +232,10 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
            "real_staleness": summary["staleness_histogram"],
            "sim_staleness": sim["staleness"]["histogram"]}
     if opts.cores:   # the same trace simulated again on the cores the run had
-        row["cores"] = _on_cores(tmp, argv, opts.cores, real, summary)
+        row["cores"] = _again(tmp, [*argv, *latency, "--cores", opts.cores], real, summary)
+        row["cores"]["cores"] = opts.cores
+    if opts.poll and proto not in DRAWN:   # again, each message seen at the next poll
+        row["poll"] = _again(tmp, [*argv, "--poll"], real, summary)
     print(f"validate: W={W} {proto}{' slow' if slow else ''} seed {seed}: real {real:.1f}/s, "
           f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}, "
           f"accuracy real {row['real_acc']:.4f} sim {row['sim_acc']:.4f}", flush=True)
@@ -241,14 +244,14 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
     return row
 
 
-def _on_cores(tmp: Path, argv: list, cores: int, real: float, summary: dict) -> dict:
-    """The pair's simulation with ``--cores``: ratio, TV and accuracy."""
-    sim = simulate(tmp, *argv, "--cores", cores)
-    out = {"cores": cores, "ratio": sim["steady_updates_per_s"] / real,
+def _again(tmp: Path, argv: list, real: float, summary: dict) -> dict:
+    """The pair's simulation with other flags (``--cores``, ``--poll``): ratio, TV, accuracy."""
+    sim = simulate(tmp, *argv)
+    out = {"ratio": sim["steady_updates_per_s"] / real,
            "tv": _tv(summary["staleness_histogram"], sim["staleness"]["histogram"]),
            "sim_acc": sim["training"]["test_acc"], "sim_staleness": sim["staleness"]["histogram"]}
-    print(f"validate:   --cores {cores}: x{out['ratio']:.2f}, TV {out['tv']}, accuracy "
-          f"{out['sim_acc']:.4f}", flush=True)
+    print(f"validate:   {' '.join(map(str, argv[-2:]))}: x{out['ratio']:.2f}, TV {out['tv']}, "
+          f"accuracy {out['sim_acc']:.4f}", flush=True)
     return out
 
 
@@ -270,11 +273,12 @@ def agreement(rows: list) -> list:
                 for k in ("real_step_ms", "sim_step_ms", "ratio", "tv", "real_acc", "sim_acc")}
         out.append({"W": W, "protocol": proto, "straggler": slow, "seeds": len(rs), **mean,
                     "acc_gap_points": 100 * (mean["sim_acc"] - mean["real_acc"])})
-        if "cores" in rs[0]:
-            on = {k: float(np.mean([r["cores"][k] for r in rs])) if rs[0]["cores"][k] is not None
-                  else None for k in ("ratio", "tv", "sim_acc")}
-            out[-1]["cores"] = {"cores": rs[0]["cores"]["cores"], **on,
-                                "acc_gap_points": 100 * (on["sim_acc"] - mean["real_acc"])}
+        for again in ("cores", "poll"):
+            if again in rs[0]:
+                on = {k: float(np.mean([r[again][k] for r in rs]))
+                      if rs[0][again][k] is not None else None for k in ("ratio", "tv", "sim_acc")}
+                out[-1][again] = {**{k: v for k, v in rs[0][again].items() if k == "cores"}, **on,
+                                  "acc_gap_points": 100 * (on["sim_acc"] - mean["real_acc"])}
     return out
 
 
@@ -347,7 +351,7 @@ def markdown(result: dict) -> str:
                      f"{r['ratio']:.2f} | {tv} | "
                      f"{r['real_acc']:.4f} | "
                      f"{r['sim_acc']:.4f} | {r['acc_gap_points']:+.2f} |")
-    lines += _cores_lines(result["agreement"])
+    lines += _again_lines(result["agreement"], "cores") + _again_lines(result["agreement"], "poll")
     lines += ["", f"## Table ({result.get('table_model', TABLE_MODEL)}, compute "
               f"{result['compute_ms']:.2f} ms per batch of 64, 10gbit switched)", "",
               "| W | S | protocol | comp | updates/s | x bsp | staleness mean | max | "
@@ -362,15 +366,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _cores_lines(agreement: list) -> list:
-    """The validation's rows simulated again with --cores (none: [])."""
-    rows = [r for r in agreement if "cores" in r]
+def _again_lines(agreement: list, again: str) -> list:
+    """The validation's rows simulated again with --cores or --poll (none: [])."""
+    rows = [r for r in agreement if again in r]
     if not rows:
         return []
-    lines = ["", f"### The same traces simulated with --cores {rows[0]['cores']['cores']}", "",
+    flag = f"--cores {rows[0]['cores']['cores']}" if again == "cores" else "--poll"
+    lines = ["", f"### The same traces simulated with {flag}", "",
              "| W | protocol | straggler | ratio | TV | gap (points) |", "|---|---|---|---|---|---|"]
     for r in rows:
-        c = r["cores"]
+        c = r[again]
         tv = "-" if c["tv"] is None else f"{c['tv']:.3f}"
         lines.append(f"| {r['W']} | {r['protocol']} | {'W-1 slow=3' if r['straggler'] else '-'} "
                      f"| {c['ratio']:.2f} | {tv} | {c['acc_gap_points']:+.2f} |")
@@ -417,6 +422,9 @@ def arguments() -> argparse.Namespace:
                     help="simulate the real runs kept in DIR by --keep instead of running them")
     ap.add_argument("--no-speed", dest="speed", action="store_false",
                     help="skip part 1 (the event loop's speed)")
+    ap.add_argument("--poll", action="store_true", help="also simulate each validation trace "
+                    "with psgd simulate --poll (the network's latency, each message seen at the "
+                    "receiver's next poll) instead of the pulls' latencies")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     ap.add_argument("--table-model", default=TABLE_MODEL, help=f"the table's model (default "

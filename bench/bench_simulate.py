@@ -9,7 +9,8 @@
 2. Validation: real ``mpiexec`` runs (``--model``, default the MLP) at W = 2,
    4, 8 (``--widths``) under bsp, ssp s=2, asp, hogwild, gossip and adpsgd
    (``--protocols``), without and with
-   ``--straggler W-1:slow=3``, 3 seeds each (``--seeds``), each with
+   ``--straggler W-1:slow=3``, 3 seeds each (``--seeds``), 600 steps under
+   ``--lr-schedule cosine`` (the length at which real runs repeat), each with
    ``--timeline``; the simulator takes each worker's times between steps from
    the run's timeline, in order (a straggler's sleeps included: on two shared
    cores they also free a core for the others, which drawing the spec anew
@@ -403,11 +404,12 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=None, help="seeds per validation cell "
                     "(default 3; --quick 1)")
     ap.add_argument("--steps", type=int, default=None, help="steps of each validation run "
-                    "(default 100; --quick 30)")
+                    "(default 600, with --lr-schedule cosine the length at which real runs "
+                    "repeat; --quick 30)")
     ap.add_argument("--model", default="mlp:784-128-10", help="validation's model")
-    ap.add_argument("--lr-schedule", default=None, help="validation's --lr-schedule, real runs "
-                    "and simulations (default psgd's); cosine ends each run at lr 0, so its final "
-                    "accuracy is not one step's spike")
+    ap.add_argument("--lr-schedule", default="cosine", help="validation's --lr-schedule, real "
+                    "runs and simulations (default cosine: it ends each run at lr 0, so its final "
+                    "accuracy is not one step's spike; '' psgd's default)")
     ap.add_argument("--protocols", type=_protocols, default=list(VALIDATED),
                     help=f"validation's protocols, comma-separated (default {','.join(VALIDATED)})")
     ap.add_argument("--no-straggler", dest="stragglers", action="store_const", const=(False,),
@@ -438,7 +440,7 @@ def arguments() -> argparse.Namespace:
     q = args.quick
     args.widths = ([2] if q else [2, 4, 8]) if args.widths is None else args.widths
     args.seeds = args.seeds or (1 if q else 3)
-    args.steps = args.steps or (30 if q else 100)
+    args.steps = args.steps or (30 if q else 600)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     if args.table_widths is None:

@@ -9,7 +9,8 @@
 2. Validation: real ``mpiexec`` runs (``--model``, default the MLP) at W = 2,
    4, 8 (``--widths``) under bsp, ssp s=2, asp, hogwild, gossip and adpsgd
    (``--protocols``), without and with
-   ``--straggler W-1:slow=3``, 3 seeds each (``--seeds``), each with
+   ``--straggler W-1:slow=3``, 3 seeds each (``--seeds``), 600 steps under
+   ``--lr-schedule cosine`` (the length at which real runs repeat), each with
    ``--timeline``; the simulator takes each worker's times between steps from
    the run's timeline, in order (a straggler's sleeps included: on two shared
    cores they also free a core for the others, which drawing the spec anew
@@ -166,13 +167,18 @@ def pull_us(spans: dict) -> float:
     return float(np.median(found)) if found else float("nan")
 
 
-def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, steps: int, model: str,
-          seed: int) -> tuple:
-    name = f"{proto.replace(' ', '').replace('=', '')}-w{W}{'-slow' if slow else ''}-s{seed}"
+def _schedule(opts) -> list:
+    """The validation's learning-rate schedule flags (none: psgd's default)."""
+    return ["--lr-schedule", opts.lr_schedule] if opts.lr_schedule else []
+
+
+def _real(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int) -> tuple:
+    name = _name(W, proto, slow, seed)
     tl, log = tmp / f"{name}.json", tmp / f"{name}.jsonl"
     extra = ["--straggler", f"{W - 1}:slow=3"] if slow else []
-    psgd("train", "--data", data, "--model", model, "--batch-size", 32, "--steps", steps,
-         "--seed", seed, *VALIDATED[proto], *extra, "--timeline", tl, "--log", log, "--quiet",
+    psgd("train", "--data", data, "--model", opts.model, "--batch-size", 32,
+         "--steps", opts.steps, "--seed", seed, *VALIDATED[proto], *extra, *_schedule(opts),
+         "--timeline", tl, "--log", log, "--quiet",
          ranks=W + _servers(proto))
     summary = [json.loads(line) for line in log.read_text().splitlines()][-1]
     return tl, summary
@@ -189,19 +195,36 @@ def _tv(real: list, sim: list) -> float | None:
     return tv_distance(real, sim) if sum(real) and sum(sim) else None
 
 
+def _name(W: int, proto: str, slow: bool, seed: int) -> str:
+    return f"{proto.replace(' ', '').replace('=', '')}-w{W}{'-slow' if slow else ''}-s{seed}"
+
+
+def _saved(folder: Path, W: int, proto: str, slow: bool, seed: int) -> tuple:
+    """A real run kept by ``--keep``: its timeline and its log's summary."""
+    name = _name(W, proto, slow, seed)
+    tl, log = folder / f"{name}.json", folder / f"{name}.jsonl"
+    if not tl.exists():
+        raise SystemExit(f"bench-simulate: --from {folder}: no {tl.name}")
+    return tl, [json.loads(line) for line in log.read_text().splitlines()][-1]
+
+
 def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int) -> dict:
-    """One real run and its simulation (trained along, at the same seed), compared."""
-    tl, summary = _real(tmp, data, W, proto, slow, opts.steps, opts.model, seed)
+    """One real run (or one kept, ``--from``) and its simulation (trained along, at the same
+    seed), compared; ``--keep``: the run's timeline, log and this row stay in that folder."""
+    if opts.source:
+        tl, summary = _saved(opts.source, W, proto, slow, seed)
+    else:
+        tl, summary = _real(opts.keep or tmp, data, W, proto, slow, opts, seed)
     spans = _trace(tl)
     pulls = pull_us(spans)
     argv = ["--workers", W, "--model", opts.model, "--batch-size", 32, "--steps", opts.steps,
-            "--seed", seed, *VALIDATED[proto], "--compute-from", tl,
-            "--per-node", W + _servers(proto), "--data", data, "--train",
-            *(["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else [])]
-    sim = simulate(tmp, *argv)
+            "--seed", seed, *VALIDATED[proto], *_schedule(opts), "--compute-from", tl,
+            "--per-node", W + _servers(proto), "--data", data, "--train"]
+    latency = ["--latency-from", tl] if proto in DRAWN or not math.isnan(pulls) else []
+    sim = simulate(tmp, *argv, *latency)
     real = real_rate(spans)
     row = {"W": W, "protocol": proto, "straggler": slow, "seed": seed, "model": opts.model,
-           "steps": opts.steps, "real_updates_per_s": real,
+           "steps": opts.steps, "lr_schedule": opts.lr_schedule, "real_updates_per_s": real,
            "sim_updates_per_s": sim["steady_updates_per_s"],
            "ratio": sim["steady_updates_per_s"] / real,
            "real_step_ms": W / real * 1e3, "sim_step_ms": W / sim["steady_updates_per_s"] * 1e3,
@@ -210,21 +233,26 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
            "real_staleness": summary["staleness_histogram"],
            "sim_staleness": sim["staleness"]["histogram"]}
     if opts.cores:   # the same trace simulated again on the cores the run had
-        row["cores"] = _on_cores(tmp, argv, opts.cores, real, summary)
+        row["cores"] = _again(tmp, [*argv, *latency, "--cores", opts.cores], real, summary)
+        row["cores"]["cores"] = opts.cores
+    if opts.poll and proto not in DRAWN:   # again, each message seen at the next poll
+        row["poll"] = _again(tmp, [*argv, "--poll"], real, summary)
     print(f"validate: W={W} {proto}{' slow' if slow else ''} seed {seed}: real {real:.1f}/s, "
           f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}, "
           f"accuracy real {row['real_acc']:.4f} sim {row['sim_acc']:.4f}", flush=True)
+    if opts.keep:
+        (opts.keep / f"{_name(W, proto, slow, seed)}.row.json").write_text(json.dumps(row))
     return row
 
 
-def _on_cores(tmp: Path, argv: list, cores: int, real: float, summary: dict) -> dict:
-    """The pair's simulation with ``--cores``: ratio, TV and accuracy."""
-    sim = simulate(tmp, *argv, "--cores", cores)
-    out = {"cores": cores, "ratio": sim["steady_updates_per_s"] / real,
+def _again(tmp: Path, argv: list, real: float, summary: dict) -> dict:
+    """The pair's simulation with other flags (``--cores``, ``--poll``): ratio, TV, accuracy."""
+    sim = simulate(tmp, *argv)
+    out = {"ratio": sim["steady_updates_per_s"] / real,
            "tv": _tv(summary["staleness_histogram"], sim["staleness"]["histogram"]),
            "sim_acc": sim["training"]["test_acc"], "sim_staleness": sim["staleness"]["histogram"]}
-    print(f"validate:   --cores {cores}: x{out['ratio']:.2f}, TV {out['tv']}, accuracy "
-          f"{out['sim_acc']:.4f}", flush=True)
+    print(f"validate:   {' '.join(map(str, argv[-2:]))}: x{out['ratio']:.2f}, TV {out['tv']}, "
+          f"accuracy {out['sim_acc']:.4f}", flush=True)
     return out
 
 
@@ -246,11 +274,12 @@ def agreement(rows: list) -> list:
                 for k in ("real_step_ms", "sim_step_ms", "ratio", "tv", "real_acc", "sim_acc")}
         out.append({"W": W, "protocol": proto, "straggler": slow, "seeds": len(rs), **mean,
                     "acc_gap_points": 100 * (mean["sim_acc"] - mean["real_acc"])})
-        if "cores" in rs[0]:
-            on = {k: float(np.mean([r["cores"][k] for r in rs])) if rs[0]["cores"][k] is not None
-                  else None for k in ("ratio", "tv", "sim_acc")}
-            out[-1]["cores"] = {"cores": rs[0]["cores"]["cores"], **on,
-                                "acc_gap_points": 100 * (on["sim_acc"] - mean["real_acc"])}
+        for again in ("cores", "poll"):
+            if again in rs[0]:
+                on = {k: float(np.mean([r[again][k] for r in rs]))
+                      if rs[0][again][k] is not None else None for k in ("ratio", "tv", "sim_acc")}
+                out[-1][again] = {**{k: v for k, v in rs[0][again].items() if k == "cores"}, **on,
+                                  "acc_gap_points": 100 * (on["sim_acc"] - mean["real_acc"])}
     return out
 
 
@@ -323,7 +352,7 @@ def markdown(result: dict) -> str:
                      f"{r['ratio']:.2f} | {tv} | "
                      f"{r['real_acc']:.4f} | "
                      f"{r['sim_acc']:.4f} | {r['acc_gap_points']:+.2f} |")
-    lines += _cores_lines(result["agreement"])
+    lines += _again_lines(result["agreement"], "cores") + _again_lines(result["agreement"], "poll")
     lines += ["", f"## Table ({result.get('table_model', TABLE_MODEL)}, compute "
               f"{result['compute_ms']:.2f} ms per batch of 64, 10gbit switched)", "",
               "| W | S | protocol | comp | updates/s | x bsp | staleness mean | max | "
@@ -338,15 +367,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _cores_lines(agreement: list) -> list:
-    """The validation's rows simulated again with --cores (none: [])."""
-    rows = [r for r in agreement if "cores" in r]
+def _again_lines(agreement: list, again: str) -> list:
+    """The validation's rows simulated again with --cores or --poll (none: [])."""
+    rows = [r for r in agreement if again in r]
     if not rows:
         return []
-    lines = ["", f"### The same traces simulated with --cores {rows[0]['cores']['cores']}", "",
+    flag = f"--cores {rows[0]['cores']['cores']}" if again == "cores" else "--poll"
+    lines = ["", f"### The same traces simulated with {flag}", "",
              "| W | protocol | straggler | ratio | TV | gap (points) |", "|---|---|---|---|---|---|"]
     for r in rows:
-        c = r["cores"]
+        c = r[again]
         tv = "-" if c["tv"] is None else f"{c['tv']:.3f}"
         lines.append(f"| {r['W']} | {r['protocol']} | {'W-1 slow=3' if r['straggler'] else '-'} "
                      f"| {c['ratio']:.2f} | {tv} | {c['acc_gap_points']:+.2f} |")
@@ -374,8 +404,12 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=None, help="seeds per validation cell "
                     "(default 3; --quick 1)")
     ap.add_argument("--steps", type=int, default=None, help="steps of each validation run "
-                    "(default 100; --quick 30)")
+                    "(default 600, with --lr-schedule cosine the length at which real runs "
+                    "repeat; --quick 30)")
     ap.add_argument("--model", default="mlp:784-128-10", help="validation's model")
+    ap.add_argument("--lr-schedule", default="cosine", help="validation's --lr-schedule, real "
+                    "runs and simulations (default cosine: it ends each run at lr 0, so its final "
+                    "accuracy is not one step's spike; '' psgd's default)")
     ap.add_argument("--protocols", type=_protocols, default=list(VALIDATED),
                     help=f"validation's protocols, comma-separated (default {','.join(VALIDATED)})")
     ap.add_argument("--no-straggler", dest="stragglers", action="store_const", const=(False,),
@@ -384,6 +418,15 @@ def arguments() -> argparse.Namespace:
                     help="validate with --straggler runs only")
     ap.add_argument("--cores", type=int, default=None, help="also simulate each validation "
                     "trace with psgd simulate --cores N (the cores the real runs shared)")
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep each real "
+                    "run's timeline and log, and each validation row as NAME.row.json, in DIR")
+    ap.add_argument("--from", dest="source", type=Path, default=None, metavar="DIR",
+                    help="simulate the real runs kept in DIR by --keep instead of running them")
+    ap.add_argument("--no-speed", dest="speed", action="store_false",
+                    help="skip part 1 (the event loop's speed)")
+    ap.add_argument("--poll", action="store_true", help="also simulate each validation trace "
+                    "with psgd simulate --poll (the network's latency, each message seen at the "
+                    "receiver's next poll) instead of the pulls' latencies")
     ap.add_argument("--table-widths", type=_widths, default=None,
                     help="the table's W (default 16,64,256,1024; --quick 16,64; '' none)")
     ap.add_argument("--table-model", default=TABLE_MODEL, help=f"the table's model (default "
@@ -397,7 +440,9 @@ def arguments() -> argparse.Namespace:
     q = args.quick
     args.widths = ([2] if q else [2, 4, 8]) if args.widths is None else args.widths
     args.seeds = args.seeds or (1 if q else 3)
-    args.steps = args.steps or (30 if q else 100)
+    args.steps = args.steps or (30 if q else 600)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     if args.table_widths is None:
         args.table_widths = [16, 64] if q else [16, 64, 256, 1024]
     return args
@@ -419,7 +464,7 @@ def main() -> None:
             (out / f"{stem}.partial.json").unlink(missing_ok=True)   # one stamp, not one per save
             common.write_json(out / f"{stem}.partial.json", result, data.name)
 
-        result["speed"] = speed(args.quick)
+        result["speed"] = speed(args.quick) if args.speed else {}
         save()
         result["validation"] = validate(tmp, data.path, args)
         result["agreement"] = agreement(result["validation"])

@@ -193,6 +193,8 @@ def simulate_cli(tmp_path, *argv):
     (["--workers", 4, "--cores", 0], "--cores must be >= 1"),
     (["--workers", 4, "--busy-wait"], "--busy-wait needs --cores"),
     (["--workers", 4, "--cores", 2, "--protocol", "gossip", "--servers", 0], "not gossip's"),
+    (["--workers", 4, "--poll", "--cores", 2], "drop --cores and --latency-from"),
+    (["--workers", 4, "--poll", "--protocol", "gossip", "--servers", 0], "--poll models"),
 ])
 def test_bad_input_is_one_line(tmp_path, argv, message):
     (tmp_path / "PROFILE").write_text('{"kind": "step"}\n')

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "compute times a rank takes alone (--compute-ms, the profile)")
     sim.add_argument("--busy-wait", action="store_true", help="with --cores: a waiting rank is "
                      "runnable too (MPICH's own blocking calls spin; psgd's waits sleep)")
+    sim.add_argument("--poll", action="store_true", help="a message is seen at the receiver's "
+                     "next poll: psgd's waits poll, then sleep 20 us growing to "
+                     "PSGD_X_POLL_MAX_SLEEP (a poll's and a sleep's cost measured here); not with "
+                     "--latency-from, whose pulls hold these waits already")
     sim.add_argument("--train", action="store_true", help="train along the simulated order "
                      "(needs --data)")
     sim.add_argument("--json", metavar="FILE", help="write the summary as JSON")
@@ -95,6 +99,9 @@ def _check(args, settings, protocol) -> None:
     if args.cores is not None and protocol.decentralized:
         raise PsgdError(f"--cores models the parameter-server protocols' ranks, not "
                         f"{protocol.name}'s")
+    if args.poll and (args.cores is not None or args.latency_from or protocol.decentralized):
+        raise PsgdError("--poll models the parameter-server protocols' waits on a core per rank, "
+                        "with the network's latency: drop --cores and --latency-from")
     if args.busy_wait and args.cores is None:
         raise PsgdError("--busy-wait needs --cores (the cores the waiting ranks spin on)")
     if settings.overlap:
@@ -144,9 +151,10 @@ def _shm_bandwidth(text: str, n_params: int, optimizer: str | None) -> float:
     return parse_bandwidth(text)
 
 
-def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0, cpu=None):
+def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0, cpu=None,
+              polls=None):
     """The event loop's schedule and wall seconds (``cpu``: None, or the straggler waits in
-    ``times`` and ``(cores, busy_wait)``)."""
+    ``times`` and ``(cores, busy_wait)``; ``polls``: see :mod:`psgd.simulate.polls`)."""
     from psgd.simulate.events import simulate
     from psgd.simulate.links import Links
     from psgd.simulate.rules import rules_for
@@ -154,7 +162,7 @@ def _simulate(protocol, staleness, pjob, net, times, latencies=None, seed=0, cpu
     waits, cores = cpu if cpu is not None else (None, None)
     t0 = time.perf_counter()
     schedule = simulate(rules, times, pjob.servers, Links(pjob, net, latencies, seed),
-                        waits, cores)
+                        waits, cores, polls)
     return schedule, time.perf_counter() - t0
 
 
@@ -184,20 +192,22 @@ def run(args: argparse.Namespace) -> None:
                                   span)
         times += pjob.compression.encode_s * pjob.nbytes   # a coded push is encoded first
         cpu = None if args.cores is None else (waits, (args.cores, args.busy_wait))
+        polls = _polls(args)
         if protocol.decentralized:
             found, schedule, wall, train = _gossip(graph, settings, job, pjob, (net, lat), times)
             pjob, lat = replace(pjob, servers=1), (lat if span == "pull" else None)
         else:
             schedule, wall = _simulate(protocol, settings.staleness, pjob, net, times, lat,
-                                       settings.seed, cpu)
+                                       settings.seed, cpu, polls)
             found, train = summary(schedule), None
-        bsp, _ = _simulate(get("bsp"), None, pjob, net, times, lat, settings.seed, cpu)
+        bsp, _ = _simulate(get("bsp"), None, pjob, net, times, lat, settings.seed, cpu, polls)
     except ValueError as exc:
         raise PsgdError(str(exc)) from None
     out = {"protocol": protocol.label(protocol.staleness_bound(settings.staleness)),
            "workers": args.workers, "servers": settings.servers, "steps": steps,
            "n_params": n_params, "compute_ms_mean": float(times.mean() * 1e3),
            "shm_bandwidth": net.shm_bandwidth, "cores": args.cores,
+           "polls": None if polls is None else asdict(polls),
            "simulation_wall_s": wall, **found,
            "bsp": {k: v for k, v in summary(bsp).items() if k != "delay"}}
     if settings.recording.record:
@@ -211,6 +221,14 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=1)
+
+
+def _polls(args):
+    """--poll: the waits' poll times measured here (None: a message is seen on landing)."""
+    if not args.poll:
+        return None
+    from psgd.simulate.polls import measure
+    return measure()
 
 
 def _graph(protocol, settings, workers: int):

@@ -13,7 +13,9 @@ and its staleness counts updates. Each shard's order of pushes, replies and
 dones is written down as :mod:`psgd.ps.order` records a real server's. With
 ``cores`` the ranks' CPU work shares that many cores (:mod:`psgd.simulate.cores`):
 each shard then takes its messages one at a time, its work stretched as the
-workers' computes are.
+workers' computes are. With ``polls`` a rank sees a message at its wait's next
+poll (:mod:`psgd.simulate.polls`): a worker's wait begins when it pushes, a
+shard's when it has finished its last work.
 """
 from __future__ import annotations
 
@@ -79,9 +81,9 @@ class _Shard:
 
 class _Loop:
     def __init__(self, rules: Rules, times: np.ndarray, servers: int, links: Links,
-                 waits: np.ndarray, cores: tuple | None) -> None:
+                 waits: np.ndarray, cores: tuple | None, polls=None) -> None:
         self.rules, self.times, self.S, self.links = rules, times, servers, links
-        self.waits = waits
+        self.waits, self.polls = waits, polls
         self.W, self.T = times.shape
         self.heap: list = []
         self.seq = 0
@@ -90,6 +92,7 @@ class _Loop:
         self.read_updates = np.zeros((self.W, servers), np.int64)
         self.waiting = [servers] * self.W    # replies a worker still needs for its next clock
         self.clock = [0] * self.W            # the clock a worker computes next
+        self.wait_from = [0.0] * self.W      # when a worker's wait for its pull began
         self.busy = np.zeros(self.W)
         self.order: list[tuple] = []
         self.stale: list[int] = []
@@ -116,6 +119,7 @@ class _Loop:
         return t
 
     def _computed(self, t: float, w: int, _b: int) -> None:
+        self.wait_from[w] = t
         for s in range(self.S):
             self.at(self.links.send(self.S + w, s, self.rules.push_bytes, t), PUSH, s, w)
 
@@ -128,6 +132,8 @@ class _Loop:
             shard.inbox.append((PUSH, w))
             self._serve(t, s)
             return
+        if self.polls and t > shard.free:   # idle since its last work: seen at its next poll
+            t = self.polls.seen(shard.free, t)
         shard.free = max(t, shard.free) + self.rules.push_s
         shard.busy += self.rules.push_s
         self.at(shard.free, APPLIED, s, w)
@@ -188,7 +194,10 @@ class _Loop:
         self.order.append((t, s, REPLIED, w, c))
         self.read_version[w, s] = shard.version
         self.read_updates[w, s] = shard.updates
-        self.at(self.links.send(s, self.S + w, self.rules.pull_bytes, t), REPLY, w, s)
+        landed = self.links.send(s, self.S + w, self.rules.pull_bytes, t)
+        if self.polls:
+            landed = self.polls.seen(self.wait_from[w], landed)
+        self.at(landed, REPLY, w, s)
 
     def _got_reply(self, t: float, w: int, _s: int) -> None:
         self.waiting[w] -= 1
@@ -250,7 +259,8 @@ class _Loop:
 
 
 def simulate(rules: Rules, times: np.ndarray, servers: int, links: Links,
-             waits: np.ndarray | None = None, cores: tuple | None = None) -> Schedule:
+             waits: np.ndarray | None = None, cores: tuple | None = None,
+             polls=None) -> Schedule:
     """Run the job to its end: every worker computes ``times.shape[1]`` steps.
 
     Parameters
@@ -267,10 +277,13 @@ def simulate(rules: Rules, times: np.ndarray, servers: int, links: Links,
     cores : (int, bool), optional
         The cores the ranks share and whether a waiting rank is runnable
         (:class:`psgd.simulate.cores.Cores`); default a core per rank.
+    polls : psgd.simulate.polls.Polls, optional
+        The waits' polls: a message is seen at the receiver's next poll (default: on landing).
+        Not with ``cores``.
     """
     times = np.asarray(times, np.float64)
     waits = np.zeros_like(times) if waits is None else np.asarray(waits, np.float64)
-    loop = _Loop(rules, times, servers, links, waits, cores)
+    loop = _Loop(rules, times, servers, links, waits, cores, polls)
     seconds = loop.run()
     order = loop.order
     return Schedule(

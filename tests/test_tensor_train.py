@@ -34,9 +34,9 @@ def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpiru
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks, grid", [(2, "auto"), (4, "2,auto")])
+@pytest.mark.parametrize("ranks, grid", [(2, "1,auto"), (4, "2,auto")])
 def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, dataset, tmp_path, ranks, grid):
-    """--grid auto on 2 ranks (D = 1), and 2,auto on 4 (D = 2 groups of 2, combined by
+    """--grid 1,auto on 2 ranks (D = 1), and 2,auto on 4 (D = 2 groups of 2, combined by
     all-reduce): the conv trunk (its dropout drawing the serial masks) on each rank's
     samples, the wide dense head split (the cut is neither end), and the run is the serial
     run (D = 2: plain all-reduce on 2 ranks) on the same batches (float32)."""
@@ -49,6 +49,26 @@ def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, da
     assert auto["axis"] == "auto" and auto["grid"] == [d, 2] and 3 < auto["auto_cut"] < 10
     assert auto["auto_network"] == "10 Gbit/s, 20 us per message, 1 rank(s) per node"
     assert auto["test_loss"] == pytest.approx(serial["test_loss"], rel=1e-4)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model, network, grid", [
+    ("mlp:784-1024-1024-10", ["--bandwidth", "0.1gbit"], [1, 2]),
+    ("conv:8x3:pad1-relu-conv:8x3:pad1-relu-pool:2-flatten-dense:32-relu-dense:10", [], [2, 1])])
+def test_plain_grid_auto_chooses_d_and_t_and_trains_as_serial(mpirun, dataset, tmp_path, model, network, grid):
+    """Plain --grid auto on 2 ranks picks the grid itself: the weight-heavy MLP on a slow link
+    splits over both ranks (D = 1: the serial run), the conv net runs pure data-parallel
+    (D = 2: plain all-reduce on 2 ranks, no --grid); the same test loss (float64 for D = 1) and the
+    modelled grids in the summary, the chosen one cheapest."""
+    d = grid[0]
+    flags = ["--model", model, "--optimizer", "momentum", "--lr", "0.05", "--batch-size", 16,
+             "--steps", 8, "--dtype", "float64" if d == 1 else "float32"]
+    train(mpirun, 2, dataset, tmp_path / "auto.jsonl", *flags, *network, "--grid", "auto")
+    train(mpirun, d, dataset, tmp_path / "ref.jsonl", *flags, *(["--grid", "1,1"] if d == 1 else []))
+    auto, ref = summary(tmp_path / "auto.jsonl"), summary(tmp_path / "ref.jsonl")
+    assert auto["grid"] == grid and set(auto["auto_grids"]) == {"1x2", "2x1"}
+    assert auto["auto_grids"][f"{d}x{3 - d}"] == min(auto["auto_grids"].values())
+    assert auto["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-9 if d == 1 else 1e-4)
 
 
 @pytest.mark.slow

@@ -30,6 +30,28 @@ def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, pa
     return price
 
 
+def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, parts=None) -> tuple:
+    """Plain ``--grid auto`` on ``world`` ranks: (D, T, {"DxT": collective seconds per sample})
+    of the grid whose cheapest cut (:func:`~psgd.tensor.mixed.choose_cut`, priced by
+    ``price_of(D, T)``) costs the fewest collective seconds per sample, for each T dividing
+    ``world`` (in ``parts`` when given, at most the batch).  Each replica reads its own batch and
+    every grid divides the computation over all the ranks, so a step's compute per sample is
+    the same on every grid; ties go to the larger D (fewer split layers)."""
+    from psgd.plan.tensor_time import Alone
+    from psgd.tensor.mixed import choose_cut
+    per_sample = {}
+    for t in [t for t in range(world, 0, -1) if world % t == 0 and t <= max(1, batch)]:
+        if parts is None or t in parts:
+            d = world // t
+            cut, costs = choose_cut(layers, Alone(t), batch, itemsize, price_of(d, t), d)
+            per_sample[f"{d}x{t}"] = costs[cut] / (d * batch)
+    if not per_sample:
+        raise ValueError(f"--grid auto: no grid of {world} ranks whose parts divide the servers")
+    best = min(per_sample.values())
+    d, t = next(k for k, v in reversed(per_sample.items()) if v == best).split("x")
+    return int(d), int(t), per_sample
+
+
 def network_args(budget) -> list[str]:
     """The ``psgd train`` flags that give the run ``budget``'s network to cut by."""
     return ["--bandwidth", f"{budget.net.bandwidth * 8e-9:.12g}gbit",

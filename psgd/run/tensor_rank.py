@@ -70,8 +70,9 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
 
 
 def _auto_shape(grid: str, world: int) -> tuple[int, int, str]:
-    """(D, T, "auto") of --grid auto (D = 1) or D,auto on ``world`` ranks."""
-    d = 1 if grid == "auto" else grid.split(",")[0]
+    """(D, T, "auto") of --grid D,auto on ``world`` ranks; of plain --grid auto, (world, 1,
+    "auto") until :func:`choose_grid` picks D and T in the run."""
+    d = world if grid == "auto" else grid.split(",")[0]
     try:
         d = int(d)
     except ValueError:
@@ -113,6 +114,10 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     --grid auto prices on (:func:`psgd.run.plan_job.network_flags`)."""
     n_servers = servers_of(settings)
     d, t, axis = grid_shape(settings.split, comm.Get_size() - n_servers)
+    chosen = {}
+    if settings.split.grid == "auto":
+        d, t, chosen = agree(comm, lambda: choose_grid(settings, comm.Get_size() - n_servers, network),
+                             debug, "choose the grid", "agreeing on the grid --grid auto chose")
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
     groups = tensor_servers.ServerGroups(comm, settings, t) if n_servers else None
@@ -122,7 +127,7 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
             rank = grid.Get_rank()
             part, replicas = grid.Split(rank // t, rank % t), grid.Split(rank % t, rank // t)
     build = (lambda: None) if grid is None else \
-        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id, network))
+        (lambda: {**_build(settings, part, rank // t, d, axis, resumed, run_id, network), "grids": chosen})
     setup = agree(comm, build, debug, "build the split model and load the checkpoint",
                   "agreeing that every rank could split the model")
     if grid is None:
@@ -134,6 +139,21 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     if grid.Get_rank() == 0:
         announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
     return _train(grid, part, replicas, settings, setup)
+
+
+def choose_grid(s, world: int, network) -> tuple[int, int, dict]:
+    """Plain --grid auto: (D, T, every grid's modelled collective seconds per sample) of
+    :func:`psgd.plan.grid.choose_grid` on the run's layers and network, T dividing --servers
+    under a parameter server. Every rank computes the same choice, no message sent."""
+    from psgd.data.reader import dataset_info
+    from psgd.nn.model import model_layers
+    from psgd.plan import grid
+    from psgd.run.grid_cost import NO_NETWORK_FLAGS, pricer
+    info, n_servers = dataset_info(s.data), servers_of(s)
+    layers = model_layers(s.model, s.seed, info["input_shape"], info["n_classes"])[0]
+    parts = [t for t in range(1, world + 1) if n_servers % t == 0] if n_servers else None
+    return grid.choose_grid(layers, world, s.batch_size, np.dtype(s.split.dtype).itemsize,
+                            lambda d, t: pricer(network or NO_NETWORK_FLAGS, world, t, n_servers)[0], parts)
 
 
 def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str, network) -> dict:
@@ -313,9 +333,10 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
     ms = 1e3 * float(np.median(times[1:] or times))
     d, t, most = comm.Get_size() // part.Get_size(), part.Get_size(), int(every[:, 0].max())
     whole = model.n_total * model.dtype.itemsize
-    _say_auto(setup["auto"])
+    _say_auto(setup["auto"], setup["grids"])
     log.write("summary", steps=step, test_loss=loss, test_accuracy=acc, grid=[d, t], axis=setup["axis"],
               auto_cut=setup["auto"].get("cut"), auto_network=setup["auto"].get("network"),
+              auto_grids=setup["grids"] or None,
               step_ms=ms, param_bytes_per_rank=most, param_bytes_serial=whole,
               peak_rss_bytes=every[:, 1].tolist())
     log.close()
@@ -324,8 +345,12 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
           f"(whole model {whole}); peak RSS MiB per rank {(every[:, 1] >> 20).tolist()}", flush=True)
 
 
-def _say_auto(auto: dict) -> None:
-    """--grid auto: which layers ran on the samples and which were split, and each cut's cost."""
+def _say_auto(auto: dict, grids: dict) -> None:
+    """--grid auto: which layers ran on the samples and which were split, each cut's cost, and
+    (plain auto) each grid's."""
+    if grids:
+        print(f"psgd: --grid auto: modelled collective seconds per sample of each DxT grid "
+              f"{ {k: float(f'{v:.4g}') for k, v in grids.items()} }", flush=True)
     if auto:
         cut, costs = auto["cut"], [None if c is None else round(c, 6) for c in auto["costs"]]
         print(f"psgd: --grid auto: layers {auto['layers'][:cut]} on each rank's samples, "

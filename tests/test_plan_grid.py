@@ -148,7 +148,7 @@ def test_plain_grid_auto_picks_the_grid_with_the_fewest_collective_seconds_per_s
     counted here by hand, and the pick is the cheapest grid."""
     from psgd.nn.model import model_layers
     from psgd.plan.cost import Job, flat_allreduce_s
-    from psgd.plan.grid import choose_grid, group_price
+    from psgd.plan.grid import MAC_S, choose_grid, group_price
     layers = model_layers(spec, 0, (1, 28, 28), 10)[0]
     net, batch = Network(rate / 8, 20e-6), 16
     d, t, per_sample = choose_grid(layers, world, batch, 4, lambda d, t: group_price(net, 1, None, world, t))
@@ -156,7 +156,10 @@ def test_plain_grid_auto_picks_the_grid_with_the_fewest_collective_seconds_per_s
     assert set(per_sample) == {f"{world // t}x{t}" for t in (1, 2, 4) if world % t == 0}
     n = sum(int(np.prod(s)) for layer in layers for _, s in layer.param_shapes())
     data = flat_allreduce_s(Job(n, 0.0, 1, world), list(range(world)), net)
-    assert per_sample[f"{world}x1"] == pytest.approx(data / (world * batch), rel=1e-12)
+    macs = sum(int(np.prod(s)) * (la.out_shape[0] * la.out_shape[1] if len(la.out_shape) == 3 else 1)
+               for la in layers for _, s in la.param_shapes())     # each weight at each output pixel
+    compute = 3 * MAC_S * batch * macs        # the whole batch on each rank, forward and backward
+    assert per_sample[f"{world}x1"] == pytest.approx((data + compute) / (world * batch), rel=1e-12)
 
 
 def test_plain_grid_auto_takes_only_parts_that_divide_the_servers():

@@ -168,8 +168,9 @@ def test_grid_auto_prices_on_psgd_nets_link_and_adds_the_replicas_all_reduce():
 
 
 def test_the_copies_asp_shares_under_grid_auto_are_the_layers_on_samples():
-    """Under asp/ssp the group takes part 0's values of the layers on samples each step: the
-    indices are exactly those layers' parameters (a hand count), none of the split head's."""
+    """Under asp/ssp the group takes part 0's values of its copies each step: the indices are
+    exactly the conv's parameters (on samples) and the row-parallel last layer's bias (held
+    whole by both parts), a hand count; none of the split weights."""
     from psgd.run.tensor_rank import copies
     from psgd.tensor.mixed import split_mixed
     from psgd.tensor.model import TensorModel
@@ -177,7 +178,8 @@ def test_the_copies_asp_shares_under_grid_auto_are_the_layers_on_samples():
     model = TensorModel(spec, lambda layers, comm: split_mixed(layers, comm, 3), FakeComm(0, 2),
                         input_shape=(1, 28, 28), n_classes=10)
     index = copies(model)
-    assert index.size == 4 * 9 + 4 and np.array_equal(index, np.arange(index.size))
+    bias = model.n_params - 10                # the last layer's, at the end of the local vector
+    assert np.array_equal(index, np.r_[np.arange(4 * 9 + 4), np.arange(bias, bias + 10)])
 
 
 def test_grid_auto_prices_a_spatial_head_and_picks_it_for_big_images_on_few_samples():

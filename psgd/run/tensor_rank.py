@@ -132,7 +132,7 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     if groups is not None:
         groups.share(setup["model"].params, setup["total"], setup["start"], setup.pop("opt_state"))
         setup["worker"], setup["groups"] = groups.worker(), groups
-        if axis == "auto" and get(settings.protocol).bound != 0.0:
+        if get(settings.protocol).bound != 0.0:
             setup["copies"] = copies(setup["model"])
     if grid.Get_rank() == 0:
         announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
@@ -257,14 +257,14 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
 
 def copies(model) -> np.ndarray:
     """Local indices of the values every part of the group holds a copy of (its replicated
-    and partial rows: under --grid auto, the layers on samples)."""
+    and partial rows: the layers on samples, a row-parallel layer's bias)."""
     return np.concatenate([np.zeros(0, np.int64)] + [
         p.start + np.flatnonzero(np.repeat(p.kinds != 0, p.width)) for p in model.pieces])
 
 
 def _share_copies(part, model, index) -> None:
-    """asp/ssp under --grid auto: each part's servers step their copies of the layers on
-    samples in their own order, so before each step the group takes part 0's (its servers'
+    """asp/ssp: each part's servers step their copies (the layers on samples, a row layer's
+    bias) in their own order, so before each step the group takes part 0's (its servers'
     values are the run's, as a checkpoint's are) and the copies stay one model."""
     if index is not None and index.size and part.Get_size() > 1:
         values = np.ascontiguousarray(model.params[index])

@@ -15,7 +15,7 @@ runs/bench/tensor-TIME/ (--publish: bench/results/ and docs/results/tensor.md).
 
 With ``--net RATES`` (root: psgd net) the issue's comparison on 2 emulated nodes at each
 rate: `psgd plan --auto`'s tensor 1x2 plan (``--grid 1,2``) against its plain allreduce
-W=2 plan (psgd's allreduce protocol), each run as bench/bench_plan.py runs a plan under
+W=2 plan (psgd's allreduce protocol) and its fastest auto-grid plan (``--grid D,auto``), each run as bench/bench_plan.py runs a plan under
 ``psgd net --nodes 2`` and beside the search's prediction for that link (bench_plan's
 budget: one shared link, rank r on node r mod 2, the ranks sharing this machine's cores;
 the profile taken at the runs' batch, as a weight-heavy layer's time per sample falls with
@@ -76,7 +76,8 @@ def table(rows: list, args) -> str:
 
 
 def net_rows(args) -> list:
-    """Per rate: the tensor 1x2 and the plain allreduce W=2 plans, predicted and measured."""
+    """Per rate: the tensor 1x2, the plain allreduce W=2 and the fastest auto-grid plans,
+    predicted and measured."""
     from types import SimpleNamespace
 
     import bench_plan
@@ -84,7 +85,9 @@ def net_rows(args) -> list:
     from psgd.plan.search import search
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        data = common.dataset(Path(tmp), True, "bench-tensor-net", train=2048).path
+        data = Path(tmp) / "data.h5"
+        run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--train", "2048", "--test", "256",
+                     "--channels", str(args.channels), "-o", str(data)], 300, cwd=ROOT).check_returncode()
         prof = get_profile(args.model, str(Path(tmp) / "profile.json"), args.batch_size)
         for rate in args.net.split(","):
             run = SimpleNamespace(rate=rate, ranks=2, per_node=1, batch_size=args.batch_size,
@@ -93,6 +96,7 @@ def net_rows(args) -> list:
             picked = [next(p for p in plans if p.kind == "tensor" and p.replicas == 1),
                       next(p for p in plans if p.kind == "data" and p.protocol == "allreduce"
                            and not p.compress and not p.servers)]
+            picked += [p for p in plans if p.kind == "grid"][:1]     # the fastest auto grid D x T
             for plan in picked:
                 log = Path(tmp) / f"{rate}-{plan.kind}.jsonl"
                 measured = bench_plan.measured_rate(plan, data, args.model, run, log)
@@ -100,7 +104,33 @@ def net_rows(args) -> list:
                              "predicted": round(plan.samples_per_s, 1), "measured": round(measured, 1),
                              "ratio": round(measured / plan.samples_per_s, 3)})
                 print(json.dumps(rows[-1]), flush=True)
+            rows.append(plain_auto_row(plans, data, args, run, Path(tmp) / f"{rate}-auto.jsonl"))
+            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def plain_auto_row(plans: list, data: Path, args, run, log: Path) -> dict:
+    """``psgd train --grid auto`` (D and T its own choice) on the same link, beside the plan of
+    the grid it chose: the auto-grid row D x T, or the allreduce row when T = 1."""
+    from types import SimpleNamespace
+
+    import bench_plan
+    grid = next(p for p in plans if p.kind == "grid")
+    flags = ["--protocol", "allreduce", "--batch-size", str(args.batch_size), "--grid", "auto",
+             *grid.extra["network"]]
+    probe = SimpleNamespace(ranks=2, replicas=1, batch=args.batch_size, samples_per_s=grid.samples_per_s,
+                            train_args=lambda: flags, label=lambda: "--grid auto")
+    per_replica = bench_plan.measured_rate(probe, data, args.model, run, log)
+    summary = [json.loads(x) for x in log.read_text().splitlines() if '"summary"' in x][-1]
+    d, t = summary["grid"]
+    plan = next(p for p in plans if (p.kind == "grid" and (p.replicas, p.parts) == (d, t)) or
+                (t == 1 and p.kind == "data" and p.protocol == "allreduce" and not p.compress
+                 and not p.servers and p.replicas == d))
+    measured = d * per_replica
+    return {"rate": run.rate, "plan": f"--grid auto: {d}x{t} ({summary['auto_head']} cut "
+                                      f"{summary['auto_cut']}); predicted as {plan.label()}",
+            "args": " ".join(flags), "predicted": round(plan.samples_per_s, 1), "measured": round(measured, 1),
+            "ratio": round(measured / plan.samples_per_s, 3)}
 
 
 def net_table(rows: list, args) -> str:
@@ -136,6 +166,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--net", default=None, metavar="RATES",
                     help="e.g. 1gbit,10gbit: tensor 1x2 against allreduce W=2 on psgd net's 2 nodes")
+    ap.add_argument("--channels", type=int, default=1, help="--net: 1 (1x28x28 images) or 3 (3x32x32, "
+                                                                   "for cifar-cnn)")
     ap.add_argument("--seconds", type=float, default=8.0, help="--net: predicted seconds per run")
     common.add_output_arguments(ap)
     args = ap.parse_args()

@@ -133,3 +133,41 @@ def test_cut_0_costs_what_the_tensor_rows_collectives_cost(spec):
     _, costs = choose_cut(serial_layers(spec), Alone(2), 32, 4, price)
     assert costs[0] == pytest.approx(sum(price(kind, 32 * n) for kind, n in tensor_collectives(prof.units)),
                                      rel=1e-12)
+
+
+WIDE_MLP = "mlp:784-1024-1024-10"
+CONV = "conv:8x3:pad1-relu-conv:8x3:pad1-relu-pool:2-flatten-dense:32-relu-dense:10"
+
+
+@pytest.mark.parametrize("spec, rate, world, picked", [(WIDE_MLP, 1e8, 2, (1, 2)), (WIDE_MLP, 1e8, 4, (1, 4)),
+                                                       (CONV, 1e10, 2, (2, 1)), (CONV, 1e10, 4, (4, 1))])
+def test_plain_grid_auto_picks_the_grid_with_the_fewest_collective_seconds_per_sample(spec, rate, world, picked):
+    """Plain --grid auto chooses D as well as T: the weight-heavy MLP on a slow link splits over
+    every rank, the small-weight conv net runs pure data-parallel; the pure-data grid's cost is
+    psgd plan's all-reduce of every weight over all the ranks, per sample of the D batches,
+    counted here by hand, and the pick is the cheapest grid."""
+    from psgd.nn.model import model_layers
+    from psgd.plan.cost import Job, flat_allreduce_s
+    from psgd.plan.grid import MAC_S, choose_grid, group_price
+    layers = model_layers(spec, 0, (1, 28, 28), 10)[0]
+    net, batch = Network(rate / 8, 20e-6), 16
+    d, t, per_sample = choose_grid(layers, world, batch, 4, lambda d, t: group_price(net, 1, None, world, t))
+    assert (d, t) == picked and per_sample[f"{d}x{t}"] == min(per_sample.values())
+    assert set(per_sample) == {f"{world // t}x{t}" for t in (1, 2, 4) if world % t == 0}
+    n = sum(int(np.prod(s)) for layer in layers for _, s in layer.param_shapes())
+    data = flat_allreduce_s(Job(n, 0.0, 1, world), list(range(world)), net)
+    macs = sum(int(np.prod(s)) * (la.out_shape[0] * la.out_shape[1] if len(la.out_shape) == 3 else 1)
+               for la in layers for _, s in la.param_shapes())     # each weight at each output pixel
+    compute = 3 * MAC_S * batch * macs        # the whole batch on each rank, forward and backward
+    assert per_sample[f"{world}x1"] == pytest.approx((data + compute) / (world * batch), rel=1e-12)
+
+
+def test_plain_grid_auto_takes_only_parts_that_divide_the_servers():
+    """Under a parameter server the parts must divide --servers: with the parts given as [1]
+    the wide MLP on a slow link gets pure data parallelism, and no allowed part is one line."""
+    from psgd.nn.model import model_layers
+    from psgd.plan.grid import choose_grid, group_price
+    layers, net = model_layers(WIDE_MLP, 0, (1, 28, 28), 10)[0], Network(1e8 / 8, 20e-6)
+    assert choose_grid(layers, 2, 16, 4, lambda d, t: group_price(net, 1, None, 2, t), [1])[:2] == (2, 1)
+    with pytest.raises(ValueError, match="no grid of 2 ranks"):
+        choose_grid(layers, 2, 16, 4, lambda d, t: group_price(net, 1, None, 2, t), [3])

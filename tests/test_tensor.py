@@ -23,10 +23,10 @@ def test_split_layers_match_serial_forward_input_and_weight_gradients_and_steps(
     (a stride-2 block with its projection), float64 to 1e-12 and float32 to 1e-5 relative;
     by height, layers thinner than their kernel (LeNet's second conv above 2 ranks, a
     resnet's last block above 2) run whole on gathered rows, and a first conv that cannot
-    be split at all is refused; --grid auto's batch-then-tensor mixes at three cuts, and one
-    with a dropout on the samples (its masks the serial ones)."""
+    be split at all is refused; --grid auto's batch-then-tensor mixes at three cuts, one
+    with a dropout on the samples (its masks the serial ones), and a spatial-then-tensor mix."""
     out = mpirun(n, ["tensor_split_check.py"], timeout=180).stdout
-    assert out.count("split ok") == 28, out
+    assert out.count("split ok") == 30, out
     assert (n == 1) or "refused ok" in out, out
 
 
@@ -165,3 +165,46 @@ def test_grid_auto_prices_on_psgd_nets_link_and_adds_the_replicas_all_reduce():
     for cut, (a, b) in enumerate(zip(alone, both)):
         held = mixed.local_values(mixed.split_mixed(layers, FakeComm(0, 2), cut))
         assert b == pytest.approx(a + price("replica all-reduce", 4 * held), rel=1e-12)
+
+
+def test_the_copies_asp_shares_under_grid_auto_are_the_layers_on_samples():
+    """Under asp/ssp the group takes part 0's values of its copies each step: the indices are
+    exactly the conv's parameters (on samples) and the row-parallel last layer's bias (held
+    whole by both parts), a hand count; none of the split weights."""
+    from psgd.run.tensor_rank import copies
+    from psgd.tensor.mixed import split_mixed
+    from psgd.tensor.model import TensorModel
+    spec = "conv:4x3:pad1-relu-pool:2-flatten-dense:64-relu-dense:10"
+    model = TensorModel(spec, lambda layers, comm: split_mixed(layers, comm, 3), FakeComm(0, 2),
+                        input_shape=(1, 28, 28), n_classes=10)
+    index = copies(model)
+    bias = model.n_params - 10                # the last layer's, at the end of the local vector
+    assert np.array_equal(index, np.r_[np.arange(4 * 9 + 4), np.arange(bias, bias + 10)])
+
+
+def test_grid_auto_prices_a_spatial_head_and_picks_it_for_big_images_on_few_samples():
+    """Gholami's integrated choice with spatial: 3 samples of 64x64 on 2 ranks (a batch split
+    leaves one rank 2 of 3 samples) put the convs on each rank's rows and split the dense
+    head by tensor; a halo is psgd plan's neighbour exchange of the kernel's rows (counted
+    here by hand); at 16 samples the batch head wins (even shares, no halos)."""
+    from psgd.nn.model import model_layers
+    from psgd.plan.cost import Job, Network, Traffic
+    from psgd.plan.grid import choose_split, group_price
+    from psgd.tensor.mixed import split_mixed, step_seconds
+    from psgd.tensor.spatial import SpatialWindow
+    spec = "conv:16x3:pad1-relu-conv:16x3:pad1-relu-pool:4-flatten-dense:1024-relu-dense:10"
+    layers, net = model_layers(spec, 0, (3, 64, 64), 10)[0], Network(10e9 / 8, 20e-6)
+    price = group_price(net, 1, None, 2, 2)
+    head, cut, rows = choose_split(layers, FakeComm(0, 2), 3, 4, price)
+    names = [type(layer).__name__ for layer in layers]
+    assert (head, cut) == ("spatial", names.index("Flatten"))
+    assert choose_split(layers, FakeComm(0, 2), 16, 4, price)[0] == "batch"
+    split = split_mixed(layers, FakeComm(0, 2), cut, head)
+    first = [la for la in split if isinstance(la, SpatialWindow)][0]
+    assert first.hi[0] == first.lo[1] == 1 and first.lo[0] == first.hi[1] == 0   # 3x3, pad 1
+    halo = Traffic(Job(1, 0.0, 1, 2, 0, 1, None))
+    for a, b in ((0, 1), (1, 0)):         # one row of 64 pixels x 3 channels, 3 samples, float32
+        halo.carry(a, b, 3 * 64 * 3 * 4 / 2)
+    assert price("halo", 3 * 64 * 3 * 4) == pytest.approx(halo.seconds(net, 2), rel=1e-12)
+    chosen = next(r for r in rows if (r["head"], r["cut"]) == (head, cut))
+    assert chosen["collective_s"] == pytest.approx(step_seconds(split, 3, 4, price), rel=1e-12)

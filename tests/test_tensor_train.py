@@ -34,9 +34,9 @@ def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpiru
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks, grid", [(2, "auto"), (4, "2,auto")])
+@pytest.mark.parametrize("ranks, grid", [(2, "1,auto"), (4, "2,auto")])
 def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, dataset, tmp_path, ranks, grid):
-    """--grid auto on 2 ranks (D = 1), and 2,auto on 4 (D = 2 groups of 2, combined by
+    """--grid 1,auto on 2 ranks (D = 1), and 2,auto on 4 (D = 2 groups of 2, combined by
     all-reduce): the conv trunk (its dropout drawing the serial masks) on each rank's
     samples, the wide dense head split (the cut is neither end), and the run is the serial
     run (D = 2: plain all-reduce on 2 ranks) on the same batches (float32)."""
@@ -49,6 +49,26 @@ def test_grid_auto_mixes_batch_and_tensor_layers_and_trains_as_serial(mpirun, da
     assert auto["axis"] == "auto" and auto["grid"] == [d, 2] and 3 < auto["auto_cut"] < 10
     assert auto["auto_network"] == "10 Gbit/s, 20 us per message, 1 rank(s) per node"
     assert auto["test_loss"] == pytest.approx(serial["test_loss"], rel=1e-4)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("model, network, grid", [
+    ("mlp:784-1024-1024-10", ["--bandwidth", "0.1gbit"], [1, 2]),
+    ("conv:8x3:pad1-relu-conv:8x3:pad1-relu-pool:2-flatten-dense:32-relu-dense:10", [], [2, 1])])
+def test_plain_grid_auto_chooses_d_and_t_and_trains_as_serial(mpirun, dataset, tmp_path, model, network, grid):
+    """Plain --grid auto on 2 ranks picks the grid itself: the weight-heavy MLP on a slow link
+    splits over both ranks (D = 1: the serial run), the conv net runs pure data-parallel
+    (D = 2: plain all-reduce on 2 ranks, no --grid); the same test loss (float64 for D = 1) and the
+    modelled grids in the summary, the chosen one cheapest."""
+    d = grid[0]
+    flags = ["--model", model, "--optimizer", "momentum", "--lr", "0.05", "--batch-size", 16,
+             "--steps", 8, "--dtype", "float64" if d == 1 else "float32"]
+    train(mpirun, 2, dataset, tmp_path / "auto.jsonl", *flags, *network, "--grid", "auto")
+    train(mpirun, d, dataset, tmp_path / "ref.jsonl", *flags, *(["--grid", "1,1"] if d == 1 else []))
+    auto, ref = summary(tmp_path / "auto.jsonl"), summary(tmp_path / "ref.jsonl")
+    assert auto["grid"] == grid and set(auto["auto_grids"]) == {"1x2", "2x1"}
+    assert auto["auto_grids"][f"{d}x{3 - d}"] == min(auto["auto_grids"].values())
+    assert auto["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-9 if d == 1 else 1e-4)
 
 
 @pytest.mark.slow
@@ -84,8 +104,6 @@ def test_500_steps_split_over_2_ranks_end_within_1_percent_of_serial(mpirun, dat
     (2, ["--model", "mlp:784-8-10", "--spatial", 2], "--spatial needs a model with conv layers"),
     (2, ["--model", "mlp:784-8-10", "--grid", "auto", "--tensor", 2], "--grid auto chooses each layer's split"),
     (2, ["--model", "mlp:784-8-10", "--grid", "3,auto"], "--grid 3,auto: D must be >= 1 and divide the job's 2"),
-    (4, ["--model", "mlp:784-8-10", "--grid", "auto", "--protocol", "asp", "--servers", 2],
-     "--grid auto runs under --protocol allreduce or bsp, not asp"),
     (2, ["--model", "mlp:784-8-10", "--grid", "auto", "--bandwidth", "fast"], "--bandwidth 'fast' is not a bandwidth"),
     (2, ["--model", "mlp:784-1-10", "--tensor", 2], "--tensor 2 is larger than dense layer 784->1"),
     (1, ["--model", "mlp:784-8-10", "--dtype", "float64"], "--dtype float64 runs only with --tensor"),
@@ -144,12 +162,15 @@ def test_bsp_servers_across_the_replicas_equal_serial_sgd_on_the_same_batches(mp
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("protocol", ["asp", "ssp"])
-def test_asynchronous_servers_across_the_replicas_train_the_grid(mpirun, dataset, tmp_path, protocol):
-    train(mpirun, 6, dataset, tmp_path / "run.jsonl", "--model", "mlp:784-45-33-10", "--grid", "2,2",
+@pytest.mark.parametrize("protocol, model, grid", [
+    ("asp", "mlp:784-45-33-10", "2,2"), ("ssp", "mlp:784-45-33-10", "2,2"),
+    # --grid 2,auto: the conv on samples (copies on both parts, part 0's shared each step)
+    ("asp", "conv:4x3:pad1-relu-pool:2-flatten-dense:64-relu-dense:10", "2,auto")])
+def test_asynchronous_servers_across_the_replicas_train_the_grid(mpirun, dataset, tmp_path, protocol, model, grid):
+    train(mpirun, 6, dataset, tmp_path / "run.jsonl", "--model", model, "--grid", grid,
           "--servers", 2, "--protocol", protocol, "--optimizer", "momentum", "--lr", 0.05,
           "--batch-size", 32, "--steps", 60)
-    untrained = serial_float64(dataset, "mlp:784-45-33-10", 1, 0, 32, 0.05, 0.9)[1]
+    untrained = serial_float64(dataset, model, 1, 0, 32, 0.05, 0.9)[1]
     assert summary(tmp_path / "run.jsonl")["test_loss"] < untrained - 0.3
 
 
@@ -291,3 +312,22 @@ def test_each_tensor_rank_holds_its_share_of_a_wide_model_not_the_whole(mpirun, 
     share = 3 * big["param_bytes_per_rank"]                 # parameters, gradient, velocity
     excess = max(big["peak_rss_bytes"]) - max(base["peak_rss_bytes"])
     assert excess < share + big["param_bytes_serial"] / 2, (excess, share, big["param_bytes_serial"])
+
+
+@pytest.mark.mpi
+def test_grid_auto_puts_the_convs_on_rows_and_splits_the_dense_head_as_serial(mpirun, tmp_path):
+    """5 colour 32x32 images per step on 2 ranks: --grid 1,auto runs the convs on each rank's
+    rows of every image (a batch split would leave one rank 3 of 5 samples), gathers them at
+    the flatten and splits the dense layers by tensor; float64, the serial run's test loss."""
+    import subprocess
+    import sys
+    data = tmp_path / "colour.h5"
+    subprocess.run([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train", "200",
+                    "--test", "64", "-o", str(data)], check=True, capture_output=True)
+    flags = ["--model", "conv:16x3:pad1-relu-conv:16x3:pad1-relu-pool:4-flatten-dense:1024-relu-dense:10",
+             "--optimizer", "momentum", "--lr", "0.05", "--batch-size", 5, "--steps", 4, "--dtype", "float64"]
+    train(mpirun, 2, str(data), tmp_path / "auto.jsonl", *flags, "--grid", "1,auto")
+    train(mpirun, 1, str(data), tmp_path / "serial.jsonl", *flags, "--grid", "1,1")
+    auto, serial = summary(tmp_path / "auto.jsonl"), summary(tmp_path / "serial.jsonl")
+    assert (auto["auto_head"], auto["auto_cut"]) == ("spatial", 6)
+    assert auto["test_loss"] == pytest.approx(serial["test_loss"], rel=1e-9)

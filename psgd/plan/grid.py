@@ -6,10 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
+
 from psgd.plan import memory
-from psgd.plan.cost import Job, Network, flat_allreduce_s
+from psgd.plan.cost import Job, Network, Traffic, flat_allreduce_s
 
 ITEMSIZE = 4        # float32, psgd train's dtype
+MAC_S = 1e-10       # seconds per multiply-add of the run's compute term (its imbalance only)
 
 
 def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, parts: int,
@@ -24,10 +27,90 @@ def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, pa
     replicas = [first + r for r in range(0, ranks, parts)]
 
     def price(kind: str, nbytes: float) -> float:
+        if kind == "halo":          # each rank sends half to each neighbour at once
+            return _halo_s(job, group, nbytes, net)
         ranks_of = replicas if kind == "replica all-reduce" else group
         reduced = nbytes / 2 if kind == "all-gather" else nbytes
         return flat_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))), ranks_of, net)
     return price
+
+
+def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, parts=None) -> tuple:
+    """Plain ``--grid auto`` on ``world`` ranks: (D, T, {"DxT": seconds per sample}) of the
+    grid whose cheapest split (:func:`choose_split`, priced by ``price_of(D, T)``) costs the
+    fewest collective and compute seconds per sample, for each T dividing ``world`` (in
+    ``parts`` when given, at most the batch).  Each replica reads its own batch, and every grid
+    divides the computation over all the ranks (compute differs only by imbalance); ties go
+    to the larger D (fewer split layers)."""
+    from psgd.plan.tensor_time import Alone
+    per_sample = {}
+    for t in [t for t in range(world, 0, -1) if world % t == 0 and t <= max(1, batch)]:
+        if parts is None or t in parts:
+            d = world // t
+            head, cut, rows = choose_split(layers, Alone(t), batch, itemsize, price_of(d, t), d)
+            best = next(r for r in rows if (r["head"], r["cut"]) == (head, cut))
+            per_sample[f"{d}x{t}"] = (best["collective_s"] + best["compute_s"]) / (d * batch)
+    if not per_sample:
+        raise ValueError(f"--grid auto: no grid of {world} ranks whose parts divide the servers")
+    best = min(per_sample.values())
+    d, t = next(k for k, v in reversed(per_sample.items()) if v == best).split("x")
+    return int(d), int(t), per_sample
+
+
+def _halo_s(job: Job, group: list, nbytes: float, net: Network) -> float:
+    """A halo exchange: ``nbytes`` per rank, half to each neighbour in the group, two messages."""
+    t = Traffic(job)
+    for a, b in zip(group, group[1:]):
+        t.carry(a, b, nbytes / 2)
+        t.carry(b, a, nbytes / 2)
+    return t.seconds(net, 2)
+
+
+def _macs(layer) -> int:
+    """Multiply-adds per sample of a serial layer: its weights at each output position."""
+    weights = sum(int(np.prod(s)) for _, s in layer.param_shapes())
+    return weights * (int(np.prod(layer.out_shape[:-1])) if len(layer.out_shape) == 3 else 1)
+
+
+def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,
+                 mac_s: float = MAC_S) -> list[dict]:
+    """Every head (batch, spatial) and cut of :func:`~psgd.tensor.mixed.split_mixed` that
+    splits: its collective seconds (halos included, and the replicas' all-reduce as
+    :func:`~psgd.tensor.mixed.choose_cut` prices it), the busiest rank's compute seconds
+    (forward and backward, 3x the multiply-adds at ``mac_s``: the head on ceil(B/T) samples,
+    or on every sample's largest share of rows; the tail divided by T) and the head's
+    activation bytes on that rank."""
+    from psgd.tensor.mixed import local_values, split_mixed, step_seconds
+    from psgd.tensor.primitives import split_sizes
+    t, rows = comm.Get_size(), []
+    for head, cut in [(h, c) for h in ("batch", "spatial") for c in range(len(layers) + 1)]:
+        if head == "batch" and cut and batch < t:
+            continue                                # a part with no sample
+        try:
+            split = split_mixed(layers, comm, cut, head)
+        except ValueError:
+            continue
+        share = [-(-batch // t) / batch if head == "batch" else
+                 (max(split_sizes(la.out_shape[0], t)) / la.out_shape[0] if len(la.out_shape) == 3 else 1.0)
+                 for la in layers[:cut]]
+        compute = 3 * mac_s * batch * (sum(s * _macs(la) for s, la in zip(share, layers[:cut]))
+                                       + sum(_macs(la) for la in layers[cut:]) / t)
+        across = price("replica all-reduce", local_values(split) * itemsize) if replicas > 1 else 0.0
+        rows.append({"head": head, "cut": cut, "compute_s": compute,
+                     "collective_s": step_seconds(split, batch, itemsize, price) + across,
+                     "memory": batch * itemsize * sum(s * int(np.prod(la.out_shape)) for s, la in zip(share, layers[:cut]))})
+    return rows
+
+
+def choose_split(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,
+                 mac_s: float = MAC_S) -> tuple[str, int, list]:
+    """(head, cut, every row of :func:`split_prices`) of the least collective plus compute
+    seconds; ties go to a batch head, then the later cut."""
+    rows = split_prices(layers, comm, batch, itemsize, price, replicas, mac_s)
+    best = min(r["collective_s"] + r["compute_s"] for r in rows)
+    pick = max((r for r in rows if r["collective_s"] + r["compute_s"] == best),
+               key=lambda r: (r["head"] == "batch", r["cut"]))
+    return pick["head"], pick["cut"], rows
 
 
 def network_args(budget) -> list[str]:

@@ -70,8 +70,9 @@ def grid_shape(s, world: int) -> tuple[int, int, str]:
 
 
 def _auto_shape(grid: str, world: int) -> tuple[int, int, str]:
-    """(D, T, "auto") of --grid auto (D = 1) or D,auto on ``world`` ranks."""
-    d = 1 if grid == "auto" else grid.split(",")[0]
+    """(D, T, "auto") of --grid D,auto on ``world`` ranks; of plain --grid auto, (world, 1,
+    "auto") until :func:`choose_grid` picks D and T in the run."""
+    d = world if grid == "auto" else grid.split(",")[0]
     try:
         d = int(d)
     except ValueError:
@@ -86,10 +87,6 @@ def check(s, world: int) -> None:
     if servers_of(s) >= world:
         raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
     _, t, axis = grid_shape(s.split, world - servers_of(s))
-    if axis == "auto" and servers_of(s) and get(s.protocol).bound != 0.0:
-        raise ValueError(f"--grid {s.split.grid} runs under --protocol allreduce or bsp, not "
-                         f"{s.protocol} (its layers on samples are copies on every part, equal "
-                         f"only while the part's servers step together)")
     tensor_servers.check(s, t, axis)
     flat = s.as_dict()
     for name, unused, flag in REFUSED:
@@ -113,6 +110,10 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     --grid auto prices on (:func:`psgd.run.plan_job.network_flags`)."""
     n_servers = servers_of(settings)
     d, t, axis = grid_shape(settings.split, comm.Get_size() - n_servers)
+    chosen = {}
+    if settings.split.grid == "auto":
+        d, t, chosen = agree(comm, lambda: choose_grid(settings, comm.Get_size() - n_servers, network),
+                             debug, "choose the grid", "agreeing on the grid --grid auto chose")
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
     groups = tensor_servers.ServerGroups(comm, settings, t) if n_servers else None
@@ -122,7 +123,7 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
             rank = grid.Get_rank()
             part, replicas = grid.Split(rank // t, rank % t), grid.Split(rank % t, rank // t)
     build = (lambda: None) if grid is None else \
-        (lambda: _build(settings, part, rank // t, d, axis, resumed, run_id, network))
+        (lambda: {**_build(settings, part, rank // t, d, axis, resumed, run_id, network), "grids": chosen})
     setup = agree(comm, build, debug, "build the split model and load the checkpoint",
                   "agreeing that every rank could split the model")
     if grid is None:
@@ -131,9 +132,26 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     if groups is not None:
         groups.share(setup["model"].params, setup["total"], setup["start"], setup.pop("opt_state"))
         setup["worker"], setup["groups"] = groups.worker(), groups
+        if get(settings.protocol).bound != 0.0:
+            setup["copies"] = copies(setup["model"])
     if grid.Get_rank() == 0:
         announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
     return _train(grid, part, replicas, settings, setup)
+
+
+def choose_grid(s, world: int, network) -> tuple[int, int, dict]:
+    """Plain --grid auto: (D, T, every grid's modelled collective seconds per sample) of
+    :func:`psgd.plan.grid.choose_grid` on the run's layers and network, T dividing --servers
+    under a parameter server. Every rank computes the same choice, no message sent."""
+    from psgd.data.reader import dataset_info
+    from psgd.nn.model import model_layers
+    from psgd.plan import grid
+    from psgd.run.grid_cost import NO_NETWORK_FLAGS, pricer
+    info, n_servers = dataset_info(s.data), servers_of(s)
+    layers = model_layers(s.model, s.seed, info["input_shape"], info["n_classes"])[0]
+    parts = [t for t in range(1, world + 1) if n_servers % t == 0] if n_servers else None
+    return grid.choose_grid(layers, world, s.batch_size, np.dtype(s.split.dtype).itemsize,
+                            lambda d, t: pricer(network or NO_NETWORK_FLAGS, world, t, n_servers)[0], parts)
 
 
 def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str, network) -> dict:
@@ -161,18 +179,21 @@ def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: s
 
 
 def _auto(s, choice: dict, n_replicas: int, network):
-    """--grid auto's split: the cut of :func:`psgd.tensor.mixed.choose_cut` priced on the run's
-    network (:mod:`psgd.run.grid_cost`), kept in ``choice``."""
+    """--grid auto's split: the head (batch or spatial) and cut of
+    :func:`psgd.plan.grid.choose_split` priced on the run's network
+    (:mod:`psgd.run.grid_cost`), kept in ``choice``."""
+    from psgd.plan.grid import choose_split
     from psgd.run.grid_cost import NO_NETWORK_FLAGS, pricer
-    from psgd.tensor.mixed import choose_cut, split_mixed
+    from psgd.tensor.mixed import split_mixed
 
     def split(layers, comm):
         price, choice["network"] = pricer(network or NO_NETWORK_FLAGS, n_replicas * comm.Get_size(),
                                           comm.Get_size(), servers_of(s))
-        choice["cut"], choice["costs"] = choose_cut(layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize,
-                                                    price, n_replicas)
+        choice["head"], choice["cut"], rows = choose_split(
+            layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize, price, n_replicas)
+        choice["costs"] = {f"{r['head']} {r['cut']}": r["collective_s"] + r["compute_s"] for r in rows}
         choice["layers"] = [type(layer).__name__ for layer in layers]
-        return split_mixed(layers, comm, choice["cut"])
+        return split_mixed(layers, comm, choice["cut"], choice["head"])
     return split
 
 
@@ -202,6 +223,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         t0 = time.perf_counter()
         x, y = reader.batch(step)
         model.reseed(reader.worker, step)
+        _share_copies(part, model, setup.get("copies"))
         t1 = time.perf_counter()
         loss, correct = model.loss_and_grad(x, y)
         t2 = time.perf_counter()
@@ -231,6 +253,23 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         kept = f"checkpoint: {saved}" if saved else "no --checkpoint-dir, no checkpoint"
         print(f"psgd: stopped by {signals.signal_name(int(stop[0]))} at step {step} ({kept})", flush=True)
     return TensorJob(total_steps=total, end_step=step)
+
+
+def copies(model) -> np.ndarray:
+    """Local indices of the values every part of the group holds a copy of (its replicated
+    and partial rows: the layers on samples, a row-parallel layer's bias)."""
+    return np.concatenate([np.zeros(0, np.int64)] + [
+        p.start + np.flatnonzero(np.repeat(p.kinds != 0, p.width)) for p in model.pieces])
+
+
+def _share_copies(part, model, index) -> None:
+    """asp/ssp: each part's servers step their copies (the layers on samples, a row layer's
+    bias) in their own order, so before each step the group takes part 0's (its servers'
+    values are the run's, as a checkpoint's are) and the copies stay one model."""
+    if index is not None and index.size and part.Get_size() > 1:
+        values = np.ascontiguousarray(model.params[index])
+        wait.wait(part.Ibcast(values, root=0), "part 0 to share the layers on samples")
+        model.params[index] = values
 
 
 def _save(comm, replicas, s, setup: dict, step: int):
@@ -313,9 +352,11 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
     ms = 1e3 * float(np.median(times[1:] or times))
     d, t, most = comm.Get_size() // part.Get_size(), part.Get_size(), int(every[:, 0].max())
     whole = model.n_total * model.dtype.itemsize
-    _say_auto(setup["auto"])
+    _say_auto(setup["auto"], setup["grids"])
     log.write("summary", steps=step, test_loss=loss, test_accuracy=acc, grid=[d, t], axis=setup["axis"],
-              auto_cut=setup["auto"].get("cut"), auto_network=setup["auto"].get("network"),
+              auto_cut=setup["auto"].get("cut"), auto_head=setup["auto"].get("head"),
+              auto_network=setup["auto"].get("network"),
+              auto_grids=setup["grids"] or None,
               step_ms=ms, param_bytes_per_rank=most, param_bytes_serial=whole,
               peak_rss_bytes=every[:, 1].tolist())
     log.close()
@@ -324,10 +365,15 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
           f"(whole model {whole}); peak RSS MiB per rank {(every[:, 1] >> 20).tolist()}", flush=True)
 
 
-def _say_auto(auto: dict) -> None:
-    """--grid auto: which layers ran on the samples and which were split, and each cut's cost."""
+def _say_auto(auto: dict, grids: dict) -> None:
+    """--grid auto: which layers ran on the samples (or rows) and which were split, each
+    split's modelled seconds, and (plain auto) each grid's per sample."""
+    if grids:
+        print(f"psgd: --grid auto: modelled seconds per sample of each DxT grid "
+              f"{ {k: float(f'{v:.4g}') for k, v in grids.items()} }", flush=True)
     if auto:
-        cut, costs = auto["cut"], [None if c is None else round(c, 6) for c in auto["costs"]]
-        print(f"psgd: --grid auto: layers {auto['layers'][:cut]} on each rank's samples, "
-              f"{auto['layers'][cut:]} split by tensor (cut {cut}; modelled collective seconds "
-              f"per cut {costs}, on {auto['network']})", flush=True)
+        cut, where = auto["cut"], "samples" if auto["head"] == "batch" else "rows of every image"
+        costs = {k: round(v, 6) for k, v in auto["costs"].items()}
+        print(f"psgd: --grid auto: layers {auto['layers'][:cut]} on each rank's {where}, "
+              f"{auto['layers'][cut:]} split by tensor ({auto['head']} cut {cut}; modelled "
+              f"collective + compute seconds per head and cut {costs}, on {auto['network']})", flush=True)

@@ -21,7 +21,7 @@ from psgd.tensor import primitives as pr
 from psgd.tensor.conv import ColumnConv, GatherChannels, RowConv, split_tensor
 from psgd.tensor.dense import ColumnDense, RowDense
 from psgd.tensor.residual import SplitResidual
-from psgd.tensor.spatial import PartialWeights, SpatialBatchNorm
+from psgd.tensor.spatial import GatherHeight, PartialWeights, SpatialBatchNorm, SpatialWindow, height_split
 
 class SplitBatch(Layer):
     """Replicated (B, ...) -> this rank's samples; backward all-gathers them."""
@@ -99,8 +99,15 @@ def on_samples(layer, comm, source: SplitBatch):
     return OnSamples(layer) if layer.param_shapes() else layer
 
 
-def split_mixed(layers: list, comm, cut: int) -> list:
-    """Layers [0, cut) on this rank's samples, the rest split by :func:`split_tensor`."""
+def split_mixed(layers: list, comm, cut: int, head: str = "batch") -> list:
+    """Layers [0, cut) on this rank's samples (``head`` batch) or on its rows of every image
+    (spatial: :func:`psgd.tensor.spatial.height_split` stopped at the cut, the rows gathered
+    there), the rest split by :func:`split_tensor`; ValueError where the head cannot split so."""
+    if head == "spatial":
+        split, stop = height_split(layers, comm, stop=cut)
+        if stop != cut or cut == len(layers):
+            raise ValueError(f"the height split stops at layer {stop}, not at the cut {cut}")
+        return split[:len(split) - (len(layers) - cut)] + split_tensor(list(layers[cut:]), comm)
     if cut == 0:
         return split_tensor(list(layers), comm)
     source = SplitBatch(layers[0].in_shape, comm)
@@ -122,6 +129,13 @@ def _collectives(layer, first: bool) -> list:
         return [("all-reduce", size(layer.out_shape), True)]
     if isinstance(layer, (GatherChannels, GatherBatch)):
         return [("all-gather", size(layer.out_shape), True)]
+    if isinstance(layer, GatherHeight):
+        return [("all-gather", size(layer.out_shape), True)]
+    if isinstance(layer, SpatialWindow):   # the halo forward (and its adjoint), the weights' sum
+        deepest = max(a + b for a, b in zip(layer.lo, layer.hi))     # an inner rank's two sides
+        halo = [("halo", deepest * size(layer.in_shape[1:]), True)] * (1 if first else 2)
+        return halo + ([("all-reduce", sum(size(s) for _, s in layer.param_shapes()), False)]
+                       if layer.param_shapes() else [])
     if isinstance(layer, OnSamples):
         return [("all-reduce", sum(size(s) for _, s in layer.param_shapes()), False)]
     if isinstance(layer, SpatialBatchNorm):

@@ -220,13 +220,13 @@ def _by_height(layer, sizes: list, shape: tuple, comm):
     return None
 
 
-def height_split(layers: list, comm) -> tuple[list, int]:
+def height_split(layers: list, comm, stop: int | None = None) -> tuple[list, int]:
     """(the serial ``layers`` of a conv net with their leading conv, pool, BN and residual
     layers split by height; the index of the first serial layer that runs on whole images).
 
-    Splitting stops at the first layer that needs whole images (flatten, global pool, dense)
-    or whose rows split over ``comm`` would be thinner than its kernel: the rows are gathered
-    there and the rest runs whole (replicated) on every rank."""
+    Splitting stops at the first layer that needs whole images (flatten, global pool, dense),
+    whose rows split over ``comm`` would be thinner than its kernel, or at index ``stop``:
+    the rows are gathered there and the rest runs whole (replicated) on every rank."""
     out, sizes, shape = [], None, None
     for i, layer in enumerate(layers):
         if sizes is None:
@@ -237,7 +237,7 @@ def height_split(layers: list, comm) -> tuple[list, int]:
                 sizes = split.sizes
             continue
         try:
-            part = _by_height(layer, sizes, shape, comm)
+            part = None if stop is not None and i >= stop else _by_height(layer, sizes, shape, comm)
         except TooThin:
             if not any(isinstance(q, (SpatialWindow, SplitResidual)) for q in out):
                 raise                     # not even the first conv splits: refuse

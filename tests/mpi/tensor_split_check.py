@@ -4,7 +4,7 @@ evaluation (batch-norm calibration included) through the parts.
 Usage: tensor_split_check.py — checks an MLP split Megatron-style (uneven widths) and conv
 nets split by height (pad, stride, pool, BN; gathered where a part would be thinner than
 the kernel) and by channels, residual blocks split both ways, --grid auto's mixes (dropout
-on samples included), on COMM_WORLD, in float64 and float32.
+on samples included, a spatial head), on COMM_WORLD, in float64 and float32.
 """
 from functools import partial
 
@@ -27,6 +27,7 @@ TOL = {np.float64: 1e-12, np.float32: 1e-5}
 # on 4 ranks: one conv's gradient moves 2e-3 at step 3), so the steps get a looser bound
 # there; float64 checks them to 1e-12
 STEPS_TOL = {np.float64: 1e-12, np.float32: 1e-3}
+SPATIAL_MIX = "conv:16x3:pad1-relu-conv:16x3:pad1-relu-pool:4-flatten-dense:1024-relu-dense:10"
 CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("mlp:17-9-4", split_dense_chain, None),
          ("conv:4x3:pad1-bn-relu-pool:2-conv:6x3:s2:pad1-relu-flatten-dense:5", split_spatial, (2, 40, 11)),
@@ -46,7 +47,10 @@ CASES = [("mlp:23-13-7-5", split_dense_chain, None),
          ("conv:6x3:pad1-bn-relu-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=7), (2, 8, 8)),
          ("conv:8x3:pad1-bn-relu-res:8-res:10:s2-gap-dense:5", partial(split_mixed, cut=4), (3, 12, 12)),
          # a dropout on each rank's samples draws the serial masks (its rows of the whole batch's)
-         ("conv:6x3:pad1-relu-dropout:0.5-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=4), (2, 8, 8))]
+         ("conv:6x3:pad1-relu-dropout:0.5-pool:2-flatten-dense:9-relu-dense:5", partial(split_mixed, cut=4), (2, 8, 8)),
+         # spatial then tensor: the convs on each rank's rows (halos), gathered at the flatten,
+         # the dense layers split (what --grid auto picks for 3 samples of 64x64 on 2 ranks)
+         (SPATIAL_MIX, partial(split_mixed, cut=6, head="spatial"), (3, 64, 64))]
 
 
 def rel(a, b):

@@ -72,6 +72,21 @@ def test_the_rows_compute_is_the_units_on_samples_at_their_share_and_the_rest_as
     assert one["extra"]["compute_s"] == pytest.approx(head + tail)
 
 
+def test_a_rows_tensor_ratio_is_the_one_timed_at_its_t():
+    """The ratio timed at a row's T is used, not the two-part one: T=2's row follows
+    ``tensor_ratios[2]``, T=4's follows ``tensor_ratios[4]``."""
+    from psgd.plan.grid import grid_rows, serial_layers
+    prof = real_names(toy_profile("lenet"))
+    budget = Budget(4, 1 << 40, Network(1e9 / 8), batch=8)
+    layers = serial_layers("lenet")
+    rows = {r: {row["parts"]: row["step_s"]
+                for row in grid_rows(replace(prof, tensor_ratio=1.0, tensor_ratios={2: 1.0, 4: r}),
+                                     budget, layers)} for r in (1.0, 2.0)}
+    assert set(rows[1.0]) == {2, 4}
+    assert rows[2.0][2] == rows[1.0][2]
+    assert rows[2.0][4] > rows[1.0][4]
+
+
 def test_an_auto_grids_memory_is_a_tensor_parts_at_cut_0_and_holds_the_head_whole():
     prof = toy_profile("lenet")
     n = len(prof.units)

@@ -136,10 +136,10 @@ def grid_rows(profile, budget, layers: list | None) -> list[dict]:
     :func:`~psgd.tensor.mixed.choose_cut` priced by :func:`group_price` on the budget's
     network (its seconds are the row's collectives, the replicas' all-reduce included); the
     units before the cut computed on batch / T samples, those after it as a tensor row's
-    (split units over T, times the measured ``tensor_ratio``); the optimizer step on the
+    (split units over T, times the ``tensor_ratios`` entry for T); the optimizer step on the
     rank's parameters."""
     from psgd.pipeline.partition import units
-    from psgd.plan.tensor_time import Alone
+    from psgd.plan.tensor_time import Alone, ratio_at
     from psgd.tensor.mixed import choose_cut, split_mixed, step_seconds
     if layers is None or not any(u.split_bytes for u in profile.units):
         return []
@@ -151,9 +151,10 @@ def grid_rows(profile, budget, layers: list | None) -> list[dict]:
         cut, costs = choose_cut(layers, Alone(t), b, ITEMSIZE, price, d)
         k = sum(a < cut for a in starts)            # units on samples
         head, tail = profile.units[:k], profile.units[k:]
+        ratio = ratio_at(profile.tensor_ratios, t, profile.tensor_ratio)
         compute = sum(u.forward_at(-(-b // t)) + u.backward_at(-(-b // t)) for u in head) \
-            + profile.tensor_ratio * sum((u.forward_at(b) + u.backward_at(b)) / (t if u.split_bytes else 1)
-                                         for u in tail)
+            + ratio * sum((u.forward_at(b) + u.backward_at(b)) / (t if u.split_bytes else 1)
+                          for u in tail)
         local = memory.grid_params(profile, k, t)
         moved = step_seconds(split_mixed(layers, Alone(t), cut), b, ITEMSIZE,
                              lambda kind, n: n / 2 if kind == "all-gather" else n)

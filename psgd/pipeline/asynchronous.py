@@ -41,6 +41,7 @@ class AsyncTrainer:
                  anneal: int | None = None, correct: bool = False, comp=None) -> None:
         self.stage, self.links, self.grid, self.optimizer = stage, links, grid, optimizer
         self.vertical, self.anneal, self.comp = vertical, anneal, comp
+        stage.keep_read = comp is not None and comp.reads_params
         self.tau = versions_behind(grid.stages, grid.stage)
         self.correction = pipemare.Correction(grid.stages, grid.stage, stage.hi - stage.lo,
                                               stage.params.dtype) if correct else None
@@ -57,6 +58,7 @@ class AsyncTrainer:
         stage.acc *= 1.0 / self.grid.replicas
         read = stage.params if stage.read is None else stage.read
         grad, rate = self.comp.adjust(stage.acc, rate, self.tau, self.tau, stage.params, read)
+        stage.read = None   # the copy is freed before the next forward
         self.optimizer.step(stage.params, grad, rate)
 
     def run(self, n: int, lr, xs=None, ys=None, g0: int = 0, first: int = 0) -> None:

@@ -206,10 +206,12 @@ def learning_rows(data, tmp, args, out: Path):
             rate = lr / m if flags and flags[1] in ("pipedream", "pipemare") else lr
             mode = ["--protocol", "allreduce", "--batch-size", args.learn_batch // k] \
                 if name == "allreduce" else \
-                ["--pipeline", k, "--microbatches", m, "--batch-size", args.learn_batch]
+                ["--pipeline", k, "--microbatches", m, "--batch-size", args.learn_batch,
+                 *(["--partition", args.learn_partition] if args.learn_partition else [])]
+            cut = f"-cut{args.learn_partition.replace(',', '.')}" if args.learn_partition else ""
             acc = []
             for seed in range(args.seeds):
-                key = cache / (f"{name}-k{k}-b{args.learn_batch}-lr{lr:g}-{args.learn_schedule}-"
+                key = cache / (f"{name}-k{k}{cut}-b{args.learn_batch}-lr{lr:g}-{args.learn_schedule}-"
                                f"{args.learn_steps}-e{args.eval_samples}-seed{seed}.json")
                 if not key.exists():
                     if args.budget and time.monotonic() - start > args.budget:
@@ -224,6 +226,7 @@ def learning_rows(data, tmp, args, out: Path):
                                                "test_loss": summary["test_loss"]}))
                 acc.append(json.loads(key.read_text())["test_accuracy"])
             rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
+                         "partition": args.learn_partition or "auto",
                          "batch": args.learn_batch, "lr_schedule": args.learn_schedule,
                          "test_accuracy": acc})
     if left:
@@ -293,7 +296,8 @@ def learning_markdown(res: dict) -> str:
         rows = [r for r in res["learning"] if r["K"] == k]
         base = next((r["test_accuracy"] for r in rows if r["schedule"] == "gpipe"), [])
         r0 = rows[0]
-        out += [f"## Learning (lenet, K = {k}, M = 4, batch {r0['batch']}, momentum, "
+        out += [f"## Learning (lenet, K = {k}, cut {r0.get('partition', 'auto')}, M = 4, "
+                f"batch {r0['batch']}, momentum, "
                 f"{r0['lr_schedule']} lr, {r0['steps']} steps, equal samples)", "",
                 "| schedule | lr | test accuracy per seed | mean | minus gpipe per seed (points) | "
                 "largest |difference| |", "|---|---|---|---|---|---|"]
@@ -321,6 +325,8 @@ def main() -> None:
                     help="gpipe's learning rate; the asynchronous rows step lr / M (default 0.05)")
     ap.add_argument("--learn-schedule", default="constant",
                     help="--lr-schedule of the learning rows (default constant)")
+    ap.add_argument("--learn-partition", default=None, metavar="CUT",
+                    help="--partition of the learning rows (one K; default auto)")
     ap.add_argument("--budget", type=float, default=None, metavar="S",
                     help="start no learning run after S seconds (each run's result is kept "
                          "under --out; run again with the same --out to add the rest)")

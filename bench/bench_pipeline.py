@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +111,8 @@ def throughput_rows(data, tmp, steps):
 
 def net_rows(data, tmp, steps, rates=("1gbit", "10gbit")):
     """The throughput pair on 2 emulated nodes (`psgd net`, one rank per node): a pipeline's
-    stages exchange activations, data parallelism the whole gradient."""
+    stages exchange activations, data parallelism the whole gradient; beside each, `psgd plan
+    --auto`'s prediction for the same plan on the same (shared) link."""
     rows = []
     for rate in rates:
         net = [sys.executable, "-m", "psgd", "net", "--nodes", "2", "--rate", rate, "--"]
@@ -119,9 +121,38 @@ def net_rows(data, tmp, steps, rates=("1gbit", "10gbit")):
                      "sgd", prefix=net)
         dp = train(data, tmp, 2, f"net-{rate}-allreduce", "--model", BIG, "--protocol", "allreduce",
                    "--batch-size", 32, "--steps", steps, "--optimizer", "sgd", prefix=net)
+        cut = pipe["pipeline"]["cut"]
         rows.append({"rate": rate, "pipeline": pipe["pipeline"]["samples_per_s"],
-                     "idle": pipe["pipeline"]["idle"], "allreduce": dp["samples_per_s"]})
+                     "idle": pipe["pipeline"]["idle"], "allreduce": dp["samples_per_s"],
+                     "cut": cut, "plan_pipeline": planned(tmp, rate, 64, pipeline_of(cut)),
+                     "plan_allreduce": planned(tmp, rate, 32, allreduce_of)})
     return rows
+
+
+def pipeline_of(cut):
+    """The plan of the measured pipeline: 1 x 2 stages, 1f1b, M = 8, its cut (if planned)."""
+    return lambda p: (p["kind"] == "pipeline" and p["replicas"] == 1 and p["stages"] == 2 and
+                      p["microbatches"] == 8 and p["schedule"] == "1f1b", p["partition"] == cut)
+
+
+def allreduce_of(p):
+    """The plan of the measured data parallelism: psgd's ring all-reduce over W = 2."""
+    return p["plan"] == "allreduce ring W=2 S=0", True
+
+
+def planned(tmp, rate, batch, match) -> dict | None:
+    """`psgd plan --auto`'s plan that ``match`` picks (the same cut first), on BIG, 2 ranks,
+    sgd, ``batch`` per replica, both nodes on one ``rate`` link (as `psgd net` emulates)."""
+    cmd = [sys.executable, "-m", "psgd", "plan", "--auto", "--model", BIG, "--ranks", "2",
+           "--memory-per-rank", "16G", "--bandwidth", rate, "--shared-link", "--batch-size",
+           str(batch), "--optimizer", "sgd", "--json", "--top", "1000",
+           "--profile", str(tmp / "big-profile.json")]
+    proc = common.run_bounded(cmd, 600, cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"bench-pipeline: psgd plan failed:\n{proc.stderr}")
+    plans = [p for p in json.loads(proc.stdout)["plans"] if match(p)[0]]
+    best = sorted(plans, key=lambda p: (not match(p)[1], p["step_s"]))
+    return {k: best[0][k] for k in ("plan", "samples_per_s", "bubble", "partition")} if best else None
 
 
 def partition_rows(data, tmp, steps):
@@ -145,26 +176,62 @@ LEARN_RUNS = {   # the asynchronous schedules step every microbatch: lr / M, the
     "pipemare": ["--schedule", "pipemare"],
     "pipemare-plain": ["--schedule", "pipemare", "--pipemare-anneal", 0,
                        "--discrepancy-correction", "off"],
+    "pipemare-noanneal": ["--schedule", "pipemare", "--pipemare-anneal", 0],
+    "pipemare-nocorrect": ["--schedule", "pipemare", "--discrepancy-correction", "off"],
+    # psgd's staleness compensation on each stage's steps (--stage-comp) instead of, or on
+    # top of, PipeMare's corrections
+    "pipedream-dcasgd": ["--schedule", "pipedream", "--stage-comp", "dcasgd"],
+    "pipemare-plain-inverse": ["--schedule", "pipemare", "--pipemare-anneal", 0,
+                               "--discrepancy-correction", "off", "--stage-comp", "inverse"],
+    "pipemare-plain-amom": ["--schedule", "pipemare", "--pipemare-anneal", 0,
+                            "--discrepancy-correction", "off", "--stage-comp", "amom"],
+    "pipemare-dcasgd": ["--schedule", "pipemare", "--stage-comp", "dcasgd"],
     "allreduce": [],   # data parallelism on the same K ranks, batch 32 / K each (equal samples)
 }
 
 
-def learning_rows(data, tmp, args):
-    """The schedules of ``args.rows`` on equal samples, ``args.seeds`` seeds each, K =
-    ``args.learn_stages``, M = 4, lenet, momentum; test accuracy on ``args.eval_samples`` rows."""
-    m, lr, k = 4, 0.05, args.learn_stages
-    rows = []
-    for name in args.rows.split(","):
-        flags = LEARN_RUNS[name]
-        rate = lr / m if flags and flags[1] in ("pipedream", "pipemare") else lr
-        mode = ["--protocol", "allreduce", "--batch-size", 32 // k] if name == "allreduce" else \
-            ["--pipeline", k, "--microbatches", m, "--batch-size", 32]
-        acc = [train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet", *mode,
-                     "--steps", args.learn_steps, "--seed", seed, "--optimizer", "momentum",
-                     "--eval-samples", args.eval_samples, *flags, "--lr", rate)["test_accuracy"]
-               for seed in range(args.seeds)]
-        rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
-                     "test_accuracy": acc})
+def learning_rows(data, tmp, args, out: Path):
+    """The schedules of ``args.rows`` on equal samples, ``args.seeds`` seeds each, for each K of
+    ``args.learn_stages``, M = 4, lenet, momentum; test accuracy on ``args.eval_samples`` rows.
+
+    Each run's result is kept in ``out/learning-runs/`` and not run again, so a comparison can
+    be split over several runs of this script; ``args.budget`` (s) stops starting runs."""
+    m, lr, start = 4, args.learn_lr, time.monotonic()
+    cache = out / "learning-runs"
+    cache.mkdir(exist_ok=True)
+    rows, left = [], 0
+    for k in map(int, str(args.learn_stages).split(",")):
+        for name in args.rows.split(","):
+            flags = LEARN_RUNS[name]
+            rate = lr / m if flags and flags[1] in ("pipedream", "pipemare") else lr
+            mode = ["--protocol", "allreduce", "--batch-size", args.learn_batch // k] \
+                if name == "allreduce" else \
+                ["--pipeline", k, "--microbatches", m, "--batch-size", args.learn_batch,
+                 *(["--partition", args.learn_partition] if args.learn_partition else [])]
+            cut = f"-cut{args.learn_partition.replace(',', '.')}" if args.learn_partition else ""
+            acc = []
+            for seed in range(args.seeds):
+                key = cache / (f"{name}-k{k}{cut}-b{args.learn_batch}-lr{lr:g}-{args.learn_schedule}-"
+                               f"{args.learn_steps}-e{args.eval_samples}-seed{seed}.json")
+                if not key.exists():
+                    if args.budget and time.monotonic() - start > args.budget:
+                        left += 1
+                        continue
+                    summary = train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet",
+                                    *mode, "--steps", args.learn_steps, "--seed", seed,
+                                    "--optimizer", "momentum", "--eval-samples",
+                                    args.eval_samples, "--lr-schedule", args.learn_schedule,
+                                    *flags, "--lr", rate)
+                    key.write_text(json.dumps({"test_accuracy": summary["test_accuracy"],
+                                               "test_loss": summary["test_loss"]}))
+                acc.append(json.loads(key.read_text())["test_accuracy"])
+            rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
+                         "partition": args.learn_partition or "auto",
+                         "batch": args.learn_batch, "lr_schedule": args.learn_schedule,
+                         "test_accuracy": acc})
+    if left:
+        print(f"bench-pipeline: --budget reached, {left} learning runs left; run again with "
+              f"the same --out to add them", flush=True)
     return rows
 
 
@@ -206,21 +273,43 @@ def part_markdown(part: str, rows: list) -> str:
         table = bubble_markdown if part == "bubble" else recompute_markdown
         return "\n".join(table(rows)) + "\n"
     out = ["## Throughput on 2 emulated nodes (mlp:784-4096-4096-4096-10, 37M parameters, sgd)",
-           "", "| link | pipeline K=2 M=8, batch 64: samples/s | idle per stage | "
-           "allreduce W=2, batch 32 each: samples/s | pipeline / allreduce |", "|---|---|---|---|---|"]
-    out += [f"| {r['rate']} | {r['pipeline']:.1f} | {', '.join(f'{f:.3f}' for f in r['idle'])} | "
-            f"{r['allreduce']:.1f} | {r['pipeline'] / r['allreduce']:.2f} |" for r in rows]
+           "", "| link | pipeline K=2 M=8, batch 64: samples/s (cut) | psgd plan (its cut) | "
+           "measured / plan | idle per stage | allreduce W=2, batch 32 each: samples/s | "
+           "psgd plan | measured / plan | pipeline / allreduce |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pp, pa = r.get("plan_pipeline") or {}, r.get("plan_allreduce") or {}
+        ratio = lambda m, p: f"{m / p['samples_per_s']:.2f}" if p else "-"  # noqa: E731
+        pred = lambda p: (f"{p['samples_per_s']:.1f}" + (f" ({','.join(map(str, p['partition']))})"  # noqa: E731
+                                                          if p.get("partition") else "")) if p else "-"
+        out.append(f"| {r['rate']} | {r['pipeline']:.1f} ({','.join(map(str, r.get('cut', [])))}) | "
+                   f"{pred(pp)} | {ratio(r['pipeline'], pp)} | "
+                   f"{', '.join(f'{f:.3f}' for f in r['idle'])} | {r['allreduce']:.1f} | {pred(pa)} | "
+                   f"{ratio(r['allreduce'], pa)} | {r['pipeline'] / r['allreduce']:.2f} |")
     return "\n".join(out) + "\n"
 
 
 def learning_markdown(res: dict) -> str:
-    rows = res["learning"]
-    out = [f"## Learning (lenet, K = {rows[0]['K']}, M = 4, batch 32, momentum, "
-           f"{rows[0]['steps']} steps, equal samples)", "",
-           "| schedule | lr | test accuracy per seed | mean |", "|---|---|---|---|"]
-    out += [f"| {r['schedule']} | {r['lr']:g} | {', '.join(f'{a:.3f}' for a in r['test_accuracy'])} "
-            f"| {sum(r['test_accuracy']) / len(r['test_accuracy']):.3f} |" for r in rows]
-    return "\n".join(out) + "\n"
+    """One table per K: each seed's accuracy and its difference from gpipe's on that seed."""
+    out = []
+    for k in dict.fromkeys(r["K"] for r in res["learning"]):
+        rows = [r for r in res["learning"] if r["K"] == k]
+        base = next((r["test_accuracy"] for r in rows if r["schedule"] == "gpipe"), [])
+        r0 = rows[0]
+        out += [f"## Learning (lenet, K = {k}, cut {r0.get('partition', 'auto')}, M = 4, "
+                f"batch {r0['batch']}, momentum, "
+                f"{r0['lr_schedule']} lr, {r0['steps']} steps, equal samples)", "",
+                "| schedule | lr | test accuracy per seed | mean | minus gpipe per seed (points) | "
+                "largest |difference| |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            acc = r["test_accuracy"]
+            diff = [100 * (a - b) for a, b in zip(acc, base)]
+            mean = f"{sum(acc) / len(acc):.3f}" if acc else "-"
+            out.append(f"| {r['schedule']} | {r['lr']:g} | {', '.join(f'{a:.3f}' for a in acc)} | "
+                       f"{mean} | {', '.join(f'{d:+.1f}' for d in diff)} | "
+                       f"{max(map(abs, diff)) if diff else 0:.1f} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -229,7 +318,18 @@ def main() -> None:
     ap.add_argument("--big-steps", type=int, default=6, help="steps per throughput run (default 6)")
     ap.add_argument("--learn-steps", type=int, default=150, help="steps per learning run (default 150)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per learning row (default 2)")
-    ap.add_argument("--learn-stages", type=int, default=2, help="K of the learning rows (default 2)")
+    ap.add_argument("--learn-stages", default="2", help="K of the learning rows, comma-separated "
+                    "(default 2)")
+    ap.add_argument("--learn-batch", type=int, default=32, help="batch of the learning rows (default 32)")
+    ap.add_argument("--learn-lr", type=float, default=0.05,
+                    help="gpipe's learning rate; the asynchronous rows step lr / M (default 0.05)")
+    ap.add_argument("--learn-schedule", default="constant",
+                    help="--lr-schedule of the learning rows (default constant)")
+    ap.add_argument("--learn-partition", default=None, metavar="CUT",
+                    help="--partition of the learning rows (one K; default auto)")
+    ap.add_argument("--budget", type=float, default=None, metavar="S",
+                    help="start no learning run after S seconds (each run's result is kept "
+                         "under --out; run again with the same --out to add the rest)")
     ap.add_argument("--rows", default="gpipe,pipedream,pipedream-vertical,pipedream-nostash",
                     help=f"learning rows, comma-separated, of {', '.join(LEARN_RUNS)}")
     ap.add_argument("--eval-samples", type=int, default=2000,
@@ -263,8 +363,9 @@ def main() -> None:
                    "partition": partition_rows(data.path, tmp, args.steps)}
             _write(out, "pipeline", res, markdown(res), data.name, not args.fashion)
         if args.only in (None, "learning"):
-            res = {"learning": learning_rows(data.path, tmp, args)}
-            base = "pipeline-learning" + (f"-k{args.learn_stages}" if args.learn_stages != 2 else "")
+            res = {"learning": learning_rows(data.path, tmp, args, out)}
+            base = "pipeline-learning" + (f"-k{args.learn_stages.replace(',', '')}"
+                                          if args.learn_stages != "2" else "")
             _write(out, base, res, learning_markdown(res), data.name, not args.fashion)
 
 

@@ -286,6 +286,14 @@ def test_profile_gives_every_unit_its_bytes():
      "--recompute off needs the backward on its forward's weights; pipemare runs it on newer"),
     (dict(stages=2, schedule="pipedream", stash=False, recompute=False), 16,
      "pipedream without weight stashing runs it on newer ones"),
+    (dict(stages=2, schedule="1f1b", comp="inverse"), 16,
+     "--stage-comp applies to --schedule pipedream or pipemare, not 1f1b"),
+    (dict(stages=2, schedule="pipedream", comp="dana"), 16,
+     "--stage-comp dana does not run on a pipeline stage: its look-ahead answers"),
+    (dict(stages=2, schedule="pipedream", comp="nope"), 16, "--stage-comp 'nope' is not one of"),
+    (dict(stages=2, schedule="pipedream", stash=False, comp="gap"), 16,
+     "--stage-comp gap needs the weights each gradient was computed on: pipedream has them "
+     "only with weight stashing on"),
 ])
 def test_bad_pipeline_options_are_one_line(opts, batch, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -320,10 +328,13 @@ def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
 
 
 # -- pipedream (asynchronous 1F1B, weight stashing) -----------------------------------------
-def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", keep=False, **trainer):
+def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", keep=False, method="none",
+                      **trainer):
     """Train ``n`` steps of the asynchronous pipeline (PipeDream, or PipeMare through
-    ``trainer``'s anneal/correct) in one thread per stage; (params, bounds, xs, ys, lr)."""
+    ``trainer``'s anneal/correct; ``method``: --stage-comp) in one thread per stage;
+    (params, bounds, xs, ys, lr)."""
     from psgd.pipeline.asynchronous import AsyncTrainer
+    from psgd.pipeline.trainer import stage_comp
     models = [make(spec) for _ in range(k)]
     us = partition.units(models[0])
     bounds = partition.layer_bounds(models[0], [len(us) // k + (i < len(us) % k) for i in range(k)])
@@ -335,8 +346,9 @@ def run_async_threads(spec, k, n, lr, stash=True, opt="momentum", keep=False, **
     for s, (a, b) in enumerate(bounds):
         stage = Stage(models[s], a, b, first=s == 0, last=s == k - 1, stash=stash, keep=keep)
         grid = SimpleNamespace(stages=k, stage=s, replica=0, replicas=1)
-        trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid,
-                                     make_optimizer(opt, stage.hi - stage.lo), **trainer))
+        optimizer = make_optimizer(opt, stage.hi - stage.lo)
+        trainers.append(AsyncTrainer(stage, _Links(s, fwd, bwd), grid, optimizer,
+                                     comp=stage_comp(method, optimizer), **trainer))
 
     def work(t):
         t.run(n, lr, xs if t.stage.first else None, ys if t.stage.last else None)
@@ -504,3 +516,50 @@ def test_the_auto_cut_of_a_profiled_spec_model_is_the_exhaustive_optimum(spec):
             counts = partition.best_cut(costs, k, lambda s: 1, recompute=shares)
             best = min(partition.slowest(costs, c, recompute=shares) for c in compositions(n, k))
             assert partition.slowest(costs, counts, recompute=shares) == best
+
+
+# -- psgd's staleness compensation on a stage's steps (--stage-comp) -------------------------
+def reference_pipedream_compensated(model, method, xs, ys, bounds, lr):
+    """PipeDream with weight stashing on one process, each stage's gradient and rate rewritten
+    by its own ``method`` (psgd.ps.compensation) as a push ``K - s - 1`` updates stale that
+    read the stashed weights, then stepped by the stage's own momentum optimizer."""
+    from psgd.pipeline.reference import _spans
+    from psgd.pipeline.schedules import versions_behind
+    from psgd.pipeline.trainer import stage_comp
+    spans = _spans(model, bounds)
+    opts = [make_optimizer("momentum", hi - lo) for lo, hi in spans]
+    comps = [stage_comp(method, opt) for opt in opts]
+    history = [model.params.copy()]
+    for g in range(len(xs)):
+        taus = [versions_behind(len(bounds), s) for s in range(len(bounds))]
+        reads = [history[max(0, g - tau)][lo:hi].copy() for (lo, hi), tau in zip(spans, taus)]
+        for (lo, hi), read in zip(spans, reads):
+            model.params[lo:hi] = read
+        model.loss_and_grad(xs[g], ys[g])
+        latest = history[-1].copy()
+        for (lo, hi), tau, read, comp, opt in zip(spans, taus, reads, comps, opts):
+            grad, rate = comp.adjust(model.grad[lo:hi].copy(), lr(g), tau, tau, latest[lo:hi], read)
+            opt.step(latest[lo:hi], grad, rate)
+        history.append(latest)
+    model.params[:] = history[-1]
+
+
+@pytest.mark.parametrize("method,k", [("dcasgd", 3), ("gap", 2), ("inverse", 4), ("amom", 3)])
+def test_stage_comp_equals_serial_pipedream_with_each_stage_compensated(method, k):
+    plain, bounds, xs, ys, lr = run_async_threads(MLP, k, 12, lambda g: 0.05)
+    params = run_async_threads(MLP, k, 12, lambda g: 0.05, method=method)[0]
+    ref = make(MLP)
+    reference_pipedream_compensated(ref, method, xs, ys, bounds, lr)
+    assert not np.array_equal(params, plain)
+    np.testing.assert_array_equal(params, ref.params)
+
+
+def test_stage_comp_on_pipemare_reads_the_corrections_estimate():
+    """dcasgd on pipemare corrects from the weights the backward ran on (the estimate): with
+    the correction on it changes the run, and without it the flag is refused."""
+    base = run_async_threads(MLP, 3, 12, lambda g: 0.05, stash=False, anneal=None, correct=True)[0]
+    comp = run_async_threads(MLP, 3, 12, lambda g: 0.05, stash=False, anneal=None, correct=True,
+                             method="dcasgd")[0]
+    assert np.isfinite(comp).all() and not np.array_equal(base, comp)
+    with pytest.raises(ValueError, match="--stage-comp dcasgd needs the weights .* discrepancy"):
+        PipelineOptions(2, 4, "pipemare", correct=False, comp="dcasgd").check(32)

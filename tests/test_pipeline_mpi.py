@@ -91,21 +91,24 @@ def test_bad_pipeline_input_is_one_line(mpirun, dataset, ranks, flags, message):
     assert len(errors) == 1 and message in errors[0], proc.stderr
 
 
+@pytest.mark.parametrize("comp,keys", [([], ()), (["--stage-comp", "dcasgd"], ("dcasgd_meansq",))])
 def test_a_resumed_pipemare_run_continues_its_rescheduling_and_ends_as_the_unbroken_run(
-        mpirun, dataset, tmp_path):
+        mpirun, dataset, tmp_path, comp, keys):
     """K = 3 (stage 0 is 2 updates behind, so T1 scales its rate), M = 4, 8 steps (32
     microbatches), the rescheduling over 40.  The unbroken run drains at each
     --checkpoint-every 2; the run resumed at step 4 (microbatch 16) takes up the global
-    microbatch count and T2's estimate, so it ends bit-equal."""
+    microbatch count and T2's estimate (and --stage-comp dcasgd's mean square), so it ends
+    bit-equal."""
     a, b = tmp_path / "a", tmp_path / "b"
     common = ["-m", "psgd", "train", "--quiet", "--data", dataset, "--model", MLP,
               "--batch-size", 16, "--lr", 0.05, "--optimizer", "momentum", "--pipeline", 3,
               "--microbatches", 4, "--schedule", "pipemare", "--pipemare-anneal", 40,
-              "--steps", 8]
+              "--steps", 8, *comp]
     mpirun(3, [*common, "--checkpoint-dir", a, "--checkpoint-every", 2], timeout=120)
     mpirun(3, [*common, "--checkpoint-dir", b, "--resume", a / "ckpt-00000004.h5"], timeout=120)
     one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")
-    for key in ("velocity", "pipemare_delta"):
+    for key in ("velocity", "pipemare_delta", *keys):
+        assert np.abs(one.opt_state[key]).max() > 0 or key == "velocity"
         assert np.array_equal(one.opt_state[key], two.opt_state[key]), key
     assert np.array_equal(one.params, two.params)
     assert np.abs(one.opt_state["pipemare_delta"]).max() > 0

@@ -139,6 +139,32 @@ def test_an_asynchronous_pipeline_over_servers_resumes_at_its_step_with_its_stat
                                    0.5 ** 4 * mid.opt_state[key], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
+def test_two_replicas_resume_from_the_saved_parameters_and_their_order_is_not_recorded(
+        mpirun, dataset, tmp_path):
+    """2 servers + 2 replicas x 2 stages under asp, momentum 0.5: resumed from step 4 with
+    --lr 1e-30 (so the parameters stay), the run logs steps 5..8 and ends on step 4's
+    parameters, on both stages.  What it does not fix is the order in which the two
+    replicas' pushes reach a stage's servers (docs/design/pipeline.md, "No
+    --record/--replay"): --record, which would fix it, is refused with that reason."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    flags = ["--pipeline", 2, "--microbatches", 2, "--batch-size", 16, "--protocol", "asp",
+             "--servers", 2, "--optimizer", "momentum", "--momentum", 0.5, "--steps", 8,
+             "--lr-schedule", "constant", "--log-every", 1]
+    train(mpirun, 6, dataset, tmp_path / "a.jsonl", *flags, "--lr", 0.05, "--checkpoint-dir", a,
+          "--checkpoint-every", 4)
+    train(mpirun, 6, dataset, tmp_path / "b.jsonl", *flags, "--lr", 1e-30, "--checkpoint-dir", b,
+          "--resume", a / "ckpt-00000004.h5")
+    mid, end = load_checkpoint(a / "ckpt-00000004.h5"), load_checkpoint(b / "ckpt-00000008.h5")
+    assert [r["step"] for r in records(tmp_path / "b.jsonl", "step")] == [5, 6, 7, 8]
+    assert np.abs(end.params - mid.params).max() < 1e-20
+    refused = train(mpirun, 6, dataset, tmp_path / "r.jsonl", *flags, "--lr", 0.05, "--record",
+                    tmp_path / "order", check=False)
+    assert refused.returncode != 0
+    assert "--record does not work under --pipeline: the order in which the replicas' pushes " \
+           "reach a stage's servers (ssp, asp with D > 1) is not recorded" in refused.stderr
+
+
 def test_an_asp_pipeline_of_two_replicas_resumes_and_finishes(mpirun, dataset, tmp_path):
     """2 servers + 2 replicas x 2 stages under asp: the resumed run starts at step 4 and ends
     at 8 with a finite state (its order of pushes is its own: not bit-equal)."""

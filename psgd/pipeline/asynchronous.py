@@ -32,12 +32,16 @@ class AsyncTrainer:
     ``anneal`` (PipeMare's T1, steps; None: off) scales the rate by
     :func:`psgd.pipeline.pipemare.rate`; ``correct`` (T2) runs each backward on
     :class:`psgd.pipeline.pipemare.Correction`'s estimate of the forward's weights.
+    ``comp`` (a :class:`psgd.ps.compensation.base.Compensation`, or None) rewrites each
+    step's gradient and rate as a server rewrites a push ``tau`` updates stale, given the
+    weights the backward ran on as the push's read.
     """
 
     def __init__(self, stage, links, grid, optimizer, vertical: bool = False,
-                 anneal: int | None = None, correct: bool = False) -> None:
+                 anneal: int | None = None, correct: bool = False, comp=None) -> None:
         self.stage, self.links, self.grid, self.optimizer = stage, links, grid, optimizer
-        self.vertical, self.anneal = vertical, anneal
+        self.vertical, self.anneal, self.comp = vertical, anneal, comp
+        stage.keep_read = comp is not None and comp.reads_params
         self.tau = versions_behind(grid.stages, grid.stage)
         self.correction = pipemare.Correction(grid.stages, grid.stage, stage.hi - stage.lo,
                                               stage.params.dtype) if correct else None
@@ -47,6 +51,15 @@ class AsyncTrainer:
         self.busy = [0.0, 0.0]
         self.loss = 0.0       # the last stage's summed microbatch losses
         self.correct = 0
+
+    def _compensated_step(self, rate: float) -> None:
+        """One step with :attr:`comp`'s gradient and rate for the replicas' mean gradient."""
+        stage = self.stage
+        stage.acc *= 1.0 / self.grid.replicas
+        read = stage.params if stage.read is None else stage.read
+        grad, rate = self.comp.adjust(stage.acc, rate, self.tau, self.tau, stage.params, read)
+        stage.read = None   # the copy is freed before the next forward
+        self.optimizer.step(stage.params, grad, rate)
 
     def run(self, n: int, lr, xs=None, ys=None, g0: int = 0, first: int = 0) -> None:
         """Microbatches ``g0``..``g0 + n - 1`` of this process's run, drained at the end (a
@@ -61,7 +74,10 @@ class AsyncTrainer:
             g = first + m
             rate = lr(g) * (1.0 if self.anneal is None else pipemare.rate(self.tau, g, self.anneal))
             before = stage.params.copy() if self.correction is not None and self.tau else None
-            self.optimizer.step(stage.params, stage.acc, rate, scale=1.0 / grid.replicas)
+            if self.comp is None:
+                self.optimizer.step(stage.params, stage.acc, rate, scale=1.0 / grid.replicas)
+            else:
+                self._compensated_step(rate)
             if before is not None:
                 self.correction.observe(before, stage.params)
             stage.acc[:] = 0.0

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from psgd.pipeline.schedules import SCHEDULES
+from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 
 AUTO = "auto"
 _NO_SERVERS = "its protocol combines the stage replicas without servers"
-_FIXED_ORDER = ("every schedule, pipedream and pipemare included, fixes each stage's op order "
-                "and the weight version each microbatch sees, so a run repeats bit-exactly "
-                "whatever its timing: nothing to {}")
+_FIXED_ORDER = ("the order in which the replicas' pushes reach a stage's servers (ssp, asp with "
+                "D > 1) is not recorded; everything else, pipedream and pipemare included, is "
+                "fixed by each stage's op order, so a run without servers or with one replica "
+                "repeats bit-exactly whatever its timing")
 # settings of `psgd train` that a pipeline does not run: their flags are refused (the first
 # SERVER_SETTINGS only where a parameter-server protocol combines the stage replicas)
 REFUSED = {
@@ -27,8 +28,8 @@ REFUSED = {
     "error_feedback": "nothing is compressed",
     "momentum_correction": "nothing is compressed",
     "straggler": "straggler emulation runs in the data-parallel worker loop only",
-    "record": _FIXED_ORDER.format("record"),
-    "replay": _FIXED_ORDER.format("replay"),
+    "record": _FIXED_ORDER,
+    "replay": _FIXED_ORDER,
     "tensorboard": "not written by pipeline runs yet",
     "eval_every": "a pipeline run evaluates once, at the end",
     "hold_hot": "sparse models are not cut into stages",
@@ -51,6 +52,7 @@ class PipelineOptions:
     correct: bool = True            # pipemare: discrepancy correction
     recompute: bool | None = None   # each backward re-runs its forward; False: keep activations;
                                     # None (auto): keep them where the schedule and the cap allow
+    comp: str = "none"              # pipedream/pipemare: psgd's staleness compensation per stage
 
     @property
     def can_keep(self) -> bool:
@@ -114,7 +116,33 @@ class PipelineOptions:
             raise ValueError(f"--pipemare-anneal needs N >= 0 steps, got {self.anneal}")
         if self.memory_per_rank is not None and self.memory_per_rank <= 0:
             raise ValueError(f"--memory-per-rank must be positive bytes, got {self.memory_per_rank}")
+        check_comp(self)
         self.counts()
+
+
+# psgd.ps.compensation's methods a stage runs on its own steps, and whether each needs the
+# weights the gradient was computed on (the stash, or PipeMare's estimate of them)
+STAGE_COMP = {"none": False, "inverse": False, "amom": False, "dcasgd": True, "gap": True}
+_NO_PULL = "its look-ahead answers a worker's pull, and a stage pulls nothing"
+
+
+def check_comp(options: PipelineOptions) -> None:
+    """Raise ValueError naming --stage-comp when ``options`` cannot run its method."""
+    name = options.comp
+    if name == "none":
+        return
+    if name in ("dana", "dana-adam"):
+        raise ValueError(f"--stage-comp {name} does not run on a pipeline stage: {_NO_PULL}")
+    if name not in STAGE_COMP:
+        raise ValueError(f"--stage-comp {name!r} is not one of {', '.join(STAGE_COMP)}")
+    if options.schedule not in ASYNCHRONOUS:
+        raise ValueError(f"--stage-comp applies to --schedule pipedream or pipemare, not "
+                         f"{options.schedule} (its steps are not stale)")
+    known = options.stash if options.schedule == "pipedream" else options.correct
+    if STAGE_COMP[name] and not known:
+        why = "weight stashing" if options.schedule == "pipedream" else "discrepancy correction"
+        raise ValueError(f"--stage-comp {name} needs the weights each gradient was computed on: "
+                         f"{options.schedule} has them only with {why} on")
 
 
 SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",

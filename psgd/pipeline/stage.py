@@ -35,6 +35,8 @@ class Stage:
         self._on_current: set[int] = set()     # forwards that ran on the then-current weights
         self.weights_for = None                # vertical sync: m -> the slice's version for m
         self.predict = None                    # PipeMare: weights -> the backward's weights
+        self.keep_read = False                 # keep :attr:`read` (a --stage-comp method reads it)
+        self.read = None                       # the last backward's weights (None: the current)
         self.first, self.last = first, last
         ranges = [(lo, hi) for i, _, lo, hi in model.param_ranges if a <= i < b]
         self.lo = min((lo for lo, _ in ranges), default=0)
@@ -130,6 +132,7 @@ class Stage:
         self._live = None
         if swapped:
             _swap(self.params, stashed)
+        self.read = stashed if swapped and self.keep_read else None
         return None if self.first else dy
 
 

@@ -62,6 +62,19 @@ def slots(options, stages: int, stage: int, total: int) -> int:
     return min(m, in_flight(options.schedule, stages, stage, m) + 1)
 
 
+def stage_comp(name: str, optimizer):
+    """``--stage-comp name``'s method (psgd.ps.compensation) for a stage's ``optimizer``, as
+    on a server's shard with one worker; None for ``none``."""
+    if name == "none":
+        return None
+    from types import SimpleNamespace
+
+    from psgd.config import Compensation
+    from psgd.ps.compensation import make
+    config = SimpleNamespace(compensation=Compensation(staleness_comp=name), worker_momentum=None)
+    return make(name, config, optimizer, optimizer.n)
+
+
 def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
                   batches: int, whole: int | None = None) -> PipelineTrainer:
     """This rank's trainer: stage ``grid.stage`` over layers ``bounds[grid.stage]``, its links
@@ -90,7 +103,8 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
         whole = (whole or batches) * options.microbatches
         anneal = default_anneal(whole) if options.anneal is None else options.anneal
         return AsyncTrainer(stage, links, grid, optimizer, anneal=anneal or None,
-                            correct=options.correct)
+                            correct=options.correct, comp=stage_comp(options.comp, optimizer))
     if asynchronous:
-        return AsyncTrainer(stage, links, grid, optimizer, vertical=options.vertical_sync)
+        return AsyncTrainer(stage, links, grid, optimizer, vertical=options.vertical_sync,
+                            comp=stage_comp(options.comp, optimizer))
     return PipelineTrainer(stage, links, grid, options, optimizer)

@@ -63,6 +63,11 @@ class PipelineFlags(Options):
         "discrepancy_correction": (str, "on or off, pipemare: each backward runs on an estimate "
                                         "of its forward's weights (on, the default)",
                                    "on|off"),
+        "stage_comp": (str, "pipedream or pipemare: each stage rewrites its steps with psgd's "
+                            "staleness compensation for its delay of K - s - 1 updates: none "
+                            "(default), inverse, amom, dcasgd or gap (the last two need the "
+                            "forward's weights: pipedream's stash or pipemare's correction)",
+                       "METHOD"),
         "recompute": (str, "on: a stage keeps each in-flight microbatch's input and re-runs "
                            "its forward before the backward (least memory); off: it keeps every "
                            "layer's activations and runs each forward once; auto (default): off "
@@ -82,6 +87,7 @@ class PipelineFlags(Options):
     vertical_sync: bool | None = None
     pipemare_anneal: int | None = None
     discrepancy_correction: str | None = None
+    stage_comp: str | None = None
     recompute: str | None = None
     memory_per_rank: int | None = None
 
@@ -109,7 +115,8 @@ class PipelineFlags(Options):
                                vertical_sync=bool(self.vertical_sync),
                                anneal=self.pipemare_anneal,
                                correct=self.discrepancy_correction != "off",
-                               recompute={"on": True, "off": False}.get(self.recompute))
+                               recompute={"on": True, "off": False}.get(self.recompute),
+                               comp=self.stage_comp or "none")
 
     def resolved(self, plan, protocol) -> PipelineFlags:
         self.check_given()

@@ -31,6 +31,31 @@ def resume_stage(settings, resumed, model, total: int) -> int:
     return ckpt.step
 
 
+def extra_state(trainer) -> dict:
+    """What an asynchronous stage keeps beside its optimizer's state, saved with it: pipemare's
+    T2 estimate (:data:`DELTA`) and the --stage-comp method's per-element state."""
+    state = {}
+    correction = getattr(trainer, "correction", None)
+    if correction is not None:
+        state[DELTA] = correction.delta
+    comp = getattr(trainer, "comp", None)
+    if comp is not None:
+        state.update(comp.state())
+    return state
+
+
+def load_extra_state(trainer, state: dict) -> None:
+    """Take :func:`extra_state`'s arrays from ``state`` (a resumed part's optimizer state,
+    which keeps the optimizer's own) into ``trainer``."""
+    delta = state.pop(DELTA, None)
+    correction = getattr(trainer, "correction", None)
+    if delta is not None and correction is not None:
+        correction.delta[:] = delta
+    comp = getattr(trainer, "comp", None)
+    if comp is not None:
+        comp.load_state({k: state.pop(k) for k in list(comp.state()) if k in state})
+
+
 def save(run, step: int) -> None:
     """Replica 0's stages of ``run`` (a :class:`psgd.run.pipeline_job.PipelineRun`) each write
     their part (parameters, optimizer state; with servers, the state its servers sent), then
@@ -44,10 +69,8 @@ def save(run, step: int) -> None:
             raise AssertionError(f"stage {run.grid.stage}'s servers sent the state of step {at}, "
                                  f"not {step}")
     else:
-        params, state = run.trainer.stage.params.copy(), run.trainer.optimizer.state_dict()
-        correction = getattr(run.trainer, "correction", None)
-        if correction is not None:   # pipemare's T2 estimate goes on with a resumed run
-            state[DELTA] = correction.delta
+        params = run.trainer.stage.params.copy()
+        state = {**run.trainer.optimizer.state_dict(), **extra_state(run.trainer)}
     directory, row = Path(run.settings.checkpoint_dir), run.grid.row_comm
     if run.grid.stage == 0:   # a set rewritten (a resumed run's): its old manifest goes first
         (directory / checkpoint_name(step)).unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
-from psgd.run.pipeline_checkpoint import DELTA, resume_stage, save
+from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage, save
 from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
 
@@ -145,10 +145,8 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
     if start and trainer.optimizer is not None:   # with servers, the servers load theirs
         part = (model.offset, model.offset + model.n_params)
         state = load_checkpoint(resumed.path, part).opt_state
-        delta = state.pop(DELTA, None)
+        load_extra_state(trainer, state)
         trainer.optimizer.load_state_dict(state)
-        if delta is not None and getattr(trainer, "correction", None) is not None:
-            trainer.correction.delta[:] = delta
     reader = None
     if trainer.stage.first or trainer.stage.last:
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,

@@ -41,16 +41,21 @@ def _wait_all(procs: list, outs: list) -> None:
             pytest.fail("a job did not end:\n" + "\n".join(o.read_text() for o in outs))
 
 
+KILL_AT = CLOCKS // 3
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("when", [f"step={KILL_AT}",   # after its first send of the clock
+                                  f"phase=ring sum of clock {KILL_AT} step {W - 2}"])   # last
 def test_the_ring_goes_on_at_w_minus_1_and_equals_serial_sgd_over_each_clocks_ring(
-        tmp_path, data):
+        tmp_path, data, when):
     outs = [tmp_path / f"{name}.out" for name in ["server"] + [f"joiner{k}" for k in range(W)]]
     files = [open(o, "w") for o in outs]
     procs = [_start(_server_args(tmp_path, data), files[0])]
     _until("the port file", (tmp_path / "port").exists, procs)
-    kill_at = CLOCKS // 3
-    for k in range(W):   # joiner 1 SIGKILLs itself at kill_at, after its first send of the clock
-        env = {"PSGD_X_FAULT": f"rank=0,step={kill_at},kind=kill"} if k == 1 else None
+    kill_at = KILL_AT
+    for k in range(W):   # joiner 1 SIGKILLs itself in clock kill_at, after a send of it
+        env = {"PSGD_X_FAULT": f"rank=0,{when},kind=kill"} if k == 1 else None
         procs.append(_start(["join", "--port-file", tmp_path / "port"], files[k + 1], env=env))
     _wait_all(procs, outs)
     for f in files:
@@ -65,6 +70,9 @@ def test_the_ring_goes_on_at_w_minus_1_and_equals_serial_sgd_over_each_clocks_ri
     summary = next(r for r in _records(tmp_path / "log.jsonl") if r["kind"] == "summary")
     lost = [w for w in summary["workers"] if w["state"] == "lost"]
     assert len(lost) == 1 and lost[0]["last_clock"] in (kill_at - 1, kill_at), summary
+    record = next(r for r in _records(tmp_path / "log.jsonl") if r["kind"] == "lost")
+    print("the clock of the death was", "redone" if record["sum_from"] is None else
+          f"taken from worker {record['sum_from']}")
     assert "lost (its process ended)" in server_out
     assert summary["replicas_equal"], summary
     # each clock's step is the mean gradient of the ring that summed it: W until the lost

@@ -39,7 +39,8 @@ class Ring:
     """The live members of ``comm`` (ranks 1..W at first) and the sum of a vector over them.
 
     ``pids``: every rank's process id (rank 0: the coordinator); ``fault``: tests
-    (PSGD_X_FAULT), fired at its clock after a sum's first send is posted.
+    (PSGD_X_FAULT), fired at its clock after a sum's first send is posted, or at its phase
+    ``ring sum of clock C step S`` after that step's send is posted.
     """
 
     def __init__(self, comm: MPI.Intracomm, pids: list, fault=None) -> None:
@@ -68,8 +69,10 @@ class Ring:
             got, tag = np.empty_like(out), ring_tag(self.epoch, clock, step)
             reqs = [self.comm.Irecv(got, source=prv, tag=tag),
                     self.comm.Isend(out, dest=nxt, tag=tag)]
-            if step == 0 and self.fault is not None:
-                self.fault.at(clock)
+            if self.fault is not None:
+                self.fault.at_phase(f"ring sum of clock {clock} step {step}")
+                if step == 0:
+                    self.fault.at(clock)
             self._wait(reqs, (got, out))
             parts[ring[(i - 1 - step) % n]] = out = got
         total = np.zeros_like(out)

@@ -157,7 +157,8 @@ class Coordinator:
             last = low if ahead else low - 1
             self.lost[r] = last
             self.log.write("lost", worker=r - 1, last_clock=last, why="its process ended",
-                           after_s=time.monotonic() - self.t0)
+                           after_s=time.monotonic() - self.t0,
+                           sum_from=ahead[0] - 1 if ahead else None)
             print(f"psgd: worker {r - 1} lost (its process ended) after clock {last}; the "
                   f"ring goes on with {len(live)} worker(s) from clock {last + 1}", flush=True)
         self.ring, self.reports = live, {}

@@ -96,7 +96,7 @@ def _admit(door: Door, welcome: dict, W: int, wait_s: float) -> MPI.Intracomm:
                                 f"--no-worker-timeout {wait_s:g} s; the ring never started")
             ready, _ = door.look()
             time.sleep(0.01)
-        door.comm = comm
+        door.comm = comm   # the accept is collective over the ring so far
         inter = door.admit(ready)
         buf = np.frombuffer(json.dumps({**welcome, "slot": k}).encode(), np.uint8).copy()
         inter.Send(buf, 0, TAG_WELCOME)

@@ -5,14 +5,18 @@ import time
 
 SEGMENT_PREFIX = "/dev/shm/mpich_shm_"   # MPICH's shared-memory segment of a job's ranks
 STALE_AGE_S = 60.0   # a segment younger than this may be a starting job's, not yet mapped
+RING_UCX_TLS = "posix,sysv,self"   # an elastic ring's UCX transports: shared memory only
 
 
-def no_cross_memory_attach() -> None:
+def no_cross_memory_attach(protocol: str | None = None) -> None:
     """Before MPI starts: keep UCX from reading a peer's memory in place (CMA). When a worker job
     dies while the servers read its push that way, UCX aborts the server job; its other
-    shared-memory transports copy through a segment and leave the survivor standing. A
-    UCX_TLS the user set is kept."""
-    os.environ.setdefault("UCX_TLS", "^cma")
+    shared-memory transports copy through a segment and leave the survivor standing. A ring
+    (``protocol`` able to "elastic-ring") takes shared memory only (RING_UCX_TLS: the tcp lane
+    crashed survivors, docs/design/elastic.md). A UCX_TLS the user set is kept."""
+    from psgd.protocols import PROTOCOLS   # imports no MPI
+    ring = protocol in PROTOCOLS and PROTOCOLS[protocol].can("elastic-ring")
+    os.environ.setdefault("UCX_TLS", RING_UCX_TLS if ring else "^cma")
 
 
 def mapped_segments() -> list[str]:

@@ -35,17 +35,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long to wait for the servers to admit this worker (default 60)")
 
 
-def _port(path: str) -> str:
+def _port(path: str) -> tuple[str, str]:
+    """The servers' port name, and the ``UCX_TLS=...`` line of a ring ("" if none)."""
     try:
         with open(path, encoding="utf-8") as fh:
-            port = fh.read().strip()
+            port, _, transports = fh.read().strip().partition("\n")
     except FileNotFoundError:
         raise UsageError(f"--port-file {path}: no such file (is the server job running? it "
                          f"writes the file once its port is open, and removes it at the end)"
                          ) from None
     if not port:
         raise UsageError(f"--port-file {path} is empty")
-    return port
+    return port, transports.strip()
+
+
+def _ring_transports(line: str, port_file: str) -> None:
+    """Before MPI starts: take the ring's UCX transports (one the user set otherwise is
+    refused), at the coordinator's node only (its beat names the node)."""
+    from psgd.elastic.alive import PLACE, beat_path
+    key, _, value = line.partition("=")
+    if os.environ.get(key, value) != value:
+        raise UsageError(f"the run at {port_file} is a ring that runs with {key}={value}, "
+                         f"but {key}={os.environ[key]} is set here")
+    os.environ[key] = value
+    try:
+        with open(beat_path(port_file), encoding="utf-8") as fh:
+            place = fh.read().split()[0]
+    except (OSError, IndexError):
+        place = "unknown"
+    if place != PLACE:
+        raise UsageError(f"the run at {port_file} is a ring at one node ({place}), and this "
+                         f"worker runs on {PLACE}")
 
 
 def _welcome(inter, wait_s: float) -> dict:
@@ -67,8 +87,10 @@ def _welcome(inter, wait_s: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    port = _port(args.port_file)
+    port, transports = _port(args.port_file)
     from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
+    if transports:
+        _ring_transports(transports, args.port_file)
     no_cross_memory_attach()
     tidy_shm()
     from mpi4py import MPI
@@ -77,6 +99,9 @@ def run(args: argparse.Namespace) -> None:
     knock(args.port_file, args.wait)
     inter = MPI.COMM_SELF.Connect(port)
     welcome = _welcome(inter, args.wait)
+    if welcome.get("ring"):
+        from psgd.elastic.ring_join import member
+        leave(member(inter, welcome, _job(inter, welcome, bool(getattr(args, "debug", False)))))
     from psgd.elastic.alive import Beat, beat_path
     beat = Beat(beat_path(args.port_file, welcome["slot"]))   # the servers watch it
 
@@ -110,24 +135,12 @@ def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tupl
     dropped it; its pushes, and whether it was dropped (:class:`ServersGone`: the servers'
     port file went while it waited)."""
     from psgd.elastic.worker import ElasticWorker
-    from psgd.mpi import faults, wait
-    from psgd.mpi.roles import Roles
-    from psgd.run.job import build_job
-    from psgd.run.run_plan import RunPlan
+    from psgd.mpi import faults
 
-    slot, clock, S = welcome["slot"], welcome["clock"], welcome["servers"]
-    settings = RunPlan.from_flat(welcome["settings"])
-    if not os.path.exists(settings.data):
-        raise UsageError(f"the run's data {settings.data} is not on this node")
-    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
-    roles = Roles(comm=inter, rank=S, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
-    # the whole training set in an order of this slot's own; the servers write every file
-    mine = replace(settings, seed=settings.seed + 1 + slot, checkpoint_dir=None, log=None,
-                   traces=replace(settings.traces, tensorboard=None),
-                   recording=replace(settings.recording, record=None))
-    job = build_job(mine, roles, debug, None, welcome["run_id"])
-    model, reader = job.model, job.reader
-    worker = ElasticWorker(roles, job.shard_map, replace(job.config, push_window=False),
+    slot, clock = welcome["slot"], welcome["clock"]
+    job = _job(inter, welcome, debug)
+    settings, model, reader = job.settings, job.model, job.reader
+    worker = ElasticWorker(job.roles, job.shard_map, replace(job.config, push_window=False),
                            port_file=port_file, port=port, stall_timeout=settings.stall_timeout,
                            fault=faults.for_rank(0))
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
@@ -143,3 +156,22 @@ def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tupl
     if not worker.dropped:   # a dropped worker's done would reach no server
         worker.finish()
     return clock - first, worker.dropped
+
+
+def _job(inter, welcome: dict, debug: bool):
+    """This worker's job: the run's settings, reading the whole training set in an order of
+    its slot's own (the servers write every file)."""
+    from psgd.mpi import wait
+    from psgd.mpi.roles import Roles
+    from psgd.run.job import build_job
+    from psgd.run.run_plan import RunPlan
+
+    S, settings = welcome["servers"], RunPlan.from_flat(welcome["settings"])
+    if not os.path.exists(settings.data):
+        raise UsageError(f"the run's data {settings.data} is not on this node")
+    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    roles = Roles(comm=inter, rank=S, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
+    mine = replace(settings, seed=settings.seed + 1 + welcome["slot"], checkpoint_dir=None,
+                   log=None, traces=replace(settings.traces, tensorboard=None),
+                   recording=replace(settings.recording, record=None))
+    return build_job(mine, roles, debug, None, welcome["run_id"])

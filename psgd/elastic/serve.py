@@ -14,15 +14,14 @@ from psgd.elastic import leave, tidy_shm
 from psgd.elastic.alive import Beat, beat_path
 from psgd.errors import UsageError
 from psgd.elastic.links import Links
+from psgd.elastic.outputs import evaluate, publish, save
 from psgd.elastic.door import Door
 from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
-from psgd.mpi.phase import phase
 from psgd.mpi.roles import Roles
 from psgd.protocols import get
 from psgd.run.job import agreed_run_id, announce, build_job
 from psgd.run.metrics import MetricsLog
-from psgd.run.checkpoint import Checkpoint, save_checkpoint
 from psgd.run.run_plan import RunPlan
 from psgd.run.settings import Resumed, resolve_run
 from psgd.run.signals import EXIT_STOPPED, received, signal_name
@@ -32,21 +31,13 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[RunPlan, Resume
     """The run's settings and the checkpoint it resumes from, refused with one line where the
     elastic run cannot take them."""
     settings, resumed = resolve_run(args)   # checks the elastic flags (psgd.run.mode_flags)
+    if get(settings.protocol).can("elastic-ring"):
+        return settings, resumed
     if comm.Get_size() != settings.servers:
         raise UsageError(f"--elastic: the server job is the servers only: start it with "
                          f"mpiexec -n S and --servers S (got {comm.Get_size()} rank(s), "
                          f"--servers {settings.servers}); workers join with `psgd join`")
     return settings, resumed
-
-
-def _publish(port: str, path: str) -> None:
-    """Write the port name to ``path`` (atomically: a joiner never reads half of it)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(port + "\n")
-    os.replace(tmp, path)
-    print(f"psgd: elastic server ready: workers join with `mpiexec -n 1 psgd join --port-file "
-          f"{path}`", flush=True)
 
 
 def _say(kind: str, fields: dict) -> str:
@@ -68,6 +59,9 @@ def serve_main(args: argparse.Namespace) -> None:
     requests stay pending, and MPI_Finalize would wait on them)."""
     comm = MPI.COMM_WORLD
     settings, resumed = _settings(args, comm)
+    if get(settings.protocol).can("elastic-ring"):
+        from psgd.elastic.ring_serve import ring_main
+        return ring_main(args, settings, resumed)
     tidy_shm()   # what killed jobs left: this job leaves by os._exit, never MPI_Finalize
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     # every rank checks the settings (the --log must not exist yet) before rank 0 writes it
@@ -88,7 +82,7 @@ def serve_main(args: argparse.Namespace) -> None:
     if rank == 0:
         door.close()   # what a killed run with this port file left (its beats, knocks)
         beat = Beat(beat_path(settings.elastic.port_file))   # the workers watch it while they wait
-        _publish(port, settings.elastic.port_file)
+        publish(port, settings.elastic.port_file)
     t0 = time.perf_counter()
     server = _server(job, comm, slots, door, log, settings.elastic.no_worker_timeout)
     result = server.run()
@@ -134,29 +128,10 @@ def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
     return server
 
 
-def save(job, updates: int, clock: int, params: np.ndarray, opt_state: dict | None):
-    """An elastic run's checkpoint: its step is the updates applied (what --steps counts),
-    its one clock the servers' (where the workers go on after a resume)."""
-    s = job.settings
-    with phase("writing a checkpoint"):
-        return save_checkpoint(s.checkpoint_dir, Checkpoint(
-            params=np.asarray(params, np.float32), model_spec=s.model, step=int(updates),
-            optimizer=s.optimizer, opt_state=dict(opt_state or {}), clocks=np.asarray([clock]),
-            protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id))
-
-
 def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) -> int:
     """Evaluate the final parameters, write the summary and the last checkpoint; the exit code."""
-    from psgd.data.reader import ShardReader
-    from psgd.nn.model import CALIBRATION_SAMPLES
-    s, model = job.settings, job.model
-    model.params[:] = result.params
-    reader = ShardReader(s.data, 0, 1, s.batch_size, seed=s.seed)
-    model.set_calibration(reader.calibration_rows(CALIBRATION_SAMPLES)[0])
-    x, y = reader.test_set()
-    if s.eval_samples:
-        x, y = x[:s.eval_samples], y[:s.eval_samples]
-    loss, acc = model.evaluate(x, y)
+    s = job.settings
+    loss, acc = evaluate(job, result.params)
     ckpt = (save(job, server.n_pushes, server.version, result.params, result.opt_state)
             if s.checkpoint_dir else None)
     roster = server.roster()

@@ -21,6 +21,9 @@ ABILITIES = {
     "elastic": "--elastic applies: workers may be lost and join while the servers run "
                "(psgd.elastic); the servers' version, bound and barrier count the live workers "
                "only, so it needs a protocol whose servers see every push",
+    "elastic-ring": "--elastic applies as a ring at one node: the worker jobs merge into one "
+                    "communicator with the coordinator, and each clock sums the gradients of "
+                    "the workers still alive (psgd.elastic.ring)",
 }
 #: what a protocol may refuse some values of (its other ``Protocol.reasons`` keys), and where
 LIMITS = {

@@ -59,7 +59,8 @@ for _entry in (
             "on the workers (sgd, momentum, nesterov, adagrad; adam is refused)")),
     Protocol(
         "allreduce", servers=False, worker="psgd.collectives.allreduce_worker:AllreduceWorker",
-        abilities=frozenset({"compress", "momentum-correction", "resume-optimizer"}),
+        abilities=frozenset({"compress", "momentum-correction", "resume-optimizer",
+                             "elastic-ring"}),
         feedback_refused=("fp16",),
         cost=_COST + "allreduce_rows", example={"ranks": 2},
         pipelines=("gpipe", "1f1b", "pipedream", "pipemare"),

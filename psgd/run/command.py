@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> None:
     elastic = bool(given.get("elastic"))
     if elastic:
         from psgd.elastic import no_cross_memory_attach
-        no_cross_memory_attach()
+        no_cross_memory_attach(given.get("protocol"))
     # the flags as given (the config file is read later); MPI_Init is the import of job
     timeout = args.stall_timeout or env_float("PSGD_STALL_TIMEOUT", RunPlan.stall_timeout)
     abort = args.stall_abort or env_float("PSGD_STALL_ABORT", RunPlan.stall_abort)

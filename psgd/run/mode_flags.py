@@ -139,11 +139,15 @@ class ElasticOptions(Options):
                           "mpiexec -n 1 jobs of their own and leave while it trains, a worker "
                           "silent longer than --stall-timeout is dropped, and --steps or "
                           "--epochs count the servers' updates over all workers "
-                          "(docs/guide/elastic.md)"),
+                          "(docs/guide/elastic.md); --protocol " + names(able="elastic-ring")
+                          + ": the coordinator alone (mpiexec -n 1), the ring starting once "
+                          "--max-workers W have joined, going on without a lost one, at one "
+                          "node"),
         "port_file": (str, "--elastic: write the servers' MPI port name here; `psgd join "
                            "--port-file PATH` reads it (and knocks beside it)", "PATH"),
         "max_workers": (int, f"--elastic: the most workers that may join over the run, a lost "
-                             f"one's place not reused (default {DEFAULT_MAX_WORKERS})", "N"),
+                             f"one's place not reused (default {DEFAULT_MAX_WORKERS}; a ring: "
+                             f"the workers it starts with)", "N"),
         "no_worker_timeout": (float, f"--elastic: end the run (with a checkpoint, exit 1) after "
                                      f"this long with no worker connected (default "
                                      f"{DEFAULT_NO_WORKER_S:g})", "SECONDS"),
@@ -171,12 +175,16 @@ class ElasticOptions(Options):
         self.check_given()
         if not self.elastic:
             return self
-        if not protocol.can("elastic"):
-            raise UsageError(f"--elastic runs --protocol {names(able='elastic')} so far, not "
+        ring = protocol.can("elastic-ring")
+        if not (protocol.can("elastic") or ring):
+            raise UsageError(f"--elastic runs --protocol {names(able='elastic')} or "
+                             f"{names(able='elastic-ring')} so far, not "
                              f"{protocol.name}{protocol.why_not('elastic')}")
         if not self.port_file:
             raise UsageError("--elastic needs --port-file PATH: where the workers find the "
                              "servers (a shared file system across nodes)")
+        if ring:
+            return self._filled(plan)
         if plan.staleness == AUTO:
             raise UsageError("--elastic runs a fixed --staleness s (the servers' online bound "
                              "follows a fixed set of workers): pass --staleness N")
@@ -185,6 +193,9 @@ class ElasticOptions(Options):
             raise UsageError(f"--elastic runs without --staleness-comp {method}: its "
                              f"look-ahead and its lr / N count a fixed set of N workers, who "
                              f"come and go here; pass --staleness-comp none, or --optimizer sgd")
+        return self._filled(plan)
+
+    def _filled(self, plan) -> ElasticOptions:
         filled = replace(self, max_workers=self.max_workers or DEFAULT_MAX_WORKERS,
                          no_worker_timeout=self.no_worker_timeout or DEFAULT_NO_WORKER_S)
         if filled.no_worker_timeout >= plan.stall_abort:

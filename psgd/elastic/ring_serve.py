@@ -1,0 +1,187 @@
+"""`psgd train --elastic --protocol allreduce`: the coordinator of a ring of worker jobs.
+
+It admits --max-workers W joiners one at a time, merging each into one communicator
+(MPI_Intercomm_merge), sends them the initial parameters, and then only decides: when a
+member dies, the new ring, the clock to redo and who holds a finished sum
+(:mod:`psgd.elastic.ring`). At the end it takes the members' parameters and writes the summary.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from psgd.elastic import RING_UCX_TLS, leave, tidy_shm
+from psgd.elastic.alive import Beat, beat_path, running
+from psgd.elastic.door import Door
+from psgd.elastic.outputs import evaluate, publish, save
+from psgd.elastic.ring import DECIDE, DONE, END, REPORT
+from psgd.elastic.server import TAG_WELCOME
+from psgd.errors import PsgdError, UsageError
+from psgd.mpi import wait
+from psgd.mpi.roles import Roles
+from psgd.run.job import agreed_run_id, announce, build_job
+from psgd.run.metrics import MetricsLog
+
+LOOK_S = 0.005
+
+
+def check_setup(comm: MPI.Comm, resumed) -> None:
+    """UsageError where a ring cannot run: MPICH, one coordinator rank, shared-memory UCX."""
+    if "MPICH" not in MPI.Get_library_version():
+        raise UsageError("--elastic --protocol allreduce runs under MPICH only (its survivors "
+                         "were measured there, docs/design/elastic.md)")
+    if comm.Get_size() != 1:
+        raise UsageError(f"--elastic --protocol allreduce: the coordinator is one rank: start "
+                         f"it with mpiexec -n 1 (got {comm.Get_size()})")
+    if os.environ.get("UCX_TLS") != RING_UCX_TLS:
+        raise UsageError(f"--elastic --protocol allreduce runs with UCX_TLS={RING_UCX_TLS} only "
+                         f"(one node, shared memory: other lanes crash the survivors), not "
+                         f"UCX_TLS={os.environ.get('UCX_TLS')}")
+    if resumed is not None:
+        raise UsageError("--elastic --protocol allreduce does not resume a checkpoint yet")
+
+
+def ring_main(args, settings, resumed) -> None:
+    """The coordinator: admit the ring, decide on deaths, write the summary, leave."""
+    comm = MPI.COMM_WORLD
+    check_setup(comm, resumed)
+    tidy_shm()
+    wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
+    W, run_id = settings.elastic.max_workers, agreed_run_id(comm, resumed)
+    roles = Roles(comm=comm, rank=0, size=W + 1, n_servers=1, n_workers=W, worker_comm=None)
+    job = build_job(settings, roles, bool(getattr(args, "debug", False)), None, run_id)
+    announce(job, None)
+    log = MetricsLog(settings.log, tensorboard=settings.traces.tensorboard)
+    log.write("config", **settings.as_dict(), run_id=run_id, n_params=job.model.n_params,
+              total_updates=job.total_steps)
+    port, port_file = MPI.Open_port(), settings.elastic.port_file
+    door = Door(comm, port, port_file, settings.stall_timeout)
+    door.close()
+    beat = Beat(beat_path(port_file))
+    publish(port, port_file, f"UCX_TLS={RING_UCX_TLS}")
+    welcome = {"settings": {**settings.as_dict(), "data": os.path.abspath(settings.data)},
+               "run_id": run_id, "servers": 1, "clock": 0, "ring": True, "clocks": job.total_steps,
+               "coordinator": os.getpid()}
+    t0 = time.monotonic()
+    try:
+        ring = _admit(door, welcome, W, settings.elastic.no_worker_timeout)
+        ring.Bcast(job.model.params, root=0)
+        coordinator = Coordinator(ring, job.total_steps, log)
+        params = coordinator.run()
+    except PsgdError as exc:
+        print(f"psgd: error: {exc}", flush=True)
+        beat.stop()
+        door.close()
+        leave(1)
+    beat.stop()
+    door.close()
+    ckpt = save(job, job.total_steps, job.total_steps, params, None) if settings.checkpoint_dir \
+        else None
+    _summary(job, coordinator, params, log, time.monotonic() - t0, ckpt)
+    leave(0)
+
+
+def _admit(door: Door, welcome: dict, W: int, wait_s: float) -> MPI.Intracomm:
+    """Admit W joiners one at a time (knock, turn, accept), merging each into the ring."""
+    comm, deadline = MPI.COMM_SELF, time.monotonic() + wait_s
+    for k in range(W):
+        ready = None
+        while ready is None:
+            if time.monotonic() > deadline:
+                raise PsgdError(f"{k} of --max-workers {W} workers joined within "
+                                f"--no-worker-timeout {wait_s:g} s; the ring never started")
+            ready, _ = door.look()
+            time.sleep(0.01)
+        door.comm = comm   # the accept is collective over the ring so far
+        inter = door.admit(ready)
+        buf = np.frombuffer(json.dumps({**welcome, "slot": k}).encode(), np.uint8).copy()
+        inter.Send(buf, 0, TAG_WELCOME)
+        comm = inter.Merge(high=False)
+        comm.bcast(W - k - 1, root=0)   # the members take part in the next accept
+    print(f"psgd: the ring of {W} workers starts", flush=True)
+    return comm
+
+
+class Coordinator:
+    """Rank 0 of the ring: it hears reports and ends, and decides after each death."""
+
+    def __init__(self, comm: MPI.Intracomm, clocks: int, log: MetricsLog) -> None:
+        self.comm, self.clocks, self.log = comm, clocks, log
+        self.pids = comm.allgather(os.getpid())
+        self.ring, self.epoch = list(range(1, comm.Get_size())), 0
+        self.reports: dict = {}   # member -> the clock it reported being in
+        self.done: dict = {}      # member -> its final parameters
+        self.lost: dict = {}      # member -> its last clock summed
+        self.t0, self.status = time.monotonic(), MPI.Status()
+
+    def run(self) -> np.ndarray:
+        """Decide until every live member is done; their parameters (PsgdError: none left)."""
+        while True:
+            self._hear()
+            live = [r for r in self.ring if running(self.pids[r])]
+            if not live:
+                raise PsgdError("every worker of the ring was lost")
+            if set(live) <= set(self.done):
+                break
+            waiting = all(r in self.reports or r in self.done for r in live)
+            if waiting and (self.reports or len(live) < len(self.ring)):
+                self._decide(live)
+            time.sleep(LOOK_S)
+        for r in live:   # none leaves before: a finished member's pid shows it is not lost
+            self.comm.send(None, dest=r, tag=END)
+        self.ring = live
+        return self.done[live[0]]
+
+    def _hear(self) -> None:
+        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self.status):
+            source, tag = self.status.Get_source(), self.status.Get_tag()
+            msg = self.comm.recv(source=source, tag=tag)
+            (self.reports if tag == REPORT else self.done if tag == DONE else {})[source] = msg
+
+    def _decide(self, live: list) -> None:
+        """The new ring ``live``; the clock to redo (the lowest reported), or the member that
+        finished it, whose sum the ones behind take (a done member is past the last clock)."""
+        at = {r: self.reports.get(r, self.clocks) for r in live}
+        low = min(at.values())
+        ahead = [r for r in live if at[r] > low]
+        behind = [r for r in live if at[r] == low] if ahead else []
+        self.epoch += 1
+        for r in live:
+            self.comm.send((self.epoch, live, low, ahead[0] if ahead else 0, behind),
+                           dest=r, tag=DECIDE)
+        for r in set(self.ring) - set(live):
+            last = low if ahead else low - 1
+            self.lost[r] = last
+            self.log.write("lost", worker=r - 1, last_clock=last, why="its process ended",
+                           after_s=time.monotonic() - self.t0,
+                           sum_from=ahead[0] - 1 if ahead else None)
+            print(f"psgd: worker {r - 1} lost (its process ended) after clock {last}; the "
+                  f"ring goes on with {len(live)} worker(s) from clock {last + 1}", flush=True)
+        self.ring, self.reports = live, {}
+
+    def roster(self) -> list:
+        """Each worker: its slot, state and the clocks its gradients were summed in."""
+        return [{"worker": r - 1, "state": "lost" if r in self.lost else "done",
+                 "first_clock": 0, "last_clock": self.lost.get(r, self.clocks - 1)}
+                for r in range(1, self.comm.Get_size())]
+
+
+def _summary(job, coordinator: Coordinator, params, log: MetricsLog, wall: float, ckpt) -> None:
+    s = job.settings
+    loss, acc = evaluate(job, params)
+    roster = coordinator.roster()
+    equal = all(np.array_equal(p, params) for p in coordinator.done.values())
+    log.write("summary", steps=coordinator.clocks, wall_s=wall, test_loss=loss,
+              test_accuracy=acc, workers=roster, replicas_equal=equal,
+              checkpoint=str(ckpt) if ckpt else None)
+    log.close()
+    lost = [f"worker {w['worker']} after clock {w['last_clock']}" for w in roster
+            if w["state"] == "lost"]
+    print(f"psgd: {s.model} with allreduce, elastic ring: {coordinator.clocks} clocks, "
+          f"{len(roster)} worker(s), lost: {', '.join(lost) or 'none'}, in {wall:.1f} s; "
+          f"final test accuracy {acc:.4f} (loss {loss:.4f})"
+          + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)

@@ -1,0 +1,99 @@
+"""Elastic allreduce: a ring of `psgd join` jobs that goes on at W - 1 after a SIGKILLed member
+(psgd.elastic.ring; docs/guide/elastic.md). Every job is its own ``mpiexec -n 1`` in a
+session of its own, and every wait has a deadline."""
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from conftest import write_synth
+from test_elastic import _bsp_reference, _kill, _records, _start, _until
+
+from psgd.run.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.mpi
+
+CLOCKS, W = 120, 3
+DEADLINE_S = 150
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_synth(tmp_path_factory.mktemp("ring") / "synth.h5", 600, 200)
+
+
+def _server_args(tmp, data, clocks=CLOCKS) -> list:
+    return ["train", "--elastic", "--protocol", "allreduce", "--servers", "0", "--data", data,
+            "--model", "mlp:784-32-10", "--optimizer", "sgd", "--lr", "0.05",
+            "--lr-schedule", "constant", "--steps", clocks, "--port-file", tmp / "port",
+            "--max-workers", W, "--stall-timeout", "5", "--no-worker-timeout", "60",
+            "--log", tmp / "log.jsonl", "--checkpoint-dir", tmp / "ckpt"]
+
+
+def _wait_all(procs: list, outs: list) -> None:
+    t0 = time.monotonic()
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, DEADLINE_S - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            _kill(procs)
+            pytest.fail("a job did not end:\n" + "\n".join(o.read_text() for o in outs))
+
+
+KILL_AT = CLOCKS // 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", [f"step={KILL_AT}",   # after its first send of the clock
+                                  f"phase=ring sum of clock {KILL_AT} step {W - 2}"])   # last
+def test_the_ring_goes_on_at_w_minus_1_and_equals_serial_sgd_over_each_clocks_ring(
+        tmp_path, data, when):
+    outs = [tmp_path / f"{name}.out" for name in ["server"] + [f"joiner{k}" for k in range(W)]]
+    files = [open(o, "w") for o in outs]
+    procs = [_start(_server_args(tmp_path, data), files[0])]
+    _until("the port file", (tmp_path / "port").exists, procs)
+    kill_at = KILL_AT
+    for k in range(W):   # joiner 1 SIGKILLs itself in clock kill_at, after a send of it
+        env = {"PSGD_X_FAULT": f"rank=0,{when},kind=kill"} if k == 1 else None
+        procs.append(_start(["join", "--port-file", tmp_path / "port"], files[k + 1], env=env))
+    _wait_all(procs, outs)
+    for f in files:
+        f.close()
+    server_out = outs[0].read_text()
+    assert procs[0].returncode == 0, server_out
+    codes = [p.returncode for p in procs[1:]]
+    assert sum(c != 0 for c in codes) == 1 and codes[1] != 0, (codes, server_out)
+    for p in procs:   # nothing of any job is left (each job is its own process group)
+        with pytest.raises(ProcessLookupError):
+            os.killpg(p.pid, 0)
+    summary = next(r for r in _records(tmp_path / "log.jsonl") if r["kind"] == "summary")
+    lost = [w for w in summary["workers"] if w["state"] == "lost"]
+    assert len(lost) == 1 and lost[0]["last_clock"] in (kill_at - 1, kill_at), summary
+    record = next(r for r in _records(tmp_path / "log.jsonl") if r["kind"] == "lost")
+    print("the clock of the death was", "redone" if record["sum_from"] is None else
+          f"taken from worker {record['sum_from']}")
+    assert "lost (its process ended)" in server_out
+    assert summary["replicas_equal"], summary
+    # each clock's step is the mean gradient of the ring that summed it: W until the lost
+    # one's last clock, W - 1 after (serial float64 SGD over the same batches)
+    final = load_checkpoint(summary["checkpoint"]).params
+    np.testing.assert_allclose(final, _bsp_reference(tmp_path / "log.jsonl", summary),
+                               atol=1e-5)
+    both = _bsp_reference(tmp_path / "log.jsonl", summary, both=True)
+    assert np.abs(final - both).max() > 1e-4
+
+
+def test_a_ring_over_another_transport_is_refused_with_one_line(tmp_path, data):
+    with open(tmp_path / "server.out", "w") as out:
+        proc = _start(_server_args(tmp_path, data), out, env={"UCX_TLS": "tcp,self"})
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            _kill([proc])
+            pytest.fail("the refused server did not end")
+    text = (tmp_path / "server.out").read_text()
+    assert proc.returncode != 0
+    lines = [line for line in text.splitlines() if "UCX_TLS" in line]
+    assert len(lines) == 1 and "posix,sysv,self" in lines[0], text
+    assert not (tmp_path / "port").exists()

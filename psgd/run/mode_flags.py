@@ -9,7 +9,7 @@ from psgd.errors import UsageError
 from psgd.pipeline.options import AUTO as PARTITION_AUTO, PipelineOptions
 from psgd.pipeline.schedules import SCHEDULES
 from psgd.protocols import AUTO, names
-from psgd.run.options import Options
+from psgd.protocols.options import Options
 
 DEFAULT_MAX_WORKERS = 16
 DEFAULT_NO_WORKER_S = 300.0

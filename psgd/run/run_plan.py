@@ -9,8 +9,9 @@ from typing import Mapping
 
 from psgd.errors import UsageError
 from psgd.protocols import AUTO, get
-from psgd.run.features import (CompensationOptions, CompressionOptions, HotRowOptions,
-                               RecordOptions, StragglerOptions, TraceOptions)
+from psgd.protocols.features import (HALF_FEATURES, CompensationOptions, CompressionOptions,
+                                     HotRowOptions, RecordOptions)
+from psgd.run.features import StragglerOptions, TraceOptions
 from psgd.run.mode_flags import ElasticOptions, PipelineFlags
 from psgd.run.optimizer_defaults import check_optimizer, fill_defaults
 from psgd.run.tensor_flags import TensorOptions
@@ -84,6 +85,11 @@ class RunPlan:
         for feature in FEATURES:
             out.update(getattr(self, feature.KEY).as_dict())
         return out
+
+    def for_halves(self) -> dict:
+        """The options of the features the protocol halves read, by field of
+        :class:`psgd.config.ProtocolConfig` (``compression=plan.compression``, ...)."""
+        return {feature.KEY: getattr(self, feature.KEY) for feature in HALF_FEATURES}
 
 
 #: the core settings' names (the fields that are no feature)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from psgd.errors import UsageError
-from psgd.run.options import Options
+from psgd.protocols.options import Options
 
 DTYPES = ("float32", "float64")
 

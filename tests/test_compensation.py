@@ -6,10 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from psgd.protocols.features import CompensationOptions
 from psgd.nn.optim import make_optimizer
 from psgd.protocols import get
-from psgd.protocols.features import make_config
+from psgd.protocols.features import CompensationOptions, make_config
 from psgd.protocols.momentum import mode as momentum_mode
 from psgd.ps import compensation
 from psgd.ps.compensation import amom

@@ -13,7 +13,6 @@ from mpi4py import MPI
 from psgd.mpi import timeline, wait
 from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer
-from psgd.pipeline import options as pipeline_options
 from psgd.pipeline import partition
 from psgd.pipeline.asynchronous import Microbatches
 from psgd.pipeline.evaluate import evaluate
@@ -26,7 +25,9 @@ from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
+from psgd.run.mode_flags import SERVER_SETTINGS, PipelineFlags
 from psgd.run.pipeline_checkpoint import DELTA, resume_stage, save
+from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
 
@@ -56,7 +57,7 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     if "protocol" not in given:
         args.protocol = DEFAULT_PROTOCOL
     protocol = get(given.get("protocol", DEFAULT_PROTOCOL))
-    refused = pipeline_options.refused(given, servers=protocol.servers)
+    refused = refused_by(PipelineFlags(), given, keep=SERVER_SETTINGS if protocol.servers else ())
     if refused:
         raise ValueError(refused)
     settings, resumed = resolve_run(args)   # checks the pipeline's flags (psgd.run.mode_flags)

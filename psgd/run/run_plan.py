@@ -96,6 +96,19 @@ class RunPlan:
 CORE = tuple(f.name for f in fields(RunPlan) if f.name not in {x.KEY for x in FEATURES})
 #: every setting's name: its flag, TOML key and PSGD_<NAME> variable
 FLAG_NAMES = CORE + tuple(name for feature in FEATURES for name in feature.FLAGS)
+#: every setting at its default
+DEFAULTS = RunPlan()
+
+
+def refused_by(mode, values: Mapping, keep: tuple = ()) -> str | None:
+    """The line refusing the first setting of ``mode.REFUSES`` (a run mode's options) that
+    ``values`` (flag name -> value) holds at other than its default, ``keep`` excepted; None
+    when there is none."""
+    defaults = DEFAULTS.as_dict()
+    for name, why in mode.REFUSES.items():
+        if name not in keep and values.get(name, defaults[name]) != defaults[name]:
+            return mode.refusal(name, why)
+    return None
 
 
 def validate(given: RunPlan) -> RunPlan:

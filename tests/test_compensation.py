@@ -166,6 +166,28 @@ def test_amom_scales_a_push_staler_than_the_mean_by_its_own_delay():
     assert lr == pytest.approx(LR)
 
 
+@pytest.mark.parametrize("warmup", [None, 0, 3])
+def test_amom_warmup_ramps_the_rate_over_its_updates_per_worker(warmup):
+    """--amom-warmup N: the step at update u is lr * min(1, u / (N W)) (N = 50 by default, 0:
+    no ramp); every push fresh, so nothing else scales it."""
+    config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
+                         compensation=CompensationOptions("amom", amom_warmup=warmup))
+    method = amom.AsyncAwareMomentum(config, make_optimizer("momentum", N, momentum=MU), N, W)
+    per_worker = amom.WARMUP_PER_WORKER if warmup is None else warmup
+    for update in range(1, 2 * per_worker * W + 3):
+        _, lr = method.adjust(None, LR, 0, 0, None, None)
+        assert lr == pytest.approx(LR * min(1.0, update / (per_worker * W)) if per_worker else LR,
+                                   rel=1e-12)
+
+
+def test_amom_warmup_is_refused_without_amom_or_below_zero():
+    plan = argparse.Namespace(optimizer="momentum")
+    assert CompensationOptions("amom", amom_warmup=0).resolved(plan, get("asp")).amom_warmup == 0
+    for method, warmup in (("dana", 5), (None, 5), ("amom", -1)):
+        with pytest.raises(ValueError, match="--amom-warmup takes N >= 0 updates per worker"):
+            CompensationOptions(method, amom_warmup=warmup).resolved(plan, get("asp"))
+
+
 def test_explicit_momentum_keeps_the_gain_of_the_users_momentum():
     for tau in (0.0, 0.5, 3.0, 8.9):
         mu_e, scale = amom.explicit_momentum(0.9, tau)

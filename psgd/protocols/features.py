@@ -14,6 +14,7 @@ from psgd.protocols.momentum import mode as momentum_mode
 from psgd.protocols.options import Options
 from psgd.protocols.registry import get, names
 from psgd.ps import compensation
+from psgd.ps.compensation import amom
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,15 @@ class CompensationOptions(Options):
         "comp_lambda": (float, f"dcasgd's lambda_0 >= 0 (default "
                                f"{compensation.DEFAULT_LAMBDA:g})"),
         "staleness_lr": (str, "none, or inverse: the older spelling of --staleness-comp inverse"),
+        "amom_warmup": (int, f"amom: its learning rate ramps up linearly over the first N x W "
+                             f"updates of W workers (default {amom.WARMUP_PER_WORKER}; 0: full "
+                             f"rate from the first)", "N"),
     }
 
     staleness_comp: str | None = None  # in a ProtocolConfig: the method that runs (auto resolved)
     comp_lambda: float | None = None   # DC-ASGD's lambda_0 (None: the method's default)
     staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
+    amom_warmup: int | None = None     # None: amom.WARMUP_PER_WORKER
 
     def resolved(self, plan, protocol) -> CompensationOptions:
         if self.staleness_lr not in ("none", "inverse"):
@@ -44,7 +49,10 @@ class CompensationOptions(Options):
                 raise UsageError(f"--staleness-lr inverse and --staleness-comp {method} "
                                  f"disagree: give --staleness-comp only")
             method = "inverse"
-        protocol.compensation(method, plan.optimizer, self.comp_lambda)
+        runs = protocol.compensation(method, plan.optimizer, self.comp_lambda)
+        if self.amom_warmup is not None and (runs != "amom" or self.amom_warmup < 0):
+            raise UsageError(f"--amom-warmup takes N >= 0 updates per worker with "
+                             f"--staleness-comp amom, not {self.amom_warmup} with {runs}")
         return replace(self, staleness_comp=method or protocol.default_compensation())
 
 

@@ -1,5 +1,5 @@
-"""A pipeline run's options (psgd.run.mode_flags owns their flags, and the settings a pipeline
-does not run), checked."""
+"""A pipeline run's options (psgd.run.mode_flags owns their flags), checked, and the settings
+they cannot run with (REFUSED, which psgd.run.mode_flags.PipelineFlags declares)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -7,6 +7,32 @@ from dataclasses import dataclass, replace
 from psgd.pipeline.schedules import SCHEDULES
 
 AUTO = "auto"
+_NO_SERVERS = "its protocol combines the stage replicas without servers"
+_FIXED_ORDER = ("every schedule, pipedream and pipemare included, fixes each stage's op order "
+                "and the weight version each microbatch sees, so a run repeats bit-exactly "
+                "whatever its timing: nothing to {}")
+# settings of `psgd train` that a pipeline does not run: their flags are refused (the first
+# SERVER_SETTINGS only where a parameter-server protocol combines the stage replicas)
+REFUSED = {
+    "servers": _NO_SERVERS,
+    "staleness": _NO_SERVERS,
+    "staleness_max": _NO_SERVERS,
+    "staleness_comp": _NO_SERVERS,
+    "comp_lambda": _NO_SERVERS,
+    "staleness_lr": _NO_SERVERS,
+    "overlap": "the schedule decides what overlaps",
+    "topology": "the stage replicas combine their gradients by all-reduce or servers",
+    "compress": "the stage replicas send uncompressed gradients",
+    "error_feedback": "nothing is compressed",
+    "momentum_correction": "nothing is compressed",
+    "straggler": "straggler emulation runs in the data-parallel worker loop only",
+    "record": _FIXED_ORDER.format("record"),
+    "replay": _FIXED_ORDER.format("replay"),
+    "tensorboard": "not written by pipeline runs yet",
+    "eval_every": "a pipeline run evaluates once, at the end",
+    "hold_hot": "sparse models are not cut into stages",
+    "skip_nonfinite": "a stage cannot skip a microbatch the others computed",
+}
 
 
 @dataclass(frozen=True)
@@ -88,3 +114,7 @@ class PipelineOptions:
         if self.memory_per_rank is not None and self.memory_per_rank <= 0:
             raise ValueError(f"--memory-per-rank must be positive bytes, got {self.memory_per_rank}")
         self.counts()
+
+
+SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
+                   "staleness_lr")

@@ -6,39 +6,11 @@ import argparse
 from dataclasses import dataclass, replace
 
 from psgd.errors import UsageError
-from psgd.pipeline.options import AUTO as PARTITION_AUTO, PipelineOptions
+from psgd.pipeline.options import AUTO as PARTITION_AUTO, REFUSED, PipelineOptions
 from psgd.pipeline.schedules import SCHEDULES
 from psgd.protocols import AUTO, names
 from psgd.protocols.options import Options
 
-_NO_SERVERS = "its protocol combines the stage replicas without servers"
-_FIXED_ORDER = ("every schedule, pipedream and pipemare included, fixes each stage's op order "
-                "and the weight version each microbatch sees, so a run repeats bit-exactly "
-                "whatever its timing: nothing to {}")
-# settings of `psgd train` that a pipeline does not run (the first six, SERVER_SETTINGS, only
-# where no parameter-server protocol combines the stage replicas)
-_PIPELINE_REFUSES = {
-    "servers": _NO_SERVERS,
-    "staleness": _NO_SERVERS,
-    "staleness_max": _NO_SERVERS,
-    "staleness_comp": _NO_SERVERS,
-    "comp_lambda": _NO_SERVERS,
-    "staleness_lr": _NO_SERVERS,
-    "overlap": "the schedule decides what overlaps",
-    "topology": "the stage replicas combine their gradients by all-reduce or servers",
-    "compress": "the stage replicas send uncompressed gradients",
-    "error_feedback": "nothing is compressed",
-    "momentum_correction": "nothing is compressed",
-    "straggler": "straggler emulation runs in the data-parallel worker loop only",
-    "record": _FIXED_ORDER.format("record"),
-    "replay": _FIXED_ORDER.format("replay"),
-    "tensorboard": "not written by pipeline runs yet",
-    "eval_every": "a pipeline run evaluates once, at the end",
-    "hold_hot": "sparse models are not cut into stages",
-    "skip_nonfinite": "a stage cannot skip a microbatch the others computed",
-}
-SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
-                   "staleness_lr")
 DEFAULT_MAX_WORKERS = 16
 DEFAULT_NO_WORKER_S = 300.0
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -71,7 +43,7 @@ class PipelineFlags(Options):
     :class:`psgd.pipeline.options.PipelineOptions`."""
 
     KEY, TITLE = "pipeline", "pipeline parallelism (docs/guide/pipeline.md)"
-    REFUSES = _PIPELINE_REFUSES
+    REFUSES = REFUSED
     FLAGS = {
         "pipeline": (int, "cut the model into K contiguous stages, one rank each; "
                           "ranks = D replicas x K", "K"),

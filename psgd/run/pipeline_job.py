@@ -18,6 +18,7 @@ from psgd.pipeline.asynchronous import Microbatches
 from psgd.pipeline.evaluate import evaluate
 from psgd.pipeline.grid import Grid
 from psgd.pipeline.local import stage_model
+from psgd.pipeline.options import SERVER_SETTINGS
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get
@@ -25,7 +26,7 @@ from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
-from psgd.run.mode_flags import SERVER_SETTINGS, PipelineFlags
+from psgd.run.mode_flags import PipelineFlags
 from psgd.run.pipeline_checkpoint import DELTA, resume_stage, save
 from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run

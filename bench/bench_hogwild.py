@@ -31,7 +31,7 @@ def child(args) -> None:
     from psgd.mpi import wait
     from psgd.mpi.roles import assign_roles
     from psgd.mpi.shardmap import ShardMap
-    from psgd.protocols import make_config
+    from psgd.protocols.features import make_config
 
     try:
         comm = MPI.COMM_WORLD

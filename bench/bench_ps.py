@@ -139,11 +139,10 @@ def child_ps(args):
 
 
 def _ps_config(args):
-    from psgd.compress import feedback_on
-    from psgd.config import Compression
-    from psgd.protocols import get, make_config
+    from psgd.protocols import get
+    from psgd.protocols.features import CompressionOptions, make_config
     bound = 1 if get(args.protocol).bound is None else None   # ssp: s = 1
-    coding = Compression(args.compress, feedback=feedback_on(args.compress, "auto"))
+    coding = CompressionOptions(args.compress)   # error feedback auto
     return make_config(args.protocol, args.n_params, staleness=bound, overlap=args.overlap,
                        lr_schedule=lambda c: 1e-3, push_window=not args.messages,
                        compression=coding)

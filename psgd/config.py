@@ -1,62 +1,18 @@
 """What every protocol family is told: the settings of one run that servers and workers share.
 
-:class:`ProtocolConfig` holds the protocol-level settings and, as one frozen object each, the
-features the halves read (:class:`Compression`, :class:`Compensation`, :class:`Recording`,
-:class:`HotRows`): the plan's own options (``psgd.run.features`` subclasses them with their
-flags and checks), so a feature's flag reaches a half without passing through the job.
+:class:`ProtocolConfig` holds the protocol-level settings and, as they are, the run plan's
+options of the features the halves read (:mod:`psgd.protocols.features`: one class each, its
+fields its flags), so a feature's flag reaches a half without passing through the job.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
-
-@dataclass(frozen=True)
-class Compression:
-    """``--compress`` and what rides on it (:mod:`psgd.compress`).
-
-    ``error_feedback`` is the flag (auto, on or off); ``feedback`` whether it is in force for
-    this compressor (the plan's options derive it from the flags); ``momentum_correction``
-    the flag, which the job turns into :attr:`ProtocolConfig.worker_momentum` and
-    :attr:`ProtocolConfig.momentum_gain`.
-    """
-
-    compress: str = "none"
-    compress_bucket: int = 512
-    error_feedback: str = "auto"
-    momentum_correction: str = "auto"
-    feedback: bool = False
-
-
-@dataclass(frozen=True)
-class Compensation:
-    """The servers' staleness compensation (:mod:`psgd.ps.compensation`): in a
-    :class:`ProtocolConfig`, ``staleness_comp`` is the method that runs (``auto`` resolved)."""
-
-    staleness_comp: str | None = None
-    comp_lambda: float | None = None   # DC-ASGD's lambda_0 (None: the method's default)
-    staleness_lr: str = "none"         # the older spelling of --staleness-comp inverse
-
-
-@dataclass(frozen=True)
-class Recording:
-    """``--record FILE`` / ``--replay FILE``: the servers' order of events (:mod:`psgd.ps.order`)."""
-
-    record: str | None = None
-    replay: str | None = None
-
-
-@dataclass(frozen=True)
-class HotRows:
-    """Sparse hogwild's held hot rows (:mod:`psgd.hogwild.hot`); ``hold_hot`` None or 1: none."""
-
-    hold_hot: int | None = None
-    hot_touch: float | None = None   # a row is hot above this chance of a batch touching it
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    """Settings of one run, identical on every rank (made by :func:`psgd.protocols.make_config`).
+    """Settings of one run, identical on every rank (made by :meth:`psgd.protocols.Protocol.config`).
 
     Attributes
     ----------
@@ -105,8 +61,10 @@ class ProtocolConfig:
     replay_events : tuple of ndarray or None
         ``--replay``: each shard's recorded events, to handle in that order (on the servers).
     compression, compensation, recording, hot_rows
-        The features' options as the plan resolved them (:class:`Compression`,
-        :class:`Compensation` with the method that runs, :class:`Recording`, :class:`HotRows`).
+        The features' options as the plan resolved them (``psgd.protocols.features``:
+        ``CompressionOptions``, ``CompensationOptions`` holding the method that runs,
+        ``RecordOptions``, ``HotRowOptions``; :func:`psgd.protocols.features.make_config` gives
+        the defaults); None where no half of the run reads them.
     """
 
     protocol: str
@@ -126,16 +84,13 @@ class ProtocolConfig:
     worker_momentum: dict | None = None
     momentum_gain: float = 0.0
     replay_events: tuple | None = None
-    compression: Compression = Compression()
-    compensation: Compensation = Compensation(staleness_comp="none")
-    recording: Recording = Recording()
-    hot_rows: HotRows = HotRows()
+    compression: Any = None
+    compensation: Any = None
+    recording: Any = None
+    hot_rows: Any = None
 
     def __post_init__(self) -> None:
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.overlap and self.staleness < 1:
             raise ValueError(f"overlap needs a staleness bound >= 1, got {self.staleness:g}")
-        lam = self.compensation.comp_lambda
-        if lam is not None and not lam >= 0:
-            raise ValueError(f"--comp-lambda must be >= 0, got {lam}")

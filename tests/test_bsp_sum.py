@@ -4,7 +4,7 @@ import pytest
 
 from psgd.errors import NonFinitePush
 from psgd.nn.optim import make_optimizer
-from psgd.protocols import make_config
+from psgd.protocols.features import make_config
 from psgd.ps.bsp import BspUpdate
 from psgd.ps.versions import ShardVersions, step_into
 

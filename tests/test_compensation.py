@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from psgd.config import Compensation
 from psgd.nn.optim import make_optimizer
-from psgd.protocols import get, make_config
+from psgd.protocols import get
+from psgd.protocols.features import CompensationOptions, make_config
 from psgd.protocols.momentum import mode as momentum_mode
 from psgd.ps import compensation
 from psgd.ps.compensation import amom
@@ -100,7 +100,7 @@ class Reference:
 def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
     init = np.random.default_rng(7).standard_normal(N).astype(np.float32)
     config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
-                         lr_schedule=lambda c: LR, compensation=Compensation(method))
+                         lr_schedule=lambda c: LR, compensation=CompensationOptions(method))
     versions = ShardVersions(init.copy())
     rule = SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions, n_workers=W)
     ref = Reference(method, init)
@@ -125,7 +125,7 @@ def test_each_method_matches_its_numpy_reference_on_a_scripted_run(method):
 
 def test_dcasgd_corrects_only_what_moved_since_the_read():
     config = make_config("asp", N, optimizer="sgd", lr_schedule=lambda c: LR,
-                         compensation=Compensation("dcasgd", 0.5))
+                         compensation=CompensationOptions("dcasgd", 0.5))
     versions = ShardVersions(np.zeros(N, np.float32))
     rule = SspUpdate(config, make_optimizer("sgd", N), versions, n_workers=1)
     rule.replied(0, 0, versions.live)
@@ -137,7 +137,7 @@ def test_dcasgd_corrects_only_what_moved_since_the_read():
 
 def test_a_push_is_never_written_and_reads_follow_overlap_slots():
     config = make_config("ssp", N, staleness=2, overlap=True, optimizer="momentum",
-                         lr_schedule=lambda c: LR, compensation=Compensation("gap"))
+                         lr_schedule=lambda c: LR, compensation=CompensationOptions("gap"))
     versions = ShardVersions(np.ones(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=2)
     assert rule.reads.shape == (2, 2, N)           # two slots per worker with overlap
@@ -154,7 +154,7 @@ def test_a_push_is_never_written_and_reads_follow_overlap_slots():
 
 def test_amom_scales_a_push_staler_than_the_mean_by_its_own_delay():
     config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
-                         lr_schedule=lambda c: LR, compensation=Compensation("amom"))
+                         lr_schedule=lambda c: LR, compensation=CompensationOptions("amom"))
     method = amom.AsyncAwareMomentum(config, make_optimizer("momentum", N, momentum=MU), N, 1)
     for _ in range(200):                                  # past the warm-up, mean delay 1
         _, lr = method.adjust(None, LR, 0, 1, None, None)
@@ -164,6 +164,28 @@ def test_amom_scales_a_push_staler_than_the_mean_by_its_own_delay():
     assert 1.1 < mean < 1.3 and lr == pytest.approx(LR * (1 + mean) / 22)
     _, lr = method.adjust(None, LR, 0, 0, None, None)    # fresher than the mean: full step
     assert lr == pytest.approx(LR)
+
+
+@pytest.mark.parametrize("warmup", [None, 0, 3])
+def test_amom_warmup_ramps_the_rate_over_its_updates_per_worker(warmup):
+    """--amom-warmup N: the step at update u is lr * min(1, u / (N W)) (N = 50 by default, 0:
+    no ramp); every push fresh, so nothing else scales it."""
+    config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
+                         compensation=CompensationOptions("amom", amom_warmup=warmup))
+    method = amom.AsyncAwareMomentum(config, make_optimizer("momentum", N, momentum=MU), N, W)
+    per_worker = amom.WARMUP_PER_WORKER if warmup is None else warmup
+    for update in range(1, 2 * per_worker * W + 3):
+        _, lr = method.adjust(None, LR, 0, 0, None, None)
+        assert lr == pytest.approx(LR * min(1.0, update / (per_worker * W)) if per_worker else LR,
+                                   rel=1e-12)
+
+
+def test_amom_warmup_is_refused_without_amom_or_below_zero():
+    plan = argparse.Namespace(optimizer="momentum")
+    assert CompensationOptions("amom", amom_warmup=0).resolved(plan, get("asp")).amom_warmup == 0
+    for method, warmup in (("dana", 5), (None, 5), ("amom", -1)):
+        with pytest.raises(ValueError, match="--amom-warmup takes N >= 0 updates per worker"):
+            CompensationOptions(method, amom_warmup=warmup).resolved(plan, get("asp"))
 
 
 def test_explicit_momentum_keeps_the_gain_of_the_users_momentum():
@@ -218,7 +240,7 @@ def test_dana_adam_matches_its_numpy_reference_on_a_scripted_run():
     f32, lr, b1, b2, eps = np.float32, 0.01, 0.9, 0.999, 1e-8
     init = np.random.default_rng(5).standard_normal(N).astype(np.float32)
     config = make_config("asp", N, optimizer="adam", lr_schedule=lambda c: lr,
-                         compensation=Compensation("dana-adam"))
+                         compensation=CompensationOptions("dana-adam"))
     versions = ShardVersions(init.copy())
     rule = SspUpdate(config, make_optimizer("adam", N), versions, n_workers=W)
     w, m, v, t = init.copy(), np.zeros(N, np.float32), np.zeros(N, np.float32), 0
@@ -247,7 +269,7 @@ def test_dana_adam_matches_its_numpy_reference_on_a_scripted_run():
 
 def test_dana_answers_each_overlap_slot_from_its_own_buffer_and_waits_for_its_send():
     config = make_config("ssp", N, staleness=2, overlap=True, optimizer="momentum",
-                         lr_schedule=lambda c: LR, compensation=Compensation("dana"))
+                         lr_schedule=lambda c: LR, compensation=CompensationOptions("dana"))
     versions = ShardVersions(np.ones(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=2)
     assert rule.push(grad_for(0, 0), 0, 0, source=1, worker=0)
@@ -326,7 +348,7 @@ def test_dana_keeps_weight_decay_in_each_workers_velocity_and_nesterov_is_its_lo
     wd, f32 = 0.01, np.float32
     init = np.random.default_rng(3).standard_normal(N).astype(np.float32)
     config = make_config("asp", N, optimizer=name, lr_schedule=lambda c: LR,
-                         opt_hparams={"momentum": MU, "weight_decay": wd}, compensation=Compensation("dana"))
+                         opt_hparams={"momentum": MU, "weight_decay": wd}, compensation=CompensationOptions("dana"))
     versions = ShardVersions(init.copy())
     optimizer = make_optimizer(name, N, momentum=MU, weight_decay=wd)
     rule = SspUpdate(config, optimizer, versions, n_workers=2)
@@ -350,7 +372,7 @@ def test_dana_velocities_do_not_drift_apart_on_a_stiff_quadratic():
     worker's own velocity in the look-ahead the brake acts on the sum and both settle."""
     lam = np.float32(15.0)
     config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
-                         opt_hparams={"momentum": MU}, compensation=Compensation("dana"))
+                         opt_hparams={"momentum": MU}, compensation=CompensationOptions("dana"))
     versions = ShardVersions(np.ones(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions, n_workers=2)
     reads = [rule.replied(w, 0, versions.live).copy() for w in range(2)]
@@ -364,7 +386,7 @@ def test_dana_velocities_do_not_drift_apart_on_a_stiff_quadratic():
 
 def test_dana_stops_looking_ahead_by_a_finished_workers_velocity():
     config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
-                         compensation=Compensation("dana"))
+                         compensation=CompensationOptions("dana"))
     versions = ShardVersions(np.zeros(N, np.float32))
     rule = SspUpdate(config, make_optimizer("momentum", N), versions, n_workers=3)
     for w in range(3):
@@ -391,7 +413,7 @@ def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():
 
     def rule_at(params):
         config = make_config("asp", N, optimizer="momentum", lr_schedule=lambda c: LR,
-                             opt_hparams={"momentum": MU}, compensation=Compensation("dana"))
+                             opt_hparams={"momentum": MU}, compensation=CompensationOptions("dana"))
         versions = ShardVersions(params.copy())
         return SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions,
                          n_workers=W), versions
@@ -424,7 +446,7 @@ def test_dana_state_goes_into_a_snapshot_and_back_with_its_velocities():
 @pytest.mark.parametrize("method", ["dcasgd", "gap"])
 def test_a_methods_running_mean_square_is_its_checkpointed_state(method):
     config = make_config("asp", N, optimizer="sgd", lr_schedule=lambda c: LR,
-                         compensation=Compensation(method))
+                         compensation=CompensationOptions(method))
     rule = SspUpdate(config, make_optimizer("sgd", N), ShardVersions(np.zeros(N, np.float32)),
                      n_workers=2)
     rule.replied(0, 0, rule.versions.live)

@@ -129,7 +129,7 @@ def test_hot_touch_goes_from_the_plan_to_the_sparse_workers_choice_of_rows(tmp_p
     from psgd.mpi.shardmap import ShardMap
     from psgd.nn.optim import make_optimizer
     from psgd.nn.sparse import build_sparse_model
-    from psgd.protocols import make_config
+    from psgd.protocols.features import make_config
     from psgd.run.run_plan import RunPlan, validate
     data = tmp_path / "d.h5"
     data.write_bytes(b"")   # existence is all that validation checks

@@ -4,9 +4,10 @@ import pytest
 
 from conftest import parse_train
 from psgd.errors import UsageError
-from psgd.pipeline.options import refused
 from psgd.protocols import get
 from psgd.run.mode_flags import DEFAULT_NO_WORKER_S, ElasticOptions, PipelineFlags, byte_count
+from psgd.run.run_plan import DEFAULTS, FLAG_NAMES, refused_by
+from psgd.run.tensor_flags import TensorOptions
 from psgd.run.settings import FLAGS, GROUPS, given_settings, resolve
 
 
@@ -81,7 +82,7 @@ def test_a_setting_a_pipeline_does_not_run_is_refused_from_a_toml_config_too(tmp
     cfg = tmp_path / "c.toml"
     cfg.write_text('pipeline = 2\ncompress = "sign"\n')
     given = given_settings(parse_train("--config", str(cfg), "--data", data), environ={})
-    assert refused(given).startswith("--compress does not work under --pipeline")
+    assert refused_by(PipelineFlags(), given).startswith("--compress does not work under --pipeline")
     assert PipelineFlags.from_flat(given).pipeline == 2
 
 
@@ -90,3 +91,22 @@ def test_byte_counts_read_suffixes_and_toml_integers():
         (4096, 2048, 3 * 2 ** 29, 7)
     with pytest.raises(SystemExit):   # argparse's one line
         parse_train("--pipeline", "2", "--memory-per-rank", "lots")
+
+
+def _set(value):
+    """A value other than the default ``value``."""
+    return True if value is False else "x" if value is None else value + type(value)(1) \
+        if isinstance(value, (int, float)) else value + "x"
+
+
+@pytest.mark.parametrize("mode", [PipelineFlags(pipeline=2), TensorOptions(tensor=2),
+                                  TensorOptions(spatial=2)])
+def test_each_mode_refuses_exactly_the_settings_it_declares_and_not_their_defaults(mode):
+    defaults = DEFAULTS.as_dict()
+    for name in FLAG_NAMES:
+        line = refused_by(mode, {name: _set(defaults[name])})
+        assert (line is not None) == (name in mode.REFUSES), name
+        if line:
+            assert line == mode.refusal(name, mode.REFUSES[name])
+            assert line.startswith(f"--{name.replace('_', '-')} ")
+        assert refused_by(mode, {name: defaults[name]}) is None

@@ -120,12 +120,12 @@ def test_amom_moved_to_the_workers_sends_the_momentum_of_a_velocity_stepped_ever
     """amom with the momentum on the workers: the servers' momentum mu_e raised to the power W
     (a worker steps once per W updates) and the learning rate times (1 - mu_e ** W) / (1 - mu_e);
     the servers' optimizer keeps momentum 0.  One worker: the servers' momentum and step."""
-    from psgd.config import ProtocolConfig
     from psgd.nn.optim import make_optimizer
+    from psgd.protocols.features import make_config
     from psgd.ps.compensation.amom import AsyncAwareMomentum
     local_opt, remote_opt = (make_optimizer("momentum", 4, momentum=m) for m in (0.9, 0.0))
-    local = AsyncAwareMomentum(ProtocolConfig("asp", 4), local_opt, 4, n_workers=n_workers)
-    remote = AsyncAwareMomentum(ProtocolConfig("asp", 4, worker_momentum={"momentum": 0.9}),
+    local = AsyncAwareMomentum(make_config("asp", 4), local_opt, 4, n_workers=n_workers)
+    remote = AsyncAwareMomentum(make_config("asp", 4, worker_momentum={"momentum": 0.9}),
                                 remote_opt, 4, n_workers=n_workers)
     assert remote.worker_momentum() == 0.9 and local.worker_momentum() == 0.0
     grad = np.ones(4, np.float32)

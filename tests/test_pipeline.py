@@ -13,8 +13,9 @@ import pytest
 from psgd.nn.model import build_model
 from psgd.nn.optim import make_optimizer
 from psgd.pipeline import partition
-from psgd.pipeline.options import PipelineOptions, refused
+from psgd.pipeline.options import PipelineOptions
 from psgd.run.mode_flags import PipelineFlags
+from psgd.run.run_plan import refused_by
 from psgd.pipeline.reference import reference_step
 from psgd.pipeline.schedules import BACKWARD, FORWARD, in_flight, predicted_bubble, simulate, stage_ops
 from psgd.pipeline.stage import Stage
@@ -320,9 +321,9 @@ def test_recompute_auto_keeps_activations_unless_the_schedule_or_the_cap_forbids
 
 def test_flags_a_pipeline_does_not_run_are_refused_and_orphan_flags_too():
     given = dict(pipeline=2, compress="topk:0.01", servers=None)
-    assert refused(given).startswith("--compress does not work under --pipeline")
-    assert "pipedream and pipemare included" in refused(dict(pipeline=2, record="r"))
-    assert refused(dict(pipeline=2)) is None
+    assert refused_by(PipelineFlags(), given).startswith("--compress does not work under --pipeline")
+    assert "pipedream and pipemare included" in refused_by(PipelineFlags(), dict(pipeline=2, record="r"))
+    assert refused_by(PipelineFlags(), dict(pipeline=2)) is None
     with pytest.raises(ValueError, match="--microbatches applies to pipeline runs; give --pipeline K"):
         PipelineFlags(microbatches=4).check_given()
 

@@ -198,7 +198,7 @@ def test_every_printed_command_parses_with_psgd_train_and_asks_for_the_plan(spec
     from psgd.run.mode_flags import PipelineFlags
     from psgd import compress as codecs
     from psgd.protocols import get
-    from psgd.run.features import CompressionOptions
+    from psgd.protocols.features import CompressionOptions
     from psgd.run.tensor_rank import grid_shape
     prof = toy_profile(spec)
     fit, _ = search(prof, Budget(4, 1 << 40, Network(1.25e9), batch=8))

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from psgd import protocols
-from psgd.protocols import PROTOCOLS, Protocol, get, make_config
-from psgd.run.features import CompressionOptions
+from psgd.protocols import PROTOCOLS, Protocol, get
+from psgd.protocols.features import make_config
+from psgd.protocols.features import CompressionOptions
 
 
 def test_every_entry_names_halves_that_import():
@@ -123,7 +124,7 @@ def _refuse(key: str, p):
     from psgd.nn.optim import OPTIMIZERS
     from psgd.pipeline.schedules import SCHEDULES
     from psgd.ps import compensation
-    from psgd.run.features import RecordOptions
+    from psgd.protocols.features import RecordOptions
     from psgd.run.mode_flags import ElasticOptions
     return {
         "optimizer": lambda: p.check(optimizer=next(o for o in OPTIMIZERS

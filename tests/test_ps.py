@@ -8,7 +8,7 @@ from conftest import run_mpi
 
 from psgd.mpi.roles import Roles
 from psgd.mpi.shardmap import ShardMap
-from psgd.protocols import make_config
+from psgd.protocols.features import make_config
 
 
 def result_of(proc):

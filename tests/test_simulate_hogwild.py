@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from psgd.config import Compensation
+from psgd.protocols.features import CompensationOptions
 from psgd.data.reader import ShardReader
 from psgd.ps.order import PUSHED, REPLIED
 from psgd.simulate.command import add_arguments
@@ -106,7 +106,7 @@ def test_hogwild_with_sgd_is_asp_on_the_same_order(dataset):
 @pytest.mark.parametrize("comp", ["inverse"])
 def test_hogwild_training_refuses_compensation_in_one_line(dataset, comp):
     job = job_for(dataset, "hogwild", 2, 1)
-    job.config = replace(job.config, compensation=Compensation(staleness_comp=comp))
+    job.config = replace(job.config, compensation=CompensationOptions(staleness_comp=comp))
     with pytest.raises(ValueError, match="without --staleness-comp"):
         train_along(job, order_of(job, 2, 1, 4).order, 2)
 

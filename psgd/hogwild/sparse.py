@@ -15,7 +15,6 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
-from psgd.config import HotRows
 from psgd.hogwild.hot import HOT_TOUCH, hot_rows
 from psgd.hogwild.rows import add_rows, copy_rows
 from psgd.mpi.shardmap import ShardMap
@@ -48,15 +47,16 @@ class SparseUpdates:
     varying_momentum : bool
         The momentum may change at each step (``--staleness-comp amom``): momentum 0 is then
         still taken as momentum.
-    hot : HotRows
+    hot : psgd.protocols.features.HotRowOptions or None
         The run's hot rows (``--hold-hot``: steps the fused run, :mod:`psgd.hogwild.fused`,
         holds their changes, None or 1: none held; ``--hot-touch``: which rows are hot).
     """
 
     def __init__(self, model, shard_map: ShardMap, optimizer: Optimizer,
-                 varying_momentum: bool = False, hot: HotRows = HotRows()) -> None:
-        self.model, self.shard_map, self.hot = model, shard_map, hot
-        self.hold = int(hot.hold_hot or 1)
+                 varying_momentum: bool = False, hot=None) -> None:
+        self.model, self.shard_map = model, shard_map
+        self.hold = int(hot.hold_hot or 1) if hot else 1
+        self.touch = HOT_TOUCH if hot is None or hot.hot_touch is None else hot.hot_touch
         self.row_len = int(model.row_len)
         self.n_rows = shard_map.n // self.row_len
         wd = optimizer.weight_decay
@@ -80,9 +80,8 @@ class SparseUpdates:
         at ``batch`` rows a step and this run's hold, kept for the next run."""
         key = (id(x), batch)
         if self._held is None or self._held[0] != key:
-            touch = HOT_TOUCH if self.hot.hot_touch is None else self.hot.hot_touch
             self._held = key, (*hot_rows(x.indices, max(len(x.indptr) - 1, 1), self.n_rows, batch,
-                                         self.hold, touch), self.hold)
+                                         self.hold, self.touch), self.hold)
         return self._held[1]
 
     @property

@@ -55,7 +55,7 @@ class HogwildWorker(WorkerHalf):
     shard_map : ShardMap
         How the ``config.n_params`` parameters are cut over the servers.
     config : ProtocolConfig
-        Run settings (``psgd.protocols.make_config("hogwild", ...)`` checks the optimizer).
+        Run settings (``psgd.protocols.features.make_config("hogwild", ...)`` checks the optimizer).
     window : str, optional
         Parameter window kind (see the module docstring); default from
         ``PSGD_X_HOGWILD_WINDOW``, else ``auto``.

@@ -1,9 +1,8 @@
 """A pipeline run's options (psgd.run.mode_flags owns their flags), checked, and the settings
-they cannot run with."""
+they cannot run with (REFUSED, which psgd.run.mode_flags.PipelineFlags declares)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
 
 from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 
@@ -147,15 +146,3 @@ def check_comp(options: PipelineOptions) -> None:
 
 SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
                    "staleness_lr")
-
-
-def refused(given: Mapping, servers: bool = False) -> str | None:
-    """One line for the first setting ``given`` (flag name -> value, from a flag, the TOML
-    config or a variable) that a pipeline run does not run, else None (``servers``: the
-    protocol has parameter servers, which take their own flags)."""
-    for name, why in REFUSED.items():
-        if servers and name in SERVER_SETTINGS:
-            continue
-        if given.get(name) not in (None, False):
-            return f"--{name.replace('_', '-')} does not work under --pipeline: {why}"
-    return None

@@ -69,9 +69,9 @@ def stage_comp(name: str, optimizer):
         return None
     from types import SimpleNamespace
 
-    from psgd.config import Compensation
     from psgd.ps.compensation import make
-    config = SimpleNamespace(compensation=Compensation(staleness_comp=name), worker_momentum=None)
+    settings = SimpleNamespace(staleness_comp=name, comp_lambda=None, amom_warmup=None)
+    config = SimpleNamespace(compensation=settings, worker_momentum=None)
     return make(name, config, optimizer, optimizer.n)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field, replace
 
-from psgd.config import Compensation, ProtocolConfig
+from psgd.config import ProtocolConfig
 from psgd.errors import UsageError
 from psgd.nn.optim import OPTIMIZERS
 from psgd.protocols.abilities import ABILITIES, DEFAULT_REASONS, LIMITS
@@ -225,7 +225,7 @@ class Protocol:
               topology: str | None = None, n_workers: int | None = None) -> float:
         """Validate a run's protocol settings; return the staleness bound in force (auto: its
         maximum). The features' options check their own flags against :meth:`can`
-        (:mod:`psgd.run.features`).
+        (:mod:`psgd.protocols.features`).
 
         Raises
         ------
@@ -257,13 +257,15 @@ class Protocol:
             return f"{self.name} (s={f'{AUTO} <= ' if auto else ''}{bound:g})"
         return self.name
 
-    def config(self, n_params: int, *, staleness: int | str | None = None,
-               overlap: bool = False, optimizer: str = "sgd",
-               compensation: Compensation = Compensation(), staleness_max: int | None = None,
+    def config(self, n_params: int, *, compensation, staleness: int | str | None = None,
+               overlap: bool = False, optimizer: str = "sgd", staleness_max: int | None = None,
                topology: str | None = None, n_workers: int | None = None,
                **settings) -> ProtocolConfig:
         """The :class:`ProtocolConfig` every rank of a run is given (validated by :meth:`check`),
-        its ``compensation`` holding the method that runs (``auto`` and the default resolved)."""
+        its ``compensation`` (the plan's options, :mod:`psgd.protocols.features`) holding the
+        method that runs (``auto`` and the default resolved); the other features the halves
+        read are passed in ``settings`` (:func:`psgd.protocols.features.make_config` fills
+        their defaults)."""
         bound = self.check(staleness=staleness, overlap=overlap, optimizer=optimizer,
                            staleness_max=staleness_max, topology=topology, n_workers=n_workers)
         method = self.compensation(compensation.staleness_comp, optimizer,
@@ -328,11 +330,6 @@ def get(name: str) -> Protocol:
         return PROTOCOLS[name]
     except KeyError:
         raise ValueError(f"--protocol {name!r} is not one of {', '.join(PROTOCOLS)}") from None
-
-
-def make_config(name: str, n_params: int, **settings) -> ProtocolConfig:
-    """``get(name).config(n_params, **settings)``: a validated config for protocol ``name``."""
-    return get(name).config(n_params, **settings)
 
 
 PROTOCOLS: dict[str, Protocol] = {}

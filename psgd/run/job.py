@@ -158,9 +158,7 @@ def build_job(settings: RunPlan, roles: Roles, debug: bool, resumed: Resumed | N
         seed=settings.seed, topology=settings.topology, n_workers=roles.n_workers,
         worker_momentum=where.worker_momentum, momentum_gain=where.momentum_gain,
         replay_events=_replay_events(settings, roles, resume, total),
-        push_window=ps_push_window(), compression=compression,
-        compensation=settings.compensation, recording=settings.recording,
-        hot_rows=settings.hot_rows)
+        push_window=ps_push_window(), **settings.for_halves())
     shard_map = ShardMap(model.n_params, roles.n_servers) if roles.n_servers else None
     # every rank checks the spec against the job's workers, so a bad one is one line
     slow = settings.stragglers.make(settings.seed, max(roles.worker_index, 0), roles.n_workers)

@@ -6,10 +6,10 @@ import argparse
 from dataclasses import dataclass, replace
 
 from psgd.errors import UsageError
-from psgd.pipeline.options import AUTO as PARTITION_AUTO, PipelineOptions
+from psgd.pipeline.options import AUTO as PARTITION_AUTO, REFUSED, PipelineOptions
 from psgd.pipeline.schedules import SCHEDULES
 from psgd.protocols import AUTO, names
-from psgd.run.options import Options
+from psgd.protocols.options import Options
 
 DEFAULT_MAX_WORKERS = 16
 DEFAULT_NO_WORKER_S = 300.0
@@ -43,6 +43,7 @@ class PipelineFlags(Options):
     :class:`psgd.pipeline.options.PipelineOptions`."""
 
     KEY, TITLE = "pipeline", "pipeline parallelism (docs/guide/pipeline.md)"
+    REFUSES = REFUSED
     FLAGS = {
         "pipeline": (int, "cut the model into K contiguous stages, one rank each; "
                           "ranks = D replicas x K", "K"),

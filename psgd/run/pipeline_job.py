@@ -13,12 +13,12 @@ from mpi4py import MPI
 from psgd.mpi import timeline, wait
 from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer
-from psgd.pipeline import options as pipeline_options
 from psgd.pipeline import partition
 from psgd.pipeline.asynchronous import Microbatches
 from psgd.pipeline.evaluate import evaluate
 from psgd.pipeline.grid import Grid
 from psgd.pipeline.local import stage_model
+from psgd.pipeline.options import SERVER_SETTINGS
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
 from psgd.protocols import get
@@ -27,6 +27,8 @@ from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
 from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage, save
+from psgd.run.mode_flags import PipelineFlags
+from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
 
@@ -56,7 +58,7 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     if "protocol" not in given:
         args.protocol = DEFAULT_PROTOCOL
     protocol = get(given.get("protocol", DEFAULT_PROTOCOL))
-    refused = pipeline_options.refused(given, servers=protocol.servers)
+    refused = refused_by(PipelineFlags(), given, keep=SERVER_SETTINGS if protocol.servers else ())
     if refused:
         raise ValueError(refused)
     settings, resumed = resolve_run(args)   # checks the pipeline's flags (psgd.run.mode_flags)

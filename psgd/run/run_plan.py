@@ -9,8 +9,9 @@ from typing import Mapping
 
 from psgd.errors import UsageError
 from psgd.protocols import AUTO, get
-from psgd.run.features import (CompensationOptions, CompressionOptions, HotRowOptions,
-                               RecordOptions, StragglerOptions, TraceOptions)
+from psgd.protocols.features import (HALF_FEATURES, CompensationOptions, CompressionOptions,
+                                     HotRowOptions, RecordOptions)
+from psgd.run.features import StragglerOptions, TraceOptions
 from psgd.run.mode_flags import ElasticOptions, PipelineFlags
 from psgd.run.optimizer_defaults import check_optimizer, fill_defaults
 from psgd.run.tensor_flags import TensorOptions
@@ -85,11 +86,29 @@ class RunPlan:
             out.update(getattr(self, feature.KEY).as_dict())
         return out
 
+    def for_halves(self) -> dict:
+        """The options of the features the protocol halves read, by field of
+        :class:`psgd.config.ProtocolConfig` (``compression=plan.compression``, ...)."""
+        return {feature.KEY: getattr(self, feature.KEY) for feature in HALF_FEATURES}
+
 
 #: the core settings' names (the fields that are no feature)
 CORE = tuple(f.name for f in fields(RunPlan) if f.name not in {x.KEY for x in FEATURES})
 #: every setting's name: its flag, TOML key and PSGD_<NAME> variable
 FLAG_NAMES = CORE + tuple(name for feature in FEATURES for name in feature.FLAGS)
+#: every setting at its default
+DEFAULTS = RunPlan()
+
+
+def refused_by(mode, values: Mapping, keep: tuple = ()) -> str | None:
+    """The line refusing the first setting of ``mode.REFUSES`` (a run mode's options) that
+    ``values`` (flag name -> value) holds at other than its default, ``keep`` excepted; None
+    when there is none."""
+    defaults = DEFAULTS.as_dict()
+    for name, why in mode.REFUSES.items():
+        if name not in keep and values.get(name, defaults[name]) != defaults[name]:
+            return mode.refusal(name, why)
+    return None
 
 
 def validate(given: RunPlan) -> RunPlan:

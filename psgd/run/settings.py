@@ -12,7 +12,8 @@ from pathlib import Path
 from psgd.nn.optim import DEFAULT_ALPHA, OPTIMIZERS, SCHEDULES
 from psgd.run.optimizer_defaults import DENSE_DEFAULT, SPARSE_DEFAULT, default_text
 from psgd.protocols import AUTO, DEFAULT_STALENESS_MAX, PROTOCOLS, names
-from psgd.run.features import CompensationOptions, RecordOptions, TraceOptions
+from psgd.protocols.features import CompensationOptions, RecordOptions
+from psgd.run.features import TraceOptions
 from psgd.run.mode_flags import ElasticOptions, PipelineFlags
 from psgd.run.run_plan import FEATURES, FLAG_NAMES, RunPlan, validate
 from psgd.run.tensor_flags import TensorOptions

@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from psgd.errors import UsageError
-from psgd.run.options import Options
+from psgd.protocols.options import Options
 
 DTYPES = ("float32", "float64")
+_NOT_CARRIED = "this path does not carry it"
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,8 @@ class TensorOptions(Options):
     """Dense layers split over ranks (--tensor), images split by height (--spatial), the grid."""
 
     KEY, TITLE = "split", "model parallelism inside layers"
+    REFUSES = dict.fromkeys(("compress", "straggler", "record", "replay", "tensorboard", "augment",
+                             "overlap", "skip_nonfinite", "hold_hot", "eval_every"), _NOT_CARRIED)
     FLAGS = {
         "tensor": (int, "split every dense layer over T ranks, Megatron-style (column- then "
                         "row-parallel pairs); the job's ranks / T data replicas (--protocol "
@@ -37,6 +40,10 @@ class TensorOptions(Options):
     def wanted(self) -> bool:
         """Whether the run splits its model over ranks."""
         return bool(self.tensor or self.spatial or self.grid)
+
+    def refusal(self, name: str, why: str) -> str:
+        axis = "spatial" if self.spatial else "tensor"
+        return f"--{name.replace('_', '-')} is not supported with --{axis} or --grid"
 
     def resolved(self, plan, protocol) -> TensorOptions:
         """UsageError naming the flag: an unknown --dtype, or float64 outside a split run."""

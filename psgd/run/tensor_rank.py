@@ -7,7 +7,7 @@ is averaged over them with psgd's all-reduce before each rank steps its own part
 Checkpoints hold the serial flat vector (replica 0's parts gathered on rank 0 on save, each
 rank reading its own rows on load), so any grid or a plain run resumes them; under
 parameter servers each part's servers send replica 0 their state to save.
-Flags this path does not carry are refused.
+Flags this path does not carry are refused (TensorOptions.REFUSES, psgd.run.tensor_flags).
 """
 from __future__ import annotations
 
@@ -28,18 +28,10 @@ from psgd.protocols import get
 from psgd.run import signals, tensor_servers
 from psgd.run.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from psgd.run.resume import agreed_run_id, announce, check_checkpoint_dir, resume_checkpoint
+from psgd.run.run_plan import refused_by
 from psgd.run.tensor_flags import auto_grid
 from psgd.run.tensor_servers import servers_of
 from psgd.run.metrics import MetricsLog
-
-# settings this path does not carry, as (field, value when unused, flag)
-REFUSED = (("compress", "none", "--compress"), ("straggler", None, "--straggler"),
-           ("record", None, "--record"), ("replay", None, "--replay"),
-           ("tensorboard", None, "--tensorboard"),
-           ("augment", False, "--augment"), ("overlap", False, "--overlap"),
-           ("skip_nonfinite", False, "--skip-nonfinite"), ("hold_hot", None, "--hold-hot"),
-           ("eval_every", 0, "--eval-every"))
-
 
 def grid_shape(s, world: int) -> tuple[int, int, str]:
     """(D, T, axis) from --grid/--tensor/--spatial on ``world`` ranks; ValueError naming the flag."""
@@ -88,10 +80,9 @@ def check(s, world: int) -> None:
         raise ValueError(f"--servers {s.servers} leaves no rank for the grid: the job has {world}")
     _, t, axis = grid_shape(s.split, world - servers_of(s))
     tensor_servers.check(s, t, axis)
-    flat = s.as_dict()
-    for name, unused, flag in REFUSED:
-        if flat[name] != unused:
-            raise ValueError(f"{flag} is not supported with --{axis} or --grid")
+    line = refused_by(s.split, s.as_dict())
+    if line:
+        raise ValueError(line)
     if s.lr_schedule == "optimal":
         raise ValueError(f"--lr-schedule optimal is not supported with --{axis} or --grid")
 

@@ -102,7 +102,7 @@ class ServerGroups:
         self.config = self.protocol.config(
             params.size, staleness=s.staleness, staleness_max=s.staleness_max, optimizer=s.optimizer,
             opt_hparams={"momentum": s.momentum, "weight_decay": s.weight_decay}, lr_schedule=lr,
-            compensation=s.compensation, seed=s.seed,
+            seed=s.seed, **s.for_halves(),
             n_workers=self.roles.n_workers, snapshot_every=s.checkpoint_every if s.checkpoint_dir else 0)
         self.shard_map = ShardMap(params.size, self.roles.n_servers)
         return params, start, opt_state

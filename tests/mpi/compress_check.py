@@ -12,12 +12,12 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from psgd.config import Compression
+from psgd.protocols.features import CompressionOptions
 from psgd.compress.gain import server_step
 from psgd.errors import report_and_abort
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
-from psgd.protocols import make_config
+from psgd.protocols.features import make_config
 from psgd.ps.server import serve
 from psgd.ps.worker import PSWorker
 
@@ -39,8 +39,8 @@ def main():
     if args.gain is not None:
         optimizer, hparams, schedule = server_step(args.gain, 0.0, schedule)
     config = make_config("bsp", N, optimizer=optimizer, opt_hparams=hparams,
-                         lr_schedule=schedule, compression=Compression(
-                             args.compress, feedback=args.gain is not None))
+                         lr_schedule=schedule, compression=CompressionOptions(
+                             args.compress, error_feedback="on" if args.gain is not None else "off"))
     init = np.arange(N, dtype=np.float32) / 8
     if roles.is_server:
         result = serve(roles, smap, config, init_shard=smap.view(init, roles.server_index).copy())

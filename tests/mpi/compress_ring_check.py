@@ -11,11 +11,11 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from psgd.config import Compression
+from psgd.protocols.features import CompressionOptions
 from psgd.collectives.allreduce_worker import AllreduceWorker
 from psgd.errors import report_and_abort
 from psgd.mpi.roles import assign_roles
-from psgd.protocols import make_config
+from psgd.protocols.features import make_config
 
 N = 1001          # chunks of unequal length
 
@@ -29,8 +29,8 @@ def main():
     roles = assign_roles(comm, 0)
     out = {}
     for spec in args.specs:
-        config = make_config("allreduce", N, optimizer="sgd", seed=3, compression=Compression(
-                                 spec, feedback=spec.startswith(("sign", "topk:0"))))
+        config = make_config("allreduce", N, optimizer="sgd", seed=3, compression=CompressionOptions(
+                                 spec, error_feedback="on" if spec.startswith(("sign", "topk:0")) else "off"))
         rng = np.random.default_rng(roles.worker_index)
         worker = AllreduceWorker(roles, None, config)
         params = np.arange(N, dtype=np.float32) / 8

@@ -8,14 +8,14 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from psgd.config import Compensation
+from psgd.protocols.features import CompensationOptions
 from psgd.errors import report_and_abort
 from psgd.hogwild.server import serve_hogwild
 from psgd.hogwild.worker import HogwildWorker
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
-from psgd.protocols import make_config
+from psgd.protocols.features import make_config
 
 MOMENTUM = 0.5
 
@@ -115,7 +115,7 @@ def main():
         check_rejected(roles, args.optimizer)
         return
     config = make_config("hogwild", args.n_params, optimizer=args.optimizer, opt_hparams=hparams,
-                         compensation=Compensation("none"))   # the sums below are exact without it
+                         compensation=CompensationOptions("none"))   # the sums below are exact without it
     shard_map = ShardMap(args.n_params, args.servers)
     if roles.is_server:
         run_server(roles, shard_map, config, args.steps, args.window)

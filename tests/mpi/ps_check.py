@@ -15,12 +15,13 @@ import numpy as np
 from mpi4py import MPI
 from reference import softmax_grad
 
-from psgd.config import Compensation
+from psgd.protocols.features import CompensationOptions
 from psgd.errors import report_and_abort
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_optimizer
-from psgd.protocols import get, make_config
+from psgd.protocols import get
+from psgd.protocols.features import make_config
 from psgd.ps.messages import HEADER_LEN, PUSH, PUSH_WINDOW, TAG_CTRL, TAG_PUSH
 from psgd.ps.server import serve
 from psgd.ps.worker import PSWorker
@@ -290,7 +291,7 @@ def mode_momentum(args, comm):
     target once pushes are late and stays within what the servers had in force."""
     roles = assign_roles(comm, args.servers)
     mu = 0.9
-    config = ps_config("asp", N_PARAMS, optimizer="momentum", compensation=Compensation("amom"),
+    config = ps_config("asp", N_PARAMS, optimizer="momentum", compensation=CompensationOptions("amom"),
                        opt_hparams={"momentum": 0.0, "weight_decay": 0.0},
                        lr_schedule=lambda c: LR,
                        worker_momentum={"momentum": mu, "nesterov": False, "weight_decay": 0.0})

@@ -9,7 +9,7 @@ from psgd.collectives.allreduce_worker import AllreduceWorker
 from psgd.errors import PsgdError, report_and_abort
 from psgd.mpi.roles import assign_roles
 from psgd.nn.optim import make_optimizer
-from psgd.protocols import make_config
+from psgd.protocols.features import make_config
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

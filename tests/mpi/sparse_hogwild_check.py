@@ -16,7 +16,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from psgd.config import Compensation
+from psgd.protocols.features import CompensationOptions
 from psgd.errors import report_and_abort
 from psgd.hogwild.server import serve_hogwild
 from psgd.hogwild.worker import HogwildWorker
@@ -24,7 +24,7 @@ from psgd.hogwild.sparse import INDEX_BYTES
 from psgd.mpi.roles import assign_roles
 from psgd.mpi.shardmap import ShardMap
 from psgd.nn.optim import make_schedule
-from psgd.protocols import make_config
+from psgd.protocols.features import make_config
 
 MOMENTUM = 0.9
 
@@ -87,7 +87,7 @@ def main():
     lrs = [schedule(step) for step in range(args.steps)]
     hparams = {"weight_decay": args.decay, **({} if sgd else {"momentum": MOMENTUM})}
     config = make_config("hogwild", n, optimizer=args.optimizer, opt_hparams=hparams,
-                         compensation=Compensation("none"))
+                         compensation=CompensationOptions("none"))
     shard_map = ShardMap(n, args.servers)
     if roles.is_server:
         lo, hi = shard_map.range(roles.server_index)

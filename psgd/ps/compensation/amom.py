@@ -11,8 +11,8 @@ than the mean, delay d > tau, is scaled by ``(1 + tau) / (1 + d)`` as well
 (AdaDelay's step that follows the push's own delay, Sra et al. 2016), so a
 straggler's pushes do not land at full step on momentum set for the fast
 workers.  The learning rate also ramps up linearly over the first 50 W
-updates, while the delay's running mean is still young and the gradients are
-at their largest.  With ``--momentum-correction`` the momentum is the
+updates (``--amom-warmup``), while the delay's running mean is still young
+and the gradients are at their largest.  With ``--momentum-correction`` the momentum is the
 workers' (``config.worker_momentum``): the server keeps only the learning-rate
 factors, and each pull reply tells the worker the momentum in force.  A
 worker's velocity steps once per W server updates, so it takes mu_e ** W and
@@ -41,7 +41,8 @@ class AsyncAwareMomentum(Compensation):
         self.mu = self.target   # in force: explicit_momentum(target, 0) before any push
         self.delay = RunningMean()
         self.lr_factor = Summary()
-        self.warmup = WARMUP_PER_WORKER * n_workers
+        per_worker = config.compensation.amom_warmup
+        self.warmup = (WARMUP_PER_WORKER if per_worker is None else per_worker) * n_workers
         self.updates = 0
 
     def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
@@ -51,7 +52,8 @@ class AsyncAwareMomentum(Compensation):
             mu, gain = velocity_momentum(mu, self.n_workers)
             scale *= gain
         self.updates += 1
-        scale *= min(1.0, self.updates / self.warmup) * min(1.0, (1.0 + mean) / (1.0 + delay))
+        ramp = min(1.0, self.updates / self.warmup) if self.warmup else 1.0
+        scale *= ramp * min(1.0, (1.0 + mean) / (1.0 + delay))
         self.mu = mu
         if not self.remote and hasattr(self.optimizer, self.key):
             setattr(self.optimizer, self.key, mu)

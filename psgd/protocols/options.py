@@ -18,6 +18,9 @@ class Options:
     KEY: ClassVar[str]                                # its field of the RunPlan
     TITLE: ClassVar[str]                              # its section of ``psgd train --help``
     FLAGS: ClassVar[dict[str, tuple]]                 # flag name -> (type, help[, metavar])
+    #: a run mode's options (pipeline, tensor grid): the settings that mode does not run,
+    #: flag name -> why, refused while the mode is on (psgd.run.run_plan.refused_by)
+    REFUSES: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def from_flat(cls, values: Mapping):
@@ -27,6 +30,10 @@ class Options:
     def as_dict(self) -> dict:
         """Flag name -> value, as the config record and checkpoints store them."""
         return {name: getattr(self, name) for name in self.FLAGS}
+
+    def refusal(self, name: str, why: str) -> str:
+        """The line refusing setting ``name`` (one of :attr:`REFUSES`) under this mode."""
+        return f"--{name.replace('_', '-')} does not work under --{self.KEY}: {why}"
 
     def resolved(self, plan, protocol):
         """These options checked against ``plan`` (its core settings resolved, and the

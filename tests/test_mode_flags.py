@@ -86,6 +86,23 @@ def test_a_setting_a_pipeline_does_not_run_is_refused_from_a_toml_config_too(tmp
     assert PipelineFlags.from_flat(given).pipeline == 2
 
 
+@pytest.mark.parametrize("flag, value", [("--tensor", "2"), ("--spatial", "2"), ("--grid", "1,2"),
+                                         ("--elastic", None)])
+def test_a_pipeline_refuses_the_modes_it_cannot_combine_with(data, flag, value):
+    """A stage runs its layers whole on a fixed rank: --pipeline with a layer split or
+    --elastic is refused, not run as a plain pipeline."""
+    argv = ["--data", data, "--pipeline", "2", flag] + ([value] if value else [])
+    line = refused_by(PipelineFlags(), given_settings(parse_train(*argv), environ={}))
+    assert line is not None and line.startswith(f"{flag} does not work under --pipeline")
+
+
+@pytest.mark.parametrize("split", [["--tensor", "2"], ["--spatial", "2"], ["--grid", "auto"]])
+def test_elastic_refuses_a_split_model(data, split):
+    with pytest.raises(UsageError, match="--elastic runs the whole model on every worker"):
+        resolve(parse_train("--data", data, "--protocol", "ssp", "--staleness", "2", "--elastic",
+                            "--port-file", "p", *split), environ={})
+
+
 def test_byte_counts_read_suffixes_and_toml_integers():
     assert (byte_count("4096"), byte_count("2k"), byte_count("1.5G"), byte_count(7)) == \
         (4096, 2048, 3 * 2 ** 29, 7)

@@ -33,6 +33,10 @@ REFUSED = {
     "eval_every": "a pipeline run evaluates once, at the end",
     "hold_hot": "sparse models are not cut into stages",
     "skip_nonfinite": "a stage cannot skip a microbatch the others computed",
+    "tensor": "a stage runs its layers whole: stages split inside their layers are not built",
+    "spatial": "a stage runs its layers whole: stages split inside their layers are not built",
+    "grid": "the pipeline's grid is --pipeline K x its replicas; --grid splits layers",
+    "elastic": "a pipeline's stages are fixed ranks, none of which may leave",
 }
 
 

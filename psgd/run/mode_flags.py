@@ -176,6 +176,9 @@ class ElasticOptions(Options):
         self.check_given()
         if not self.elastic:
             return self
+        if plan.split.wanted():
+            raise UsageError("--elastic runs the whole model on every worker: not with "
+                             "--tensor, --spatial or --grid")
         ring = protocol.can("elastic-ring")
         if not (protocol.can("elastic") or ring):
             raise UsageError(f"--elastic runs --protocol {names(able='elastic')} or "

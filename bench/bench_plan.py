@@ -93,7 +93,7 @@ def chosen(plans: list, top: int) -> list:
 
 
 def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) -> dict:
-    prof = get_profile(model, str(tmp / f"{model.replace(':', '_')}.json"))
+    prof = get_profile(model, str(tmp / f"{model.replace(':', '_')}.json"), data=str(data))
     held = prof.base_bytes + train_bytes(str(data))     # the process and, at most, all the data
     plans, _ = search(prof, bench_budget(args, held + memory, data))
     rows = []

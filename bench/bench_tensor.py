@@ -88,7 +88,7 @@ def net_rows(args) -> list:
         data = Path(tmp) / "data.h5"
         run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--train", "2048", "--test", "256",
                      "--channels", str(args.channels), "-o", str(data)], 300, cwd=ROOT).check_returncode()
-        prof = get_profile(args.model, str(Path(tmp) / "profile.json"), args.batch_size)
+        prof = get_profile(args.model, str(Path(tmp) / "profile.json"), args.batch_size, str(data))
         for rate in args.net.split(","):
             run = SimpleNamespace(rate=rate, ranks=2, per_node=1, batch_size=args.batch_size,
                                   steps=3, seconds=args.seconds, timeout=args.timeout)

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     group.add_argument("--json", action="store_true", help="print the plans as JSON")
     group.add_argument("--data", default="data.h5", help="the dataset in the printed commands "
-                       "(when it exists, each rank's slice of its training split counts)")
+                       "(when it exists, the model takes its input shape and classes, as in psgd "
+                       "train, and each rank's slice of its training split counts)")
     group.add_argument("--optimizer", default="sgd", help="its state counts in the memory "
                        "(sgd, momentum, nesterov, adagrad, adam; default sgd, psgd train's)")
 
@@ -51,16 +52,21 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH) -> profiles.Profile:
-    """The profile at ``path`` when that file exists (it must be ``spec``'s), else one
-    measured here, the rank's base memory included (and saved at ``path`` when given)."""
+def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH,
+                data: str | None = None) -> profiles.Profile:
+    """The profile at ``path`` when that file exists (it must be ``spec``'s, on the same input
+    shape), else one measured here, the rank's base memory included (and saved at ``path``
+    when given); the model on ``data``'s input shape when that file exists."""
     from psgd.plan.base import measure
     from psgd.plan.inputs import model_of_spec
-    model = model_of_spec(spec)
+    model = model_of_spec(spec, data)
     if path and os.path.exists(path):
         prof = profiles.load(path)
         if prof.spec != model.spec:
             raise UsageError(f"--profile {path} is of model {prof.spec}, not --model {spec}")
+        if prof.input_shape and prof.input_shape != tuple(model.input_shape):
+            raise UsageError(f"--profile {path} is of inputs {'x'.join(map(str, prof.input_shape))}, "
+                             f"not {'x'.join(map(str, model.input_shape))} (--data's)")
         return prof
     prof = profiles.profile_model(model, batch)
     del model
@@ -136,7 +142,7 @@ def run_auto(args: argparse.Namespace) -> None:
         raise UsageError("--auto needs --ranks N >= 1")
     budget = budget_of(args, args.ranks)
     start = time.perf_counter()
-    prof = get_profile(args.model, args.profile)
+    prof = get_profile(args.model, args.profile, data=args.data)
     profiled = time.perf_counter() - start
     start = time.perf_counter()
     plans, _ = search(prof, budget)

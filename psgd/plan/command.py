@@ -34,12 +34,14 @@ def _batch(model, batch: int, nnz: float | None, rng):
                     rng.random(batch * m, dtype=np.float32), model.n_features)
 
 
-def measure_compute_s(spec: str, batch: int, seconds: float = 2.0, nnz: float | None = None) -> float:
+def measure_compute_s(spec: str, batch: int, seconds: float = 2.0, nnz: float | None = None,
+                      data: str | None = None) -> float:
     """Seconds per sample of one forward and backward pass of ``spec`` on this core
-    (``nnz``: nonzeros per sample of a sparse model's batch)."""
+    (``nnz``: nonzeros per sample of a sparse model's batch; ``data``: the dataset whose
+    input shape the model takes)."""
     import numpy as np
 
-    model = model_of_spec(spec)
+    model = model_of_spec(spec, data)
     rng = np.random.default_rng(0)
     x = _batch(model, batch, nnz, rng)
     y = rng.integers(0, model.n_classes, batch)
@@ -119,13 +121,13 @@ def run(args: argparse.Namespace) -> None:
         return run_auto(args)
     if args.per_node < 1 or args.batch_size < 1:
         raise PsgdError("--per-node and --batch-size must be >= 1")
-    model = model_of_spec(args.model) if args.model else None
+    model = model_of_spec(args.model, args.data) if args.model else None
     n_params = model.n_params if model else int(args.params)
     touched = _touched(args, model)
     if args.compute_us is not None:
         compute_s = args.compute_us * 1e-6
     elif args.model:
-        compute_s = measure_compute_s(args.model, args.batch_size, nnz=args.nnz)
+        compute_s = measure_compute_s(args.model, args.batch_size, nnz=args.nnz, data=args.data)
     else:
         raise PsgdError("--params needs --compute-us (only a --model can be measured here)")
     net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)

@@ -119,12 +119,12 @@ def network_args(budget) -> list[str]:
             "--latency-us", f"{budget.net.latency * 1e6:.12g}", "--per-node", str(budget.per_node)]
 
 
-def serial_layers(spec: str) -> list | None:
-    """The layers of ``spec`` as the run splits them (no parameters drawn); None for a spec
-    that takes its input shape from the data or is sparse (no --grid auto row)."""
+def serial_layers(spec: str, input_shape: tuple = (), n_classes: int = 0) -> list | None:
+    """The layers of ``spec`` on ``input_shape`` (empty: the spec's own) as the run splits them
+    (no parameters drawn); None for a spec without a shape, or sparse (no --grid auto row)."""
     from psgd.nn.model import model_layers
     try:
-        return list(model_layers(spec)[0])
+        return list(model_layers(spec, 0, input_shape or None, n_classes or None)[0])
     except ValueError:
         return None
 

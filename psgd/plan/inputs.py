@@ -34,12 +34,36 @@ def _sparse_sizes(spec: str) -> tuple[int, int]:
         raise PsgdError(f"psgd plan --model {spec}: give the sizes, {SPEC_HELP}") from None
 
 
-def model_of_spec(spec: str):
+def data_shape(data: str | None) -> tuple[tuple | None, int | None]:
+    """The per-sample input shape and the classes of the dense dataset at ``data``; (None,
+    None) when there is no such file (or no path)."""
+    import os
+    if not data or not os.path.isfile(data):
+        return None, None
+    from psgd.data.reader import dataset_info
+    try:
+        info = dataset_info(data)
+    except ValueError as exc:
+        raise PsgdError(f"--data {data}: {exc}") from None
+    return tuple(info["input_shape"]), int(info["n_classes"])
+
+
+def model_of_spec(spec: str, data: str | None = None):
+    """The model ``spec`` names, on the input shape and classes of ``data`` when that file
+    exists (a layer-token spec needs them; a preset other than lenet follows them, as in
+    ``psgd train``)."""
     from psgd.nn.model import build_model
     from psgd.nn.sparse import build_sparse_model, is_sparse_spec
+    from psgd.nn.spec import expand_preset
+    shape, classes = data_shape(None if is_sparse_spec(spec) else data)
+    name = spec.strip().lower()
+    if shape is None and not (name.startswith("mlp:") or name == "lenet" or is_sparse_spec(spec)) \
+            and expand_preset(spec, None)[1] is None:
+        raise PsgdError(f"--model {spec} takes its input shape from the data: pass --data FILE, "
+                        f"an existing psgd dataset")
     try:
         return build_sparse_model(spec, *_sparse_sizes(spec)) if is_sparse_spec(spec) \
-            else build_model(spec)
+            else build_model(spec, input_shape=shape, n_classes=classes)
     except ValueError as exc:
         raise PsgdError(str(exc)) from None
 

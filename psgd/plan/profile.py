@@ -61,7 +61,8 @@ class Profile:
     ``spatial_max`` parts; ``spatial_ratios``: parts -> a --spatial part's step over its
     units' share (:func:`psgd.plan.tensor_time.spatial_ratio`); ``tensor_ratios``: parts -> a
     --tensor part's step over its units' share (:func:`psgd.plan.tensor_time.split_ratio`),
-    ``tensor_ratio`` the one at two parts."""
+    ``tensor_ratio`` the one at two parts; ``input_shape`` and ``n_classes``: the model's, as
+    it was built (on a dataset's shape, for a spec that takes it from the data)."""
 
     spec: str
     batch: int
@@ -74,6 +75,8 @@ class Profile:
     spatial_ratios: dict = field(default_factory=dict, hash=False)
     tensor_ratio: float = 1.0
     tensor_ratios: dict = field(default_factory=dict, hash=False)
+    input_shape: tuple = ()        # per sample, as the model was built (a dataset's, or its default)
+    n_classes: int = 0
 
     @property
     def param_bytes(self) -> int:
@@ -93,7 +96,7 @@ def _unit_info(model, lo: int, hi: int) -> tuple[str, int, int]:
     layers = model.layers[lo:hi]
     split = [la for la in layers if type(la).__name__ in SPLIT_LAYERS]
     split_bytes = 4 * sum(int(np.prod(s)) for la in split for _, s in la.param_shapes())
-    width = min((int(la.out_shape[0]) for la in split), default=0)
+    width = min((int(la.out_shape[-1]) for la in split), default=0)   # units, or filters (HxWxF)
     return "+".join(type(la).__name__.lower() for la in layers), split_bytes, width
 
 
@@ -183,7 +186,7 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
     ratios, reach = _tensor_ratios(model, out, 2 * batch, repeats), _spatial(model, spans)
     return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params), 0,
                    _codecs(model.n_params), *reach, _spatial_ratios(model, out, reach, 2 * batch, repeats),
-                   ratios.get(2, 1.0), ratios)
+                   ratios.get(2, 1.0), ratios, tuple(model.input_shape), int(model.n_classes))
 
 
 def _tensor_ratios(model, units, batch: int, repeats: int) -> dict:
@@ -265,6 +268,7 @@ def load(path: str) -> Profile:
         if data.pop("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
         units = tuple(Unit(**u) for u in data.pop("units"))
+        data["input_shape"] = tuple(data.get("input_shape", ()))
         for key in ("spatial_ratios", "tensor_ratios"):
             data[key] = {int(k): float(v) for k, v in data.get(key, {}).items()}
         profile = Profile(units=units, **data)

@@ -298,8 +298,9 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
 def grid_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """--grid D,auto for each T >= 2 dividing the ranks (:func:`psgd.plan.grid.grid_rows`)."""
     from psgd.plan.grid import grid_rows, serial_layers
+    layers = serial_layers(profile.spec, profile.input_shape, profile.n_classes)
     return [Plan("grid", "allreduce", budget.ranks, budget.batch, **row)
-            for row in grid_rows(profile, budget, serial_layers(profile.spec))]
+            for row in grid_rows(profile, budget, layers)]
 
 
 def _on_shared_cores(profile: Profile, budget: Budget) -> Profile:

@@ -81,7 +81,7 @@ def _search(args: argparse.Namespace, ranks: int) -> dict:
         batch_size=args.batch_size or 64, shared_link=False, data=args.data,
         **{f: getattr(args, f) if getattr(args, f) is not None else v for f, v in BUDGET.items()})
     budget = auto.budget_of(budget_args, ranks)
-    plans, _ = auto.search(auto.get_profile(args.model, budget_args.profile), budget)
+    plans, _ = auto.search(auto.get_profile(args.model, budget_args.profile, data=args.data), budget)
     return auto.as_dict(plans[0], args.model, args.data)
 
 

@@ -86,17 +86,21 @@ def net_rows(args) -> list:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.h5"
-        run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--train", "2048", "--test", "256",
-                     "--channels", str(args.channels), "-o", str(data)], 300, cwd=ROOT).check_returncode()
+        if args.image_side:
+            big_images(data, args.image_side)
+        else:
+            run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--train", "2048", "--test", "256",
+                         "--channels", str(args.channels), "-o", str(data)], 300, cwd=ROOT).check_returncode()
         prof = get_profile(args.model, str(Path(tmp) / "profile.json"), args.batch_size, str(data))
         for rate in args.net.split(","):
             run = SimpleNamespace(rate=rate, ranks=2, per_node=1, batch_size=args.batch_size,
                                   steps=3, seconds=args.seconds, timeout=args.timeout)
             plans, _ = search(prof, bench_plan.bench_budget(run, 1 << 40, data))
-            picked = [next(p for p in plans if p.kind == "tensor" and p.replicas == 1),
+            split = "spatial" if args.image_side else "tensor"
+            picked = [next(p for p in plans if p.kind == split and p.replicas == 1),
                       next(p for p in plans if p.kind == "data" and p.protocol == "allreduce"
                            and not p.compress and not p.servers)]
-            picked += [p for p in plans if p.kind == "grid"][:1]     # the fastest auto grid D x T
+            picked += [p for p in plans if p.kind == "grid"][:0 if args.image_side else 1]
             for plan in picked:
                 log = Path(tmp) / f"{rate}-{plan.kind}.jsonl"
                 measured = bench_plan.measured_rate(plan, data, args.model, run, log)
@@ -104,9 +108,25 @@ def net_rows(args) -> list:
                              "predicted": round(plan.samples_per_s, 1), "measured": round(measured, 1),
                              "ratio": round(measured / plan.samples_per_s, 3)})
                 print(json.dumps(rows[-1]), flush=True)
-            rows.append(plain_auto_row(plans, data, args, run, Path(tmp) / f"{rate}-auto.jsonl"))
-            print(json.dumps(rows[-1]), flush=True)
+            if not args.image_side:
+                rows.append(plain_auto_row(plans, data, args, run, Path(tmp) / f"{rate}-auto.jsonl"))
+                print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def big_images(path: Path, side: int, n_train: int = 512, n_test: int = 64) -> None:
+    """The colour synthetic set (3x32x32) scaled up to 3 x ``side`` x ``side`` (a multiple of
+    32) by repeating pixels: images large enough for --spatial to split every conv layer."""
+    import numpy as np
+
+    from psgd.data import layout
+    from psgd.data.synth import N_CLASSES, make_synthetic
+    if side % 32:
+        raise SystemExit(f"bench-tensor: --image-side {side} is not a multiple of 32")
+    x, y, xt, yt = make_synthetic(n_train, n_test, 0, 3)
+    up = [np.repeat(np.repeat(a, side // 32, axis=2), side // 32, axis=3) for a in (x, xt)]
+    layout.write_dataset(path, up[0], y, up[1], yt, n_classes=N_CLASSES, scale=layout.UINT8_SCALE,
+                         offset=0.0, source=f"synth:seed=0,channels=3,side={side}", normalize=True)
 
 
 def plain_auto_row(plans: list, data: Path, args, run, log: Path) -> dict:
@@ -134,17 +154,19 @@ def plain_auto_row(plans: list, data: Path, args, run, log: Path) -> dict:
 
 
 def net_table(rows: list, args) -> str:
-    lines = [f"Model `{args.model}`, batch {args.batch_size} per replica, on `psgd net --nodes 2 "
+    images = f" on 3x{args.image_side}x{args.image_side} images" if args.image_side else ""
+    lines = [f"Model `{args.model}`{images}, batch {args.batch_size} per replica, on `psgd net --nodes 2 "
              f"--rate RATE` (one shared link, rank r on node r mod 2; this machine's cores shared).",
              "", "| rate | plan | psgd train flags | predicted samples/s | measured | measured/predicted |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['rate']} | {r['plan']} | `{r['args']}` | {r['predicted']:.1f} | {r['measured']:.1f} "
               f"| {r['ratio']:.2f} |" for r in rows]
+    split = "spatial" if args.image_side else "tensor"
     for rate in dict.fromkeys(r["rate"] for r in rows):
-        tensor, data = (next(r for r in rows if r["rate"] == rate and r["plan"].startswith(k))
-                        for k in ("tensor", "allreduce"))
-        lines.append(f"\n{rate}: tensor 1x2 / allreduce W=2 measured {tensor['measured'] / data['measured']:.2f}x, "
-                     f"predicted {tensor['predicted'] / data['predicted']:.2f}x.")
+        part, data = (next(r for r in rows if r["rate"] == rate and r["plan"].startswith(k))
+                      for k in (split, "allreduce"))
+        lines.append(f"\n{rate}: {split} 1x2 / allreduce W=2 measured {part['measured'] / data['measured']:.2f}x, "
+                     f"predicted {part['predicted'] / data['predicted']:.2f}x.")
     return "\n".join(lines)
 
 
@@ -169,6 +191,9 @@ def main() -> None:
     ap.add_argument("--channels", type=int, default=1, help="--net: 1 (1x28x28 images) or 3 (3x32x32, "
                                                                    "for cifar-cnn)")
     ap.add_argument("--seconds", type=float, default=8.0, help="--net: predicted seconds per run")
+    ap.add_argument("--image-side", type=int, default=None, metavar="S",
+                    help="--net: a conv --model on 3 x S x S images (S a multiple of 32): its "
+                         "spatial 1x2 plan against allreduce W=2")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     if args.net:

@@ -176,14 +176,14 @@ class ElasticOptions(Options):
         self.check_given()
         if not self.elastic:
             return self
-        if plan.split.wanted():
-            raise UsageError("--elastic runs the whole model on every worker: not with "
-                             "--tensor, --spatial or --grid")
         ring = protocol.can("elastic-ring")
         if not (protocol.can("elastic") or ring):
             raise UsageError(f"--elastic runs --protocol {names(able='elastic')} or "
                              f"{names(able='elastic-ring')} so far, not "
                              f"{protocol.name}{protocol.why_not('elastic')}")
+        if plan.split.wanted():
+            raise UsageError("--elastic runs the whole model on every worker: not with "
+                             "--tensor, --spatial or --grid")
         if not self.port_file:
             raise UsageError("--elastic needs --port-file PATH: where the workers find the "
                              "servers (a shared file system across nodes)")

@@ -257,7 +257,18 @@ def _again(tmp: Path, argv: list, real: float, summary: dict) -> dict:
 
 
 def validate(tmp: Path, data: Path, opts) -> list:
-    """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation."""
+    """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation
+    (``--real-only``: the real runs alone, kept for a later ``--from``; no rows)."""
+    if opts.real_only:
+        for W in opts.widths:
+            for proto in opts.protocols:
+                for slow in opts.stragglers:
+                    for seed in range(1, opts.seeds + 1):
+                        tl, summary = _real(opts.keep, data, W, proto, slow, opts, seed)
+                        print(f"real: W={W} {proto}{' slow' if slow else ''} seed {seed}: "
+                              f"{real_rate(_trace(tl)):.1f}/s, accuracy "
+                              f"{summary['test_accuracy']:.4f}", flush=True)
+        return []
     return [_pair(tmp, data, W, proto, slow, opts, seed)
             for W in opts.widths for proto in opts.protocols for slow in opts.stragglers
             for seed in range(1, opts.seeds + 1)]
@@ -422,6 +433,8 @@ def arguments() -> argparse.Namespace:
                     "run's timeline and log, and each validation row as NAME.row.json, in DIR")
     ap.add_argument("--from", dest="source", type=Path, default=None, metavar="DIR",
                     help="simulate the real runs kept in DIR by --keep instead of running them")
+    ap.add_argument("--real-only", action="store_true", help="run and keep (--keep) the "
+                    "validation's real runs only, to simulate later with --from")
     ap.add_argument("--no-speed", dest="speed", action="store_false",
                     help="skip part 1 (the event loop's speed)")
     ap.add_argument("--poll", action="store_true", help="also simulate each validation trace "
@@ -441,6 +454,8 @@ def arguments() -> argparse.Namespace:
     args.widths = ([2] if q else [2, 4, 8]) if args.widths is None else args.widths
     args.seeds = args.seeds or (1 if q else 3)
     args.steps = args.steps or (30 if q else 600)
+    if args.real_only and not args.keep:
+        ap.error("--real-only needs --keep DIR (where the runs are kept)")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     if args.table_widths is None:

@@ -13,9 +13,16 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from psgd.env import env_float
 from psgd.mpi import timeline, wait
 
 TAG_FORWARD, TAG_BACKWARD = 4901, 4902
+# A wait on a neighbour polls with sched_yield for up to this long before psgd.mpi.wait's
+# backoff sleeps: the message is due within one of the neighbour's ops, and a rank that
+# sleeps wakes up to a whole backoff sleep late, at every microbatch; sched_yield hands
+# the core to a rank that shares it.
+DEFAULT_SPIN_S = 20e-3
+SPIN_S = env_float("PSGD_X_PIPELINE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
 
 
 class _Channel:
@@ -43,7 +50,7 @@ class _Channel:
         if not self.started[k]:
             return 0.0
         t = time.perf_counter()
-        wait.wait(self.reqs[k], what)
+        wait.wait(self.reqs[k], what, spin_s=SPIN_S)
         self.started[k] = False
         t1 = time.perf_counter()
         if timeline.current is not None:

@@ -21,6 +21,7 @@ from psgd.pipeline.local import stage_model
 from psgd.pipeline.options import SERVER_SETTINGS
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
+from psgd.pipeline.transport import spin_seconds
 from psgd.protocols import get
 from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
@@ -133,7 +134,8 @@ def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int],
     return buf[:-1].tolist(), costs, replace(opts, recompute=bool(buf[-1]))
 
 
-def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
+def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts,
+               spin_s: float) -> PipelineRun:
     from psgd.data.reader import ShardReader, dataset_info
     info = dataset_info(settings.data)
     bounds = partition.layer_bounds(_skeleton(settings), counts)
@@ -144,7 +146,7 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
         lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
     start = resume_stage(settings, resumed, model, total)
     trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start,
-                            whole=total)
+                            whole=total, spin_s=spin_s)
     if start and trainer.optimizer is not None:   # with servers, the servers load theirs
         part = (model.offset, model.offset + model.n_params)
         state = load_checkpoint(resumed.path, part).opt_state
@@ -380,13 +382,15 @@ def train_pipeline(args: argparse.Namespace) -> None:
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
     counts, costs, opts = _agreed_cut(comm, settings, opts, debug)
+    with phase("counting the ranks on this node"):
+        spin_s = spin_seconds(comm)   # every rank, servers too, counts against the cores
     n_servers = servers_of(settings)
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
     with phase("splitting into replicas and stages"):
         workers = workers_comm(comm, n_servers) if n_servers else comm
         grid = Grid(workers, opts.stages) if workers is not None else None
     build = (lambda: None) if grid is None else \
-        (lambda: _build_run(settings, opts, resumed, grid, run_id, counts))
+        (lambda: _build_run(settings, opts, resumed, grid, run_id, counts, spin_s))
     run = agree(comm, build, debug, "read the data, build the stages and load the checkpoint",
                 "agreeing that every stage could be built")
     if grid is None:

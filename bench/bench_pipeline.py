@@ -4,8 +4,9 @@ throughput against data parallelism on the same ranks, pipedream's learning agai
 Run as ``python bench/bench_pipeline.py`` (``make bench-pipeline``): every row is one
 ``psgd train --pipeline`` (or ``--protocol allreduce``) run under mpiexec on synthetic data,
 read back from its JSON-lines log.  The idle fraction of a stage is the time it waited on
-its neighbours over its wall time; "simulated" replays the schedule with each stage's
-measured forward and backward time per microbatch (psgd.pipeline.schedules.simulate).
+its neighbours over its time, both from the second step on; "simulated" replays the
+schedule with each stage's measured forward and backward time per microbatch
+(psgd.pipeline.schedules.simulate).
 Writes pipeline.json (and .md) into runs/bench/pipeline-TIME/ (``--publish``: bench/results/).
 """
 from __future__ import annotations

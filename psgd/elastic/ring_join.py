@@ -15,6 +15,7 @@ from psgd.elastic.alive import running
 from psgd.elastic.pairs import PairsMember
 from psgd.elastic.ring import Member, Ring, RingBroken
 from psgd.mpi import faults
+from psgd.mpi.phase import phase
 from psgd.nn.optim import make_optimizer
 
 WATCH_S = 0.25   # how often a member looks at the coordinator's pid
@@ -44,7 +45,8 @@ def member(inter: MPI.Intercomm, welcome: dict, job) -> int:
     """Train as worker ``welcome['slot']`` of the ring; the exit code."""
     slot = welcome["slot"]
     _watch(welcome["coordinator"], slot)
-    comm = _merge(inter)
+    with phase("merging into the ring"):
+        comm = _merge(inter)
     model, reader, config = job.model, job.reader, job.config
     own = model.params.copy()
     comm.Bcast(model.params, root=0)

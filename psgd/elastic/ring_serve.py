@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
@@ -77,15 +79,17 @@ def ring_main(args, settings, resumed) -> None:
     segments, coordinator = [], None
     try:
         ring = _admit(door, welcome, W, settings.elastic.no_worker_timeout)
-        ring.Bcast(job.model.params, root=0)
-        segments = ring.gather([], root=0)   # each member's MPICH segment in /dev/shm
-        if pairs:
-            pids = ring.allgather(os.getpid())
-            starts = np.empty((W + 1, job.model.n_params), np.float32)
-            ring.Gather(job.model.params, starts, root=0)
-            coordinator = PairsCoordinator(ring, pids, log)
-        else:
-            coordinator = Coordinator(ring, job.total_steps, log)
+        with guard(settings.elastic.no_worker_timeout, "the workers did not all start",
+                   door.close):
+            ring.Bcast(job.model.params, root=0)
+            segments = ring.gather([], root=0)   # each member's MPICH segment in /dev/shm
+            if pairs:
+                pids = ring.allgather(os.getpid())
+                starts = np.empty((W + 1, job.model.n_params), np.float32)
+                ring.Gather(job.model.params, starts, root=0)
+                coordinator = PairsCoordinator(ring, pids, log)
+            else:
+                coordinator = Coordinator(ring, job.total_steps, log)
         params = coordinator.run()
     except PsgdError as exc:
         print(f"psgd: error: {exc}", flush=True)
@@ -105,6 +109,27 @@ def ring_main(args, settings, resumed) -> None:
     else:
         _summary(job, coordinator, params, log, time.monotonic() - t0, ckpt)
     leave(0)
+
+
+@contextmanager
+def guard(seconds: float, what: str, close):
+    """End the coordinator with one line (exit 1) if the body, which waits in MPI on joiners
+    (a merge, a collective: nothing MPI can interrupt), takes over ``seconds``: a joiner that
+    died meanwhile would keep it there for good. ``close`` removes the port file first (later
+    joiners find no run); the members leave on seeing the coordinator gone."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            print(f"psgd: error: {what} within {seconds:g} s (one was killed while the ring "
+                  f"formed?); the coordinator ends, and with it the run", flush=True)
+            close()
+            leave(1)
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _unlink_lost(segments: list, pids: list) -> None:
@@ -133,9 +158,10 @@ def _admit(door: Door, welcome: dict, W: int, wait_s: float) -> MPI.Intracomm:
         door.comm = comm   # the accept is collective over the ring so far
         inter = door.admit(ready)
         buf = np.frombuffer(json.dumps({**welcome, "slot": k}).encode(), np.uint8).copy()
-        inter.Send(buf, 0, TAG_WELCOME)
-        comm = inter.Merge(high=False)
-        comm.bcast(W - k - 1, root=0)   # the members take part in the next accept
+        with guard(door.accept_s, f"worker {k} did not merge into the ring", door.close):
+            inter.Send(buf, 0, TAG_WELCOME)
+            comm = inter.Merge(high=False)
+            comm.bcast(W - k - 1, root=0)   # the members take part in the next accept
         print(f"psgd: worker {k} joined ({k + 1} of {W})", flush=True)
     print(f"psgd: the ring of {W} workers starts", flush=True)
     return comm

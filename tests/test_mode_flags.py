@@ -60,8 +60,8 @@ def test_elastic_under_a_protocol_without_the_ability_gives_its_declared_reason(
         resolve(parse_train("--data", data, "--protocol", protocol, "--optimizer", "sgd", "--elastic",
                       "--port-file", "p"), environ={})
     line = str(err.value)
-    assert line.startswith("--elastic runs --protocol bsp or ssp or asp or allreduce so far, "
-                           "not " + protocol)
+    assert line.startswith("--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd "
+                           "so far, not " + protocol)
     assert line.endswith(get(protocol).why_not("elastic")) and get(protocol).why_not("elastic")
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from psgd.plan import memory
-from psgd.plan.cost import Job, Network, Traffic, flat_allreduce_s
+from psgd.plan.cost import Job, Network, Traffic, groups_allreduce_s
 
 ITEMSIZE = 4        # float32, psgd train's dtype
 MAC_S = 1e-10       # seconds per multiply-add of the run's compute term (its imbalance only)
@@ -21,18 +21,19 @@ def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, pa
     ranks of a group (kind ``all-reduce`` or ``all-gather``, the latter priced as an
     all-reduce of half its bytes, as the tensor rows price it), or across the replicas (kind
     ``replica all-reduce``), on a grid of ``ranks`` from world rank ``first`` in which rank w
-    is part w % parts of replica w // parts: psgd's all-reduce on ``net``; ``price.mac_s``:
+    is part w % parts of replica w // parts: psgd's all-reduce on ``net``, every group (or
+    every part's replicas) at once, their bytes sharing the links; ``price.mac_s``:
     the seconds per multiply-add :func:`choose_split` weighs the compute by."""
     job = Job(1, 0.0, 1, first + ranks, 0, per_node, cliques)
-    group = [first + r for r in range(parts)]
-    replicas = [first + r for r in range(0, ranks, parts)]
+    groups = [[first + g + r for r in range(parts)] for g in range(0, ranks, parts)]
+    replicas = [[first + s + r for r in range(0, ranks, parts)] for s in range(parts)]
 
     def price(kind: str, nbytes: float) -> float:
         if kind == "halo":          # each rank sends half to each neighbour at once
-            return _halo_s(job, group, nbytes, net)
-        ranks_of = replicas if kind == "replica all-reduce" else group
+            return _halo_s(job, groups, nbytes, net)
         reduced = nbytes / 2 if kind == "all-gather" else nbytes
-        return flat_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))), ranks_of, net)
+        return groups_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))),
+                                  replicas if kind == "replica all-reduce" else groups, net)
     price.mac_s = mac_s
     return price
 
@@ -59,12 +60,14 @@ def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, p
     return int(d), int(t), per_sample
 
 
-def _halo_s(job: Job, group: list, nbytes: float, net: Network) -> float:
-    """A halo exchange: ``nbytes`` per rank, half to each neighbour in the group, two messages."""
+def _halo_s(job: Job, groups: list, nbytes: float, net: Network) -> float:
+    """A halo exchange in every group at once: ``nbytes`` per rank, half to each neighbour, two
+    messages."""
     t = Traffic(job)
-    for a, b in zip(group, group[1:]):
-        t.carry(a, b, nbytes / 2)
-        t.carry(b, a, nbytes / 2)
+    for group in groups:
+        for a, b in zip(group, group[1:]):
+            t.carry(a, b, nbytes / 2)
+            t.carry(b, a, nbytes / 2)
     return t.seconds(net, 2)
 
 

@@ -10,7 +10,7 @@ from psgd.errors import UsageError
 from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 from psgd.plan import memory
 from psgd.plan.codec import residual
-from psgd.plan.cost import NONE, Compression, Job, Network, flat_allreduce_s, predict
+from psgd.plan.cost import NONE, Compression, Job, Network, groups_allreduce_s, predict
 from psgd.plan.crowd import slow_down
 from psgd.pipeline.partition import min_max_cut
 from psgd.plan.cut import Stages, schedule_time, stage_in_flight
@@ -200,8 +200,18 @@ def _link_s_per_byte(budget: Budget, group: int) -> float:
 
 
 def _replica_allreduce_s(budget: Budget, nbytes: float, stride: int, replicas: int) -> float:
+    """The all-reduce of ``nbytes`` across the ``replicas`` of each of ``stride`` parts (or
+    stages), all at once: rank r is part r % stride of replica r // stride."""
     job = Job(max(1, int(nbytes // 4)), 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
-    return flat_allreduce_s(job, [r * stride for r in range(replicas)], budget.net)
+    return groups_allreduce_s(job, _groups(stride, replicas, across=True), budget.net)
+
+
+def _groups(parts: int, replicas: int, across: bool = False) -> list[list[int]]:
+    """The ranks of each replica's ``parts`` (``across``: of each part's ``replicas``) on a
+    grid where rank r is part r % parts of replica r // parts."""
+    if across:
+        return [[s + r * parts for r in range(replicas)] for s in range(parts)]
+    return [[g * parts + r for r in range(parts)] for g in range(replicas)]
 
 
 def _pipeline_plan(profile: Profile, budget: Budget, k: int, m: int, schedule: str,
@@ -267,8 +277,8 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         compute = ratio_at(profile.tensor_ratios, t, profile.tensor_ratio) * tensor_share(profile.units, b, t) \
             * budget.slow(profile, f"tensor {t}")
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
-        comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * n // 4)), list(range(t)),
-                                    budget.net) for n in reduced)
+        comm = sum(groups_allreduce_s(replace(group, n_params=max(1, b * n // 4)), _groups(t, d),
+                                      budget.net) for n in reduced)
         local = memory.tensor_params(profile, t)
         update = (_replica_allreduce_s(budget, local, t, d) if d > 1 else 0.0) \
             + local * profile.step_s_per_byte
@@ -297,10 +307,10 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
             * budget.slow(profile, f"spatial {p}")
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
-        comm = flat_allreduce_s(replace(group, n_params=max(1, gather)), list(range(p)),
-                                budget.net) + 4 * n * budget.net.latency \
-            + flat_allreduce_s(replace(group, n_params=max(1, sum(u.param_bytes for u in lead) // 4)),
-                               list(range(p)), budget.net)
+        comm = groups_allreduce_s(replace(group, n_params=max(1, gather)), _groups(p, d),
+                                  budget.net) + 4 * n * budget.net.latency \
+            + groups_allreduce_s(replace(group, n_params=max(1, sum(u.param_bytes for u in lead) // 4)),
+                                 _groups(p, d), budget.net)
         update = (_replica_allreduce_s(budget, profile.param_bytes, p, d) if d > 1 else 0.0) \
             + profile.param_bytes * profile.step_s_per_byte
         acts = b * lead[0].in_bytes + sum((b * u.out_bytes + u.scratch_at(b)) // (p if i < n else 1)

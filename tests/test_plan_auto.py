@@ -531,7 +531,7 @@ def tensor_time_share(prof, batch, parts):
 
 
 def test_the_profiles_seconds_per_multiply_add_is_its_units_seconds_over_three_per_multiply_add():
-    from psgd.plan.grid import macs
+    from psgd.plan.profile import macs
     model = model_of_spec("lenet")
     prof = profiles.profile_model(model, batch=4, repeats=1)
     n = sum(macs(la) for la in model.layers)

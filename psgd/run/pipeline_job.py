@@ -16,7 +16,7 @@ from psgd.nn.optim import make_optimizer
 from psgd.pipeline import partition
 from psgd.pipeline.asynchronous import Microbatches
 from psgd.pipeline.evaluate import evaluate
-from psgd.pipeline.grid import Grid
+from psgd.pipeline.grid import Grid, TensorGrid
 from psgd.pipeline.local import stage_model
 from psgd.pipeline.options import SERVER_SETTINGS
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
@@ -31,6 +31,7 @@ from psgd.run.mode_flags import PipelineFlags
 from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
+from psgd.tensor import pipeline as tensor_stages
 
 DEFAULT_PROTOCOL = "allreduce"
 
@@ -58,7 +59,11 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     if "protocol" not in given:
         args.protocol = DEFAULT_PROTOCOL
     protocol = get(given.get("protocol", DEFAULT_PROTOCOL))
-    refused = refused_by(PipelineFlags(), given, keep=SERVER_SETTINGS if protocol.servers else ())
+    split = any(given.get(name) for name in ("tensor", "spatial", "grid"))
+    refused = split and tensor_stages.refused(given, given.get("schedule", "1f1b"),
+                                              protocol.servers)
+    keep = (SERVER_SETTINGS if protocol.servers else ()) + (("tensor", "grid") if split else ())
+    refused = refused or refused_by(PipelineFlags(), given, keep=keep)
     if refused:
         raise ValueError(refused)
     settings, resumed = resolve_run(args)   # checks the pipeline's flags (psgd.run.mode_flags)
@@ -68,6 +73,14 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     n_servers = servers_of(settings)
     if n_servers:
         tensor_servers.check(settings, opts.stages, "pipeline")
+    parts = tensor_stages.parts_of(settings)
+    if parts > 1:   # tensor-split stages
+        tensor_stages.check_grid(settings, opts.stages, comm.Get_size())
+        opts = replace(opts, recompute=True)
+        if (comm.Get_size() - n_servers) % (opts.stages * parts):
+            raise ValueError(f"--pipeline {opts.stages} --tensor {parts}: the {comm.Get_size()} "
+                             f"ranks are not D replicas x {opts.stages} stages x {parts} parts "
+                             f"(give a multiple of {opts.stages * parts} ranks)")
     if comm.Get_size() <= n_servers or (comm.Get_size() - n_servers) % opts.stages:
         servers = f"{n_servers} servers + " if n_servers else ""
         raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not "
@@ -136,6 +149,8 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
     from psgd.data.reader import ShardReader, dataset_info
     info = dataset_info(settings.data)
     bounds = partition.layer_bounds(_skeleton(settings), counts)
+    if getattr(grid, "parts", 1) > 1:
+        return _build_split_run(settings, opts, grid, run_id, counts, info, bounds)
     model = stage_model(settings, info, *bounds[grid.stage])
     total = total_steps(settings, info, model, grid.replicas)
     hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
@@ -154,6 +169,22 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
                              seed=settings.seed, augment=settings.augment)
     return PipelineRun(settings, opts, grid, model, trainer, reader, total, start,
+                       lr_by_clock(settings, total, model), run_id, list(counts))
+
+
+def _build_split_run(settings, opts, grid, run_id: str, counts, info, bounds) -> PipelineRun:
+    """:func:`_build_run` for tensor-split stages (no checkpoint to resume: refused)."""
+    from psgd.data.reader import ShardReader
+    model = tensor_stages.stage_model(settings, info, *bounds[grid.stage], grid.tensor_comm)
+    total = total_steps(settings, info, model, grid.replicas)
+    make = lambda n: make_optimizer(settings.optimizer, n, momentum=settings.momentum,  # noqa: E731
+                                    weight_decay=settings.weight_decay, dtype=model.dtype)
+    trainer = tensor_stages.build_trainer(model, grid, opts, make, settings.batch_size, total)
+    reader = None
+    if trainer.stage.first or trainer.stage.last:
+        reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
+                             seed=settings.seed, augment=settings.augment)
+    return PipelineRun(settings, opts, grid, model, trainer, reader, total, 0,
                        lr_by_clock(settings, total, model), run_id, list(counts))
 
 
@@ -255,7 +286,7 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
                      _max_staleness(run)], np.float64)
     rows = np.zeros((run.grid.stages, 9)) if run.grid.stage == 0 else None
     wait.wait(run.grid.row_comm.Igather(mine, rows, root=0), "the stages to send their summary")
-    if rows is None or run.grid.replica != 0:
+    if rows is None or run.grid.replica != 0 or getattr(run.grid, "part", 0):
         return None
     steps = run.total - run.start
     per_op = rows[:, 5:7] / (steps * opts.microbatches)   # seconds per microbatch op
@@ -302,10 +333,12 @@ def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
 
 def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     """Rank 0: the grid, the cut and each stage's predicted time, parameters and input bytes."""
-    opts, model = run.options, run.model
+    opts, model = run.options, _skeleton(run.settings)   # the whole layer list
     servers = servers_of(run.settings)
+    parts = getattr(run.grid, "parts", 1)
+    split = f" x {parts} tensor parts" if parts > 1 else ""
     over = f" over {servers} --protocol {run.settings.protocol} servers" if servers else ""
-    print(f"psgd: pipeline of {opts.stages} stages x {run.grid.replicas} replica(s){over}, "
+    print(f"psgd: pipeline of {opts.stages} stages{split} x {run.grid.replicas} replica(s){over}, "
           f"--schedule {opts.schedule}, {opts.microbatches} microbatch(es) of "
           f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}, "
           f"--recompute {'on' if opts.recompute else 'off'}", flush=True)
@@ -315,7 +348,8 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     for s, (a, b) in enumerate(partition.layer_bounds(model, counts)):
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
-                f"{type(model.layers[b - 1]).__name__}), {n * model.dtype.itemsize} parameter bytes")
+                f"{type(model.layers[b - 1]).__name__}), {n * run.model.dtype.itemsize} parameter "
+                f"bytes" + (f" over {parts} parts" if parts > 1 else ""))
         if costs is not None:
             part = costs[edges[s]:edges[s + 1]]
             ms = 1e3 * partition.stage_time(part, 0.0, s == opts.stages - 1, again)
@@ -359,7 +393,9 @@ def train_pipeline(args: argparse.Namespace) -> None:
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
     with phase("splitting into replicas and stages"):
         workers = workers_comm(comm, n_servers) if n_servers else comm
-        grid = Grid(workers, opts.stages) if workers is not None else None
+        parts = tensor_stages.parts_of(settings)
+        grid = None if workers is None else \
+            TensorGrid(workers, opts.stages, parts) if parts > 1 else Grid(workers, opts.stages)
     build = (lambda: None) if grid is None else \
         (lambda: _build_run(settings, opts, resumed, grid, run_id, counts))
     run = agree(comm, build, debug, "read the data, build the stages and load the checkpoint",

@@ -96,6 +96,8 @@ def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) ->
     prof = get_profile(model, str(tmp / f"{model.replace(':', '_')}.json"), data=str(data))
     held = prof.base_bytes + train_bytes(str(data))     # the process and, at most, all the data
     plans, _ = search(prof, bench_budget(args, held + memory, data))
+    print(json.dumps({"model": model, "crowd_ratios": prof.crowd_ratios, "mac_s": prof.mac_s,
+                      "load": os.getloadavg()}), flush=True)
     rows = []
     for plan in chosen(plans, args.top):
         log = tmp / f"{case}-{args.rate}-{args.ranks}-{len(rows)}.jsonl"
@@ -108,6 +110,7 @@ def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) ->
         print(json.dumps(rows[-1]), flush=True)
     top, best = rows[0], max(r["measured"] for r in rows)
     return {"model": model, "memory": memory, "rows": rows, "kept": len(plans),
+            "crowd_ratios": prof.crowd_ratios,
             "top_within_25": abs(top["ratio"] - 1) <= 0.25,
             "top_within_10_of_best": top["measured"] >= 0.9 * best}
 
@@ -194,6 +197,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=80e9, help="bits/s (shared memory)")
     ap.add_argument("--per-node", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--no-paper", action="store_true",
+                    help="with --net: skip the 64-1024-rank table (its profiles)")
     ap.add_argument("--net", default=None, metavar="RATES",
                     help="e.g. 1gbit,10gbit: run on psgd net's 2 nodes at each rate")
     common.add_output_arguments(ap)
@@ -237,12 +242,13 @@ def main_net(args) -> None:
                          for i, (m, mem) in enumerate(NET_CASES)]
                 results[f"{rate}, {args.ranks} ranks"] = cases
                 parts += [f"## {rate}, {args.ranks} ranks", "", table(cases, args)]
-        paper = paper_table(Path(tmp))
-    parts += ["## 64 to 1024 ranks: predicted only, never run", "",
-              "The fastest plan the search finds, and the fastest whose arithmetic is serial "
-              "SGD's, at 1 GB per rank, 8 ranks per node, batch 64 per replica, from profiles "
-              "made on this machine (one rank per core assumed; nothing here was measured at "
-              "these sizes).", "", paper]
+        paper = None if args.no_paper else paper_table(Path(tmp))
+    if paper:
+        parts += ["## 64 to 1024 ranks: predicted only, never run", "",
+                  "The fastest plan the search finds, and the fastest whose arithmetic is serial "
+                  "SGD's, at 1 GB per rank, 8 ranks per node, batch 64 per replica, from profiles "
+                  "made on this machine (one rank per core assumed; nothing here was measured at "
+                  "these sizes).", "", paper]
     body = "\n".join(parts)
     stem = common.result_stem("plan-net", True)
     files = [common.write_json(out / f"{stem}.json", {"rates": results}, common.SYNTHETIC),

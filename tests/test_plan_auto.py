@@ -19,12 +19,21 @@ from psgd.plan.inputs import model_of_spec
 from psgd.plan.profile import Profile, Unit
 from psgd.plan.search import Budget, search
 
+
+@pytest.fixture(autouse=True)
+def _short_crowd(monkeypatch):
+    """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
+    what these tests check."""
+    monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+
 SPEC = "mlp:20-16-12-8-4"
 
 
-def toy_profile(spec=SPEC, seed=0) -> Profile:
-    """A profile of ``spec``'s real sizes with random times (no timing needed)."""
-    model = model_of_spec(spec)
+def toy_profile(spec=SPEC, seed=0, shape=None) -> Profile:
+    """A profile of ``spec``'s real sizes (on inputs of ``shape``, 10 classes, when given) with
+    random times (no timing needed)."""
+    from psgd.nn.model import build_model
+    model = build_model(spec, input_shape=shape, n_classes=10) if shape else model_of_spec(spec)
     rng = np.random.default_rng(seed)
     from psgd.pipeline.partition import units
     out, shape_bytes = [], lambda s: 4 * int(np.prod(s))
@@ -37,7 +46,8 @@ def toy_profile(spec=SPEC, seed=0) -> Profile:
                         params, params if dense else 0, layers[0].out_shape[0] if dense else 0))
     return Profile(model.spec, 8, tuple(out), 1e-10, 1000,
                    {"fp16": [2.0, 1e-10, 1e-10, True], "topk:0.01": [50.0, 1e-9, 1e-9, False]},
-                   *profiles._spatial(model, units(model)))
+                   *profiles._spatial(model, units(model)),
+                   input_shape=tuple(shape or ()), n_classes=10 if shape else 0)
 
 
 def test_a_measured_profile_matches_the_model_and_round_trips(tmp_path):
@@ -94,10 +104,10 @@ def test_a_profiles_scratch_is_what_the_layers_hold_at_another_batch():
 
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
-    ('{"format": "psgd-profile/4", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
+    ('{"format": "psgd-profile/5", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
      '"base_bytes": 0}', "empty"),
     ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
-     "not a psgd-profile/4 file"),
+     "not a psgd-profile/5 file"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "p.json"
@@ -479,3 +489,53 @@ def test_a_tensor_rows_compute_is_its_units_share_times_the_measured_split_ratio
         tensor_plans(replace(prof, tensor_ratios={2: 2.0}), budget)
     share = sum((u.forward_at(8) + u.backward_at(8)) / (2 if u.split_bytes else 1) for u in prof.units)
     assert two.step_s - one.step_s == pytest.approx(share)
+
+
+def test_the_slow_down_on_shared_cores_is_the_share_times_the_crowd_ratio_timed_for_the_step():
+    """Ranks a core runs times the ratio measured for the step (the widest timed count at or
+    below a row's, then the serial step's), its excess in proportion up to two a core."""
+    from psgd.plan.crowd import slow_down
+    ratios = {"serial": 1.1, "tensor 2": 1.2, "tensor 4": 1.4, "spatial 2": 1.3}
+    assert slow_down(ratios, "tensor 4", 1.0) == 1.0
+    assert slow_down(ratios, "tensor 4", 2.0) == pytest.approx(2 * 1.4)
+    assert slow_down(ratios, "tensor 8", 2.0) == pytest.approx(2 * 1.4)
+    assert slow_down(ratios, "tensor 2", 1.5) == pytest.approx(1.5 * 1.1)
+    assert slow_down(ratios, "spatial 4", 4.0) == pytest.approx(4 * 1.3)
+    assert slow_down(ratios, "serial", 2.0) == slow_down(ratios, "pipeline 3", 2.0) == pytest.approx(2.2)
+    assert slow_down({}, "tensor 2", 2.0) == 2.0
+
+
+def test_oversubscribed_rows_slow_their_compute_by_their_crowd_ratio_and_copies_by_the_share():
+    """On 4 ranks of 2 cores a tensor row's compute doubles again by its measured crowd ratio;
+    a data row's by the serial one; with a core each nothing changes."""
+    from dataclasses import replace
+    from psgd.plan.search import data_plans, tensor_plans
+    prof = toy_profile("mlp:30-16-12-10")
+    budget = Budget(4, 1 << 40, Network(1.25e9), batch=8, cores=2)
+    crowds = [replace(prof, crowd_ratios={"serial": r, "tensor 2": r, "tensor 4": 2 * r}) for r in (1.0, 1.5)]
+    (one, more) = ({p.parts: p for p in tensor_plans(c, budget)} for c in crowds)
+    share = {t: tensor_time_share(prof, 8, t) for t in (2, 4)}
+    assert more[2].step_s - one[2].step_s == pytest.approx(2 * 0.5 * share[2])
+    assert more[4].step_s - one[4].step_s == pytest.approx(2 * 1.0 * share[4])
+    (a, b) = ({p.label(): p.step_s for p in data_plans(c, budget)} for c in crowds)
+    compute = 8 * prof.compute_at(8) / 8 * 2        # batch x per-sample seconds x ranks / cores
+    assert b["allreduce ring W=4 S=0"] - a["allreduce ring W=4 S=0"] == pytest.approx(0.5 * compute)
+    alone = Budget(2, 1 << 40, Network(1.25e9), batch=8, cores=2)
+    assert [p.step_s for p in tensor_plans(crowds[0], alone)] == [p.step_s for p in tensor_plans(crowds[1], alone)]
+    assert budget.crowded().net.shm_bandwidth == budget.net.shm_bandwidth / 2
+
+
+def tensor_time_share(prof, batch, parts):
+    from psgd.plan.tensor_time import tensor_share
+    return tensor_share(prof.units, batch, parts)
+
+
+def test_the_profiles_seconds_per_multiply_add_is_its_units_seconds_over_three_per_multiply_add():
+    from psgd.plan.grid import macs
+    model = model_of_spec("lenet")
+    prof = profiles.profile_model(model, batch=4, repeats=1)
+    n = sum(macs(la) for la in model.layers)
+    assert prof.mac_s * 3 * n == pytest.approx(prof.compute_s)
+    assert set(prof.crowd_ratios) == {"serial"} | {f"tensor {t}" for t in prof.tensor_ratios} \
+        | {f"spatial {p}" for p in prof.spatial_ratios}
+    assert all(r >= 1.0 for r in prof.crowd_ratios.values())

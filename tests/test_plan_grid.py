@@ -13,44 +13,73 @@ from psgd.plan.search import Budget, search
 from test_plan_auto import toy_profile
 
 
+@pytest.fixture(autouse=True)
+def _short_crowd(monkeypatch):
+    """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
+    what these tests check."""
+    monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+
+
 def real_names(prof):
     """``prof`` with each unit named as a measured profile names it (its layers, lower case):
     the tensor rows read their collectives from those names."""
     from psgd.pipeline.partition import units
+    from psgd.nn.model import build_model
     from psgd.plan.inputs import model_of_spec
-    model = model_of_spec(prof.spec)
+    model = build_model(prof.spec, input_shape=prof.input_shape, n_classes=prof.n_classes) \
+        if prof.input_shape else model_of_spec(prof.spec)
     names = ["+".join(type(la).__name__.lower() for la in model.layers[lo:hi]) for lo, hi in units(model)]
     return replace(prof, units=tuple(replace(u, name=n) for u, n in zip(prof.units, names)))
 
 
-@pytest.mark.parametrize("spec, ranks, rate", [("lenet", 2, 1e9), ("lenet", 4, 1e8),
-                                               ("mlp:20-16-12-8-4", 4, 1e10)])
-def test_an_auto_grid_rows_collectives_are_the_runs_chosen_cut_and_its_price(spec, ranks, rate):
-    """Each grid row's cut and collective seconds are those `psgd train` chooses when given the
-    row's own command: its flags parsed by psgd train, priced by psgd.run.grid_cost, cut by
-    choose_cut on the layers the run splits."""
+SPATIAL = "conv:16x3:pad1-relu-conv:16x3:pad1-relu-pool:4-flatten-dense:1024-relu-dense:10"
+
+
+@pytest.mark.parametrize("spec, shape, ranks, rate, batch", [
+    ("lenet", None, 2, 1e9, 8), ("lenet", None, 4, 1e8, 8), ("mlp:20-16-12-8-4", None, 4, 1e10, 8),
+    (SPATIAL, (3, 64, 64), 2, 1e10, 3), (SPATIAL, (3, 64, 64), 4, 1e10, 6)])
+def test_an_auto_grid_rows_head_and_cut_are_the_runs_choice_from_its_command(spec, shape, ranks, rate, batch):
+    """Each grid row's head, cut and collective seconds are those `psgd train` chooses from
+    the row's own command: its flags parsed by psgd train, the run's own split choice
+    (psgd.run.tensor_rank's) on the layers it splits, priced by psgd.run.grid_cost with the
+    --mac-ns the row passes. Big images on few samples take a spatial head on both sides."""
     from psgd.cli import build_parser
     from psgd.nn.model import model_layers
+    from psgd.plan.grid import mac_seconds, split_prices
     from psgd.run.grid_cost import pricer
     from psgd.run.plan_job import network_flags
-    from psgd.run.tensor_rank import grid_shape
-    from psgd.tensor.mixed import choose_cut
+    from psgd.run.tensor_rank import _auto, grid_shape
     from test_tensor import FakeComm
     net = Network(rate / 8, 20 * 1e-6)      # as psgd plan and psgd train read --latency-us 20
-    fit, _ = search(real_names(toy_profile(spec)), Budget(ranks, 1 << 40, net, batch=8))
+    prof = replace(real_names(toy_profile(spec, shape=shape)), mac_s=3.7e-10)
+    fit, _ = search(prof, Budget(ranks, 1 << 40, net, batch=batch))
     grids = [p for p in fit if p.kind == "grid"]
-    assert sorted(p.parts for p in grids) == [t for t in range(2, ranks + 1) if ranks % t == 0]
-    narrow = search(real_names(toy_profile(spec)), Budget(ranks, 1 << 40, net, batch=1))[0]
-    assert not [p for p in narrow if p.kind == "grid"]      # a part would have no sample
+    assert sorted(p.parts for p in grids) == [t for t in range(2, min(ranks, batch) + 1) if ranks % t == 0]
+    heads = set()
     for plan in grids:
         words = plan.train_args()
+        assert words[words.index("--mac-ns") + 1] == "0.37"
         args = build_parser(["train", *words]).parse_args(["train", "--data", "d.h5", *words])
         d, t, axis = grid_shape(args, ranks)
         assert (d, t, axis) == (plan.replicas, plan.parts, "auto")
+        choice = {}
+        s = SimpleNamespace(batch_size=args.batch_size, split=SimpleNamespace(dtype="float32"),
+                            servers=None, protocol=args.protocol)
+        _auto(s, choice, d, network_flags(args))(model_layers(spec, 0, shape, 10 if shape else None)[0],
+                                                  FakeComm(0, t))
+        assert (plan.extra["head"], plan.extra["cut"]) == (choice["head"], choice["cut"])
         price, _ = pricer(network_flags(args), ranks, t, environ={})
-        cut, costs = choose_cut(model_layers(spec)[0], FakeComm(0, t), args.batch_size, 4, price, d)
-        assert plan.extra["cut"] == cut and plan.extra["collective_s"] == costs[cut]
-        assert plan.label() == f"grid {d}x{t} auto cut {cut}"
+        assert price.mac_s == mac_seconds(prof) == pytest.approx(3.7e-10)
+        row = next(r for r in split_prices(model_layers(spec, 0, shape, 10 if shape else None)[0],
+                                           FakeComm(0, t), batch, 4, price, d)
+                   if (r["head"], r["cut"]) == (choice["head"], choice["cut"]))
+        assert plan.extra["collective_s"] == row["collective_s"]
+        spatial = " spatial" if choice["head"] == "spatial" else ""
+        assert plan.label() == f"grid {d}x{t} auto{spatial} cut {choice['cut']}"
+        heads.add(choice["head"])
+    assert "spatial" in heads if shape else heads == {"batch"}
+    if not shape:       # a part would have no sample
+        assert not [p for p in search(prof, Budget(ranks, 1 << 40, net, batch=1))[0] if p.kind == "grid"]
 
 
 def test_the_rows_compute_is_the_units_on_samples_at_their_share_and_the_rest_as_a_tensor_row():
@@ -131,7 +160,7 @@ def test_plan_auto_prints_the_grid_row_with_its_label_and_command(tmp_path):
     for p in grids:
         assert p["plan"] == f"grid {p['replicas']}x{p['parts']} auto cut {p['cut']}" and p["plan"] in text
         assert p["command"].endswith(f"--grid {p['replicas']},auto --bandwidth 0.1gbit --latency-us 20 "
-                                     "--per-node 1") and p["command"] in text
+                                     "--per-node 1 --mac-ns 0.1") and p["command"] in text
         assert p["step_s"] > p["collective_s"] > 0 and p["compute_s"] > 0
 
 

@@ -11,6 +11,13 @@ from psgd.plan.auto import get_profile
 from psgd.plan.grid import serial_layers
 from psgd.plan.inputs import model_of_spec
 
+
+@pytest.fixture(autouse=True)
+def _short_crowd(monkeypatch):
+    """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
+    what these tests check."""
+    monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+
 TOKENS = "conv:4x3:pad1-relu-pool:2-flatten-dense:10"
 
 

@@ -11,6 +11,13 @@ from psgd.tensor.conv import split_tensor
 from psgd.tensor.model import TensorModel
 
 
+@pytest.fixture(autouse=True)
+def _short_crowd(monkeypatch):
+    """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
+    what these tests check."""
+    monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+
+
 class RecordingComm(Alone):
     """Rank 0 of 2 whose collectives complete at once (the other rank adds zeros) and are
     recorded as (kind, bytes): an all-reduce's buffer, an all-gather's whole result."""

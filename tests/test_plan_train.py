@@ -13,6 +13,13 @@ from psgd.plan.cost import Network
 from psgd.plan.inputs import train_bytes
 from psgd.plan.search import Budget, search
 
+
+@pytest.fixture(autouse=True)
+def _short_crowd(monkeypatch):
+    """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
+    what these tests check."""
+    monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+
 BIG = "mlp:784-512-512-10"        # 2.7 MB of parameters: a data-parallel worker holds 3x that
 
 

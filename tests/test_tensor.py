@@ -110,9 +110,11 @@ NO_FLAGS = SimpleNamespace(bandwidth=None, latency_us=None, per_node=None)
 
 
 def _plan_allreduce(net, ranks, group, nbytes, cliques=None):
-    """psgd plan's all-reduce of ``nbytes`` among ``group`` of ``ranks`` on ``net``."""
-    from psgd.plan.cost import Job, flat_allreduce_s
-    return flat_allreduce_s(Job(max(1, int(nbytes // 4)), 0.0, 1, ranks, cliques=cliques), group, net)
+    """psgd plan's all-reduce of ``nbytes`` among ``group`` of ``ranks`` on ``net`` (a list of
+    groups: all of them at once)."""
+    from psgd.plan.cost import Job, groups_allreduce_s
+    groups = group if isinstance(group[0], list) else [group]
+    return groups_allreduce_s(Job(max(1, int(nbytes // 4)), 0.0, 1, ranks, cliques=cliques), groups, net)
 
 
 def test_grid_auto_runs_a_conv_trunk_on_samples_and_splits_the_wide_dense_head():
@@ -142,8 +144,9 @@ def test_grid_auto_runs_a_conv_trunk_on_samples_and_splits_the_wide_dense_head()
 
 def test_grid_auto_prices_on_psgd_nets_link_and_adds_the_replicas_all_reduce():
     """Under psgd net (PSGD_X_NET) the group's collectives cross its one shared link, rank r
-    on node r mod N; a flag wins over it; with D replicas each cut adds the all-reduce of
-    this rank's parameters across them (ranks 0, T, 2T...), as psgd plan prices it."""
+    on node r mod N, with the other replicas' groups at once; a flag wins over it; with D
+    replicas each cut adds the all-reduce of this rank's parameters across them (ranks 0, T,
+    2T..., every part's replicas at once), as psgd plan prices it."""
     from psgd.nn.model import model_layers
     from psgd.plan.cost import Network
     from psgd.run.grid_cost import pricer
@@ -152,8 +155,8 @@ def test_grid_auto_prices_on_psgd_nets_link_and_adds_the_replicas_all_reduce():
     price, line = pricer(NO_FLAGS, 4, 2, environ=env)
     assert line == "1 Gbit/s, 20 us per message, psgd net's 2 nodes, one shared link"
     shared = Network(1e9 / 8, 20e-6, shared=True)
-    for kind, nbytes, group in [("all-reduce", 1e6, [0, 1]), ("all-gather", 1e6, [0, 1]),
-                                ("replica all-reduce", 3e5, [0, 2])]:
+    for kind, nbytes, group in [("all-reduce", 1e6, [[0, 1], [2, 3]]), ("all-gather", 1e6, [[0, 1], [2, 3]]),
+                                ("replica all-reduce", 3e5, [[0, 2], [1, 3]])]:
         reduced = nbytes / 2 if kind == "all-gather" else nbytes
         assert price(kind, nbytes) == pytest.approx(_plan_allreduce(shared, 4, group, reduced, 2), rel=1e-12)
     assert price("all-reduce", 1e6) > 5 * pricer(NO_FLAGS, 4, 2, environ={})[0]("all-reduce", 1e6)

@@ -106,7 +106,7 @@ def as_dict(plan: Plan, spec: str, data: str) -> dict:
             "memory_per_rank": plan.memory, "bubble": plan.bubble, "wire_bytes": plan.wire_bytes,
             "sync": plan.sync, "staleness": plan.staleness, "compress": plan.compress,
             "averaging": plan.averaging,
-            **({"cut": plan.extra["cut"], "collective_s": float(plan.extra["collective_s"]),
+            **({"cut": plan.extra["cut"], "head": plan.extra["head"], "collective_s": float(plan.extra["collective_s"]),
                 "compute_s": float(plan.extra["compute_s"])} if plan.kind == "grid" else {}),
             "train_args": plan.train_args(),
             "command": shlex.join(words),

@@ -314,13 +314,24 @@ def _doubling(job: Job, ranks: list[int], nbytes: float) -> tuple[Traffic, int]:
 
 def flat_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
     """psgd's all-reduce by messages over ``ranks``: doubling below SMALL_BYTES, else the ring."""
-    n = len(ranks)
+    return groups_allreduce_s(job, [ranks], net)
+
+
+def groups_allreduce_s(job: Job, groups: list[list[int]], net: Network) -> float:
+    """:func:`flat_allreduce_s` run by every group of ``groups`` (of one size) at once, as the
+    replicas of a split each run their own group's: their bytes share the links; the
+    messages are one group's."""
+    n = len(groups[0])
     if n == 1:
         return 0.0
-    if job.nbytes < SMALL_BYTES:
-        t, messages = _doubling(job, ranks, job.nbytes)
-        return t.seconds(net, messages)
-    return _ring(job, ranks, job.nbytes).seconds(net, 2 * (n - 1))
+    total = Traffic(job)
+    for ranks in groups:
+        if job.nbytes < SMALL_BYTES:
+            t, messages = _doubling(job, ranks, job.nbytes)
+        else:
+            t, messages = _ring(job, ranks, job.nbytes), 2 * (n - 1)
+        total.out, total.into, total.local = total.out + t.out, total.into + t.into, total.local + t.local
+    return total.seconds(net, messages)
 
 
 def compressed_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:

@@ -9,29 +9,32 @@ from types import SimpleNamespace
 import numpy as np
 
 from psgd.plan import memory
-from psgd.plan.cost import Job, Network, Traffic, flat_allreduce_s
+from psgd.plan.cost import Job, Network, Traffic, groups_allreduce_s
 
 ITEMSIZE = 4        # float32, psgd train's dtype
 MAC_S = 1e-10       # seconds per multiply-add of the run's compute term (its imbalance only)
 
 
 def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, parts: int,
-                first: int = 0):
+                first: int = 0, mac_s: float = MAC_S):
     """``price(kind, nbytes)``: seconds of one collective of ``nbytes`` among the ``parts``
     ranks of a group (kind ``all-reduce`` or ``all-gather``, the latter priced as an
     all-reduce of half its bytes, as the tensor rows price it), or across the replicas (kind
     ``replica all-reduce``), on a grid of ``ranks`` from world rank ``first`` in which rank w
-    is part w % parts of replica w // parts: psgd's all-reduce on ``net``."""
+    is part w % parts of replica w // parts: psgd's all-reduce on ``net``, every group (or
+    every part's replicas) at once, their bytes sharing the links; ``price.mac_s``:
+    the seconds per multiply-add :func:`choose_split` weighs the compute by."""
     job = Job(1, 0.0, 1, first + ranks, 0, per_node, cliques)
-    group = [first + r for r in range(parts)]
-    replicas = [first + r for r in range(0, ranks, parts)]
+    groups = [[first + g + r for r in range(parts)] for g in range(0, ranks, parts)]
+    replicas = [[first + s + r for r in range(0, ranks, parts)] for s in range(parts)]
 
     def price(kind: str, nbytes: float) -> float:
         if kind == "halo":          # each rank sends half to each neighbour at once
-            return _halo_s(job, group, nbytes, net)
-        ranks_of = replicas if kind == "replica all-reduce" else group
+            return _halo_s(job, groups, nbytes, net)
         reduced = nbytes / 2 if kind == "all-gather" else nbytes
-        return flat_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))), ranks_of, net)
+        return groups_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))),
+                                  replicas if kind == "replica all-reduce" else groups, net)
+    price.mac_s = mac_s
     return price
 
 
@@ -57,30 +60,33 @@ def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, p
     return int(d), int(t), per_sample
 
 
-def _halo_s(job: Job, group: list, nbytes: float, net: Network) -> float:
-    """A halo exchange: ``nbytes`` per rank, half to each neighbour in the group, two messages."""
+def _halo_s(job: Job, groups: list, nbytes: float, net: Network) -> float:
+    """A halo exchange in every group at once: ``nbytes`` per rank, half to each neighbour, two
+    messages."""
     t = Traffic(job)
-    for a, b in zip(group, group[1:]):
-        t.carry(a, b, nbytes / 2)
-        t.carry(b, a, nbytes / 2)
+    for group in groups:
+        for a, b in zip(group, group[1:]):
+            t.carry(a, b, nbytes / 2)
+            t.carry(b, a, nbytes / 2)
     return t.seconds(net, 2)
 
 
-def _macs(layer) -> int:
+def macs(layer) -> int:
     """Multiply-adds per sample of a serial layer: its weights at each output position."""
     weights = sum(int(np.prod(s)) for _, s in layer.param_shapes())
     return weights * (int(np.prod(layer.out_shape[:-1])) if len(layer.out_shape) == 3 else 1)
 
 
 def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,
-                 mac_s: float = MAC_S) -> list[dict]:
+                 mac_s: float | None = None) -> list[dict]:
     """Every head (batch, spatial) and cut of :func:`~psgd.tensor.mixed.split_mixed` that
     splits: its collective seconds (halos included, and the replicas' all-reduce as
     :func:`~psgd.tensor.mixed.choose_cut` prices it), the busiest rank's compute seconds
     (forward and backward, 3x the multiply-adds at ``mac_s``: the head on ceil(B/T) samples,
     or on every sample's largest share of rows; the tail divided by T) and the head's
-    activation bytes on that rank."""
+    activation bytes on that rank. ``mac_s`` None: ``price.mac_s``, else :data:`MAC_S`."""
     from psgd.tensor.mixed import local_values, split_mixed, step_seconds
+    mac_s = mac_s if mac_s is not None else getattr(price, "mac_s", MAC_S)
     from psgd.tensor.primitives import split_sizes
     t, rows = comm.Get_size(), []
     for head, cut in [(h, c) for h in ("batch", "spatial") for c in range(len(layers) + 1)]:
@@ -93,8 +99,8 @@ def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas:
         share = [-(-batch // t) / batch if head == "batch" else
                  (max(split_sizes(la.out_shape[0], t)) / la.out_shape[0] if len(la.out_shape) == 3 else 1.0)
                  for la in layers[:cut]]
-        compute = 3 * mac_s * batch * (sum(s * _macs(la) for s, la in zip(share, layers[:cut]))
-                                       + sum(_macs(la) for la in layers[cut:]) / t)
+        compute = 3 * mac_s * batch * (sum(s * macs(la) for s, la in zip(share, layers[:cut]))
+                                       + sum(macs(la) for la in layers[cut:]) / t)
         across = price("replica all-reduce", local_values(split) * itemsize) if replicas > 1 else 0.0
         rows.append({"head": head, "cut": cut, "compute_s": compute,
                      "collective_s": step_seconds(split, batch, itemsize, price) + across,
@@ -103,7 +109,7 @@ def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas:
 
 
 def choose_split(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,
-                 mac_s: float = MAC_S) -> tuple[str, int, list]:
+                 mac_s: float | None = None) -> tuple[str, int, list]:
     """(head, cut, every row of :func:`split_prices`) of the least collective plus compute
     seconds; ties go to a batch head, then the later cut."""
     rows = split_prices(layers, comm, batch, itemsize, price, replicas, mac_s)
@@ -114,7 +120,8 @@ def choose_split(layers: list, comm, batch: int, itemsize: int, price, replicas:
 
 
 def network_args(budget) -> list[str]:
-    """The ``psgd train`` flags that give the run ``budget``'s network to cut by."""
+    """The ``psgd train`` flags that give the run ``budget``'s network to cut by (the grid
+    rows add ``--mac-ns``)."""
     return ["--bandwidth", f"{budget.net.bandwidth * 8e-9:.12g}gbit",
             "--latency-us", f"{budget.net.latency * 1e6:.12g}", "--per-node", str(budget.per_node)]
 
@@ -129,39 +136,63 @@ def serial_layers(spec: str, input_shape: tuple = (), n_classes: int = 0) -> lis
         return None
 
 
-def grid_rows(profile, budget, layers: list | None) -> list[dict]:
+def grid_rows(profile, budget, layers: list | None, crowded=None) -> list[dict]:
     """The fields of each :class:`~psgd.plan.search.Plan` of kind ``grid`` (all but kind,
     protocol, ranks and batch): ``--grid D,auto`` for each T >= 2 dividing the ranks, no more
-    than the batch (each part runs at least one sample before the cut): the cut of
-    :func:`~psgd.tensor.mixed.choose_cut` priced by :func:`group_price` on the budget's
-    network (its seconds are the row's collectives, the replicas' all-reduce included); the
-    units before the cut computed on batch / T samples, those after it as a tensor row's
-    (split units over T, times the ``tensor_ratios`` entry for T); the optimizer step on the
-    rank's parameters."""
+    than the batch: the head (batch or spatial) and cut :func:`choose_split` takes on the
+    budget's network, as the run takes them (the seconds per multiply-add the command passes
+    it: the profile's), its collectives priced on ``crowded``'s network (default the
+    budget's); the units before the cut on batch / T samples (a batch head) or every
+    sample's rows over T times the profile's spatial ratio at T (a spatial head), those
+    after it as a tensor row's (split units over T, times the ``tensor_ratios`` entry for
+    T), all slowed as :meth:`~psgd.plan.search.Budget.slow` gives for ``tensor T``; the
+    optimizer step on the rank's parameters."""
     from psgd.pipeline.partition import units
-    from psgd.plan.tensor_time import Alone, ratio_at
-    from psgd.tensor.mixed import choose_cut, split_mixed, step_seconds
+    from psgd.plan.tensor_time import Alone
+    from psgd.tensor.mixed import split_mixed, step_seconds
     if layers is None or not any(u.split_bytes for u in profile.units):
         return []
+    crowded = crowded or budget
     starts = [a for a, _ in units(SimpleNamespace(layers=layers))]
-    plans, b = [], budget.batch
+    plans, b, mac_s = [], budget.batch, mac_seconds(profile)
     for t in [t for t in range(2, min(b, budget.ranks) + 1) if budget.ranks % t == 0]:
         d = budget.ranks // t
-        price = group_price(budget.net, budget.per_node, budget.cliques, budget.ranks, t)
-        cut, costs = choose_cut(layers, Alone(t), b, ITEMSIZE, price, d)
-        k = sum(a < cut for a in starts)            # units on samples
-        head, tail = profile.units[:k], profile.units[k:]
-        ratio = ratio_at(profile.tensor_ratios, t, profile.tensor_ratio)
-        compute = sum(u.forward_at(-(-b // t)) + u.backward_at(-(-b // t)) for u in head) \
-            + ratio * sum((u.forward_at(b) + u.backward_at(b)) / (t if u.split_bytes else 1)
-                          for u in tail)
+        price = group_price(budget.net, budget.per_node, budget.cliques, budget.ranks, t, mac_s=mac_s)
+        head, cut, rows = choose_split(layers, Alone(t), b, ITEMSIZE, price, d)
+        if crowded is not budget:
+            price = group_price(crowded.net, budget.per_node, budget.cliques, budget.ranks, t, mac_s=mac_s)
+            rows = split_prices(layers, Alone(t), b, ITEMSIZE, price, d)
+        collective = next(r for r in rows if (r["head"], r["cut"]) == (head, cut))["collective_s"]
+        k = sum(a < cut for a in starts)            # units on samples, or on rows
+        compute = budget.slow(profile, f"tensor {t}") * _grid_compute(profile, head, k, b, t)
         local = memory.grid_params(profile, k, t)
-        moved = step_seconds(split_mixed(layers, Alone(t), cut), b, ITEMSIZE,
+        moved = step_seconds(split_mixed(layers, Alone(t), cut, head), b, ITEMSIZE,
                              lambda kind, n: n / 2 if kind == "all-gather" else n)
         wire = d * 2 * (t - 1) * moved + 2 * (d - 1) * local * t
-        plans.append({"step_s": compute + costs[cut] + local * profile.step_s_per_byte,
-                      "memory": budget.fixed(profile, d) + memory.grid_part(profile, b, t, budget.slots, d > 1, k),
+        plans.append({"step_s": compute + collective + local * profile.step_s_per_byte,
+                      "memory": budget.fixed(profile, d) + memory.grid_part(
+                          profile, b, t, budget.slots, d > 1, k, head == "spatial"),
                       "wire_bytes": wire, "replicas": d, "parts": t,
-                      "extra": {"cut": cut, "collective_s": costs[cut], "compute_s": compute,
-                                "network": network_args(budget)}})
+                      "extra": {"cut": cut, "head": head, "collective_s": collective, "compute_s": compute,
+                                "network": network_args(budget) + ["--mac-ns", f"{mac_s * 1e9:.6g}"]}})
     return plans
+
+
+def mac_seconds(profile) -> float:
+    """The profile's seconds per multiply-add, rounded as the command passes it (``--mac-ns``),
+    or :data:`MAC_S` for a profile without one."""
+    return float(f"{profile.mac_s * 1e9:.6g}") * 1e-9 if profile.mac_s > 0 else MAC_S
+
+
+def _grid_compute(profile, head: str, k: int, batch: int, t: int) -> float:
+    """One rank's compute: the ``k`` head units on its samples or rows, the rest as a tensor
+    part's."""
+    from psgd.plan.tensor_time import ratio_at, spatial_share
+    first, tail = profile.units[:k], profile.units[k:]
+    if head == "spatial":
+        lead = spatial_share(first, k, batch, t) * ratio_at(profile.spatial_ratios, t)
+    else:
+        lead = sum(u.forward_at(-(-batch // t)) + u.backward_at(-(-batch // t)) for u in first)
+    ratio = ratio_at(profile.tensor_ratios, t, profile.tensor_ratio)
+    return lead + ratio * sum((u.forward_at(batch) + u.backward_at(batch)) / (t if u.split_bytes else 1)
+                              for u in tail)

@@ -68,14 +68,19 @@ def grid_params(profile: Profile, on_samples: int, parts: int) -> int:
 
 
 def grid_part(profile: Profile, batch: int, parts: int, slots: int, replicated: bool,
-              on_samples: int) -> int:
+              on_samples: int, spatial: bool = False) -> int:
     """One of ``parts`` ranks of a --grid auto group: its parameters (:func:`grid_params`),
     their gradient, optimizer state, the all-reduce buffer across ``replicated`` replicas, the
-    batch's input, the first ``on_samples`` units' activations at its share of the samples,
-    and the rest's as a tensor part's from the gathered batch."""
+    batch's input, the first ``on_samples`` units' activations at its share of the samples
+    (``spatial``: every sample's 1/parts of the rows), and the rest's as a tensor part's from
+    the gathered batch."""
     params = grid_params(profile, on_samples, parts)
     head, tail = profile.units[:on_samples], profile.units[on_samples:]
     share = -(-batch // parts)
-    acts = batch * head[0].in_bytes + sum(share * u.out_bytes + u.scratch_at(share) for u in head) \
-        if head else 0
+    if spatial:
+        acts = batch * head[0].in_bytes + sum(-(-(batch * u.out_bytes + u.scratch_at(batch)) // parts)
+                                              for u in head)
+    else:
+        acts = batch * head[0].in_bytes + sum(share * u.out_bytes + u.scratch_at(share) for u in head) \
+            if head else 0
     return (2 + slots + int(replicated)) * params + acts + (activations(tail, batch, parts) if tail else 0)

@@ -12,7 +12,8 @@ import numpy as np
 
 from psgd.errors import UsageError
 
-FORMAT = "psgd-profile/4"        # /2: base_bytes; /3: seconds per call, scratch; /4: ratios per part count
+FORMAT = "psgd-profile/5"        # /2: base_bytes; /3: seconds per call, scratch; /4: ratios per part count;
+                                 # /5: crowd ratios, seconds per multiply-add
 SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor splits
 
 
@@ -62,7 +63,10 @@ class Profile:
     units' share (:func:`psgd.plan.tensor_time.spatial_ratio`); ``tensor_ratios``: parts -> a
     --tensor part's step over its units' share (:func:`psgd.plan.tensor_time.split_ratio`),
     ``tensor_ratio`` the one at two parts; ``input_shape`` and ``n_classes``: the model's, as
-    it was built (on a dataset's shape, for a spec that takes it from the data)."""
+    it was built (on a dataset's shape, for a spec that takes it from the data);
+    ``crowd_ratios``: ``serial``, ``tensor T``, ``spatial P`` -> that step's slow-down with two
+    copies a core beyond the halved time (:func:`psgd.plan.crowd.crowd_ratio`); ``mac_s``: the
+    units' seconds per multiply-add, forward and backward (:func:`mac_seconds`)."""
 
     spec: str
     batch: int
@@ -77,6 +81,8 @@ class Profile:
     tensor_ratios: dict = field(default_factory=dict, hash=False)
     input_shape: tuple = ()        # per sample, as the model was built (a dataset's, or its default)
     n_classes: int = 0
+    crowd_ratios: dict = field(default_factory=dict, hash=False)
+    mac_s: float = 0.0
 
     @property
     def param_bytes(self) -> int:
@@ -184,9 +190,36 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
         out.append(Unit(name, fs, bs, acts[j].nbytes // batch, acts[j + 1].nbytes // batch,
                         params, split_bytes, width, ff, bf, per, max(0, held1[j] - batch * per)))
     ratios, reach = _tensor_ratios(model, out, 2 * batch, repeats), _spatial(model, spans)
+    x2, y2 = x, np.arange(2 * batch) % model.n_classes
     return Profile(model.spec, batch, tuple(out), _step_s_per_byte(model.n_params), 0,
                    _codecs(model.n_params), *reach, _spatial_ratios(model, out, reach, 2 * batch, repeats),
-                   ratios.get(2, 1.0), ratios, tuple(model.input_shape), int(model.n_classes))
+                   ratios.get(2, 1.0), ratios, tuple(model.input_shape), int(model.n_classes),
+                   _crowd_ratios(model, lambda: model.loss_and_grad(x2, y2), ratios, reach, 2 * batch),
+                   mac_seconds(model, out))
+
+
+def mac_seconds(model, units) -> float:
+    """The units' forward and backward seconds per sample over three times the model's
+    multiply-adds per sample (:func:`psgd.plan.grid.macs`): the seconds per multiply-add of
+    ``--grid auto``'s compute term; 0 for a model without them."""
+    from psgd.plan.grid import macs
+    n = sum(macs(layer) for layer in model.layers)
+    return sum(u.forward_s + u.backward_s for u in units) / (3 * n) if n else 0.0
+
+
+def _crowd_ratios(model, step, tensor: dict, reach: tuple[int, int], batch: int) -> dict:
+    """``serial`` (``step``: the whole model's), ``tensor T`` and ``spatial P`` for the counts
+    timed in ``tensor`` and up to ``reach``'s parts -> :func:`psgd.plan.crowd.crowd_ratio`."""
+    from psgd.plan.crowd import crowd_ratio
+    from psgd.plan.tensor_time import TIMED, part_step
+    from psgd.tensor.conv import split_tensor
+    from psgd.tensor.spatial import split_spatial
+    out = {"serial": crowd_ratio(step)}
+    for t in tensor:
+        out[f"tensor {t}"] = crowd_ratio(part_step(model, split_tensor, t, batch))
+    for p in [p for p in TIMED if reach[0] and p <= reach[1]]:
+        out[f"spatial {p}"] = crowd_ratio(part_step(model, split_spatial, p, batch))
+    return out
 
 
 def _tensor_ratios(model, units, batch: int, repeats: int) -> dict:
@@ -271,13 +304,16 @@ def load(path: str) -> Profile:
         data["input_shape"] = tuple(data.get("input_shape", ()))
         for key in ("spatial_ratios", "tensor_ratios"):
             data[key] = {int(k): float(v) for k, v in data.get(key, {}).items()}
+        data["crowd_ratios"] = {str(k): float(v) for k, v in data.get("crowd_ratios", {}).items()}
         profile = Profile(units=units, **data)
         bad = [u.name for u in units if min(u.forward_s, u.backward_s, u.forward_fixed_s,
                                             u.backward_fixed_s, u.in_bytes, u.out_bytes,
                                             u.param_bytes, u.scratch_bytes, u.scratch_fixed) < 0]
-        ratios = [*profile.spatial_ratios.values(), *profile.tensor_ratios.values(), profile.tensor_ratio]
+        ratios = [*profile.spatial_ratios.values(), *profile.tensor_ratios.values(), profile.tensor_ratio,
+                  *profile.crowd_ratios.values()]
         if not units or bad or profile.batch < 1 or not profile.step_s_per_byte >= 0 \
-                or profile.base_bytes < 0 or not all(0 < r < np.inf for r in ratios):
+                or profile.base_bytes < 0 or not all(0 < r < np.inf for r in ratios) \
+                or not 0 <= profile.mac_s < np.inf:
             raise ValueError("empty, or a negative time, size or ratio" + (f" in {bad[0]}" if bad else ""))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"--profile {path}: not a psgd profile ({exc}); make one with "

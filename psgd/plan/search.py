@@ -10,7 +10,8 @@ from psgd.errors import UsageError
 from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 from psgd.plan import memory
 from psgd.plan.codec import residual
-from psgd.plan.cost import NONE, Compression, Job, Network, flat_allreduce_s, predict
+from psgd.plan.cost import NONE, Compression, Job, Network, groups_allreduce_s, predict
+from psgd.plan.crowd import slow_down
 from psgd.pipeline.partition import min_max_cut
 from psgd.plan.cut import Stages, schedule_time, stage_in_flight
 from psgd.plan.profile import Profile
@@ -34,6 +35,20 @@ class Budget:
     data_bytes: int = 0
     cliques: int | None = None
     cores: int | None = None
+
+    @property
+    def per_core(self) -> float:
+        """Ranks a core runs (1 with a core each)."""
+        return max(1.0, self.ranks / self.cores) if self.cores else 1.0
+
+    def slow(self, profile: Profile, key: str = "serial") -> float:
+        """Seconds of ``profile``'s step ``key`` (``serial``, ``tensor T``, ``spatial P``) on
+        these ranks' cores over its seconds alone (:func:`psgd.plan.crowd.slow_down`)."""
+        return slow_down(profile.crowd_ratios, key, self.per_core)
+
+    def crowded(self) -> "Budget":
+        """This budget with copies within a node at the share of a core each rank gets."""
+        return replace(self, net=replace(self.net, shm_bandwidth=self.net.shm_bandwidth / self.per_core))
 
     @property
     def slots(self) -> int:
@@ -103,7 +118,8 @@ class Plan:
         if self.kind in ("tensor", "spatial"):
             return f"{self.kind} {self.replicas}x{self.parts}"
         if self.kind == "grid":
-            return f"grid {self.replicas}x{self.parts} auto cut {self.extra['cut']}"
+            spatial = " spatial" if self.extra.get("head") == "spatial" else ""
+            return f"grid {self.replicas}x{self.parts} auto{spatial} cut {self.extra['cut']}"
         codec = f" {self.compress}" if self.compress else ""
         return f"{self.extra.get('row', self.protocol)}{codec} W={self.replicas} S={self.servers}"
 
@@ -136,8 +152,7 @@ def _codec(profile: Profile, budget: Budget, codec: str) -> Compression:
     if not codec:
         return NONE
     ratio, encode_s, decode_s, ring = profile.codecs[codec]
-    slow = max(1.0, budget.ranks / budget.cores) if budget.cores else 1.0
-    return Compression(ratio, encode_s * slow, decode_s * slow, ring)
+    return Compression(ratio, encode_s * budget.per_core, decode_s * budget.per_core, ring)
 
 
 def _averaging(entry, sync: bool) -> str:
@@ -157,8 +172,9 @@ def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
         w = budget.ranks - servers
         for codec in ["", *profile.codecs]:
             c = _codec(profile, budget, codec)
-            job = Job(n_params, profile.compute_at(budget.batch) / budget.batch, budget.batch, w, servers, budget.per_node,
-                      budget.cliques, budget.cores, compression=c)
+            crowd = budget.slow(profile) / budget.per_core      # beyond Job's ranks / cores
+            job = Job(n_params, crowd * profile.compute_at(budget.batch) / budget.batch, budget.batch, w,
+                      servers, budget.per_node, budget.cliques, budget.cores, compression=c)
             for row, r in predict(job, budget.net).items():
                 entry = get(row.split()[0])
                 if bool(entry.servers) != bool(servers) or codec and not entry.can("compress"):
@@ -184,8 +200,18 @@ def _link_s_per_byte(budget: Budget, group: int) -> float:
 
 
 def _replica_allreduce_s(budget: Budget, nbytes: float, stride: int, replicas: int) -> float:
+    """The all-reduce of ``nbytes`` across the ``replicas`` of each of ``stride`` parts (or
+    stages), all at once: rank r is part r % stride of replica r // stride."""
     job = Job(max(1, int(nbytes // 4)), 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
-    return flat_allreduce_s(job, [r * stride for r in range(replicas)], budget.net)
+    return groups_allreduce_s(job, _groups(stride, replicas, across=True), budget.net)
+
+
+def _groups(parts: int, replicas: int, across: bool = False) -> list[list[int]]:
+    """The ranks of each replica's ``parts`` (``across``: of each part's ``replicas``) on a
+    grid where rank r is part r % parts of replica r // parts."""
+    if across:
+        return [[s + r * parts for r in range(replicas)] for s in range(parts)]
+    return [[g * parts + r for r in range(parts)] for g in range(replicas)]
 
 
 def _pipeline_plan(profile: Profile, budget: Budget, k: int, m: int, schedule: str,
@@ -248,10 +274,11 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= t <= min(u.width for u in split):
             continue
         d = budget.ranks // t
-        compute = ratio_at(profile.tensor_ratios, t, profile.tensor_ratio) * tensor_share(profile.units, b, t)
+        compute = ratio_at(profile.tensor_ratios, t, profile.tensor_ratio) * tensor_share(profile.units, b, t) \
+            * budget.slow(profile, f"tensor {t}")
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
-        comm = sum(flat_allreduce_s(replace(group, n_params=max(1, b * n // 4)), list(range(t)),
-                                    budget.net) for n in reduced)
+        comm = sum(groups_allreduce_s(replace(group, n_params=max(1, b * n // 4)), _groups(t, d),
+                                      budget.net) for n in reduced)
         local = memory.tensor_params(profile, t)
         update = (_replica_allreduce_s(budget, local, t, d) if d > 1 else 0.0) \
             + local * profile.step_s_per_byte
@@ -276,13 +303,14 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
         if not 2 <= p <= profile.spatial_max or n == 0:
             continue
         d = budget.ranks // p
-        compute = ratio_at(profile.spatial_ratios, p) * spatial_share(profile.units, n, b, p)
+        compute = ratio_at(profile.spatial_ratios, p) * spatial_share(profile.units, n, b, p) \
+            * budget.slow(profile, f"spatial {p}")
         group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
         gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
-        comm = flat_allreduce_s(replace(group, n_params=max(1, gather)), list(range(p)),
-                                budget.net) + 4 * n * budget.net.latency \
-            + flat_allreduce_s(replace(group, n_params=max(1, sum(u.param_bytes for u in lead) // 4)),
-                               list(range(p)), budget.net)
+        comm = groups_allreduce_s(replace(group, n_params=max(1, gather)), _groups(p, d),
+                                  budget.net) + 4 * n * budget.net.latency \
+            + groups_allreduce_s(replace(group, n_params=max(1, sum(u.param_bytes for u in lead) // 4)),
+                                 _groups(p, d), budget.net)
         update = (_replica_allreduce_s(budget, profile.param_bytes, p, d) if d > 1 else 0.0) \
             + profile.param_bytes * profile.step_s_per_byte
         acts = b * lead[0].in_bytes + sum((b * u.out_bytes + u.scratch_at(b)) // (p if i < n else 1)
@@ -295,18 +323,18 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
     return plans
 
 
-def grid_plans(profile: Profile, budget: Budget) -> list[Plan]:
-    """--grid D,auto for each T >= 2 dividing the ranks (:func:`psgd.plan.grid.grid_rows`)."""
+def grid_plans(profile: Profile, budget: Budget, crowded: Budget | None = None) -> list[Plan]:
+    """--grid D,auto for each T >= 2 dividing the ranks (:func:`psgd.plan.grid.grid_rows`):
+    each split chosen on ``budget``'s network, as the run chooses it, and priced on
+    ``crowded``'s (default the same)."""
     from psgd.plan.grid import grid_rows, serial_layers
     layers = serial_layers(profile.spec, profile.input_shape, profile.n_classes)
     return [Plan("grid", "allreduce", budget.ranks, budget.batch, **row)
-            for row in grid_rows(profile, budget, layers)]
+            for row in grid_rows(profile, budget, layers, crowded)]
 
 
-def _on_shared_cores(profile: Profile, budget: Budget) -> Profile:
-    """``profile`` with its compute slowed by ranks / cores when the ranks outnumber the cores
-    (the data rows slow their workers' compute the same way, :class:`Job`'s ``cores``)."""
-    slow = max(1.0, budget.ranks / budget.cores) if budget.cores else 1.0
+def _on_shared_cores(profile: Profile, slow: float) -> Profile:
+    """``profile`` with its compute and optimizer step ``slow`` times slower."""
     units = tuple(replace(u, forward_s=u.forward_s * slow, backward_s=u.backward_s * slow,
                           forward_fixed_s=u.forward_fixed_s * slow,
                           backward_fixed_s=u.backward_fixed_s * slow) for u in profile.units)
@@ -316,15 +344,21 @@ def _on_shared_cores(profile: Profile, budget: Budget) -> Profile:
 def search(profile: Profile, budget: Budget) -> tuple[list[Plan], Plan]:
     """(plans that fit, fastest first; the plan needing the least memory, fit or not).
 
+    Where the ranks outnumber the cores (``budget.cores``), each row's compute is slowed by
+    :meth:`Budget.slow` for its step and copies within a node by the ranks a core runs.
     Raises UsageError in one line when no plan fits, naming what the smallest needs."""
     if budget.ranks < 1:
         raise UsageError(f"--ranks {budget.ranks}: a plan needs at least 1 rank")
-    shared = _on_shared_cores(profile, budget)
-    loose = data_plans(profile, budget) + tensor_plans(shared, budget) \
-        + spatial_plans(shared, budget) + grid_plans(shared, budget) + pipeline_plans(shared, budget, None)
+    crowded = budget.crowded()
+    # the split rows' step counts its own slow-down: only the optimizer's share here
+    shared = replace(profile, step_s_per_byte=profile.step_s_per_byte * budget.per_core)
+    pipelined = _on_shared_cores(profile, budget.slow(profile))
+    loose = data_plans(profile, crowded) + tensor_plans(shared, crowded) \
+        + spatial_plans(shared, crowded) + grid_plans(shared, budget, crowded) \
+        + pipeline_plans(pipelined, crowded, None)
     smallest = min(loose, key=lambda p: p.memory)
     fit = [p for p in loose if p.memory <= budget.memory]
-    fit += [p for p in pipeline_plans(shared, budget, budget.memory)
+    fit += [p for p in pipeline_plans(pipelined, crowded, budget.memory)
             if p.memory <= budget.memory and p not in fit]
     if not fit:
         raise UsageError(f"no plan on {budget.ranks} ranks fits --memory-per-rank "

@@ -53,20 +53,24 @@ class Alone:
         return MPI.Request()
 
 
-def part_seconds(model, split, parts: int, batch: int, repeats: int = 3) -> float:
-    """Best of ``repeats`` (after a warm-up) training steps at ``batch`` of the part of ``model``
-    that ``split`` gives a middle rank of ``parts`` (rank 1: halos on both sides where it has
-    neighbours)."""
+def part_step(model, split, parts: int, batch: int):
+    """A training step at ``batch`` of the part of ``model`` that ``split`` gives a middle rank
+    of ``parts`` (rank 1: halos on both sides where it has neighbours), as a callable."""
     from psgd.tensor.model import TensorModel
     part = TensorModel(model.spec, split, Alone(parts, min(1, parts - 1)),
                        input_shape=model.input_shape, n_classes=model.n_classes)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *part.input_shape)).astype(part.dtype)
     y = np.arange(batch) % part.n_classes
-    best = np.inf
+    return lambda: part.loss_and_grad(x, y)
+
+
+def part_seconds(model, split, parts: int, batch: int, repeats: int = 3) -> float:
+    """Best of ``repeats`` (after a warm-up) of :func:`part_step`."""
+    step, best = part_step(model, split, parts, batch), np.inf
     for _ in range(repeats + 1):           # the first compiles
         t = time.perf_counter()
-        part.loss_and_grad(x, y)
+        step()
         best = min(best, time.perf_counter() - t)
     return float(best)
 

@@ -12,7 +12,7 @@ from psgd.plan.grid import group_price
 from psgd.plan.inputs import parse_bandwidth
 
 BANDWIDTH, LATENCY_US = "10gbit", 20.0     # psgd plan's defaults
-NO_NETWORK_FLAGS = SimpleNamespace(bandwidth=None, latency_us=None, per_node=None)
+NO_NETWORK_FLAGS = SimpleNamespace(bandwidth=None, latency_us=None, per_node=None, mac_ns=None)
 
 
 def emulated(environ=os.environ) -> tuple[float | None, int] | None:
@@ -48,4 +48,6 @@ def pricer(flags, ranks: int, parts: int, first: int = 0, environ=os.environ):
     on a grid of ``ranks`` from world rank ``first``, on the network of ``flags``; the
     network's line)."""
     net, cliques, line = network(flags, environ)
-    return group_price(net, flags.per_node or 1, cliques, ranks, parts, first), line
+    mac_ns = getattr(flags, "mac_ns", None)
+    return group_price(net, flags.per_node or 1, cliques, ranks, parts, first,
+                       **({"mac_s": mac_ns * 1e-9} if mac_ns else {})), line

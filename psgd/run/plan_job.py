@@ -12,7 +12,7 @@ from psgd.errors import PsgdError, UsageError
 # the flags a plan sets: giving one beside --plan is refused
 CHOSEN = ("servers", "pipeline", "microbatches", "schedule", "partition", "grid", "tensor",
           "spatial", "compress")
-BUDGET = {"bandwidth": "10gbit", "latency_us": 20.0, "per_node": 1, "profile": None}
+BUDGET = {"bandwidth": "10gbit", "latency_us": 20.0, "per_node": 1, "profile": None, "mac_ns": None}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--plan auto and --grid auto: per message (default 20)")
     group.add_argument("--per-node", type=int, default=None, help="--plan auto and --grid auto: "
                        "ranks per node (default 1; under psgd net, rank r is on node r mod N)")
+    group.add_argument("--mac-ns", type=float, default=None, help="--grid auto: nanoseconds per "
+                       "multiply-add its compute term weighs (default 0.1; psgd plan --auto's "
+                       "grid rows pass the profile's)")
     group.add_argument("--profile", default=None, metavar="FILE",
                        help="--plan auto: the per-layer profile (read if it exists, else written)")
 
@@ -41,6 +44,8 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--{budget[0].replace('_', '-')} applies to {where}")
     if getattr(args, "latency_us", None) is not None and not args.latency_us >= 0:
         raise ValueError(f"--latency-us {args.latency_us}: must be >= 0")
+    if getattr(args, "mac_ns", None) is not None and not args.mac_ns > 0:
+        raise ValueError(f"--mac-ns {args.mac_ns}: must be > 0")
     if getattr(args, "per_node", None) is not None and args.per_node < 1:
         raise ValueError(f"--per-node {args.per_node}: must be >= 1")
     if args.plan is None:
@@ -55,7 +60,7 @@ def check(args: argparse.Namespace) -> None:
 
 def network_flags(args: argparse.Namespace) -> SimpleNamespace:
     """The network flags --grid auto prices its cuts on (None where not given)."""
-    return SimpleNamespace(**{f: getattr(args, f, None) for f in ("bandwidth", "latency_us", "per_node")})
+    return SimpleNamespace(**{f: getattr(args, f, None) for f in ("bandwidth", "latency_us", "per_node", "mac_ns")})
 
 
 def _read(path: str, ranks: int) -> dict:
@@ -98,7 +103,7 @@ def apply(args: argparse.Namespace, plan: dict) -> None:
     args.grid = parsed.get("--grid")
     args.spatial = int(parsed["--spatial"]) if "--spatial" in parsed else None
     args.compress = parsed.get("--compress")
-    for flag, kind in (("--bandwidth", str), ("--latency-us", float), ("--per-node", int)):
+    for flag, kind in (("--bandwidth", str), ("--latency-us", float), ("--per-node", int), ("--mac-ns", float)):
         if flag in parsed:      # an auto grid's network, which it cuts by
             setattr(args, flag[2:].replace("-", "_"), kind(parsed[flag]))
 

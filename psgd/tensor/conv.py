@@ -186,5 +186,7 @@ def split_conv_channels(layers: list, comm, close: bool = False) -> list:
 
 def split_tensor(layers: list, comm, close: bool = False) -> list:
     """Everything --tensor splits: conv channels, then the dense chain (``close``: as
-    :func:`split_conv_channels`)."""
+    :func:`split_conv_channels`); over one rank, the serial layers themselves."""
+    if comm.Get_size() == 1:
+        return list(layers)
     return split_dense_chain(split_conv_channels(layers, comm, close), comm)

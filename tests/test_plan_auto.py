@@ -541,3 +541,21 @@ def test_the_profiles_seconds_per_multiply_add_is_its_units_seconds_over_three_p
     assert set(prof.crowd_ratios) == {"serial"} | {f"tensor {t}" for t in prof.tensor_ratios} \
         | {f"spatial {p}" for p in prof.spatial_ratios}
     assert all(r >= 1.0 for r in prof.crowd_ratios.values())
+
+
+@pytest.mark.parametrize("load, warned", [(5.0, True), (1.5, False)])
+def test_a_profile_measured_under_load_is_warned_of_in_one_line(tmp_path, load, warned):
+    """A profile taken while the load average exceeded its cores: psgd plan --auto warns on
+    stderr in one line (the table still prints); an idle one's plan has no warning."""
+    from dataclasses import replace
+    path = tmp_path / "p.json"
+    profiles.save(replace(toy_profile(), load=load, cores=2), path)
+    assert profiles.load(path).load == load
+    out = subprocess.run([sys.executable, "-m", "psgd", "plan", "--auto", "--model", SPEC, "--profile",
+                          str(path), "--ranks", "2", "--memory-per-rank", "1G"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "allreduce" in out.stdout
+    lines = [x for x in out.stderr.splitlines() if "warning" in x]
+    assert len(lines) == int(warned)
+    if warned:
+        assert f"load average {load:.1f} on 2 cores" in lines[0] and "idle machine" in lines[0]

@@ -215,3 +215,24 @@ def test_plain_grid_auto_takes_only_parts_that_divide_the_servers():
     assert choose_grid(layers, 2, 16, 4, lambda d, t: group_price(net, 1, None, 2, t), [1])[:2] == (2, 1)
     with pytest.raises(ValueError, match="no grid of 2 ranks"):
         choose_grid(layers, 2, 16, 4, lambda d, t: group_price(net, 1, None, 2, t), [3])
+
+
+def test_asp_and_ssp_price_part_0s_broadcast_of_the_heads_copies():
+    """Under asp/ssp with servers the run's choice adds, per step, part 0's broadcast of the
+    weights every part holds a copy of (the layers before the cut), an all-gather of their
+    bytes; nothing at cut 0; bsp and the all-reduce protocols send none."""
+    from psgd.nn.model import model_layers
+    from psgd.plan.grid import group_price, split_prices
+    from psgd.run.tensor_rank import shares_copies
+    from test_tensor import FakeComm
+    layers = model_layers(CONV, 0, (1, 28, 28), 10)[0]
+    price = group_price(Network(1e9 / 8, 20e-6), 1, None, 4, 2)
+    plain, shared = (split_prices(layers, FakeComm(0, 2), 16, 4, price, 2, broadcast=b) for b in (False, True))
+    for a, b in zip(plain, shared):
+        held = sum(int(np.prod(s)) for la in layers[:a["cut"]] for _, s in la.param_shapes())
+        extra = price("all-gather", 4 * held) if a["cut"] else 0.0
+        assert (a["head"], a["cut"]) == (b["head"], b["cut"])
+        assert b["collective_s"] == pytest.approx(a["collective_s"] + extra, rel=1e-12)
+    assert any(b["collective_s"] > a["collective_s"] for a, b in zip(plain, shared))
+    flags = [("asp", 2, True), ("ssp", 2, True), ("bsp", 2, False), ("allreduce", None, False)]
+    assert [shares_copies(SimpleNamespace(protocol=p, servers=n)) for p, n, _ in flags] == [w for *_, w in flags]

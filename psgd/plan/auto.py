@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shlex
+import sys
 import time
 from dataclasses import replace
 
@@ -68,9 +69,11 @@ def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH,
             raise UsageError(f"--profile {path} is of inputs {'x'.join(map(str, prof.input_shape))}, "
                              f"not {'x'.join(map(str, model.input_shape))} (--data's)")
         return prof
+    from psgd.plan.crowd import cores
+    load = os.getloadavg()[0]
     prof = profiles.profile_model(model, batch)
     del model
-    prof = replace(prof, base_bytes=int(measure() * BASE_MARGIN))
+    prof = replace(prof, base_bytes=int(measure() * BASE_MARGIN), load=load, cores=cores())
     if path:
         profiles.save(prof, path)
     return prof
@@ -148,6 +151,8 @@ def run_auto(args: argparse.Namespace) -> None:
     plans, _ = search(prof, budget)
     searched = time.perf_counter() - start
     top = plans[:max(1, args.top)]
+    if profiles.loaded(prof):
+        print(f"psgd plan: warning: {profiles.loaded(prof)}", file=sys.stderr)
     if args.json:
         print(json.dumps({"model": args.model, "ranks": budget.ranks, "memory_per_rank": budget.memory,
                           "profile_s": profiled, "search_s": searched, "plans_kept": len(plans),

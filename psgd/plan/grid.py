@@ -38,19 +38,21 @@ def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, pa
     return price
 
 
-def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, parts=None) -> tuple:
+def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, parts=None,
+                broadcast: bool = False) -> tuple:
     """Plain ``--grid auto`` on ``world`` ranks: (D, T, {"DxT": seconds per sample}) of the
     grid whose cheapest split (:func:`choose_split`, priced by ``price_of(D, T)``) costs the
     fewest collective and compute seconds per sample, for each T dividing ``world`` (in
     ``parts`` when given, at most the batch).  Each replica reads its own batch, and every grid
     divides the computation over all the ranks (compute differs only by imbalance); ties go
-    to the larger D (fewer split layers)."""
+    to the larger D (fewer split layers); ``broadcast``: as :func:`split_prices`'s."""
     from psgd.plan.tensor_time import Alone
     per_sample = {}
     for t in [t for t in range(world, 0, -1) if world % t == 0 and t <= max(1, batch)]:
         if parts is None or t in parts:
             d = world // t
-            head, cut, rows = choose_split(layers, Alone(t), batch, itemsize, price_of(d, t), d)
+            head, cut, rows = choose_split(layers, Alone(t), batch, itemsize, price_of(d, t), d,
+                                           broadcast=broadcast and t > 1)
             best = next(r for r in rows if (r["head"], r["cut"]) == (head, cut))
             per_sample[f"{d}x{t}"] = (best["collective_s"] + best["compute_s"]) / (d * batch)
     if not per_sample:
@@ -78,13 +80,16 @@ def macs(layer) -> int:
 
 
 def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,
-                 mac_s: float | None = None) -> list[dict]:
+                 mac_s: float | None = None, broadcast: bool = False) -> list[dict]:
     """Every head (batch, spatial) and cut of :func:`~psgd.tensor.mixed.split_mixed` that
     splits: its collective seconds (halos included, and the replicas' all-reduce as
     :func:`~psgd.tensor.mixed.choose_cut` prices it), the busiest rank's compute seconds
     (forward and backward, 3x the multiply-adds at ``mac_s``: the head on ceil(B/T) samples,
     or on every sample's largest share of rows; the tail divided by T) and the head's
-    activation bytes on that rank. ``mac_s`` None: ``price.mac_s``, else :data:`MAC_S`."""
+    activation bytes on that rank. ``mac_s`` None: ``price.mac_s``, else :data:`MAC_S`.
+    ``broadcast`` (asp/ssp under servers): each step part 0 broadcasts the head's weights, which
+    every part holds a copy of (:func:`psgd.run.tensor_rank.copies`; a row layer's bias, a few
+    values, not counted), priced as an all-gather of their bytes."""
     from psgd.tensor.mixed import local_values, split_mixed, step_seconds
     mac_s = mac_s if mac_s is not None else getattr(price, "mac_s", MAC_S)
     from psgd.tensor.primitives import split_sizes
@@ -102,6 +107,9 @@ def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas:
         compute = 3 * mac_s * batch * (sum(s * macs(la) for s, la in zip(share, layers[:cut]))
                                        + sum(macs(la) for la in layers[cut:]) / t)
         across = price("replica all-reduce", local_values(split) * itemsize) if replicas > 1 else 0.0
+        if broadcast and cut:
+            across += price("all-gather", itemsize * sum(
+                int(np.prod(s)) for la in layers[:cut] for _, s in la.param_shapes()))
         rows.append({"head": head, "cut": cut, "compute_s": compute,
                      "collective_s": step_seconds(split, batch, itemsize, price) + across,
                      "memory": batch * itemsize * sum(s * int(np.prod(la.out_shape)) for s, la in zip(share, layers[:cut]))})
@@ -109,10 +117,10 @@ def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas:
 
 
 def choose_split(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,
-                 mac_s: float | None = None) -> tuple[str, int, list]:
+                 mac_s: float | None = None, broadcast: bool = False) -> tuple[str, int, list]:
     """(head, cut, every row of :func:`split_prices`) of the least collective plus compute
     seconds; ties go to a batch head, then the later cut."""
-    rows = split_prices(layers, comm, batch, itemsize, price, replicas, mac_s)
+    rows = split_prices(layers, comm, batch, itemsize, price, replicas, mac_s, broadcast)
     best = min(r["collective_s"] + r["compute_s"] for r in rows)
     pick = max((r for r in rows if r["collective_s"] + r["compute_s"] == best),
                key=lambda r: (r["head"] == "batch", r["cut"]))

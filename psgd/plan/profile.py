@@ -66,7 +66,8 @@ class Profile:
     it was built (on a dataset's shape, for a spec that takes it from the data);
     ``crowd_ratios``: ``serial``, ``tensor T``, ``spatial P`` -> that step's slow-down with two
     copies a core beyond the halved time (:func:`psgd.plan.crowd.crowd_ratio`); ``mac_s``: the
-    units' seconds per multiply-add, forward and backward (:func:`mac_seconds`)."""
+    units' seconds per multiply-add, forward and backward (:func:`mac_seconds`); ``load`` and
+    ``cores``: the load average and the cores when it was measured (:func:`loaded`)."""
 
     spec: str
     batch: int
@@ -83,6 +84,8 @@ class Profile:
     n_classes: int = 0
     crowd_ratios: dict = field(default_factory=dict, hash=False)
     mac_s: float = 0.0
+    load: float = 0.0              # the 1-minute load average when profiling began
+    cores: int = 0                 # the cores the profiling process could use
 
     @property
     def param_bytes(self) -> int:
@@ -196,6 +199,17 @@ def profile_model(model, batch: int = 32, repeats: int = 3, seed: int = 0) -> Pr
                    ratios.get(2, 1.0), ratios, tuple(model.input_shape), int(model.n_classes),
                    _crowd_ratios(model, lambda: model.loss_and_grad(x2, y2), ratios, reach, 2 * batch),
                    mac_seconds(model, out))
+
+
+def loaded(profile: Profile) -> str:
+    """One line when ``profile`` was measured on a machine whose load average exceeded its
+    cores (other processes took the cores: its times, and the plans' predictions, are off),
+    else ""."""
+    if profile.cores and profile.load > profile.cores:
+        return (f"the profile was measured under load (load average {profile.load:.1f} on "
+                f"{profile.cores} cores): its times, and every prediction, may be off by up to "
+                f"1.7x; remake it (--profile FILE, removed first) on an idle machine")
+    return ""
 
 
 def mac_seconds(model, units) -> float:

@@ -47,7 +47,10 @@ class Budget:
         return slow_down(profile.crowd_ratios, key, self.per_core)
 
     def crowded(self) -> "Budget":
-        """This budget with copies within a node at the share of a core each rank gets."""
+        """This budget with copies within a node at the share of a core each rank gets (itself
+        with a core each)."""
+        if self.per_core <= 1:
+            return self
         return replace(self, net=replace(self.net, shm_bandwidth=self.net.shm_bandwidth / self.per_core))
 
     @property

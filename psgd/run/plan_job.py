@@ -85,8 +85,12 @@ def _search(args: argparse.Namespace, ranks: int) -> dict:
         memory_per_rank=args.plan_memory, optimizer=args.optimizer or "sgd",
         batch_size=args.batch_size or 64, shared_link=False, data=args.data,
         **{f: getattr(args, f) if getattr(args, f) is not None else v for f, v in BUDGET.items()})
+    from psgd.plan.profile import loaded
     budget = auto.budget_of(budget_args, ranks)
-    plans, _ = auto.search(auto.get_profile(args.model, budget_args.profile, data=args.data), budget)
+    prof = auto.get_profile(args.model, budget_args.profile, data=args.data)
+    if loaded(prof):
+        print(f"psgd train: warning: {loaded(prof)}", file=sys.stderr, flush=True)
+    plans, _ = auto.search(prof, budget)
     return auto.as_dict(plans[0], args.model, args.data)
 
 

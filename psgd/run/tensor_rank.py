@@ -123,7 +123,7 @@ def run(comm, settings, resumed, debug: bool, agree, network=None) -> TensorJob:
     if groups is not None:
         groups.share(setup["model"].params, setup["total"], setup["start"], setup.pop("opt_state"))
         setup["worker"], setup["groups"] = groups.worker(), groups
-        if get(settings.protocol).bound != 0.0:
+        if shares_copies(settings):
             setup["copies"] = copies(setup["model"])
     if grid.Get_rank() == 0:
         announce(SimpleNamespace(settings=settings, run_id=run_id, foreign=setup["foreign"]), resumed)
@@ -142,7 +142,8 @@ def choose_grid(s, world: int, network) -> tuple[int, int, dict]:
     layers = model_layers(s.model, s.seed, info["input_shape"], info["n_classes"])[0]
     parts = [t for t in range(1, world + 1) if n_servers % t == 0] if n_servers else None
     return grid.choose_grid(layers, world, s.batch_size, np.dtype(s.split.dtype).itemsize,
-                            lambda d, t: pricer(network or NO_NETWORK_FLAGS, world, t, n_servers)[0], parts)
+                            lambda d, t: pricer(network or NO_NETWORK_FLAGS, world, t, n_servers)[0], parts,
+                            broadcast=shares_copies(s))
 
 
 def _build(s, part, replica: int, n_replicas: int, axis: str, resumed, run_id: str, network) -> dict:
@@ -181,7 +182,8 @@ def _auto(s, choice: dict, n_replicas: int, network):
         price, choice["network"] = pricer(network or NO_NETWORK_FLAGS, n_replicas * comm.Get_size(),
                                           comm.Get_size(), servers_of(s))
         choice["head"], choice["cut"], rows = choose_split(
-            layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize, price, n_replicas)
+            layers, comm, s.batch_size, np.dtype(s.split.dtype).itemsize, price, n_replicas,
+            broadcast=shares_copies(s))
         choice["costs"] = {f"{r['head']} {r['cut']}": r["collective_s"] + r["compute_s"] for r in rows}
         choice["layers"] = [type(layer).__name__ for layer in layers]
         return split_mixed(layers, comm, choice["cut"], choice["head"])
@@ -244,6 +246,11 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         kept = f"checkpoint: {saved}" if saved else "no --checkpoint-dir, no checkpoint"
         print(f"psgd: stopped by {signals.signal_name(int(stop[0]))} at step {step} ({kept})", flush=True)
     return TensorJob(total_steps=total, end_step=step)
+
+
+def shares_copies(s) -> bool:
+    """asp/ssp under servers: the group takes part 0's copies before each step (:func:`copies`)."""
+    return bool(servers_of(s)) and get(s.protocol).bound != 0.0
 
 
 def copies(model) -> np.ndarray:

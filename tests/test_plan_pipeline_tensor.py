@@ -114,6 +114,23 @@ def test_the_dxkxt_command_is_one_psgd_train_sets_up_as_the_plan(dataset):
         assert opts.counts() == list(plan.partition) and opts.recompute
 
 
+def test_train_plan_auto_sets_the_dxkxt_rows_tensor_flag(dataset):
+    """`psgd train --plan auto` applies a chosen D x K x T row's flags, --tensor T included
+    (without it the run would train D T replicas of whole stages)."""
+    from psgd.cli import build_parser
+    from psgd.plan.auto import as_dict
+    from psgd.run import pipeline_job
+    from psgd.run.plan_job import apply
+    from psgd.tensor.pipeline import parts_of
+    fit, _ = search(toy_profile(MLP), Budget(4, 1 << 40, Network(1.25e9), batch=16))
+    plan = split_rows(fit)[0]
+    words = ["train", "--data", str(dataset), "--model", MLP]
+    args = build_parser(words).parse_args(words)
+    apply(args, as_dict(plan, MLP, str(dataset)))
+    settings, _, opts = pipeline_job._setup(args, type("Comm", (), {"Get_size": lambda self: 4})())
+    assert (opts.stages, parts_of(settings), opts.counts()) == (plan.stages, plan.parts, list(plan.partition))
+
+
 @pytest.mark.mpi
 def test_the_printed_dxkxt_command_trains(mpirun, dataset, tmp_path):
     """The table's --pipeline 2 --tensor 2 command for a tiny MLP, run for 3 steps on 4 ranks."""

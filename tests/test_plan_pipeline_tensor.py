@@ -50,37 +50,43 @@ def hand_profile(ratio=1.5):
     """Four dense units 8 -> 6 -> 6 -> 4 -> 4 of made-up times: per sample f, b seconds."""
     def dense(i, o, f, b):
         return Unit("dense+relu", f, b, 4 * i, 4 * o, 4 * (i * o + o), 4 * (i * o + o), o)
-    units = (dense(8, 6, 1e-4, 2e-4), dense(6, 6, 3e-4, 4e-4), dense(6, 4, 2e-4, 1e-4),
-             dense(4, 4, 1e-4, 3e-4))
+    units = (dense(8, 6, 1e-4, 2e-4), dense(6, 6, 1.1e-4, 2e-4), dense(6, 4, 1e-4, 2.1e-4),
+             dense(4, 4, 1.2e-4, 1.9e-4))      # near-equal: every schedule and M cuts 2,2
     return Profile("mlp:8-6-6-4-4", 8, units, 1e-9, 1000, tensor_ratio=ratio, tensor_ratios={"2": ratio})
 
 
-def test_a_dxkxt_rows_price_is_its_hand_counted_terms():
-    """K=2, T=2, D=1, gpipe M=2, cut 2,2, each rank its own node (one link each): stage 0 is a
-    column-row pair (the row's output all-reduced, twice: the forward re-runs); stage 1 the
+@pytest.mark.parametrize("schedule,m,again,flight", [
+    ("gpipe", 2, (2, 2), (2, 1)),      # every backward re-runs its forward
+    ("1f1b", 2, (2, 1), (2, 1)),       # the last stage's backward follows its own forward
+    ("gpipe", 1, (1, 1), (1, 1)),      # one microbatch: no re-run
+])
+def test_a_dxkxt_rows_price_is_its_hand_counted_terms(schedule, m, again, flight):
+    """K=2, T=2, D=1, batch 8, cut 2,2, each rank its own node (one link each): stage 0 is a
+    column-row pair (the row's output all-reduced at each run of the forward); stage 1 the
     same, plus its column's input gradient all-reduced once (it is sent back whole); a 2-rank
     all-reduce of n bytes is n / bandwidth + 1 latency; stage 0 sends its output and takes
     the gradient back over its parts' own links."""
     from psgd.plan.pipeline_tensor import plan_fields
     prof, bw, lat = hand_profile(), 1e8, 1e-5
     budget = Budget(4, 1 << 40, Network(bw, lat), batch=8)
-    row = plan_fields(prof, budget, 2, 2, 2, "gpipe", None)
+    row = plan_fields(prof, budget, 2, 2, m, schedule, None)
     assert row["partition"] == (2, 2)
-    mb, (u0, u1, u2, u3) = 4, prof.units
-    ar = lambda n: mb * n / bw + lat                                  # noqa: E731
-    compute = lambda u: 1.5 * mb * (2 * u.forward_s + u.backward_s) / 2  # noqa: E731
-    stage0 = compute(u0) + compute(u1) + 2 * ar(u1.out_bytes) + 2 * (mb * u1.out_bytes / bw + lat)
-    stage1 = compute(u2) + compute(u3) + 2 * ar(u3.out_bytes) + ar(u2.in_bytes)
+    mb, (u0, u1, u2, u3) = 8 // m, prof.units
+    ar = lambda n: mb * n / bw + lat                                         # noqa: E731
+    compute = lambda u, a: 1.5 * mb * (a * u.forward_s + u.backward_s) / 2  # noqa: E731
+    stage0 = compute(u0, again[0]) + compute(u1, again[0]) + again[0] * ar(u1.out_bytes) \
+        + 2 * (mb * u1.out_bytes / bw + lat)
+    stage1 = compute(u2, again[1]) + compute(u3, again[1]) + again[1] * ar(u3.out_bytes) + ar(u2.in_bytes)
     update = max(u0.param_bytes + u1.param_bytes, u2.param_bytes + u3.param_bytes) // 2 * 1e-9
-    step = stage0 + stage1 + (2 - 1) * max(stage0, stage1) + update
+    step = stage0 + stage1 + (m - 1) * max(stage0, stage1) + update
     assert row["extra"]["stage_s"] == pytest.approx([stage0, stage1], rel=1e-12)
     assert row["step_s"] == pytest.approx(step, rel=1e-12)
-    assert row["bubble"] == pytest.approx(1 - 2 * (stage0 + stage1) / (2 * (step - update)))
-    # memory: params/T x (param, grad, accumulation), the 2 microbatches' inputs in flight at
-    # stage 0 (gpipe), one microbatch's outputs over T
-    mem0 = 3 * (u0.param_bytes + u1.param_bytes) // 2 + 2 * mb * u0.in_bytes \
+    assert row["bubble"] == pytest.approx(1 - m * (stage0 + stage1) / (2 * (step - update)))
+    # memory: params/T x (param, grad, accumulation), the microbatches' inputs in flight at the
+    # schedule's peak, one microbatch's outputs over T
+    mem0 = 3 * (u0.param_bytes + u1.param_bytes) // 2 + flight[0] * mb * u0.in_bytes \
         + mb * (u0.out_bytes + u1.out_bytes) // 2
-    mem1 = 3 * (u2.param_bytes + u3.param_bytes) // 2 + 1 * mb * u2.in_bytes \
+    mem1 = 3 * (u2.param_bytes + u3.param_bytes) // 2 + flight[1] * mb * u2.in_bytes \
         + mb * (u2.out_bytes + u3.out_bytes) // 2
     assert row["memory"] == budget.fixed(prof, 1) + max(mem0, mem1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from psgd.pipeline.partition import min_max_cut
+from psgd.pipeline.schedules import recomputed
 from psgd.plan.cost import Job, Traffic, groups_allreduce_s
 from psgd.plan.cut import schedule_time, stage_in_flight
 from psgd.plan.tensor_comm import tensor_collectives
@@ -18,15 +19,15 @@ class _Input(int):
     """A unit's input bytes, marked: an all-reduce of them is an input gradient's (backward)."""
 
 
-def stage_collectives(units, first: bool) -> list[tuple[str, int, int]]:
+def stage_collectives(units, first: bool, again: float = 1.0) -> list[tuple[str, int, float]]:
     """``[(kind, bytes per sample, runs per microbatch)]`` of a stage of ``units`` split by
     ``split_tensor(close=True)``: a stage after the first all-reduces its first column's input
-    gradient (it is sent back whole); a forward collective runs twice, since a split stage
-    re-runs its forward before each backward (``--recompute on``)."""
+    gradient (it is sent back whole); a forward collective runs ``again`` times (the forward
+    re-runs before a backward that does not follow it at once: ``--recompute on``)."""
     marked = [replace(u, in_bytes=_Input(u.in_bytes)) for u in units]
     if not first:     # a stand-in unit with parameters: the first real one is not the model's first
         marked.insert(0, replace(units[0], name="input", param_bytes=1, split_bytes=0))
-    return [(kind, int(n), 1 if kind == "all-reduce" and isinstance(n, _Input) else 2)
+    return [(kind, int(n), 1.0 if kind == "all-reduce" and isinstance(n, _Input) else again)
             for kind, n in tensor_collectives(marked)]
 
 
@@ -47,13 +48,18 @@ def stage_memory(units, microbatch: int, flight: int, parts: int, slots: int, re
 
 
 class SplitStages:
-    """Stage prices of ``profile`` on D x K x T ranks of ``budget`` at ``microbatch`` samples
-    (rank r: part r % T of stage (r // T) % K of replica r // (K T), as the run lays them out);
-    a collective or a send is priced at the stage position where it costs most."""
+    """Stage prices of ``profile`` on D x K x T ranks of ``budget``, ``schedule`` over
+    ``microbatches`` of the batch (rank r: part r % T of stage (r // T) % K of replica
+    r // (KT), as the run lays them out); a collective or a send is priced at the stage
+    position where it costs most. A stage's forward runs 1 + r / M times per microbatch, r
+    its backwards that re-run it (:func:`psgd.pipeline.schedules.recomputed`: under gpipe
+    and 1f1b every stage but 1f1b's last has the same r)."""
 
-    def __init__(self, profile, budget, stages: int, parts: int, microbatch: int) -> None:
+    def __init__(self, profile, budget, stages: int, parts: int, schedule: str, microbatches: int) -> None:
         self.profile, self.budget, self.stages, self.parts = profile, budget, stages, parts
-        self.microbatch, self.replicas = microbatch, budget.ranks // (stages * parts)
+        self.microbatch, self.replicas = budget.batch // microbatches, budget.ranks // (stages * parts)
+        self.again = {last: 1 + recomputed(schedule, stages, stages - 1 if last else 0, microbatches)
+                      / microbatches for last in (False, True)}
         self.ratio = ratio_at(profile.tensor_ratios, parts, profile.tensor_ratio) \
             * budget.slow(profile, f"tensor {parts}")
         self._job = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
@@ -62,11 +68,11 @@ class SplitStages:
     def rank(self, replica: int, stage: int, part: int) -> int:
         return (replica * self.stages + stage) * self.parts + part
 
-    def compute(self, i: int, j: int) -> float:
-        """Units [i, j) on one microbatch: the forward twice and the backward, split units
-        over T, all times the ratio (and the slow-down on shared cores) at T."""
-        m = self.microbatch
-        return self.ratio * sum((2 * u.forward_at(m) + u.backward_at(m)) / (self.parts if u.split_bytes else 1)
+    def compute(self, i: int, j: int, last: bool) -> float:
+        """Units [i, j) on one microbatch: the forward (and its re-runs) and the backward,
+        split units over T, all times the ratio (and the slow-down on shared cores) at T."""
+        m, again = self.microbatch, self.again[last]
+        return self.ratio * sum((again * u.forward_at(m) + u.backward_at(m)) / (self.parts if u.split_bytes else 1)
                                 for u in self.profile.units[i:j])
 
     def collective_s(self, nbytes: int) -> float:
@@ -99,15 +105,15 @@ class SplitStages:
         as an all-reduce of half its bytes, as the tensor rows price it), its sends."""
         m, units = self.microbatch, self.profile.units
         comm = sum(runs * self.collective_s(m * (n if kind == "all-reduce" else n // 2))
-                   for kind, n, runs in stage_collectives(units[i:j], i == 0))
-        return self.compute(i, j) + comm + (0.0 if last else self.send_s(m * units[j - 1].out_bytes))
+                   for kind, n, runs in stage_collectives(units[i:j], i == 0, self.again[last]))
+        return self.compute(i, j, last) + comm + (0.0 if last else self.send_s(m * units[j - 1].out_bytes))
 
 
 def plan_fields(profile, budget, k: int, t: int, m: int, schedule: str, cap: int | None) -> dict | None:
     """The fields of a D x K x T pipeline row (kind ``pipeline``, ``parts`` T), or None when
     no cut fits ``cap`` bytes per rank (None: no cap)."""
     d, n = budget.ranks // (k * t), len(profile.units)
-    st = SplitStages(profile, budget, k, t, budget.batch // m)
+    st = SplitStages(profile, budget, k, t, schedule, m)
     flight = stage_in_flight(schedule, k, m)
 
     def mem(i, j, s):
@@ -127,7 +133,7 @@ def plan_fields(profile, budget, k: int, t: int, m: int, schedule: str, cap: int
     span, bubble = schedule_time(times, m, False)
     moved = sum(2 * st.microbatch * n * runs * (t - 1) * (1 if kind == "all-reduce" else 0.5)
                 for s in range(k) for kind, n, runs in
-                stage_collectives(profile.units[edges[s]:edges[s + 1]], s == 0))
+                stage_collectives(profile.units[edges[s]:edges[s + 1]], s == 0, st.again[s == k - 1]))
     wire = d * m * (moved + 2 * t * st.microbatch * sum(profile.units[e - 1].out_bytes for e in edges[1:-1])) \
         + 2 * (d - 1) * sum(local) * t
     return {"step_s": span + update, "memory": max(mem(edges[s], edges[s + 1], s) for s in range(k)),

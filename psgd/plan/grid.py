@@ -10,6 +10,7 @@ import numpy as np
 
 from psgd.plan import memory
 from psgd.plan.cost import Job, Network, Traffic, groups_allreduce_s
+from psgd.plan.profile import macs
 
 ITEMSIZE = 4        # float32, psgd train's dtype
 MAC_S = 1e-10       # seconds per multiply-add of the run's compute term (its imbalance only)
@@ -71,12 +72,6 @@ def _halo_s(job: Job, groups: list, nbytes: float, net: Network) -> float:
             t.carry(a, b, nbytes / 2)
             t.carry(b, a, nbytes / 2)
     return t.seconds(net, 2)
-
-
-def macs(layer) -> int:
-    """Multiply-adds per sample of a serial layer: its weights at each output position."""
-    weights = sum(int(np.prod(s)) for _, s in layer.param_shapes())
-    return weights * (int(np.prod(layer.out_shape[:-1])) if len(layer.out_shape) == 3 else 1)
 
 
 def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,

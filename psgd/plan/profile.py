@@ -212,11 +212,16 @@ def loaded(profile: Profile) -> str:
     return ""
 
 
+def macs(layer) -> int:
+    """Multiply-adds per sample of a serial layer: its weights at each output position."""
+    weights = sum(int(np.prod(s)) for _, s in layer.param_shapes())
+    return weights * (int(np.prod(layer.out_shape[:-1])) if len(layer.out_shape) == 3 else 1)
+
+
 def mac_seconds(model, units) -> float:
     """The units' forward and backward seconds per sample over three times the model's
-    multiply-adds per sample (:func:`psgd.plan.grid.macs`): the seconds per multiply-add of
-    ``--grid auto``'s compute term; 0 for a model without them."""
-    from psgd.plan.grid import macs
+    multiply-adds per sample (:func:`macs`): the seconds per multiply-add of ``--grid
+    auto``'s compute term; 0 for a model without them."""
     n = sum(macs(layer) for layer in model.layers)
     return sum(u.forward_s + u.backward_s for u in units) / (3 * n) if n else 0.0
 

@@ -88,9 +88,9 @@ def _search(args: argparse.Namespace, ranks: int) -> dict:
     from psgd.plan.profile import loaded
     budget = auto.budget_of(budget_args, ranks)
     prof = auto.get_profile(args.model, budget_args.profile, data=args.data)
-    if loaded(prof):
-        print(f"psgd train: warning: {loaded(prof)}", file=sys.stderr, flush=True)
     plans, _ = auto.search(prof, budget)
+    if loaded(prof):            # after the search: an error stays one line
+        print(f"psgd train: warning: {loaded(prof)}", file=sys.stderr, flush=True)
     return auto.as_dict(plans[0], args.model, args.data)
 
 

@@ -165,7 +165,7 @@ def run_auto(args: argparse.Namespace) -> None:
           f"{budget.memory / 2**20:.0f} MB each, batch {budget.batch} per replica; profile "
           f"{profiled:.1f} s, search {searched:.2f} s, {len(plans)} plans fit")
     print_table(top, args.model, args.data)
-    if (prof.spatial_units or any(u.split_bytes for u in prof.units)) \
-            and any(args.ranks % (k * t) == 0 for k in range(2, args.ranks) for t in range(2, args.ranks)):
-        print("not searched: pipelines of --tensor or --spatial stages (D x K x T); psgd train "
-              "runs a pipeline's stages whole")
+    if prof.spatial_units and any(args.ranks % (k * p) == 0 for k in range(2, args.ranks)
+                                  for p in range(2, prof.spatial_max + 1)):
+        print("not searched: pipelines of --spatial stages (D x K x P); psgd train splits a "
+              "pipeline's stages by --tensor only")

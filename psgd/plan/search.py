@@ -1,7 +1,7 @@
 """The search behind `psgd plan --auto`: data-parallel rows of every protocol (plain and
-compressed), pipelines D x K (cut by dynamic program), tensor splits D x T, spatial splits
-D x P and auto grids D x T (each layer's split as --grid auto chooses it), those over the
-memory cap dropped, fastest first."""
+compressed), pipelines D x K (cut by dynamic program) and D x K x T (tensor-split stages),
+tensor splits D x T, spatial splits D x P and auto grids D x T (each layer's split as --grid
+auto chooses it), those over the memory cap dropped, fastest first."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -106,6 +106,7 @@ class Plan:
         if self.kind == "pipeline":
             args += ["--pipeline", str(self.stages), "--microbatches", str(self.microbatches),
                      "--schedule", self.schedule, "--partition", ",".join(map(str, self.partition))]
+            args += ["--tensor", str(self.parts)] if self.parts > 1 else []
         if self.kind in ("tensor", "spatial"):
             args += ["--grid", f"{self.replicas},{self.parts}"]
         if self.kind == "spatial":
@@ -116,7 +117,8 @@ class Plan:
 
     def label(self) -> str:
         if self.kind == "pipeline":
-            return (f"pipeline {self.replicas}x{self.stages} {self.schedule} M={self.microbatches} "
+            parts = f"x{self.parts}" if self.parts > 1 else ""
+            return (f"pipeline {self.replicas}x{self.stages}{parts} {self.schedule} M={self.microbatches} "
                     f"cut {','.join(map(str, self.partition))}")
         if self.kind in ("tensor", "spatial"):
             return f"{self.kind} {self.replicas}x{self.parts}"
@@ -262,6 +264,13 @@ def pipeline_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Pl
     return plans
 
 
+def pipeline_tensor_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Plan]:
+    """D x K x T: pipelines of tensor-split stages (:mod:`psgd.plan.pipeline_tensor`)."""
+    from psgd.plan.pipeline_tensor import rows
+    return [Plan("pipeline", "allreduce", budget.ranks, budget.batch, **row)
+            for row in rows(profile, budget, cap)]
+
+
 def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x T for each T dividing the ranks, no wider than the narrowest split layer: split
     units' compute over T (times the profile's ratio measured at T, or the widest timed below it), the group's
@@ -358,10 +367,12 @@ def search(profile: Profile, budget: Budget) -> tuple[list[Plan], Plan]:
     pipelined = _on_shared_cores(profile, budget.slow(profile))
     loose = data_plans(profile, crowded) + tensor_plans(shared, crowded) \
         + spatial_plans(shared, crowded) + grid_plans(shared, budget, crowded) \
-        + pipeline_plans(pipelined, crowded, None)
+        + pipeline_plans(pipelined, crowded, None) + pipeline_tensor_plans(shared, crowded, None)
     smallest = min(loose, key=lambda p: p.memory)
     fit = [p for p in loose if p.memory <= budget.memory]
     fit += [p for p in pipeline_plans(pipelined, crowded, budget.memory)
+            if p.memory <= budget.memory and p not in fit]
+    fit += [p for p in pipeline_tensor_plans(shared, crowded, budget.memory)
             if p.memory <= budget.memory and p not in fit]
     if not fit:
         raise UsageError(f"no plan on {budget.ranks} ranks fits --memory-per-rank "

@@ -106,6 +106,7 @@ def apply(args: argparse.Namespace, plan: dict) -> None:
         args.schedule, args.partition = parsed["--schedule"], parsed["--partition"]
     args.grid = parsed.get("--grid")
     args.spatial = int(parsed["--spatial"]) if "--spatial" in parsed else None
+    args.tensor = int(parsed["--tensor"]) if "--tensor" in parsed else None   # a D x K x T pipeline
     args.compress = parsed.get("--compress")
     for flag, kind in (("--bandwidth", str), ("--latency-us", float), ("--per-node", int), ("--mac-ns", float)):
         if flag in parsed:      # an auto grid's network, which it cuts by

@@ -189,6 +189,15 @@ class Backup(ElasticServer):
         self.awaiting: dict[int, float] = {}   # slots whose worker has not re-routed yet
         self.trace = Trace("backup.bin")
         self.trace.save("init.npy", self.versions.live)
+        if self.trace.fh is not None:   # tests: every push applied, before and after a takeover
+            push = self.rule.push
+
+            def traced(grad, clock, staleness, source, borrowed=False, worker=0):
+                head = np.array([self.n_pushes, worker, clock, staleness], np.int64)
+                self.trace.write(head.tobytes() + grad.tobytes())
+                return push(grad, clock, staleness, source, borrowed, worker)
+
+            self.rule.push = traced
 
     def follow(self, started: float) -> str:
         """Apply the primary's forwards until it ends the run ("") or is lost (why)."""
@@ -249,12 +258,8 @@ class Backup(ElasticServer):
             self._receive_gradient(clock)
             np.copyto(self.rule.receive_buffer(), self.staged)
             self.ctrl[:] = (PUSH_WINDOW, clock, read, self.shard)
-            before = self.n_pushes
             self._push(self.S + w, w, clock, read, PUSH_WINDOW)
             self.n_window_pushes -= 1
-            if self.n_pushes > before:
-                head = np.array([self.n_pushes, w, clock, clock - read], np.int64)
-                self.trace.write(head.tobytes() + self.rule.receive_buffer().tobytes())
         elif kind == REPLIED:
             self.rule.replied(w, clock, self.versions.live)
         elif kind == JOIN:
@@ -289,7 +294,7 @@ class Backup(ElasticServer):
 
     def _primary_lost(self, why: str, started: float) -> str:
         record = {"server": "primary", "why": why, "updates": self.n_pushes,
-                  "at_s": round(time.perf_counter() - started, 3)}
+                  "at_s": round(time.perf_counter() - started, 3), "segments": self.segments}
         self.lost_record.append(record)
         for path in self.segments:   # nothing of the killed job unlinks them
             try:

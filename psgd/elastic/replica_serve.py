@@ -68,6 +68,9 @@ def backup_main(args: argparse.Namespace) -> None:
     knock(args.port_file, args.wait, kind=BACKUP)
     link = MPI.COMM_SELF.Connect(port)
     welcome = _welcome(link, args.wait)
+    if not welcome.get("backup"):   # the servers took it for a worker; they drop it when silent
+        raise UsageError(f"the run at {args.port_file} was not started with --replicas 2: it "
+                         f"takes no backup server")
     settings = RunPlan.from_flat(welcome["settings"])
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     roles = Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1, worker_comm=None)
@@ -87,7 +90,8 @@ def backup_main(args: argparse.Namespace) -> None:
         leave(0)
     lost = server.lost_record[-1]
     print(f"psgd: server primary lost after {lost['updates']} updates, {lost['at_s']:.1f} s "
-          f"into the run ({why}); the backup takes over", file=sys.stderr, flush=True)
+          f"into the run ({why}); the backup takes over (the primary's MPICH segments removed: "
+          f"{len(lost['segments'])})", file=sys.stderr, flush=True)
     log = _append_log(settings.log)
     log.write("server_lost", **lost)
 

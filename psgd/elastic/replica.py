@@ -77,10 +77,10 @@ class Primary(ElasticServer):
         def pushed(grad, clock, staleness, source, borrowed=False, worker=0):
             sent = grad.copy() if self.backup is not None else None
             ok = push(grad, clock, staleness, source, borrowed, worker)
-            if sent is not None:
-                self._forward(PUSHED, worker, clock, clock - staleness, sent)
+            if sent is not None:   # (the trace first: the test compares what the backup got)
                 self.trace.write(f"{self.n_pushes} {worker} {clock} "
                                  f"{zlib.crc32(self.versions.live.tobytes())}\n".encode())
+                self._forward(PUSHED, worker, clock, clock - staleness, sent)
             return ok
 
         def answered(worker, clock, live):

@@ -8,10 +8,10 @@ import zlib
 import numpy as np
 import pytest
 from conftest import run_mpi
-from test_elastic import Run, _records, _until, data  # noqa: F401 - data: a fixture
+from test_elastic import Run, _records, _tree, _until, data  # noqa: F401 - data: a fixture
 
 from psgd.elastic import _mapped_by_mine
-from psgd.elastic.replica import KILL, TRACE
+from psgd.elastic.replica import KILL, TRACE, segments_of
 from psgd.run.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.mpi
@@ -24,10 +24,17 @@ def _segments() -> set:
     return set(glob.glob("/dev/shm/mpich_shm_*"))
 
 
-def _replicated(tmp_path, data, protocol="asp", extra=(), kill_at=0.4, env=None):
+def _segments_of_job(pid: int) -> set:
+    """The MPICH segments the processes of the job whose mpiexec is ``pid`` map."""
+    return {path for p in _tree(pid) for path in segments_of(p)}
+
+
+def _replicated(tmp_path, data, protocol="asp", extra=(), kill_at=0.4, env=None,
+                worker_kill_at=None):
     """A replicated run whose server job is SIGKILLed at ``kill_at`` of the updates (or, with
-    ``env`` PSGD_X_REPLICA_KILL, kills itself mid-forward); its jobs, outputs and records."""
-    before = _segments()
+    ``env`` PSGD_X_REPLICA_KILL, kills itself mid-forward), and worker 0's job at
+    ``worker_kill_at`` before that; its jobs, outputs and records."""
+    before, doomed = _segments(), set()
     env = {TRACE: str(tmp_path), **(env or {})}
     run = Run(tmp_path, data, UPDATES, protocol=protocol, env=env,
               extra=["--replicas", 2, "--checkpoint-dir", tmp_path / "ckpt", *extra])
@@ -36,6 +43,11 @@ def _replicated(tmp_path, data, protocol="asp", extra=(), kill_at=0.4, env=None)
     _until("the backup to join", lambda: "backup server of run" in run.output("backup"),
            run.procs)
     workers = [run.join(0), run.join(1)]
+    if worker_kill_at is not None:
+        _until(f"{worker_kill_at:.0%} of the updates",
+               lambda: run.updates() >= worker_kill_at * UPDATES, run.procs)
+        doomed = _segments_of_job(workers[0].pid)
+        os.killpg(workers[0].pid, signal.SIGKILL)
     if kill_at is not None:
         _until(f"{kill_at:.0%} of the updates", lambda: run.updates() >= kill_at * UPDATES,
                run.procs)
@@ -43,8 +55,13 @@ def _replicated(tmp_path, data, protocol="asp", extra=(), kill_at=0.4, env=None)
     killed, run.server = run.server, backup   # the run's summary is the backup's
     summary = run.finish()   # every job ended within the deadline, the backup with 0
     assert killed.returncode != 0
-    assert [w.returncode for w in workers] == [0, 0], [run.output(f"joiner{k}") for k in (0, 1)]
+    codes = [w.returncode for w in workers]
+    assert codes[1] == 0 and (codes[0] != 0) == bool(worker_kill_at), \
+        [run.output(f"joiner{k}") for k in (0, 1)]
     # the killed primary's segment too (the backup unlinks it); other jobs' may be running
+    # a SIGKILLed worker leaves its own (psgd.elastic.tidy_shm removes it at a later start)
+    for path in doomed:
+        os.unlink(path)
     left = _segments() - before - _mapped_by_mine()
     assert not left, f"a job left its MPICH segment in /dev/shm: {left}\n{run.output('backup')}"
     assert len([r for r in _records(run.log) if r["kind"] == "summary"]) == 1
@@ -102,6 +119,17 @@ def test_a_server_killed_mid_forward_loses_only_the_half_sent_update(tmp_path, d
     # the primary applied update `at` and sent its header, never its gradient
     assert n_taken == at - 1 and primary[-1][0] == at, (n_taken, primary[-1])
     assert "without its whole gradient" in summary["servers_lost"][0]["why"]
+
+
+@pytest.mark.slow
+def test_a_worker_lost_before_the_takeover_stays_lost_and_the_other_reroutes(tmp_path, data):
+    run, summary = _replicated(tmp_path, data, worker_kill_at=0.2, kill_at=0.5)
+    states = sorted(w["state"] for w in summary["workers"])
+    assert states == ["done", "lost"], summary["workers"]
+    lost = next(w for w in summary["workers"] if w["state"] == "lost")
+    assert lost["left_at"] < 0.5 * UPDATES + 10   # dropped by the primary, forwarded
+    n_taken, order, _ = _check_replay(tmp_path, summary)
+    assert not [o for o in order[n_taken:] if o[1] == lost["worker"]]   # nothing of it after
 
 
 @pytest.mark.slow

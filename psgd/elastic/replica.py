@@ -185,6 +185,7 @@ class Backup(ElasticServer):
         self.segments = segments_of(who[1]) if who and who[0] == PLACE else []
         self.silence_s = 5 * self.links.silence_s   # a primary on another host: its beat
         self.staged = np.empty_like(self.rule.receive_buffer())
+        self.cut_off: list = []   # a receive the primary's death left pending, and its buffer
         self.following, self.lost_record = True, []
         self.awaiting: dict[int, float] = {}   # slots whose worker has not re-routed yet
         self.trace = Trace("backup.bin")
@@ -248,7 +249,8 @@ class Backup(ElasticServer):
         while not req.Test():
             try:
                 look = self._look_upstream(look)
-            except PrimaryLost:
+            except PrimaryLost:   # MPI may still write into the buffer: both kept for good
+                self.cut_off.append((req, self.staged))
                 self.staged = np.empty_like(self.staged)
                 raise
             time.sleep(0.0002)

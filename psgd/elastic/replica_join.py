@@ -45,10 +45,14 @@ def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str):
     return inter, welcome, new
 
 
+_KEPT: list = []   # workers of servers that are gone: their pending requests use their buffers
+
+
 def forget(worker) -> None:
     """Cancel the receives of ``worker``'s pull from the servers that are gone, so nothing of
-    theirs lands in the parameters later (its sends stay pending: the process leaves by
-    os._exit, never MPI_Finalize)."""
+    theirs lands in the parameters later. The worker is kept: a request that stays pending (its
+    sends; the process leaves by os._exit, never MPI_Finalize) must not outlive its buffers."""
+    _KEPT.append(worker)
     for req in getattr(worker, "_pull_reqs", []):
         try:
             req.Cancel()

@@ -50,6 +50,8 @@ def _say(kind: str, fields: dict) -> str:
                 f"{fields['first_clock']}..{fields['last_clock']})")
     if kind == "refused":
         return f"a joiner was refused: {fields['why']}"
+    if kind == "backup":   # --replicas 2 (psgd.elastic.replica)
+        return f"backup server {fields['why']} ({fields['updates']} updates so far)"
     return f"run over: {fields['why']}"
 
 

@@ -4,8 +4,9 @@ throughput against data parallelism on the same ranks, pipedream's learning agai
 Run as ``python bench/bench_pipeline.py`` (``make bench-pipeline``): every row is one
 ``psgd train --pipeline`` (or ``--protocol allreduce``) run under mpiexec on synthetic data,
 read back from its JSON-lines log.  The idle fraction of a stage is the time it waited on
-its neighbours over its wall time; "simulated" replays the schedule with each stage's
-measured forward and backward time per microbatch (psgd.pipeline.schedules.simulate).
+its neighbours over its time, both from the second step on; "simulated" replays the
+schedule with each stage's measured forward and backward time per microbatch
+(psgd.pipeline.schedules.simulate).
 Writes pipeline.json (and .md) into runs/bench/pipeline-TIME/ (``--publish``: bench/results/).
 """
 from __future__ import annotations
@@ -37,20 +38,36 @@ def train(data: Path, tmp: Path, ranks: int, name: str, *flags, prefix=()) -> di
     return next(json.loads(l) for l in log.read_text().splitlines() if '"summary"' in l)
 
 
-def bubble_rows(data, tmp, steps):
-    """K = 2, M = 1, 4, 8: the layer-balanced cut of BALANCED recomputing each forward (stage 0
-    only), and FINE's auto cut (by measured time) keeping activations."""
+# Two stages of equal work per microbatch at the cut 4,5 (in 1024x1024 matmul units: stage 0
+# forward 0.77 + 3, backward 3 x 2 + 0.77, as the first layer computes no input gradient;
+# stage 1 forward 3 + 0.5, backward twice that): FINE's best cut, 4,4, is 11 % off.
+EVEN = "mlp:784" + "-1024" * 7 + "-512-10"
+BUBBLE_ROWS = {   # name: model, cut, environment
+    "even": (EVEN, "4,5", ()),
+    "even-nospin": (EVEN, "4,5", ("PSGD_X_PIPELINE_SPIN_US=0",)),   # the waits sleep at once
+    "auto": (FINE, "auto", ()),
+}
+
+
+def bubble_rows(data, tmp, steps, names="even", repeats=1):
+    """K = 2, M = 1, 4, 8, 1f1b, kept activations (``--recompute off``): each of ``names``
+    (:data:`BUBBLE_ROWS`) ``repeats`` times, the runs of one repeat in turn."""
     rows = []
-    for model, cut, recompute in ((BALANCED, "2,3", "on"), (FINE, "auto", "off")):
-        for m in (1, 4, 8):
-            p = train(data, tmp, 2, f"bubble-m{m}-{recompute}", "--model", model, "--pipeline", 2,
-                      "--partition", cut, "--microbatches", m, "--batch-size", 128,
-                      "--steps", steps, "--recompute", recompute, "--optimizer", "sgd")["pipeline"]
-            rows.append({"K": 2, "M": m, "model": model, "cut": p["cut"], "recompute": recompute,
-                         "formula": p["predicted_bubble"],
-                         "simulated": p["simulated_idle"], "measured": p["idle"],
-                         "samples_per_s": p["samples_per_s"], "forward_s": p["forward_s"],
-                         "backward_s": p["backward_s"]})
+    for rep in range(repeats):
+        for name in names.split(","):
+            model, cut, env = BUBBLE_ROWS[name]
+            for m in (1, 4, 8):
+                p = train(data, tmp, 2, f"bubble-{name}-m{m}", "--model", model, "--pipeline", 2,
+                          "--partition", cut, "--microbatches", m, "--batch-size", 128,
+                          "--steps", steps, "--recompute", "off", "--optimizer", "sgd",
+                          prefix=("env", *env) if env else ())["pipeline"]
+                rows.append({"K": 2, "M": m, "row": name, "repeat": rep, "model": model,
+                             "cut": p["cut"], "recompute": "off", "env": list(env),
+                             "formula": p["predicted_bubble"],
+                             "simulated": p["simulated_idle"], "measured": p["idle"],
+                             "measured_with_first_step": p["idle_with_first_step"],
+                             "samples_per_s": p["samples_per_s"], "forward_s": p["forward_s"],
+                             "backward_s": p["backward_s"]})
     return rows
 
 
@@ -236,16 +253,29 @@ def learning_rows(data, tmp, args, out: Path):
 
 
 def bubble_markdown(rows: list) -> list[str]:
-    f = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
-    ms = lambda xs: ", ".join(f"{1e3 * x:.2f}" for x in xs)  # noqa: E731
-    out = ["## Bubble (K = 2, 1f1b, batch 128, sgd)", "",
-           "| model, cut | --recompute | M | (K-1)/(M+K-1) | simulated per stage | measured per stage | "
-           "forward ms per stage | backward ms per stage | samples/s |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    return out + [f"| {r.get('model', BALANCED)}, {','.join(map(str, r.get('cut', [2, 3])))} | "
-                  f"{r.get('recompute', 'on')} | {r['M']} | {r['formula']:.3f} | {f(r['simulated'])} | "
-                  f"{f(r['measured'])} | {ms(r.get('forward_s', []))} | {ms(r.get('backward_s', []))} | "
-                  f"{r['samples_per_s']:.0f} |" for r in rows]
+    """One line per row name and M: each stage's range over the repeats."""
+    rng = lambda xs, fmt="{:.3f}": (fmt.format(min(xs)) if min(xs) == max(xs) else  # noqa: E731
+                                    f"{fmt.format(min(xs))}-{fmt.format(max(xs))}")
+    per = lambda rs, key, scale=1.0, fmt="{:.3f}": ", ".join(  # noqa: E731
+        rng([scale * r[key][i] for r in rs], fmt) for i in range(len(rs[0][key])))
+    out = ["## Bubble (K = 2, 1f1b, --recompute off, batch 128, sgd; per stage, the range over "
+           "the repeats)", "",
+           "| row | model, cut | M | runs | (K-1)/(M+K-1) | measured idle | within +-0.05 | "
+           "simulated | idle with the first step | forward ms | backward ms | samples/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r.get("row", "-"), r["M"]), []).append(r)
+    for (name, m), rs in groups.items():
+        r0 = rs[0]
+        ok = all(abs(x - r["formula"]) <= 0.05 for r in rs for x in r["measured"])
+        out.append(f"| {name} | {r0['model']}, {','.join(map(str, r0['cut']))} | {m} | {len(rs)} | "
+                   f"{r0['formula']:.3f} | {per(rs, 'measured')} | {'yes' if ok else 'no'} | "
+                   f"{per(rs, 'simulated')} | "
+                   f"{per(rs, 'measured_with_first_step') if 'measured_with_first_step' in r0 else '-'} | "
+                   f"{per(rs, 'forward_s', 1e3, '{:.2f}')} | {per(rs, 'backward_s', 1e3, '{:.2f}')} | "
+                   f"{rng([r['samples_per_s'] for r in rs], '{:.0f}')} |")
+    return out
 
 
 def markdown(res: dict) -> str:
@@ -315,6 +345,9 @@ def learning_markdown(res: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30, help="steps per bubble/memory run (default 30)")
+    ap.add_argument("--bubble-rows", default="even",
+                    help=f"bubble rows, comma-separated, of {', '.join(BUBBLE_ROWS)} (default even)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each bubble row (default 1)")
     ap.add_argument("--big-steps", type=int, default=6, help="steps per throughput run (default 6)")
     ap.add_argument("--learn-steps", type=int, default=150, help="steps per learning run (default 150)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per learning row (default 2)")
@@ -346,12 +379,16 @@ def main() -> None:
     unknown = set(args.rows.split(",")) - set(LEARN_RUNS)
     if unknown:
         ap.error(f"--rows: unknown {', '.join(sorted(unknown))}; choose from {', '.join(LEARN_RUNS)}")
+    unknown = set(args.bubble_rows.split(",")) - set(BUBBLE_ROWS)
+    if unknown:
+        ap.error(f"--bubble-rows: unknown {', '.join(sorted(unknown))}; choose from {', '.join(BUBBLE_ROWS)}")
     out = common.out_dir(args, "pipeline")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         data = common.dataset(tmp, not args.fashion, "bench-pipeline", train=4096)
         if args.only in ("bubble", "recompute", "net"):
-            rows = {"bubble": lambda: bubble_rows(data.path, tmp, args.steps),
+            rows = {"bubble": lambda: bubble_rows(data.path, tmp, args.steps, args.bubble_rows,
+                                                  args.repeats),
                     "recompute": lambda: recompute_rows(data.path, tmp, args.steps),
                     "net": lambda: net_rows(data.path, tmp, args.big_steps)}[args.only]()
             _write(out, f"pipeline-{args.only}", {args.only: rows}, part_markdown(args.only, rows),

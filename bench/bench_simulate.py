@@ -19,7 +19,10 @@
    compared: updates/s over the
    training loop, the staleness histogram's total-variation distance, and the
    final test accuracy of the real run against the simulator's training along
-   its order at the same seed (means over seeds).
+   its order at the same seed (means over seeds). ``--keep`` keeps the real runs,
+   ``--from`` simulates kept ones again, ``--real-only`` runs them without
+   simulating, and ``--repeat-from`` reports each real run's TV from its own
+   repetition (the same cell and seed, kept elsewhere) beside the simulator's.
 3. The table: W = 16, 64, 256, 1024 (``--table-widths``) of ``--table-model``, predicted
    updates/s and staleness for bsp, ssp s=2 and asp (with and without compensation), and up
    to W = 256 (``--table-train-upto``) the accuracy of training along the simulated order
@@ -232,13 +235,18 @@ def _pair(tmp: Path, data: Path, W: int, proto: str, slow: bool, opts, seed: int
            "real_acc": summary["test_accuracy"], "sim_acc": sim["training"]["test_acc"],
            "real_staleness": summary["staleness_histogram"],
            "sim_staleness": sim["staleness"]["histogram"]}
+    if opts.repeat and (opts.repeat / f"{_name(W, proto, slow, seed)}.json").exists():
+        again = _saved(opts.repeat, W, proto, slow, seed)[1]   # the same cell and seed, rerun
+        row["tv_repeat"] = _tv(summary["staleness_histogram"], again["staleness_histogram"])
     if opts.cores:   # the same trace simulated again on the cores the run had
         row["cores"] = _again(tmp, [*argv, *latency, "--cores", opts.cores], real, summary)
         row["cores"]["cores"] = opts.cores
     if opts.poll and proto not in DRAWN:   # again, each message seen at the next poll
         row["poll"] = _again(tmp, [*argv, "--poll"], real, summary)
+    repeat = "" if row.get("tv_repeat") is None else f" (the real repeat's {row['tv_repeat']:.3f})"
     print(f"validate: W={W} {proto}{' slow' if slow else ''} seed {seed}: real {real:.1f}/s, "
-          f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}, "
+          f"sim {row['sim_updates_per_s']:.1f}/s (x{row['ratio']:.2f}), TV {row['tv']}"
+          f"{repeat}, "
           f"accuracy real {row['real_acc']:.4f} sim {row['sim_acc']:.4f}", flush=True)
     if opts.keep:
         (opts.keep / f"{_name(W, proto, slow, seed)}.row.json").write_text(json.dumps(row))
@@ -257,7 +265,18 @@ def _again(tmp: Path, argv: list, real: float, summary: dict) -> dict:
 
 
 def validate(tmp: Path, data: Path, opts) -> list:
-    """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation."""
+    """Every (W, protocol, straggler, seed) pair of ``opts``: a real run and its simulation
+    (``--real-only``: the real runs alone, kept for a later ``--from``; no rows)."""
+    if opts.real_only:
+        for W in opts.widths:
+            for proto in opts.protocols:
+                for slow in opts.stragglers:
+                    for seed in range(1, opts.seeds + 1):
+                        tl, summary = _real(opts.keep, data, W, proto, slow, opts, seed)
+                        print(f"real: W={W} {proto}{' slow' if slow else ''} seed {seed}: "
+                              f"{real_rate(_trace(tl)):.1f}/s, accuracy "
+                              f"{summary['test_accuracy']:.4f}", flush=True)
+        return []
     return [_pair(tmp, data, W, proto, slow, opts, seed)
             for W in opts.widths for proto in opts.protocols for slow in opts.stragglers
             for seed in range(1, opts.seeds + 1)]
@@ -274,6 +293,8 @@ def agreement(rows: list) -> list:
                 for k in ("real_step_ms", "sim_step_ms", "ratio", "tv", "real_acc", "sim_acc")}
         out.append({"W": W, "protocol": proto, "straggler": slow, "seeds": len(rs), **mean,
                     "acc_gap_points": 100 * (mean["sim_acc"] - mean["real_acc"])})
+        if all(r.get("tv_repeat") is not None for r in rs):
+            out[-1]["tv_repeat"] = float(np.mean([r["tv_repeat"] for r in rs]))
         for again in ("cores", "poll"):
             if again in rs[0]:
                 on = {k: float(np.mean([r[again][k] for r in rs]))
@@ -352,6 +373,7 @@ def markdown(result: dict) -> str:
                      f"{r['ratio']:.2f} | {tv} | "
                      f"{r['real_acc']:.4f} | "
                      f"{r['sim_acc']:.4f} | {r['acc_gap_points']:+.2f} |")
+    lines += _repeat_lines(result["agreement"])
     lines += _again_lines(result["agreement"], "cores") + _again_lines(result["agreement"], "poll")
     lines += ["", f"## Table ({result.get('table_model', TABLE_MODEL)}, compute "
               f"{result['compute_ms']:.2f} ms per batch of 64, 10gbit switched)", "",
@@ -365,6 +387,22 @@ def markdown(result: dict) -> str:
                      f"{c.get('test_acc', float('nan')):.4f} | "
                      f"{'-' if t is None else f'{t:.2f}'} |")
     return "\n".join(lines)
+
+
+def _repeat_lines(agreement: list) -> list:
+    """The staleness TV of each real run from its repetition (--repeat-from) beside the
+    simulator's from the run (none: [])."""
+    rows = [r for r in agreement if "tv_repeat" in r]
+    if not rows:
+        return []
+    lines = ["", "### Staleness TV: simulated against real, and real against its repetition", "",
+             "| W | protocol | straggler | simulated vs real | real vs its repetition |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        tv = "-" if r["tv"] is None else f"{r['tv']:.3f}"
+        lines.append(f"| {r['W']} | {r['protocol']} | {'W-1 slow=3' if r['straggler'] else '-'} "
+                     f"| {tv} | {r['tv_repeat']:.3f} |")
+    return lines
 
 
 def _again_lines(agreement: list, again: str) -> list:
@@ -422,6 +460,12 @@ def arguments() -> argparse.Namespace:
                     "run's timeline and log, and each validation row as NAME.row.json, in DIR")
     ap.add_argument("--from", dest="source", type=Path, default=None, metavar="DIR",
                     help="simulate the real runs kept in DIR by --keep instead of running them")
+    ap.add_argument("--real-only", action="store_true", help="run and keep (--keep) the "
+                    "validation's real runs only, to simulate later with --from")
+    ap.add_argument("--repeat-from", dest="repeat", type=Path, default=None, metavar="DIR",
+                    help="real runs of the same cells kept in DIR (--keep): each run's staleness "
+                    "TV from its repetition is reported beside the simulator's (what a bar on "
+                    "the TV can be tested to)")
     ap.add_argument("--no-speed", dest="speed", action="store_false",
                     help="skip part 1 (the event loop's speed)")
     ap.add_argument("--poll", action="store_true", help="also simulate each validation trace "
@@ -441,6 +485,8 @@ def arguments() -> argparse.Namespace:
     args.widths = ([2] if q else [2, 4, 8]) if args.widths is None else args.widths
     args.seeds = args.seeds or (1 if q else 3)
     args.steps = args.steps or (30 if q else 600)
+    if args.real_only and not args.keep:
+        ap.error("--real-only needs --keep DIR (where the runs are kept)")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     if args.table_widths is None:

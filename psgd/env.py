@@ -51,6 +51,7 @@ KNOBS = {
     "PSGD_X_ALLREDUCE_CHUNK_BYTES": "hierarchical all-reduce: the pipeline's chunk size",
     "PSGD_X_ALLREDUCE_PIECE_BYTES": "shared-window all-reduce: the piece each rank sums",
     "PSGD_X_ALLREDUCE_SPIN_US": "all-reduce: microseconds to spin before sleeping on a flag",
+    "PSGD_X_PIPELINE_SPIN_US": "pipeline: microseconds to spin before sleeping on a neighbour's message",
     "PSGD_MPIEXEC": "the launcher psgd demo and the tests start (default: the venv's mpiexec)",
     "PSGD_DEMO_DIR": "where psgd demo writes (default demo/)",
     "PSGD_X_TEST_MARK": "tests: marks the processes a test started",

@@ -332,9 +332,11 @@ def test_a_job_that_leaves_removes_its_mpich_segment(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "--elastic", "--protocol", "hogwild", "--optimizer", "sgd"],
-     "--elastic runs --protocol bsp or ssp or asp or allreduce so far, not hogwild"),
+     "--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd so far, "
+     "not hogwild"),
     (["train", "--elastic", "--protocol", "gossip", "--servers", "0", "--optimizer", "sgd"],
-     "--elastic runs --protocol bsp or ssp or asp or allreduce so far, not gossip"),
+     "--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd so far, "
+     "not gossip"),
     (["train", "--elastic", "--protocol", "asp", "--port-file", "p", "--tensor", "2"],
      "--elastic runs the whole model on every worker"),
     (["train", "--elastic", "--protocol", "ssp", "--staleness", "auto", "--port-file", "p"],

@@ -97,3 +97,66 @@ def test_a_ring_over_another_transport_is_refused_with_one_line(tmp_path, data):
     lines = [line for line in text.splitlines() if "UCX_TLS" in line]
     assert len(lines) == 1 and "posix,sysv,self" in lines[0], text
     assert not (tmp_path / "port").exists()
+
+
+def _joiners_one_at_a_time(tmp, procs, files, outs, faults: dict, count: int) -> None:
+    """Start ``count`` joiners, each once the one before has joined (or, when it carries a
+    fault, once it has started), joiner k with ``faults.get(k)`` as its PSGD_X_FAULT."""
+    for k in range(count):
+        fault = {"PSGD_X_FAULT": faults[k]} if k in faults else None
+        procs.append(_start(["join", "--port-file", tmp / "port"], files[k + 1], env=fault))
+        if k in faults:
+            _until(f"joiner {k}'s fault", lambda: "PSGD_X_FAULT" in outs[k + 1].read_text(),
+                   procs)
+        else:
+            joined = sum(1 for j in range(k + 1) if j not in faults) - 1
+            _until(f"joiner {k} to join", lambda: f"worker {joined} joined" in
+                   outs[0].read_text(), procs)
+
+
+@pytest.mark.slow
+def test_a_joiner_killed_before_its_turn_is_passed_over_and_the_ring_runs(tmp_path, data):
+    outs = [tmp_path / f"{name}.out" for name in ["server"] + [f"joiner{k}" for k in range(W + 1)]]
+    files = [open(o, "w") for o in outs]
+    procs = [_start(_server_args(tmp_path, data), files[0])]
+    _until("the port file", (tmp_path / "port").exists, procs)
+    _joiners_one_at_a_time(tmp_path, procs, files, outs,
+                           {0: "rank=0,phase=waiting for a turn to join,kind=kill"}, W + 1)
+    _wait_all(procs, outs)
+    for f in files:
+        f.close()
+    codes = [p.returncode for p in procs]
+    assert codes[0] == 0 and codes[1] != 0 and codes[2:] == [0] * W, (codes, outs[0].read_text())
+    for p in procs:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(p.pid, 0)
+    summary = next(r for r in _records(tmp_path / "log.jsonl") if r["kind"] == "summary")
+    assert [w["state"] for w in summary["workers"]] == ["done"] * W and summary["replicas_equal"]
+    assert not list(tmp_path.glob("port*")), "a knock, turn or port file was left"
+
+
+@pytest.mark.slow
+def test_a_joiner_killed_while_it_merges_ends_the_run_with_one_line_and_nothing_hangs(
+        tmp_path, data):
+    """MPI cannot stop the coordinator's merge with a dead joiner: after --stall-timeout it
+    says so in one line and ends; the members already in see it gone and end too."""
+    outs = [tmp_path / f"{name}.out" for name in ["server", "joiner0", "joiner1"]]
+    files = [open(o, "w") for o in outs]
+    procs = [_start(_server_args(tmp_path, data), files[0])]
+    _until("the port file", (tmp_path / "port").exists, procs)
+    t0 = time.monotonic()
+    _joiners_one_at_a_time(tmp_path, procs, files, outs,
+                           {1: "rank=0,phase=merging into the ring,kind=kill"}, 2)
+    _wait_all(procs, outs)
+    for f in files:
+        f.close()
+    assert time.monotonic() - t0 < 40   # --stall-timeout 5, and the members' watch
+    text = outs[0].read_text()
+    assert [p.returncode != 0 for p in procs] == [True] * 3, text
+    lines = [line for line in text.splitlines() if "did not merge into the ring" in line]
+    assert len(lines) == 1 and "worker 1" in lines[0], text
+    assert "the coordinator (pid" in outs[1].read_text()
+    for p in procs:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(p.pid, 0)
+    assert not (tmp_path / "port").exists()

@@ -60,8 +60,8 @@ def test_elastic_under_a_protocol_without_the_ability_gives_its_declared_reason(
         resolve(parse_train("--data", data, "--protocol", protocol, "--optimizer", "sgd", "--elastic",
                       "--port-file", "p"), environ={})
     line = str(err.value)
-    assert line.startswith("--elastic runs --protocol bsp or ssp or asp or allreduce so far, "
-                           "not " + protocol)
+    assert line.startswith("--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd "
+                           "so far, not " + protocol)
     assert line.endswith(get(protocol).why_not("elastic")) and get(protocol).why_not("elastic")
 
 
@@ -89,8 +89,10 @@ def test_a_setting_a_pipeline_does_not_run_is_refused_from_a_toml_config_too(tmp
 @pytest.mark.parametrize("flag, value", [("--tensor", "2"), ("--spatial", "2"), ("--grid", "1,2"),
                                          ("--elastic", None)])
 def test_a_pipeline_refuses_the_modes_it_cannot_combine_with(data, flag, value):
-    """A stage runs its layers whole on a fixed rank: --pipeline with a layer split or
-    --elastic is refused, not run as a plain pipeline."""
+    """The pipeline mode declares the layer splits and --elastic refused: a run keeps --tensor
+    and --grid D,T only where psgd.tensor.pipeline builds the stages split (a gpipe or 1f1b
+    schedule, no servers; tests/test_tensor_pipeline.py), and refuses the rest, not run as a
+    plain pipeline."""
     argv = ["--data", data, "--pipeline", "2", flag] + ([value] if value else [])
     line = refused_by(PipelineFlags(), given_settings(parse_train(*argv), environ={}))
     assert line is not None and line.startswith(f"{flag} does not work under --pipeline")

@@ -564,3 +564,29 @@ def test_stage_comp_on_pipemare_reads_the_corrections_estimate():
     assert np.isfinite(comp).all() and not np.array_equal(base, comp)
     with pytest.raises(ValueError, match="--stage-comp dcasgd needs the weights .* discrepancy"):
         PipelineOptions(2, 4, "pipemare", correct=False, comp="dcasgd").check(32)
+
+
+class _Node:
+    """A stand-in communicator whose node holds ``ranks`` ranks."""
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+    def Split_type(self, kind):
+        return self
+
+    def Get_size(self):
+        return self.ranks
+
+    def Free(self):
+        pass
+
+
+@pytest.mark.parametrize("ranks,cores,spins", [(2, 2, True), (1, 4, True), (4, 2, False),
+                                               (3, 2, False)])
+def test_a_wait_on_a_neighbour_spins_only_where_every_rank_of_the_node_has_a_core(
+        monkeypatch, ranks, cores, spins):
+    from psgd.pipeline import transport
+    monkeypatch.setattr(transport.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert transport.spin_seconds(_Node(ranks)) == (transport.SPIN_S if spins else 0.0)
+    assert transport.SPIN_S > 0

@@ -146,7 +146,7 @@ def test_every_refusal_line_ends_with_the_reason_its_entry_declares():
     asked = set()
     for p in PROTOCOLS.values():
         keys = set(p.reasons) | {k for k in DEFAULT_REASONS if k not in LIMITS and not p.can(k)}
-        if p.can("elastic-ring"):   # --elastic runs it as a ring instead
+        if p.can("elastic-ring") or p.can("elastic-pairs"):   # merged jobs instead
             keys.discard("elastic")
         if p.compensations is not None:
             keys.add("staleness-comp")

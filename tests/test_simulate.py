@@ -227,6 +227,22 @@ def test_the_command_simulates_and_trains_decentralized(tmp_path, dataset, proto
     assert all(0 < a["simulated_s"] < b["simulated_s"] for a, b in zip(evals, evals[1:]))
 
 
+def test_the_command_overlaps_gossips_exchange_with_the_compute_between_nodes_only(tmp_path):
+    steps = {}
+    for per_node in (1, 2):   # two workers on two nodes, then on one
+        simulate_cli(tmp_path, "--workers", 2, "--protocol", "gossip", "--servers", 0, "--model",
+                     "lenet", "--batch-size", 64, "--compute-ms", 12, "--steps", 20, "--bandwidth",
+                     "800mbit", "--shared-link", "--shm-bandwidth", "32gbit", "--per-node",
+                     per_node, "--json", tmp_path / "g.json")
+        out = json.loads((tmp_path / "g.json").read_text())
+        steps[per_node] = 2 / out["steady_updates_per_s"]
+    exchange = 2 * 4 * 215_370 / 1e8   # LeNet's two models on one 800 Mbit/s link
+    mix = (1 + 1 + 4) * 4 * 215_370 / 4e9
+    assert steps[1] == pytest.approx(max(12e-3, exchange) + mix, rel=0.02)   # not their sum
+    copy = 4 * 215_370 / 4e9
+    assert steps[2] == pytest.approx(12e-3 + copy + mix, rel=0.02)   # one node: after it
+
+
 def test_measured_latencies_are_drawn_per_message_and_one_value_is_a_fixed_latency():
     W, n, lat = 6, 10_000, 3e-4
     times = jittery(W, 20, seed=4)

@@ -34,6 +34,47 @@ def test_equal_steps_on_the_ring_take_plans_gossip_row_plus_the_overlap_mpi_does
     np.testing.assert_allclose(ends[0, -1] / T - step_s, min(c, exchange), rtol=1e-9)
 
 
+@pytest.mark.parametrize("c", [1e-3, 40e-3])   # exchange-bound, then compute-bound
+def test_equal_steps_on_separate_nodes_take_plans_gossip_row_the_exchange_under_the_compute(c):
+    W, T, n = 8, 5, 2_000_000
+    job, net = Job(n, c / 16, 16, W, 0), Network(1.25e9)   # a node per worker: TCP between
+    matrix = mixing_matrix("ring", W)
+    exchange, mix = gossip.costs(matrix, job, net)
+    ends = gossip.step_ends(np.full((W, T), c), matrix, exchange, mix, np.arange(W))
+    (step_s, _), = gossip_rows(job, net, "gossip").values()
+    np.testing.assert_allclose(ends, np.tile(np.arange(1, T + 1) * step_s, (W, 1)), rtol=1e-12)
+    np.testing.assert_allclose(step_s, max(c, exchange) + mix, rtol=1e-12)
+
+
+def reference_ends(times, matrix, exchange, mix, nodes):
+    """step_ends one worker and one neighbour at a time."""
+    W, T = times.shape
+    ends, prev = np.zeros((W, T)), np.zeros(W)
+    for t in range(T):
+        ready = prev + times[:, t]
+        new = ready.copy()
+        for i in range(W):
+            for j in range(W):
+                if j == i or matrix[i, j] == 0:
+                    continue
+                landed = (prev[j] if nodes[i] != nodes[j] else max(ready[i], ready[j])) + exchange
+                new[i] = max(new[i], landed)
+        prev = new + mix
+        ends[:, t] = prev
+    return ends
+
+
+@pytest.mark.parametrize("nodes", [[0] * 6, list(range(6)), [0, 0, 1, 1, 2, 2], [0, 1, 0, 1, 0, 1]])
+def test_each_neighbours_model_lands_under_the_compute_only_from_another_node(nodes):
+    W, T = 6, 12
+    times = compute_times([2e-3], W, T, seed=3, jitter="lognormal:0.8")
+    matrix = mixing_matrix("ring", W)
+    got = gossip.step_ends(times, matrix, 1.5e-3, 1e-4, nodes)
+    np.testing.assert_allclose(got, reference_ends(times, matrix, 1.5e-3, 1e-4, nodes), rtol=1e-12)
+    if len(set(nodes)) == 1:   # one node: the old rule, after the neighbourhood's last compute
+        np.testing.assert_allclose(got, gossip.step_ends(times, matrix, 1.5e-3, 1e-4), rtol=1e-12)
+
+
 def test_a_late_worker_holds_back_the_ring_one_hop_further_each_step():
     W, c = 8, 1e-3
     times = np.full((W, 6), c)

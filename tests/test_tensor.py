@@ -208,3 +208,22 @@ def test_grid_auto_prices_a_spatial_head_and_picks_it_for_big_images_on_few_samp
     assert price("halo", 3 * 64 * 3 * 4) == pytest.approx(halo.seconds(net, 2), rel=1e-12)
     chosen = next(r for r in rows if (r["head"], r["cut"]) == (head, cut))
     assert chosen["collective_s"] == pytest.approx(step_seconds(split, 3, 4, price), rel=1e-12)
+
+
+@pytest.mark.parametrize("cut, head", [(21, "batch"), (5, "batch"), (0, "batch"), (5, "spatial")])
+def test_a_group_of_one_rank_runs_the_serial_layers_not_their_split_wrappers(cut, head):
+    """T = 1 (plain --grid auto picking D x 1, --grid D,1): every split is the identity, so the
+    group runs the serial layers and kernels (the split ones, batch norm's float64 numpy above
+    all, made the grid path's steps slower than the allreduce protocol's); the model has no
+    partial gradient to all-reduce."""
+    from mpi4py import MPI
+
+    from psgd.nn.model import model_layers
+    from psgd.tensor.conv import split_tensor
+    from psgd.tensor.mixed import split_mixed
+    from psgd.tensor.model import TensorModel
+    layers = model_layers("cifar-cnn", 0, None, None)[0]
+    assert split_mixed(layers, MPI.COMM_SELF, cut, head) == layers
+    assert split_tensor(layers, MPI.COMM_SELF) == layers
+    model = TensorModel("cifar-cnn", lambda ls, c: split_mixed(ls, c, cut, head), MPI.COMM_SELF)
+    assert model.partial.size == 0 and model.n_params == model.n_total

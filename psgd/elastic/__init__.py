@@ -11,12 +11,19 @@ RING_UCX_TLS = "posix,sysv,self"   # an elastic ring's UCX transports: shared me
 def no_cross_memory_attach(protocol: str | None = None) -> None:
     """Before MPI starts: keep UCX from reading a peer's memory in place (CMA). When a worker job
     dies while the servers read its push that way, UCX aborts the server job; its other
-    shared-memory transports copy through a segment and leave the survivor standing. A ring
-    (``protocol`` able to "elastic-ring") takes shared memory only (RING_UCX_TLS: the tcp lane
-    crashed survivors, docs/design/elastic.md). A UCX_TLS the user set is kept."""
+    shared-memory transports copy through a segment and leave the survivor standing. Merged
+    jobs (``protocol`` able to "elastic-ring" or "elastic-pairs") take shared memory only
+    (RING_UCX_TLS: the tcp lane crashed survivors, docs/design/elastic.md). A UCX_TLS the
+    user set is kept."""
     from psgd.protocols import PROTOCOLS   # imports no MPI
-    ring = protocol in PROTOCOLS and PROTOCOLS[protocol].can("elastic-ring")
+    ring = protocol in PROTOCOLS and merged(PROTOCOLS[protocol])
     os.environ.setdefault("UCX_TLS", RING_UCX_TLS if ring else "^cma")
+
+
+def merged(protocol) -> bool:
+    """Whether ``protocol`` (a registry entry) runs elastic as worker jobs merged into one
+    communicator with a coordinator (a ring, or adpsgd's pairs), not with servers."""
+    return protocol.can("elastic-ring") or protocol.can("elastic-pairs")
 
 
 def mapped_segments() -> list[str]:

@@ -194,8 +194,15 @@ def _job(inter, welcome: dict, debug: bool):
     if not os.path.exists(settings.data):
         raise UsageError(f"the run's data {settings.data} is not on this node")
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
-    roles = Roles(comm=inter, rank=S, size=S + 1, n_servers=S, n_workers=1, worker_comm=None)
+    # adpsgd's pairs check their graph over the run's workers; each still reads every row
+    W = settings.elastic.max_workers if welcome.get("pairs") else 1
+    roles = Roles(comm=inter, rank=S, size=S + W, n_servers=S, n_workers=W, worker_comm=None)
     mine = replace(settings, seed=settings.seed + 1 + welcome["slot"], checkpoint_dir=None,
                    log=None, traces=replace(settings.traces, tensorboard=None),
                    recording=replace(settings.recording, record=None))
-    return build_job(mine, roles, debug, None, welcome["run_id"])
+    job = build_job(mine, roles, debug, None, welcome["run_id"])
+    if W > 1:
+        from psgd.data.reader import ShardReader
+        job = replace(job, reader=ShardReader(mine.data, 0, 1, mine.batch_size, seed=mine.seed,
+                                              augment=mine.augment))
+    return job

@@ -1,15 +1,19 @@
-"""`psgd train --elastic --protocol allreduce`: the coordinator of a ring of worker jobs.
+"""`psgd train --elastic --protocol allreduce` (or adpsgd): the coordinator of worker jobs
+merged into one communicator.
 
 It admits --max-workers W joiners one at a time, merging each into one communicator
-(MPI_Intercomm_merge), sends them the initial parameters, and then only decides: when a
-member dies, the new ring, the clock to redo and who holds a finished sum
-(:mod:`psgd.elastic.ring`). At the end it takes the members' parameters and writes the summary.
+(MPI_Intercomm_merge), sends them the initial parameters, and then only decides: a ring's new
+members, clock to redo and who holds a finished sum (:mod:`psgd.elastic.ring`), or adpsgd's
+live set (:mod:`psgd.elastic.pairs`). At the end it takes the members' parameters and writes
+the summary.
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
@@ -17,38 +21,41 @@ from mpi4py import MPI
 from psgd.elastic import RING_UCX_TLS, leave, tidy_shm
 from psgd.elastic.alive import Beat, beat_path, running
 from psgd.elastic.door import Door
+from psgd.elastic.pairs import PairsCoordinator, dump, dump_path
 from psgd.elastic.outputs import evaluate, publish, save
 from psgd.elastic.ring import DECIDE, DONE, END, REPORT
 from psgd.elastic.server import TAG_WELCOME
 from psgd.errors import PsgdError, UsageError
 from psgd.mpi import wait
 from psgd.mpi.roles import Roles
+from psgd.protocols import get
 from psgd.run.job import agreed_run_id, announce, build_job
 from psgd.run.metrics import MetricsLog
 
 LOOK_S = 0.005
 
 
-def check_setup(comm: MPI.Comm, resumed) -> None:
-    """UsageError where a ring cannot run: MPICH, one coordinator rank, shared-memory UCX."""
+def check_setup(comm: MPI.Comm, resumed, protocol: str = "allreduce") -> None:
+    """UsageError where merged jobs cannot run: MPICH, one coordinator rank, shared-memory
+    UCX."""
     if "MPICH" not in MPI.Get_library_version():
-        raise UsageError("--elastic --protocol allreduce runs under MPICH only (its survivors "
+        raise UsageError(f"--elastic --protocol {protocol} runs under MPICH only (its survivors "
                          "were measured there, docs/design/elastic.md)")
     if comm.Get_size() != 1:
-        raise UsageError(f"--elastic --protocol allreduce: the coordinator is one rank: start "
+        raise UsageError(f"--elastic --protocol {protocol}: the coordinator is one rank: start "
                          f"it with mpiexec -n 1 (got {comm.Get_size()})")
     if os.environ.get("UCX_TLS") != RING_UCX_TLS:
-        raise UsageError(f"--elastic --protocol allreduce runs with UCX_TLS={RING_UCX_TLS} only "
+        raise UsageError(f"--elastic --protocol {protocol} runs with UCX_TLS={RING_UCX_TLS} only "
                          f"(one node, shared memory: other lanes crash the survivors), not "
                          f"UCX_TLS={os.environ.get('UCX_TLS')}")
     if resumed is not None:
-        raise UsageError("--elastic --protocol allreduce does not resume a checkpoint yet")
+        raise UsageError(f"--elastic --protocol {protocol} does not resume a checkpoint yet")
 
 
 def ring_main(args, settings, resumed) -> None:
     """The coordinator: admit the ring, decide on deaths, write the summary, leave."""
     comm = MPI.COMM_WORLD
-    check_setup(comm, resumed)
+    check_setup(comm, resumed, settings.protocol)
     tidy_shm()
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     W, run_id = settings.elastic.max_workers, agreed_run_id(comm, resumed)
@@ -63,26 +70,78 @@ def ring_main(args, settings, resumed) -> None:
     door.close()
     beat = Beat(beat_path(port_file))
     publish(port, port_file, f"UCX_TLS={RING_UCX_TLS}")
+    pairs = get(settings.protocol).can("elastic-pairs")
     welcome = {"settings": {**settings.as_dict(), "data": os.path.abspath(settings.data)},
                "run_id": run_id, "servers": 1, "clock": 0, "ring": True, "clocks": job.total_steps,
-               "coordinator": os.getpid()}
+               "coordinator": os.getpid(), "pairs": pairs,
+               "own_start": pairs and bool(dump_path())}
     t0 = time.monotonic()
+    segments, coordinator = [], None
     try:
         ring = _admit(door, welcome, W, settings.elastic.no_worker_timeout)
-        ring.Bcast(job.model.params, root=0)
-        coordinator = Coordinator(ring, job.total_steps, log)
+        with guard(settings.elastic.no_worker_timeout, "the workers did not all start",
+                   door.close):
+            ring.Bcast(job.model.params, root=0)
+            segments = ring.gather([], root=0)   # each member's MPICH segment in /dev/shm
+            if pairs:
+                pids = ring.allgather(os.getpid())
+                starts = np.empty((W + 1, job.model.n_params), np.float32)
+                ring.Gather(job.model.params, starts, root=0)
+                coordinator = PairsCoordinator(ring, pids, log)
+            else:
+                coordinator = Coordinator(ring, job.total_steps, log)
         params = coordinator.run()
     except PsgdError as exc:
         print(f"psgd: error: {exc}", flush=True)
         beat.stop()
         door.close()
+        _unlink_lost(segments, coordinator.pids if coordinator else [])
         leave(1)
     beat.stop()
     door.close()
+    _unlink_lost(segments, coordinator.pids)
     ckpt = save(job, job.total_steps, job.total_steps, params, None) if settings.checkpoint_dir \
         else None
-    _summary(job, coordinator, params, log, time.monotonic() - t0, ckpt)
+    if pairs:
+        if dump_path():
+            dump(dump_path(), starts[1:], coordinator)
+        _pairs_summary(job, coordinator, params, log, time.monotonic() - t0, ckpt)
+    else:
+        _summary(job, coordinator, params, log, time.monotonic() - t0, ckpt)
     leave(0)
+
+
+@contextmanager
+def guard(seconds: float, what: str, close):
+    """End the coordinator with one line (exit 1) if the body, which waits in MPI on joiners
+    (a merge, a collective: nothing MPI can interrupt), takes over ``seconds``: a joiner that
+    died meanwhile would keep it there for good. ``close`` removes the port file first (later
+    joiners find no run); the members leave on seeing the coordinator gone."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            print(f"psgd: error: {what} within {seconds:g} s (one was killed while the ring "
+                  f"formed?); the coordinator ends, and with it the run", flush=True)
+            close()
+            leave(1)
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _unlink_lost(segments: list, pids: list) -> None:
+    """Unlink the MPICH segments of the members whose process has ended (a SIGKILLed job's
+    segment stays in /dev/shm otherwise: only MPI_Finalize removes it)."""
+    for rank, paths in enumerate(segments or []):
+        if rank and rank < len(pids) and not running(pids[rank]):
+            for path in paths:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
 
 def _admit(door: Door, welcome: dict, W: int, wait_s: float) -> MPI.Intracomm:
@@ -99,9 +158,11 @@ def _admit(door: Door, welcome: dict, W: int, wait_s: float) -> MPI.Intracomm:
         door.comm = comm   # the accept is collective over the ring so far
         inter = door.admit(ready)
         buf = np.frombuffer(json.dumps({**welcome, "slot": k}).encode(), np.uint8).copy()
-        inter.Send(buf, 0, TAG_WELCOME)
-        comm = inter.Merge(high=False)
-        comm.bcast(W - k - 1, root=0)   # the members take part in the next accept
+        with guard(door.accept_s, f"worker {k} did not merge into the ring", door.close):
+            inter.Send(buf, 0, TAG_WELCOME)
+            comm = inter.Merge(high=False)
+            comm.bcast(W - k - 1, root=0)   # the members take part in the next accept
+        print(f"psgd: worker {k} joined ({k + 1} of {W})", flush=True)
     print(f"psgd: the ring of {W} workers starts", flush=True)
     return comm
 
@@ -184,4 +245,20 @@ def _summary(job, coordinator: Coordinator, params, log: MetricsLog, wall: float
     print(f"psgd: {s.model} with allreduce, elastic ring: {coordinator.clocks} clocks, "
           f"{len(roster)} worker(s), lost: {', '.join(lost) or 'none'}, in {wall:.1f} s; "
           f"final test accuracy {acc:.4f} (loss {loss:.4f})"
+          + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)
+
+
+def _pairs_summary(job, coordinator: PairsCoordinator, params, log: MetricsLog, wall: float,
+                   ckpt) -> None:
+    s = job.settings
+    loss, acc = evaluate(job, params)
+    roster = coordinator.roster()
+    log.write("summary", steps=job.total_steps, wall_s=wall, test_loss=loss, test_accuracy=acc,
+              workers=roster, epochs=coordinator.epoch, checkpoint=str(ckpt) if ckpt else None)
+    log.close()
+    lost = [f"worker {w['worker']} after {w['after_s']:.1f} s (last paired at clock "
+            f"{w['last_pairing_clock']})" for w in roster if w["state"] == "lost"]
+    print(f"psgd: {s.model} with adpsgd, elastic: {job.total_steps} clocks each, {len(roster)} "
+          f"worker(s), lost: {', '.join(lost) or 'none'}, in {wall:.1f} s; final test accuracy "
+          f"of the survivors' mean {acc:.4f} (loss {loss:.4f})"
           + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
 
-from psgd.elastic import leave, tidy_shm
+from psgd.elastic import leave, merged, tidy_shm
 from psgd.elastic.alive import Beat, beat_path
 from psgd.errors import UsageError
 from psgd.elastic.links import Links
@@ -31,7 +31,7 @@ def _settings(args: argparse.Namespace, comm: MPI.Comm) -> tuple[RunPlan, Resume
     """The run's settings and the checkpoint it resumes from, refused with one line where the
     elastic run cannot take them."""
     settings, resumed = resolve_run(args)   # checks the elastic flags (psgd.run.mode_flags)
-    if get(settings.protocol).can("elastic-ring"):
+    if merged(get(settings.protocol)):
         return settings, resumed
     if comm.Get_size() != settings.servers:
         raise UsageError(f"--elastic: the server job is the servers only: start it with "
@@ -61,7 +61,7 @@ def serve_main(args: argparse.Namespace) -> None:
     requests stay pending, and MPI_Finalize would wait on them)."""
     comm = MPI.COMM_WORLD
     settings, resumed = _settings(args, comm)
-    if get(settings.protocol).can("elastic-ring"):
+    if merged(get(settings.protocol)):
         from psgd.elastic.ring_serve import ring_main
         return ring_main(args, settings, resumed)
     tidy_shm()   # what killed jobs left: this job leaves by os._exit, never MPI_Finalize

@@ -33,9 +33,10 @@ REFUSED = {
     "eval_every": "a pipeline run evaluates once, at the end",
     "hold_hot": "sparse models are not cut into stages",
     "skip_nonfinite": "a stage cannot skip a microbatch the others computed",
-    "tensor": "a stage runs its layers whole: stages split inside their layers are not built",
-    "spatial": "a stage runs its layers whole: stages split inside their layers are not built",
-    "grid": "the pipeline's grid is --pipeline K x its replicas; --grid splits layers",
+    # kept by psgd.run.pipeline_job where psgd.tensor.pipeline builds tensor-split stages
+    "tensor": "tensor-split stages run --schedule gpipe or 1f1b without servers",
+    "spatial": "stages split by image rows are not built; use --tensor T",
+    "grid": "stages split their layers by --tensor T or --grid D,T, not a per-layer choice",
     "elastic": "a pipeline's stages are fixed ranks, none of which may leave",
 }
 

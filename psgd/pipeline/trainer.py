@@ -76,11 +76,12 @@ def stage_comp(name: str, optimizer):
 
 
 def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
-                  batches: int, whole: int | None = None) -> PipelineTrainer:
+                  batches: int, whole: int | None = None, spin_s: float = 0.0) -> PipelineTrainer:
     """This rank's trainer: stage ``grid.stage`` over layers ``bounds[grid.stage]``, its links
     sized for ``batches`` steps of ``batch_size`` rows (``whole``: the training run's steps,
     a resumed one's from step 0, default ``batches``), ``make_optimizer(n)`` for its slice
-    (None: the servers own the optimizer)."""
+    (None: the servers own the optimizer); ``spin_s``: the links' yield spin before a wait
+    sleeps (psgd.pipeline.transport.spin_seconds)."""
     from psgd.pipeline.asynchronous import AsyncTrainer
     from psgd.pipeline.schedules import ASYNCHRONOUS
     from psgd.pipeline.stage import Stage
@@ -96,7 +97,7 @@ def build_trainer(model, grid, options, bounds, make_optimizer, batch_size: int,
     shape_out = (micro, *model.layers[b - 1].out_shape)
     links = Links(grid.p2p, s, grid.prev, grid.next, shape_in, shape_out, model.dtype,
                   slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
-                  slots(options, k, s - 1, total) if s > 0 else 0, total)
+                  slots(options, k, s - 1, total) if s > 0 else 0, total, spin_s)
     optimizer = make_optimizer(stage.hi - stage.lo) if make_optimizer is not None else None
     if options.schedule == "pipemare":
         from psgd.pipeline.pipemare import default_anneal

@@ -8,22 +8,41 @@ the microbatch and the direction.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from psgd.env import env_float
 from psgd.mpi import timeline, wait
 
 TAG_FORWARD, TAG_BACKWARD = 4901, 4902
+# A wait on a neighbour polls with sched_yield for up to this long before psgd.mpi.wait's
+# backoff sleeps: the message is due within one of the neighbour's ops, and a rank that
+# sleeps wakes up to a whole backoff sleep late, at every microbatch.  Only where every
+# rank of the node has a core (:func:`spin_seconds`): with more ranks than cores the
+# spinning ranks took time from those that compute (4 stages on 2 cores ran slower).
+DEFAULT_SPIN_S = 20e-3
+SPIN_S = env_float("PSGD_X_PIPELINE_SPIN_US", DEFAULT_SPIN_S * 1e6) * 1e-6
+
+
+def spin_seconds(comm: MPI.Comm) -> float:
+    """:data:`SPIN_S` when this node runs no more ranks of ``comm`` than the cores this
+    process may use, else 0 (collective over ``comm``)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = node.Get_size()
+    node.Free()
+    return SPIN_S if ranks <= len(os.sched_getaffinity(0)) else 0.0
 
 
 class _Channel:
     """Persistent receives from one neighbour, or persistent sends to it, round-robin over slots."""
 
-    def __init__(self, comm, peer: int, shape: tuple, dtype, slots: int, send: bool, tag: int):
+    def __init__(self, comm, peer: int, shape: tuple, dtype, slots: int, send: bool, tag: int,
+                 spin_s: float = 0.0):
         self.bufs = [np.empty(shape, dtype) for _ in range(slots)]
-        self.send = send
+        self.send, self.spin_s = send, spin_s
         init = comm.Send_init if send else comm.Recv_init
         self.reqs = [init(buf, peer, tag) for buf in self.bufs]
         self.started = [False] * slots
@@ -43,7 +62,7 @@ class _Channel:
         if not self.started[k]:
             return 0.0
         t = time.perf_counter()
-        wait.wait(self.reqs[k], what)
+        wait.wait(self.reqs[k], what, spin_s=self.spin_s)
         self.started[k] = False
         t1 = time.perf_counter()
         if timeline.current is not None:
@@ -60,20 +79,23 @@ class Links:
 
     ``shape_in``/``shape_out``: one microbatch's input and output activation; ``slots``:
     this stage's receive buffers, ``next_slots``: the next stage's; ``total``: the
-    microbatches of the whole run (no receive is started past it).
+    microbatches of the whole run (no receive is started past it); ``spin_s``: each wait's
+    yield spin before it sleeps (:func:`spin_seconds`).
     """
 
     def __init__(self, comm: MPI.Comm, stage: int, prev: int | None, next: int | None,
                  shape_in: tuple, shape_out: tuple, dtype, slots: int, next_slots: int,
-                 prev_slots: int, total: int) -> None:
+                 prev_slots: int, total: int, spin_s: float = 0.0) -> None:
         self.stage, self.total, self.waited = stage, total, 0.0
         self.fwd_in = self.bwd_out = self.fwd_out = self.bwd_in = None
         if prev is not None:
-            self.fwd_in = _Channel(comm, prev, shape_in, dtype, slots, False, TAG_FORWARD)
-            self.bwd_out = _Channel(comm, prev, shape_in, dtype, prev_slots, True, TAG_BACKWARD)
+            self.fwd_in = _Channel(comm, prev, shape_in, dtype, slots, False, TAG_FORWARD, spin_s)
+            self.bwd_out = _Channel(comm, prev, shape_in, dtype, prev_slots, True, TAG_BACKWARD,
+                                    spin_s)
         if next is not None:
-            self.fwd_out = _Channel(comm, next, shape_out, dtype, next_slots, True, TAG_FORWARD)
-            self.bwd_in = _Channel(comm, next, shape_out, dtype, slots, False, TAG_BACKWARD)
+            self.fwd_out = _Channel(comm, next, shape_out, dtype, next_slots, True, TAG_FORWARD,
+                                    spin_s)
+            self.bwd_in = _Channel(comm, next, shape_out, dtype, slots, False, TAG_BACKWARD, spin_s)
         for ch in (self.fwd_in, self.bwd_in):
             if ch is not None:
                 for g in range(min(len(ch.bufs), total)):

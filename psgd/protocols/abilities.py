@@ -24,6 +24,10 @@ ABILITIES = {
     "elastic-ring": "--elastic applies as a ring at one node: the worker jobs merge into one "
                     "communicator with the coordinator, and each clock sums the gradients of "
                     "the workers still alive (psgd.elastic.ring)",
+    "elastic-pairs": "--elastic applies as pairs at one node: the worker jobs merge into one "
+                     "communicator with the coordinator, which tells the survivors each new "
+                     "live set; a lost worker's partners drop its pairing and redraw theirs "
+                     "(psgd.elastic.pairs)",
 }
 #: what a protocol may refuse some values of (its other ``Protocol.reasons`` keys), and where
 LIMITS = {

@@ -16,11 +16,12 @@ from psgd.nn.optim import make_optimizer
 from psgd.pipeline import partition
 from psgd.pipeline.asynchronous import Microbatches
 from psgd.pipeline.evaluate import evaluate
-from psgd.pipeline.grid import Grid
+from psgd.pipeline.grid import Grid, TensorGrid
 from psgd.pipeline.local import stage_model
 from psgd.pipeline.options import SERVER_SETTINGS
 from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
 from psgd.pipeline.trainer import build_trainer
+from psgd.pipeline.transport import spin_seconds
 from psgd.protocols import get
 from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
@@ -31,6 +32,7 @@ from psgd.run.mode_flags import PipelineFlags
 from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
+from psgd.tensor import pipeline as tensor_stages
 
 DEFAULT_PROTOCOL = "allreduce"
 
@@ -51,6 +53,7 @@ class PipelineRun:
     run_id: str
     counts: list
     groups: object = None   # the stage's parameter-server group (a server protocol)
+    warm: tuple | None = None   # (clock, seconds waited, busy) when the first step ended
 
 
 def _setup(args: argparse.Namespace, comm: MPI.Comm):
@@ -58,7 +61,11 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     if "protocol" not in given:
         args.protocol = DEFAULT_PROTOCOL
     protocol = get(given.get("protocol", DEFAULT_PROTOCOL))
-    refused = refused_by(PipelineFlags(), given, keep=SERVER_SETTINGS if protocol.servers else ())
+    split = any(given.get(name) for name in ("tensor", "spatial", "grid"))
+    refused = split and tensor_stages.refused(given, given.get("schedule", "1f1b"),
+                                              protocol.servers)
+    keep = (SERVER_SETTINGS if protocol.servers else ()) + (("tensor", "grid") if split else ())
+    refused = refused or refused_by(PipelineFlags(), given, keep=keep)
     if refused:
         raise ValueError(refused)
     settings, resumed = resolve_run(args)   # checks the pipeline's flags (psgd.run.mode_flags)
@@ -68,6 +75,14 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     n_servers = servers_of(settings)
     if n_servers:
         tensor_servers.check(settings, opts.stages, "pipeline")
+    parts = tensor_stages.parts_of(settings)
+    if parts > 1:   # tensor-split stages
+        tensor_stages.check_grid(settings, opts.stages, comm.Get_size())
+        opts = replace(opts, recompute=True)
+        if (comm.Get_size() - n_servers) % (opts.stages * parts):
+            raise ValueError(f"--pipeline {opts.stages} --tensor {parts}: the {comm.Get_size()} "
+                             f"ranks are not D replicas x {opts.stages} stages x {parts} parts "
+                             f"(give a multiple of {opts.stages * parts} ranks)")
     if comm.Get_size() <= n_servers or (comm.Get_size() - n_servers) % opts.stages:
         servers = f"{n_servers} servers + " if n_servers else ""
         raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not "
@@ -132,10 +147,13 @@ def _agreed_cut(comm: MPI.Comm, settings, opts, debug: bool) -> tuple[list[int],
     return buf[:-1].tolist(), costs, replace(opts, recompute=bool(buf[-1]))
 
 
-def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> PipelineRun:
+def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts,
+               spin_s: float) -> PipelineRun:
     from psgd.data.reader import ShardReader, dataset_info
     info = dataset_info(settings.data)
     bounds = partition.layer_bounds(_skeleton(settings), counts)
+    if getattr(grid, "parts", 1) > 1:
+        return _build_split_run(settings, opts, grid, run_id, counts, info, bounds, spin_s)
     model = stage_model(settings, info, *bounds[grid.stage])
     total = total_steps(settings, info, model, grid.replicas)
     hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
@@ -143,7 +161,7 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
         lambda n: make_optimizer(settings.optimizer, n, **hparams)  # noqa: E731
     start = resume_stage(settings, resumed, model, total)
     trainer = build_trainer(model, grid, opts, bounds, make, settings.batch_size, total - start,
-                            whole=total)
+                            whole=total, spin_s=spin_s)
     if start and trainer.optimizer is not None:   # with servers, the servers load theirs
         part = (model.offset, model.offset + model.n_params)
         state = load_checkpoint(resumed.path, part).opt_state
@@ -157,23 +175,58 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts) -> Pipe
                        lr_by_clock(settings, total, model), run_id, list(counts))
 
 
-def _train(run: PipelineRun) -> tuple[float, float, list]:
-    """The steps; the wall seconds, the seconds this stage waited on its neighbours and the
-    last stage's (step, loss, accuracy, seconds) records."""
+def _build_split_run(settings, opts, grid, run_id: str, counts, info, bounds,
+                     spin_s: float) -> PipelineRun:
+    """:func:`_build_run` for tensor-split stages (no checkpoint to resume: refused)."""
+    from psgd.data.reader import ShardReader
+    model = tensor_stages.stage_model(settings, info, *bounds[grid.stage], grid.tensor_comm)
+    total = total_steps(settings, info, model, grid.replicas)
+    make = lambda n: make_optimizer(settings.optimizer, n, momentum=settings.momentum,  # noqa: E731
+                                    weight_decay=settings.weight_decay, dtype=model.dtype)
+    trainer = tensor_stages.build_trainer(model, grid, opts, make, settings.batch_size, total,
+                                          spin_s=spin_s)
+    reader = None
+    if trainer.stage.first or trainer.stage.last:
+        reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
+                             seed=settings.seed, augment=settings.augment)
+    return PipelineRun(settings, opts, grid, model, trainer, reader, total, 0,
+                       lr_by_clock(settings, total, model), run_id, list(counts))
+
+
+def _train(run: PipelineRun) -> tuple[float, tuple, list]:
+    """The steps; the wall seconds, what the summary's idle and op times count (see
+    :func:`_warmed`) and the last stage's (step, loss, accuracy, seconds) records."""
     wait.barrier(run.grid.p2p, "the other stages to start")
-    if run.settings.traces.timeline:   # one zero for every rank's clock
-        timeline.start()
-    t0 = time.perf_counter()
+    # --timeline: one zero for every rank's clock, and the wall time's start
+    t0 = timeline.start().zero if run.settings.traces.timeline else time.perf_counter()
     train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
     records = train(run, t0)
     run.trainer.links.finish()
     if getattr(run.trainer, "worker", None) is not None:
         run.trainer.worker.finish()
-    wall = time.perf_counter() - t0
+    end = time.perf_counter()
+    wall = end - t0
     wait.barrier(run.grid.p2p, "the other stages to finish their steps")
     if run.settings.traces.timeline:
         _save_timeline(run, wall)
-    return wall, run.trainer.links.waited, records
+    clock, waited, busy = run.warm or (t0, 0.0, [0.0, 0.0])
+    steps = run.total - run.start - (run.warm is not None)
+    measured = (end - clock, run.trainer.links.waited - waited,
+                [a - b for a, b in zip(run.trainer.busy, busy)], steps, run.trainer.links.waited)
+    return wall, measured, records
+
+
+def _warmed(run: PipelineRun) -> None:
+    """After a synchronous run's first step (of two or more): every stage starts the second
+    together, and the summary's idle and op times count from there.  The first step holds
+    one-off costs (compiling kernels, first touches of memory) that a neighbour would
+    otherwise count as idle: they are not the schedule's bubble.  ``--timeline``: a span
+    ``start`` from this stage's end of the first step to the second's start."""
+    t = time.perf_counter()
+    wait.barrier(run.grid.p2p, "the other stages to finish the first step")
+    run.warm = (time.perf_counter(), run.trainer.links.waited, list(run.trainer.busy))
+    if timeline.current is not None:
+        timeline.current.span("start", t, run.warm[0], clock=run.start + 1)
 
 
 def _save_timeline(run: PipelineRun, wall: float) -> None:
@@ -196,6 +249,8 @@ def _train_steps(run: PipelineRun, t0: float) -> list:
             x = run.model._check_x(x) if stage.first else None
         loss, correct = trainer.step(step, run.lr(step), x, y if stage.last else None)
         done = step + 1
+        if step == run.start and done < run.total:
+            _warmed(run)
         if stage.last and _logged(run, done):
             records.append((done, loss / run.options.microbatches, correct / s.batch_size,
                             time.perf_counter() - t0))
@@ -245,20 +300,23 @@ def _log_steps(run: PipelineRun, log: MetricsLog, records: list) -> None:
             log.write("step", step=int(step), loss=loss, accuracy=acc, seconds=seconds)
 
 
-def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
-    """Every stage's idle fraction, peak stored activation bytes, parameter bytes and peak
-    resident memory (the process's), on rank 0."""
+def _summary(run: PipelineRun, wall: float, measured: tuple) -> dict | None:
+    """Every stage's idle fraction and op times (over ``measured``: seconds, seconds waited,
+    busy seconds and steps, see :func:`_warmed`; then the whole run's seconds waited), peak
+    stored activation bytes, parameter bytes and peak resident memory (the process's), on
+    rank 0; samples/s and ``idle_with_first_step`` over the whole run."""
     stage, opts = run.trainer.stage, run.options
+    seconds, waited, busy, measured_steps, waited_all = measured
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
     mine = np.array([wall, waited, stage.activation_bytes,
-                     stage.params.nbytes, stage.peak_inputs, *run.trainer.busy, rss,
-                     _max_staleness(run)], np.float64)
-    rows = np.zeros((run.grid.stages, 9)) if run.grid.stage == 0 else None
+                     stage.params.nbytes, stage.peak_inputs, *busy, rss,
+                     _max_staleness(run), seconds, waited_all], np.float64)
+    rows = np.zeros((run.grid.stages, 11)) if run.grid.stage == 0 else None
     wait.wait(run.grid.row_comm.Igather(mine, rows, root=0), "the stages to send their summary")
-    if rows is None or run.grid.replica != 0:
+    if rows is None or run.grid.replica != 0 or getattr(run.grid, "part", 0):
         return None
     steps = run.total - run.start
-    per_op = rows[:, 5:7] / (steps * opts.microbatches)   # seconds per microbatch op
+    per_op = rows[:, 5:7] / (measured_steps * opts.microbatches)   # seconds per microbatch op
     # microbatches between flushes: a batch's, or (asynchronous) the whole run's
     m = steps * opts.microbatches if opts.schedule in ASYNCHRONOUS else opts.microbatches
     return {"stages": opts.stages, "microbatches": opts.microbatches, "schedule": opts.schedule,
@@ -268,7 +326,9 @@ def _summary(run: PipelineRun, wall: float, waited: float) -> dict | None:
             "predicted_bubble": predicted_bubble(opts.stages, m),
             "simulated_idle": simulate(opts.schedule, opts.stages, m, per_op[:, 0], per_op[:, 1]),
             "forward_s": per_op[:, 0].tolist(), "backward_s": per_op[:, 1].tolist(),
-            "idle": (rows[:, 1] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
+            "measured_steps": measured_steps,
+            "idle": (rows[:, 1] / rows[:, 9]).tolist(),
+            "idle_with_first_step": (rows[:, 10] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
             "peak_microbatches": rows[:, 4].astype(int).tolist(),
             "param_bytes": rows[:, 3].astype(int).tolist(),
             "peak_rss_bytes": rows[:, 7].astype(int).tolist(),
@@ -302,10 +362,12 @@ def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
 
 def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     """Rank 0: the grid, the cut and each stage's predicted time, parameters and input bytes."""
-    opts, model = run.options, run.model
+    opts, model = run.options, _skeleton(run.settings)   # the whole layer list
     servers = servers_of(run.settings)
+    parts = getattr(run.grid, "parts", 1)
+    split = f" x {parts} tensor parts" if parts > 1 else ""
     over = f" over {servers} --protocol {run.settings.protocol} servers" if servers else ""
-    print(f"psgd: pipeline of {opts.stages} stages x {run.grid.replicas} replica(s){over}, "
+    print(f"psgd: pipeline of {opts.stages} stages{split} x {run.grid.replicas} replica(s){over}, "
           f"--schedule {opts.schedule}, {opts.microbatches} microbatch(es) of "
           f"{run.settings.batch_size // opts.microbatches}, cut {','.join(map(str, counts))}, "
           f"--recompute {'on' if opts.recompute else 'off'}", flush=True)
@@ -315,7 +377,8 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     for s, (a, b) in enumerate(partition.layer_bounds(model, counts)):
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
-                f"{type(model.layers[b - 1]).__name__}), {n * model.dtype.itemsize} parameter bytes")
+                f"{type(model.layers[b - 1]).__name__}), {n * run.model.dtype.itemsize} parameter "
+                f"bytes" + (f" over {parts} parts" if parts > 1 else ""))
         if costs is not None:
             part = costs[edges[s]:edges[s + 1]]
             ms = 1e3 * partition.stage_time(part, 0.0, s == opts.stages - 1, again)
@@ -324,9 +387,9 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
         print(line, flush=True)
 
 
-def _finish(run: PipelineRun, log: MetricsLog, wall: float, waited: float) -> None:
+def _finish(run: PipelineRun, log: MetricsLog, wall: float, measured: tuple) -> None:
     """Summary, final checkpoint and evaluation; rank 0 prints and logs them."""
-    summary = _summary(run, wall, waited)
+    summary = _summary(run, wall, measured)
     if run.settings.checkpoint_dir:
         save(run, run.total)
     result = _evaluate(run)
@@ -355,13 +418,17 @@ def train_pipeline(args: argparse.Namespace) -> None:
     with phase("agreeing on the run id"):
         run_id = agreed_run_id(comm, resumed)
     counts, costs, opts = _agreed_cut(comm, settings, opts, debug)
+    with phase("counting the ranks on this node"):
+        spin_s = spin_seconds(comm)   # every rank, servers too, counts against the cores
     n_servers = servers_of(settings)
     groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
     with phase("splitting into replicas and stages"):
         workers = workers_comm(comm, n_servers) if n_servers else comm
-        grid = Grid(workers, opts.stages) if workers is not None else None
+        parts = tensor_stages.parts_of(settings)
+        grid = None if workers is None else \
+            TensorGrid(workers, opts.stages, parts) if parts > 1 else Grid(workers, opts.stages)
     build = (lambda: None) if grid is None else \
-        (lambda: _build_run(settings, opts, resumed, grid, run_id, counts))
+        (lambda: _build_run(settings, opts, resumed, grid, run_id, counts, spin_s))
     run = agree(comm, build, debug, "read the data, build the stages and load the checkpoint",
                 "agreeing that every stage could be built")
     if grid is None:
@@ -374,9 +441,9 @@ def train_pipeline(args: argparse.Namespace) -> None:
     if lead:
         _announce(run, counts, costs)
     log = MetricsLog(settings.log if lead else None, append=resumed is not None)
-    wall, waited, records = _train(run)
+    wall, measured, records = _train(run)
     _log_steps(run, log, records)
-    _finish(run, log, wall, waited)
+    _finish(run, log, wall, measured)
     log.close()
     run.grid.free()
 

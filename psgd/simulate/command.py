@@ -249,11 +249,13 @@ def _gossip(matrix, settings, job, pjob, network, times):
     W, (net, measured) = times.shape[0], network
     if not isinstance(matrix, np.ndarray):   # partners: pairs without a global step
         return _pairs(matrix, settings, job, pjob, network, times)
-    exchange_s, mix_s = gossip.costs(matrix, replace(pjob, servers=0), net)
-    if measured is not None:
-        exchange_s = gossip.measured_exchange(measured, mix_s)
+    plain = replace(pjob, servers=0)
+    exchange_s, mix_s = gossip.costs(matrix, plain, net)
+    nodes = [plain.node(w) for w in range(W)]   # the links': TCP moves models under the compute
+    if measured is not None:   # a real run's wait after its compute, wherever its ranks were
+        exchange_s, nodes = gossip.measured_exchange(measured, mix_s), None
     t0 = time.perf_counter()
-    ends = gossip.step_ends(times, matrix, exchange_s, mix_s)
+    ends = gossip.step_ends(times, matrix, exchange_s, mix_s, nodes)
     wall = time.perf_counter() - t0
     train = partial(gossip.train_mixing, job, matrix, W) if job is not None else None
     return gossip.summary(ends, times, exchange_s), gossip.Clocks(ends), wall, train

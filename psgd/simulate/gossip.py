@@ -1,9 +1,12 @@
 """Synchronous gossip (D-PSGD) simulated: each worker's step ends on the graph; training each model.
 
-MPI moves a model only while both ends poll (no asynchronous progress), so a
-worker's step t ends an exchange and a mixing after the last of its
-neighbourhood has computed step t; the costs are `psgd plan`'s gossip row's,
-or the exchange is a real run's mean step span (:func:`measured_exchange`).
+Within a node MPI moves a model only while both ends poll (no asynchronous
+progress), so a worker's step t ends an exchange and a mixing after the last of
+its neighbourhood has computed step t. Between nodes MPICH's TCP path moves it
+through the kernel's socket buffers while the ranks compute: a neighbour's
+model, posted when its previous step ended, lands an exchange later. The costs
+are `psgd plan`'s gossip row's, or the exchange is a real run's mean step span
+(:func:`measured_exchange`).
 Training mixes the models with the mixing matrix and steps each worker's own
 optimizer, as :class:`psgd.gossip.dpsgd.GossipWorker` does.
 """
@@ -55,15 +58,29 @@ def measured_exchange(steps_s, mix_s: float) -> float:
 
 
 def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s: float,
-              mix_s: float) -> np.ndarray:
-    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds:
-    an exchange and a mixing after the last of its neighbourhood (itself included) computed."""
+              mix_s: float, nodes=None) -> np.ndarray:
+    """When each worker's step ends (float64 (W, T)), ``times`` its compute (W, T) seconds.
+
+    A neighbour on the worker's node: its model lands an exchange after the later of the two
+    computed (both must poll). A neighbour on another node (``nodes``: each worker's node, int
+    (W,); None: all on one): its model, posted when its previous step ended, lands an exchange
+    after that, under the compute. The step ends a mixing after the worker computed and the
+    last of its neighbours' models landed.
+    """
     W, T = times.shape
-    hood = matrix > 0
+    off = (matrix > 0) & ~np.eye(W, dtype=bool)
+    nodes = np.zeros(W, int) if nodes is None else np.asarray(nodes)
+    remote = off & (nodes[:, None] != nodes[None, :])
+    local = off & ~remote
+    near = local.any(axis=1)   # a worker that must poll for some model: itself after computing
     ends, prev = np.empty((W, T)), np.zeros(W)
     for t in range(T):
         ready = prev + times[:, t]
-        prev = np.where(hood, ready[None, :], -np.inf).max(axis=1) + exchange_s + mix_s
+        landed = np.maximum(np.where(local, ready[None, :], -np.inf).max(axis=1),
+                            np.where(near, ready, -np.inf)) + exchange_s
+        landed = np.maximum(landed, np.where(remote, prev[None, :], -np.inf).max(axis=1)
+                            + exchange_s)
+        prev = np.maximum(ready, landed) + mix_s
         ends[:, t] = prev
     return ends
 

@@ -151,10 +151,11 @@ def channel_residual(block: Residual, comm) -> SplitResidual:
                          reduce=lambda dx: pr.copy_adjoint(dx, comm))
 
 
-def split_conv_channels(layers: list, comm) -> list:
+def split_conv_channels(layers: list, comm, close: bool = False) -> list:
     """Pair the conv layers of ``layers`` column-then-row over ``comm``, and split residual
     blocks inside (:func:`channel_residual`); dense layers are left for
-    :func:`psgd.tensor.dense.split_dense_chain`."""
+    :func:`psgd.tensor.dense.split_dense_chain`.  ``close``: a column conv still open at the
+    end gathers its channels there (a pipeline stage's output is whole)."""
     out, split = [], None        # split: the column conv whose channels the layers now carry
     for layer in layers:
         if isinstance(layer, Residual):
@@ -178,9 +179,14 @@ def split_conv_channels(layers: list, comm) -> list:
         else:
             out += [GatherChannels(split.sizes, layer.in_shape, comm), layer]
             split = None
+    if close and split is not None:
+        out.append(GatherChannels(split.sizes, layers[-1].out_shape, comm))
     return out
 
 
-def split_tensor(layers: list, comm) -> list:
-    """Everything --tensor splits: conv channels, then the dense chain."""
-    return split_dense_chain(split_conv_channels(layers, comm), comm)
+def split_tensor(layers: list, comm, close: bool = False) -> list:
+    """Everything --tensor splits: conv channels, then the dense chain (``close``: as
+    :func:`split_conv_channels`); over one rank, the serial layers themselves."""
+    if comm.Get_size() == 1:
+        return list(layers)
+    return split_dense_chain(split_conv_channels(layers, comm, close), comm)

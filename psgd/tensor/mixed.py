@@ -102,7 +102,12 @@ def on_samples(layer, comm, source: SplitBatch):
 def split_mixed(layers: list, comm, cut: int, head: str = "batch") -> list:
     """Layers [0, cut) on this rank's samples (``head`` batch) or on its rows of every image
     (spatial: :func:`psgd.tensor.spatial.height_split` stopped at the cut, the rows gathered
-    there), the rest split by :func:`split_tensor`; ValueError where the head cannot split so."""
+    there), the rest split by :func:`split_tensor`; ValueError where the head cannot split so.
+    A group of one rank (T = 1) runs the serial layers themselves: on its one rank every split
+    is the identity, and the serial kernels (batch norm's above all) are faster than the
+    split layers' numpy."""
+    if comm.Get_size() == 1:
+        return list(layers)
     if head == "spatial":
         split, stop = height_split(layers, comm, stop=cut)
         if stop != cut or cut == len(layers):

@@ -89,14 +89,16 @@ class TensorModel(Model):
     comm)`` (:func:`psgd.tensor.conv.split_tensor`, :func:`psgd.tensor.spatial.split_spatial`).
 
     :attr:`params` and :attr:`grad` hold this rank's part only; ``n_total`` is the serial
-    model's parameter count.  ``loss_and_grad``, ``evaluate`` and ``predict`` are the
+    model's parameter count.  ``span`` (a, b): only the serial layers [a, b) are split and
+    held (a tensor-split pipeline stage, :mod:`psgd.tensor.pipeline`); default all.  ``loss_and_grad``, ``evaluate`` and ``predict`` are the
     serial model's, run through the parts: collective over ``comm``.
     """
 
     def __init__(self, spec: str, split, comm, seed: int = 0, dtype=np.float32,
                  input_shape: tuple | None = None, n_classes: int | None = None,
-                 draw_values: int = DRAW_VALUES) -> None:
+                 draw_values: int = DRAW_VALUES, span: tuple | None = None) -> None:
         serial, shape, classes = model_layers(spec, seed, input_shape, n_classes)
+        self.span = tuple(span) if span is not None else (0, len(serial))
         self.spec, self.seed, self.serial_layers, self.comm = spec.strip(), int(seed), serial, comm
         self.input_shape, self.n_classes, self.dtype = tuple(shape), int(classes), np.dtype(dtype)
         self._n_features, self.draw_values = int(np.prod(self.input_shape)), draw_values
@@ -106,7 +108,7 @@ class TensorModel(Model):
                 serial_at[i, name] = (offset, as_rows(s))
                 offset += int(np.prod(s))
         self.n_total = offset
-        self.layers = split(list(serial), comm)
+        self.layers = split(list(serial[self.span[0]:self.span[1]]), comm)
         self.pieces = _pieces(self.layers, serial_at, self._sources())
         self.param_ranges = [(p.layer, p.name, p.start, p.start + p.size) for p in self.pieces]
         self.n_params = sum(p.size for p in self.pieces)
@@ -122,19 +124,21 @@ class TensorModel(Model):
 
     def _sources(self) -> dict:
         """For each parallel layer with parameters, the serial layer index they come from."""
-        with_params = [i for i, layer in enumerate(self.serial_layers) if layer.param_shapes()]
+        with_params = [i for i in range(*self.span) if self.serial_layers[i].param_shapes()]
         mine = [j for j, layer in enumerate(self.layers) if layer.param_shapes()]
         if len(with_params) != len(mine):
             raise AssertionError("a split changed the number of layers with parameters")
         return dict(zip(mine, with_params))
 
     def _draw(self) -> None:
-        """Draw the serial model's parameters layer by layer, keeping this rank's."""
+        """Draw the serial model's parameters layer by layer, keeping this rank's (the layers
+        outside :attr:`span` are drawn and dropped)."""
         by_key = {p.key: p for p in self.pieces}
         rng = np.random.default_rng(self.seed)
-        for i, layer in enumerate(self.serial_layers):
+        for i, layer in enumerate(self.serial_layers[:self.span[1]]):
             for name, r0, block in param_draws(layer, rng, self.dtype, self.draw_values):
-                by_key[i, name].take(r0, block, self._params)
+                if (i, name) in by_key:
+                    by_key[i, name].take(r0, block, self._params)
 
     def __repr__(self) -> str:
         return f"TensorModel({self.spec!r}, part {self.comm.Get_rank()} of {self.comm.Get_size()}, " \
@@ -144,7 +148,7 @@ class TensorModel(Model):
         """As :meth:`psgd.nn.model.Model.reseed`: each dropout layer's masks from (seed, its index
         in the serial model, *key), so a replicated dropout draws what the serial one draws."""
         drops = [layer for layer in self.layers if isinstance(layer, Dropout)]
-        serial = [i for i, layer in enumerate(self.serial_layers) if isinstance(layer, Dropout)]
+        serial = [i for i in range(*self.span) if isinstance(self.serial_layers[i], Dropout)]
         for layer, i in zip(drops, serial):
             index = i if layer.mask_index is None else layer.mask_index
             layer.reseed([self.seed, index, *map(int, key)])

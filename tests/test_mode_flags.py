@@ -27,7 +27,7 @@ def test_elastic_flags_come_from_variables_and_their_defaults_are_filled(data):
     env = {"PSGD_ELASTIC": "1", "PSGD_PORT_FILE": "run.port", "PSGD_MAX_WORKERS": "4"}
     plan = resolve(parse_train("--data", data, "--protocol", "asp"), environ=env)
     assert plan.elastic == ElasticOptions(elastic=True, port_file="run.port", max_workers=4,
-                                          no_worker_timeout=DEFAULT_NO_WORKER_S)
+                                          no_worker_timeout=DEFAULT_NO_WORKER_S, replicas=1)
     assert plan.as_dict()["max_workers"] == 4
     assert resolve(parse_train("--data", data), environ={}).elastic == ElasticOptions()
 

@@ -28,15 +28,16 @@ KNOCK, TURN, READY = ".knock.", ".turn.", ".ready."
 LOOK_EVERY_S = 0.25   # how often the servers look for knocks
 
 
-def knock(port_file: str, wait_s: float) -> None:
-    """Announce a joiner, wait for its turn, and take it (the caller connects next).
+def knock(port_file: str, wait_s: float, kind: str = "") -> None:
+    """Announce a joiner, wait for its turn, and take it (the caller connects next); ``kind``
+    starts its knock's name (psgd.elastic.replica: a backup, a re-routing worker).
 
     Raises
     ------
     ValueError
         The servers gave no turn within ``wait_s`` seconds, or took it back.
     """
-    name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    name = f"{kind}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with open(port_file + KNOCK + name, "w", encoding="utf-8"):
         pass
     deadline = time.monotonic() + wait_s
@@ -68,6 +69,7 @@ class Door:
         self.accept_s = float(accept_s)
         self.next_look = 0.0
         self.turn: tuple[str, float] | None = None   # the joiner whose turn it is, and since when
+        self.pattern = "*"   # the knock names that get a turn (a replicated run: its backup first)
 
     def look(self) -> tuple[str | None, str | None]:
         """``(ready, lapsed)``: the joiner that answered its turn (admit it now), and one that
@@ -86,7 +88,7 @@ class Door:
             return None, None
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY_S
-            knocks = sorted(glob.glob(glob.escape(self.port_file) + KNOCK + "*"))
+            knocks = sorted(glob.glob(glob.escape(self.port_file) + KNOCK + self.pattern))
             if knocks:
                 name = knocks[0][len(self.port_file + KNOCK):]
                 os.replace(knocks[0], self.port_file + TURN + name)

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the file the server job wrote its port name to (--port-file)")
     parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                         help="how long to wait for the servers to admit this worker (default 60)")
+    parser.add_argument("--backup", action="store_true",
+                        help="join as the backup server of a run with --replicas 2 (before any "
+                             "worker); it takes over if the server job is lost")
 
 
 def _port(path: str) -> tuple[str, str]:
@@ -87,6 +90,9 @@ def _welcome(inter, wait_s: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
+    if getattr(args, "backup", False):
+        from psgd.elastic.replica_serve import backup_main
+        return backup_main(args)
     port, transports = _port(args.port_file)
     from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
     if transports:
@@ -112,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
     from psgd.elastic.worker import ServersGone
     try:
         pushes, dropped = _train(inter, welcome, bool(getattr(args, "debug", False)),
-                                 args.port_file, port)
+                                 args.port_file, port, args.wait)
     except ServersGone as gone:   # the server job was killed, or ended while this one slept
         print(f"psgd: error: worker {welcome['slot']}: {gone} while this worker waited for "
               f"the servers; what it pushed since their last answer was not applied",
@@ -130,19 +136,26 @@ def run(args: argparse.Namespace) -> None:
     end(0)
 
 
-def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tuple[int, bool]:
+def _train(inter, welcome: dict, debug: bool, port_file: str, port: str,
+           wait_s: float = 60.0) -> tuple[int, bool]:
     """Train as worker ``welcome['slot']`` until the servers say the run is over, or that they
     dropped it; its pushes, and whether it was dropped (:class:`ServersGone`: the servers'
     port file went while it waited)."""
-    from psgd.elastic.worker import ElasticWorker
+    from psgd.elastic.worker import ElasticWorker, ServersGone
     from psgd.mpi import faults
 
     slot, clock = welcome["slot"], welcome["clock"]
     job = _job(inter, welcome, debug)
     settings, model, reader = job.settings, job.model, job.reader
-    worker = ElasticWorker(job.roles, job.shard_map, replace(job.config, push_window=False),
-                           port_file=port_file, port=port, stall_timeout=settings.stall_timeout,
-                           fault=faults.for_rank(0))
+    replicated = (settings.elastic.replicas or 1) > 1
+
+    def connect(comm, port: str):
+        return ElasticWorker(replace(job.roles, comm=comm), job.shard_map,
+                             replace(job.config, push_window=False), port_file=port_file,
+                             port=port, stall_timeout=settings.stall_timeout,
+                             fault=faults.for_rank(0))
+
+    worker = connect(inter, port)
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
     worker.start(model.params, clock)
     first = clock
@@ -151,7 +164,18 @@ def _train(inter, welcome: dict, debug: bool, port_file: str, port: str) -> tupl
             model.reseed(slot, clock)
         x, y = reader.batch(clock)
         model.loss_and_grad(x, y)
-        worker.step(model.params, model.grad, clock)
+        try:
+            worker.step(model.params, model.grad, clock)
+        except ServersGone as gone:   # --replicas 2: the backup took over (psgd.elastic.replica)
+            if not replicated:
+                raise
+            from psgd.elastic.replica_join import forget, reroute
+            forget(worker)
+            inter, again, port = reroute(port_file, port, slot, wait_s, str(gone))
+            clock = again["clock"]
+            worker = connect(inter, port)
+            worker.start(model.params, clock)
+            continue
         clock += 1
     if not worker.dropped:   # a dropped worker's done would reach no server
         worker.finish()

@@ -50,6 +50,8 @@ def _say(kind: str, fields: dict) -> str:
                 f"{fields['first_clock']}..{fields['last_clock']})")
     if kind == "refused":
         return f"a joiner was refused: {fields['why']}"
+    if kind == "backup":   # --replicas 2 (psgd.elastic.replica)
+        return f"backup server {fields['why']} ({fields['updates']} updates so far)"
     return f"run over: {fields['why']}"
 
 
@@ -97,9 +99,13 @@ def serve_main(args: argparse.Namespace) -> None:
 
 
 def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
-            no_worker_s: float) -> ElasticServer:
-    """The server of ``job``'s shard, its events logged (and all but steps printed)."""
+            no_worker_s: float, cls=None, **extra) -> ElasticServer:
+    """The server of ``job``'s shard, its events logged (and all but steps printed); ``cls``
+    and ``extra``: a replica's (psgd.elastic.replica; by default the primary of --replicas 2)."""
     s = job.settings
+    if cls is None and (s.elastic.replicas or 1) > 1:
+        from psgd.elastic.replica import Primary
+        cls, extra = Primary, {"backup_s": no_worker_s}
     S = comm.Get_size()
     roles = Roles(comm=Links(comm, slots, s.stall_timeout), rank=comm.Get_rank(),
                   size=S + slots, n_servers=S, n_workers=slots, worker_comm=None)
@@ -112,10 +118,12 @@ def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
             print(f"psgd: {_say(kind, fields)}", flush=True)
 
     def snapshot(clock, params, opt_state):
+        if getattr(server, "following", False):   # a backup writes once it took over
+            return
         save(job, server.n_pushes, clock + 1, params, opt_state)
 
     resume = job.resume   # its step: the updates applied; its clocks: the servers' clock
-    server = ElasticServer(
+    server = (cls or ElasticServer)(
         roles, job.shard_map, replace(job.config, push_window=False),
         init_shard=job.model.params.copy(),
         init_opt_state=resume.opt_state if resume and resume.optimizer == s.optimizer else None,
@@ -124,7 +132,7 @@ def _server(job, comm: MPI.Comm, slots: int, door: Door, log: MetricsLog,
         door=door, welcome=lambda w, clock: welcome, updates=job.total_steps,
         start_updates=resume.step if resume else 0, no_worker_s=no_worker_s, event=event,
         stopped=lambda: f"stopped by {signal_name(received())}" if received() else "",
-        log_every=s.log_every)
+        log_every=s.log_every, **extra)
     return server
 
 
@@ -139,7 +147,8 @@ def _finish(job, server: ElasticServer, result, log: MetricsLog, wall: float) ->
               samples=server.n_pushes * s.batch_size,
               wall_s=wall, test_loss=loss, test_accuracy=acc, workers=roster,
               staleness_histogram=np.asarray(result.staleness_hist).tolist(),
-              abandoned=server.abandoned, checkpoint=str(ckpt) if ckpt else None)
+              abandoned=server.abandoned, checkpoint=str(ckpt) if ckpt else None,
+              **(server.replicas() if hasattr(server, "replicas") else {}))
     log.close()
     lost = sum(r["state"] == "lost" for r in roster)
     print(f"psgd: {s.model} with {s.protocol}, elastic: {server.n_pushes} updates from "

@@ -153,18 +153,23 @@ class ElasticOptions(Options):
         "no_worker_timeout": (float, f"--elastic: end the run (with a checkpoint, exit 1) after "
                                      f"this long with no worker connected (default "
                                      f"{DEFAULT_NO_WORKER_S:g})", "SECONDS"),
+        "replicas": (int, "--elastic asp or ssp, one server rank: 2 keeps a backup of the shard "
+                          "(`psgd join --backup`, its own mpiexec -n 1) that each applied "
+                          "update is forwarded to, and that takes over when the server job is "
+                          "lost (default 1: a lost server ends the run)", "N"),
     }
 
     elastic: bool = False
     port_file: str | None = None
     max_workers: int | None = None
     no_worker_timeout: float | None = None
+    replicas: int | None = None
 
     def check_given(self) -> None:
         """UsageError for an elastic flag without --elastic, or out of range (checked before
         MPI starts, too)."""
         given = [f"--{n.replace('_', '-')}" for n in ("port_file", "max_workers",
-                                                      "no_worker_timeout")
+                                                      "no_worker_timeout", "replicas")
                  if getattr(self, n) is not None]
         if given and not self.elastic:
             raise UsageError(f"{given[0]} applies with --elastic only")
@@ -172,6 +177,9 @@ class ElasticOptions(Options):
             raise UsageError(f"--max-workers must be >= 1, got {self.max_workers}")
         if self.no_worker_timeout is not None and not self.no_worker_timeout > 0:
             raise UsageError(f"--no-worker-timeout must be > 0, got {self.no_worker_timeout}")
+        if self.replicas is not None and self.replicas not in (1, 2):
+            raise UsageError(f"--replicas is 1 or 2 (a primary and one backup), got "
+                             f"{self.replicas}")
 
     def resolved(self, plan, protocol) -> ElasticOptions:
         self.check_given()
@@ -189,6 +197,9 @@ class ElasticOptions(Options):
         if not self.port_file:
             raise UsageError("--elastic needs --port-file PATH: where the workers find the "
                              "servers (a shared file system across nodes)")
+        if (self.replicas or 1) > 1:
+            from psgd.elastic.replica_serve import check_replicas
+            check_replicas(plan, protocol)
         if ring:
             return self._filled(plan)
         if plan.staleness == AUTO:
@@ -203,6 +214,7 @@ class ElasticOptions(Options):
 
     def _filled(self, plan) -> ElasticOptions:
         filled = replace(self, max_workers=self.max_workers or DEFAULT_MAX_WORKERS,
+                         replicas=self.replicas or 1,
                          no_worker_timeout=self.no_worker_timeout or DEFAULT_NO_WORKER_S)
         if filled.no_worker_timeout >= plan.stall_abort:
             raise UsageError("--no-worker-timeout must be below --stall-abort")

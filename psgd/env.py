@@ -52,9 +52,13 @@ KNOBS = {
     "PSGD_X_ALLREDUCE_PIECE_BYTES": "shared-window all-reduce: the piece each rank sums",
     "PSGD_X_ALLREDUCE_SPIN_US": "all-reduce: microseconds to spin before sleeping on a flag",
     "PSGD_X_PIPELINE_SPIN_US": "pipeline: microseconds to spin before sleeping on a neighbour's message",
+    "PSGD_X_CROWD_SECONDS": "psgd plan's profile: seconds of steps behind each crowd ratio",
     "PSGD_MPIEXEC": "the launcher psgd demo and the tests start (default: the venv's mpiexec)",
     "PSGD_DEMO_DIR": "where psgd demo writes (default demo/)",
     "PSGD_X_TEST_MARK": "tests: marks the processes a test started",
+    "PSGD_X_PAIRS_DUMP": "tests: elastic adpsgd writes its members' parameters to this .npz",
+    "PSGD_X_REPLICA_TRACE": "tests: server replicas write their records of applied updates here",
+    "PSGD_X_REPLICA_KILL": "tests: the primary server SIGKILLs itself mid-forward of push N",
     "PSGD_X_NET": "set by psgd net: its link's bits/s (or none) and its nodes, RATE,NODES",
 }
 

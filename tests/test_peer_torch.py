@@ -200,16 +200,17 @@ def trajectory(name, opt, reference: bool = False):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_trajectory_of_each_optimizer_matches_float64_up_to_the_first_kink(name, opt):
     for step, (err, ours, theirs, flipped) in enumerate(trajectory(name, opt, reference=True)):
-        if flipped:   # psgd and float64 now on different pieces of the loss: see MIN_SMOOTH_STEPS
-            assert step >= MIN_SMOOTH_STEPS or opt == "adam", f"{opt}: a ReLU or max-pool flips at step {step + 1}"
-            break
+        if flipped and (step >= MIN_SMOOTH_STEPS or opt == "adam"):
+            break   # psgd and float64 now on different pieces of the loss: see MIN_SMOOTH_STEPS
+        # an earlier flip (rounding-level inputs differ by CPU) is checked on: if it parts the
+        # paths, the distance below fails
+        close = ours < max(TRAJECTORY_FACTOR * theirs, FLOOR)
         if step == 0 and opt != "adam":
             assert err < FIRST_STEP_RTOL, f"{opt} step 1: psgd - torch {err:.2e}"
         # adam's first step is lr * g / (|g| + eps), a sign where |g| is at rounding level (a conv
         # bias before batch norm has a true gradient of 0): its first step is held to the float64
         # reference as every later one is
-        assert ours < max(TRAJECTORY_FACTOR * theirs, FLOOR), \
-            f"{opt} step {step + 1}: psgd {ours:.2e} from float64, PyTorch float32 {theirs:.2e}"
+        assert close, f"{opt} step {step + 1}: psgd {ours:.2e} from float64, PyTorch float32 {theirs:.2e}"
 
 
 # 100 steps of psgd and float64 each: the two cases that strayed before the kinks were understood

@@ -8,14 +8,11 @@ by its slot), so a lost worker leaves no rows unread.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from dataclasses import replace
 
-import numpy as np
-
+from psgd.elastic.hello import read_port, receive_welcome
 from psgd.errors import UsageError
 
 EXIT_DROPPED = 3   # the servers dropped this worker (it was silent too long) and told it
@@ -38,20 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "worker); it takes over if the server job is lost")
 
 
-def _port(path: str) -> tuple[str, str]:
-    """The servers' port name, and the ``UCX_TLS=...`` line of a ring ("" if none)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            port, _, transports = fh.read().strip().partition("\n")
-    except FileNotFoundError:
-        raise UsageError(f"--port-file {path}: no such file (is the server job running? it "
-                         f"writes the file once its port is open, and removes it at the end)"
-                         ) from None
-    if not port:
-        raise UsageError(f"--port-file {path} is empty")
-    return port, transports.strip()
-
-
 def _ring_transports(line: str, port_file: str) -> None:
     """Before MPI starts: take the ring's UCX transports (one the user set otherwise is
     refused), at the coordinator's node only (its beat names the node)."""
@@ -71,29 +54,11 @@ def _ring_transports(line: str, port_file: str) -> None:
                          f"worker runs on {PLACE}")
 
 
-def _welcome(inter, wait_s: float) -> dict:
-    """The servers' first message: the run's settings, this worker's slot and first clock."""
-    from mpi4py import MPI
-
-    from psgd.elastic.server import TAG_WELCOME
-    status, deadline = MPI.Status(), time.monotonic() + wait_s
-    while (msg := inter.Improbe(0, TAG_WELCOME, status)) is None:
-        if time.monotonic() > deadline:
-            raise UsageError(f"no welcome from the servers within {wait_s:g} s (--wait)")
-        time.sleep(0.01)
-    buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-    msg.Recv(buf)
-    welcome = json.loads(bytes(buf).decode())
-    if "refused" in welcome:
-        raise UsageError(f"the servers refused this worker: {welcome['refused']}")
-    return welcome
-
-
 def run(args: argparse.Namespace) -> None:
     if getattr(args, "backup", False):
         from psgd.elastic.replica_serve import backup_main
         return backup_main(args)
-    port, transports = _port(args.port_file)
+    port, transports = read_port(args.port_file)
     from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
     if transports:
         _ring_transports(transports, args.port_file)
@@ -104,7 +69,7 @@ def run(args: argparse.Namespace) -> None:
     from psgd.elastic.door import knock
     knock(args.port_file, args.wait)
     inter = MPI.COMM_SELF.Connect(port)
-    welcome = _welcome(inter, args.wait)
+    welcome = receive_welcome(inter, args.wait)
     if welcome.get("ring"):
         from psgd.elastic.ring_join import member
         leave(member(inter, welcome, _job(inter, welcome, bool(getattr(args, "debug", False)))))

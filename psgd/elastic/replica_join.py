@@ -16,7 +16,7 @@ def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str):
 
     from psgd.elastic.alive import Pulse, beat_path
     from psgd.elastic.door import knock
-    from psgd.elastic.join import _port, _welcome
+    from psgd.elastic.hello import read_port, receive_welcome
     from psgd.elastic.replica import REROUTE
     from psgd.elastic.worker import ServersGone
 
@@ -25,7 +25,7 @@ def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str):
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            new = _port(port_file)[0]
+            new = read_port(port_file)[0]
         except UsageError:   # between the primary's file and the backup's
             new = None
         if new and new != port and not Pulse(beat_path(port_file)).dead():
@@ -39,7 +39,7 @@ def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str):
         raise ServersGone(f"{gone}, and the backup did not take this worker: {exc}") from None
     inter = MPI.COMM_SELF.Connect(new)
     try:
-        welcome = _welcome(inter, wait_s)
+        welcome = receive_welcome(inter, wait_s)
     except UsageError as exc:
         raise ServersGone(f"{gone}, and the backup refused this worker: {exc}") from None
     return inter, welcome, new

@@ -15,20 +15,6 @@ import time
 from psgd.errors import UsageError
 
 
-def check_replicas(plan, protocol) -> None:
-    """UsageError, one line, for a replicated run that is not built: only asp and ssp, one
-    server rank, not resumed."""
-    if protocol.name not in ("asp", "ssp"):
-        raise UsageError(f"--replicas 2 runs --elastic --protocol asp or ssp only, not "
-                         f"{protocol.name} (no backup is built for it)")
-    if (plan.servers or 1) != 1:
-        raise UsageError("--replicas 2 runs one server rank (--servers 1): a backup for "
-                         "several shards is not built")
-    if plan.resume:
-        raise UsageError("--replicas 2 does not resume (--resume): the backup starts from the "
-                         "run's first parameters")
-
-
 def _append_log(path: str | None):
     """The run's log, opened to append after the primary's last whole line."""
     from psgd.run.metrics import MetricsLog
@@ -45,8 +31,8 @@ def _append_log(path: str | None):
 def backup_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd join --backup`` (one rank)."""
     from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
-    from psgd.elastic.join import _port, _welcome
-    port, _ = _port(args.port_file)
+    from psgd.elastic.hello import read_port, receive_welcome
+    port, _ = read_port(args.port_file)
     no_cross_memory_attach()
     tidy_shm()
     from mpi4py import MPI
@@ -67,7 +53,7 @@ def backup_main(args: argparse.Namespace) -> None:
         raise UsageError("psgd join --backup runs as one rank (mpiexec -n 1)")
     knock(args.port_file, args.wait, kind=BACKUP)
     link = MPI.COMM_SELF.Connect(port)
-    welcome = _welcome(link, args.wait)
+    welcome = receive_welcome(link, args.wait)
     if not welcome.get("backup"):   # the servers took it for a worker; they drop it when silent
         raise UsageError(f"the run at {args.port_file} was not started with --replicas 2: it "
                          f"takes no backup server")

@@ -28,6 +28,9 @@ ABILITIES = {
                      "communicator with the coordinator, which tells the survivors each new "
                      "live set; a lost worker's partners drop its pairing and redraw theirs "
                      "(psgd.elastic.pairs)",
+    "elastic-replicas": "--replicas 2 applies under --elastic: a backup job follows the server's "
+                        "applied updates in order and takes over when the server job is lost "
+                        "(psgd.elastic.replica)",
 }
 #: what a protocol may refuse some values of (its other ``Protocol.reasons`` keys), and where
 LIMITS = {

@@ -24,12 +24,14 @@ for _entry in (
         "bulk-synchronous: the server averages all workers' gradients of a clock and steps "
         "once; equals synchronous SGD on the union of the batches")),
     Protocol("ssp", update_rule="psgd.ps.ssp:SspUpdate", bound=None, **_PS, **_STALE,
-             cost=_COST + "async_rows", abilities=_PS_CAN | {"overlap", "elastic"}, summary=(
+             cost=_COST + "async_rows",
+             abilities=_PS_CAN | {"overlap", "elastic", "elastic-replicas"}, summary=(
         "stale-synchronous (Ho et al. 2013): a worker at clock c waits until every worker has "
         "pushed clock c-s (--staleness s, default 2; --staleness auto: the servers set s "
         "online, up to --staleness-max); pushes are applied on arrival")),
     Protocol("asp", update_rule="psgd.ps.ssp:SspUpdate", bound=math.inf, **_PS,
-             cost=_COST + "async_rows", **_STALE, abilities=_PS_CAN | {"overlap", "elastic"},
+             cost=_COST + "async_rows", **_STALE,
+             abilities=_PS_CAN | {"overlap", "elastic", "elastic-replicas"},
              summary="asynchronous (Downpour SGD): ssp with s = inf, never wait"),
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",

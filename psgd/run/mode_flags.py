@@ -198,8 +198,7 @@ class ElasticOptions(Options):
             raise UsageError("--elastic needs --port-file PATH: where the workers find the "
                              "servers (a shared file system across nodes)")
         if (self.replicas or 1) > 1:
-            from psgd.elastic.replica_serve import check_replicas
-            check_replicas(plan, protocol)
+            _check_replicas(plan, protocol)
         if ring:
             return self._filled(plan)
         if plan.staleness == AUTO:
@@ -219,3 +218,17 @@ class ElasticOptions(Options):
         if filled.no_worker_timeout >= plan.stall_abort:
             raise UsageError("--no-worker-timeout must be below --stall-abort")
         return filled
+
+
+def _check_replicas(plan, protocol) -> None:
+    """UsageError, one line, for a replicated run that is not built: only the protocols able to
+    "elastic-replicas", one server rank, not resumed."""
+    if not protocol.can("elastic-replicas"):
+        raise UsageError(f"--replicas 2 runs --elastic --protocol {names(able='elastic-replicas')} "
+                         f"only, not {protocol.name} (no backup is built for it)")
+    if (plan.servers or 1) != 1:
+        raise UsageError("--replicas 2 runs one server rank (--servers 1): a backup for "
+                         "several shards is not built")
+    if plan.resume:
+        raise UsageError("--replicas 2 does not resume (--resume): the backup starts from the "
+                         "run's first parameters")

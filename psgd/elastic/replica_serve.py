@@ -39,9 +39,8 @@ def backup_main(args: argparse.Namespace) -> None:
 
     from psgd.elastic.alive import Beat, beat_path
     from psgd.elastic.door import Door, knock
-    from psgd.elastic.outputs import publish
     from psgd.elastic.replica import BACKUP, BACKUP_BEAT, Backup
-    from psgd.elastic.serve import _finish, _say, _server
+    from psgd.elastic.serve import _server
     from psgd.mpi import wait
     from psgd.mpi.roles import Roles
     from psgd.run.job import build_job
@@ -74,6 +73,18 @@ def backup_main(args: argparse.Namespace) -> None:
     if not why:
         print("psgd: backup: the primary ended the run; the backup leaves", flush=True)
         leave(0)
+    _take_over(server, job, door, settings, args.port_file, why, t0)
+
+
+def _take_over(server, job, door, settings, port_file: str, why: str, t0: float) -> None:
+    """The primary is lost (``why``): log it, open a port of our own, publish it, serve the
+    rest of the run and leave with its outcome."""
+    from mpi4py import MPI
+
+    from psgd.elastic import leave
+    from psgd.elastic.alive import Beat, beat_path
+    from psgd.elastic.outputs import publish
+    from psgd.elastic.serve import _finish, _say
     lost = server.lost_record[-1]
     print(f"psgd: server primary lost after {lost['updates']} updates, {lost['at_s']:.1f} s "
           f"into the run ({why}); the backup takes over (the primary's MPICH segments removed: "
@@ -92,8 +103,8 @@ def backup_main(args: argparse.Namespace) -> None:
     server.event = event
     new_port = MPI.Open_port()
     server.take_over(new_port)
-    servers_beat = Beat(beat_path(args.port_file))   # the workers watch it, as the primary's
-    publish(new_port, args.port_file)
+    servers_beat = Beat(beat_path(port_file))   # the workers watch it, as the primary's
+    publish(new_port, port_file)
     result = server.run()
     servers_beat.stop()
     door.close()

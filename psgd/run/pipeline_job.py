@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -19,7 +18,7 @@ from psgd.pipeline.evaluate import evaluate
 from psgd.pipeline.grid import Grid, TensorGrid
 from psgd.pipeline.local import stage_model
 from psgd.pipeline.options import SERVER_SETTINGS
-from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight, predicted_bubble, simulate
+from psgd.pipeline.schedules import ASYNCHRONOUS, in_flight
 from psgd.pipeline.trainer import build_trainer
 from psgd.pipeline.transport import spin_seconds
 from psgd.protocols import get
@@ -27,6 +26,7 @@ from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
+from psgd.run import pipeline_summary
 from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage, save
 from psgd.run.mode_flags import PipelineFlags
 from psgd.run.run_plan import refused_by
@@ -300,51 +300,6 @@ def _log_steps(run: PipelineRun, log: MetricsLog, records: list) -> None:
             log.write("step", step=int(step), loss=loss, accuracy=acc, seconds=seconds)
 
 
-def _summary(run: PipelineRun, wall: float, measured: tuple) -> dict | None:
-    """Every stage's idle fraction and op times (over ``measured``: seconds, seconds waited,
-    busy seconds and steps, see :func:`_warmed`; then the whole run's seconds waited), peak
-    stored activation bytes, parameter bytes and peak resident memory (the process's), on
-    rank 0; samples/s and ``idle_with_first_step`` over the whole run."""
-    stage, opts = run.trainer.stage, run.options
-    seconds, waited, busy, measured_steps, waited_all = measured
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
-    mine = np.array([wall, waited, stage.activation_bytes,
-                     stage.params.nbytes, stage.peak_inputs, *busy, rss,
-                     _max_staleness(run), seconds, waited_all], np.float64)
-    rows = np.zeros((run.grid.stages, 11)) if run.grid.stage == 0 else None
-    wait.wait(run.grid.row_comm.Igather(mine, rows, root=0), "the stages to send their summary")
-    if rows is None or run.grid.replica != 0 or getattr(run.grid, "part", 0):
-        return None
-    steps = run.total - run.start
-    per_op = rows[:, 5:7] / (measured_steps * opts.microbatches)   # seconds per microbatch op
-    # microbatches between flushes: a batch's, or (asynchronous) the whole run's
-    m = steps * opts.microbatches if opts.schedule in ASYNCHRONOUS else opts.microbatches
-    return {"stages": opts.stages, "microbatches": opts.microbatches, "schedule": opts.schedule,
-            "cut": run.counts,
-            "replicas": run.grid.replicas, "steps": steps,
-            "samples_per_s": steps * run.settings.batch_size * run.grid.replicas / rows[:, 0].max(),
-            "predicted_bubble": predicted_bubble(opts.stages, m),
-            "simulated_idle": simulate(opts.schedule, opts.stages, m, per_op[:, 0], per_op[:, 1]),
-            "forward_s": per_op[:, 0].tolist(), "backward_s": per_op[:, 1].tolist(),
-            "measured_steps": measured_steps,
-            "idle": (rows[:, 1] / rows[:, 9]).tolist(),
-            "idle_with_first_step": (rows[:, 10] / rows[:, 0]).tolist(), "activation_bytes": rows[:, 2].tolist(),
-            "peak_microbatches": rows[:, 4].astype(int).tolist(),
-            "param_bytes": rows[:, 3].astype(int).tolist(),
-            "peak_rss_bytes": rows[:, 7].astype(int).tolist(),
-            "max_staleness": rows[:, 8].astype(int).tolist()}
-
-
-def _max_staleness(run: PipelineRun) -> int:
-    """The most clocks a push of this stage's replicas was stale (0 without servers)."""
-    worker = getattr(run.trainer, "worker", None)
-    most = np.array([worker.stats["max_staleness"] if worker is not None else 0], np.int64)
-    if run.grid.replicas > 1:
-        wait.wait(run.grid.replica_comm.Iallreduce(MPI.IN_PLACE, most, MPI.MAX),
-                  "the stage's replicas to send their staleness")
-    return int(most[0])
-
-
 def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
     """Replica 0's test loss and accuracy on rank 0 (None elsewhere); the test rows stream
     through the stages (:func:`psgd.pipeline.evaluate.evaluate`), nothing is gathered."""
@@ -389,7 +344,7 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
 
 def _finish(run: PipelineRun, log: MetricsLog, wall: float, measured: tuple) -> None:
     """Summary, final checkpoint and evaluation; rank 0 prints and logs them."""
-    summary = _summary(run, wall, measured)
+    summary = pipeline_summary.summary(run, wall, measured)
     if run.settings.checkpoint_dir:
         save(run, run.total)
     result = _evaluate(run)

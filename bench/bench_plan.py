@@ -96,10 +96,11 @@ def measured_rate(plan, data: Path, model: str, args, log: Path) -> tuple[float,
 
 
 def chosen(plans: list, top: int) -> list:
-    """The top plans, then the fastest of each kind not among them."""
+    """The top plans, then the fastest of each kind not among them, and the fastest data
+    plan whose arithmetic is serial SGD's (a lossy or asynchronous one may lead the kind)."""
     picked = plans[:top]
-    for kind in ("data", "pipeline", "tensor", "spatial", "grid"):
-        pure = next((p for p in plans if p.kind == kind), None)
+    for kind in ("data", "pipeline", "tensor", "spatial", "grid", "exact data"):
+        pure = next((p for p in plans if p.kind == kind.split()[-1] and (p.sync or kind != "exact data")), None)
         if pure is not None and pure not in picked:
             picked.append(pure)
     return picked

@@ -4,8 +4,8 @@
     .venv/bin/python bench/bench_plan.py --net 1gbit,10gbit --ranks 2,4 [--publish]
 
 For each case (a model and a memory budget per rank) the search runs on a profile made
-here; its top plans and the fastest pure plan of each kind (data-parallel, pipeline,
-tensor) run through ``mpiexec -n RANKS python -m psgd train`` with the printed flags on
+here; its top plans, the fastest plan of each kind (data-parallel, pipeline, tensor,
+spatial, grid) and the fastest data plan of serial SGD's arithmetic run through ``mpiexec -n RANKS python -m psgd train`` with the printed flags on
 the same synthetic data. Reported per plan: predicted and measured samples per second
 (measured: a data plan's last half of the steps, a tensor grid's median step, a
 pipeline's whole run, its first step included) and their ratio, the plan's bytes per rank

@@ -169,6 +169,7 @@ def test_a_resumed_pipeline_of_two_replicas_replays_to_the_unbroken_runs_state_b
         assert np.array_equal(one.opt_state[key], two.opt_state[key]), key
 
 
+@pytest.mark.slow
 def test_a_replay_of_another_runs_record_is_one_line_on_every_rank(mpirun, dataset, tmp_path):
     """A resumed --replay of a record made with other settings: one line, nothing left running."""
     a = tmp_path / "a"

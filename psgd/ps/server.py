@@ -73,7 +73,7 @@ class _Server:
         self.rule = config.update_rule(config, self.optimizer, self.versions, n_workers=self.W)
         if init_opt_state is not None:
             self.rule.load_state(self._own(init_opt_state, self.rule.state()))
-        if config.replayed_before is not None and hasattr(self.rule, "recount"):
+        if config.replayed_before is not None:
             self.rule.recount(config.replayed_before[self.shard])
         self.bound = float(config.staleness)
         self.adaptive = None   # --staleness auto: the bound in force is set online
@@ -331,7 +331,7 @@ class _Server:
             if k > 0:
                 for c in range(old, new):
                     if (c + 1) % k == 0:  # after every k steps: clocks k-1, 2k-1, ...
-                        if self.config.hold_at_snapshots and hasattr(self.rule, "settle"):
+                        if self.config.hold_at_snapshots:
                             self.rule.settle()
                         self.snapshots.capture(c, self.versions.live)
         self._answer_pulls()

@@ -7,10 +7,14 @@ writes ``PORT_FILE.knock.<id>`` and waits for ``PORT_FILE.turn.<id>``; the serve
 knocks between messages and give one joiner at a time its turn. The joiner answers by renaming
 its turn to ``PORT_FILE.ready.<id>`` and connects at once; only then do the servers accept. A
 joiner that died after knocking never answers: its turn lapses and the servers go on.
+A knock may say what the joiner is for (model, data, protocol: :func:`psgd.elastic.hello.claims`);
+one that differs from the run gets ``PORT_FILE.refused.<id>`` with one line instead of a turn,
+so it never reaches MPI and takes no slot.
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 import threading
@@ -21,28 +25,36 @@ from mpi4py import MPI
 
 from psgd.elastic import leave
 from psgd.elastic.alive import ALIVE
+from psgd.elastic.hello import differs
 from psgd.errors import UsageError
 from psgd.mpi.phase import phase
 
-KNOCK, TURN, READY = ".knock.", ".turn.", ".ready."
+KNOCK, TURN, READY, REFUSED = ".knock.", ".turn.", ".ready.", ".refused."
+SAYING = ".saying."   # a knock or a refusal being written (renamed into place when whole)
 LOOK_EVERY_S = 0.25   # how often the servers look for knocks
 
 
-def knock(port_file: str, wait_s: float, kind: str = "") -> None:
+def knock(port_file: str, wait_s: float, kind: str = "", said: dict | None = None) -> None:
     """Announce a joiner, wait for its turn, and take it (the caller connects next); ``kind``
-    starts its knock's name (psgd.elastic.replica: a backup, a re-routing worker).
+    starts its knock's name (psgd.elastic.replica: a backup, a re-routing worker); ``said``:
+    what it is for (:func:`psgd.elastic.hello.claims`), checked by the servers.
 
     Raises
     ------
-    ValueError
-        The servers gave no turn within ``wait_s`` seconds, or took it back.
+    UsageError
+        The servers gave no turn within ``wait_s`` seconds, took it back, or refused this
+        joiner (its ``said`` differs from the run).
     """
     name = f"{kind}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with open(port_file + KNOCK + name, "w", encoding="utf-8"):
-        pass
+    _write(port_file, KNOCK + name, json.dumps(said) if said else "")
     deadline = time.monotonic() + wait_s
     with phase("waiting for a turn to join"):
         while not os.path.exists(port_file + TURN + name):
+            if os.path.exists(port_file + REFUSED + name):
+                with open(port_file + REFUSED + name, encoding="utf-8") as fh:
+                    why = fh.read().strip()
+                _remove(port_file + REFUSED + name)
+                raise UsageError(f"the run at {port_file} refused this worker: {why}")
             if time.monotonic() > deadline:
                 _remove(port_file + KNOCK + name)
                 _remove(port_file + TURN + name)
@@ -62,11 +74,17 @@ class Door:
     ``accept_s``: how long a joiner has to answer its turn; and an accept that a joiner never
     completes (it died between its answer and its connect) cannot be interrupted in MPI, so
     after this long the server job prints why and ends (exit 1; its last checkpoint stands).
+
+    ``run``: the run's ``model``, ``protocol`` and ``data`` (a path), against which a knock's
+    claims are checked (None: none are); ``refused`` collects the lines of those refused, for
+    the caller to log.
     """
 
-    def __init__(self, comm: MPI.Comm, port: str, port_file: str, accept_s: float) -> None:
+    def __init__(self, comm: MPI.Comm, port: str, port_file: str, accept_s: float,
+                 run: dict | None = None) -> None:
         self.comm, self.port, self.port_file = comm, port, port_file
-        self.accept_s = float(accept_s)
+        self.accept_s, self.run, self.digests = float(accept_s), run, {}
+        self.refused: list[str] = []
         self.next_look = 0.0
         self.turn: tuple[str, float] | None = None   # the joiner whose turn it is, and since when
         self.pattern = "*"   # the knock names that get a turn (a replicated run: its backup first)
@@ -88,12 +106,32 @@ class Door:
             return None, None
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY_S
-            knocks = sorted(glob.glob(glob.escape(self.port_file) + KNOCK + self.pattern))
-            if knocks:
-                name = knocks[0][len(self.port_file + KNOCK):]
-                os.replace(knocks[0], self.port_file + TURN + name)
+            for path in sorted(glob.glob(glob.escape(self.port_file) + KNOCK + self.pattern)):
+                name = path[len(self.port_file + KNOCK):]
+                why = self._differs(path)
+                if why:
+                    _write(self.port_file, REFUSED + name, why)
+                    _remove(path)
+                    self.refused.append(f"the joiner {name}: {why}")
+                    continue
+                os.replace(path, self.port_file + TURN + name)
                 self.turn = (name, now)
+                break
         return None, None
+
+    def _differs(self, knock_path: str) -> str:
+        """What the knock at ``knock_path`` says that differs from the run ("" if nothing)."""
+        if self.run is None:
+            return ""
+        try:
+            with open(knock_path, encoding="utf-8") as fh:
+                text = fh.read()
+            said = json.loads(text) if text.strip() else {}
+        except (OSError, ValueError) as exc:
+            return f"its knock could not be read ({exc})"
+        if not isinstance(said, dict):
+            return "its knock could not be read (not a JSON object)"
+        return differs(self.run, said, self.digests)
 
     def admit(self, ready: str | None) -> MPI.Intercomm:
         """Accept the connection of the joiner ``ready`` (as :meth:`look` named it; collective
@@ -120,9 +158,17 @@ class Door:
         """Remove the port file and any knock, turn, answer or beat left (a joiner then finds no
         run)."""
         base = glob.escape(self.port_file)
-        for path in [self.port_file, *(p for mark in (KNOCK, TURN, READY, ALIVE)
+        for path in [self.port_file, *(p for mark in (KNOCK, TURN, READY, REFUSED, SAYING, ALIVE)
                                        for p in glob.glob(base + mark + "*"))]:
             _remove(path)
+
+
+def _write(port_file: str, mark: str, text: str) -> None:
+    """``port_file + mark`` holding ``text``, put in place whole (the other side polls for it)."""
+    tmp = port_file + SAYING + mark.strip(".") + f".{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, port_file + mark)
 
 
 def _remove(path: str) -> None:

@@ -62,7 +62,7 @@ def backup_main(args: argparse.Namespace) -> None:
     job = build_job(settings, roles, bool(getattr(args, "debug", False)), None,
                     welcome["run_id"])
     beat = Beat(beat_path(args.port_file, BACKUP_BEAT))   # the primary watches it
-    door = Door(comm, None, args.port_file, settings.stall_timeout)
+    door = Door(comm, None, args.port_file, settings.stall_timeout, run=of_run(settings))
     server = _server(job, comm, settings.elastic.max_workers, door, MetricsLog(None),
                      settings.elastic.no_worker_timeout, cls=Backup, link=link)
     print(f"psgd: backup server of run {welcome['run_id']} joined; following the primary",

@@ -98,6 +98,8 @@ class ElasticServer(_Server):
             if lapsed is not None:
                 self.event("refused", why=f"the joiner {lapsed} did not answer its turn within "
                                           f"{self.door.accept_s:g} s (it died after knocking?)")
+            while self.door.refused:   # another run's joiner: told, never connected
+                self.event("refused", why=self.door.refused.pop(0))
         now = time.monotonic()
         look, held = now >= self.next_look, {dest - self.S for dest, _, _ in self.pending}
         if look:

@@ -78,8 +78,11 @@ def run(args: argparse.Namespace) -> None:
     knock(args.port_file, args.wait, said=claims(getattr(args, "model", None),
                                                  getattr(args, "data", None),
                                                  getattr(args, "protocol", None)))
-    inter = MPI.COMM_SELF.Connect(port)
-    welcome = receive_welcome(inter, args.wait)
+    from psgd.mpi.phase import phase
+    with phase("connecting to the servers"):
+        inter = MPI.COMM_SELF.Connect(port)
+    with phase("receiving the welcome"):
+        welcome = receive_welcome(inter, args.wait)
     if welcome.get("ring"):
         from psgd.elastic.ring_join import member
         leave(member(inter, welcome, _job(inter, welcome, bool(getattr(args, "debug", False)))))

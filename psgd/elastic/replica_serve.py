@@ -31,7 +31,7 @@ def _append_log(path: str | None):
 def backup_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd join --backup`` (one rank)."""
     from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
-    from psgd.elastic.hello import read_port, receive_welcome
+    from psgd.elastic.hello import of_run, read_port, receive_welcome
     port, _ = read_port(args.port_file)
     no_cross_memory_attach()
     tidy_shm()

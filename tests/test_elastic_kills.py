@@ -193,18 +193,6 @@ def test_workers_leave_with_one_line_soon_after_their_server_job_is_killed(tmp_p
         assert "the server job is gone (its process" in lines[0] and "has ended" in lines[0]
 
 
-def _stopped(pid: int) -> bool:
-    """Whether a process of the job whose mpiexec is ``pid`` is stopped (SIGSTOP: state T)."""
-    for p in _tree(pid)[1:]:
-        try:
-            with open(f"/proc/{p}/stat", encoding="utf-8") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] == "T":
-                    return True
-        except (OSError, IndexError):
-            continue
-    return False
-
-
 @pytest.mark.parametrize("moment, why", [
     ("connecting to the servers", "it died while it was being admitted, before it connected"),
     ("receiving the welcome", "its process ended"),
@@ -220,7 +208,8 @@ def test_a_joiner_s_job_killed_while_it_is_admitted_leaves_the_run_going(tmp_pat
     run.join(0)
     _until("the first worker's updates", lambda: run.updates() >= 100, run.procs)
     dead = run.join(1, _fault(f"rank=0,phase={moment},kind=stop"))
-    _until(f"the joiner to stop at '{moment}'", lambda: _stopped(dead.pid), run.procs)
+    _until(f"the joiner to stop at '{moment}'", lambda: _stopped(_tree(dead.pid)),
+           run.procs)
     doomed = {path for p in _tree(dead.pid) for path in segments_of(p)}
     assert doomed, "the stopped joiner maps no MPICH segment"
     os.killpg(dead.pid, signal.SIGKILL)

@@ -3,10 +3,12 @@ at the same samples (issue #53's accuracy check, applied to adpsgd).
 
 Each run is a coordinator (`psgd train --elastic --protocol adpsgd`) and `psgd join` jobs,
 every one its own mpiexec, joined one at a time so that joiner k is worker k. ``lose``: W
-workers for C clocks each, worker W - 1 (a passive one) SIGKILLs itself (PSGD_X_FAULT) in
-clock 0.3 C, so the survivors' graph is the W - 1 run's. ``fewer``: W - 1 workers for
-round(C (W - 1 + 0.3) / (W - 1)) clocks each, the same number of batches. Prints a markdown
-table; writes JSON.
+workers for C clocks each, worker ``--victim`` SIGKILLs itself (PSGD_X_FAULT) in its clock
+0.3 C. The default victim is active (slot W - 2): active workers wait for their pairings and
+so pace the run, while a passive one runs through its clocks ahead of them, so 30 % of a
+passive one's clocks comes early in the run. ``whole``: W workers for C clocks, nobody
+killed. ``fewer``: W - 1 workers for round(C (W - 1 + 0.3) / (W - 1)) clocks each, the same
+number of batches as ``lose``. Prints a markdown table; writes JSON.
 """
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ def one_run(tmp: Path, data: Path, a, scenario: str, seed: int) -> dict:
     """One run; the coordinator's summary and the clocks each worker was given."""
     port, log = tmp / "port", tmp / "log.jsonl"
     W = a.workers - (scenario == "fewer")
-    clocks = a.clocks if scenario == "lose" else \
-        round(a.clocks * (W + KILL_AT) / W)
+    clocks = a.clocks if scenario != "fewer" else round(a.clocks * (W + KILL_AT) / W)
+    victim = W - 2 if a.victim is None else a.victim
     kill = int(KILL_AT * a.clocks)
     server = _job(["train", "--elastic", "--protocol", "adpsgd", "--servers", 0, "--data", data,
                    "--model", a.model, "--optimizer", "sgd", "--lr", a.lr,
@@ -56,7 +58,7 @@ def one_run(tmp: Path, data: Path, a, scenario: str, seed: int) -> dict:
     t0, joiners = time.monotonic(), []
     for k in range(W):
         fault = {"PSGD_X_FAULT": f"rank=0,step={kill},kind=kill"} \
-            if scenario == "lose" and k == W - 1 else {}
+            if scenario == "lose" and k == victim else {}
         joiners.append(_job(["join", "--port-file", port], tmp / f"join{k}.out",
                             fault))
         _until(lambda: f"worker {k} joined" in (tmp / "server.out").read_text(),
@@ -66,6 +68,7 @@ def one_run(tmp: Path, data: Path, a, scenario: str, seed: int) -> dict:
     records = [json.loads(x) for x in log.read_text().splitlines()]
     summary = next(r for r in records if r["kind"] == "summary")
     return {"scenario": scenario, "seed": seed, "workers_at_start": W, "clocks": clocks,
+            "victim": victim if scenario == "lose" else None,
             "kill_clock": kill if scenario == "lose" else None,
             "wall_s": summary["wall_s"], "wall_from_first_join_s": time.monotonic() - t0,
             "test_accuracy": summary["test_accuracy"], "test_loss": summary["test_loss"],
@@ -80,7 +83,9 @@ def main() -> None:
     ap.add_argument("--batch-size", default="64")
     ap.add_argument("--clocks", type=int, default=3000, help="each worker's clocks (lose)")
     ap.add_argument("--seeds", default="0", help="comma-separated --seed values")
-    ap.add_argument("--scenarios", default="lose,fewer")
+    ap.add_argument("--victim", type=int, default=None,
+                    help="the worker lose kills (default W - 2, an active one)")
+    ap.add_argument("--scenarios", default="lose,fewer", help="of lose, fewer, whole")
     ap.add_argument("--data", default=None, help="a converted .h5 (default: convert now)")
     ap.add_argument("--quick", action="store_true", help="synthetic data")
     common.add_output_arguments(ap)
@@ -90,16 +95,18 @@ def main() -> None:
         data = Path(a.data) if a.data else common.dataset(Path(tmp), a.quick,
                                                           "bench_elastic_pairs").path
         runs = []
-        print("| run | seed | clocks each | wall s | test accuracy |\n|---|---|---|---|---|",
-              flush=True)
+        print("| run | seed | clocks each | wall s | lost after s | test accuracy |\n"
+              "|---|---|---|---|---|---|", flush=True)
         for seed in map(int, a.seeds.split(",")):
             for scenario in a.scenarios.split(","):
                 d = Path(tmp) / f"seed{seed}-{scenario}"
                 d.mkdir()
                 runs.append(one_run(d, data, a, scenario, seed))
                 r = runs[-1]
+                lost = [f"{w['after_s']:.1f}" for w in r["workers"] if w["state"] == "lost"]
                 print(f"| {scenario} ({r['workers_at_start']} at start) | {seed} | {r['clocks']} | "
-                      f"{r['wall_s']:.1f} | {r['test_accuracy']:.4f} |", flush=True)
+                      f"{r['wall_s']:.1f} | {', '.join(lost)} | {r['test_accuracy']:.4f} |",
+                      flush=True)
                 common.write_json(out / f"{common.result_stem('elastic-pairs', a.quick)}.json",
                                   {"args": vars(a), "runs": runs},
                                   common.data_name(a.quick))

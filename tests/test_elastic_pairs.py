@@ -1,14 +1,13 @@
 """Elastic adpsgd: worker jobs merged with a coordinator, averaging pairwise, going on without a
 SIGKILLed member (psgd.elastic.pairs; docs/guide/elastic.md). Every job is its own
 ``mpiexec -n 1`` in a session of its own, and every wait has a deadline."""
-import glob
 import os
 
 import numpy as np
 import pytest
 from conftest import write_synth
 from test_elastic import _kill, _records, _start, _until
-from test_elastic_ring import _wait_all
+from test_elastic_ring import _segments, _wait_all
 
 pytestmark = pytest.mark.mpi
 
@@ -27,13 +26,6 @@ def _server_args(tmp, data, lr="1e-20", w=W) -> list:   # psgd refuses --lr 0
             "--lr-schedule", "constant", "--steps", CLOCKS, "--port-file", tmp / "port",
             "--max-workers", w, "--stall-timeout", "5", "--no-worker-timeout", "60",
             "--log", tmp / "log.jsonl", "--checkpoint-dir", tmp / "ckpt"]
-
-
-def _segments() -> set:
-    """MPICH's segments in /dev/shm that no process maps (a live job of another test maps
-    its own)."""
-    from psgd.elastic import _mapped_by_mine
-    return set(glob.glob("/dev/shm/mpich_shm_*")) - _mapped_by_mine()
 
 
 def _run(tmp, data, victims: dict, dump: bool = True, w: int = W):

@@ -115,13 +115,13 @@ def test_adpsgd_learns_on_with_a_killed_member(tmp_path, data):
 @pytest.mark.slow
 def test_adpsgd_goes_on_after_two_deaths_at_different_times_and_conserves_the_sum(
         tmp_path, data):
-    """Five members; the active workers 0 and 2 are SIGKILLed in clocks 40 and 90. Active
+    """Five members; the active workers 0 and 2 are SIGKILLed in clocks 30 and 120. Active
     members only ever pair with passive ones, so the two dead never averaged with each other:
     every pairing either of them completed was with a survivor, and the survivors' finals plus
     each lost member's last state that a survivor averaged with still sum to the starts. (Two
     dead of different roles may have paired with each other after their last pairings with
     survivors; no survivor then knows their share, so that case has no such check.)"""
-    w, victims = 5, {0: 40, 2: 90}
+    w, victims = 5, {0: 30, 2: 120}
     before = _segments()
     codes, out, summary = _run(tmp_path, data, victims, w=w)
     assert codes[0] == 0, out
@@ -129,14 +129,13 @@ def test_adpsgd_goes_on_after_two_deaths_at_different_times_and_conserves_the_su
     assert not _segments() - before, "a job left its MPICH segment in /dev/shm"
     roster = {r["worker"]: r for r in summary["workers"]}
     assert [roster[k]["state"] for k in range(w)] == ["lost", "done", "lost", "done", "done"]
-    # seen gone one after the other, each a new epoch
-    assert roster[0]["epoch"] == 1 and roster[2]["epoch"] == 2, summary
-    assert 0 < roster[0]["after_s"] < roster[2]["after_s"], summary
-    assert summary["epochs"] == 2
-    for k in victims:
+    # seen gone one after the other, each a new epoch (actives keep no common pace: under
+    # load worker 0 once reached its clock 40 after worker 2 reached 90)
+    assert sorted(roster[k]["epoch"] for k in victims) == [1, 2], summary
+    assert summary["epochs"] == 2 and roster[0]["after_s"] != roster[2]["after_s"]
+    for k, clock in victims.items():
         assert f"worker {k} lost (its process ended)" in out
-        assert roster[k]["last_pairing_clock"] is not None, roster[k]
-    assert roster[0]["last_pairing_clock"] < roster[2]["last_pairing_clock"], summary
+        assert 0 <= roster[k]["last_pairing_clock"] <= clock, roster[k]
     assert all(roster[k]["steps"] == CLOCKS for k in (1, 3, 4))
     dump = np.load(tmp_path / "dump.npz")
     starts = np.stack([dump[f"start_{k}"] for k in range(w)]).astype(np.float64)

@@ -176,12 +176,12 @@ def test_a_joiner_killed_while_it_merges_ends_the_run_with_one_line_and_nothing_
     # joiner 2 right after its report of that death: before or after the coordinator's
     # decision, which may name it in the new ring
     ((1, f"step={KILL_AT}"), "phase=reporting a loss"),
-    # joiner 0 dies after its last send of the clock: when that send never arrives, its next
-    # member (joiner 1) cannot finish the clock and joiners 2 and 3 can, so joiner 2 is the
-    # member named to hand its sum to joiner 1, and dies after posting it. When the send does
-    # arrive every survivor finishes and there is nobody to hand a sum to: joiner 2's fault
-    # never fires and the run has one death (a race; the test prints which).
-    ((0, f"phase=ring sum of clock {KILL_AT} step 2"), "phase=sending a finished sum")])
+    # joiner 0 dies before its last send of the clock: its next member (joiner 1) cannot
+    # finish the clock, but has posted all its own sends, so joiners 2 and 3 can; joiner 2 is
+    # then the member named to hand its sum to joiner 1, and dies after posting it. (Should
+    # joiners 2 or 3 see the death before their last message arrives, nobody is named:
+    # joiner 2's fault never fires and the run has one death; the test prints which.)
+    ((0, f"phase=ring sum of clock {KILL_AT} before step 2"), "phase=sending a finished sum")])
 def test_a_second_death_during_the_recovery_from_the_first_and_the_ring_goes_on(
         tmp_path, data, first, second):
     """A ring of 4: one joiner SIGKILLed in clock KILL_AT, joiner 2 while the survivors

@@ -40,7 +40,8 @@ class Ring:
 
     ``pids``: every rank's process id (rank 0: the coordinator); ``fault``: tests
     (PSGD_X_FAULT), fired at its clock after a sum's first send is posted, or at its phase
-    ``ring sum of clock C step S`` after that step's send is posted.
+    ``ring sum of clock C step S`` after that step's send is posted (``... before step S``:
+    before it).
     """
 
     def __init__(self, comm: MPI.Intracomm, pids: list, fault=None) -> None:
@@ -66,6 +67,8 @@ class Ring:
         for step in range(n - 1):
             if not running(self.pids[nxt]):   # a send to a peer dead for long can crash MPICH
                 raise Lost
+            if self.fault is not None:
+                self.fault.at_phase(f"ring sum of clock {clock} before step {step}")
             got, tag = np.empty_like(out), ring_tag(self.epoch, clock, step)
             reqs = [self.comm.Irecv(got, source=prv, tag=tag),
                     self.comm.Isend(out, dest=nxt, tag=tag)]

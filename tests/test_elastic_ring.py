@@ -188,7 +188,6 @@ def test_a_second_death_during_the_recovery_from_the_first_and_the_ring_goes_on(
     recover from that. The run goes on at 2 (or 3), nothing hangs or is left (processes,
     /dev/shm), and the parameters equal serial SGD over each clock's ring."""
     w, faults = 4, {first[0]: first[1], 2: second}
-    before = _segments()
     outs = [tmp_path / f"{name}.out" for name in ["server"] + [f"joiner{k}" for k in range(w)]]
     files = [open(o, "w") for o in outs]
     procs = [_start(_server_args(tmp_path, data, w=w), files[0])]
@@ -211,7 +210,10 @@ def test_a_second_death_during_the_recovery_from_the_first_and_the_ring_goes_on(
     for p in procs:   # nothing of any job is left (each job is its own process group)
         with pytest.raises(ProcessLookupError):
             os.killpg(p.pid, 0)
-    assert not _segments() - before, "a job left its MPICH segment in /dev/shm"
+    # the members' MPICH segments are gone (the coordinator unlinks a lost member's; counting
+    # every unmapped one in /dev/shm also counts other tests' SIGKILLed jobs run meanwhile)
+    paths = next(r for r in _records(tmp_path / "log.jsonl") if r["kind"] == "segments")["paths"]
+    assert len(paths) >= w and not [p for p in paths if os.path.exists(p)], paths
     summary = next(r for r in _records(tmp_path / "log.jsonl") if r["kind"] == "summary")
     lost = {r["worker"]: r for r in summary["workers"] if r["state"] == "lost"}
     assert sorted(lost) == sorted(fired), summary

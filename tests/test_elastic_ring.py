@@ -1,7 +1,6 @@
 """Elastic allreduce: a ring of `psgd join` jobs that goes on at W - 1 after a SIGKILLed member
 (psgd.elastic.ring; docs/guide/elastic.md). Every job is its own ``mpiexec -n 1`` in a
 session of its own, and every wait has a deadline."""
-import glob
 import os
 import subprocess
 import time
@@ -43,13 +42,6 @@ def _wait_all(procs: list, outs: list) -> None:
 
 
 KILL_AT = CLOCKS // 3
-
-
-def _segments() -> set:
-    """MPICH's segments in /dev/shm that no process maps (a live job of another test maps
-    its own)."""
-    from psgd.elastic import _mapped_by_mine
-    return set(glob.glob("/dev/shm/mpich_shm_*")) - _mapped_by_mine()
 
 
 @pytest.mark.slow

@@ -164,9 +164,10 @@ def test_a_joiner_killed_while_it_merges_ends_the_run_with_one_line_and_nothing_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("first, second", [
-    # joiner 1 dies after its first send of the clock (nobody can finish it: it is redone),
-    # joiner 2 right after its report of that death: before or after the coordinator's
-    # decision, which may name it in the new ring
+    # joiner 1 dies after its first send of the clock (the clock is redone, or joiner 0,
+    # which needs only that send of joiner 1's, finishes it and hands its sum on), joiner 2
+    # right after its report of that death: before or after the coordinator's decision,
+    # which may name it in the new ring
     ((1, f"step={KILL_AT}"), "phase=reporting a loss"),
     # joiner 0 dies before its last send of the clock: its next member (joiner 1) cannot
     # finish the clock, but has posted all its own sends, so joiners 2 and 3 can; joiner 2 is

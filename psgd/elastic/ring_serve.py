@@ -101,6 +101,7 @@ def ring_main(args, settings, resumed) -> None:
     beat.stop()
     door.close()
     _unlink_lost(segments, coordinator.pids)
+    log.write("segments", paths=[p for paths in segments[1:] for p in paths])   # the members'
     ckpt = save(job, job.total_steps, job.total_steps, params, None) if settings.checkpoint_dir \
         else None
     if pairs:

@@ -138,3 +138,125 @@ def batchnorm_backward(dout, x, mean, invstd, gamma, out, relu, dx, dgamma, dbet
                 g = g if m > 0 else 0.0
             dx[i, j] = k[j] * (n * g - sb[j] - (x[i, j] * a[j] + b[j]) * sg[j])
     return dx
+
+
+# -- a batch split over ranks: partial sums here, the group's statistics combined by the caller --
+@njit(cache=True)
+def batchnorm_shifted_sums(x, shift, s1, s2):
+    """This part's sums of ``x - shift`` and of its square per column, for statistics over a
+    batch split over ranks (:func:`batchnorm_forward_train` does the same on a whole batch).
+
+    Parameters
+    ----------
+    x : (N, C) float32 or float64, C-contiguous; N may be 0
+    shift, s1, s2 : (C,) float64, overwritten with ``x[0]`` (0 when N is 0), the sum of
+        ``x - shift`` and the sum of its square
+
+    Returns
+    -------
+    s1 : the same array
+    """
+    n, c = x.shape
+    for j in range(c):
+        shift[j] = x[0, j] if n else 0.0
+        s1[j] = 0.0
+        s2[j] = 0.0
+    for i in range(n):
+        for j in range(c):
+            d = x[i, j] - shift[j]
+            s1[j] += d
+            s2[j] += d * d
+    return s1
+
+
+@njit(cache=True)
+def batchnorm_normalise(x, gamma, beta, mean, invstd, relu, out):
+    """``out = gamma * xhat + beta`` (then ``max(out, 0)`` when ``relu``) with the given
+    statistics, ``xhat`` as :func:`batchnorm_forward_train` computes it (in the data's dtype).
+
+    Parameters
+    ----------
+    x : (N, C) float32 or float64
+    gamma, beta : (C,) same dtype
+    mean, invstd : (C,) float64, the (group's) batch mean and ``1 / sqrt(var + eps)``
+    relu : bool
+    out : (N, C) overwritten
+
+    Returns
+    -------
+    out : the same array
+    """
+    n, c = x.shape
+    a, b = _affine(mean, invstd, x.dtype)
+    for i in range(n):
+        for j in range(c):
+            v = gamma[j] * (x[i, j] * a[j] + b[j]) + beta[j]
+            out[i, j] = v if not relu or v > 0 else 0.0
+    return out
+
+
+@njit(cache=True)
+def batchnorm_backward_sums(dout, x, mean, invstd, out, relu, sb, sg):
+    """This part's ``sum(g)`` and ``sum(g * xhat)`` per column (``g``: ``dout`` masked by the
+    ReLU), the sums :func:`batchnorm_backward` forms over a whole batch, in float64.
+
+    Parameters
+    ----------
+    dout, x, out : (N, C) the gradient, the forward pass's input and output
+    mean, invstd : (C,) float64, the statistics the forward pass normalised with
+    relu : bool
+    sb, sg : (C,) float64, overwritten with the two sums
+
+    Returns
+    -------
+    sb : the same array
+    """
+    n, c = dout.shape
+    a, b = _affine(mean, invstd, x.dtype)
+    for j in range(c):
+        sb[j] = 0.0
+        sg[j] = 0.0
+    for i in range(n):
+        for j in range(c):
+            g = dout[i, j]
+            if relu:
+                m = out[i, j]
+                g = g if m > 0 else 0.0
+            sb[j] += g
+            sg[j] += g * (x[i, j] * a[j] + b[j])
+    return sb
+
+
+@njit(cache=True)
+def batchnorm_backward_dx(dout, x, mean, invstd, gamma, out, relu, count, sb, sg, dx):
+    """The input gradient of batch norm over ``count`` rows in all, of which these are some:
+    ``dx = gamma * invstd / count * (count*g - sb - xhat * sg)`` with the whole batch's
+    :func:`batchnorm_backward_sums` ``sb`` and ``sg``.
+
+    Parameters
+    ----------
+    dout, x, out : (N, C) as in :func:`batchnorm_backward_sums`
+    mean, invstd : (C,) float64
+    gamma : (C,)
+    relu : bool
+    count : float, the rows of the whole batch (over every part)
+    sb, sg : (C,) float64, the whole batch's sums
+    dx : (N, C) overwritten
+
+    Returns
+    -------
+    dx : the same array
+    """
+    n, c = dout.shape
+    a, b = _affine(mean, invstd, x.dtype)
+    k = np.empty(c, np.float64)
+    for j in range(c):
+        k[j] = gamma[j] * invstd[j] / count
+    for i in range(n):
+        for j in range(c):
+            g = dout[i, j]
+            if relu:
+                m = out[i, j]
+                g = g if m > 0 else 0.0
+            dx[i, j] = k[j] * (count * g - sb[j] - (x[i, j] * a[j] + b[j]) * sg[j])
+    return dx

@@ -4,7 +4,7 @@ Rank r computes output rows ``split_sizes(OH, P)[r]``.  It needs input rows
 [o0*s - pad, (o1-1)*s - pad + kh): those outside its own slab come from its neighbours
 (the halo), those outside the image are zeros.  The local op then runs with no
 padding on an explicitly padded slab.  Conv weights are replicated with a partial
-gradient (one all-reduce completes it); batch norm all-reduces its statistics, so its
+gradient (one all-reduce completes it); batch norm combines its statistics over the group, so its
 parameter gradients come out whole.  Before the first layer that needs whole images
 (flatten, global pool, dense), or one whose rows would be thinner than its kernel, the slabs
 are all-gathered and the rest runs whole; residual blocks are split inside
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from psgd.kernels.batchnorm import (batchnorm_backward_dx, batchnorm_backward_sums, batchnorm_normalise,
+                                    batchnorm_shifted_sums)
 from psgd.nn.layers import AvgPool2D, ChannelsLast, Conv2D, Elementwise, Layer, MaxPool2D
 from psgd.nn.norm import BatchNorm
 from psgd.nn.residual import Residual
@@ -142,8 +144,10 @@ class SpatialWindow(PartialWeights):
 
 
 class SpatialBatchNorm(BatchNorm):
-    """Batch norm whose per-channel sums are all-reduced over the spatial group (train mode);
-    in calibrate mode it adds those whole-image sums, so evaluation uses the serial statistics."""
+    """Batch norm over the rows (or samples) of the whole group (train mode): each rank sums
+    its own rows (the float32/float64 kernels of :mod:`psgd.kernels.batchnorm`), the group
+    combines the sums; in calibrate mode it adds the group's sums, so evaluation uses the
+    serial statistics."""
 
     def __init__(self, bn: BatchNorm, shape: tuple, comm) -> None:
         super().__init__(shape, bn.eps, bn.relu)
@@ -152,34 +156,50 @@ class SpatialBatchNorm(BatchNorm):
     def forward(self, x):
         if self.mode == "eval":
             return super().forward(x)
-        c = x.shape[-1]
-        x2 = x.reshape(-1, c).astype(np.float64)
-        sums = pr.allreduce_forward(np.concatenate(([x2.shape[0]], x2.sum(0), (x2 * x2).sum(0))), self.comm)
-        n, mean = sums[0], sums[1:c + 1] / sums[0]
+        c = self.in_shape[-1]
+        x2 = np.ascontiguousarray(x).reshape(-1, c)
+        mine = self._buf("sums", (1, 1 + 3 * c), np.float64)
+        mine[0, 0] = x2.shape[0]
+        batchnorm_shifted_sums(x2, mine[0, 1:c + 1], mine[0, c + 1:2 * c + 1], mine[0, 2 * c + 1:])
+        n, mean, m2 = group_moments(pr.allgather_forward(mine, self.comm, [1] * self.comm.Get_size()))
         if self.mode == "calibrate":
-            self._sum += sums[1:c + 1]
-            self._sumsq += sums[c + 1:]
+            self._sum += n * mean
+            self._sumsq += m2 + n * mean * mean
             self._count += int(n)
-        self._invstd = 1.0 / np.sqrt(np.maximum(sums[c + 1:] / n - mean ** 2, 0.0) + self.eps)
-        self._n, self._xhat = n, (x2 - mean) * self._invstd
-        out = self.gamma * self._xhat + self.beta
-        if self.relu:
-            out = np.maximum(out, 0.0)
-        self._out = out
-        return out.astype(x.dtype).reshape(x.shape)
+        self._n, self._mean = n, mean
+        self._invstd = 1.0 / np.sqrt(np.maximum(m2 / n, 0.0) + self.eps)
+        out = self._buf("out", x.shape, x.dtype)
+        self._x2, self._o2 = x2, out.reshape(-1, c)
+        batchnorm_normalise(x2, self.gamma, self.beta, self._mean, self._invstd, self.relu, self._o2)
+        return out
 
     def backward(self, dy, need_dx=True):
-        c = dy.shape[-1]
-        g = dy.reshape(-1, c).astype(np.float64)
-        if self.relu:
-            g = np.where(self._out > 0, g, 0.0)
-        sums = pr.allreduce_forward(np.concatenate((g.sum(0), (g * self._xhat).sum(0))), self.comm)
-        sb, sg = sums[:c], sums[c:]
-        self.dbeta[...], self.dgamma[...] = sb, sg
+        c = self.in_shape[-1]
+        g = np.ascontiguousarray(dy).reshape(-1, c)
+        mine = self._buf("dsums", (2 * c,), np.float64)
+        batchnorm_backward_sums(g, self._x2, self._mean, self._invstd, self._o2, self.relu, mine[:c], mine[c:])
+        sums = pr.allreduce_forward(mine, self.comm)
+        self.dbeta[...], self.dgamma[...] = sums[:c], sums[c:]
         if not need_dx:
             return None
-        dx = self.gamma * self._invstd / self._n * (self._n * g - sb - self._xhat * sg)
-        return dx.astype(dy.dtype).reshape(dy.shape)
+        dx = self._buf("dx", dy.shape, dy.dtype)
+        batchnorm_backward_dx(g, self._x2, self._mean, self._invstd, self.gamma, self._o2, self.relu,
+                              float(self._n), sums[:c], sums[c:], dx.reshape(-1, c))
+        return dx
+
+
+def group_moments(parts: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """(rows, mean, sum of squared deviations) of a batch from its parts' rows (``parts``:
+    (P, 1 + 3C), each row count, shift, sum of ``x - shift`` and of its square), combined as
+    Chan, Golub and LeVeque's pairwise update does: no part's sums are taken about zero."""
+    c = (parts.shape[1] - 1) // 3
+    parts = parts[parts[:, 0] > 0]
+    n = parts[:, :1]
+    shift, s1, s2 = parts[:, 1:c + 1], parts[:, c + 1:2 * c + 1], parts[:, 2 * c + 1:]
+    means = shift + s1 / n
+    total = float(n.sum())
+    mean = (n * means).sum(0) / total
+    return total, mean, (s2 - s1 * s1 / n).sum(0) + (n * (means - mean) ** 2).sum(0)
 
 
 def height_residual(block: Residual, sizes: list, comm) -> tuple[SplitResidual, list]:

@@ -1,7 +1,7 @@
 """A ``--tensor`` or ``--spatial`` part's step, timed: one part of the split model
 (:class:`psgd.tensor.model.TensorModel`) on a stand-in communicator whose collectives and halo
 exchanges complete at once, against the share the serial units give it; for the planner's
-tensor and spatial rows (the split layers' wrappers, copies, halo slabs, batch-norm statistics
+tensor and spatial rows (the split layers' wrappers, copies, halo slabs, the batch norm's partial
 sums and Python per layer, which the serial units do not run)."""
 from __future__ import annotations
 

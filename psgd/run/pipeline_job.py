@@ -112,10 +112,14 @@ def _cut(settings, opts, model) -> tuple[list[int], list | None, object]:
         partition.layer_bounds(model, counts)   # checks that they cover the model
         return counts, None, opts.resolved(lambda: True)
     from psgd.data.reader import dataset_info
+    bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
+    parts = tensor_stages.parts_of(settings)
+    if parts > 1:   # tensor-split stages: the split units' costs and parts' bytes
+        counts, costs = tensor_stages.split_cut(model, opts, parts, settings.batch_size, bound)
+        return counts, costs, opts
     info = dataset_info(settings.data)
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
-    bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
 
     def cut(recompute: bool) -> list[int]:
         again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \

@@ -47,10 +47,6 @@ def refused(given: dict, schedule: str, servers: bool) -> str | None:
         return ("--pipeline with --tensor combines the replicas of each (stage, part) by "
                 "--protocol allreduce or bsp without servers; server shards of split stages "
                 "are not built")
-    for name in ("checkpoint_dir", "resume"):
-        if given.get(name):
-            return (f"--{name.replace('_', '-')} does not work with tensor-split stages yet: "
-                    f"each part's slice of a stage is not written as a checkpoint part")
     if given.get("recompute") == "off":
         return ("--recompute off does not work with tensor-split stages: the activation store "
                 "does not reach inside the split conv layers, so each backward re-runs its "

@@ -192,8 +192,9 @@ def _build_split_run(settings, opts, resumed, grid, run_id: str, counts, info, b
                                     weight_decay=settings.weight_decay, dtype=model.dtype)
     start, state = split_checkpoint.resume(settings, resumed, model, total)
     trainer = tensor_stages.build_trainer(model, grid, opts, make, settings.batch_size,
-                                          total - start, spin_s=spin_s)
+                                          total - start, spin_s=spin_s, whole=total)
     if state is not None:
+        load_extra_state(trainer, state)
         trainer.optimizer.load_state_dict(state)
     reader = None
     if trainer.stage.first or trainer.stage.last:
@@ -349,7 +350,7 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
                 f"{type(model.layers[b - 1]).__name__}), {n * run.model.dtype.itemsize} parameter "
-                f"bytes" + (f" over {parts} parts" if parts > 1 else ""))
+                f"bytes" + (f" over {parts} parts (the widest part {max(tensor_stages.part_param_bytes(model.layers[a:b], parts, run.model.dtype.itemsize))})" if parts > 1 else ""))
         if costs is not None:
             part = costs[edges[s]:edges[s + 1]]
             ms = 1e3 * partition.stage_time(part, 0.0, s == opts.stages - 1, again)

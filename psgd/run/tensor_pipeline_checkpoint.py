@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from psgd.errors import UsageError
 from psgd.run.checkpoint import load_checkpoint
+from psgd.run.pipeline_checkpoint import extra_state
 from psgd.run.pipeline_checkpoint import save as save_stages
 from psgd.tensor import primitives as pr
 
@@ -42,7 +43,8 @@ def save(run, step: int) -> None:
         return
     model, optimizer = run.model, run.trainer.optimizer
     params = gather_span(model, run.trainer.stage.params)
-    state = {k: gather_span(model, v) if np.ndim(v) else v for k, v in optimizer.state_dict().items()}
+    state = {**optimizer.state_dict(), **extra_state(run.trainer)}   # pipemare's, --stage-comp's
+    state = {k: gather_span(model, v) if np.ndim(v) else v for k, v in state.items()}
     if run.grid.part != 0:
         return
     lo, _ = span_range(model)

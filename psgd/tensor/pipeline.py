@@ -17,7 +17,7 @@ from psgd.pipeline.trainer import PipelineTrainer, slots
 from psgd.tensor.conv import split_tensor
 from psgd.tensor.model import TensorModel
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "pipedream", "pipemare")
 
 
 def parts_of(settings) -> int:
@@ -40,9 +40,8 @@ def refused(given: dict, schedule: str, servers: bool) -> str | None:
         return (f"--grid {grid} does not work under --pipeline: each stage splits its layers by "
                 f"--tensor T (or --grid D,T); a per-layer choice across stages is not built")
     if schedule not in SCHEDULES:
-        return (f"--schedule {schedule} does not work with tensor-split stages: it steps after "
-                f"every microbatch, and split stages run {' or '.join(SCHEDULES)} (one step "
-                f"per batch, after the flush)")
+        return (f"--schedule {schedule} does not work with tensor-split stages: they run "
+                f"{', '.join(SCHEDULES)}")
     if servers:
         return ("--pipeline with --tensor combines the replicas of each (stage, part) by "
                 "--protocol allreduce or bsp without servers; server shards of split stages "
@@ -79,11 +78,18 @@ def stage_model(settings, info: dict, a: int, b: int, comm) -> TensorModel:
 
 
 def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size: int,
-                  batches: int, spin_s: float = 0.0) -> PipelineTrainer:
+                  batches: int, spin_s: float = 0.0, whole: int | None = None) -> PipelineTrainer:
     """This part's trainer: the whole split layer list is its stage, each backward re-runs its
     forward, the links carry whole activations to the same part of the next stage; ``spin_s``
-    as :class:`psgd.pipeline.transport.Links` takes it."""
+    as :class:`psgd.pipeline.transport.Links` takes it.  Under pipedream and pipemare the
+    unsplit pipeline's :func:`psgd.pipeline.trainer.build_trainer` builds it on the split
+    layers (``whole``: the run's steps, as it takes them)."""
+    from psgd.pipeline.schedules import ASYNCHRONOUS
     from psgd.pipeline.stage import Stage
+    if options.schedule in ASYNCHRONOUS:
+        from psgd.pipeline.trainer import build_trainer as build_stage
+        return build_stage(model, grid, options, [(0, len(model.layers))] * grid.stages,
+                           make_optimizer, batch_size, batches, whole=whole, spin_s=spin_s)
     from psgd.pipeline.transport import Links
     k, s = grid.stages, grid.stage
     stage = Stage(model, 0, len(model.layers), first=s == 0, last=s == k - 1, keep=False)

@@ -16,7 +16,7 @@ else
 EXTRAS := mpich,plot,test,tensorboard
 endif
 
-.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-peer-kinks bench-simulate bench-pipeline bench-tensor bench-elastic bench-plan
+.PHONY: install docs check-wheel test test-all test-slurm test-openmpi soak demo bench bench-quick bench-kernels bench-ps bench-allreduce bench-compress bench-compress-accuracy bench-compress-time bench-async bench-gossip bench-net bench-stragglers bench-sparse clean bench-hogwild bench-rma bench-winograd bench-hier-chunks bench-sparse-sharing bench-data-order bench-stragglers-merge coverage install-peer bench-peer bench-peer-swap bench-peer-float64 bench-peer-kinks bench-simulate bench-pipeline bench-tensor bench-elastic bench-elastic-pairs bench-plan
 
 install: $(STAMP)
 
@@ -183,6 +183,9 @@ bench-plan: install   # the plans psgd plan --auto keeps, run on 2 ranks (ARGS="
 
 bench-elastic: install   # a run that loses a worker and gains one, against an uninterrupted one
 	$(PY) bench/bench_elastic.py $(ARGS)
+
+bench-elastic-pairs: install   # elastic adpsgd: 4 workers losing one at 30 %, against 3 from the start
+	$(PY) bench/bench_elastic_pairs.py $(ARGS)
 
 # stragglers (none, one 3x slower, transient pauses) x bsp, ssp s=1,3,8, asp, ssp auto x W=2,4 x 3
 # seeds, LeNet on Fashion-MNIST: time to a target test accuracy (ARGS=--quick: a smoke run;

@@ -209,7 +209,7 @@ LEARN_RUNS = {   # the asynchronous schedules step every microbatch: lr / M, the
 
 def learning_rows(data, tmp, args, out: Path):
     """The schedules of ``args.rows`` on equal samples, ``args.seeds`` seeds each, for each K of
-    ``args.learn_stages``, M = 4, lenet, momentum; test accuracy on ``args.eval_samples`` rows.
+    ``args.learn_stages``, M = 4, ``args.learn_model``, momentum; test accuracy on ``args.eval_samples`` rows.
 
     Each run's result is kept in ``out/learning-runs/`` and not run again, so a comparison can
     be split over several runs of this script; ``args.budget`` (s) stops starting runs."""
@@ -228,13 +228,15 @@ def learning_rows(data, tmp, args, out: Path):
             cut = f"-cut{args.learn_partition.replace(',', '.')}" if args.learn_partition else ""
             acc = []
             for seed in range(args.seeds):
-                key = cache / (f"{name}-k{k}{cut}-b{args.learn_batch}-lr{lr:g}-{args.learn_schedule}-"
-                               f"{args.learn_steps}-e{args.eval_samples}-seed{seed}.json")
+                model = "" if args.learn_model == "lenet" else f"{args.learn_model}-"
+                key = cache / (f"{model}{name}-k{k}{cut}-b{args.learn_batch}-lr{lr:g}-"
+                               f"{args.learn_schedule}-{args.learn_steps}-e{args.eval_samples}-"
+                               f"seed{seed}.json")
                 if not key.exists():
                     if args.budget and time.monotonic() - start > args.budget:
                         left += 1
                         continue
-                    summary = train(data, tmp, k, f"learn-{name}-{seed}", "--model", "lenet",
+                    summary = train(data, tmp, k, f"learn-{name}-{seed}", "--model", args.learn_model,
                                     *mode, "--steps", args.learn_steps, "--seed", seed,
                                     "--optimizer", "momentum", "--eval-samples",
                                     args.eval_samples, "--lr-schedule", args.learn_schedule,
@@ -243,6 +245,7 @@ def learning_rows(data, tmp, args, out: Path):
                                                "test_loss": summary["test_loss"]}))
                 acc.append(json.loads(key.read_text())["test_accuracy"])
             rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
+                         "model": args.learn_model,
                          "partition": args.learn_partition or "auto",
                          "batch": args.learn_batch, "lr_schedule": args.learn_schedule,
                          "test_accuracy": acc})
@@ -326,7 +329,7 @@ def learning_markdown(res: dict) -> str:
         rows = [r for r in res["learning"] if r["K"] == k]
         base = next((r["test_accuracy"] for r in rows if r["schedule"] == "gpipe"), [])
         r0 = rows[0]
-        out += [f"## Learning (lenet, K = {k}, cut {r0.get('partition', 'auto')}, M = 4, "
+        out += [f"## Learning ({r0.get('model', 'lenet')}, K = {k}, cut {r0.get('partition', 'auto')}, M = 4, "
                 f"batch {r0['batch']}, momentum, "
                 f"{r0['lr_schedule']} lr, {r0['steps']} steps, equal samples)", "",
                 "| schedule | lr | test accuracy per seed | mean | minus gpipe per seed (points) | "
@@ -351,6 +354,7 @@ def main() -> None:
     ap.add_argument("--big-steps", type=int, default=6, help="steps per throughput run (default 6)")
     ap.add_argument("--learn-steps", type=int, default=150, help="steps per learning run (default 150)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per learning row (default 2)")
+    ap.add_argument("--learn-model", default="lenet", help="model of the learning rows (default lenet)")
     ap.add_argument("--learn-stages", default="2", help="K of the learning rows, comma-separated "
                     "(default 2)")
     ap.add_argument("--learn-batch", type=int, default=32, help="batch of the learning rows (default 32)")

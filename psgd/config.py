@@ -60,6 +60,13 @@ class ProtocolConfig:
         servers stepping plain SGD; 0: not in force.
     replay_events : tuple of ndarray or None
         ``--replay``: each shard's recorded events, to handle in that order (on the servers).
+    replayed_before : tuple of ndarray or None
+        A resumed ``--replay``: each shard's recorded events before the resumed step, whose
+        delays the update rule counts again into its compensation's running means.
+    hold_at_snapshots : bool
+        A pull for a clock that is a multiple of ``snapshot_every`` waits until every
+        worker's push of the clock before is in, so each snapshot holds exactly the pushes
+        of the clocks it names (ssp/asp; a pipeline's stage servers).
     compression, compensation, recording, hot_rows
         The features' options as the plan resolved them (``psgd.protocols.features``:
         ``CompressionOptions``, ``CompensationOptions`` holding the method that runs,
@@ -84,6 +91,8 @@ class ProtocolConfig:
     worker_momentum: dict | None = None
     momentum_gain: float = 0.0
     replay_events: tuple | None = None
+    replayed_before: tuple | None = None
+    hold_at_snapshots: bool = False
     compression: Any = None
     compensation: Any = None
     recording: Any = None

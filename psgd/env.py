@@ -53,6 +53,7 @@ KNOBS = {
     "PSGD_X_ALLREDUCE_SPIN_US": "all-reduce: microseconds to spin before sleeping on a flag",
     "PSGD_X_PIPELINE_SPIN_US": "pipeline: microseconds to spin before sleeping on a neighbour's message",
     "PSGD_X_CROWD_SECONDS": "psgd plan's profile: seconds of steps behind each crowd ratio",
+    "PSGD_X_CROWD_REPEATS": "psgd plan's profile: rounds whose median is each crowd ratio",
     "PSGD_MPIEXEC": "the launcher psgd demo and the tests start (default: the venv's mpiexec)",
     "PSGD_DEMO_DIR": "where psgd demo writes (default demo/)",
     "PSGD_X_TEST_MARK": "tests: marks the processes a test started",

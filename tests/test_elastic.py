@@ -305,6 +305,53 @@ def test_an_elastic_run_killed_whole_resumes_from_its_checkpoint(tmp_path, data)
     assert load_checkpoint(summary["checkpoint"]).run_id == saved.run_id
 
 
+def _steady(records: list) -> list:
+    """A log's records as a run without disturbance would repeat them: kinds and counts, no
+    times, paths or run ids."""
+    drop = {"run_id", "log", "port_file", "checkpoint_dir", "wall_s", "checkpoint", "time",
+            "t", "elapsed_s"}
+    return [{k: v for k, v in r.items() if k not in drop} for r in records]
+
+
+@pytest.mark.slow
+def test_a_joiner_with_another_model_is_refused_in_one_line_and_the_run_is_untouched(tmp_path,
+                                                                                      data):
+    """One worker (so the run is deterministic), and the same run again with a joiner for
+    another model knocking mid-run: that joiner is refused in one line before it reaches MPI,
+    and the run's log and final parameters are those of the run it did not knock at."""
+    updates = 2 * UPDATES   # long enough for the other joiner to start and knock mid-run
+    ends = {}
+    for name in ("alone", "knocked"):
+        (tmp_path / name).mkdir()
+        run = Run(tmp_path / name, data, updates,
+                  extra=["--checkpoint-dir", tmp_path / name / "ckpt"])
+        run.join(0)
+        if name == "knocked":
+            _until("a fifth of the updates", lambda: run.updates() >= updates // 5, run.procs)
+            other = run._job("other", ["join", "--port-file", run.port, "--data", data,
+                                       "--protocol", "asp", "--model", "mlp:784-32-10"])
+            other.wait(timeout=60)
+        ends[name] = (run, run.finish())
+    (alone, quiet), (knocked, summary) = ends["alone"], ends["knocked"]
+    lines = [line for line in knocked.output("other").splitlines() if line.startswith("psgd")]
+    assert other.returncode != 0 and len(lines) == 1, knocked.output("other")
+    assert "refused this worker: its --model is mlp:784-32-10, the run's is mlp:784-64-10" \
+        in lines[0]
+    records = _records(knocked.log)
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("refused") == 1 and "joined" in kinds[:kinds.index("refused")]
+    at = kinds.index("refused")
+    assert "step" in kinds[:at] and "step" in kinds[at:], kinds   # it knocked mid-run
+    assert "its --model is mlp:784-32-10" in records[at]["why"]
+    # nothing else of the run changed: the same records, the same final parameters
+    assert _steady(records[:at] + records[at + 1:]) == _steady(_records(alone.log))
+    assert summary["updates"] == quiet["updates"] and summary["workers"] == quiet["workers"]
+    np.testing.assert_array_equal(load_checkpoint(summary["checkpoint"]).params,
+                                  load_checkpoint(quiet["checkpoint"]).params)
+    assert "lost:" not in knocked.output("server")
+    assert not list(tmp_path.glob("knocked/port*")), "a knock, refusal or port file was left"
+
+
 def test_a_server_with_no_worker_ends_with_one_line(tmp_path, data):
     run = Run(tmp_path, data, extra=["--no-worker-timeout", "2"])
     try:

@@ -191,3 +191,37 @@ def test_workers_leave_with_one_line_soon_after_their_server_job_is_killed(tmp_p
         lines = [line for line in out.splitlines() if line.startswith("psgd: error:")]
         assert worker.returncode == 1 and len(lines) == 1, out
         assert "the server job is gone (its process" in lines[0] and "has ended" in lines[0]
+
+
+@pytest.mark.parametrize("moment, why", [
+    ("connecting to the servers", "it died while it was being admitted, before it connected"),
+    ("receiving the welcome", "its process ended"),
+    ("receiving the first parameters", "its process ended"),
+])
+def test_a_joiner_s_job_killed_while_it_is_admitted_leaves_the_run_going(tmp_path, data,
+                                                                          moment, why):
+    """The joiner stops itself at ``moment`` (PSGD_X_FAULT kind=stop), and the test SIGKILLs
+    its whole mpiexec: the servers drop it (a stand-in of theirs releases an accept that it
+    never connected to), the run ends as it would have, and its MPICH segment is not left."""
+    from psgd.elastic import segments_of
+    run = Run(tmp_path, data, extra=["--stall-timeout", "6"])
+    run.join(0)
+    _until("the first worker's updates", lambda: run.updates() >= 100, run.procs)
+    dead = run.join(1, _fault(f"rank=0,phase={moment},kind=stop"))
+    _until(f"the joiner to stop at '{moment}'", lambda: _stopped(_tree(dead.pid)),
+           run.procs)
+    doomed = {path for p in _tree(dead.pid) for path in segments_of(p)}
+    assert doomed, "the stopped joiner maps no MPICH segment"
+    os.killpg(dead.pid, signal.SIGKILL)
+    summary = run.finish()   # no job hangs, and the server ends with 0
+    assert dead.returncode != 0
+    states = _states(summary)
+    assert sorted(w["state"] for w in states.values()) == ["done", "lost"], states
+    lost = next(w for w in states.values() if w["state"] == "lost")
+    assert lost["pushes"] == 0 and lost["joined_at"] >= 100, lost
+    assert f"lost: {why}" in run.output("server"), run.output("server")
+    assert UPDATES <= summary["updates"] < UPDATES + 1
+    assert sum(w["pushes"] for w in states.values()) == summary["updates"]
+    left = [path for path in doomed if os.path.exists(path)]
+    assert not left, f"the killed joiner's MPICH segment was left: {left}"
+    _nothing_left_beside(run.port)

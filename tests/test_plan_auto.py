@@ -25,6 +25,7 @@ def _short_crowd(monkeypatch):
     """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
     what these tests check."""
     monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+    monkeypatch.setenv("PSGD_X_CROWD_REPEATS", "1")
 
 SPEC = "mlp:20-16-12-8-4"
 
@@ -507,6 +508,21 @@ def test_the_slow_down_on_shared_cores_is_the_share_times_the_crowd_ratio_timed_
     assert slow_down(ratios, "spatial 4", 4.0) == pytest.approx(4 * 1.3)
     assert slow_down(ratios, "serial", 2.0) == slow_down(ratios, "pipeline 3", 2.0) == pytest.approx(2.2)
     assert slow_down({}, "tensor 2", 2.0) == 2.0
+
+
+def test_a_crowd_ratio_is_the_median_of_its_rounds_at_least_1(monkeypatch):
+    """One round slowed by other processes (alone or crowded) does not move the ratio: the
+    median of PSGD_X_CROWD_REPEATS rounds; a count below 1 is one line."""
+    from psgd.errors import UsageError
+    from psgd.plan import crowd
+    rounds = iter([3.0, 1.2, 1.5, 0.5, 0.7, 0.9])
+    monkeypatch.setattr(crowd, "_one_ratio", lambda step, seconds, n_cores: next(rounds))
+    monkeypatch.setenv("PSGD_X_CROWD_REPEATS", "3")
+    assert crowd.crowd_ratio(lambda: None) == 1.5
+    assert crowd.crowd_ratio(lambda: None) == 1.0
+    monkeypatch.setenv("PSGD_X_CROWD_REPEATS", "0")
+    with pytest.raises(UsageError, match="PSGD_X_CROWD_REPEATS"):
+        crowd.crowd_ratio(lambda: None, repeats=None)
 
 
 def test_oversubscribed_rows_slow_their_compute_by_their_crowd_ratio_and_copies_by_the_share():

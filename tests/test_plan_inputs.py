@@ -17,6 +17,7 @@ def _short_crowd(monkeypatch):
     """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
     what these tests check."""
     monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+    monkeypatch.setenv("PSGD_X_CROWD_REPEATS", "1")
 
 TOKENS = "conv:4x3:pad1-relu-pool:2-flatten-dense:10"
 

@@ -20,6 +20,7 @@ MLP = "mlp:784-32-32-16-10"    # the `dataset` fixture's 784 features and 10 cla
 @pytest.fixture(autouse=True)
 def _short_crowd(monkeypatch):
     monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+    monkeypatch.setenv("PSGD_X_CROWD_REPEATS", "1")
 
 
 def split_rows(plans):

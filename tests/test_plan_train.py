@@ -19,6 +19,7 @@ def _short_crowd(monkeypatch):
     """The profile's crowd ratios over 10 ms of steps (subprocesses too): their values are not
     what these tests check."""
     monkeypatch.setenv("PSGD_X_CROWD_SECONDS", "0.01")
+    monkeypatch.setenv("PSGD_X_CROWD_REPEATS", "1")
 
 BIG = "mlp:784-512-512-10"        # 2.7 MB of parameters: a data-parallel worker holds 3x that
 

@@ -37,6 +37,33 @@ def mapped_segments() -> list[str]:
     return sorted(p for p in paths if p.startswith(SEGMENT_PREFIX))
 
 
+def segments_of(pid: int) -> list[str]:
+    """The MPICH shared-memory segments process ``pid`` maps (none when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8") as fh:
+            return sorted({line.split()[-1] for line in fh if SEGMENT_PREFIX in line})
+    except OSError:
+        return []
+
+
+def unlink_unmapped(paths) -> list[str]:
+    """Unlink those of ``paths`` (MPICH segments of a process that ended) that no process of
+    this user maps; the paths removed."""
+    paths = [p for p in paths if p.startswith(SEGMENT_PREFIX) and os.path.exists(p)]
+    if not paths:
+        return []
+    mapped = _mapped_by_mine()
+    removed = []
+    for path in paths:
+        if path not in mapped:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def _mapped_by_mine() -> set[str]:
     """The MPICH segments any process of this user maps (one whose maps cannot be read, such
     as a non-dumpable process, is taken to map none: MPI ranks are readable)."""

@@ -1,7 +1,9 @@
 """A joiner's first words with an elastic run: the port file's port, and the servers' welcome."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 
 import numpy as np
@@ -39,3 +41,54 @@ def receive_welcome(inter, wait_s: float) -> dict:
     if "refused" in welcome:
         raise UsageError(f"the servers refused this worker: {welcome['refused']}")
     return welcome
+
+
+def claims(model: str | None, data: str | None, protocol: str | None) -> dict:
+    """What a joiner says it is for (``psgd join --model/--data/--protocol``; None: not said):
+    written into its knock, so the servers refuse a joiner of another run before it takes a
+    slot. The data is named by its path, its size and the sha256 of its bytes."""
+    said: dict = {}
+    if model is not None:
+        said["model"] = model
+    if protocol is not None:
+        said["protocol"] = protocol
+    if data is not None:
+        if not os.path.isfile(data):
+            raise UsageError(f"--data {data}: no such file")
+        said["data"] = {"path": os.path.realpath(data), "bytes": os.path.getsize(data),
+                        "sha256": _sha256(data)}
+    return said
+
+
+def of_run(settings) -> dict:
+    """What a joiner's claims are checked against: the run's model, protocol and data path."""
+    return {"model": settings.model, "protocol": settings.protocol, "data": settings.data}
+
+
+def differs(run: dict, said: dict, digests: dict) -> str:
+    """What of a joiner's ``said`` (:func:`claims`) differs from ``run`` (``model``,
+    ``protocol``, ``data`` as a path), in one phrase; "" when nothing does. ``digests`` caches
+    the run's data digest (computed only when a joiner names the data by another path)."""
+    for key in ("model", "protocol"):
+        if key in said and said[key] != run[key]:
+            return f"its --{key} is {said[key]}, the run's is {run[key]}"
+    data = said.get("data")
+    if data is None:
+        return ""
+    path = os.path.realpath(run["data"])
+    if data.get("path") == path:
+        return ""
+    if "run" not in digests:
+        digests["run"] = (os.path.getsize(path), _sha256(path))
+    if (data.get("bytes"), data.get("sha256")) != digests["run"]:
+        return (f"its --data {data.get('path')} is not the run's data {path} (other bytes: "
+                f"{data.get('bytes')} against {digests['run'][0]}, or another sha256)")
+    return ""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

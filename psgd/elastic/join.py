@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import replace
 
-from psgd.elastic.hello import read_port, receive_welcome
+from psgd.elastic.hello import claims, read_port, receive_welcome
 from psgd.errors import UsageError
 
 EXIT_DROPPED = 3   # the servers dropped this worker (it was silent too long) and told it
@@ -30,6 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the file the server job wrote its port name to (--port-file)")
     parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                         help="how long to wait for the servers to admit this worker (default 60)")
+    said = parser.add_argument_group(
+        "what this worker is for", "checked by the servers before it is admitted: a worker "
+        "whose model, protocol or data differ from the run's is refused with one line, and "
+        "the run is not touched (not given: the run's own are taken)")
+    said.add_argument("--model", metavar="SPEC", help="the model spec it trains")
+    said.add_argument("--protocol", metavar="NAME", help="the protocol it expects")
+    said.add_argument("--data", metavar="PATH",
+                      help="its data file (the same bytes as the run's, on this node)")
     parser.add_argument("--backup", action="store_true",
                         help="join as the backup server of a run with --replicas 2 (before any "
                              "worker); it takes over if the server job is lost")
@@ -67,9 +75,14 @@ def run(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     from psgd.elastic.door import knock
-    knock(args.port_file, args.wait)
-    inter = MPI.COMM_SELF.Connect(port)
-    welcome = receive_welcome(inter, args.wait)
+    knock(args.port_file, args.wait, said=claims(getattr(args, "model", None),
+                                                 getattr(args, "data", None),
+                                                 getattr(args, "protocol", None)))
+    from psgd.mpi.phase import phase
+    with phase("connecting to the servers"):
+        inter = MPI.COMM_SELF.Connect(port)
+    with phase("receiving the welcome"):
+        welcome = receive_welcome(inter, args.wait)
     if welcome.get("ring"):
         from psgd.elastic.ring_join import member
         leave(member(inter, welcome, _job(inter, welcome, bool(getattr(args, "debug", False)))))

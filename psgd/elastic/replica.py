@@ -19,6 +19,7 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
+from psgd.elastic import segments_of
 from psgd.elastic.alive import BEAT_S, PLACE, Pulse, beat_path
 from psgd.elastic.server import DONE, JOINING, LIVE, ElasticServer
 from psgd.errors import PsgdError
@@ -101,6 +102,9 @@ class Primary(ElasticServer):
         if not ready.startswith(BACKUP):
             return super()._admit(ready)
         inter = self.door.admit(ready)
+        if self.door.void:   # it died before it connected: a stand-in took the accept
+            self.event("refused", why="the backup died while it was being admitted")
+            return
         if self.door.pattern == "*":   # a backup joins before any worker, or never
             self._send_welcome(inter, {"refused": "the run has started: a backup joins only "
                                                   "before the first worker"})
@@ -136,8 +140,8 @@ class Primary(ElasticServer):
             reqs.append(self.backup.Isend(grad, 0, TAG_PUSH))
         self.in_flight.append(((hdr, grad), reqs))
 
-    def _take(self, w: int, clock: int, inter) -> None:
-        super()._take(w, clock, inter)
+    def _take(self, w: int, clock: int, inter, joiner=None) -> None:
+        super()._take(w, clock, inter, joiner)
         self._forward(JOIN, w, clock)
 
     def _drop(self, w: int, why: str, tell: bool = True) -> None:
@@ -161,16 +165,6 @@ class Primary(ElasticServer):
 
 class PrimaryLost(Exception):
     """The primary's process is gone (or silent past the stall timeout)."""
-
-
-def segments_of(pid: int) -> list[str]:
-    """The MPICH shared-memory segments process ``pid`` maps (none when it cannot be read)."""
-    from psgd.elastic import SEGMENT_PREFIX
-    try:
-        with open(f"/proc/{pid}/maps", encoding="utf-8") as fh:
-            return sorted({line.split()[-1] for line in fh if SEGMENT_PREFIX in line})
-    except OSError:
-        return []
 
 
 class Backup(ElasticServer):
@@ -280,9 +274,9 @@ class Backup(ElasticServer):
     def _window_slice(self, source: int, clock: int) -> np.ndarray:
         return self.rule.receive_buffer()   # the forwarded gradient, received by _apply
 
-    def _take(self, w: int, clock: int, inter) -> None:
+    def _take(self, w: int, clock: int, inter, joiner=None) -> None:
         if inter is not None:   # a new worker after the takeover
-            return super()._take(w, clock, inter)
+            return super()._take(w, clock, inter, joiner)
         self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
         self.pushes[w], self.done[w] = clock, False
         self.n_done -= 1
@@ -338,6 +332,8 @@ class Backup(ElasticServer):
             return super()._admit(ready)
         w = int(ready[len(REROUTE):].split("-", 1)[0])
         inter = self.door.admit(ready)
+        if self.door.void:   # it died before it connected: its slot stays awaited
+            return
         if w not in self.awaiting:
             self._send_welcome(inter, {"refused": f"slot {w} is not awaited here (it was "
                                                   f"dropped, or the run is over)"})

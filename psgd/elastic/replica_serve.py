@@ -31,7 +31,7 @@ def _append_log(path: str | None):
 def backup_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd join --backup`` (one rank)."""
     from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
-    from psgd.elastic.hello import read_port, receive_welcome
+    from psgd.elastic.hello import of_run, read_port, receive_welcome
     port, _ = read_port(args.port_file)
     no_cross_memory_attach()
     tidy_shm()
@@ -62,7 +62,7 @@ def backup_main(args: argparse.Namespace) -> None:
     job = build_job(settings, roles, bool(getattr(args, "debug", False)), None,
                     welcome["run_id"])
     beat = Beat(beat_path(args.port_file, BACKUP_BEAT))   # the primary watches it
-    door = Door(comm, None, args.port_file, settings.stall_timeout)
+    door = Door(comm, None, args.port_file, settings.stall_timeout, run=of_run(settings))
     server = _server(job, comm, settings.elastic.max_workers, door, MetricsLog(None),
                      settings.elastic.no_worker_timeout, cls=Backup, link=link)
     print(f"psgd: backup server of run {welcome['run_id']} joined; following the primary",

@@ -40,7 +40,8 @@ class Ring:
 
     ``pids``: every rank's process id (rank 0: the coordinator); ``fault``: tests
     (PSGD_X_FAULT), fired at its clock after a sum's first send is posted, or at its phase
-    ``ring sum of clock C step S`` after that step's send is posted.
+    ``ring sum of clock C step S`` after that step's send is posted (``... before step S``:
+    before it).
     """
 
     def __init__(self, comm: MPI.Intracomm, pids: list, fault=None) -> None:
@@ -66,6 +67,8 @@ class Ring:
         for step in range(n - 1):
             if not running(self.pids[nxt]):   # a send to a peer dead for long can crash MPICH
                 raise Lost
+            if self.fault is not None:
+                self.fault.at_phase(f"ring sum of clock {clock} before step {step}")
             got, tag = np.empty_like(out), ring_tag(self.epoch, clock, step)
             reqs = [self.comm.Irecv(got, source=prv, tag=tag),
                     self.comm.Isend(out, dest=nxt, tag=tag)]
@@ -104,10 +107,45 @@ class Ring:
         status = MPI.Status()
         while not self.comm.Iprobe(source, tag, status):
             if not (running(self.pids[0]) and running(self.pids[source])):
-                raise RingBroken("the coordinator, or a member this one waited for, ended "
-                                 "(only one lost member at a time is survived)")
+                raise RingBroken("the coordinator, or a member this one waited for, ended")
             time.sleep(LOOK_S)
         return self.comm.recv(source=source, tag=tag)
+
+    def take(self, source: int, tag: int):
+        """A pickled message from member ``source``; :class:`Lost` once ``source`` has ended
+        before it came whole (what is pending is kept: MPI may still touch it)."""
+        while (message := self.comm.improbe(source, tag)) is None:
+            if not running(self.pids[0]):
+                raise RingBroken("the coordinator ended")
+            if not running(self.pids[source]):
+                if (message := self.comm.improbe(source, tag)) is None:
+                    raise Lost
+                break
+            time.sleep(LOOK_S)
+        request = message.irecv()
+        while not (got := request.test())[0]:
+            if not running(self.pids[source]) and not (got := request.test())[0]:
+                self.orphans.append(([request], ()))
+                raise Lost
+            time.sleep(LOOK_S)
+        return got[1]
+
+    def give(self, obj, dests: list, fault_phase: str | None = None) -> None:
+        """Send a pickled ``obj`` to each live member of ``dests`` at once (a send to a member
+        that ends meanwhile is left pending, kept); ``fault_phase``: tests (PSGD_X_FAULT),
+        fired once the sends are posted."""
+        posted = [(r, self.comm.isend(obj, dest=r, tag=RESULT)) for r in dests
+                  if running(self.pids[r])]   # a send to a peer dead for long can crash MPICH
+        if self.fault is not None and fault_phase is not None:
+            self.fault.at_phase(fault_phase)
+        for r, request in posted:
+            while not request.test()[0]:
+                if not running(self.pids[0]):
+                    raise RingBroken("the coordinator ended")
+                if not running(self.pids[r]) and not request.test()[0]:
+                    self.orphans.append(([request], (obj,)))
+                    break
+                time.sleep(LOOK_S)
 
 
 class Member:
@@ -139,23 +177,31 @@ class Member:
         self.last = (clock, summed, members)
 
     def _recover(self, clock: int) -> int:
-        """Report ``clock`` to the coordinator and follow its decision; the clock to go on at."""
+        """Report ``clock`` to the coordinator and follow its decision; the clock to go on at.
+        Reported again when the member whose sum was due ends before it came (a second death
+        during the recovery from the first)."""
         ring, comm = self.ring, self.ring.comm
-        comm.send(clock, dest=0, tag=REPORT)
-        return self._follow(ring.recv(0, DECIDE))
+        while True:
+            comm.send(clock, dest=0, tag=REPORT)
+            if ring.fault is not None:
+                ring.fault.at_phase("reporting a loss")
+            try:
+                return self._follow(ring.recv(0, DECIDE))
+            except Lost:
+                continue
 
     def _follow(self, decision: tuple) -> int:
         """Take the coordinator's decision ``(epoch, members, low, source, behind)``: the new
         ring; where member ``source`` finished clock ``low``, it sends its sum to those
-        ``behind``, else clock ``low`` is redone; the clock to go on at."""
+        ``behind``, else clock ``low`` is redone; the clock to go on at. :class:`Lost` when
+        this member is behind and ``source`` ends before its sum came."""
         ring = self.ring
         ring.epoch, ring.members, low, source, behind = decision
         if not source:
             return low
-        if source == self.ring.rank:
-            for r in behind:
-                self.ring.comm.send(self.last[1:], dest=r, tag=RESULT)
-        elif self.ring.rank in behind:
-            summed, members = self.ring.recv(source, RESULT)
+        if source == ring.rank:
+            ring.give(self.last[1:], behind, "sending a finished sum")
+        elif ring.rank in behind:
+            summed, members = ring.take(source, RESULT)
             self._apply(low, summed, members)
         return low + 1

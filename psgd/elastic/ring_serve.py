@@ -21,6 +21,7 @@ from mpi4py import MPI
 from psgd.elastic import RING_UCX_TLS, leave, tidy_shm
 from psgd.elastic.alive import Beat, beat_path, running
 from psgd.elastic.door import Door
+from psgd.elastic.hello import of_run
 from psgd.elastic.pairs import PairsCoordinator, dump, dump_path
 from psgd.elastic.outputs import evaluate, publish, save
 from psgd.elastic.ring import DECIDE, DONE, END, REPORT
@@ -66,7 +67,7 @@ def ring_main(args, settings, resumed) -> None:
     log.write("config", **settings.as_dict(), run_id=run_id, n_params=job.model.n_params,
               total_updates=job.total_steps)
     port, port_file = MPI.Open_port(), settings.elastic.port_file
-    door = Door(comm, port, port_file, settings.stall_timeout)
+    door = Door(comm, port, port_file, settings.stall_timeout, run=of_run(settings))
     door.close()
     beat = Beat(beat_path(port_file))
     publish(port, port_file, f"UCX_TLS={RING_UCX_TLS}")
@@ -100,6 +101,7 @@ def ring_main(args, settings, resumed) -> None:
     beat.stop()
     door.close()
     _unlink_lost(segments, coordinator.pids)
+    log.write("segments", paths=[p for paths in segments[1:] for p in paths])   # the members'
     ckpt = save(job, job.total_steps, job.total_steps, params, None) if settings.checkpoint_dir \
         else None
     if pairs:

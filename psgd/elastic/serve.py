@@ -16,6 +16,7 @@ from psgd.errors import UsageError
 from psgd.elastic.links import Links
 from psgd.elastic.outputs import evaluate, publish, save
 from psgd.elastic.door import Door
+from psgd.elastic.hello import of_run
 from psgd.elastic.server import ElasticServer
 from psgd.mpi import wait
 from psgd.mpi.roles import Roles
@@ -79,7 +80,8 @@ def serve_main(args: argparse.Namespace) -> None:
         log = MetricsLog(settings.log, tensorboard=settings.traces.tensorboard)
         log.write("config", **settings.as_dict(), run_id=run_id, n_params=job.model.n_params, total_updates=job.total_steps)
     port = MPI.Open_port() if rank == 0 else None
-    door = Door(comm, port, settings.elastic.port_file, settings.stall_timeout)
+    door = Door(comm, port, settings.elastic.port_file, settings.stall_timeout,
+                run=of_run(settings))
     beat = None
     if rank == 0:
         door.close()   # what a killed run with this port file left (its beats, knocks)

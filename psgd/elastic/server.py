@@ -61,6 +61,8 @@ class ElasticServer(_Server):
         self.links: Links = roles.comm
         self.peers, self.lead = Peers(self.links.comm), self.rank == 0
         self.door, self.welcome, self.event, self.stopped = door, welcome, event, stopped
+        door.stand_in = True   # a joiner that dies while it is accepted is dropped, not fatal
+        self.joiners: list = [None] * self.W   # rank 0: each joiner's process (door.Joiner)
         self.updates, self.no_worker_s = int(updates), float(no_worker_s)
         self.done[:] = True          # a slot counts in the version only while its worker is in
         self.n_done = self.W
@@ -96,8 +98,10 @@ class ElasticServer(_Server):
                 self._admit(ready)
                 changed = True
             if lapsed is not None:
-                self.event("refused", why=f"the joiner {lapsed} did not answer its turn within "
-                                          f"{self.door.accept_s:g} s (it died after knocking?)")
+                self.event("refused", why=f"the joiner {lapsed} did not answer its turn (its "
+                                          f"process ended, or {self.door.accept_s:g} s passed)")
+            while self.door.refused:   # another run's joiner: told, never connected
+                self.event("refused", why=self.door.refused.pop(0))
         now = time.monotonic()
         look, held = now >= self.next_look, {dest - self.S for dest, _, _ in self.pending}
         if look:
@@ -227,6 +231,12 @@ class ElasticServer(_Server):
         clock = self.version
         self.peers.tell(ADMIT, w, clock)
         inter = self.door.admit(ready)
+        joiner = self.door.joiners.pop(ready, None)
+        if self.door.void:   # it died before it connected: a stand-in of ours took the accept
+            if w >= 0:
+                self._take(w, clock, inter, joiner)
+                self._drop(w, "it died while it was being admitted, before it connected")
+            return
         if w < 0:
             why = ("the run is over" if self.over else
                    f"all {self.W} slots were taken (--max-workers)")
@@ -234,14 +244,17 @@ class ElasticServer(_Server):
             self.event("refused", why=why)
             return
         self._send_welcome(inter, {**self.welcome(w, clock), "slot": w, "clock": clock})
-        self._take(w, clock, inter)
+        self._take(w, clock, inter, joiner)
 
-    def _take(self, w: int, clock: int, inter: MPI.Intercomm) -> None:
-        """Worker ``w`` joined over ``inter`` and starts at ``clock``."""
+    def _take(self, w: int, clock: int, inter: MPI.Intercomm, joiner=None) -> None:
+        """Worker ``w`` joined over ``inter`` and starts at ``clock`` (``joiner``: its process
+        as its knock named it, watched before it beats: psgd.elastic.door.Joiner)."""
         self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
         self.pushes[w], self.done[w] = clock, False
         self.n_done -= 1
         self.pulses[w] = Pulse(beat_path(self.door.port_file, w))
+        if joiner is not None and joiner.place is not None:
+            self.pulses[w].who, self.joiners[w] = (joiner.place, joiner.pid), joiner
         self.links.add(w, inter)
         self.event("joined", worker=w, clock=clock, updates=self.n_pushes)
 
@@ -262,6 +275,8 @@ class ElasticServer(_Server):
         if dead is not None:   # its reply may never be received: not waited on
             for reqs in self.versions.reqs:
                 reqs[:] = [r for r in reqs if r is not dead]
+        if self.joiners[w] is not None:   # a SIGKILLed job's MPICH segment: unlinked here
+            self.joiners[w].tidy()
         self.data_reqs[w], self.hdr_reqs[w] = None, None
         self.order.done(w)
         self.rule.worker_done(w)

@@ -6,6 +6,7 @@ import time
 
 from psgd.elastic.alive import Pulse, beat_path
 from psgd.errors import PsgdError
+from psgd.mpi.phase import phase
 from psgd.ps.messages import DROPPED, OVER
 from psgd.ps.worker import PSWorker
 
@@ -46,7 +47,7 @@ class ElasticWorker(PSWorker):
         too long); it leaves without :meth:`finish`.
     """
 
-    over = dropped = False
+    over = dropped = pulled = False
 
     def __init__(self, roles, shard_map, config, *, port_file: str, port: str,
                  stall_timeout: float, fault=None) -> None:
@@ -80,6 +81,11 @@ class ElasticWorker(PSWorker):
         super()._wait_push(push, owners, clock)
 
     def _wait_pull(self) -> None:
-        super()._wait_pull()
+        if not self.pulled:   # its first parameters (PSGD_X_FAULT can stop it here)
+            self.pulled = True
+            with phase("receiving the first parameters"):
+                super()._wait_pull()
+        else:
+            super()._wait_pull()
         self.over = self.over or bool((self._reply_hdr[:, 3] == OVER).any())
         self.dropped = self.dropped or bool((self._reply_hdr[:, 3] == DROPPED).any())

@@ -8,10 +8,9 @@ from psgd.pipeline.schedules import ASYNCHRONOUS, SCHEDULES
 
 AUTO = "auto"
 _NO_SERVERS = "its protocol combines the stage replicas without servers"
-_FIXED_ORDER = ("the order in which the replicas' pushes reach a stage's servers (ssp, asp with "
-                "D > 1) is not recorded; everything else, pipedream and pipemare included, is "
-                "fixed by each stage's op order, so a run without servers or with one replica "
-                "repeats bit-exactly whatever its timing")
+_FIXED_ORDER = ("without servers there is no order to record: each stage's op order fixes "
+                "everything, pipedream and pipemare included, so the run repeats bit-exactly "
+                "whatever its timing")
 # settings of `psgd train` that a pipeline does not run: their flags are refused (the first
 # SERVER_SETTINGS only where a parameter-server protocol combines the stage replicas)
 REFUSED = {
@@ -150,4 +149,4 @@ def check_comp(options: PipelineOptions) -> None:
 
 
 SERVER_SETTINGS = ("servers", "staleness", "staleness_max", "staleness_comp", "comp_lambda",
-                   "staleness_lr")
+                   "staleness_lr", "record", "replay")

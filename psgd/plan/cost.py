@@ -286,32 +286,6 @@ def async_rate(job: Job, net: Network, push_bytes: float | None = None,
     return closed_loop_rate(job.workers, think, [server_s, link_s])
 
 
-def _ring(job: Job, ranks: list[int], nbytes: float) -> Traffic:
-    """A ring over ``ranks``: each sends 2(N-1)/N of the buffer to its right neighbour."""
-    t, n = Traffic(job), len(ranks)
-    for i, r in enumerate(ranks):
-        t.carry(r, ranks[(i + 1) % n], 2 * (n - 1) / n * nbytes)
-    return t
-
-
-def _doubling(job: Job, ranks: list[int], nbytes: float) -> tuple[Traffic, int]:
-    """Recursive doubling over ``ranks`` (pairs folded first when N is no power of two)."""
-    t, n = Traffic(job), len(ranks)
-    p = 1 << (n.bit_length() - 1)
-    rem = n - p
-    for i in range(rem):                     # fold and unfold: rank 2i hands to 2i+1 and back
-        t.carry(ranks[2 * i], ranks[2 * i + 1], nbytes)
-        t.carry(ranks[2 * i + 1], ranks[2 * i], nbytes)
-    survivors = [ranks[2 * i + 1] for i in range(rem)] + ranks[2 * rem:]
-    stages, mask = 0, 1
-    while mask < p:
-        for v, r in enumerate(survivors):
-            t.carry(r, survivors[v ^ mask], nbytes)
-        mask <<= 1
-        stages += 1
-    return t, stages + (2 if rem else 0)
-
-
 def flat_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
     """psgd's all-reduce by messages over ``ranks``: doubling below SMALL_BYTES, else the ring."""
     return groups_allreduce_s(job, [ranks], net)
@@ -320,18 +294,42 @@ def flat_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
 def groups_allreduce_s(job: Job, groups: list[list[int]], net: Network) -> float:
     """:func:`flat_allreduce_s` run by every group of ``groups`` (of one size) at once, as the
     replicas of a split each run their own group's: their bytes share the links; the
-    messages are one group's."""
+    messages are one group's. Below SMALL_BYTES recursive doubling (pairs folded first when
+    the size is no power of two), each message the whole buffer; else the ring, each rank
+    sending 2(N-1)/N of it to its right neighbour."""
     n = len(groups[0])
     if n == 1:
         return 0.0
-    total = Traffic(job)
-    for ranks in groups:
-        if job.nbytes < SMALL_BYTES:
-            t, messages = _doubling(job, ranks, job.nbytes)
-        else:
-            t, messages = _ring(job, ranks, job.nbytes), 2 * (n - 1)
-        total.out, total.into, total.local = total.out + t.out, total.into + t.into, total.local + t.local
+    if job.nbytes < SMALL_BYTES:
+        pairs, messages = _doubling(n)
+        each = job.nbytes
+    else:
+        pairs, messages = [(i, (i + 1) % n) for i in range(n)], 2 * (n - 1)
+        each = 2 * (n - 1) / n * job.nbytes
+    ranks, cols = np.asarray(groups), np.array(pairs)
+    src, dst = ranks[:, cols[:, 0]].ravel(), ranks[:, cols[:, 1]].ravel()
+    ns, nd = (src % job.cliques, dst % job.cliques) if job.cliques else \
+        (src // job.per_node, dst // job.per_node)
+    same, total = ns == nd, Traffic(job)
+    total.local = np.bincount(dst[same], minlength=job.ranks)[:job.ranks] * each  # copied in by the receiver
+    total.out = np.bincount(ns[~same], minlength=job.k)[:job.k] * each
+    total.into = np.bincount(nd[~same], minlength=job.k)[:job.k] * each
     return total.seconds(net, messages)
+
+
+def _doubling(n: int) -> tuple[list[tuple[int, int]], int]:
+    """Recursive doubling in a group of ``n``: (sender, receiver) positions of its messages
+    (position 2i hands to 2i+1 and back when folding), and its rounds."""
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    pairs = [x for i in range(rem) for x in ((2 * i, 2 * i + 1), (2 * i + 1, 2 * i))]
+    survivors = [2 * i + 1 for i in range(rem)] + list(range(2 * rem, n))
+    mask, rounds = 1, 0
+    while mask < p:
+        pairs += [(r, survivors[v ^ mask]) for v, r in enumerate(survivors)]
+        mask <<= 1
+        rounds += 1
+    return pairs, rounds + (2 if rem else 0)
 
 
 def compressed_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:

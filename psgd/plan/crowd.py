@@ -11,6 +11,7 @@ import numpy as np
 
 PER_CORE = 2          # the copies per core the slow-down is measured at
 CROWD_SECONDS = 0.25  # of steps, alone and crowded: many scheduler slices (PSGD_X_CROWD_SECONDS)
+CROWD_REPEATS = 3     # rounds (alone, then crowded) whose median ratio is kept (PSGD_X_CROWD_REPEATS)
 
 
 def cores() -> int:
@@ -33,15 +34,9 @@ def _copy(step, seconds: float, out, start) -> None:
     out.put(_seconds_per_step(step, seconds))
 
 
-def crowd_ratio(step, seconds: float | None = None, n_cores: int | None = None) -> float:
-    """``PER_CORE x n_cores`` concurrent copies' (forked processes) mean ``step()`` over
-    ``PER_CORE`` times its mean alone, each over about ``seconds`` of steps (many scheduler
-    slices); at least 1 (the cores' share is the least slow-down). ``step``: a callable with
-    no arguments; ``seconds`` None: ``PSGD_X_CROWD_SECONDS``, else :data:`CROWD_SECONDS`."""
-    from psgd.env import env_float
-    seconds = seconds or env_float("PSGD_X_CROWD_SECONDS", CROWD_SECONDS)
-    n_cores = n_cores or cores()
-    step()
+def _one_ratio(step, seconds: float, n_cores: int) -> float:
+    """One round: ``step()``'s mean alone, then ``PER_CORE x n_cores`` forked copies' mean
+    at once; their ratio over ``PER_CORE``."""
     alone = _seconds_per_step(step, seconds)
     ctx = multiprocessing.get_context("fork")
     out, start = ctx.Queue(), ctx.Barrier(PER_CORE * n_cores)
@@ -52,7 +47,27 @@ def crowd_ratio(step, seconds: float | None = None, n_cores: int | None = None) 
     crowded = [out.get() for _ in procs]
     for p in procs:
         p.join()
-    return max(1.0, float(np.mean(crowded)) / (PER_CORE * alone))
+    return float(np.mean(crowded)) / (PER_CORE * alone)
+
+
+def crowd_ratio(step, seconds: float | None = None, n_cores: int | None = None,
+                repeats: int | None = None) -> float:
+    """The median over ``repeats`` rounds of ``PER_CORE x n_cores`` concurrent copies'
+    (forked processes) mean ``step()`` over ``PER_CORE`` times its mean alone, each over
+    about ``seconds`` of steps (many scheduler slices); at least 1 (the cores' share is the
+    least slow-down). ``step``: a callable with no arguments; ``seconds`` None:
+    ``PSGD_X_CROWD_SECONDS``, else :data:`CROWD_SECONDS`; ``repeats`` None:
+    ``PSGD_X_CROWD_REPEATS``, else :data:`CROWD_REPEATS` (the median keeps one round that
+    other processes slowed, alone or crowded, from moving the ratio)."""
+    from psgd.env import env_float, env_int
+    from psgd.errors import UsageError
+    seconds = seconds or env_float("PSGD_X_CROWD_SECONDS", CROWD_SECONDS)
+    repeats = repeats or env_int("PSGD_X_CROWD_REPEATS", CROWD_REPEATS)
+    if repeats < 1:
+        raise UsageError(f"PSGD_X_CROWD_REPEATS must be >= 1, got {repeats}")
+    n_cores = n_cores or cores()
+    step()
+    return max(1.0, float(np.median([_one_ratio(step, seconds, n_cores) for _ in range(repeats)])))
 
 
 def slow_down(ratios: dict, key: str, ranks_per_core: float) -> float:

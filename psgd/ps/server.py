@@ -73,6 +73,8 @@ class _Server:
         self.rule = config.update_rule(config, self.optimizer, self.versions, n_workers=self.W)
         if init_opt_state is not None:
             self.rule.load_state(self._own(init_opt_state, self.rule.state()))
+        if config.replayed_before is not None:
+            self.rule.recount(config.replayed_before[self.shard])
         self.bound = float(config.staleness)
         self.adaptive = None   # --staleness auto: the bound in force is set online
         if config.staleness_auto:
@@ -329,6 +331,8 @@ class _Server:
             if k > 0:
                 for c in range(old, new):
                     if (c + 1) % k == 0:  # after every k steps: clocks k-1, 2k-1, ...
+                        if self.config.hold_at_snapshots:
+                            self.rule.settle()
                         self.snapshots.capture(c, self.versions.live)
         self._answer_pulls()
 
@@ -342,12 +346,18 @@ class _Server:
             for dest, clock, since in self.pending:
                 w = dest - self.S
                 if answered and self.order.replaying or not self.order.may_answer(
-                        w, clock, self.version >= clock - self.bound):
+                        w, clock, self.version >= clock - self.bound and not self._held(clock)):
                     keep.append((dest, clock, since))
                     continue
                 self._reply(dest, w, clock, since, now)
                 answered = True
             self.pending = keep
+
+    def _held(self, clock: int) -> bool:
+        """``config.hold_at_snapshots``: a pull for a snapshot's next clock waits for the
+        snapshot (every worker's push of the clock before)."""
+        k = self.config.snapshot_every
+        return self.config.hold_at_snapshots and k > 0 and clock % k == 0 and self.version < clock
 
     def _reply(self, dest: int, w: int, clock: int, since: float, now: float) -> None:
         if self.hdr_reqs[w] is not None:

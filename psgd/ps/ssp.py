@@ -11,6 +11,7 @@ import numpy as np
 from psgd.config import ProtocolConfig
 from psgd.kernels.finite import finite
 from psgd.ps import compensation
+from psgd.ps.order import PUSHED, REPLIED
 from psgd.ps.update import UpdateRuleBase
 from psgd.ps.versions import ShardVersions
 
@@ -67,6 +68,22 @@ class SspUpdate(UpdateRuleBase):
     def load_state(self, state: dict) -> None:
         """The compensation's state from a resumed checkpoint's (cut to this shard)."""
         self.comp.load_state(state)
+
+    def settle(self) -> None:
+        """Before a snapshot: the compensation's derived state rebuilt from what the snapshot
+        keeps (dana's sum of the velocities, re-summed), as a run resumed from it rebuilds it."""
+        self.comp.load_state(self.comp.state())
+
+    def recount(self, events: np.ndarray) -> None:
+        """Count the delays of a record's pushes (``psgd.ps.order`` events, before a resumed
+        step) into the compensation's running means, as the recorded run counted them."""
+        updates, read = 0, np.zeros_like(self.read_count)
+        for kind, worker, clock in np.asarray(events).tolist():
+            if kind == REPLIED:
+                read[worker, clock % self.slots] = updates
+            elif kind == PUSHED:
+                self.comp.count_delay(updates - int(read[worker, clock % self.slots]), worker)
+                updates += 1
 
     def reply_sent(self, worker: int, clock: int, request) -> None:
         """The send of a reply that is not ``live`` started (the compensation keeps its array)."""

@@ -36,6 +36,14 @@ class UpdateRuleBase:
     def load_state(self, state: dict) -> None:
         """Take back :meth:`state` from a resumed checkpoint."""
 
+    def settle(self) -> None:
+        """Before a held snapshot (``config.hold_at_snapshots``): derived state rebuilt as a
+        run resumed from the snapshot rebuilds it (nothing here)."""
+
+    def recount(self, events) -> None:
+        """A resumed replay: count the recorded events before its step into the running
+        statistics (none here)."""
+
     def compensation(self) -> dict | None:
         """What the staleness compensation did, for the run's summary (None: none ran)."""
         return None

@@ -26,7 +26,7 @@ from psgd.run.job import agree, agreed_run_id, lr_by_clock, total_steps
 from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
-from psgd.run import pipeline_summary
+from psgd.run import pipeline_record, pipeline_summary
 from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage
 from psgd.run.pipeline_checkpoint import save as save_stages
 from psgd.run import tensor_pipeline_checkpoint as split_checkpoint
@@ -266,8 +266,8 @@ def _train_steps(run: PipelineRun, t0: float) -> list:
             x = run.model._check_x(x) if stage.first else None
         loss, correct = trainer.step(step, run.lr(step), x, y if stage.last else None)
         done = step + 1
-        if step == run.start and done < run.total:
-            _warmed(run)
+        if step == run.start and done < run.total and not s.recording.replay:
+            _warmed(run)   # not under --replay: the recorded run met no barrier here
         if stage.last and _logged(run, done):
             records.append((done, loss / run.options.microbatches, correct / s.batch_size,
                             time.perf_counter() - t0))
@@ -404,11 +404,16 @@ def train_pipeline(args: argparse.Namespace) -> None:
     run = agree(comm, build, debug, "read the data, build the stages and load the checkpoint",
                 "agreeing that every stage could be built")
     if grid is None:
-        groups.serve(groups.share(None, 0))
+        state = groups.share(None, 0, hold_at_snapshots=True)
+        _replay(comm, settings, groups, state[1], groups.total, debug)
+        result = groups.serve(state)
+        if settings.recording.record:
+            pipeline_record.save(comm, settings, n_servers, groups.roles.n_workers, result.events,
+                                 state[1], groups.total, run_id)
         return
     if groups is not None:
         run.groups = groups
-        run.trainer.worker = _stage_worker(groups, run, resumed)
+        run.trainer.worker = _stage_worker(groups, run, resumed, debug)
     lead = workers.Get_rank() == 0
     if lead:
         _announce(run, counts, costs)
@@ -420,14 +425,33 @@ def train_pipeline(args: argparse.Namespace) -> None:
     run.grid.free()
 
 
-def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed):
+def _replay(comm: MPI.Comm, settings, groups: ServerGroups, start: int, total: int,
+            debug: bool) -> None:
+    """--replay over the stage servers (every rank, for one error line): each server takes
+    its group's recorded events from ``start`` on, and those before it."""
+    if not settings.recording.replay:
+        return
+    load = lambda: pipeline_record.load(settings, servers_of(settings),  # noqa: E731
+                                        groups.roles.n_workers, start, total)
+    tails, heads = agree(comm, load, debug, "read the --replay record",
+                         "agreeing on the --replay record")
+    if groups.roles.is_server:
+        per = groups.roles.n_servers   # the group's servers: ranks part * per ..
+        mine = slice(groups.part * per, (groups.part + 1) * per)
+        groups.config = replace(groups.config, replay_events=tails[mine],
+                                replayed_before=heads[mine])
+
+
+def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed, debug: bool):
     """The stage's worker half over its own servers, started on the stage's parameters (and a
     resumed run's optimizer state, which its servers take from the first replica)."""
     params, model, first = run.trainer.stage.params, run.model, run.grid.replica == 0
     state = None
     if resumed is not None and first:
         state = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params)).opt_state
-    groups.share(params if first else None, run.total, run.start, state)   # the first replica's
+    groups.share(params if first else None, run.total, run.start, state,   # the first replica's
+                 hold_at_snapshots=True)
+    _replay(MPI.COMM_WORLD, run.settings, groups, run.start, run.total, debug)
     worker = groups.worker()
     worker.start(params, run.start)
     return worker

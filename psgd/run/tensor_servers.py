@@ -85,10 +85,11 @@ class ServerGroups:
         self.config = self.shard_map = None
 
     def share(self, params: np.ndarray | None, total: int, start: int = 0,
-              opt_state: dict | None = None) -> tuple:
+              opt_state: dict | None = None, **config) -> tuple:
         """The part's initial state (local vector, step, optimizer state: a resumed run's), from
         its first replica to its servers (collective); ``total``, the run's steps (its
-        learning-rate schedule's), is the first replica's. Returns (params, start, opt_state)."""
+        learning-rate schedule's), is the first replica's; ``config``, more fields of the
+        protocol's config (a pipeline's). Returns (params, start, opt_state)."""
         root = self.roles.n_servers
         buf = pack_state(start, False, params, opt_state) if params is not None else None
         n = np.array([buf.size if buf is not None else 0, total], np.int64)
@@ -103,14 +104,16 @@ class ServerGroups:
             params.size, staleness=s.staleness, staleness_max=s.staleness_max, optimizer=s.optimizer,
             opt_hparams={"momentum": s.momentum, "weight_decay": s.weight_decay}, lr_schedule=lr,
             seed=s.seed, **s.for_halves(),
-            n_workers=self.roles.n_workers, snapshot_every=s.checkpoint_every if s.checkpoint_dir else 0)
+            n_workers=self.roles.n_workers, snapshot_every=s.checkpoint_every if s.checkpoint_dir else 0,
+            **config)
+        self.total = int(n[1])
         self.shard_map = ShardMap(params.size, self.roles.n_servers)
         return params, start, opt_state
 
-    def serve(self, state: tuple) -> None:
+    def serve(self, state: tuple):
         """A server's run: its shard of the part's vector until every replica is done; with
         --checkpoint-dir the lead server hands each snapshot and the final state to the part's
-        first replica."""
+        first replica.  Returns the protocol's ServerResult."""
         params, start, opt_state = state
         shard, sends = self.roles.server_index, []
         lo, hi = self.shard_map.range(shard)
@@ -131,6 +134,7 @@ class ServerGroups:
             hand(-1, True, result.params, result.opt_state)   # the replicas know where they stopped
             for request in sends[1::2]:
                 wait.wait(request, "the part's first replica to take its state")
+        return result
 
     def receive_state(self, final: bool) -> tuple[int, np.ndarray, dict]:
         """The first replica: (step, params, optimizer state) of the part's next snapshot, or

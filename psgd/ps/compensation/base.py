@@ -83,6 +83,10 @@ class Compensation:
         """
         return grad, lr
 
+    def count_delay(self, delay: int, worker: int) -> None:
+        """Count a push's delay into the running means :meth:`adjust` keeps, without the push
+        (a resumed replay's pushes before its step); nothing here."""
+
     def reply(self, worker: int, clock: int, live: np.ndarray, lr: float) -> np.ndarray:
         """The parameters that answer ``worker``'s pull for ``clock``: ``live`` itself here.
 

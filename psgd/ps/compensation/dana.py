@@ -58,6 +58,10 @@ class Dana(LookAhead):
         dana_push(grad, now, velocity, self.total, self.gamma, self.weight_decay, scale)
         return velocity, lr / self.n_workers
 
+    def count_delay(self, delay, worker):
+        self.delay.add(delay)
+        self.own[worker].add(delay)
+
     def reply(self, worker, clock, live, lr):
         if self.out is None:
             return live

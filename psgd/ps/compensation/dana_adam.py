@@ -30,6 +30,9 @@ class DanaAdam(LookAhead):
         self.own[worker].add(delay)
         return grad, lr
 
+    def count_delay(self, delay, worker):
+        self.own[worker].add(delay)
+
     def reply(self, worker, clock, live, lr):
         opt = self.optimizer
         if self.out is None or opt.steps == 0:   # one worker, or no moments yet

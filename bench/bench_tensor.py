@@ -20,6 +20,14 @@ W=2 plan (psgd's allreduce protocol) and its fastest auto-grid plan (``--grid D,
 budget: one shared link, rank r on node r mod 2, the ranks sharing this machine's cores;
 the profile taken at the runs' batch, as a weight-heavy layer's time per sample falls with
 the batch). Writes tensor-net-synthetic.{json,md}.
+
+    .venv/bin/python bench/bench_tensor.py --pipeline 2 [--model ..] [--microbatches 4]
+
+With ``--pipeline K`` the grid with a pipeline, ranks = D x K x T: K stages split over T = 2
+parts (``--pipeline K --tensor 2``, 2K ranks) against the unsplit pipeline on the same ranks
+(D = 2 replicas of K stages) and on half of them (one replica of K stages), interleaved for
+``--rounds`` in the same run; samples/s is the pipeline summary's (after the first step).
+Writes tensor-pipeline-synthetic.{json,md}.
 """
 from __future__ import annotations
 
@@ -179,6 +187,63 @@ def main_net(args) -> None:
     print(body)
 
 
+PIPELINE_GRIDS = [(1, 1), (2, 1), (1, 2)]   # (D, T) of a K-stage pipeline
+
+
+def pipeline_cell(data: Path, d: int, t: int, args, log: Path) -> dict:
+    """One ``--pipeline K`` run of D replicas of K stages, each split over T parts."""
+    k = args.pipeline
+    cmd = [mpiexec(), "-n", str(d * k * t), sys.executable, "-m", "psgd", "train", "--data",
+           str(data), "--model", args.model, "--optimizer", "momentum", "--lr", "0.01",
+           "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--quiet", "--log",
+           str(log), "--eval-samples", "64", "--pipeline", str(k), "--microbatches",
+           str(args.microbatches), "--schedule", "gpipe", "--recompute", "on"]
+    cmd += ["--tensor", str(t)] if t > 1 else []
+    proc = run_bounded(cmd, args.timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench-tensor: pipeline {d}x{k}x{t} failed: {proc.stderr.strip()[-400:]}")
+    summary = [json.loads(x) for x in log.read_text().splitlines() if '"summary"' in x][-1]
+    return {"D": d, "K": k, "T": t, "ranks": d * k * t,
+            "samples_per_s": round(summary["pipeline"]["samples_per_s"], 1),
+            "param_bytes": summary["pipeline"]["param_bytes"], "test_loss": summary["test_loss"]}
+
+
+def pipeline_table(rows: list, args) -> str:
+    base = next(r for r in rows if r["D"] == 1 and r["T"] == 1)["samples_per_s"]
+    same = {r["ranks"]: r["samples_per_s"] for r in rows if r["T"] == 1}
+    lines = [f"Model `{args.model}`, batch {args.batch_size} per replica in {args.microbatches} "
+             f"microbatches, gpipe, --recompute on, {args.steps} steps, momentum SGD; samples/s "
+             f"after the first step, the best of {args.rounds} interleaved rounds (range beside it).",
+             "", "| D x K x T | ranks | samples/s | range | vs 1 x K x 1 | vs unsplit on the same "
+             "ranks | parameter bytes per stage (rank of part 0) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['D']} x {r['K']} x {r['T']} | {r['ranks']} | {r['samples_per_s']:.0f} "
+                     f"| {min(r['rounds']):.0f}-{max(r['rounds']):.0f} | {r['samples_per_s'] / base:.2f} "
+                     f"| {r['samples_per_s'] / same[r['ranks']]:.2f} | {r['param_bytes']} |")
+    return "\n".join(lines)
+
+
+def main_pipeline(args) -> None:
+    out = common.out_dir(args, "tensor")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = common.dataset(Path(tmp), True, "bench-tensor", train=4096)
+        runs = {grid: [] for grid in PIPELINE_GRIDS}
+        for k in range(args.rounds):
+            for d, t in PIPELINE_GRIDS:
+                runs[d, t].append(pipeline_cell(data.path, d, t, args, Path(tmp) / f"p{d}{t}-{k}.jsonl"))
+                print(json.dumps(runs[d, t][-1]), flush=True)
+    rows = []
+    for grid in PIPELINE_GRIDS:
+        row = dict(max(runs[grid], key=lambda r: r["samples_per_s"]))
+        row["rounds"] = [r["samples_per_s"] for r in runs[grid]]
+        rows.append(row)
+    stem = common.result_stem("tensor-pipeline", True)
+    body = pipeline_table(rows, args)
+    common.write_json(out / f"{stem}.json", {"rows": rows, "model": args.model}, data.name)
+    common.write_text(out / f"{stem}.md", body, data.name)
+    print(body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="mlp:784-4096-4096-10")
@@ -194,8 +259,13 @@ def main() -> None:
     ap.add_argument("--image-side", type=int, default=None, metavar="S",
                     help="--net: a conv --model on 3 x S x S images (S a multiple of 32): its "
                          "spatial 1x2 plan against allreduce W=2")
+    ap.add_argument("--pipeline", type=int, default=None, metavar="K",
+                    help="K-stage pipelines split over T = 2 (D x K x T) against unsplit ones")
+    ap.add_argument("--microbatches", type=int, default=4, help="--pipeline: microbatches per batch")
     common.add_output_arguments(ap)
     args = ap.parse_args()
+    if args.pipeline:
+        return main_pipeline(args)
     if args.net:
         return main_net(args)
     out = common.out_dir(args, "tensor")

@@ -20,6 +20,9 @@ CONV_DROP = "conv:8x3:pad1-relu-conv:6x3:pad1-relu-pool:2-flatten-dense:16-relu-
     (4, ["resnet8", 2, 2, 2, "1f1b", 2]),               # residual blocks split inside
     (4, ["mlp:20-16-16-12-10", 1, 2, 2, "gpipe", 2]),   # D=2 replicas of a K=1, T=2 grid
     (2, ["mlp:20-16-16-12-10", 1, 2, 2, "1f1b", 2]),    # K=1, T=2 on 2 ranks
+    (4, ["mlp:20-16-15-12-10", 2, 2, 4, "pipedream", 3]),  # as the unsplit asynchronous pipeline
+    (4, ["mlp:20-16-15-12-10", 2, 2, 4, "pipemare", 3]),
+    (4, [CONV_BN, 2, 2, 2, "pipedream", 3]),
 ])
 def test_tensor_split_stages_train_as_serial_float64(mpirun, ranks, args):
     proc = mpirun(ranks, ["tensor_pipeline_check.py", *args], timeout=300)
@@ -60,14 +63,10 @@ def test_cli_pipeline_of_tensor_split_stages_trains_as_serial_float64(mpirun, da
 
 
 @pytest.mark.parametrize("ranks,flags,message", [
-    (4, ["--tensor", 2, "--schedule", "pipedream"],
-     "--schedule pipedream does not work with tensor-split stages: it steps after every microbatch"),
     (2, ["--spatial", 2], "--spatial does not work under --pipeline"),
     (2, ["--grid", "auto"], "--grid auto does not work under --pipeline"),
     (4, ["--tensor", 2, "--protocol", "ssp", "--servers", 1, "--staleness", 1],
      "server shards of split stages are not built"),
-    (4, ["--tensor", 2, "--checkpoint-dir", "ck"],
-     "--checkpoint-dir does not work with tensor-split stages yet"),
     (2, ["--tensor", 2, "--recompute", "off"], "--recompute off does not work with tensor-split"),
     (2, ["--tensor", 2], "the 2 ranks are not D replicas x 2 stages x 2 parts"),
     (4, ["--grid", "2,2"], "--grid 2,2 with --pipeline 2: 2 x 2 x 2 = 8 ranks, but the job has 4"),
@@ -78,3 +77,23 @@ def test_what_tensor_split_stages_do_not_run_is_refused_in_one_line(mpirun, data
                                *flags), timeout=60, check=False)
     errors = [l for l in proc.stderr.splitlines() if "error" in l]
     assert proc.returncode != 0 and len(errors) == 1 and message in errors[0], proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["pipedream", "pipemare"])
+def test_cli_asynchronous_split_stages_train_as_the_unsplit_asynchronous_pipeline(
+        mpirun, dataset, tmp_path, schedule):
+    """`--pipeline 2 --tensor 2 --schedule pipedream|pipemare` (4 ranks) against the unsplit
+    `--pipeline 2` run (2 ranks) of the same seed, cut and schedule, in float32: the run's mean
+    loss and the test loss agree to float32 round-off."""
+    import json
+    out = {}
+    for name, ranks, flags in (("split", 4, ["--tensor", 2]), ("whole", 2, [])):
+        log = tmp_path / f"{name}.jsonl"
+        mpirun(ranks, train(dataset, log, "--model", "mlp:784-32-30-16-10", "--partition", "2,2",
+                            "--schedule", schedule, "--microbatches", 4, *flags), timeout=300)
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        out[name] = ([r["loss"] for r in records if r["kind"] == "step"],
+                     next(r for r in records if r["kind"] == "summary")["test_loss"])
+    assert out["split"][0] == pytest.approx(out["whole"][0], rel=1e-5)
+    assert out["split"][1] == pytest.approx(out["whole"][1], rel=1e-5)

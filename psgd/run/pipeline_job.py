@@ -27,7 +27,9 @@ from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
 from psgd.run import pipeline_record, pipeline_summary
-from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage, save
+from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage
+from psgd.run.pipeline_checkpoint import save as save_stages
+from psgd.run import tensor_pipeline_checkpoint as split_checkpoint
 from psgd.run.mode_flags import PipelineFlags
 from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run
@@ -112,10 +114,14 @@ def _cut(settings, opts, model) -> tuple[list[int], list | None, object]:
         partition.layer_bounds(model, counts)   # checks that they cover the model
         return counts, None, opts.resolved(lambda: True)
     from psgd.data.reader import dataset_info
+    bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
+    parts = tensor_stages.parts_of(settings)
+    if parts > 1:   # tensor-split stages: the split units' costs and parts' bytes
+        counts, costs = tensor_stages.split_cut(model, opts, parts, settings.batch_size, bound)
+        return counts, costs, opts
     info = dataset_info(settings.data)
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
-    bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
 
     def cut(recompute: bool) -> list[int]:
         again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
@@ -153,7 +159,8 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts,
     info = dataset_info(settings.data)
     bounds = partition.layer_bounds(_skeleton(settings), counts)
     if getattr(grid, "parts", 1) > 1:
-        return _build_split_run(settings, opts, grid, run_id, counts, info, bounds, spin_s)
+        return _build_split_run(settings, opts, resumed, grid, run_id, counts, info, bounds,
+                                spin_s)
     model = stage_model(settings, info, *bounds[grid.stage])
     total = total_steps(settings, info, model, grid.replicas)
     hparams = {"momentum": settings.momentum, "weight_decay": settings.weight_decay}
@@ -175,22 +182,32 @@ def _build_run(settings, opts, resumed, grid: Grid, run_id: str, counts,
                        lr_by_clock(settings, total, model), run_id, list(counts))
 
 
-def _build_split_run(settings, opts, grid, run_id: str, counts, info, bounds,
+def _build_split_run(settings, opts, resumed, grid, run_id: str, counts, info, bounds,
                      spin_s: float) -> PipelineRun:
-    """:func:`_build_run` for tensor-split stages (no checkpoint to resume: refused)."""
+    """:func:`_build_run` for tensor-split stages (psgd.run.tensor_pipeline_checkpoint)."""
     from psgd.data.reader import ShardReader
     model = tensor_stages.stage_model(settings, info, *bounds[grid.stage], grid.tensor_comm)
     total = total_steps(settings, info, model, grid.replicas)
     make = lambda n: make_optimizer(settings.optimizer, n, momentum=settings.momentum,  # noqa: E731
                                     weight_decay=settings.weight_decay, dtype=model.dtype)
-    trainer = tensor_stages.build_trainer(model, grid, opts, make, settings.batch_size, total,
-                                          spin_s=spin_s)
+    start, state = split_checkpoint.resume(settings, resumed, model, total)
+    trainer = tensor_stages.build_trainer(model, grid, opts, make, settings.batch_size,
+                                          total - start, spin_s=spin_s, whole=total)
+    if state is not None:
+        load_extra_state(trainer, state)
+        trainer.optimizer.load_state_dict(state)
     reader = None
     if trainer.stage.first or trainer.stage.last:
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
                              seed=settings.seed, augment=settings.augment)
-    return PipelineRun(settings, opts, grid, model, trainer, reader, total, 0,
+    return PipelineRun(settings, opts, grid, model, trainer, reader, total, start,
                        lr_by_clock(settings, total, model), run_id, list(counts))
+
+
+def save(run: PipelineRun, step: int) -> None:
+    """Write step ``step``'s checkpoint set (every rank calls it; split stages gather first)."""
+    split = getattr(run.grid, "parts", 1) > 1
+    (split_checkpoint.save if split else save_stages)(run, step)
 
 
 def _train(run: PipelineRun) -> tuple[float, tuple, list]:
@@ -333,7 +350,7 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
                 f"{type(model.layers[b - 1]).__name__}), {n * run.model.dtype.itemsize} parameter "
-                f"bytes" + (f" over {parts} parts" if parts > 1 else ""))
+                f"bytes" + (f" over {parts} parts (the widest part {max(tensor_stages.part_param_bytes(model.layers[a:b], parts, run.model.dtype.itemsize))})" if parts > 1 else ""))
         if costs is not None:
             part = costs[edges[s]:edges[s + 1]]
             ms = 1e3 * partition.stage_time(part, 0.0, s == opts.stages - 1, again)

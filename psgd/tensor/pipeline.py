@@ -7,6 +7,8 @@ boundary costs T parallel messages of one activation each and no collective.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from psgd.nn.model import _walk
@@ -15,7 +17,7 @@ from psgd.pipeline.trainer import PipelineTrainer, slots
 from psgd.tensor.conv import split_tensor
 from psgd.tensor.model import TensorModel
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "pipedream", "pipemare")
 
 
 def parts_of(settings) -> int:
@@ -38,17 +40,12 @@ def refused(given: dict, schedule: str, servers: bool) -> str | None:
         return (f"--grid {grid} does not work under --pipeline: each stage splits its layers by "
                 f"--tensor T (or --grid D,T); a per-layer choice across stages is not built")
     if schedule not in SCHEDULES:
-        return (f"--schedule {schedule} does not work with tensor-split stages: it steps after "
-                f"every microbatch, and split stages run {' or '.join(SCHEDULES)} (one step "
-                f"per batch, after the flush)")
+        return (f"--schedule {schedule} does not work with tensor-split stages: they run "
+                f"{', '.join(SCHEDULES)}")
     if servers:
         return ("--pipeline with --tensor combines the replicas of each (stage, part) by "
                 "--protocol allreduce or bsp without servers; server shards of split stages "
                 "are not built")
-    for name in ("checkpoint_dir", "resume"):
-        if given.get(name):
-            return (f"--{name.replace('_', '-')} does not work with tensor-split stages yet: "
-                    f"each part's slice of a stage is not written as a checkpoint part")
     if given.get("recompute") == "off":
         return ("--recompute off does not work with tensor-split stages: the activation store "
                 "does not reach inside the split conv layers, so each backward re-runs its "
@@ -81,11 +78,18 @@ def stage_model(settings, info: dict, a: int, b: int, comm) -> TensorModel:
 
 
 def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size: int,
-                  batches: int, spin_s: float = 0.0) -> PipelineTrainer:
+                  batches: int, spin_s: float = 0.0, whole: int | None = None) -> PipelineTrainer:
     """This part's trainer: the whole split layer list is its stage, each backward re-runs its
     forward, the links carry whole activations to the same part of the next stage; ``spin_s``
-    as :class:`psgd.pipeline.transport.Links` takes it."""
+    as :class:`psgd.pipeline.transport.Links` takes it.  Under pipedream and pipemare the
+    unsplit pipeline's :func:`psgd.pipeline.trainer.build_trainer` builds it on the split
+    layers (``whole``: the run's steps, as it takes them)."""
+    from psgd.pipeline.schedules import ASYNCHRONOUS
     from psgd.pipeline.stage import Stage
+    if options.schedule in ASYNCHRONOUS:
+        from psgd.pipeline.trainer import build_trainer as build_stage
+        return build_stage(model, grid, options, [(0, len(model.layers))] * grid.stages,
+                           make_optimizer, batch_size, batches, whole=whole, spin_s=spin_s)
     from psgd.pipeline.transport import Links
     k, s = grid.stages, grid.stage
     stage = Stage(model, 0, len(model.layers), first=s == 0, last=s == k - 1, keep=False)
@@ -96,3 +100,145 @@ def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size:
                   slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
                   slots(options, k, s - 1, total) if s > 0 else 0, total, spin_s)
     return PipelineTrainer(stage, links, grid, options, make_optimizer(model.n_params))
+
+
+# -- the cut of a split pipeline: unit costs and memory of the split layers -------------------
+class _Done:
+    """A completed request (what :class:`PartComm`'s collectives return)."""
+
+    @staticmethod
+    def Test() -> bool:
+        return True
+
+
+class PartComm:
+    """Part ``rank`` of a ``size``-part tensor group, alone on this process: split layers built
+    over it have that part's shapes, and its collectives copy locally what they would deliver
+    were every part's values this part's (no messages).  The cut's profile and memory use it."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = int(rank), int(size)
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Iallreduce(self, send, recv, op=None) -> _Done:
+        recv[0][...] = send[0]
+        return _Done()
+
+    def Iallgatherv(self, send, recv) -> _Done:
+        x, out = send[0].reshape(-1), recv[0].reshape(-1)
+        for count, displ in zip(*recv[1]):
+            n = min(count, x.size)
+            out[displ:displ + n] = x[:n]
+        return _Done()
+
+
+def unit_layers(layers: list, bounds: list[tuple[int, int]], comm) -> list[list]:
+    """The split layers of ``layers`` (split whole, as a one-stage pipeline) that belong to each
+    serial unit ``bounds[u]`` = [a, b): a gather of channels belongs to the layer that needs it."""
+    full = split_tensor(layers, comm, close=True)
+    starts = [len(split_tensor(layers[:a], comm)) for a, _ in bounds] + [len(full)]
+    return [full[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def _bind_random(layers: list, rng, dtype) -> int:
+    """Give ``layers`` fresh parameter and gradient arrays; their bytes."""
+    n = 0
+    for layer in layers:
+        shapes = layer.param_shapes()
+        params = {name: (0.05 * rng.standard_normal(shape)).astype(dtype) for name, shape in shapes}
+        layer.bind(params, {name: np.zeros(shape, dtype) for name, shape in shapes})
+        n += sum(p.nbytes for p in params.values())
+    return n
+
+
+def profile_split(layers: list, bounds: list[tuple[int, int]], parts: int, microbatch: int,
+                  dtype, repeats: int = 3, seed: int = 0) -> list:
+    """Each unit's :class:`psgd.pipeline.partition.UnitCost` split over ``parts`` (part 0, the
+    widest of uneven splits), timed on this process (:class:`PartComm`: the collectives' own
+    time is not counted).  ``in_bytes`` is the unit's whole input (what crosses a stage edge
+    and is stored per microbatch in flight), ``out_bytes`` and ``param_bytes`` the part's.
+    One unit's parameters are allocated at a time."""
+    from psgd.pipeline.partition import UnitCost
+    dtype, rng = np.dtype(dtype), np.random.default_rng(seed)
+    x = rng.standard_normal((microbatch, *layers[0].in_shape)).astype(dtype)
+    costs, split = [], unit_layers(layers, bounds, PartComm(0, parts))
+    for u, (a, _) in enumerate(bounds):
+        unit, split[u] = split[u], None   # its arrays go with it after this unit
+        param_bytes = _bind_random(unit, rng, dtype)
+        best, fwd, out = np.inf, np.inf, x
+        for _ in range(repeats):
+            t = time.perf_counter()
+            out = x
+            for layer in unit:
+                layer.set_mode("train")
+                out = layer.forward(out)
+            t1 = time.perf_counter()
+            dy = np.ones_like(out) / out.size
+            for layer in reversed(unit):
+                dy = layer.backward(dy, need_dx=True)
+            best, fwd = min(best, time.perf_counter() - t), min(fwd, t1 - t)
+        whole_in = microbatch * int(np.prod(layers[a].in_shape)) * dtype.itemsize
+        costs.append(UnitCost(best, whole_in, out.nbytes, param_bytes, fwd))
+        x = out.copy()
+    return costs
+
+
+def part_param_bytes(layers: list, parts: int, itemsize: int) -> list[int]:
+    """Bytes of each part's parameters when ``layers`` are one stage split over ``parts``
+    (as :func:`stage_model` splits them; nothing is allocated)."""
+    return [itemsize * sum(int(np.prod(shape)) for layer in split_tensor(layers, PartComm(t, parts),
+                                                                          close=True)
+                           for _, shape in layer.param_shapes())
+            for t in range(parts)]
+
+
+def split_stage_memory(costs: list, param_bytes: int, in_flight: int) -> int:
+    """Bytes a split stage's part holds, as :func:`psgd.pipeline.partition.stage_memory` counts
+    a whole stage (each backward re-runs its forward): the part's parameters, gradient and
+    accumulation, ``in_flight`` whole stored inputs and one microbatch's part activations."""
+    return 3 * param_bytes + in_flight * costs[0].in_bytes + sum(c.out_bytes for c in costs)
+
+
+def best_split_cut(costs: list, layers: list, bounds: list[tuple[int, int]], parts: int,
+                   itemsize: int, stages: int, in_flight, memory: int | None = None,
+                   recompute: tuple[float, float] = (0.0, 0.0)) -> list[int]:
+    """:func:`psgd.pipeline.partition.best_cut` for stages split over ``parts``: the split
+    units' times (:func:`profile_split`) and each candidate stage's widest part's parameter
+    bytes (:func:`part_param_bytes` of its layers) against ``memory``."""
+    from psgd.pipeline.partition import min_max_cut, stage_time
+    cache: dict = {}
+
+    def param_bytes(i: int, j: int) -> int:
+        if (i, j) not in cache:
+            cache[i, j] = max(part_param_bytes(layers[bounds[i][0]:bounds[j - 1][1]], parts, itemsize))
+        return cache[i, j]
+
+    def fits(i: int, j: int, k: int) -> bool:
+        return memory is None or split_stage_memory(costs[i:j], param_bytes(i, j), in_flight(k)) <= memory
+
+    counts = min_max_cut(len(costs), stages,
+                         lambda i, j, last: stage_time(costs[i:j], 0.0, last, recompute), fits)
+    if counts is None:
+        need = max(split_stage_memory([c], param_bytes(u, u + 1), in_flight(0))
+                   for u, c in enumerate(costs))
+        raise ValueError(f"no cut into {stages} stages split over {parts} parts fits "
+                         f"--memory-per-rank {memory} bytes (the largest single unit alone needs "
+                         f"{need} per part)")
+    return counts
+
+
+def split_cut(model, opts, parts: int, batch_size: int, in_flight) -> tuple[list[int], list]:
+    """``--partition auto`` for stages split over ``parts``: the cut of ``model`` (the whole
+    layer list, nothing allocated) by :func:`best_split_cut` on :func:`profile_split`'s costs
+    (each backward re-runs its forward), and those costs."""
+    from psgd.pipeline.partition import recompute_shares, units
+    bounds = units(model)
+    costs = profile_split(model.layers, bounds, parts, batch_size // opts.microbatches, model.dtype)
+    again = recompute_shares(opts.schedule, opts.stages, opts.microbatches)
+    return best_split_cut(costs, model.layers, bounds, parts, model.dtype.itemsize, opts.stages,
+                          in_flight, opts.memory_per_rank, again), costs

@@ -2,7 +2,8 @@
 
 Usage: tensor_pipeline_check.py SPEC K T M SCHEDULE STEPS; ranks = D x K x T.
 Rank 0 prints ``relative |grid - serial| = X`` over the parameters after STEPS steps (the
-serial step on the D x M microbatches of each batch) and the same for the streamed test loss.
+serial step on the D x M microbatches of each batch; under pipedream and pipemare, D = 1, the
+unsplit asynchronous pipeline's serial reference) and the same for the streamed test loss.
 """
 import sys
 from types import SimpleNamespace
@@ -17,10 +18,13 @@ from psgd.pipeline.evaluate import evaluate
 from psgd.pipeline.grid import TensorGrid
 from psgd.pipeline.options import PipelineOptions
 from psgd.pipeline.partition import layer_bounds, units
-from psgd.pipeline.reference import reference_step
+from psgd.pipeline.asynchronous import Microbatches
+from psgd.pipeline.pipemare import default_anneal
+from psgd.pipeline.reference import reference_pipedream, reference_pipemare, reference_step
 from psgd.tensor.pipeline import build_trainer, stage_model
 
 SHAPE = (3, 8, 8)
+ASYNC = ("pipedream", "pipemare")
 BATCH = 12
 
 
@@ -41,7 +45,10 @@ def main():
     rng = np.random.default_rng(7)
     xs = rng.standard_normal((steps, grid.replicas, BATCH, *shape))
     ys = rng.integers(0, 10, (steps, grid.replicas, BATCH))
-    for step in range(steps):
+    if schedule in ASYNC:   # the steps as one schedule of steps x M microbatches
+        trainer.run(steps * m, lambda g: 0.05, Microbatches(lambda s: model._check_x(xs[s, grid.replica]), m),
+                    Microbatches(lambda s: ys[s, grid.replica], m))
+    for step in range(0 if schedule in ASYNC else steps):
         trainer.step(step, 0.05, model._check_x(xs[step, grid.replica]), ys[step, grid.replica])
     trainer.links.finish()
     stage_flat = model.gather_flat(model.params)            # this stage's values, on part 0
@@ -53,7 +60,15 @@ def main():
     if comm.Get_rank() == 0:
         ref = build_model(spec, seed=3, dtype=np.float64, input_shape=SHAPE, n_classes=10)
         ropt = make_optimizer("momentum", ref.n_params, dtype=np.float64)
-        for step in range(steps):
+        b = BATCH // m   # pipedream, pipemare: the unsplit asynchronous pipeline's reference
+        micro = (xs[:, 0].reshape(steps * m, b, *shape), ys[:, 0].reshape(steps * m, b))
+        if schedule == "pipedream":
+            reference_pipedream(ref, ropt, *micro, bounds, lambda g: 0.05)
+        if schedule == "pipemare":
+            reference_pipemare(ref, lambda n: make_optimizer("momentum", n, dtype=np.float64),
+                               *micro, bounds, lambda g: 0.05, anneal=default_anneal(steps * m),
+                               correct=True)
+        for step in range(0 if schedule in ASYNC else steps):
             reference_step(ref, ropt, xs[step].reshape(-1, *shape), ys[step].reshape(-1),
                            m * grid.replicas, 0.05, key=(0, step))   # dropout: D = 1
         rel = float(np.max(np.abs(params - ref.params)) / np.max(np.abs(ref.params)))

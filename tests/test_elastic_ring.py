@@ -221,3 +221,43 @@ def test_a_second_death_during_the_recovery_from_the_first_and_the_ring_goes_on(
                                atol=1e-5)
     both = _bsp_reference(tmp_path / "log.jsonl", summary, both=True)
     assert np.abs(final - both).max() > 1e-4
+
+
+class _Arriving:
+    """A pickled message from a member that ends as it arrives: the first test finds it not
+    yet whole, the next finds it whole (its object), and any later one finds a null request
+    (MPI's completed request: mpi4py gives None)."""
+
+    def __init__(self, obj):
+        self.results = [(False, None), (True, obj)]
+
+    def test(self):
+        return self.results.pop(0) if self.results else (True, None)
+
+
+class _Comm:
+    def __init__(self, obj):
+        self.request = _Arriving(obj)
+
+    def Get_rank(self):
+        return 1
+
+    def Get_size(self):
+        return 3
+
+    def improbe(self, source, tag):
+        return self
+
+    def irecv(self):
+        return self.request
+
+
+def test_a_sum_that_comes_whole_as_its_sender_ends_is_taken_not_lost(monkeypatch):
+    """Ring.take: a sum whose sender has ended by the time it came whole is that sum (the old
+    loop tested the completed request again and returned None)."""
+    from psgd.elastic import ring as ring_mod
+    monkeypatch.setattr(ring_mod, "running", lambda pid: pid != 2002)   # member 2 has ended
+    sent = (np.arange(3.0), [1, 2])
+    ring = ring_mod.Ring(_Comm(sent), pids=[2000, 2001, 2002])
+    got = ring.take(2, ring_mod.RESULT)
+    assert got is sent and not ring.orphans

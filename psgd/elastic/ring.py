@@ -124,7 +124,9 @@ class Ring:
             time.sleep(LOOK_S)
         request = message.irecv()
         while not (got := request.test())[0]:
-            if not running(self.pids[source]) and not (got := request.test())[0]:
+            if not running(self.pids[source]):
+                if (got := request.test())[0]:   # it came whole: testing again would give None
+                    break
                 self.orphans.append(([request], ()))
                 raise Lost
             time.sleep(LOOK_S)

@@ -107,10 +107,10 @@ def test_a_profiles_scratch_is_what_the_layers_hold_at_another_batch():
 
 @pytest.mark.parametrize("text, words", [
     ("not json", "cannot read"), ('{"format": "other"}', "not a psgd profile"),
-    ('{"format": "psgd-profile/5", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
+    ('{"format": "psgd-profile/6", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0, '
      '"base_bytes": 0}', "empty"),
     ('{"format": "psgd-profile/1", "spec": "x", "batch": 4, "units": [], "step_s_per_byte": 0}',
-     "not a psgd-profile/5 file"),
+     "not a psgd-profile/6 file"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "p.json"

@@ -12,8 +12,9 @@ import numpy as np
 
 from psgd.errors import UsageError
 
-FORMAT = "psgd-profile/5"        # /2: base_bytes; /3: seconds per call, scratch; /4: ratios per part count;
-                                 # /5: crowd ratios, seconds per multiply-add
+FORMAT = "psgd-profile/6"        # /2: base_bytes; /3: seconds per call, scratch; /4: ratios per part count;
+                                 # /5: crowd ratios, seconds per multiply-add; /6: spatial ratios
+                                 # timed with the float32 split batch norm
 SPLIT_LAYERS = ("Dense", "Conv2D")      # layers whose parameters --tensor splits
 
 

@@ -305,10 +305,9 @@ def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
 def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x P for each P dividing the ranks that the conv layers take (``--spatial``): the
     leading image units' compute and activations over P, the rest whole on every part, the
-    compute times the profile's ratio measured at P (or the widest timed below it); per
-    split unit a halo exchange each way (its latency; the rows are few), one all-gather of
-    the last split unit's output before the whole layers (and its adjoint), the P group's
-    all-reduce of the split units' partial weight gradients, then the replicas'."""
+    compute times the profile's ratio measured at P (or the widest timed below it); the
+    collectives the split layers run (:func:`_spatial_collectives`), then the replicas'
+    all-reduce."""
     n, plans, b = profile.spatial_units, [], budget.batch
     lead = profile.units[:n]
     for p in divisors(budget.ranks):
@@ -317,22 +316,32 @@ def spatial_plans(profile: Profile, budget: Budget) -> list[Plan]:
         d = budget.ranks // p
         compute = ratio_at(profile.spatial_ratios, p) * spatial_share(profile.units, n, b, p) \
             * budget.slow(profile, f"spatial {p}")
-        group = Job(1, 0.0, 1, budget.ranks, 0, budget.per_node, budget.cliques)
-        gather = b * lead[-1].out_bytes // 8      # an all-gather moves half an all-reduce's
-        comm = groups_allreduce_s(replace(group, n_params=max(1, gather)), _groups(p, d),
-                                  budget.net) + 4 * n * budget.net.latency \
-            + groups_allreduce_s(replace(group, n_params=max(1, sum(u.param_bytes for u in lead) // 4)),
-                                 _groups(p, d), budget.net)
+        comm, moved = _spatial_collectives(profile, budget, p)
         update = (_replica_allreduce_s(budget, profile.param_bytes, p, d) if d > 1 else 0.0) \
             + profile.param_bytes * profile.step_s_per_byte
         acts = b * lead[0].in_bytes + sum((b * u.out_bytes + u.scratch_at(b)) // (p if i < n else 1)
                                           for i, u in enumerate(profile.units))
         mem = (3 + budget.slots) * profile.param_bytes + acts + budget.fixed(profile, d)
-        wire = d * (2 * (p - 1) * (b * lead[-1].out_bytes + sum(u.param_bytes for u in lead))) \
-            + 2 * (d - 1) * profile.param_bytes * p
+        wire = d * 2 * (p - 1) * moved + 2 * (d - 1) * profile.param_bytes * p
         plans.append(Plan("spatial", "allreduce", budget.ranks, b, compute + comm + update, mem,
                           wire, replicas=d, parts=p))
     return plans
+
+
+def _spatial_collectives(profile: Profile, budget: Budget, p: int) -> tuple[float, float]:
+    """(seconds, bytes per rank) of the collectives one step of ``--spatial p`` runs in each
+    group, every group at once: each split layer's halo exchange (and its adjoint) and partial
+    weight-gradient all-reduce, the batch norms' statistics, the all-gather of the rows
+    before the whole layers, as the split layers list them (:func:`psgd.tensor.mixed.step_seconds`,
+    priced as ``--grid auto`` prices its spatial heads)."""
+    from psgd.plan.grid import ITEMSIZE, group_price, serial_layers
+    from psgd.plan.tensor_time import Alone
+    from psgd.tensor.mixed import step_seconds
+    from psgd.tensor.spatial import split_spatial
+    split = split_spatial(serial_layers(profile.spec, profile.input_shape, profile.n_classes), Alone(p))
+    price = group_price(budget.net, budget.per_node, budget.cliques, budget.ranks, p)
+    return (step_seconds(split, budget.batch, ITEMSIZE, price),
+            step_seconds(split, budget.batch, ITEMSIZE, lambda kind, n: n / 2 if kind == "all-gather" else n))
 
 
 def grid_plans(profile: Profile, budget: Budget, crowded: Budget | None = None) -> list[Plan]:

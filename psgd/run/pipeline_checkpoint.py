@@ -18,17 +18,23 @@ def resume_stage(settings, resumed, model, total: int) -> int:
     if resumed is None:
         return 0
     ckpt = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params))
-    if ckpt.model_spec != settings.model or ckpt.params.shape != model.params.shape:
-        raise ValueError(f"checkpoint {resumed.path} is of model {ckpt.model_spec!r}, "
-                         f"not --model {settings.model!r}")
-    if ckpt.optimizer != settings.optimizer:
-        raise ValueError(f"checkpoint {resumed.path} was trained with optimizer "
-                         f"{ckpt.optimizer}; resume with --optimizer {ckpt.optimizer}")
-    if ckpt.step >= total:
-        raise ValueError(f"checkpoint {resumed.path} is at step {ckpt.step}, at or past the "
-                         f"run's {total} steps: nothing left to train")
+    check_resumable(ckpt, resumed.path, settings, total, ckpt.params.shape == model.params.shape)
     model.params[:] = ckpt.params
     return ckpt.step
+
+
+def check_resumable(ckpt, path, settings, total: int, same_shape: bool = True) -> None:
+    """One clear ValueError where checkpoint ``ckpt`` (read from ``path``) is of another model
+    or optimizer than the run's ``settings``, or leaves nothing of its ``total`` steps."""
+    if ckpt.model_spec != settings.model or not same_shape:
+        raise ValueError(f"checkpoint {path} is of model {ckpt.model_spec!r}, "
+                         f"not --model {settings.model!r}")
+    if ckpt.optimizer != settings.optimizer:
+        raise ValueError(f"checkpoint {path} was trained with optimizer "
+                         f"{ckpt.optimizer}; resume with --optimizer {ckpt.optimizer}")
+    if ckpt.step >= total:
+        raise ValueError(f"checkpoint {path} is at step {ckpt.step}, at or past the "
+                         f"run's {total} steps: nothing left to train")
 
 
 def extra_state(trainer) -> dict:

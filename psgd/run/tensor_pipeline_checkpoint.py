@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from psgd.errors import UsageError
 from psgd.run.checkpoint import load_checkpoint
-from psgd.run.pipeline_checkpoint import extra_state
+from psgd.run.pipeline_checkpoint import check_resumable, extra_state
 from psgd.run.pipeline_checkpoint import save as save_stages
 from psgd.tensor import primitives as pr
 
@@ -68,14 +68,6 @@ def resume(settings, resumed, model, total: int):
                              f"{model.spec} has {model.n_total}")
         return model.take_flat(read)
     ckpt = load_checkpoint(resumed.path, take=take)
-    if ckpt.model_spec != settings.model:
-        raise ValueError(f"checkpoint {resumed.path} is of model {ckpt.model_spec!r}, "
-                         f"not --model {settings.model!r}")
-    if ckpt.optimizer != settings.optimizer:
-        raise ValueError(f"checkpoint {resumed.path} was trained with optimizer "
-                         f"{ckpt.optimizer}; resume with --optimizer {ckpt.optimizer}")
-    if ckpt.step >= total:
-        raise ValueError(f"checkpoint {resumed.path} is at step {ckpt.step}, at or past the "
-                         f"run's {total} steps: nothing left to train")
+    check_resumable(ckpt, resumed.path, settings, total)
     model.params[:] = ckpt.params
     return ckpt.step, ckpt.opt_state

@@ -405,7 +405,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
                 "agreeing that every stage could be built")
     if grid is None:
         state = groups.share(None, 0, hold_at_snapshots=True)
-        _replay(comm, settings, groups, state[1], groups.total, debug)
+        pipeline_record.replay_into(comm, settings, groups, state[1], groups.total, debug)
         result = groups.serve(state)
         if settings.recording.record:
             pipeline_record.save(comm, settings, n_servers, groups.roles.n_workers, result.events,
@@ -425,23 +425,6 @@ def train_pipeline(args: argparse.Namespace) -> None:
     run.grid.free()
 
 
-def _replay(comm: MPI.Comm, settings, groups: ServerGroups, start: int, total: int,
-            debug: bool) -> None:
-    """--replay over the stage servers (every rank, for one error line): each server takes
-    its group's recorded events from ``start`` on, and those before it."""
-    if not settings.recording.replay:
-        return
-    load = lambda: pipeline_record.load(settings, servers_of(settings),  # noqa: E731
-                                        groups.roles.n_workers, start, total)
-    tails, heads = agree(comm, load, debug, "read the --replay record",
-                         "agreeing on the --replay record")
-    if groups.roles.is_server:
-        per = groups.roles.n_servers   # the group's servers: ranks part * per ..
-        mine = slice(groups.part * per, (groups.part + 1) * per)
-        groups.config = replace(groups.config, replay_events=tails[mine],
-                                replayed_before=heads[mine])
-
-
 def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed, debug: bool):
     """The stage's worker half over its own servers, started on the stage's parameters (and a
     resumed run's optimizer state, which its servers take from the first replica)."""
@@ -451,7 +434,7 @@ def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed, debug: bool):
         state = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params)).opt_state
     groups.share(params if first else None, run.total, run.start, state,   # the first replica's
                  hold_at_snapshots=True)
-    _replay(MPI.COMM_WORLD, run.settings, groups, run.start, run.total, debug)
+    pipeline_record.replay_into(MPI.COMM_WORLD, run.settings, groups, run.start, run.total, debug)
     worker = groups.worker()
     worker.start(params, run.start)
     return worker

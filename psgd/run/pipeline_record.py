@@ -8,6 +8,8 @@ delays the compensation's running means had counted (``replayed_before``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import h5py
 import numpy as np
 from mpi4py import MPI
@@ -15,7 +17,9 @@ from mpi4py import MPI
 from psgd.errors import UsageError
 from psgd.mpi import wait
 from psgd.ps.order import PUSHED
+from psgd.run.job import agree
 from psgd.run.record import TAG_RECORD, load_events, write_events
+from psgd.run.tensor_servers import servers_of
 
 
 def save(comm: MPI.Comm, settings, n_servers: int, replicas: int, events, start: int,
@@ -57,3 +61,18 @@ def load(settings, n_servers: int, replicas: int, start: int, total: int) -> tup
         tails.append(ev[cut:])
         heads.append(ev[:cut])
     return tuple(tails), tuple(heads)
+
+
+def replay_into(comm: MPI.Comm, settings, groups, start: int, total: int, debug: bool) -> None:
+    """--replay over the stage servers (every rank, for one error line): each server takes
+    its group's recorded events from ``start`` on, and those before it."""
+    if not settings.recording.replay:
+        return
+    tails, heads = agree(comm, lambda: load(settings, servers_of(settings), groups.roles.n_workers,
+                                            start, total), debug, "read the --replay record",
+                         "agreeing on the --replay record")
+    if groups.roles.is_server:
+        per = groups.roles.n_servers   # the group's servers: ranks part * per ..
+        mine = slice(groups.part * per, (groups.part + 1) * per)
+        groups.config = replace(groups.config, replay_events=tails[mine],
+                                replayed_before=heads[mine])

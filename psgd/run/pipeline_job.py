@@ -348,9 +348,11 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
         if opts.recompute else (0.0, 0.0)
     for s, (a, b) in enumerate(partition.layer_bounds(model, counts)):
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
+        size = run.model.dtype.itemsize
+        widest = max(tensor_stages.part_param_bytes(model.layers[a:b], parts, size)) if parts > 1 else 0
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
-                f"{type(model.layers[b - 1]).__name__}), {n * run.model.dtype.itemsize} parameter "
-                f"bytes" + (f" over {parts} parts (the widest part {max(tensor_stages.part_param_bytes(model.layers[a:b], parts, run.model.dtype.itemsize))})" if parts > 1 else ""))
+                f"{type(model.layers[b - 1]).__name__}), {n * size} parameter bytes"
+                + (f" over {parts} parts (the widest part {widest})" if parts > 1 else ""))
         if costs is not None:
             part = costs[edges[s]:edges[s + 1]]
             ms = 1e3 * partition.stage_time(part, 0.0, s == opts.stages - 1, again)

@@ -7,7 +7,6 @@ boundary costs T parallel messages of one activation each and no collective.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -163,25 +162,14 @@ def profile_split(layers: list, bounds: list[tuple[int, int]], parts: int, micro
     time is not counted).  ``in_bytes`` is the unit's whole input (what crosses a stage edge
     and is stored per microbatch in flight), ``out_bytes`` and ``param_bytes`` the part's.
     One unit's parameters are allocated at a time."""
-    from psgd.pipeline.partition import UnitCost
+    from psgd.pipeline.partition import UnitCost, time_unit
     dtype, rng = np.dtype(dtype), np.random.default_rng(seed)
     x = rng.standard_normal((microbatch, *layers[0].in_shape)).astype(dtype)
     costs, split = [], unit_layers(layers, bounds, PartComm(0, parts))
     for u, (a, _) in enumerate(bounds):
         unit, split[u] = split[u], None   # its arrays go with it after this unit
         param_bytes = _bind_random(unit, rng, dtype)
-        best, fwd, out = np.inf, np.inf, x
-        for _ in range(repeats):
-            t = time.perf_counter()
-            out = x
-            for layer in unit:
-                layer.set_mode("train")
-                out = layer.forward(out)
-            t1 = time.perf_counter()
-            dy = np.ones_like(out) / out.size
-            for layer in reversed(unit):
-                dy = layer.backward(dy, need_dx=True)
-            best, fwd = min(best, time.perf_counter() - t), min(fwd, t1 - t)
+        best, fwd, out = time_unit(unit, x, repeats)
         whole_in = microbatch * int(np.prod(layers[a].in_shape)) * dtype.itemsize
         costs.append(UnitCost(best, whole_in, out.nbytes, param_bytes, fwd))
         x = out.copy()

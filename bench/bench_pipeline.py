@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import common  # noqa: E402
@@ -172,17 +174,101 @@ def planned(tmp, rate, batch, match) -> dict | None:
     return {k: best[0][k] for k in ("plan", "samples_per_s", "bubble", "partition")} if best else None
 
 
-def partition_rows(data, tmp, steps):
-    """lenet on 2 stages: the auto cut's samples/s against every cut's, measured."""
-    common = ["--model", "lenet", "--pipeline", 2, "--microbatches", 4, "--batch-size", 32,
-              "--steps", steps]
-    auto = train(data, tmp, 2, "cut-auto", *common)["pipeline"]
-    n = sum(auto["cut"])
-    rows = [{"cut": auto["cut"], "auto": True, "samples_per_s": auto["samples_per_s"]}]
-    for c in range(1, n):
-        p = train(data, tmp, 2, f"cut-{c}", *common, "--partition", f"{c},{n - c}")["pipeline"]
-        rows.append({"cut": p["cut"], "auto": False, "samples_per_s": p["samples_per_s"]})
-    return rows
+# the models of the cut measurement: model, batch, microbatches
+CUT_MODELS = {"lenet": ("lenet", 32, 4), "resnet8": ("resnet8", 32, 4), "mlp": (FINE, 64, 4)}
+
+
+def compositions(n: int, k: int) -> list[list[int]]:
+    """Every cut of ``n`` units into ``k`` non-empty contiguous stages, as unit counts."""
+    if k == 1:
+        return [[n]]
+    return [[c, *rest] for c in range(1, n - k + 2) for rest in compositions(n - c, k - 1)]
+
+
+def partition_rows(data, tmp, steps, name="lenet", k=2, rounds=3, cache=None, budget=None,
+                   start=None):
+    """One model of :data:`CUT_MODELS` on ``k`` stages: the auto cut's samples/s (from the
+    second step on, so the first step's one-off costs stay out) against every
+    cut's, ``rounds`` rounds, each an auto run and then every cut once, in an order rotated
+    by one a round (so no cut always runs first, after the same neighbour).
+
+    Each run is kept as a line of ``cache`` (a .jsonl file; rounds found there are not run
+    again); ``budget`` (s since ``start``): start no round that the last one's time says
+    would end after it."""
+    model, batch, m = CUT_MODELS[name]
+    flags = ["--model", model, "--pipeline", k, "--microbatches", m, "--batch-size", batch,
+             "--steps", steps]
+    runs = [json.loads(l) for l in cache.read_text().splitlines()] if cache and cache.exists() else []
+    for r in range(rounds):
+        if any(x["round"] == r for x in runs):
+            continue
+        took = max((x.get("round_s", 0.0) for x in runs), default=0.0)   # a round's seconds
+        if budget and time.monotonic() - start + took > budget:
+            print(f"bench-pipeline: --budget reached, {name} K={k} has {r} of {rounds} rounds; "
+                  f"run again with the same --out to add them", flush=True)
+            break
+        t = time.monotonic()
+        auto = train(data, tmp, k, f"cut-{name}-auto", *flags)["pipeline"]
+        cuts = compositions(sum(auto["cut"]), k)
+        rate = lambda p: p["measured_samples_per_s"]  # noqa: E731  (from the second step on)
+        new = [{"round": r, "cut": auto["cut"], "auto": True, "samples_per_s": rate(auto)}]
+        for i in range(len(cuts)):
+            cut = cuts[(i + r) % len(cuts)]
+            p = train(data, tmp, k, f"cut-{name}-{i}", *flags,
+                      "--partition", ",".join(map(str, cut)))["pipeline"]
+            new.append({"round": r, "cut": p["cut"], "auto": False, "samples_per_s": rate(p)})
+        new[0]["round_s"] = time.monotonic() - t
+        runs += new
+        if cache:
+            with cache.open("a") as f:
+                f.writelines(json.dumps(x) + "\n" for x in new)
+    return {"model": model, "name": name, "K": k, "batch": batch, "M": m, "steps": steps,
+            "runs": runs}
+
+
+def cut_summary(res: dict) -> dict:
+    """Each cut's median samples/s over its rounds, the best cut's, and the auto cut's: the
+    cut the auto runs chose most often (its median over the fixed-cut runs of that cut, so
+    the auto runs' profiling does not enter), and the auto runs' own median."""
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    fixed: dict = {}
+    for x in res["runs"]:
+        if not x["auto"]:
+            fixed.setdefault(tuple(x["cut"]), []).append(x["samples_per_s"])
+    autos = [x for x in res["runs"] if x["auto"]]
+    chosen = [tuple(x["cut"]) for x in autos]
+    auto_cut = max(dict.fromkeys(chosen), key=chosen.count) if chosen else None
+    medians = {c: med(v) for c, v in fixed.items()}
+    best = max(medians, key=medians.get) if medians else None
+    return {"medians": medians, "best": best, "auto_cut": auto_cut, "auto_cuts": chosen,
+            "auto_runs_median": med([x["samples_per_s"] for x in autos]) if autos else None,
+            "rounds": min(map(len, fixed.values())) if fixed else 0,
+            "ratio": medians[auto_cut] / medians[best] if auto_cut in medians else None}
+
+
+def cut_markdown(results: list) -> list[str]:
+    """One summary table over the models, then each model's cuts."""
+    cut = lambda c: ",".join(map(str, c))  # noqa: E731
+    out = ["## The auto cut against every cut (median samples/s over interleaved rounds)", "",
+           "| model | K | batch, M | rounds | auto cut (chosen per round) | its median | best cut | "
+           "its median | auto / best | auto runs' own median |", "|---|---|---|---|---|---|---|---|---|---|"]
+    sums = [(res, cut_summary(res)) for res in results]
+    for res, s in sums:
+        if s["best"] is None:
+            continue
+        out.append(f"| {res['name']} | {res['K']} | {res['batch']}, {res['M']} | {s['rounds']} | "
+                   f"{cut(s['auto_cut'])} ({'; '.join(map(cut, s['auto_cuts']))}) | "
+                   f"{s['medians'][s['auto_cut']]:.0f} | {cut(s['best'])} | {s['medians'][s['best']]:.0f} | "
+                   f"{s['ratio']:.3f} | {s['auto_runs_median']:.0f} |")
+    for res, s in sums:
+        out += ["", f"### {res['name']} ({res['model']}), K = {res['K']}", "",
+                "| cut | samples/s per round | median | of the best median |", "|---|---|---|---|"]
+        for c, v in sorted(s["medians"].items(), key=lambda cv: -cv[1]):
+            per = [x["samples_per_s"] for x in sorted(res["runs"], key=lambda x: x["round"])
+                   if not x["auto"] and tuple(x["cut"]) == c]
+            out.append(f"| {cut(c)}{' (auto)' if c == s['auto_cut'] else ''} | "
+                       f"{', '.join(f'{p:.0f}' for p in per)} | {v:.0f} | {v / s['medians'][s['best']]:.3f} |")
+    return out
 
 
 LEARN_RUNS = {   # the asynchronous schedules step every microbatch: lr / M, the same rate per sample
@@ -292,11 +378,7 @@ def markdown(res: dict) -> str:
     out += ["", f"## Throughput ({BIG}, 2 ranks, global batch 64)", "",
             "| run | samples/s |", "|---|---|"]
     out += [f"| {r['run']} | {r['samples_per_s']:.1f} |" for r in res["throughput"]]
-    best = max(r["samples_per_s"] for r in res["partition"] if not r["auto"])
-    out += ["", "## The auto cut against every cut (lenet, K = 2, M = 4, batch 32)", "",
-            "| cut (units per stage) | samples/s | of the best measured cut |", "|---|---|---|"]
-    out += [f"| {','.join(map(str, r['cut']))}{' (auto)' if r['auto'] else ''} | "
-            f"{r['samples_per_s']:.0f} | {r['samples_per_s'] / best:.2f} |" for r in res["partition"]]
+    out += ["", *cut_markdown([res["partition"]])]
     return "\n".join(out) + "\n"
 
 
@@ -365,7 +447,7 @@ def main() -> None:
     ap.add_argument("--learn-partition", default=None, metavar="CUT",
                     help="--partition of the learning rows (one K; default auto)")
     ap.add_argument("--budget", type=float, default=None, metavar="S",
-                    help="start no learning run after S seconds (each run's result is kept "
+                    help="start no learning run (or cut round) after S seconds (each run's result is kept "
                          "under --out; run again with the same --out to add the rest)")
     ap.add_argument("--rows", default="gpipe,pipedream,pipedream-vertical,pipedream-nostash",
                     help=f"learning rows, comma-separated, of {', '.join(LEARN_RUNS)}")
@@ -373,16 +455,27 @@ def main() -> None:
                     help="test rows each learning run evaluates (default 2000)")
     ap.add_argument("--fashion", action="store_true",
                     help="Fashion-MNIST instead of synthetic data (when installed)")
-    ap.add_argument("--only", choices=("timing", "learning", "bubble", "recompute", "net"),
+    ap.add_argument("--cut-models", default="lenet",
+                    help=f"models of the cut measurement, comma-separated, of {', '.join(CUT_MODELS)} "
+                         "(default lenet)")
+    ap.add_argument("--cut-stages", default="2", help="K of the cut measurement, comma-separated "
+                    "(default 2)")
+    ap.add_argument("--cut-rounds", type=int, default=3,
+                    help="rounds of the cut measurement: each an auto run and every cut once (default 3)")
+    ap.add_argument("--only", choices=("timing", "learning", "bubble", "recompute", "net", "cut"),
                     default=None,
                     help="run one part: timing (bubble, memory, throughput, cut), learning, "
-                         "bubble alone, recompute (step time and memory, on against off), or net (the throughput pair on `psgd net` at 1 and "
+                         "bubble alone, cut (the auto cut against every cut, --cut-models and --cut-stages), "
+                         "recompute (step time and memory, on against off), or net (the throughput pair on `psgd net` at 1 and "
                          "10 Gbit/s; needs root) (each writes its own result files)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     unknown = set(args.rows.split(",")) - set(LEARN_RUNS)
     if unknown:
         ap.error(f"--rows: unknown {', '.join(sorted(unknown))}; choose from {', '.join(LEARN_RUNS)}")
+    unknown = set(args.cut_models.split(",")) - set(CUT_MODELS)
+    if unknown:
+        ap.error(f"--cut-models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(CUT_MODELS)}")
     unknown = set(args.bubble_rows.split(",")) - set(BUBBLE_ROWS)
     if unknown:
         ap.error(f"--bubble-rows: unknown {', '.join(sorted(unknown))}; choose from {', '.join(BUBBLE_ROWS)}")
@@ -397,11 +490,22 @@ def main() -> None:
                     "net": lambda: net_rows(data.path, tmp, args.big_steps)}[args.only]()
             _write(out, f"pipeline-{args.only}", {args.only: rows}, part_markdown(args.only, rows),
                    data.name, not args.fashion)
+        elif args.only == "cut":
+            start, runs = time.monotonic(), out / "cut-runs"
+            runs.mkdir(exist_ok=True)
+            todo = [(name, k) for name in args.cut_models.split(",")
+                    for k in map(int, args.cut_stages.split(","))]
+            for r in range(1, args.cut_rounds + 1):   # round by round over the models
+                rows = [partition_rows(data.path, tmp, args.steps, name, k, r,
+                                       runs / f"{name}-k{k}-s{args.steps}.jsonl", args.budget, start)
+                        for name, k in todo]
+            _write(out, "pipeline-cut", {"cut": rows}, "\n".join(cut_markdown(rows)) + "\n",
+                   data.name, not args.fashion)
         elif args.only != "learning":
             res = {"bubble": bubble_rows(data.path, tmp, args.steps),
                    "memory": memory_rows(data.path, tmp, args.steps),
                    "throughput": throughput_rows(data.path, tmp, args.big_steps),
-                   "partition": partition_rows(data.path, tmp, args.steps)}
+                   "partition": partition_rows(data.path, tmp, args.steps, rounds=args.cut_rounds)}
             _write(out, "pipeline", res, markdown(res), data.name, not args.fashion)
         if args.only in (None, "learning"):
             res = {"learning": learning_rows(data.path, tmp, args, out)}

@@ -34,6 +34,9 @@ def summary(run, wall: float, measured: tuple) -> dict | None:
             "cut": run.counts,
             "replicas": run.grid.replicas, "steps": steps,
             "samples_per_s": steps * run.settings.batch_size * run.grid.replicas / rows[:, 0].max(),
+            # from the second step on (synchronous schedules; asynchronous: the whole run)
+            "measured_samples_per_s": measured_steps * run.settings.batch_size * run.grid.replicas
+            / rows[:, 9].max(),
             "predicted_bubble": predicted_bubble(opts.stages, m),
             "simulated_idle": simulate(opts.schedule, opts.stages, m, per_op[:, 0], per_op[:, 1]),
             "forward_s": per_op[:, 0].tolist(), "backward_s": per_op[:, 1].tolist(),

@@ -328,7 +328,8 @@ def learning_rows(data, tmp, args, out: Path):
                                     args.eval_samples, "--lr-schedule", args.learn_schedule,
                                     *flags, "--lr", rate)
                     key.write_text(json.dumps({"test_accuracy": summary["test_accuracy"],
-                                               "test_loss": summary["test_loss"]}))
+                                               "test_loss": summary["test_loss"],
+                                               "cut": (summary.get("pipeline") or {}).get("cut")}))
                 acc.append(json.loads(key.read_text())["test_accuracy"])
             rows.append({"schedule": name, "K": k, "lr": rate, "steps": args.learn_steps,
                          "model": args.learn_model,

@@ -60,6 +60,7 @@ def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dat
     assert [r["step"] for r in records if r["kind"] == "step"][-1] == 8
     trace = json.loads(tl.read_text())
     assert summary["measured_steps"] == 7   # the first step's one-off costs are not idle
+    measured = []
     for rank in (0, 1):   # the timeline's waits are the summary's idle time
         spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank]
         assert sum(e["name"] == "forward" for e in spans) == 8 * 4
@@ -71,6 +72,9 @@ def test_pipeline_cli_trains_logs_each_stage_and_resumes_bit_exactly(mpirun, dat
         later = sum(e["dur"] for e in waits if e["ts"] >= mark) * 1e-6
         assert later < waited
         assert later / (wall - mark * 1e-6) == pytest.approx(summary["idle"][rank], rel=1e-3, abs=1e-5)
+        measured.append(wall - mark * 1e-6)
+    # samples/s from the second step on: 7 steps of 16 rows over the slower stage's seconds
+    assert summary["measured_samples_per_s"] == pytest.approx(7 * 16 / max(measured), rel=1e-3)
     mpirun(2, train(dataset, "--steps", 8, "--checkpoint-dir", b, "--schedule", "gpipe",
                     "--resume", a / "ckpt-00000004.h5"), timeout=120)
     one, two = load_checkpoint(a / "ckpt-00000008.h5"), load_checkpoint(b / "ckpt-00000008.h5")

@@ -175,7 +175,8 @@ def planned(tmp, rate, batch, match) -> dict | None:
 
 
 # the models of the cut measurement: model, batch, microbatches
-CUT_MODELS = {"lenet": ("lenet", 32, 4), "resnet8": ("resnet8", 32, 4), "mlp": (FINE, 64, 4)}
+CUT_MODELS = {"lenet": ("lenet", 32, 4), "resnet8": ("resnet8", 32, 4), "mlp": (FINE, 64, 4),
+              "mlp5": (BALANCED, 64, 4)}   # 5 units: 6 cuts at K = 3
 
 
 def compositions(n: int, k: int) -> list[list[int]]:

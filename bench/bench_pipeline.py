@@ -467,9 +467,10 @@ def main() -> None:
     ap.add_argument("--only", choices=("timing", "learning", "bubble", "recompute", "net", "cut"),
                     default=None,
                     help="run one part: timing (bubble, memory, throughput, cut), learning, "
-                         "bubble alone, cut (the auto cut against every cut, --cut-models and --cut-stages), "
-                         "recompute (step time and memory, on against off), or net (the throughput pair on `psgd net` at 1 and "
-                         "10 Gbit/s; needs root) (each writes its own result files)")
+                         "bubble alone, cut (the auto cut against every cut, --cut-models and "
+                         "--cut-stages), recompute (step time and memory, on against off), or net "
+                         "(the throughput pair on `psgd net` at 1 and 10 Gbit/s; needs root) (each "
+                         "writes its own result files)")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     unknown = set(args.rows.split(",")) - set(LEARN_RUNS)
@@ -493,14 +494,7 @@ def main() -> None:
             _write(out, f"pipeline-{args.only}", {args.only: rows}, part_markdown(args.only, rows),
                    data.name, not args.fashion)
         elif args.only == "cut":
-            start, runs = time.monotonic(), out / "cut-runs"
-            runs.mkdir(exist_ok=True)
-            todo = [(name, k) for name in args.cut_models.split(",")
-                    for k in map(int, args.cut_stages.split(","))]
-            for r in range(1, args.cut_rounds + 1):   # round by round over the models
-                rows = [partition_rows(data.path, tmp, args.steps, name, k, r,
-                                       runs / f"{name}-k{k}-s{args.steps}.jsonl", args.budget, start)
-                        for name, k in todo]
+            rows = cut_part(data.path, tmp, args, out)
             _write(out, "pipeline-cut", {"cut": rows}, "\n".join(cut_markdown(rows)) + "\n",
                    data.name, not args.fashion)
         elif args.only != "learning":
@@ -514,6 +508,20 @@ def main() -> None:
             base = "pipeline-learning" + (f"-k{args.learn_stages.replace(',', '')}"
                                           if args.learn_stages != "2" else "")
             _write(out, base, res, learning_markdown(res), data.name, not args.fashion)
+
+
+def cut_part(data, tmp, args, out: Path) -> list:
+    """``--only cut``: every model of ``args.cut_models`` at every K of ``args.cut_stages``,
+    round by round over them, each run kept under ``out/cut-runs/``."""
+    start, runs = time.monotonic(), out / "cut-runs"
+    runs.mkdir(exist_ok=True)
+    todo = [(name, k) for name in args.cut_models.split(",") for k in map(int, args.cut_stages.split(","))]
+    rows = []
+    for r in range(1, args.cut_rounds + 1):   # round by round over the models
+        rows = [partition_rows(data, tmp, args.steps, name, k, r,
+                               runs / f"{name}-k{k}-s{args.steps}.jsonl", args.budget, start)
+                for name, k in todo]
+    return rows
 
 
 def _write(out: Path, base: str, res: dict, text: str, data: str, quick: bool) -> None:

@@ -268,6 +268,8 @@ def main() -> None:
                     help="e.g. 1gbit,10gbit: run on psgd net's 2 nodes at each rate")
     common.add_output_arguments(ap)
     args = ap.parse_args()
+    if args.profiles:
+        Path(args.profiles).mkdir(parents=True, exist_ok=True)
     if args.net:
         return main_net(args)
     if len(args.ranks) != 1:

@@ -3,9 +3,11 @@
     .venv/bin/python bench/bench_plan.py [--ranks 2] [--seconds 3] [--top 3] [--publish]
     .venv/bin/python bench/bench_plan.py --net 1gbit,10gbit --ranks 2,4 [--publish]
 
-For each case (a model and a memory budget per rank) the search runs on a profile made
-here; its top plans, the fastest plan of each kind (data-parallel, pipeline, tensor,
-spatial, grid) and the fastest data plan of serial SGD's arithmetic run through ``mpiexec -n RANKS python -m psgd train`` with the printed flags on
+For each case (a model and a memory budget per rank: two small MLPs and LeNet, then the
+issue's 40M-parameter MLP and a wide one) the search runs on a profile made here
+(``--profiles DIR``: kept there and reused); its top plans, the fastest plan of each kind
+(data-parallel, pipeline, tensor, spatial, grid) and the fastest data plan of serial SGD's
+arithmetic run through ``mpiexec -n RANKS python -m psgd train`` with the printed flags on
 the same synthetic data. Reported per plan: predicted and measured samples per second
 (measured: a data plan's last half of the steps, a tensor grid's median step, a
 pipeline's whole run, its first step included) and their ratio, the plan's bytes per rank
@@ -13,14 +15,15 @@ and the run's peak resident set (a tensor grid's every rank, a pipeline's part 0
 stage); per case: whether the top plan's prediction is within 25 % and whether the top
 plan is within 10 % of the fastest measured. At 4 ranks and more a case whose cap only
 pipelines of tensor-split stages fit is added. The search's wall time at 8-1024 ranks is
-measured on a ResNet-20 profile and each case's. Writes plan-synthetic.{json,md} into runs/bench/plan-TIME/
-(--publish: bench/results/ and docs/results/plan.md).
+measured on a ResNet-20 profile and each case's. Writes plan-synthetic.{json,md} into
+runs/bench/plan-TIME/ (--publish: bench/results/ and docs/results/plan.md).
 
 With ``--net RATES`` every run goes through ``psgd net --nodes 2 --rate RATE`` (rank r on
 emulated node r mod 2, one shared link) and the search plans for that placement and link,
 at each rank count of ``--ranks`` (a comma list here); the cases are the CIFAR preset and
-an MLP on 3x32x32 images, and a table of the plans the search picks at 64-1024 ranks
-(predicted only) follows. Writes plan-net-synthetic.* and docs/results/plan-net.md.
+an MLP on 3x32x32 images, then the two big MLPs on 28x28 ones, and a table of the plans the
+search picks at 64-1024 ranks (predicted only) follows. Writes plan-net-synthetic.* and
+docs/results/plan-net.md.
 """
 from __future__ import annotations
 
@@ -52,6 +55,9 @@ CASES = [("mlp:784-512-512-10", 1 << 30), ("mlp:784-512-512-10", 5 << 20), ("len
 # 3072x2048 layer's 25 MB (three copies: weights, gradient, the all-reduce's) does not fit
 # whole, so only pipelines of tensor-split stages (D x K x T) fit the cap
 SPLIT_CASE = ("mlp:3072-2048-2048-2-10", 48 << 20)
+# the issue's big models on 28x28 images, on shared memory and on psgd net: a 40M-parameter MLP
+# (37M) and a wide one (74M, 294 MB of float32; data parallelism's three copies fit 1 GB)
+BIG_CASES = [("mlp:784-4096-4096-4096-10", 1 << 30), ("mlp:784-8192-8192-10", 1 << 30)]
 # the search's wall time: rank counts, and runs of each up to 256 ranks (the range is printed;
 # one run at 1024)
 SEARCH_RANKS = (8, 64, 256, 1024)
@@ -107,7 +113,8 @@ def chosen(plans: list, top: int) -> list:
 
 
 def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) -> dict:
-    prof = get_profile(model, str(tmp / f"{model.replace(':', '_')}.json"), data=str(data))
+    prof = get_profile(model, str(Path(args.profiles or tmp) / f"{model.replace(':', '_')}.json"),
+                       data=str(data))
     held = prof.base_bytes + train_bytes(str(data))     # the process and, at most, all the data
     plans, _ = search(prof, bench_budget(args, held + memory, data))
     print(json.dumps({"model": model, "crowd_ratios": prof.crowd_ratios, "mac_s": prof.mac_s,
@@ -249,16 +256,20 @@ def main() -> None:
     ap.add_argument("--per-node", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--cases", type=lambda t: [int(n) for n in t.split(",")], default=None,
-                    help="without --net: only these cases (0-based: CASES, then at 4 ranks and "
-                         "more the D x K x T case)")
+                    help="only these cases (0-based; without --net: CASES, BIG_CASES, then at 4 "
+                         "ranks and more the D x K x T case; with --net: NET_CASES, BIG_CASES)")
     ap.add_argument("--no-resnet20", action="store_true",
                     help="without --net: skip the ResNet-20 profile and its search times")
     ap.add_argument("--no-paper", action="store_true",
                     help="with --net: skip the 64-1024-rank table (its profiles)")
+    ap.add_argument("--profiles", default=None, metavar="DIR",
+                    help="keep each model's profile in DIR and reuse it (default: made per run)")
     ap.add_argument("--net", default=None, metavar="RATES",
                     help="e.g. 1gbit,10gbit: run on psgd net's 2 nodes at each rate")
     common.add_output_arguments(ap)
     args = ap.parse_args()
+    if args.profiles:
+        Path(args.profiles).mkdir(parents=True, exist_ok=True)
     if args.net:
         return main_net(args)
     if len(args.ranks) != 1:
@@ -269,7 +280,7 @@ def main() -> None:
     print(json.dumps({"search_s": times}), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = common.dataset(Path(tmp), True, "bench-plan", train=4096)
-        todo = [(m, mem, data.path) for m, mem in CASES]
+        todo = [(m, mem, data.path) for m, mem in CASES + BIG_CASES]
         if args.ranks >= 4:       # D x K x T needs K x T >= 4 ranks
             colour = Path(tmp) / "colour.h5"
             run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
@@ -291,19 +302,23 @@ def main() -> None:
 
 
 def main_net(args) -> None:
-    """The --net bench: NET_CASES at each rate on 3x32x32 synthetic images, then the
-    extrapolation table."""
+    """The --net bench: NET_CASES at each rate on 3x32x32 synthetic images and BIG_CASES on
+    28x28 ones (``--cases``: some of them), then the extrapolation table."""
     out, parts, results = common.out_dir(args, "plan-net"), [], {}
     counts = args.ranks
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "colour.h5"
         run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
                      "4096", "--test", "256", "-o", str(data)], 300, cwd=ROOT).check_returncode()
+        todo = [(m, mem, data) for m, mem in NET_CASES]
+        grey = common.dataset(Path(tmp), True, "bench-plan", train=4096).path
+        todo += [(m, mem, grey) for m, mem in BIG_CASES]
+        picked = range(len(todo)) if args.cases is None else args.cases
         for ranks in counts:
             for rate in args.net.split(","):
                 args.ranks, args.rate = ranks, rate
-                cases = [run_case(i, m, mem, data, Path(tmp), args)
-                         for i, (m, mem) in enumerate(NET_CASES)]
+                cases = [run_case(i, m, mem, path, Path(tmp), args)
+                         for i, (m, mem, path) in enumerate(todo) if i in picked]
                 results[f"{rate}, {args.ranks} ranks"] = cases
                 parts += [f"## {rate}, {args.ranks} ranks", "", table(cases, args)]
         paper = None if args.no_paper else paper_table(Path(tmp))

@@ -189,7 +189,8 @@ def test_grid_auto_prices_a_spatial_head_and_picks_it_for_big_images_on_few_samp
     """Gholami's integrated choice with spatial: 3 samples of 64x64 on 2 ranks (a batch split
     leaves one rank 2 of 3 samples) put the convs on each rank's rows and split the dense
     head by tensor; a halo is psgd plan's neighbour exchange of the kernel's rows (counted
-    here by hand); at 16 samples the batch head wins (even shares, no halos)."""
+    here by hand: each part sends its neighbour the row it needs); at 16 samples the batch
+    head wins (even shares, no halos)."""
     from psgd.nn.model import model_layers
     from psgd.plan.cost import Job, Network, Traffic
     from psgd.plan.grid import choose_split, group_price
@@ -205,10 +206,11 @@ def test_grid_auto_prices_a_spatial_head_and_picks_it_for_big_images_on_few_samp
     split = split_mixed(layers, FakeComm(0, 2), cut, head)
     first = [la for la in split if isinstance(la, SpatialWindow)][0]
     assert first.hi[0] == first.lo[1] == 1 and first.lo[0] == first.hi[1] == 0   # 3x3, pad 1
-    halo = Traffic(Job(1, 0.0, 1, 2, 0, 1, None))
+    halo, row = Traffic(Job(1, 0.0, 1, 2, 0, 1, None)), 3 * 64 * 3 * 4
     for a, b in ((0, 1), (1, 0)):         # one row of 64 pixels x 3 channels, 3 samples, float32
-        halo.carry(a, b, 3 * 64 * 3 * 4 / 2)
-    assert price("halo", 3 * 64 * 3 * 4) == pytest.approx(halo.seconds(net, 2), rel=1e-12)
+        halo.carry(a, b, row)             # each way, one message each
+    assert price("halo", np.array([[row, row]])) == pytest.approx(halo.seconds(net, 1), rel=1e-12)
+    assert price("halo", np.array([[0, 0]])) == 0.0
     chosen = next(r for r in rows if (r["head"], r["cut"]) == (head, cut))
     assert chosen["collective_s"] == pytest.approx(step_seconds(split, 3, 4, price), rel=1e-12)
 

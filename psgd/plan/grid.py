@@ -30,7 +30,7 @@ def group_price(net: Network, per_node: int, cliques: int | None, ranks: int, pa
     replicas = [[first + s + r for r in range(0, ranks, parts)] for s in range(parts)]
 
     def price(kind: str, nbytes: float) -> float:
-        if kind == "halo":          # each rank sends half to each neighbour at once
+        if kind == "halo":          # each part's rows to its neighbours, at once
             return _halo_s(job, groups, nbytes, net)
         reduced = nbytes / 2 if kind == "all-gather" else nbytes
         return groups_allreduce_s(replace(job, n_params=max(1, int(reduced // 4))),
@@ -63,15 +63,30 @@ def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, p
     return int(d), int(t), per_sample
 
 
-def _halo_s(job: Job, groups: list, nbytes: float, net: Network) -> float:
-    """A halo exchange in every group at once: ``nbytes`` per rank, half to each neighbour, two
-    messages."""
+def _halo_s(job: Job, groups: list, nbytes, net: Network) -> float:
+    """A halo exchange in every group at once: ``nbytes[q]`` = (the bytes part q sends part
+    q + 1, those part q + 1 sends part q); the latency of the most messages a part sends; 0
+    where no part sends."""
+    sends = np.asarray(nbytes, dtype=float).reshape(-1, 2)
+    if not sends.any():
+        return 0.0
     t = Traffic(job)
     for group in groups:
-        for a, b in zip(group, group[1:]):
-            t.carry(a, b, nbytes / 2)
-            t.carry(b, a, nbytes / 2)
-    return t.seconds(net, 2)
+        for (a, b), (down, up) in zip(zip(group, group[1:]), sends):
+            t.carry(a, b, down)
+            t.carry(b, a, up)
+    messages = np.zeros(len(sends) + 1, dtype=int)
+    messages[:-1] += sends[:, 0] > 0
+    messages[1:] += sends[:, 1] > 0
+    return t.seconds(net, int(messages.max()))
+
+
+def wire_share(kind: str, nbytes) -> float:
+    """A collective's bytes as the wire column counts them (2 (T - 1) times this per group):
+    an all-reduce's, half an all-gather's, a halo's total over 2 (T - 1)."""
+    if kind == "halo":
+        return float(np.sum(nbytes)) / (2 * len(nbytes))
+    return nbytes / 2 if kind == "all-gather" else nbytes
 
 
 def split_prices(layers: list, comm, batch: int, itemsize: int, price, replicas: int = 1,
@@ -169,8 +184,7 @@ def grid_rows(profile, budget, layers: list | None, crowded=None) -> list[dict]:
         k = sum(a < cut for a in starts)            # units on samples, or on rows
         compute = budget.slow(profile, f"tensor {t}") * _grid_compute(profile, head, k, b, t)
         local = memory.grid_params(profile, k, t)
-        moved = step_seconds(split_mixed(layers, Alone(t), cut, head), b, ITEMSIZE,
-                             lambda kind, n: n / 2 if kind == "all-gather" else n)
+        moved = step_seconds(split_mixed(layers, Alone(t), cut, head), b, ITEMSIZE, wire_share)
         wire = d * 2 * (t - 1) * moved + 2 * (d - 1) * local * t
         plans.append({"step_s": compute + collective + local * profile.step_s_per_byte,
                       "memory": budget.fixed(profile, d) + memory.grid_part(

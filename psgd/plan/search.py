@@ -334,14 +334,14 @@ def _spatial_collectives(profile: Profile, budget: Budget, p: int) -> tuple[floa
     weight-gradient all-reduce, the batch norms' statistics, the all-gather of the rows
     before the whole layers, as the split layers list them (:func:`psgd.tensor.mixed.step_seconds`,
     priced as ``--grid auto`` prices its spatial heads)."""
-    from psgd.plan.grid import ITEMSIZE, group_price, serial_layers
+    from psgd.plan.grid import ITEMSIZE, group_price, serial_layers, wire_share
     from psgd.plan.tensor_time import Alone
     from psgd.tensor.mixed import step_seconds
     from psgd.tensor.spatial import split_spatial
     split = split_spatial(serial_layers(profile.spec, profile.input_shape, profile.n_classes), Alone(p))
     price = group_price(budget.net, budget.per_node, budget.cliques, budget.ranks, p)
     return (step_seconds(split, budget.batch, ITEMSIZE, price),
-            step_seconds(split, budget.batch, ITEMSIZE, lambda kind, n: n / 2 if kind == "all-gather" else n))
+            step_seconds(split, budget.batch, ITEMSIZE, wire_share))
 
 
 def grid_plans(profile: Profile, budget: Budget, crowded: Budget | None = None) -> list[Plan]:

@@ -122,7 +122,8 @@ def split_mixed(layers: list, comm, cut: int, head: str = "batch") -> list:
 
 def _collectives(layer, first: bool) -> list:
     """(kind, values per sample or per step) of the collectives one step of split ``layer``
-    runs: ("all-reduce" | "all-gather", values, per_sample)."""
+    runs: ("all-reduce" | "all-gather" | "halo", values, per_sample); a halo's values are an
+    array, row q the values part q sends part q + 1 and part q + 1 sends part q."""
     size = lambda shape: int(np.prod(shape))  # noqa: E731
     if isinstance(layer, SplitResidual):
         out = [c for part in layer.parts for c in _collectives(part, False)]
@@ -137,8 +138,9 @@ def _collectives(layer, first: bool) -> list:
     if isinstance(layer, GatherHeight):
         return [("all-gather", size(layer.out_shape), True)]
     if isinstance(layer, SpatialWindow):   # the halo forward (and its adjoint), the weights' sum
-        deepest = max(a + b for a, b in zip(layer.lo, layer.hi))     # an inner rank's two sides
-        halo = [("halo", deepest * size(layer.in_shape[1:]), True)] * (1 if first else 2)
+        rows = np.array([[layer.lo[q + 1], layer.hi[q]] for q in range(len(layer.lo) - 1)])
+        halo = [("halo", rows * size(layer.in_shape[1:]), True)]     # forward: [q] q -> q+1, q+1 -> q
+        halo += [] if first else [("halo", rows[:, ::-1] * size(layer.in_shape[1:]), True)]  # adjoint
         return halo + ([("all-reduce", sum(size(s) for _, s in layer.param_shapes()), False)]
                        if layer.param_shapes() else [])
     if isinstance(layer, OnSamples):
@@ -150,7 +152,8 @@ def _collectives(layer, first: bool) -> list:
 
 def step_seconds(split: list, batch: int, itemsize: int, price) -> float:
     """Seconds of the collectives of one step of the ``split`` layers within the group, each
-    priced by ``price(kind, nbytes)`` (kind ``all-reduce`` or ``all-gather``)."""
+    priced by ``price(kind, nbytes)`` (kind ``all-reduce``, ``all-gather``, or ``halo`` with
+    per-neighbour bytes as :func:`_collectives` gives them)."""
     total, first = 0.0, True
     for layer in split:
         for kind, values, per_sample in _collectives(layer, first):

@@ -118,13 +118,14 @@ def _cut(settings, opts, model) -> tuple[list[int], list | None, object]:
     from psgd.data.reader import dataset_info
     bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
     parts = tensor_stages.parts_of(settings)
-    if parts > 1:   # tensor-split stages: the split units' costs and parts' bytes
-        cut = spatial_stages.split_cut if settings.split.spatial else tensor_stages.split_cut
-        counts, costs = cut(model, opts, parts, settings.batch_size, bound)
+    if parts > 1 and not getattr(settings.split, "spatial", None):   # tensor-split stages
+        counts, costs = tensor_stages.split_cut(model, opts, parts, settings.batch_size, bound)
         return counts, costs, opts
     info = dataset_info(settings.data)
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
+    if parts > 1:   # stages split by rows: each must hold a layer that splits
+        return spatial_stages.split_cut(model, opts, parts, costs, bound), costs, opts
 
     def cut(recompute: bool) -> list[int]:
         again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \

@@ -98,19 +98,17 @@ def splits(layers: list, span: tuple[int, int], parts: int) -> str | None:
     return None
 
 
-def split_cut(model, opts, parts: int, batch_size: int, in_flight) -> tuple[list[int], list]:
+def split_cut(model, opts, parts: int, costs: list, in_flight) -> list[int]:
     """``--partition auto`` for stages split by ``--spatial parts``: the min-max cut over the
-    unsplit units' times (:func:`psgd.tensor.pipeline.profile_split` on one part; the halos
-    are not priced) among the cuts whose every stage splits by rows, within
-    ``--memory-per-rank`` by the unsplit stage's bytes (the parameters are whole on every
-    part; the activations counted whole, an over-estimate)."""
+    unsplit units' ``costs`` (:func:`psgd.pipeline.partition.profile`; the halos, the edge
+    all-gather and the 1/P of the conv work are not priced) among the cuts whose every stage
+    splits by rows, within ``--memory-per-rank`` by the unsplit stage's bytes (the
+    parameters are whole on every part; the activations, counted whole, over-estimated)."""
     from psgd.pipeline.partition import min_max_cut, recompute_shares, stage_memory, stage_time, units
-    from psgd.tensor.pipeline import profile_split
     bounds = units(model)
     if not any(isinstance(q, ChannelsLast) for q in model.layers) and len(model.layers[0].in_shape) != 3:
         raise ValueError(f"--spatial needs a model with conv layers (an image input); "
                          f"{model.spec} has none")
-    costs = profile_split(model.layers, bounds, 1, batch_size // opts.microbatches, model.dtype)
     again = recompute_shares(opts.schedule, opts.stages, opts.microbatches)
     cache: dict = {}
 
@@ -128,4 +126,4 @@ def split_cut(model, opts, parts: int, batch_size: int, in_flight) -> tuple[list
                          f"conv or pool layer that splits over --spatial {parts}"
                          + (f" within --memory-per-rank {opts.memory_per_rank}"
                             if opts.memory_per_rank else ""))
-    return counts, costs
+    return counts

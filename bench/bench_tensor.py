@@ -27,12 +27,15 @@ With ``--pipeline K`` the grid with a pipeline, ranks = D x K x T: K stages spli
 parts (``--pipeline K --tensor 2``, 2K ranks) against the unsplit pipeline on the same ranks
 (D = 2 replicas of K stages) and on half of them (one replica of K stages), interleaved for
 ``--rounds`` in the same run; samples/s is the pipeline summary's (after the first step).
-Writes tensor-pipeline-synthetic.{json,md}.
+Writes tensor-pipeline-synthetic.{json,md}. ``--pipeline-axis spatial``: the stages split by
+image rows (``--spatial 2``; give a conv ``--model``) instead; writes spatial-pipeline-*.
+A row with more ranks than this machine's cores is marked oversubscribed.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -198,7 +201,7 @@ def pipeline_cell(data: Path, d: int, t: int, args, log: Path) -> dict:
            "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--quiet", "--log",
            str(log), "--eval-samples", "64", "--pipeline", str(k), "--microbatches",
            str(args.microbatches), "--schedule", "gpipe", "--recompute", "on"]
-    cmd += ["--tensor", str(t)] if t > 1 else []
+    cmd += [f"--{args.pipeline_axis}", str(t)] if t > 1 else []
     proc = run_bounded(cmd, args.timeout, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"bench-tensor: pipeline {d}x{k}x{t} failed: {proc.stderr.strip()[-400:]}")
@@ -211,13 +214,16 @@ def pipeline_cell(data: Path, d: int, t: int, args, log: Path) -> dict:
 def pipeline_table(rows: list, args) -> str:
     base = next(r for r in rows if r["D"] == 1 and r["T"] == 1)["samples_per_s"]
     same = {r["ranks"]: r["samples_per_s"] for r in rows if r["T"] == 1}
-    lines = [f"Model `{args.model}`, batch {args.batch_size} per replica in {args.microbatches} "
-             f"microbatches, gpipe, --recompute on, {args.steps} steps, momentum SGD; samples/s "
-             f"after the first step, the best of {args.rounds} interleaved rounds (range beside it).",
-             "", "| D x K x T | ranks | samples/s | range | vs 1 x K x 1 | vs unsplit on the same "
+    x = "P" if args.pipeline_axis == "spatial" else "T"
+    lines = [f"Model `{args.model}`, stages split by --{args.pipeline_axis}, batch "
+             f"{args.batch_size} per replica in {args.microbatches} microbatches, gpipe, "
+             f"--recompute on, {args.steps} steps, momentum SGD; samples/s after the first step, "
+             f"the best of {args.rounds} interleaved rounds (range beside it).",
+             "", f"| D x K x {x} | ranks | samples/s | range | vs 1 x K x 1 | vs unsplit on the same "
              "ranks | parameter bytes per stage (rank of part 0) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['D']} x {r['K']} x {r['T']} | {r['ranks']} | {r['samples_per_s']:.0f} "
+        over = " (oversubscribed)" if r["ranks"] > (os.cpu_count() or 1) else ""
+        lines.append(f"| {r['D']} x {r['K']} x {r['T']} | {r['ranks']}{over} | {r['samples_per_s']:.0f} "
                      f"| {min(r['rounds']):.0f}-{max(r['rounds']):.0f} | {r['samples_per_s'] / base:.2f} "
                      f"| {r['samples_per_s'] / same[r['ranks']]:.2f} | {r['param_bytes']} |")
     return "\n".join(lines)
@@ -237,7 +243,7 @@ def main_pipeline(args) -> None:
         row = dict(max(runs[grid], key=lambda r: r["samples_per_s"]))
         row["rounds"] = [r["samples_per_s"] for r in runs[grid]]
         rows.append(row)
-    stem = common.result_stem("tensor-pipeline", True)
+    stem = common.result_stem(f"{args.pipeline_axis}-pipeline", True)
     body = pipeline_table(rows, args)
     common.write_json(out / f"{stem}.json", {"rows": rows, "model": args.model}, data.name)
     common.write_text(out / f"{stem}.md", body, data.name)
@@ -262,6 +268,8 @@ def main() -> None:
     ap.add_argument("--pipeline", type=int, default=None, metavar="K",
                     help="K-stage pipelines split over T = 2 (D x K x T) against unsplit ones")
     ap.add_argument("--microbatches", type=int, default=4, help="--pipeline: microbatches per batch")
+    ap.add_argument("--pipeline-axis", choices=("tensor", "spatial"), default="tensor",
+                    help="--pipeline: split the stages by --tensor 2 or --spatial 2")
     common.add_output_arguments(ap)
     args = ap.parse_args()
     if args.pipeline:

@@ -63,7 +63,6 @@ def test_cli_pipeline_of_tensor_split_stages_trains_as_serial_float64(mpirun, da
 
 
 @pytest.mark.parametrize("ranks,flags,message", [
-    (2, ["--spatial", 2], "--spatial does not work under --pipeline"),
     (2, ["--grid", "auto"], "--grid auto does not work under --pipeline"),
     (4, ["--tensor", 2, "--protocol", "ssp", "--servers", 1, "--staleness", 1],
      "server shards of split stages are not built"),

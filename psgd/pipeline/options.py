@@ -34,7 +34,7 @@ REFUSED = {
     "skip_nonfinite": "a stage cannot skip a microbatch the others computed",
     # kept by psgd.run.pipeline_job where psgd.tensor.pipeline builds tensor-split stages
     "tensor": "tensor-split stages run --schedule gpipe or 1f1b without servers",
-    "spatial": "stages split by image rows are not built; use --tensor T",
+    "spatial": "stages split by image rows run without servers",
     "grid": "stages split their layers by --tensor T or --grid D,T, not a per-layer choice",
     "elastic": "a pipeline's stages are fixed ranks, none of which may leave",
 }

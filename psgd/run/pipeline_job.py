@@ -35,6 +35,7 @@ from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run
 from psgd.run.tensor_servers import ServerGroups, servers_of, workers_comm
 from psgd.tensor import pipeline as tensor_stages
+from psgd.tensor import spatial_stages
 
 DEFAULT_PROTOCOL = "allreduce"
 
@@ -66,7 +67,7 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     split = any(given.get(name) for name in ("tensor", "spatial", "grid"))
     refused = split and tensor_stages.refused(given, given.get("schedule", "1f1b"),
                                               protocol.servers)
-    keep = (SERVER_SETTINGS if protocol.servers else ()) + (("tensor", "grid") if split else ())
+    keep = (SERVER_SETTINGS if protocol.servers else ()) + (("tensor", "spatial", "grid") if split else ())
     refused = refused or refused_by(PipelineFlags(), given, keep=keep)
     if refused:
         raise ValueError(refused)
@@ -82,7 +83,8 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
         tensor_stages.check_grid(settings, opts.stages, comm.Get_size())
         opts = replace(opts, recompute=True)
         if (comm.Get_size() - n_servers) % (opts.stages * parts):
-            raise ValueError(f"--pipeline {opts.stages} --tensor {parts}: the {comm.Get_size()} "
+            axis = "--spatial" if settings.split.spatial else "--tensor"
+            raise ValueError(f"--pipeline {opts.stages} {axis} {parts}: the {comm.Get_size()} "
                              f"ranks are not D replicas x {opts.stages} stages x {parts} parts "
                              f"(give a multiple of {opts.stages * parts} ranks)")
     if comm.Get_size() <= n_servers or (comm.Get_size() - n_servers) % opts.stages:
@@ -116,12 +118,14 @@ def _cut(settings, opts, model) -> tuple[list[int], list | None, object]:
     from psgd.data.reader import dataset_info
     bound = lambda s: in_flight(opts.schedule, opts.stages, s, opts.microbatches)  # noqa: E731
     parts = tensor_stages.parts_of(settings)
-    if parts > 1:   # tensor-split stages: the split units' costs and parts' bytes
+    if parts > 1 and not getattr(settings.split, "spatial", None):   # tensor-split stages
         counts, costs = tensor_stages.split_cut(model, opts, parts, settings.batch_size, bound)
         return counts, costs, opts
     info = dataset_info(settings.data)
     costs = partition.profile(model, settings.batch_size // opts.microbatches,
                               unit_model=lambda a, b: stage_model(settings, info, a, b))
+    if parts > 1:   # stages split by rows: each must hold a layer that splits
+        return spatial_stages.split_cut(model, opts, parts, costs, bound), costs, opts
 
     def cut(recompute: bool) -> list[int]:
         again = partition.recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
@@ -337,7 +341,8 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     opts, model = run.options, _skeleton(run.settings)   # the whole layer list
     servers = servers_of(run.settings)
     parts = getattr(run.grid, "parts", 1)
-    split = f" x {parts} tensor parts" if parts > 1 else ""
+    spatial = bool(run.settings.split.spatial)
+    split = f" x {parts} {'spatial' if spatial else 'tensor'} parts" if parts > 1 else ""
     over = f" over {servers} --protocol {run.settings.protocol} servers" if servers else ""
     print(f"psgd: pipeline of {opts.stages} stages{split} x {run.grid.replicas} replica(s){over}, "
           f"--schedule {opts.schedule}, {opts.microbatches} microbatch(es) of "
@@ -349,7 +354,8 @@ def _announce(run: PipelineRun, counts: list[int], costs) -> None:
     for s, (a, b) in enumerate(partition.layer_bounds(model, counts)):
         n = sum(int(np.prod(shape)) for layer in model.layers[a:b] for _, shape in layer.param_shapes())
         size = run.model.dtype.itemsize
-        widest = max(tensor_stages.part_param_bytes(model.layers[a:b], parts, size)) if parts > 1 else 0
+        widest = n * size if spatial else \
+            max(tensor_stages.part_param_bytes(model.layers[a:b], parts, size)) if parts > 1 else 0
         line = (f"psgd:   stage {s}: layers {a}..{b - 1} ({type(model.layers[a]).__name__} .. "
                 f"{type(model.layers[b - 1]).__name__}), {n * size} parameter bytes"
                 + (f" over {parts} parts (the widest part {widest})" if parts > 1 else ""))

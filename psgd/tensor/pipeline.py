@@ -15,15 +15,16 @@ from psgd.nn.norm import BatchNorm
 from psgd.pipeline.trainer import PipelineTrainer, slots
 from psgd.tensor.conv import split_tensor
 from psgd.tensor.model import TensorModel
+from psgd.tensor.spatial_stages import reducing, rows_split
 
 SCHEDULES = ("gpipe", "1f1b", "pipedream", "pipemare")
 
 
 def parts_of(settings) -> int:
-    """T of a pipeline run: --tensor T, or the T of --grid D,T (1: stages run whole)."""
+    """T of a pipeline run: --tensor T, --spatial P, or the T of --grid D,T (1: stages run whole)."""
     split = settings.split
-    if split.tensor:
-        return int(split.tensor)
+    if split.tensor or getattr(split, "spatial", None):
+        return int(split.tensor or split.spatial)
     if split.grid and "," in str(split.grid) and "auto" not in str(split.grid):
         return int(str(split.grid).split(",")[1])
     return 1
@@ -31,9 +32,6 @@ def parts_of(settings) -> int:
 
 def refused(given: dict, schedule: str, servers: bool) -> str | None:
     """The line refusing a split that tensor-split stages do not run (None: they run it)."""
-    if given.get("spatial"):
-        return ("--spatial does not work under --pipeline: a stage's parts exchange halos "
-                "inside the stage only, and stages split by rows are not built; use --tensor T")
     grid = str(given.get("grid") or "")
     if grid and ("," not in grid or "auto" in grid):
         return (f"--grid {grid} does not work under --pipeline: each stage splits its layers by "
@@ -64,12 +62,14 @@ def check_grid(settings, stages: int, size: int) -> None:
 
 
 def stage_model(settings, info: dict, a: int, b: int, comm) -> TensorModel:
-    """Stage ``[a, b)`` of ``--model`` split over ``comm`` (the stage's parts); its layers run
-    from index 0 (``model.a``, ``model.b`` span them, as :mod:`psgd.pipeline.evaluate` reads)."""
-    model = TensorModel(settings.model, lambda layers, c: split_tensor(layers, c, close=True),
-                        comm, seed=settings.seed, dtype=np.dtype(settings.split.dtype),
+    """Stage ``[a, b)`` of ``--model`` split over ``comm`` (the stage's parts; by rows under
+    ``--spatial``, :mod:`psgd.tensor.spatial_stages`); its layers run from index 0
+    (``model.a``, ``model.b`` span them, as :mod:`psgd.pipeline.evaluate` reads)."""
+    spatial = getattr(settings.split, "spatial", None)
+    split = rows_split((a, b)) if spatial else lambda layers, c: split_tensor(layers, c, close=True)
+    model = TensorModel(settings.model, split, comm, seed=settings.seed, dtype=np.dtype(settings.split.dtype),
                         input_shape=info["input_shape"], n_classes=info["n_classes"], span=(a, b))
-    if model.partial.size:
+    if model.partial.size and not spatial:
         raise AssertionError("a --tensor split left a partial gradient; stages do not reduce it")
     model.a, model.b = 0, len(model.layers)
     model.any_batchnorm = any(isinstance(p, BatchNorm) for p in _walk(model.serial_layers))
@@ -85,6 +85,8 @@ def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size:
     layers (``whole``: the run's steps, as it takes them)."""
     from psgd.pipeline.schedules import ASYNCHRONOUS
     from psgd.pipeline.stage import Stage
+    if model.partial.size:   # --spatial: the conv weights' gradients are partial sums
+        make_optimizer = reducing(make_optimizer, model, options)
     if options.schedule in ASYNCHRONOUS:
         from psgd.pipeline.trainer import build_trainer as build_stage
         return build_stage(model, grid, options, [(0, len(model.layers))] * grid.stages,

@@ -240,14 +240,22 @@ def _by_height(layer, sizes: list, shape: tuple, comm):
     return None
 
 
-def height_split(layers: list, comm, stop: int | None = None) -> tuple[list, int]:
+def height_split(layers: list, comm, stop: int | None = None, begin: bool = False,
+                 close: bool = False) -> tuple[list, int]:
     """(the serial ``layers`` of a conv net with their leading conv, pool, BN and residual
     layers split by height; the index of the first serial layer that runs on whole images).
 
     Splitting stops at the first layer that needs whole images (flatten, global pool, dense),
     whose rows split over ``comm`` would be thinner than its kernel, or at index ``stop``:
-    the rows are gathered there and the rest runs whole (replicated) on every rank."""
+    the rows are gathered there and the rest runs whole (replicated) on every rank.
+    ``begin``: the input is already an image (H, W, C), split from the first layer on (not
+    after a :class:`ChannelsLast`); ``close``: rows still split after the last layer are
+    gathered (a pipeline stage's output, :mod:`psgd.tensor.spatial_stages`)."""
     out, sizes, shape = [], None, None
+    if begin:
+        shape, split = layers[0].in_shape, SplitHeight(layers[0].in_shape, comm)
+        out.append(split)
+        sizes = split.sizes
     for i, layer in enumerate(layers):
         if sizes is None:
             out.append(layer)
@@ -268,7 +276,7 @@ def height_split(layers: list, comm, stop: int | None = None) -> tuple[list, int
         sizes, shape = part[1], part[2]
     if sizes is None:
         raise ValueError("--spatial needs a model with conv layers (an image input); this one has none")
-    return out, len(layers)
+    return out + ([GatherHeight(sizes, shape, comm)] if close else []), len(layers)
 
 
 def split_spatial(layers: list, comm) -> list:

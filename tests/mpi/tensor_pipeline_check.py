@@ -1,6 +1,8 @@
 """A pipeline of tensor-split stages against serial float64 (tests/test_tensor_pipeline.py).
 
-Usage: tensor_pipeline_check.py SPEC K T M SCHEDULE STEPS; ranks = D x K x T.
+Usage: tensor_pipeline_check.py SPEC K T M SCHEDULE STEPS [spatial CUT SIZE]; ranks = D x K x T.
+With ``spatial``, the stages are split by rows over T parts (--spatial T), the model cut into
+CUT units per stage (comma-separated), on SIZE x SIZE images of one channel.
 Rank 0 prints ``relative |grid - serial| = X`` over the parameters after STEPS steps (the
 serial step on the D x M microbatches of each batch; under pipedream and pipemare, D = 1, the
 unsplit asynchronous pipeline's serial reference) and the same for the streamed test loss.
@@ -30,13 +32,18 @@ BATCH = 12
 
 def main():
     spec, k, t, m, schedule, steps = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], int(sys.argv[6])
+    spatial = len(sys.argv) > 7 and sys.argv[7] == "spatial"
+    global SHAPE
+    SHAPE = (1, int(sys.argv[9]), int(sys.argv[9])) if spatial else SHAPE
     comm = MPI.COMM_WORLD
     grid = TensorGrid(comm, k, t)
     whole = build_model(spec, seed=3, dtype=np.float64, input_shape=SHAPE, n_classes=10)
     shape = whole.input_shape
     n = len(units(whole))
-    bounds = layer_bounds(whole, [n // k + (i < n % k) for i in range(k)])
-    settings = SimpleNamespace(model=spec, seed=3, split=SimpleNamespace(dtype="float64"))
+    cut = list(map(int, sys.argv[8].split(","))) if spatial else [n // k + (i < n % k) for i in range(k)]
+    bounds = layer_bounds(whole, cut)
+    settings = SimpleNamespace(model=spec, seed=3,
+                               split=SimpleNamespace(dtype="float64", spatial=t if spatial else None))
     model = stage_model(settings, {"input_shape": SHAPE, "n_classes": 10}, *bounds[grid.stage],
                         grid.tensor_comm)
     options = PipelineOptions(stages=k, microbatches=m, schedule=schedule, recompute=True)

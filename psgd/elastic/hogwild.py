@@ -79,8 +79,9 @@ class HogwildCoordinator:
                 if seen.get(r, (None,))[0] != tally:
                     seen[r] = (tally, now)
                 elif counters[0] >= self.updates and now - seen[r][1] > self.stall_s:
-                    self._lose(r, counters, f"it added nothing for --stall-timeout "
-                                            f"{self.stall_s:g} s after the run's last update")
+                    self._lose(r, counters, f"it added nothing for longer than --stall-timeout "
+                                            f"{self.stall_s:g} s, and the run's updates are all "
+                                            f"taken")
             time.sleep(LOOK_S)
         if not self.done:
             raise PsgdError("every worker of the elastic hogwild run was lost")

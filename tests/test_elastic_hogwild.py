@@ -129,8 +129,9 @@ def test_a_member_s_mpiexec_killed_mid_accumulate(tmp_path, data):
 
 def test_a_member_s_mpiexec_killed_at_any_moment_mid_run(tmp_path, data):
     run = Run(tmp_path, data)
-    _until("the run to start", lambda: "workers starts" in run.text(0), run.procs)
-    time.sleep(2.0)   # about a third of the run, alone on this VM (checked: at_update)
+    _until("a third of the updates", lambda: max([r["updates"] for r in _records(run.log)
+                                                    if r["kind"] == "step"], default=0)
+           >= UPDATES // 3, run.procs)
     os.killpg(run.procs[1 + VICTIM].pid, signal.SIGKILL)
     summary = run.close()
     _check_end(run, summary, None, torn=(0, 1))

@@ -64,10 +64,14 @@ class HogwildCoordinator:
         """Watch until every live member is done; the final parameters (PsgdError: every
         member was lost)."""
         seen: dict = {}   # member -> (its tally, when it last moved)
+        mark = 0          # the next tenth of the run's updates to log a step record at
         while True:
             self._hear()
             counters = self.windows.read_counters()
             now = time.monotonic()
+            if counters[0] >= mark and mark < self.updates:
+                self.log.write("step", updates=int(counters[0]), after_s=now - self.t0)
+                mark = int(counters[0]) + max(1, self.updates // 10)
             for r in self.members:
                 if r not in self.done and r not in self.lost and not running(self.pids[r]):
                     self._lose(r, counters, "its process ended")

@@ -27,7 +27,8 @@ from psgd.mpi.phase import rma_lock
 from psgd.mpi.roles import Roles
 from psgd.run.metrics import MetricsLog
 
-LOOK_S = 2e-4   # the coordinator's poll: each member's accumulate waits on its MPI progress
+CHECK_S = 0.01     # how often the coordinator reads its counters and the members' pids
+PROGRESS_S = 5e-5  # its poll of MPI meanwhile: each member's accumulate waits on that progress
 WATCH_S = 0.01  # a finished member's poll for the coordinator's END
 LOSS_SPAN = 50  # a member reports its mean loss over its first and its last this many updates
 
@@ -86,7 +87,7 @@ class HogwildCoordinator:
                     self._lose(r, counters, f"it added nothing for longer than --stall-timeout "
                                             f"{self.stall_s:g} s, and the run's updates are all "
                                             f"taken")
-            time.sleep(LOOK_S)
+            self._progress(CHECK_S)
         if not self.done:
             raise PsgdError("every worker of the elastic hogwild run was lost")
         with rma_lock:
@@ -95,6 +96,13 @@ class HogwildCoordinator:
         for r in self.done:   # none leaves before: a finished member's pid shows it is not lost
             self.comm.send(None, dest=r, tag=END)
         return final
+
+    def _progress(self, seconds: float) -> None:
+        """Poll MPI for ``seconds`` (across jobs, the members' RMA completes only as this rank
+        polls: the windows are not in one shared-memory domain)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.comm.Iprobe(MPI.ANY_SOURCE, DONE):
+            time.sleep(PROGRESS_S)
 
     def _hear(self) -> None:
         while self.comm.Iprobe(MPI.ANY_SOURCE, DONE, self.status):

@@ -35,7 +35,8 @@ class Run:
     """The coordinator and W joiners, joiner k admitted as worker k; joiner VICTIM's
     PSGD_X_FAULT is ``fault``."""
 
-    def __init__(self, tmp, data, fault: str | None = None, stall_s: float = 5) -> None:
+    def __init__(self, tmp, data, fault: str | None = None, stall_s: float = 5,
+                 no_worker_s: float = 60) -> None:
         self.tmp, self.log = tmp, tmp / "log.jsonl"
         self.outs = [tmp / f"{name}.out" for name in ["server"] + [f"joiner{k}" for k in range(W)]]
         self.files = [open(o, "w") for o in self.outs]
@@ -43,7 +44,7 @@ class Run:
                               "--data", data, "--model", "mlp:784-32-10", "--optimizer", "sgd",
                               "--lr", "0.05", "--lr-schedule", "constant", "--steps", UPDATES,
                               "--port-file", tmp / "port", "--max-workers", W,
-                              "--stall-timeout", stall_s, "--no-worker-timeout", "60",
+                              "--stall-timeout", stall_s, "--no-worker-timeout", no_worker_s,
                               "--log", self.log, "--checkpoint-dir", tmp / "ckpt"],
                              self.files[0])]
         _until("the port file", (tmp / "port").exists, self.procs)
@@ -153,3 +154,22 @@ def test_a_silent_member_is_dropped_after_the_stall_timeout_and_ends_itself(tmp_
     assert "the coordinator" in run.text(1 + VICTIM) and "has ended" in run.text(1 + VICTIM)
     _check_end(run, summary, KILL_AT, torn=(1,), seen_mid_run=False)
 
+
+
+def test_a_member_killed_while_the_windows_are_made_ends_the_run_in_one_line(tmp_path, data):
+    # the windows are made collectively over every member: a death there cannot be survived,
+    # so the ring's set-up guard ends the coordinator after --no-worker-timeout, and the
+    # members with it
+    run = Run(tmp_path, data, fault="phase=making the hogwild windows,kind=kill", no_worker_s=10)
+    run.wait()
+    for f in run.files:
+        f.close()
+    for p in run.procs:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(p.pid, 0)
+    assert all(p.returncode != 0 for p in run.procs), [p.returncode for p in run.procs]
+    lines = [line for line in run.text(0).splitlines() if line.startswith("psgd: error:")]
+    assert len(lines) == 1 and "the workers did not all start within 10 s" in lines[0], lines
+    for k in range(W):
+        if k != VICTIM:
+            assert "the coordinator" in run.text(1 + k) and "has ended" in run.text(1 + k)

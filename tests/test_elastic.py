@@ -378,11 +378,8 @@ def test_a_job_that_leaves_removes_its_mpich_segment(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "--elastic", "--protocol", "hogwild", "--optimizer", "sgd"],
-     "--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd so far, "
-     "not hogwild"),
     (["train", "--elastic", "--protocol", "gossip", "--servers", "0", "--optimizer", "sgd"],
-     "--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd so far, "
+     "--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd or hogwild so far, "
      "not gossip"),
     (["train", "--elastic", "--protocol", "asp", "--port-file", "p", "--tensor", "2"],
      "--elastic runs the whole model on every worker"),

@@ -146,7 +146,7 @@ def test_ssp_keeps_its_bound_across_the_takeover(tmp_path, data):
 
 @pytest.mark.parametrize("argv, message", [
     (["--elastic", "--protocol", "bsp"], "--replicas 2 runs --elastic --protocol ssp or asp"),
-    (["--elastic", "--protocol", "hogwild"], "--elastic runs --protocol"),
+    (["--elastic", "--protocol", "hogwild"], "--replicas 2 runs --elastic --protocol ssp or asp"),
     (["--protocol", "asp", "--no-port"], "--replicas applies with --elastic only"),
     (["--elastic", "--protocol", "asp", "--servers", "2"], "one server rank"),
     (["--elastic", "--protocol", "asp", "--replicas", "3"], "--replicas is 1 or 2"),

@@ -54,14 +54,14 @@ def test_a_schedule_the_protocol_cannot_combine_is_refused_with_its_declared_rea
     assert get(protocol).reasons["pipeline"] in line
 
 
-@pytest.mark.parametrize("protocol", ["hogwild", "gossip"])
+@pytest.mark.parametrize("protocol", ["gossip"])
 def test_elastic_under_a_protocol_without_the_ability_gives_its_declared_reason(data, protocol):
     with pytest.raises(UsageError) as err:
         resolve(parse_train("--data", data, "--protocol", protocol, "--optimizer", "sgd", "--elastic",
                       "--port-file", "p"), environ={})
     line = str(err.value)
     assert line.startswith("--elastic runs --protocol bsp or ssp or asp or allreduce or adpsgd "
-                           "so far, not " + protocol)
+                           "or hogwild so far, not " + protocol)
     assert line.endswith(get(protocol).why_not("elastic")) and get(protocol).why_not("elastic")
 
 

@@ -142,11 +142,12 @@ def _refuse(key: str, p):
 
 def test_every_refusal_line_ends_with_the_reason_its_entry_declares():
     """Each declared reason (and each default reason that applies) is what the refusal says."""
+    from psgd.elastic import merged
     from psgd.protocols import DEFAULT_REASONS, LIMITS
     asked = set()
     for p in PROTOCOLS.values():
         keys = set(p.reasons) | {k for k in DEFAULT_REASONS if k not in LIMITS and not p.can(k)}
-        if p.can("elastic-ring") or p.can("elastic-pairs"):   # merged jobs instead
+        if merged(p):   # merged jobs instead
             keys.discard("elastic")
         if p.compensations is not None:
             keys.add("staleness-comp")

@@ -12,7 +12,7 @@ def no_cross_memory_attach(protocol: str | None = None) -> None:
     """Before MPI starts: keep UCX from reading a peer's memory in place (CMA). When a worker job
     dies while the servers read its push that way, UCX aborts the server job; its other
     shared-memory transports copy through a segment and leave the survivor standing. Merged
-    jobs (``protocol`` able to "elastic-ring" or "elastic-pairs") take shared memory only
+    jobs (``protocol`` :func:`merged`) take shared memory only
     (RING_UCX_TLS: the tcp lane crashed survivors, docs/design/elastic.md). A UCX_TLS the
     user set is kept."""
     from psgd.protocols import PROTOCOLS   # imports no MPI
@@ -22,8 +22,10 @@ def no_cross_memory_attach(protocol: str | None = None) -> None:
 
 def merged(protocol) -> bool:
     """Whether ``protocol`` (a registry entry) runs elastic as worker jobs merged into one
-    communicator with a coordinator (a ring, or adpsgd's pairs), not with servers."""
-    return protocol.can("elastic-ring") or protocol.can("elastic-pairs")
+    communicator with a coordinator (a ring, adpsgd's pairs, or hogwild's windows), not with
+    servers."""
+    return (protocol.can("elastic-ring") or protocol.can("elastic-pairs")
+            or protocol.can("elastic-windows"))
 
 
 def mapped_segments() -> list[str]:

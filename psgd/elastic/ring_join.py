@@ -53,6 +53,9 @@ def member(inter: MPI.Intercomm, welcome: dict, job) -> int:
     comm.gather(mapped_segments(), root=0)   # the coordinator unlinks a lost member's
     pids, clocks = comm.allgather(os.getpid()), welcome["clocks"]
     optimizer = make_optimizer(config.optimizer, model.n_params, **config.opt_hparams)
+    if welcome.get("windows"):
+        from psgd.elastic.hogwild import member as hogwild_member
+        return hogwild_member(comm, welcome, job)
     if welcome.get("pairs"):
         if welcome.get("own_start"):   # tests: each member from its own initial parameters
             model.params[:] = own

@@ -22,6 +22,7 @@ from psgd.elastic import RING_UCX_TLS, leave, tidy_shm
 from psgd.elastic.alive import Beat, beat_path, running
 from psgd.elastic.door import Door
 from psgd.elastic.hello import of_run
+from psgd.elastic.hogwild import HogwildCoordinator, run_updates
 from psgd.elastic.pairs import PairsCoordinator, dump, dump_path
 from psgd.elastic.outputs import evaluate, publish, save
 from psgd.elastic.ring import DECIDE, DONE, END, REPORT
@@ -72,10 +73,7 @@ def ring_main(args, settings, resumed) -> None:
     beat = Beat(beat_path(port_file))
     publish(port, port_file, f"UCX_TLS={RING_UCX_TLS}")
     pairs = get(settings.protocol).can("elastic-pairs")
-    welcome = {"settings": {**settings.as_dict(), "data": os.path.abspath(settings.data)},
-               "run_id": run_id, "servers": 1, "clock": 0, "ring": True, "clocks": job.total_steps,
-               "coordinator": os.getpid(), "pairs": pairs,
-               "own_start": pairs and bool(dump_path())}
+    welcome = _welcome(settings, run_id, job, W)
     t0 = time.monotonic()
     segments, coordinator = [], None
     try:
@@ -89,6 +87,9 @@ def ring_main(args, settings, resumed) -> None:
                 starts = np.empty((W + 1, job.model.n_params), np.float32)
                 ring.Gather(job.model.params, starts, root=0)
                 coordinator = PairsCoordinator(ring, pids, log)
+            elif welcome["windows"]:   # hogwild: the windows, made over every member
+                coordinator = HogwildCoordinator(ring, ring.allgather(os.getpid()), job, log,
+                                                 welcome["updates"], settings.stall_timeout)
             else:
                 coordinator = Coordinator(ring, job.total_steps, log)
         params = coordinator.run()
@@ -108,9 +109,23 @@ def ring_main(args, settings, resumed) -> None:
         if dump_path():
             dump(dump_path(), starts[1:], coordinator)
         _pairs_summary(job, coordinator, params, log, time.monotonic() - t0, ckpt)
+    elif welcome["windows"]:
+        coordinator.summary(params, time.monotonic() - t0, ckpt)
     else:
         _summary(job, coordinator, params, log, time.monotonic() - t0, ckpt)
     leave(0)
+
+
+def _welcome(settings, run_id, job, W: int) -> dict:
+    """What each joiner is told: the run's settings, its kind (ring, pairs, hogwild's windows)
+    and length."""
+    protocol = get(settings.protocol)
+    pairs, windows = protocol.can("elastic-pairs"), protocol.can("elastic-windows")
+    return {"settings": {**settings.as_dict(), "data": os.path.abspath(settings.data)},
+            "run_id": run_id, "servers": 1, "clock": 0, "ring": True, "clocks": job.total_steps,
+            "coordinator": os.getpid(), "pairs": pairs, "windows": windows,
+            "updates": run_updates(settings, job.total_steps, W) if windows else None,
+            "own_start": pairs and bool(dump_path())}
 
 
 @contextmanager

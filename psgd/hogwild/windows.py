@@ -45,12 +45,20 @@ class Windows:
     the update count, then one finished flag per worker (stall reports name the
     workers still running); a shared window too where ``params`` is. ``shards``, ``count``:
     on workers of a ``shared`` window, a float32 view of every shard and an int64 view of
-    the counters.
+    the counters. ``tallies`` (elastic hogwild, :mod:`psgd.elastic.hogwild`): W more
+    counters, worker ``k``'s applied updates at :meth:`tally_index`.
     """
 
-    def __init__(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
+    def __init__(self, roles: Roles, shard_map: ShardMap, window: str | None,
+                 tallies: bool = False) -> None:
+        self.tallies = tallies
         with phase("making the hogwild windows"):
             self._make(roles, shard_map, window)
+
+    def tally_index(self, worker: int) -> int:
+        """Where worker ``worker``'s count of applied updates is in the counter window
+        (``tallies`` only)."""
+        return 1 + self.n_workers + worker
 
     def _make(self, roles: Roles, shard_map: ShardMap, window: str | None) -> None:
         comm = roles.comm
@@ -75,7 +83,9 @@ class Windows:
                                           "PSGD_X_HOGWILD_WINDOW=allocate")
         if self.local is None:
             self.local = np.frombuffer(self.params.tomemory(), dtype=np.float32, count=n_local)
-        self.n_counters = 1 + roles.n_workers  # updates, then a finished flag per worker
+        self.n_workers = roles.n_workers
+        # updates, then a finished flag per worker (and, with tallies, an applied count each)
+        self.n_counters = 1 + roles.n_workers * (2 if self.tallies else 1)
         counter_bytes = 8 * self.n_counters if comm.Get_rank() == 0 else 0
         if self.kind == "shared":
             self.counter = allocate_shared(comm, counter_bytes, 8, "the hogwild update counter",

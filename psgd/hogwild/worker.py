@@ -76,14 +76,20 @@ class HogwildWorker(WorkerHalf):
     """
 
     def __init__(self, roles: Roles, shard_map: ShardMap, config: ProtocolConfig,
-                 window: str | None = None) -> None:
+                 window: str | None = None, tallies: bool = False) -> None:
         if shard_map.n != config.n_params:
             raise ValueError(f"shard map covers {shard_map.n} parameters, config says "
                              f"{config.n_params}")
         self.roles, self.shard_map, self.config = roles, shard_map, config
         n = config.n_params
         self.optimizer = make_optimizer(config.optimizer, n, **config.opt_hparams)
-        self.windows = Windows(roles, shard_map, window)
+        self.windows = Windows(roles, shard_map, window, tallies)
+        # elastic hogwild (psgd.elastic.hogwild): the run's last update is number ``limit`` - 1
+        # of the global counter (an update whose ticket is past it is not applied, and sets
+        # ``over``); ``posted`` is called with the accumulates posted, before they are flushed
+        self.limit: int | None = None
+        self.over = False
+        self.posted = None
         self._new = np.empty(n, dtype=np.float32)
         self._delta = np.empty(n, dtype=np.float32)
         self._one = np.ones(1, dtype=np.int64)
@@ -230,6 +236,11 @@ class HogwildWorker(WorkerHalf):
                 timeline.current.span("pull", t1, t2, clock)
 
     @property
+    def read_count(self) -> int:
+        """The global update counter as this worker last read it."""
+        return self._read_count
+
+    @property
     def compensation(self) -> dict | None:
         """What ``--staleness-comp`` did on this worker (None: nothing)."""
         if self._amom is not None:
@@ -288,6 +299,9 @@ class HogwildWorker(WorkerHalf):
             win.Fetch_and_op(self._one, self._fetched, 0, 0, MPI.SUM)
             win.Flush(0)
             fetched = int(self._fetched[0])
+        if self.limit is not None and fetched >= self.limit:
+            self.over = True   # the run's updates are all taken: this one is not applied
+            return
         staleness = fetched - self._read_count
         self.histogram.add(staleness)
         self.stats["n_updates"] += 1
@@ -298,6 +312,10 @@ class HogwildWorker(WorkerHalf):
             if staleness > 0:
                 delta *= np.float32(factor)
         self._accumulate(delta, rows)
+        if self.windows.tallies:   # this worker's applied updates, after the update itself
+            self.windows.counter.Accumulate([self._one, MPI.INT64_T], 0, (
+                self.windows.tally_index(self.roles.worker_index), 1, MPI.INT64_T), MPI.SUM)
+            self.windows.counter.Flush(0)
 
     def _accumulate(self, delta: np.ndarray, rows: np.ndarray | None) -> None:
         """Add ``delta`` (dense, or the values of sorted ``rows``) into the servers' windows."""
@@ -316,6 +334,8 @@ class HogwildWorker(WorkerHalf):
             if piece.size:
                 params_win.Accumulate(piece, self.roles.server_rank(shard),
                                       (0, piece.size, MPI.FLOAT), MPI.SUM)
+        if self.posted is not None:
+            self.posted()
         params_win.Flush_all()
 
     def _read_clock(self) -> None:

@@ -28,6 +28,10 @@ ABILITIES = {
                      "communicator with the coordinator, which tells the survivors each new "
                      "live set; a lost worker's partners drop its pairing and redraw theirs "
                      "(psgd.elastic.pairs)",
+    "elastic-windows": "--elastic applies as RMA windows at one node: the worker jobs merge "
+                       "into one communicator with the coordinator, which holds the windows "
+                       "they add to; the survivors take a lost worker's share of the run's "
+                       "updates (psgd.elastic.hogwild)",
     "elastic-replicas": "--replicas 2 applies under --elastic: a backup job follows the server's "
                         "applied updates in order and takes over when the server job is lost "
                         "(psgd.elastic.replica)",

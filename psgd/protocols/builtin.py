@@ -36,7 +36,7 @@ for _entry in (
     Protocol(
         "hogwild", servers=True, worker="psgd.hogwild.worker:HogwildWorker",
         server="psgd.hogwild.server:serve_hogwild", bound=math.inf, staleness_unit="updates",
-        abilities=frozenset({"hot-rows"}), cost=_COST + "hogwild_rows",
+        abilities=frozenset({"hot-rows", "elastic-windows"}), cost=_COST + "hogwild_rows",
         example={"optimizer": "sgd"}, optimizers=("sgd", "momentum", "nesterov", "adagrad"),
         compensations=("none", "inverse", "amom", "auto"),
         reasons={
@@ -47,8 +47,6 @@ for _entry in (
             "replay": ("its workers read and add to the servers' memory one-sided and "
                        "lock-free, so no rank sees, or could impose, the order of updates"),
             "compress": "its workers add their updates to the servers' memory, with no push",
-            "elastic": ("its workers write the servers' memory one-sided, so no server sees "
-                        "a push to drop a lost worker"),
             "optimizer": ("Adam's bias correction and second-moment scaling assume one stream "
                           "of its own updates to one copy of the parameters, but under hogwild "
                           "every worker adds to the same copy (use --protocol asp, whose "

@@ -141,7 +141,8 @@ class ElasticOptions(Options):
                           "silent longer than --stall-timeout is dropped, and --steps or "
                           "--epochs count the servers' updates over all workers "
                           "(docs/guide/elastic.md); --protocol " + names(able="elastic-ring")
-                          + " or " + names(able="elastic-pairs")
+                          + " or " + names(able="elastic-pairs") + " or "
+                          + names(able="elastic-windows")
                           + ": the coordinator alone (mpiexec -n 1), the workers starting once "
                           "--max-workers W have joined, going on without a lost one, at one "
                           "node"),
@@ -185,11 +186,12 @@ class ElasticOptions(Options):
         self.check_given()
         if not self.elastic:
             return self
-        ring = protocol.can("elastic-ring") or protocol.can("elastic-pairs")
+        from psgd.elastic import merged
+        ring = merged(protocol)
         if not (protocol.can("elastic") or ring):
             raise UsageError(f"--elastic runs --protocol {names(able='elastic')} or "
                              f"{names(able='elastic-ring')} or {names(able='elastic-pairs')} "
-                             f"so far, not "
+                             f"or {names(able='elastic-windows')} so far, not "
                              f"{protocol.name}{protocol.why_not('elastic')}")
         if plan.split.wanted():
             raise UsageError("--elastic runs the whole model on every worker: not with "

@@ -29,7 +29,7 @@ def parts_of(settings) -> int:
     return 1
 
 
-def refused(given: dict, schedule: str, servers: bool) -> str | None:
+def refused(given: dict, schedule: str) -> str | None:
     """The line refusing a split that tensor-split stages do not run (None: they run it)."""
     if given.get("spatial"):
         return ("--spatial does not work under --pipeline: a stage's parts exchange halos "
@@ -41,10 +41,6 @@ def refused(given: dict, schedule: str, servers: bool) -> str | None:
     if schedule not in SCHEDULES:
         return (f"--schedule {schedule} does not work with tensor-split stages: they run "
                 f"{', '.join(SCHEDULES)}")
-    if servers:
-        return ("--pipeline with --tensor combines the replicas of each (stage, part) by "
-                "--protocol allreduce or bsp without servers; server shards of split stages "
-                "are not built")
     if given.get("recompute") == "off":
         return ("--recompute off does not work with tensor-split stages: the activation store "
                 "does not reach inside the split conv layers, so each backward re-runs its "
@@ -98,7 +94,8 @@ def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size:
     links = Links(grid.p2p, s, grid.prev, grid.next, shape_in, shape_out, model.dtype,
                   slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
                   slots(options, k, s - 1, total) if s > 0 else 0, total, spin_s)
-    return PipelineTrainer(stage, links, grid, options, make_optimizer(model.n_params))
+    optimizer = make_optimizer(model.n_params) if make_optimizer is not None else None
+    return PipelineTrainer(stage, links, grid, options, optimizer)   # None: the servers step
 
 
 # -- the cut of a split pipeline: unit costs and memory of the split layers -------------------

@@ -82,7 +82,7 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
         tensor_servers.check(settings, split_servers.groups(opts.stages, parts), "pipeline")
     if parts > 1:   # tensor-split stages
         tensor_stages.check_grid(settings, opts.stages, comm.Get_size())
-        opts = replace(opts, recompute=True)
+        opts = replace(opts, recompute=opts.recompute is not False)   # auto: on (the cut's memory)
         if (comm.Get_size() - n_servers) % (opts.stages * parts):
             raise ValueError(f"--pipeline {opts.stages} --tensor {parts}: the {comm.Get_size()} "
                              f"ranks are not D replicas x {opts.stages} stages x {parts} parts "

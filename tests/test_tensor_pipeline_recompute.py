@@ -16,21 +16,22 @@ def records(log, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, schedule, microbatches", [
-    (CONV, "1f1b", 4),        # column conv + local bn, row conv, dense pair: 2 in flight
-    ("resnet8", "gpipe", 2),  # residual blocks split inside
-    (CONV, "pipedream", 2),   # stashed weights: the row conv's backward on the forward's
+@pytest.mark.parametrize("model, cut, schedule, microbatches", [
+    (CONV, "5,3", "1f1b", 4),        # conv pair (column + local bn, row) | dense pair
+    ("resnet8", "4,4", "gpipe", 2),  # residual blocks split inside
+    (CONV, "5,3", "pipedream", 2),   # stashed weights: the row conv's backward on the forward's
 ])
 def test_recompute_off_with_split_stages_equals_recompute_on_and_reports_the_stored_bytes(
-        mpirun, dataset, tmp_path, model, schedule, microbatches):
+        mpirun, dataset, tmp_path, model, cut, schedule, microbatches):
     """2 stages x 2 parts, float32: the step losses, test loss and step-4 checkpoint
     (parameters, velocity) of --recompute off equal --recompute on's bit for bit, and every
-    stage reports more peak activation bytes (the store's layer buffers)."""
+    stage reports more peak activation bytes (the store's layer buffers).  The cut is given
+    (--partition auto times the units, and prices the two modes apart)."""
     out = {}
     for mode in ("on", "off"):
         log, ckpt = tmp_path / f"{mode}.jsonl", tmp_path / mode
         stdout = mpirun(4, ["-m", "psgd", "train", "--quiet", "--data", dataset, "--model", model,
-                            "--pipeline", 2, "--tensor", 2, "--microbatches", microbatches,
+                            "--pipeline", 2, "--partition", cut, "--tensor", 2, "--microbatches", microbatches,
                             "--schedule", schedule, "--recompute", mode, "--batch-size", 16,
                             "--steps", 4, "--optimizer", "momentum", "--lr", 0.05,
                             "--log-every", 1, "--log", log, "--checkpoint-dir", ckpt],

@@ -31,7 +31,8 @@ def test_recompute_off_with_split_stages_equals_recompute_on_and_reports_the_sto
     for mode in ("on", "off"):
         log, ckpt = tmp_path / f"{mode}.jsonl", tmp_path / mode
         stdout = mpirun(4, ["-m", "psgd", "train", "--quiet", "--data", dataset, "--model", model,
-                            "--pipeline", 2, "--partition", cut, "--tensor", 2, "--microbatches", microbatches,
+                            "--pipeline", 2, "--partition", cut, "--tensor", 2,
+                            "--microbatches", microbatches,
                             "--schedule", schedule, "--recompute", mode, "--batch-size", 16,
                             "--steps", 4, "--optimizer", "momentum", "--lr", 0.05,
                             "--log-every", 1, "--log", log, "--checkpoint-dir", ckpt],
@@ -45,5 +46,6 @@ def test_recompute_off_with_split_stages_equals_recompute_on_and_reports_the_sto
     assert np.array_equal(on.params, off.params)
     assert np.array_equal(on.opt_state["velocity"], off.opt_state["velocity"])
     assert np.abs(on.opt_state["velocity"]).max() > 0
-    kept, again = summary_off["pipeline"]["activation_bytes"], summary_on["pipeline"]["activation_bytes"]
+    kept = summary_off["pipeline"]["activation_bytes"]
+    again = summary_on["pipeline"]["activation_bytes"]
     assert all(a > b for a, b in zip(kept, again)), (kept, again)

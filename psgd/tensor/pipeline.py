@@ -71,8 +71,9 @@ def stage_model(settings, info: dict, a: int, b: int, comm) -> TensorModel:
 def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size: int,
                   batches: int, spin_s: float = 0.0, whole: int | None = None) -> PipelineTrainer:
     """This part's trainer: the whole split layer list is its stage (``--recompute off``: the
-    activation store keeps each in-flight microbatch's layer state), the links carry whole activations to the same part of the next stage; ``spin_s``
-    as :class:`psgd.pipeline.transport.Links` takes it.  Under pipedream and pipemare the
+    activation store keeps each in-flight microbatch's layer state), the links carry whole
+    activations to the same part of the next stage; ``spin_s`` as
+    :class:`psgd.pipeline.transport.Links` takes it.  Under pipedream and pipemare the
     unsplit pipeline's :func:`psgd.pipeline.trainer.build_trainer` builds it on the split
     layers (``whole``: the run's steps, as it takes them)."""
     from psgd.pipeline.schedules import ASYNCHRONOUS

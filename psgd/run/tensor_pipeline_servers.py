@@ -23,7 +23,8 @@ def refused(given: dict) -> str | None:
     for flag in ("record", "replay"):
         if given.get(flag):
             return (f"--{flag} does not work with tensor-split stages over servers: the "
-                    f"parts' copies of their shared values are not in the record")
+                    f"record and replay of their K x T server groups are not built; record "
+                    f"an unsplit pipeline (no --tensor)")
     return None
 
 

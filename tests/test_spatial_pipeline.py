@@ -65,6 +65,10 @@ THIN = "conv:4x3:pad1-relu-pool:2-pool:2-pool:2-conv:4x5:pad2-relu-flatten-dense
     (["--model", "mlp:784-32-10"], "--spatial needs a model with conv layers"),
     (["--model", "lenet", "--schedule", "pipedream", "--stage-comp", "dcasgd"],
      "--stage-comp dcasgd does not work with stages split by --spatial"),
+    (["--model", "lenet", "--recompute", "off"],
+     "--recompute off does not work with stages split by rows"),
+    (["--model", "lenet", "--protocol", "bsp", "--servers", 2],
+     "the servers of stages split by rows are not built"),
 ])
 def test_what_spatial_stages_do_not_run_is_refused_in_one_line(mpirun, dataset, tmp_path, flags,
                                                                message):

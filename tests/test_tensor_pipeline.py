@@ -64,9 +64,6 @@ def test_cli_pipeline_of_tensor_split_stages_trains_as_serial_float64(mpirun, da
 
 @pytest.mark.parametrize("ranks,flags,message", [
     (2, ["--grid", "auto"], "--grid auto does not work under --pipeline"),
-    (4, ["--tensor", 2, "--protocol", "ssp", "--servers", 1, "--staleness", 1],
-     "server shards of split stages are not built"),
-    (2, ["--tensor", 2, "--recompute", "off"], "--recompute off does not work with tensor-split"),
     (2, ["--tensor", 2], "the 2 ranks are not D replicas x 2 stages x 2 parts"),
     (4, ["--grid", "2,2"], "--grid 2,2 with --pipeline 2: 2 x 2 x 2 = 8 ranks, but the job has 4"),
 ])

@@ -30,6 +30,7 @@ from psgd.run import pipeline_record, pipeline_summary
 from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage
 from psgd.run.pipeline_checkpoint import save as save_stages
 from psgd.run import tensor_pipeline_checkpoint as split_checkpoint
+from psgd.run import tensor_pipeline_servers as split_servers
 from psgd.run.mode_flags import PipelineFlags
 from psgd.run.run_plan import refused_by
 from psgd.run.settings import given_settings, resolve_run
@@ -57,6 +58,7 @@ class PipelineRun:
     counts: list
     groups: object = None   # the stage's parameter-server group (a server protocol)
     warm: tuple | None = None   # (clock, seconds waited, busy) when the first step ended
+    opt_state: dict | None = None   # a resumed split part's optimizer state, for its servers
 
 
 def _setup(args: argparse.Namespace, comm: MPI.Comm):
@@ -65,8 +67,8 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
         args.protocol = DEFAULT_PROTOCOL
     protocol = get(given.get("protocol", DEFAULT_PROTOCOL))
     split = any(given.get(name) for name in ("tensor", "spatial", "grid"))
-    refused = split and tensor_stages.refused(given, given.get("schedule", "1f1b"),
-                                              protocol.servers)
+    refused = split and (tensor_stages.refused(given, given.get("schedule", "1f1b"))
+                         or protocol.servers and split_servers.refused(given))
     keep = (SERVER_SETTINGS if protocol.servers else ()) + (("tensor", "spatial", "grid") if split else ())
     refused = refused or refused_by(PipelineFlags(), given, keep=keep)
     if refused:
@@ -76,17 +78,12 @@ def _setup(args: argparse.Namespace, comm: MPI.Comm):
     opts = settings.pipeline.options()
     partition.check_stages(_skeleton(settings), opts.stages)
     n_servers = servers_of(settings)
-    if n_servers:
-        tensor_servers.check(settings, opts.stages, "pipeline")
     parts = tensor_stages.parts_of(settings)
+    if n_servers:   # one group of servers per stage (per stage part when split)
+        tensor_servers.check(settings, split_servers.groups(opts.stages, parts), "pipeline")
     if parts > 1:   # tensor-split stages
-        tensor_stages.check_grid(settings, opts.stages, comm.Get_size())
-        opts = replace(opts, recompute=True)
-        if (comm.Get_size() - n_servers) % (opts.stages * parts):
-            axis = "--spatial" if settings.split.spatial else "--tensor"
-            raise ValueError(f"--pipeline {opts.stages} {axis} {parts}: the {comm.Get_size()} "
-                             f"ranks are not D replicas x {opts.stages} stages x {parts} parts "
-                             f"(give a multiple of {opts.stages * parts} ranks)")
+        tensor_stages.check_ranks(settings, opts.stages, comm.Get_size(), n_servers)
+        opts = replace(opts, recompute=opts.recompute is not False)   # auto: on (the cut's memory)
     if comm.Get_size() <= n_servers or (comm.Get_size() - n_servers) % opts.stages:
         servers = f"{n_servers} servers + " if n_servers else ""
         raise ValueError(f"--pipeline {opts.stages}: the {comm.Get_size()} ranks are not "
@@ -192,12 +189,13 @@ def _build_split_run(settings, opts, resumed, grid, run_id: str, counts, info, b
     from psgd.data.reader import ShardReader
     model = tensor_stages.stage_model(settings, info, *bounds[grid.stage], grid.tensor_comm)
     total = total_steps(settings, info, model, grid.replicas)
-    make = lambda n: make_optimizer(settings.optimizer, n, momentum=settings.momentum,  # noqa: E731
-                                    weight_decay=settings.weight_decay, dtype=model.dtype)
+    make = None if servers_of(settings) else lambda n: make_optimizer(  # noqa: E731
+        settings.optimizer, n, momentum=settings.momentum, weight_decay=settings.weight_decay,
+        dtype=model.dtype)
     start, state = split_checkpoint.resume(settings, resumed, model, total)
     trainer = tensor_stages.build_trainer(model, grid, opts, make, settings.batch_size,
                                           total - start, spin_s=spin_s, whole=total)
-    if state is not None:
+    if state is not None and make is not None:
         load_extra_state(trainer, state)
         trainer.optimizer.load_state_dict(state)
     reader = None
@@ -205,7 +203,7 @@ def _build_split_run(settings, opts, resumed, grid, run_id: str, counts, info, b
         reader = ShardReader(settings.data, grid.replica, grid.replicas, settings.batch_size,
                              seed=settings.seed, augment=settings.augment)
     return PipelineRun(settings, opts, grid, model, trainer, reader, total, start,
-                       lr_by_clock(settings, total, model), run_id, list(counts))
+                       lr_by_clock(settings, total, model), run_id, list(counts), opt_state=state)
 
 
 def save(run: PipelineRun, step: int) -> None:
@@ -400,11 +398,11 @@ def train_pipeline(args: argparse.Namespace) -> None:
     counts, costs, opts = _agreed_cut(comm, settings, opts, debug)
     with phase("counting the ranks on this node"):
         spin_s = spin_seconds(comm)   # every rank, servers too, counts against the cores
-    n_servers = servers_of(settings)
-    groups = ServerGroups(comm, settings, opts.stages) if n_servers else None
+    n_servers, parts = servers_of(settings), tensor_stages.parts_of(settings)
+    groups = ServerGroups(comm, settings, split_servers.groups(opts.stages, parts)) \
+        if n_servers else None
     with phase("splitting into replicas and stages"):
         workers = workers_comm(comm, n_servers) if n_servers else comm
-        parts = tensor_stages.parts_of(settings)
         grid = None if workers is None else \
             TensorGrid(workers, opts.stages, parts) if parts > 1 else Grid(workers, opts.stages)
     build = (lambda: None) if grid is None else \
@@ -438,11 +436,12 @@ def _stage_worker(groups: ServerGroups, run: PipelineRun, resumed, debug: bool):
     resumed run's optimizer state, which its servers take from the first replica)."""
     params, model, first = run.trainer.stage.params, run.model, run.grid.replica == 0
     state = None
-    if resumed is not None and first:
-        state = load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params)).opt_state
+    if resumed is not None and first:   # a split part's was read with its parameters
+        state = run.opt_state if getattr(run.grid, "parts", 1) > 1 else \
+            load_checkpoint(resumed.path, (model.offset, model.offset + model.n_params)).opt_state
     groups.share(params if first else None, run.total, run.start, state,   # the first replica's
                  hold_at_snapshots=True)
     pipeline_record.replay_into(MPI.COMM_WORLD, run.settings, groups, run.start, run.total, debug)
-    worker = groups.worker()
+    worker = split_servers.stage_worker(groups.worker(), run)
     worker.start(params, run.start)
     return worker

@@ -36,14 +36,22 @@ def gather_span(model, local: np.ndarray) -> np.ndarray | None:
 
 
 def save(run, step: int) -> None:
-    """Replica 0's stages each gather their parts' parameters and optimizer state on part 0,
-    whose row of stages writes them as a pipeline's parts and manifest: the set is the one an
-    unsplit pipeline with this cut writes, and is made only once every part is on disk."""
+    """Replica 0's stages each gather their parts' parameters and optimizer state (under
+    servers, what each part's servers send) on part 0, whose row of stages writes them as a
+    pipeline's parts and manifest: the set is the one an unsplit pipeline with this cut
+    writes, and is made only once every part is on disk."""
     if run.grid.replica != 0:
         return
-    model, optimizer = run.model, run.trainer.optimizer
-    params = gather_span(model, run.trainer.stage.params)
-    state = {**optimizer.state_dict(), **extra_state(run.trainer)}   # pipemare's, --stage-comp's
+    model = run.model
+    if run.groups is not None:   # the state the (stage, part)'s servers send
+        at, params, state = run.groups.receive_state(final=step == run.total)
+        if at not in (step, -1):
+            raise AssertionError(f"stage {run.grid.stage} part {run.grid.part}'s servers sent "
+                                 f"the state of step {at}, not {step}")
+    else:
+        params = run.trainer.stage.params
+        state = {**run.trainer.optimizer.state_dict(), **extra_state(run.trainer)}   # pipemare's
+    params = gather_span(model, params)
     state = {k: gather_span(model, v) if np.ndim(v) else v for k, v in state.items()}
     if run.grid.part != 0:
         return

@@ -216,7 +216,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         t0 = time.perf_counter()
         x, y = reader.batch(step)
         model.reseed(reader.worker, step)
-        _share_copies(part, model, setup.get("copies"))
+        share_copies(part, model, setup.get("copies"))
         t1 = time.perf_counter()
         loss, correct = model.loss_and_grad(x, y)
         t2 = time.perf_counter()
@@ -260,7 +260,7 @@ def copies(model) -> np.ndarray:
         p.start + np.flatnonzero(np.repeat(p.kinds != 0, p.width)) for p in model.pieces])
 
 
-def _share_copies(part, model, index) -> None:
+def share_copies(part, model, index) -> None:
     """asp/ssp: each part's servers step their copies (the layers on samples, a row layer's
     bias) in their own order, so before each step the group takes part 0's (its servers'
     values are the run's, as a checkpoint's are) and the copies stay one model."""

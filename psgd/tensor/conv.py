@@ -44,6 +44,7 @@ class ColumnConv(Layer):
         self.comm, self.sizes = comm, pr.split_sizes(f, comm.Get_size())
         self.c0, self.c1 = pr.split_bounds(f, comm.Get_size(), comm.Get_rank())
         self.inner = _conv(conv, conv.in_shape, self.c1 - self.c0)
+        self.parts = [self.inner]   # walked into (psgd.nn.model._walk): the activation store's
         self.in_shape, self.out_shape = conv.in_shape, self.inner.out_shape
 
     def param_shapes(self):
@@ -73,6 +74,7 @@ class RowConv(Layer):
         self.comm, self.kh, self.kw, self.c = comm, conv.kh, conv.kw, c
         self.r0, self.r1 = pr.split_bounds(c, comm.Get_size(), comm.Get_rank())
         self.inner = _conv(conv, (h, w, self.r1 - self.r0), conv.out_shape[2])
+        self.parts = [self.inner]   # walked into (psgd.nn.model._walk): the activation store's
         self.in_shape, self.out_shape = self.inner.in_shape, conv.out_shape
         self.own = np.zeros(0)
 
@@ -99,6 +101,7 @@ class RowConv(Layer):
 
     def backward(self, dy, need_dx=True):
         dy = pr.allreduce_adjoint(np.ascontiguousarray(dy), self.comm)
+        self.own[:-1] = self.wb[:-1]   # the weights now (a kept forward's, or a stashed version)
         dx = self.inner.backward(dy, need_dx)
         self.dwb[:-1] = self.own_grad[:-1]
         self.dwb[-1] = dy.reshape(-1, dy.shape[-1]).sum(axis=0)

@@ -30,24 +30,30 @@ def parts_of(settings) -> int:
     return 1
 
 
-def refused(given: dict, schedule: str, servers: bool) -> str | None:
+def refused(given: dict, schedule: str) -> str | None:
     """The line refusing a split that tensor-split stages do not run (None: they run it)."""
     grid = str(given.get("grid") or "")
     if grid and ("," not in grid or "auto" in grid):
         return (f"--grid {grid} does not work under --pipeline: each stage splits its layers by "
                 f"--tensor T (or --grid D,T); a per-layer choice across stages is not built")
+    if given.get("spatial") and given.get("recompute") == "off":
+        return ("--recompute off does not work with stages split by rows: their activation "
+                "store is not built (--recompute on)")
     if schedule not in SCHEDULES:
         return (f"--schedule {schedule} does not work with tensor-split stages: they run "
                 f"{', '.join(SCHEDULES)}")
-    if servers:
-        return ("--pipeline with --tensor combines the replicas of each (stage, part) by "
-                "--protocol allreduce or bsp without servers; server shards of split stages "
-                "are not built")
-    if given.get("recompute") == "off":
-        return ("--recompute off does not work with tensor-split stages: the activation store "
-                "does not reach inside the split conv layers, so each backward re-runs its "
-                "forward (--recompute on)")
     return None
+
+
+def check_ranks(settings, stages: int, size: int, n_servers: int) -> None:
+    """ValueError where the ranks less ``n_servers`` are not D x K x T (or --grid D,T's)."""
+    check_grid(settings, stages, size)
+    parts = parts_of(settings)
+    if (size - n_servers) % (stages * parts):
+        axis = "--spatial" if settings.split.spatial else "--tensor"
+        raise ValueError(f"--pipeline {stages} {axis} {parts}: the {size} ranks are not D "
+                         f"replicas x {stages} stages x {parts} parts (give a multiple of "
+                         f"{stages * parts} ranks)")
 
 
 def check_grid(settings, stages: int, size: int) -> None:
@@ -78,9 +84,10 @@ def stage_model(settings, info: dict, a: int, b: int, comm) -> TensorModel:
 
 def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size: int,
                   batches: int, spin_s: float = 0.0, whole: int | None = None) -> PipelineTrainer:
-    """This part's trainer: the whole split layer list is its stage, each backward re-runs its
-    forward, the links carry whole activations to the same part of the next stage; ``spin_s``
-    as :class:`psgd.pipeline.transport.Links` takes it.  Under pipedream and pipemare the
+    """This part's trainer: the whole split layer list is its stage (``--recompute off``: the
+    activation store keeps each in-flight microbatch's layer state), the links carry whole
+    activations to the same part of the next stage; ``spin_s`` as
+    :class:`psgd.pipeline.transport.Links` takes it.  Under pipedream and pipemare the
     unsplit pipeline's :func:`psgd.pipeline.trainer.build_trainer` builds it on the split
     layers (``whole``: the run's steps, as it takes them)."""
     from psgd.pipeline.schedules import ASYNCHRONOUS
@@ -93,14 +100,16 @@ def build_trainer(model: TensorModel, grid, options, make_optimizer, batch_size:
                            make_optimizer, batch_size, batches, whole=whole, spin_s=spin_s)
     from psgd.pipeline.transport import Links
     k, s = grid.stages, grid.stage
-    stage = Stage(model, 0, len(model.layers), first=s == 0, last=s == k - 1, keep=False)
+    stage = Stage(model, 0, len(model.layers), first=s == 0, last=s == k - 1,
+                  keep=not options.recomputes)
     micro, total = batch_size // options.microbatches, batches * options.microbatches
     shape_in = (micro, *model.layers[0].in_shape)
     shape_out = (micro, *model.layers[-1].out_shape)
     links = Links(grid.p2p, s, grid.prev, grid.next, shape_in, shape_out, model.dtype,
                   slots(options, k, s, total), slots(options, k, s + 1, total) if s + 1 < k else 0,
                   slots(options, k, s - 1, total) if s > 0 else 0, total, spin_s)
-    return PipelineTrainer(stage, links, grid, options, make_optimizer(model.n_params))
+    optimizer = make_optimizer(model.n_params) if make_optimizer is not None else None
+    return PipelineTrainer(stage, links, grid, options, optimizer)   # None: the servers step
 
 
 # -- the cut of a split pipeline: unit costs and memory of the split layers -------------------
@@ -187,19 +196,21 @@ def part_param_bytes(layers: list, parts: int, itemsize: int) -> list[int]:
             for t in range(parts)]
 
 
-def split_stage_memory(costs: list, param_bytes: int, in_flight: int) -> int:
+def split_stage_memory(costs: list, param_bytes: int, in_flight: int, keep: bool = False) -> int:
     """Bytes a split stage's part holds, as :func:`psgd.pipeline.partition.stage_memory` counts
-    a whole stage (each backward re-runs its forward): the part's parameters, gradient and
-    accumulation, ``in_flight`` whole stored inputs and one microbatch's part activations."""
-    return 3 * param_bytes + in_flight * costs[0].in_bytes + sum(c.out_bytes for c in costs)
+    a whole stage: the part's parameters, gradient and accumulation, ``in_flight`` whole
+    stored inputs and one microbatch's part activations (``keep``: each stored one's)."""
+    return (3 * param_bytes + in_flight * costs[0].in_bytes
+            + (in_flight if keep else 1) * sum(c.out_bytes for c in costs))
 
 
 def best_split_cut(costs: list, layers: list, bounds: list[tuple[int, int]], parts: int,
                    itemsize: int, stages: int, in_flight, memory: int | None = None,
-                   recompute: tuple[float, float] = (0.0, 0.0)) -> list[int]:
+                   recompute: tuple[float, float] = (0.0, 0.0), keep: bool = False) -> list[int]:
     """:func:`psgd.pipeline.partition.best_cut` for stages split over ``parts``: the split
     units' times (:func:`profile_split`) and each candidate stage's widest part's parameter
-    bytes (:func:`part_param_bytes` of its layers) against ``memory``."""
+    bytes (:func:`part_param_bytes` of its layers) against ``memory`` (``keep``: --recompute
+    off, every stored microbatch's part activations counted)."""
     from psgd.pipeline.partition import min_max_cut, stage_time
     cache: dict = {}
 
@@ -209,12 +220,13 @@ def best_split_cut(costs: list, layers: list, bounds: list[tuple[int, int]], par
         return cache[i, j]
 
     def fits(i: int, j: int, k: int) -> bool:
-        return memory is None or split_stage_memory(costs[i:j], param_bytes(i, j), in_flight(k)) <= memory
+        return memory is None or split_stage_memory(costs[i:j], param_bytes(i, j), in_flight(k),
+                                                    keep) <= memory
 
     counts = min_max_cut(len(costs), stages,
                          lambda i, j, last: stage_time(costs[i:j], 0.0, last, recompute), fits)
     if counts is None:
-        need = max(split_stage_memory([c], param_bytes(u, u + 1), in_flight(0))
+        need = max(split_stage_memory([c], param_bytes(u, u + 1), in_flight(0), keep)
                    for u, c in enumerate(costs))
         raise ValueError(f"no cut into {stages} stages split over {parts} parts fits "
                          f"--memory-per-rank {memory} bytes (the largest single unit alone needs "
@@ -225,10 +237,11 @@ def best_split_cut(costs: list, layers: list, bounds: list[tuple[int, int]], par
 def split_cut(model, opts, parts: int, batch_size: int, in_flight) -> tuple[list[int], list]:
     """``--partition auto`` for stages split over ``parts``: the cut of ``model`` (the whole
     layer list, nothing allocated) by :func:`best_split_cut` on :func:`profile_split`'s costs
-    (each backward re-runs its forward), and those costs."""
+    (each backward re-runs its forward unless --recompute off), and those costs."""
     from psgd.pipeline.partition import recompute_shares, units
     bounds = units(model)
     costs = profile_split(model.layers, bounds, parts, batch_size // opts.microbatches, model.dtype)
-    again = recompute_shares(opts.schedule, opts.stages, opts.microbatches)
+    again = recompute_shares(opts.schedule, opts.stages, opts.microbatches) \
+        if opts.recompute is not False else (0.0, 0.0)
     return best_split_cut(costs, model.layers, bounds, parts, model.dtype.itemsize, opts.stages,
-                          in_flight, opts.memory_per_rank, again), costs
+                          in_flight, opts.memory_per_rank, again, keep=opts.recompute is False), costs

@@ -217,12 +217,12 @@ class ElasticOptions(Options):
 
 def _check_replicas(plan, protocol) -> None:
     """UsageError, one line, for a replicated run that is not built: only the protocols able to
-    "elastic-replicas", one server rank, not resumed."""
+    "elastic-replicas", one server rank, no dana, not resumed."""
     if not protocol.can("elastic-replicas"):
         raise UsageError(f"--replicas 2 runs --elastic --protocol {names(able='elastic-replicas')} "
                          f"only, not {protocol.name} (no backup is built for it)")
-    method = str(plan.compensation.staleness_comp)
-    if method.startswith("dana"):
+    method = protocol.compensation(plan.compensation.staleness_comp, plan.optimizer)
+    if method.startswith("dana"):   # auto's pick, too
         raise UsageError(f"--replicas 2 runs without --staleness-comp {method}: the backup "
                          f"does not follow its count of the live workers; pass "
                          f"--staleness-comp none, or --optimizer sgd")

@@ -124,8 +124,9 @@ def leave(code: int) -> None:
     """End this process now, with exit status ``code``: by ``os._exit``, since MPI_Finalize could
     wait on a dead peer; first flush, and unlink the job's MPICH segment in /dev/shm, which
     only MPI_Finalize would remove (every rank of the job does, after the others are done).
-    Under Open MPI, MPI_Finalize is tried first for up to FINALIZE_S: its mpirun reports a
-    process that ends without it as an abnormal end, and exits 1 whatever ``code`` was."""
+    Under Open MPI (MPI started, called from the main thread), MPI_Finalize is tried first for
+    up to FINALIZE_S: its mpirun reports a process that ends without it as an abnormal end, and
+    exits 1 whatever ``code`` was."""
     sys.stdout.flush()
     sys.stderr.flush()
     for path in mapped_segments():
@@ -133,8 +134,9 @@ def leave(code: int) -> None:
             os.unlink(path)
         except OSError:
             pass
-    from mpi4py import MPI
-    if MPI.Is_initialized() and not MPI.Is_finalized() and "Open MPI" in MPI.Get_library_version():
+    MPI = sys.modules.get("mpi4py.MPI")   # None: this process never imported MPI
+    if (MPI is not None and threading.current_thread() is threading.main_thread() and MPI.Is_initialized()
+            and not MPI.Is_finalized() and "Open MPI" in MPI.Get_library_version()):
         finalize = threading.Thread(target=MPI.Finalize, daemon=True)
         finalize.start()
         finalize.join(FINALIZE_S)   # still waiting (on a dead peer?): leave all the same

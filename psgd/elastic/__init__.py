@@ -135,8 +135,9 @@ def leave(code: int) -> None:
         except OSError:
             pass
     MPI = sys.modules.get("mpi4py.MPI")   # None: this process never imported MPI
-    if (MPI is not None and threading.current_thread() is threading.main_thread() and MPI.Is_initialized()
-            and not MPI.Is_finalized() and "Open MPI" in MPI.Get_library_version()):
+    main = threading.current_thread() is threading.main_thread()
+    if (MPI is not None and main and MPI.Is_initialized() and not MPI.Is_finalized()
+            and "Open MPI" in MPI.Get_library_version()):
         finalize = threading.Thread(target=MPI.Finalize, daemon=True)
         finalize.start()
         finalize.join(FINALIZE_S)   # still waiting (on a dead peer?): leave all the same

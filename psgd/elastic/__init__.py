@@ -1,11 +1,13 @@
 """Elastic asynchronous training: a server job that worker jobs join and leave while it trains."""
 import os
 import sys
+import threading
 import time
 
 SEGMENT_PREFIX = "/dev/shm/mpich_shm_"   # MPICH's shared-memory segment of a job's ranks
 STALE_AGE_S = 60.0   # a segment younger than this may be a starting job's, not yet mapped
 RING_UCX_TLS = "posix,sysv,self"   # an elastic ring's UCX transports: shared memory only
+FINALIZE_S = 5.0   # Open MPI: how long leave() gives MPI_Finalize
 
 
 def no_cross_memory_attach(protocol: str | None = None) -> None:
@@ -123,7 +125,10 @@ def tidy_shm() -> None:
 def leave(code: int) -> None:
     """End this process now, with exit status ``code``: by ``os._exit``, since MPI_Finalize could
     wait on a dead peer; first flush, and unlink the job's MPICH segment in /dev/shm, which
-    only MPI_Finalize would remove (every rank of the job does, after the others are done)."""
+    only MPI_Finalize would remove (every rank of the job does, after the others are done).
+    Under Open MPI (MPI started, called from the main thread), MPI_Finalize is tried first for
+    up to FINALIZE_S: its mpirun reports a process that ends without it as an abnormal end, and
+    exits 1 whatever ``code`` was."""
     sys.stdout.flush()
     sys.stderr.flush()
     for path in mapped_segments():
@@ -131,4 +136,11 @@ def leave(code: int) -> None:
             os.unlink(path)
         except OSError:
             pass
+    MPI = sys.modules.get("mpi4py.MPI")   # None: this process never imported MPI
+    main = threading.current_thread() is threading.main_thread()
+    if (MPI is not None and main and MPI.Is_initialized() and not MPI.Is_finalized()
+            and "Open MPI" in MPI.Get_library_version()):
+        finalize = threading.Thread(target=MPI.Finalize, daemon=True)
+        finalize.start()
+        finalize.join(FINALIZE_S)   # still waiting (on a dead peer?): leave all the same
     os._exit(code)

@@ -77,6 +77,10 @@ class ElasticServer(_Server):
         self.empty_since = time.monotonic()
         self.log_every, self.logged = max(int(log_every), 1), int(start_updates)
         self.n_pushes = int(start_updates)   # a resumed run counts on from its checkpoint
+        # the compensation counts a slot from its join (dana's N); a resumed run's joiners take
+        # the slots whose state the checkpoint carried first (rank 0 picks the slots)
+        self.carried = self.rule.carried()
+        self.rule.vacate()
 
     # ------------------------------------------------------------ the loop's hooks
 
@@ -227,7 +231,7 @@ class ElasticServer(_Server):
     def _admit(self, ready: str) -> None:
         """Rank 0: accept the joiner that answered its turn (with every server), and welcome
         it: a slot, the clock it starts at, the run's settings; or refuse it."""
-        w = self.state.index(FREE) if FREE in self.state and not self.over else -1
+        w = self._free_slot()
         clock = self.version
         self.peers.tell(ADMIT, w, clock)
         inter = self.door.admit(ready)
@@ -246,12 +250,20 @@ class ElasticServer(_Server):
         self._send_welcome(inter, {**self.welcome(w, clock), "slot": w, "clock": clock})
         self._take(w, clock, inter, joiner)
 
+    def _free_slot(self) -> int:
+        """The slot a joiner gets (-1: none, or the run is over): one whose state a resumed
+        checkpoint carried first (dana's velocity of a worker live then), else the first free."""
+        free = [w for w in self.carried if self.state[w] == FREE] + [
+            w for w, state in enumerate(self.state) if state == FREE]
+        return free[0] if free and not self.over else -1
+
     def _take(self, w: int, clock: int, inter: MPI.Intercomm, joiner=None) -> None:
         """Worker ``w`` joined over ``inter`` and starts at ``clock`` (``joiner``: its process
         as its knock named it, watched before it beats: psgd.elastic.door.Joiner)."""
         self.state[w], self.first[w], self.span[w, 0] = JOINING, clock, self.n_pushes
         self.pushes[w], self.done[w] = clock, False
         self.n_done -= 1
+        self.rule.worker_joined(w)
         self.pulses[w] = Pulse(beat_path(self.door.port_file, w))
         if joiner is not None and joiner.place is not None:
             self.pulses[w].who, self.joiners[w] = (joiner.place, joiner.pid), joiner
@@ -279,7 +291,7 @@ class ElasticServer(_Server):
             self.joiners[w].tidy()
         self.data_reqs[w], self.hdr_reqs[w] = None, None
         self.order.done(w)
-        self.rule.worker_done(w)
+        self.rule.worker_lost(w)   # and the compensation's replies to it are not awaited
         self.done[w] = True
         self.n_done += 1
         self.event("lost", worker=w, **self._tally(w), why=why)

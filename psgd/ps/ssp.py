@@ -61,6 +61,23 @@ class SspUpdate(UpdateRuleBase):
         """Worker ``worker`` will push no more."""
         self.comp.worker_done(worker)
 
+    def vacate(self) -> None:
+        """``--elastic``: no worker is counted until it joins."""
+        self.comp.vacate()
+
+    def worker_joined(self, worker: int) -> None:
+        """``--elastic``: a worker took slot ``worker``."""
+        self.comp.joined(worker)
+
+    def worker_lost(self, worker: int) -> None:
+        """``--elastic``: slot ``worker``'s worker was lost: it will push no more, and the
+        compensation's replies to it are not waited on."""
+        self.comp.lost(worker)
+
+    def carried(self) -> list:
+        """The slots whose compensation state a resumed checkpoint carried."""
+        return self.comp.carried()
+
     def state(self) -> dict:
         """The compensation's per-element state by name, for checkpoints."""
         return self.comp.state()

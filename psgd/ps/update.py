@@ -29,6 +29,20 @@ class UpdateRuleBase:
     def worker_done(self, worker: int) -> None:
         """Worker ``worker`` will push no more."""
 
+    def vacate(self) -> None:
+        """``--elastic``: no worker is counted until it joins (nothing here)."""
+
+    def worker_joined(self, worker: int) -> None:
+        """``--elastic``: a worker took slot ``worker`` (nothing here)."""
+
+    def worker_lost(self, worker: int) -> None:
+        """``--elastic``: slot ``worker``'s worker was lost (here: as if it were done)."""
+        self.worker_done(worker)
+
+    def carried(self) -> list:
+        """The slots a resumed checkpoint carried per-worker state for (none)."""
+        return []
+
     def state(self) -> dict:
         """Per-element state beside the optimizer's, for checkpoints (none)."""
         return {}

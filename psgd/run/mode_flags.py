@@ -206,11 +206,6 @@ class ElasticOptions(Options):
         if plan.staleness == AUTO:
             raise UsageError("--elastic runs a fixed --staleness s (the servers' online bound "
                              "follows a fixed set of workers): pass --staleness N")
-        method = str(plan.compensation.staleness_comp)
-        if method.startswith("dana"):
-            raise UsageError(f"--elastic runs without --staleness-comp {method}: its "
-                             f"look-ahead and its lr / N count a fixed set of N workers, who "
-                             f"come and go here; pass --staleness-comp none, or --optimizer sgd")
         return self._filled(plan)
 
     def _filled(self, plan) -> ElasticOptions:
@@ -224,10 +219,15 @@ class ElasticOptions(Options):
 
 def _check_replicas(plan, protocol) -> None:
     """UsageError, one line, for a replicated run that is not built: only the protocols able to
-    "elastic-replicas", one server rank, not resumed."""
+    "elastic-replicas", one server rank, no dana, not resumed."""
     if not protocol.can("elastic-replicas"):
         raise UsageError(f"--replicas 2 runs --elastic --protocol {names(able='elastic-replicas')} "
                          f"only, not {protocol.name} (no backup is built for it)")
+    method = protocol.compensation(plan.compensation.staleness_comp, plan.optimizer)
+    if method.startswith("dana"):   # auto's pick, too
+        raise UsageError(f"--replicas 2 runs without --staleness-comp {method}: the backup "
+                         f"does not follow its count of the live workers; pass "
+                         f"--staleness-comp none, or --optimizer sgd")
     if (plan.servers or 1) != 1:
         raise UsageError("--replicas 2 runs one server rank (--servers 1): a backup for "
                          "several shards is not built")

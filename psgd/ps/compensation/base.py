@@ -99,6 +99,21 @@ class Compensation:
     def worker_done(self, worker: int) -> None:
         """``worker`` has sent its last push."""
 
+    def vacate(self) -> None:
+        """``--elastic``: no worker is counted until it joins (:meth:`joined`); nothing here."""
+
+    def joined(self, worker: int) -> None:
+        """``--elastic``: a worker took slot ``worker``; nothing here."""
+
+    def lost(self, worker: int) -> None:
+        """``--elastic``: the worker of slot ``worker`` was lost, not done: it will push no
+        more, and a reply sent to it may never be received (here: :meth:`worker_done`)."""
+        self.worker_done(worker)
+
+    def carried(self) -> list:
+        """The slots whose per-worker state a resumed checkpoint carried (none here)."""
+        return []
+
     def state(self) -> dict:
         """The method's per-element state (float32 arrays of the shard's length) by name, for
         checkpoints beside the optimizer's; its running means of delays are not kept."""

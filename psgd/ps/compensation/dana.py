@@ -56,19 +56,19 @@ class Dana(LookAhead):
         scale = min(1.0, (1.0 + mean) / (1.0 + delay))
         velocity = self.velocity[worker]
         dana_push(grad, now, velocity, self.total, self.gamma, self.weight_decay, scale)
-        return velocity, lr / self.n_workers
+        return velocity, lr / self.counted
 
     def count_delay(self, delay, worker):
         self.delay.add(delay)
         self.own[worker].add(delay)
 
     def reply(self, worker, clock, live, lr):
-        if self.out is None:
+        if not self.looks_ahead():
             return live
-        ahead = self.own[worker].value / (self.n_workers - 1)
+        ahead = self.own[worker].value / (self.counted - 1)
         self.factor.add(ahead)
         out = self.reply_buffer(worker, clock)
-        step = -lr / self.n_workers * self.gamma
+        step = -lr / self.counted * self.gamma
         dana_reply(live, self.total, self.velocity[worker], out, step * ahead, step)
         return out
 
@@ -78,12 +78,39 @@ class Dana(LookAhead):
     def load_state(self, state):
         """Each worker's velocity back (a worker beyond the checkpoint's W starts at zero)."""
         super().load_state(state)
-        np.sum(self.velocity, axis=0, out=self.total)
+        self._resum()
 
     def worker_done(self, worker):
         """A finished worker's velocity will never step: no look-ahead counts it any more
         (it is kept for checkpoints, from which a resumed run steps it again)."""
         self.active[worker] = False
+        self._resum()
+
+    def vacate(self):
+        """``--elastic``: no velocity counts until its worker joins; those a resumed
+        checkpoint carried wait in their slots for the joiners (:meth:`carried`)."""
+        super().vacate()
+        self.active[:] = False
+        self._resum()
+
+    def joined(self, worker):
+        """Its velocity counts from now on: zero, or the one its slot carried from a
+        checkpoint."""
+        super().joined(worker)
+        self.active[worker] = True
+        self._resum()
+
+    def lost(self, worker):
+        """A lost worker's velocity will never step: it leaves the look-ahead and N, and is
+        zeroed, so no checkpoint carries it to a later joiner (docs/design/elastic.md)."""
+        self.velocity[worker] = 0.0
+        super().lost(worker)
+
+    def carried(self):
+        """The slots whose velocity is not zero: those live at the checkpoint (and pushed)."""
+        return [w for w in range(self.n_workers) if self.velocity[w].any()]
+
+    def _resum(self):
         np.sum(self.velocity[self.active], axis=0, out=self.total)   # afresh: no rounding
 
 

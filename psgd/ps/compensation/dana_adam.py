@@ -35,7 +35,7 @@ class DanaAdam(LookAhead):
 
     def reply(self, worker, clock, live, lr):
         opt = self.optimizer
-        if self.out is None or opt.steps == 0:   # one worker, or no moments yet
+        if not self.looks_ahead() or opt.steps == 0:   # one worker, or no moments yet
             return live
         b1 = opt.beta1
         steps = b1 * (1.0 - b1 ** self.own[worker].value) / (1.0 - b1)

@@ -215,3 +215,37 @@ def test_a_resumed_run_gives_the_carried_velocities_to_its_first_joiners():
     server.over = True
     server.state[3] = "free"
     assert ElasticServer._free_slot(server) == -1
+
+
+def _amom_rule(n_workers, remote):
+    """An amom rule (the momentum the workers' under ``remote``, --momentum-correction)."""
+    import dataclasses
+    config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
+                         lr_schedule=lambda c: LR, compensation=CompensationOptions("amom"))
+    if remote:
+        config = dataclasses.replace(config, worker_momentum={"momentum": MU})
+    versions = ShardVersions(np.zeros(N, np.float32))
+    return SspUpdate(config, make_optimizer("momentum", N, momentum=MU), versions,
+                     n_workers=n_workers), versions
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_elastic_amom_counts_the_live_workers_not_the_slots(remote):
+    """amom (auto's pick where dana cannot run) ramps its rate over 50 W updates and, with
+    the workers' momentum, steps it by W: under --elastic W is the live workers, as over a
+    fixed set of them, before and after a loss (the old rule counted --max-workers slots)."""
+    events = _script([0, 1, 2], 30, seed=7)
+    fixed, fixed_versions = _amom_rule(3, remote)
+    elastic, elastic_versions = _amom_rule(8, remote)   # --max-workers 8
+    elastic.vacate()
+    for w in range(3):
+        elastic.worker_joined(w)
+    pushes = [e for e in events if e[0] == "push"]
+    for rule, versions in ((fixed, fixed_versions), (elastic, elastic_versions)):
+        for _, w, clock in pushes:
+            assert rule.push(_grad(w, clock), clock, 0, source=1 + w, worker=w)
+    np.testing.assert_array_equal(fixed_versions.live, elastic_versions.live)
+    assert fixed.comp.worker_momentum() == elastic.comp.worker_momentum()
+    elastic.worker_lost(2)
+    after_loss, _ = _amom_rule(2, remote)
+    assert elastic.comp.counted == after_loss.comp.counted == 2

@@ -12,8 +12,9 @@ than the mean, delay d > tau, is scaled by ``(1 + tau) / (1 + d)`` as well
 straggler's pushes do not land at full step on momentum set for the fast
 workers.  The learning rate also ramps up linearly over the first 50 W
 updates (``--amom-warmup``), while the delay's running mean is still young
-and the gradients are at their largest.  With ``--momentum-correction`` the momentum is the
-workers' (``config.worker_momentum``): the server keeps only the learning-rate
+and the gradients are at their largest.  Under ``--elastic`` W is the live workers.
+With ``--momentum-correction`` the momentum is the workers'
+(``config.worker_momentum``): the server keeps only the learning-rate
 factors, and each pull reply tells the worker the momentum in force.  A
 worker's velocity steps once per W server updates, so it takes mu_e ** W and
 the step a factor that keeps the gain (:func:`velocity_momentum`).
@@ -42,17 +43,19 @@ class AsyncAwareMomentum(Compensation):
         self.delay = RunningMean()
         self.lr_factor = Summary()
         per_worker = config.compensation.amom_warmup
-        self.warmup = (WARMUP_PER_WORKER if per_worker is None else per_worker) * n_workers
+        self.per_worker = WARMUP_PER_WORKER if per_worker is None else per_worker
         self.updates = 0
 
     def adjust(self, grad, lr, staleness, delay, now, read, worker=0):
         mean = self.delay.add(delay)
         mu, scale = explicit_momentum(self.target, mean)
+        workers = max(1, self.counted)   # W, or under --elastic the live workers
         if self.remote:
-            mu, gain = velocity_momentum(mu, self.n_workers)
+            mu, gain = velocity_momentum(mu, workers)
             scale *= gain
         self.updates += 1
-        ramp = min(1.0, self.updates / self.warmup) if self.warmup else 1.0
+        warmup = self.per_worker * workers
+        ramp = min(1.0, self.updates / warmup) if warmup else 1.0
         scale *= ramp * min(1.0, (1.0 + mean) / (1.0 + delay))
         self.mu = mu
         if not self.remote and hasattr(self.optimizer, self.key):

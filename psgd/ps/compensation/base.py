@@ -53,6 +53,7 @@ class Compensation:
 
     def __init__(self, config, optimizer, n: int, n_workers: int = 1) -> None:
         self.config, self.optimizer, self.n, self.n_workers = config, optimizer, n, n_workers
+        self.counted = n_workers   # --elastic: the workers that joined and were not lost
         self.factor = Summary()
 
     def buffers(self) -> list:
@@ -100,14 +101,17 @@ class Compensation:
         """``worker`` has sent its last push."""
 
     def vacate(self) -> None:
-        """``--elastic``: no worker is counted until it joins (:meth:`joined`); nothing here."""
+        """``--elastic``: no worker is counted until it joins (:meth:`joined`)."""
+        self.counted = 0
 
     def joined(self, worker: int) -> None:
-        """``--elastic``: a worker took slot ``worker``; nothing here."""
+        """``--elastic``: a worker took slot ``worker``; it counts from now on."""
+        self.counted += 1
 
     def lost(self, worker: int) -> None:
         """``--elastic``: the worker of slot ``worker`` was lost, not done: it will push no
         more, and a reply sent to it may never be received (here: :meth:`worker_done`)."""
+        self.counted -= 1
         self.worker_done(worker)
 
     def carried(self) -> list:

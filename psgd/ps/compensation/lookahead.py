@@ -31,24 +31,19 @@ class LookAhead(Compensation):
         self.out = np.zeros((n_workers, self.slots, n), np.float32) if n_workers > 1 else None
         self.sends: dict[tuple[int, int], object] = {}
         self.own = [RunningMean() for _ in range(n_workers)]
-        self.counted = n_workers
 
     def looks_ahead(self) -> bool:
         """Whether a pull is answered with a look-ahead: not for one worker, whose pushes are
         never late."""
         return self.out is not None and self.counted > 1
 
-    def vacate(self):
-        self.counted = 0
-
     def joined(self, worker):
-        self.counted += 1
+        super().joined(worker)
         self.own[worker] = RunningMean()
 
     def lost(self, worker):
         """Also forgets its replies' sends: a lost worker may never receive them, and the
         server would wait on them at the end."""
-        self.counted -= 1
         for slot in range(self.slots):
             self.sends.pop((worker, slot), None)
         super().lost(worker)

@@ -36,20 +36,24 @@ def _logged(log: Path, kind: str) -> bool:
                for line in log.read_text().splitlines() if line.endswith("}"))
 
 
-def _run_and_freeze(dataset, tmp_path, when, env=None):
-    """Start ssp on 3 ranks; SIGSTOP worker rank 2 once ``when(log)`` holds; returns the result."""
+SSP = ["--model", "mlp:784-32-10", "--protocol", "ssp", "--steps", str(STEPS)]
+
+
+def _run_and_freeze(dataset, tmp_path, when, env=None, run=SSP, ranks=3, rank=2):
+    """Start ``run`` (ssp) on ``ranks`` ranks; SIGSTOP rank ``rank`` once ``when(log)`` holds;
+    returns the result."""
     marker, log = f"freeze-{os.getpid()}-{time.monotonic_ns()}", tmp_path / "log.jsonl"
     shm_before = set(os.listdir("/dev/shm"))
-    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "psgd", "train", "--data", dataset,
-           "--model", "mlp:784-32-10", "--protocol", "ssp", "--steps", str(STEPS), "--quiet",
-           "--log", str(log), "--stall-timeout", "1", "--stall-abort", "4"]
+    cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "psgd", "train", "--data",
+           dataset, *run, "--quiet", "--log", str(log), "--stall-timeout", "1",
+           "--stall-abort", "4"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PSGD_X_TEST_MARK=marker, **(env or {})),
                             start_new_session=True)
     frozen = None
     while frozen is None and proc.poll() is None and time.monotonic() - start < BOUND_S:
-        pid = _rank_pid(marker, 2)
+        pid = _rank_pid(marker, rank)
         if pid is not None and when(log):
             os.kill(pid, signal.SIGSTOP)
             frozen = pid
@@ -93,4 +97,18 @@ def test_worker_stuck_at_the_final_gather_is_named_then_the_job_ends(dataset, tm
     rc, err, elapsed, _ = _run_and_freeze(dataset, tmp_path, lambda log: False,
                                           env={"PSGD_X_FAULT": f"rank=2,step={STEPS},kind=hang"})
     _assert_reported_then_ended(rc, err, re.escape("rank 2 to send its end-of-run report"))
+    assert elapsed < BOUND_S
+
+
+def test_a_frozen_pipeline_stage_is_named_by_its_neighbour_with_the_microbatch_and_direction(
+        dataset, tmp_path):
+    """The last stage frozen mid-run: stage 0's report names the stage, the microbatch and the
+    direction it waits on (the gradient coming back), then the job ends."""
+    run = ["--model", "mlp:784-32-32-10", "--pipeline", "2", "--microbatches", "4",
+           "--schedule", "1f1b", "--batch-size", "32", "--steps", "100000",
+           "--log-every", "5"]
+    rc, err, elapsed, frozen = _run_and_freeze(dataset, tmp_path, lambda log: _logged(log, "step"),
+                                               run=run, ranks=2, rank=1)
+    assert frozen, f"the run ended before stage 1 was frozen: {err}"
+    _assert_reported_then_ended(rc, err, r"stage 0: the gradient from stage 1 of microbatch \d+")
     assert elapsed < BOUND_S

@@ -27,6 +27,7 @@ from psgd.run import tensor_servers
 from psgd.run.checkpoint import load_checkpoint
 from psgd.run.metrics import MetricsLog
 from psgd.run import pipeline_record, pipeline_summary
+from psgd.run.pipeline_steps import StepStream
 from psgd.run.pipeline_checkpoint import load_extra_state, resume_stage
 from psgd.run.pipeline_checkpoint import save as save_stages
 from psgd.run import tensor_pipeline_checkpoint as split_checkpoint
@@ -212,19 +213,20 @@ def save(run: PipelineRun, step: int) -> None:
     (split_checkpoint.save if split else save_stages)(run, step)
 
 
-def _train(run: PipelineRun) -> tuple[float, tuple, list]:
-    """The steps; the wall seconds, what the summary's idle and op times count (see
-    :func:`_warmed`) and the last stage's (step, loss, accuracy, seconds) records."""
+def _train(run: PipelineRun, steps: StepStream) -> tuple[float, tuple]:
+    """The steps, their records into ``steps``; the wall seconds and what the summary's idle
+    and op times count (see :func:`_warmed`)."""
     wait.barrier(run.grid.p2p, "the other stages to start")
     # --timeline: one zero for every rank's clock, and the wall time's start
     t0 = timeline.start().zero if run.settings.traces.timeline else time.perf_counter()
     train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
-    records = train(run, t0)
+    train(run, t0, steps)
     run.trainer.links.finish()
     if getattr(run.trainer, "worker", None) is not None:
         run.trainer.worker.finish()
     end = time.perf_counter()
     wall = end - t0
+    steps.finish()
     wait.barrier(run.grid.p2p, "the other stages to finish their steps")
     if run.settings.traces.timeline:
         _save_timeline(run, wall)
@@ -232,7 +234,7 @@ def _train(run: PipelineRun) -> tuple[float, tuple, list]:
     steps = run.total - run.start - (run.warm is not None)
     measured = (end - clock, run.trainer.links.waited - waited,
                 [a - b for a, b in zip(run.trainer.busy, busy)], steps, run.trainer.links.waited)
-    return wall, measured, records
+    return wall, measured
 
 
 def _warmed(run: PipelineRun) -> None:
@@ -258,9 +260,8 @@ def _save_timeline(run: PipelineRun, wall: float) -> None:
     save_timeline(SimpleNamespace(roles=roles, settings=run.settings))
 
 
-def _train_steps(run: PipelineRun, t0: float) -> list:
+def _train_steps(run: PipelineRun, t0: float, steps: StepStream) -> None:
     s, trainer, stage = run.settings, run.trainer, run.trainer.stage
-    records = []
     for step in range(run.start, run.total):
         x = y = None
         if run.reader is not None:
@@ -271,14 +272,14 @@ def _train_steps(run: PipelineRun, t0: float) -> list:
         if step == run.start and done < run.total and not s.recording.replay:
             _warmed(run)   # not under --replay: the recorded run met no barrier here
         if stage.last and _logged(run, done):
-            records.append((done, loss / run.options.microbatches, correct / s.batch_size,
-                            time.perf_counter() - t0))
+            steps.add(done, loss / run.options.microbatches, correct / s.batch_size,
+                      time.perf_counter() - t0)
+        steps.poll()
         if s.checkpoint_every and done % s.checkpoint_every == 0 and done < run.total:
             save(run, done)
-    return records
 
 
-def _train_asynchronous(run: PipelineRun, t0: float) -> list:
+def _train_asynchronous(run: PipelineRun, t0: float, steps: StepStream) -> None:
     """The run as one schedule, drained (flushed) at each --checkpoint-every step, where the
     checkpoint is written; one record (the mean loss over the run) from the last stage."""
     m, stage, reader = run.options.microbatches, run.trainer.stage, run.reader
@@ -290,33 +291,26 @@ def _train_asynchronous(run: PipelineRun, t0: float) -> list:
         ys = Microbatches(lambda i: batch(i, 1), m) if stage.last else None
         run.trainer.run((b - a) * m, lambda g: run.lr(g // m), xs, ys,
                         g0=(a - run.start) * m, first=a * m)
+        steps.poll(b - a)
         if b < run.total:
             save(run, b)
     n = (run.total - run.start) * m
-    samples = n * (run.settings.batch_size // m)
-    return [(run.total, run.trainer.loss / n, run.trainer.correct / samples,
-             time.perf_counter() - t0)] if stage.last else []
+    if stage.last:
+        steps.add(run.total, run.trainer.loss / n,
+                  run.trainer.correct / (n * (run.settings.batch_size // m)), time.perf_counter() - t0)
 
 
 def _logged(run: PipelineRun, done: int) -> bool:
     return done % run.settings.log_every == 0 or done == run.total
 
 
-def _log_steps(run: PipelineRun, log: MetricsLog, records: list) -> None:
-    """Replica 0's step records, from its last stage to rank 0, into the log."""
-    grid = run.grid
-    if grid.replica != 0 or not (grid.stage in (0, grid.stages - 1)):
-        return
+def _step_stream(run: PipelineRun, log: MetricsLog, lead: bool) -> StepStream:
+    """Replica 0's step records (one, the run's, under an asynchronous schedule) and rank 0's
+    progress bar."""
     n = 1 if run.options.schedule in ASYNCHRONOUS else \
         sum(_logged(run, d) for d in range(run.start + 1, run.total + 1))
-    rows = np.array(records, np.float64).reshape(-1, 4) if records else np.zeros((n, 4))
-    if grid.stages > 1:
-        req = grid.row_comm.Isend(rows, dest=0, tag=4903) if grid.stage else \
-            grid.row_comm.Irecv(rows, source=grid.stages - 1, tag=4903)
-        wait.wait(req, "the last stage to send its step records")
-    if grid.stage == 0:
-        for step, loss, acc, seconds in rows:
-            log.write("step", step=int(step), loss=loss, accuracy=acc, seconds=seconds)
+    bar = (run.total, run.start, not run.settings.quiet) if lead else None
+    return StepStream(run.grid, log, n, bar)
 
 
 def _evaluate(run: PipelineRun) -> tuple[float, float] | None:
@@ -424,8 +418,7 @@ def train_pipeline(args: argparse.Namespace) -> None:
     if lead:
         _announce(run, counts, costs)
     log = MetricsLog(settings.log if lead else None, append=resumed is not None)
-    wall, measured, records = _train(run)
-    _log_steps(run, log, records)
+    wall, measured = _train(run, _step_stream(run, log, lead))
     _finish(run, log, wall, measured)
     log.close()
     run.grid.free()

@@ -31,6 +31,19 @@ def test_grid_2x2_trains_as_data_parallel_on_2_ranks_and_halves_parameters(mpiru
     # the largest part (rank 0's): 23 of layer 1's 45 columns, 23 of layer 2's rows and its
     # whole bias, and 5 of the last layer's 10 columns (it gathers)
     assert grid["param_bytes_per_rank"] == (784 * 23 + 23 + 23 * 33 + 33 + 33 * 5 + 5) * 4
+    # memory per rank: the gradient is the part's size; the first layer's input (16 x 784
+    # float32) is among the buffers each rank holds for its backward
+    assert grid["grad_bytes"] == grid["param_bytes"] and max(grid["param_bytes"]) == grid["param_bytes_per_rank"]
+    assert all(b >= 16 * 784 * 4 for b in grid["activation_bytes"]), grid["activation_bytes"]
+    # time per layer: the Megatron pair's one all-reduce is the row layer's (the first
+    # layer's backward all-reduce of its input gradient is skipped: no layer needs it), and
+    # the last layer, left without a partner, waits on its all-gather
+    rows = {row["layer"]: row for row in grid["layer_ms"]}
+    assert list(rows) == ["0 ColumnDense", "1 RowDense", "2 ColumnDense", "after the layers"], list(rows)
+    assert rows["0 ColumnDense"]["collective_ms"] == {}, rows["0 ColumnDense"]
+    assert list(rows["1 RowDense"]["collective_ms"]) == ["all-reduce"], rows["1 RowDense"]
+    assert rows["2 ColumnDense"]["collective_ms"].get("all-gather", 0) > 0, rows["2 ColumnDense"]
+    assert all(row["compute_ms"] > 0 for name, row in rows.items() if "Dense" in name)
 
 
 @pytest.mark.mpi

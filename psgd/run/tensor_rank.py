@@ -32,6 +32,7 @@ from psgd.run.run_plan import refused_by
 from psgd.run.tensor_flags import auto_grid
 from psgd.run.tensor_servers import servers_of
 from psgd.run.metrics import MetricsLog
+from psgd.tensor.layer_times import LayerTimes, activation_bytes
 
 def grid_shape(s, world: int) -> tuple[int, int, str]:
     """(D, T, axis) from --grid/--tensor/--spatial on ``world`` ranks; ValueError naming the flag."""
@@ -211,6 +212,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
     if s.traces.timeline:   # one zero for every rank's clock
         wait.barrier(comm, "the other ranks to start the timeline")
         timeline.start()
+    clock = setup["clock"] = LayerTimes(model)
     begin = time.perf_counter()
     while step < total:
         t0 = time.perf_counter()
@@ -218,7 +220,7 @@ def _train(comm, part, replicas, s, setup: dict) -> TensorJob:
         model.reseed(reader.worker, step)
         share_copies(part, model, setup.get("copies"))
         t1 = time.perf_counter()
-        loss, correct = model.loss_and_grad(x, y)
+        loss, correct = clock.measure(model.loss_and_grad, x, y)
         t2 = time.perf_counter()
         _update(setup, replicas, step, lr)
         times.append(time.perf_counter() - t0)
@@ -336,6 +338,7 @@ def _log_step(log, replicas, step: int, mean: np.ndarray) -> None:
 def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -> None:
     """Evaluate the model through replica 0's parts and report time and memory per rank."""
     model, reader = setup["model"], setup["reader"]
+    held = activation_bytes(model)   # the training step's buffers, before evaluation's
     if replicas.Get_rank() == 0:
         model.set_calibration(reader.calibration_rows(512)[0])
         x, y = reader.test_set()
@@ -343,7 +346,8 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
             x, y = x[:s.eval_samples], y[:s.eval_samples]
         loss, acc = model.evaluate(x, y)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
-    mine, every = np.array([model.param_bytes(), rss], np.int64), np.zeros((comm.Get_size(), 2), np.int64)
+    mine = np.array([model.param_bytes(), rss, model.grad.nbytes, held], np.int64)
+    every = np.zeros((comm.Get_size(), 4), np.int64)
     wait.wait(comm.Iallgather(mine, every), "the grid's memory report")
     if comm.Get_rank() != 0:
         return
@@ -356,7 +360,9 @@ def _finish(comm, part, replicas, s, setup: dict, log, step: int, times: list) -
               auto_network=setup["auto"].get("network"),
               auto_grids=setup["grids"] or None,
               step_ms=ms, param_bytes_per_rank=most, param_bytes_serial=whole,
-              peak_rss_bytes=every[:, 1].tolist())
+              peak_rss_bytes=every[:, 1].tolist(), param_bytes=every[:, 0].tolist(),
+              grad_bytes=every[:, 2].tolist(), activation_bytes=every[:, 3].tolist(),
+              layer_ms=setup["clock"].report())
     log.close()
     print(f"psgd: {setup['axis']} grid D={d} x T={t}: {step} steps, test loss {loss:.4f}, "
           f"accuracy {acc:.4f}; median step {ms:.2f} ms; parameters {most} bytes per rank "

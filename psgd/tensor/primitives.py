@@ -21,20 +21,29 @@ from psgd.mpi import timeline
 HALO_TAG = 7150
 
 
-def wait(request, what) -> None:
-    """Complete one posted request; under ``--timeline`` its wait is a "collective" span."""
+SPENT: dict[str, float] = {}   # seconds waited on each kind of collective, since the start
+
+
+def wait(request, what, kind: str = "other") -> None:
+    """Complete one posted request, its wait counted in :data:`SPENT` under ``kind``; under
+    ``--timeline`` it is a "collective" span."""
     t0 = time.perf_counter()
     complete(request, what)
-    if timeline.current is not None:
-        timeline.current.span("collective", t0, time.perf_counter())
+    _spent(kind, t0)
 
 
-def waitall(requests: list, what) -> None:
+def waitall(requests: list, what, kind: str = "halo") -> None:
     """Complete posted requests (a halo exchange), as :func:`wait`."""
     t0 = time.perf_counter()
     complete_all(requests, what)
+    _spent(kind, t0)
+
+
+def _spent(kind: str, t0: float) -> None:
+    t1 = time.perf_counter()
+    SPENT[kind] = SPENT.get(kind, 0.0) + (t1 - t0)
     if timeline.current is not None:
-        timeline.current.span("collective", t0, time.perf_counter())
+        timeline.current.span("collective", t0, t1)
 
 
 def split_sizes(n: int, parts: int) -> list[int]:
@@ -77,7 +86,7 @@ def allreduce_forward(x: np.ndarray, comm) -> np.ndarray:
         out[...] = x
         return out
     wait(comm.Iallreduce([x, _mpi_type(x)], [out, _mpi_type(out)], MPI.SUM),
-         "the tensor group's all-reduce")
+         "the tensor group's all-reduce", "all-reduce")
     return out
 
 
@@ -94,7 +103,7 @@ def allgather_forward(x: np.ndarray, comm, sizes: list[int]) -> np.ndarray:
     counts = [s * _row(x) for s in sizes]
     displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
     wait(comm.Iallgatherv([x, _mpi_type(x)], [out, (counts, displs), _mpi_type(x)]),
-         "the tensor group's all-gather")
+         "the tensor group's all-gather", "all-gather")
     return out
 
 
@@ -115,7 +124,7 @@ def reduce_scatter_forward(x: np.ndarray, comm, sizes: list[int]) -> np.ndarray:
     out = np.empty((sizes[comm.Get_rank()], *x.shape[1:]), x.dtype)
     counts = [s * _row(x) for s in sizes]
     wait(comm.Ireduce_scatter([x, _mpi_type(x)], [out, _mpi_type(x)], counts, MPI.SUM),
-         "the tensor group's reduce-scatter")
+         "the tensor group's reduce-scatter", "reduce-scatter")
     return out
 
 
@@ -132,7 +141,7 @@ def scatter_forward(x: np.ndarray | None, comm, sizes: list[int], shape: tuple, 
     counts = [s * row for s in sizes]
     displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
     send = [np.ascontiguousarray(x), (counts, displs), _mpi_type(out)] if comm.Get_rank() == 0 else None
-    wait(comm.Iscatterv(send, [out, _mpi_type(out)], root=0), "the tensor group's scatter")
+    wait(comm.Iscatterv(send, [out, _mpi_type(out)], root=0), "the tensor group's scatter", "scatter")
     return out
 
 
@@ -149,7 +158,7 @@ def gather_forward(x: np.ndarray, comm, sizes: list[int]) -> np.ndarray | None:
     counts = [s * _row(x) for s in sizes]
     displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
     recv = [out, (counts, displs), _mpi_type(x)] if root else None
-    wait(comm.Igatherv([x, _mpi_type(x)], recv, root=0), "the tensor group's gather")
+    wait(comm.Igatherv([x, _mpi_type(x)], recv, root=0), "the tensor group's gather", "gather")
     return out
 
 

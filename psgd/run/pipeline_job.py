@@ -213,20 +213,20 @@ def save(run: PipelineRun, step: int) -> None:
     (split_checkpoint.save if split else save_stages)(run, step)
 
 
-def _train(run: PipelineRun, steps: StepStream) -> tuple[float, tuple]:
-    """The steps, their records into ``steps``; the wall seconds and what the summary's idle
+def _train(run: PipelineRun, stream: StepStream) -> tuple[float, tuple]:
+    """The steps, their records into ``stream``; the wall seconds and what the summary's idle
     and op times count (see :func:`_warmed`)."""
     wait.barrier(run.grid.p2p, "the other stages to start")
     # --timeline: one zero for every rank's clock, and the wall time's start
     t0 = timeline.start().zero if run.settings.traces.timeline else time.perf_counter()
     train = _train_asynchronous if run.options.schedule in ASYNCHRONOUS else _train_steps
-    train(run, t0, steps)
+    train(run, t0, stream)
     run.trainer.links.finish()
     if getattr(run.trainer, "worker", None) is not None:
         run.trainer.worker.finish()
     end = time.perf_counter()
     wall = end - t0
-    steps.finish()
+    stream.finish()
     wait.barrier(run.grid.p2p, "the other stages to finish their steps")
     if run.settings.traces.timeline:
         _save_timeline(run, wall)

@@ -5,6 +5,7 @@ equals dana over a fixed set bit for bit, and after a loss and a join it equals 
 reference of dana over the live workers. The real runs (a worker SIGKILLed) are in
 tests/test_elastic_dana_kills.py.
 """
+import dataclasses
 import types
 
 import numpy as np
@@ -13,9 +14,11 @@ import pytest
 from psgd.elastic.server import ElasticServer
 from psgd.nn.optim import make_optimizer
 from psgd.protocols.features import CompensationOptions, make_config
-from psgd.ps.compensation import amom
 from psgd.ps.ssp import SspUpdate
 from psgd.ps.versions import ShardVersions
+from test_compensation import Reference as CompensationReference
+
+mean_delay = CompensationReference.mean_delay   # amom's running mean, as a weighted sum
 
 N, LR, MU = 29, 0.05, 0.9
 
@@ -76,15 +79,6 @@ def test_with_no_loss_elastic_dana_equals_dana_over_a_fixed_set_bit_for_bit(over
         np.testing.assert_array_equal(a, b, err_msg=f"event {k}: {events[k]}")
 
 
-def _mean_delay(delays):
-    """amom's bias-corrected running mean, as a weighted sum (tests/test_compensation.py)."""
-    k = len(delays)
-    if not k:
-        return 0.0
-    weights = [(1 - amom.DELAY_DECAY) * amom.DELAY_DECAY ** (k - 1 - i) for i in range(k)]
-    return sum(wt * d for wt, d in zip(weights, delays)) / sum(weights)
-
-
 class Reference:
     """dana over the live workers in float32 numpy: N = the workers joined and not lost, the
     look-ahead sums the live velocities, a lost worker's velocity gone, a joiner's from zero."""
@@ -107,14 +101,14 @@ class Reference:
         mine = self.v[worker]
         others = sum(v for j, v in self.v.items() if j != worker)
         step = -LR / n * MU
-        ahead = _mean_delay(self.own[worker]) / (n - 1)
+        ahead = mean_delay(self.own[worker]) / (n - 1)
         return self.w + np.float32(step * ahead) * others + np.float32(step) * mine
 
     def push(self, worker, g):
         delay = self.updates - self.count[worker]
         self.delays.append(delay)
         self.own[worker].append(delay)
-        scale = min(1.0, (1.0 + _mean_delay(self.delays)) / (1.0 + delay))
+        scale = min(1.0, (1.0 + mean_delay(self.delays)) / (1.0 + delay))
         self.v[worker] = np.float32(MU) * self.v[worker] + np.float32(scale) * g
         self.w = self.w - np.float32(LR / len(self.v)) * self.v[worker]
         self.updates += 1
@@ -157,15 +151,20 @@ class Pending:
         return False
 
 
-@pytest.mark.parametrize("method", ["dana", "dana-adam"])
-def test_a_lost_workers_look_ahead_send_is_not_waited_on(method):
-    rule, versions = _rule(4, method)
+def _three_pushed(rule, versions):
+    """Workers 0, 1 and 2 join, pull clock 0 and push it."""
     rule.vacate()
     for w in (0, 1, 2):
         rule.worker_joined(w)
     for w in (0, 1, 2):
         rule.replied(w, 0, versions.live)
         assert rule.push(_grad(w, 0), 0, 0, source=1, worker=w)
+
+
+@pytest.mark.parametrize("method", ["dana", "dana-adam"])
+def test_a_lost_workers_look_ahead_send_is_not_waited_on(method):
+    rule, versions = _rule(4, method)
+    _three_pushed(rule, versions)
     sends = {}
     for w in (0, 1):
         reply = rule.replied(w, 1, versions.live)
@@ -189,12 +188,7 @@ def test_one_live_worker_is_answered_with_the_parameters():
 
 def test_a_resumed_run_gives_the_carried_velocities_to_its_first_joiners():
     rule, versions = _rule(4)
-    rule.vacate()
-    for w in (0, 1, 2):
-        rule.worker_joined(w)
-    for w in (0, 1, 2):
-        rule.replied(w, 0, versions.live)
-        assert rule.push(_grad(w, 0), 0, 0, source=1, worker=w)
+    _three_pushed(rule, versions)
     rule.worker_lost(0)
     resumed, resumed_versions = _rule(4, init=versions.live)
     resumed.load_state({k: v.copy() for k, v in rule.state().items()})
@@ -219,7 +213,6 @@ def test_a_resumed_run_gives_the_carried_velocities_to_its_first_joiners():
 
 def _amom_rule(n_workers, remote):
     """An amom rule (the momentum the workers' under ``remote``, --momentum-correction)."""
-    import dataclasses
     config = make_config("asp", N, optimizer="momentum", opt_hparams={"momentum": MU},
                          lr_schedule=lambda c: LR, compensation=CompensationOptions("amom"))
     if remote:

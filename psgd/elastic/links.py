@@ -13,11 +13,12 @@ from mpi4py import MPI
 
 
 class WorkerLost(Exception):
-    """A message of worker ``w`` that was due never came (its link is silent)."""
+    """A message of worker ``w`` that was due never came (its link is silent); ``aside``: the
+    buffer a receive of it was left pending into (MPI may still write it: never reuse it)."""
 
-    def __init__(self, w: int) -> None:
+    def __init__(self, w: int, aside=None) -> None:
         super().__init__(f"worker {w} went silent")
-        self.w = w
+        self.w, self.aside = w, aside
 
 
 class Links:
@@ -41,6 +42,7 @@ class Links:
         self.heard = [0.0] * self.slots           # time.monotonic() of the last message
         self.live: list[int] = []                 # joined and not dropped, in join order
         self.gone: dict = {}                      # dropped: their links, until told so
+        self.aside: list = []                     # (request, buffer) of abandoned receives
         self._next = 0                            # round-robin start of an any-source probe
 
     def Get_rank(self) -> int:   # noqa: N802 - mpi4py's names
@@ -80,9 +82,15 @@ class Links:
             return self.comm.Improbe(source, tag, status)
         w = source - self.S
         msg = self._probe(w, tag, status) if self.inter[w] is not None else None
-        if msg is None and time.monotonic() - self.heard[w] > self.silence_s:
-            raise WorkerLost(w)
-        return msg
+        if msg is None:
+            self.check_heard(w)
+            return None
+        return _Watched(msg, self, w)
+
+    def check_heard(self, w: int, aside=None) -> None:
+        """Raise :class:`WorkerLost` when worker ``w`` has been silent past ``silence_s``."""
+        if time.monotonic() - self.heard[w] > self.silence_s:
+            raise WorkerLost(w, aside)
 
     def _probe(self, w: int, tag: int, status: MPI.Status):
         msg = self.inter[w].Improbe(0, tag, status)
@@ -96,3 +104,36 @@ class Links:
         if dest < self.S:
             return self.comm.Isend(buf, dest, tag)
         return self.inter[dest - self.S].Isend(buf, 0, tag)
+
+
+class _Watched:
+    """A message of worker ``w`` matched by a probe of its rank: its receive raises
+    :class:`WorkerLost` when the data stops coming (a sender killed mid-transfer leaves a
+    matched rendezvous receive that never completes)."""
+
+    def __init__(self, msg: MPI.Message, links: Links, w: int) -> None:
+        self.msg, self.links, self.w = msg, links, w
+
+    def Recv(self, buf) -> None:   # noqa: N802
+        self.msg.Recv(buf)
+
+    def Irecv(self, buf) -> "_Receiving":   # noqa: N802
+        return _Receiving(self.msg.Irecv(buf), self.links, self.w, buf)
+
+
+class _Receiving:
+    """The request of a :class:`_Watched` receive, for :func:`psgd.mpi.wait.wait`."""
+
+    def __init__(self, req: MPI.Request, links: Links, w: int, buf) -> None:
+        self.req, self.links, self.w, self.buf = req, links, w, buf
+
+    def Test(self, status: MPI.Status | None = None) -> bool:   # noqa: N802
+        if self.req.Test(status):
+            self.links.heard[self.w] = time.monotonic()
+            return True
+        try:
+            self.links.check_heard(self.w, self.buf)
+        except WorkerLost:
+            self.links.aside.append((self.req, self.buf))   # kept alive, never waited on
+            raise
+        return False

@@ -29,7 +29,8 @@ def save(job, updates: int, clock: int, params: np.ndarray, opt_state: dict | No
         return save_checkpoint(s.checkpoint_dir, Checkpoint(
             params=np.asarray(params, np.float32), model_spec=s.model, step=int(updates),
             optimizer=s.optimizer, opt_state=dict(opt_state or {}), clocks=np.asarray([clock]),
-            protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id))
+            protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=job.run_id),
+            keep=s.checkpoint_keep)
 
 
 def evaluate(job, params: np.ndarray) -> tuple[float, float]:

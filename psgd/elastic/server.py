@@ -187,6 +187,8 @@ class ElasticServer(_Server):
         try:
             super()._control(msg, status)
         except WorkerLost as lost:   # its push's header came, its payload never did
+            if lost.aside is not None:   # a receive left pending: its buffer is set aside
+                self._renew(lost.aside)
             self._drop(lost.w, "its push's payload never came (the push is discarded)")
             return
         except PsgdError as exc:     # a worker that breaks the protocol leaves, not the run
@@ -205,6 +207,13 @@ class ElasticServer(_Server):
                        live=len(self.links.live))
         if self.lead and not self.over and self.n_pushes >= self.updates:
             self._end(f"{self.n_pushes} updates applied")
+
+    def _renew(self, aside: np.ndarray) -> None:
+        """A new buffer in place of ``aside``, into which a lost worker's receive is pending."""
+        if self.frame is not None and np.shares_memory(aside, self.frame):
+            self.frame = np.zeros_like(self.frame)
+        else:
+            self.rule.renew_receive_buffer()
 
     def _answer_pulls(self) -> None:
         """Answer no worker that may be dead: MPICH can crash a process that sends to a peer

@@ -57,6 +57,11 @@ class BspUpdate(UpdateRuleBase):
         self._take_lent()
         return self._free_buffer()
 
+    def renew_receive_buffer(self) -> None:
+        """A receive into the last :meth:`receive_buffer` was abandoned (its sender was lost
+        mid-transfer, and MPI may still write it): the next push lands in a new buffer."""
+        self.incoming = np.empty_like(self.incoming)
+
     def _take_lent(self) -> None:
         """Copy the lent pushes of this clock into the rule's buffers, as if received there."""
         lent, self.lent = self.lent, []

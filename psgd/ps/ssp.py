@@ -48,6 +48,11 @@ class SspUpdate(UpdateRuleBase):
         """Where the next push lands."""
         return self.incoming
 
+    def renew_receive_buffer(self) -> None:
+        """A receive into :meth:`receive_buffer` was abandoned (its sender was lost
+        mid-transfer, and MPI may still write it): the next push lands in a new buffer."""
+        self.incoming = np.empty_like(self.incoming)
+
     def replied(self, worker: int, clock: int, live: np.ndarray) -> np.ndarray:
         """The server answers worker ``worker``'s pull for ``clock`` now: what to send
         (``live``, or the compensation's own answer, such as dana's look-ahead)."""

@@ -61,7 +61,7 @@ class Job:
                           clocks=np.asarray([step] * self.roles.n_workers),
                           protocol=s.protocol, seed=s.seed, config=s.as_dict(),
                           run_id=self.run_id)
-        return save_checkpoint(s.checkpoint_dir, ckpt)
+        return save_checkpoint(s.checkpoint_dir, ckpt, keep=s.checkpoint_keep)
 
 
 def agree(comm: MPI.Comm, fn, debug: bool, doing: str, label: str):

@@ -95,7 +95,8 @@ def save(run, step: int) -> None:
         raise ValueError(f"checkpoint part of step {step}: {failed}")
     if run.grid.stage == 0 and parts[:, 3].all():
         keys = [k for k, v in state.items() if np.ndim(v)]
-        save_manifest(directory, header(run, step, int(parts[0, 2])), parts[:, :3].tolist(), keys)
+        save_manifest(directory, header(run, step, int(parts[0, 2])), parts[:, :3].tolist(), keys,
+                      keep=run.settings.checkpoint_keep)
 
 
 def header(run, step: int, steps: int) -> Checkpoint:

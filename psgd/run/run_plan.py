@@ -52,6 +52,7 @@ class RunPlan:
     eval_samples: int = 0             # 0 = the whole test split
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    checkpoint_keep: int = 3
     resume: str | None = None
     log: str | None = None
     overwrite: bool = False
@@ -162,7 +163,8 @@ def _check_numbers(s) -> None:
         raise UsageError(f"--epochs must be > 0, got {s.epochs}")
     if s.steps is not None and s.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {s.steps}")
-    for name in ("eval_every", "log_every", "checkpoint_every", "warmup", "eval_samples"):
+    for name in ("eval_every", "log_every", "checkpoint_every", "checkpoint_keep", "warmup",
+                 "eval_samples"):
         if getattr(s, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(s, name)}")
     if s.checkpoint_every and not s.checkpoint_dir:

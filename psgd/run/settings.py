@@ -109,6 +109,8 @@ CORE_FLAGS: dict[str, tuple[type, str]] = {
     "eval_samples": (int, "evaluate on the first N test samples (0: all)"),
     "checkpoint_dir": (str, "directory for HDF5 checkpoints"),
     "checkpoint_every": (int, "checkpoint every N steps (needs --checkpoint-dir)"),
+    "checkpoint_keep": (int, "keep the run's newest N checkpoints in --checkpoint-dir "
+                             "(default 3; 0: keep every one)"),
     "resume": (str, "resume from a checkpoint file, or the newest in a directory; auto: the "
                     "newest in --checkpoint-dir, else start fresh. The checkpoint's settings "
                     "are restored; a flag given here overrides one"),
@@ -135,7 +137,8 @@ GROUPS = {
     "run length": ("batch_size", "epochs", "steps", "seed"),
     "evaluation and logs": ("eval_every", "eval_samples", "log_every", "log", "overwrite",
                             "quiet"),
-    "checkpoints and resuming": ("checkpoint_dir", "checkpoint_every", "resume"),
+    "checkpoints and resuming": ("checkpoint_dir", "checkpoint_every", "checkpoint_keep",
+                                 "resume"),
     "failures and stalls": ("stall_timeout", "stall_abort", "skip_nonfinite"),
     **{f.TITLE: tuple(f.FLAGS) for f in FEATURES},
 }

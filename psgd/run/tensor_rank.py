@@ -292,7 +292,8 @@ def _save(comm, replicas, s, setup: dict, step: int):
     return save_checkpoint(s.checkpoint_dir, Checkpoint(
         params=params.astype(np.float32), model_spec=s.model, step=step, optimizer=s.optimizer,
         opt_state=state, clocks=np.full(comm.Get_size() // model.comm.Get_size(), step, np.int64),
-        protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=setup["run_id"]))
+        protocol=s.protocol, seed=s.seed, config=s.as_dict(), run_id=setup["run_id"]),
+        keep=s.checkpoint_keep)
 
 
 def _spans(step: int, *edges: float) -> None:

@@ -182,19 +182,27 @@ def test_ssp_drops_a_killed_worker_and_the_survivor_keeps_within_the_bound(tmp_p
     assert sum(w["pushes"] for w in summary["workers"]) == summary["updates"]
 
 
-def _bsp_reference(log, summary, both: bool = False) -> np.ndarray:
-    """Serial float64 SGD of the elastic bsp run in ``log``: at clock c the mean gradient of
-    the workers that pushed c (the roster's first..last clock; ``both``: as if no worker had
-    left), worker w reading the training set in its slot's order, as `psgd join` does."""
+def _serial(log, summary, dtype=np.float64) -> tuple:
+    """The run's config record, its model built serially in ``dtype`` from the run's seed, and
+    each worker's reader in its slot's order (as `psgd join` reads)."""
     from psgd.data.reader import ShardReader, dataset_info
     from psgd.nn.model import build_model
     config = next(r for r in _records(log) if r["kind"] == "config")
     info = dataset_info(config["data"])
-    model = build_model(config["model"], seed=config["seed"], dtype=np.float64,
+    model = build_model(config["model"], seed=config["seed"], dtype=dtype,
                         input_shape=info["input_shape"], n_classes=info["n_classes"])
-    roster = summary["workers"]
     readers = {w["worker"]: ShardReader(config["data"], 0, 1, config["batch_size"],
-                                        seed=config["seed"] + 1 + w["worker"]) for w in roster}
+                                        seed=config["seed"] + 1 + w["worker"])
+               for w in summary["workers"]}
+    return config, model, readers
+
+
+def _bsp_reference(log, summary, both: bool = False) -> np.ndarray:
+    """Serial float64 SGD of the elastic bsp run in ``log``: at clock c the mean gradient of
+    the workers that pushed c (the roster's first..last clock; ``both``: as if no worker had
+    left), worker w reading the training set in its slot's order, as `psgd join` does."""
+    config, model, readers = _serial(log, summary)
+    roster = summary["workers"]
     end = max(w["last_clock"] for w in roster)
     for clock in range(end + 1):
         grads = []
@@ -212,19 +220,11 @@ def _bsp_step_errors(log, summary, ckpt) -> list:
     the parameters it started from, of the workers that pushed clock v, the same as if no
     worker had left). A step at a time, so a ReLU that float32 round-off flips late in the run
     cannot move the whole trajectory away from a serial reference."""
-    from psgd.data.reader import ShardReader, dataset_info
-    from psgd.nn.model import build_model
-    config = next(r for r in _records(log) if r["kind"] == "config")
-    info = dataset_info(config["data"])
-    model = build_model(config["model"], seed=config["seed"], dtype=np.float64,
-                        input_shape=info["input_shape"], n_classes=info["n_classes"])
+    config, model, readers = _serial(log, summary)
     roster = summary["workers"]
-    readers = {w["worker"]: ShardReader(config["data"], 0, 1, config["batch_size"],
-                                        seed=config["seed"] + 1 + w["worker"]) for w in roster}
+    last = {w["worker"]: w["last_clock"] for w in roster}
     # the parameters after v steps: the initial model's, then the first checkpoint at version v
-    versions = {0: build_model(config["model"], seed=config["seed"], dtype=np.float32,
-                               input_shape=info["input_shape"],
-                               n_classes=info["n_classes"]).params.astype(np.float64)}
+    versions = {0: _serial(log, summary, np.float32)[1].params.astype(np.float64)}
     for path in sorted(ckpt.glob("ckpt-*.h5")):
         c = load_checkpoint(path)
         versions.setdefault(int(c.clocks[0]), c.params.astype(np.float64))
@@ -237,7 +237,7 @@ def _bsp_step_errors(log, summary, ckpt) -> list:
                 model.params[:] = versions[v]
                 model.loss_and_grad(*readers[w["worker"]].batch(v))
                 grads[w["worker"]] = model.grad.copy()
-        pushed = [g for k, g in grads.items() if v <= roster[k]["last_clock"]]
+        pushed = [g for k, g in grads.items() if v <= last[k]]
         errors.append((v, np.abs(step - np.mean(pushed, axis=0)).max(),
                        np.abs(step - np.mean(list(grads.values()), axis=0)).max()))
     return errors

@@ -68,11 +68,14 @@ class RowStages(SplitStages):
     P), the rest whole on every part; a stage's collectives from its split layers, priced
     at the stage position where they cost most."""
 
-    def __init__(self, profile, budget, layers, stages, parts, schedule, microbatches, splits=None) -> None:
+    def __init__(self, profile, budget, layers, stages, parts, schedule, microbatches, splits=None,
+                 priced=None) -> None:
         super().__init__(profile, budget, stages, parts, schedule, microbatches)
         self.ratio = ratio_at(profile.spatial_ratios, parts) * budget.slow(profile, f"spatial {parts}")
         self.layers, self.bounds = layers, unit_bounds(_Layers(layers))
         self._split = {} if splits is None else splits      # [i, j) -> split layers (P's, shared)
+        if priced is not None:      # prices of this K, P and M, shared by the schedules
+            self._priced = priced
 
     def split(self, i: int, j: int):
         """(the split layers of units [i, j) as one stage, which of those units run split by
@@ -107,10 +110,13 @@ class RowStages(SplitStages):
         the units split by rows over P in their per-sample seconds, all times the spatial
         ratio (and the slow-down on shared cores) at P."""
         m, again, (_, rows, _) = self.microbatch, self.again[last], self.split(i, j)
-        return self.ratio * sum(
+        key = ("compute", i, j, again)
+        if key not in self._priced:
+            self._priced[key] = self.ratio * sum(
             again * u.forward_fixed_s + u.backward_fixed_s
             + m * (again * u.forward_s + u.backward_s) / (self.parts if split else 1)
             for u, split in zip(self.profile.units[i:j], rows))
+        return self._priced[key]
 
     def price(self, kind: str, nbytes) -> float:
         """One collective in every replica's group of a stage, at the dearest stage position:
@@ -132,7 +138,7 @@ class RowStages(SplitStages):
         return self._split[key]
 
     def seconds(self, i: int, j: int, last: bool) -> float:
-        m, key = self.microbatch, ("stage", i, j, last)
+        m, key = self.microbatch, ("stage", i, j, self.again[last])
         if key not in self._priced:
             self._priced[key] = sum(runs * self.price(kind, values * ITEMSIZE * (m if per_sample else 1))
                                     for kind, values, runs, per_sample in self.collectives(i, j, last) if runs)
@@ -163,12 +169,13 @@ def stage_memory(units, microbatch: int, flight: int, parts: int, rows, outs, sl
 
 
 def plan_fields(profile, budget, layers, k: int, p: int, m: int, schedule: str, cap: int | None,
-                splits: dict | None = None) -> dict | None:
+                splits: dict | None = None, priced: dict | None = None) -> dict | None:
     """The fields of a D x K x P pipeline row (kind ``pipeline``, ``parts`` P, ``axis``
     spatial), or None when no cut splits every stage within ``cap`` bytes per rank;
-    ``layers``: the profile's model's serial layers; ``splits``: a cache of P's stage splits."""
+    ``layers``: the profile's model's serial layers; ``splits``: a cache of P's stage
+    splits, ``priced``: of K, P and M's prices."""
     d, n = budget.ranks // (k * p), len(profile.units)
-    st = RowStages(profile, budget, layers, k, p, schedule, m, splits)
+    st = RowStages(profile, budget, layers, k, p, schedule, m, splits, priced)
     flight = stage_in_flight(schedule, k, m)
 
     def mem(i, j, s):
@@ -212,10 +219,11 @@ def shapes(profile, ranks: int) -> list[tuple[int, int]]:
             if ranks % (k * p) == 0]
 
 
-def rows(profile, budget, cap: int | None) -> list[dict]:
+def rows(profile, budget, cap: int | None, memo: dict | None = None) -> list[dict]:
     """Every D x K x P row: each (K, P) of :func:`shapes`, M dividing the batch (powers of two
     up to 32), gpipe and 1f1b (``--recompute on``, the only one stages split by rows run),
-    the cut from :func:`min_max_cut` over the cuts that split, under ``cap``."""
+    the cut from :func:`min_max_cut` over the cuts that split, under ``cap``; ``memo``: the
+    splits and prices, kept between calls on the same profile and budget."""
     from psgd.plan.grid import serial_layers
     pairs = shapes(profile, budget.ranks)
     if not pairs:
@@ -224,11 +232,18 @@ def rows(profile, budget, cap: int | None) -> list[dict]:
     if layers is None or len(unit_bounds(_Layers(layers))) != len(profile.units):
         return []
     ms = [m for m in (1, 2, 4, 8, 16, 32) if budget.batch % m == 0]
-    out, splits = [], {}
+    out, memo = [], {} if memo is None else memo
     for k, p in pairs:
         for m in ms:
             for schedule in SCHEDULES:
-                row = plan_fields(profile, budget, layers, k, p, m, schedule, cap, splits.setdefault(p, {}))
+                loose = memo.get(("row", k, p, m, schedule), False)
+                if loose is None or loose and cap is not None and loose["memory"] <= cap:
+                    row = loose         # no cut splits, or the fastest cut fits the cap
+                else:
+                    row = plan_fields(profile, budget, layers, k, p, m, schedule, cap, memo.setdefault(p, {}),
+                                      memo.setdefault((k, p, m), {}))
+                if cap is None:
+                    memo["row", k, p, m, schedule] = row
                 if row is not None:
                     out.append(row)
     return out

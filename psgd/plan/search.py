@@ -275,11 +275,13 @@ def pipeline_tensor_plans(profile: Profile, budget: Budget, cap: int | None) -> 
             for row in rows(profile, budget, cap)]
 
 
-def pipeline_spatial_plans(profile: Profile, budget: Budget, cap: int | None) -> list[Plan]:
-    """D x K x P: pipelines of stages split by rows (:mod:`psgd.plan.pipeline_spatial`)."""
+def pipeline_spatial_plans(profile: Profile, budget: Budget, cap: int | None,
+                           memo: dict | None = None) -> list[Plan]:
+    """D x K x P: pipelines of stages split by rows (:mod:`psgd.plan.pipeline_spatial`;
+    ``memo``: its splits and prices, kept between calls on the same profile and budget)."""
     from psgd.plan.pipeline_spatial import rows
     return [Plan("pipeline", "allreduce", budget.ranks, budget.batch, **row)
-            for row in rows(profile, budget, cap)]
+            for row in rows(profile, budget, cap, memo)]
 
 
 def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
@@ -385,17 +387,18 @@ def search(profile: Profile, budget: Budget) -> tuple[list[Plan], Plan]:
     # the split rows' step counts its own slow-down: only the optimizer's share here
     shared = replace(profile, step_s_per_byte=profile.step_s_per_byte * budget.per_core)
     pipelined = _on_shared_cores(profile, budget.slow(profile))
+    memo: dict = {}         # the D x K x P rows' splits and prices, for both their calls
     loose = data_plans(profile, crowded) + tensor_plans(shared, crowded) \
         + spatial_plans(shared, crowded) + grid_plans(shared, budget, crowded) \
         + pipeline_plans(pipelined, crowded, None) + pipeline_tensor_plans(shared, crowded, None) \
-        + pipeline_spatial_plans(shared, crowded, None)
+        + pipeline_spatial_plans(shared, crowded, None, memo)
     smallest = min(loose, key=lambda p: p.memory)
     fit = [p for p in loose if p.memory <= budget.memory]
     fit += [p for p in pipeline_plans(pipelined, crowded, budget.memory)
             if p.memory <= budget.memory and p not in fit]
     fit += [p for p in pipeline_tensor_plans(shared, crowded, budget.memory)
             if p.memory <= budget.memory and p not in fit]
-    fit += [p for p in pipeline_spatial_plans(shared, crowded, budget.memory)
+    fit += [p for p in pipeline_spatial_plans(shared, crowded, budget.memory, memo)
             if p.memory <= budget.memory and p not in fit]
     if not fit:
         raise UsageError(f"no plan on {budget.ranks} ranks fits --memory-per-rank "

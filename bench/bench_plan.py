@@ -6,15 +6,15 @@
 For each case (a model and a memory budget per rank: two small MLPs and LeNet, then the
 issue's 40M-parameter MLP and a wide one) the search runs on a profile made here
 (``--profiles DIR``: kept there and reused); its top plans, the fastest plan of each kind
-(data-parallel, pipeline, tensor, spatial, grid) and the fastest data plan of serial SGD's
-arithmetic run through ``mpiexec -n RANKS python -m psgd train`` with the printed flags on
+(data-parallel, pipeline, tensor, spatial, grid), the fastest data plan of serial SGD's
+arithmetic and the fastest pipeline of stages split by rows (D x K x P) run through ``mpiexec -n RANKS python -m psgd train`` with the printed flags on
 the same synthetic data. Reported per plan: predicted and measured samples per second
 (measured: a data plan's last half of the steps, a tensor grid's median step, a
 pipeline's whole run, its first step included) and their ratio, the plan's bytes per rank
 and the run's peak resident set (a tensor grid's every rank, a pipeline's part 0 of each
 stage); per case: whether the top plan's prediction is within 25 % and whether the top
 plan is within 10 % of the fastest measured. At 4 ranks and more a case whose cap only
-pipelines of tensor-split stages fit is added. The search's wall time at 8-1024 ranks is
+pipelines of tensor-split stages fit, and the CIFAR preset on 3x32x32 images, are added. The search's wall time at 8-1024 ranks is
 measured on a ResNet-20 profile and each case's. Writes plan-synthetic.{json,md} into
 runs/bench/plan-TIME/ (--publish: bench/results/ and docs/results/plan.md).
 
@@ -55,6 +55,9 @@ CASES = [("mlp:784-512-512-10", 1 << 30), ("mlp:784-512-512-10", 5 << 20), ("len
 # 3072x2048 layer's 25 MB (three copies: weights, gradient, the all-reduce's) does not fit
 # whole, so only pipelines of tensor-split stages (D x K x T) fit the cap
 SPLIT_CASE = ("mlp:3072-2048-2048-2-10", 48 << 20)
+# at 4 ranks and more, the CIFAR preset on 3x32x32 images: pipelines of stages split by rows
+# (D x K x P) are among its plans
+SPATIAL_CASE = ("cifar-cnn", 1 << 30)
 # the issue's big models on 28x28 images, on shared memory and on psgd net: a 40M-parameter MLP
 # (37M) and a wide one (74M, 294 MB of float32; data parallelism's three copies fit 1 GB)
 BIG_CASES = [("mlp:784-4096-4096-4096-10", 1 << 30), ("mlp:784-8192-8192-10", 1 << 30)]
@@ -102,11 +105,14 @@ def measured_rate(plan, data: Path, model: str, args, log: Path) -> tuple[float,
 
 
 def chosen(plans: list, top: int) -> list:
-    """The top plans, then the fastest of each kind not among them, and the fastest data
-    plan whose arithmetic is serial SGD's (a lossy or asynchronous one may lead the kind)."""
+    """The top plans, then the fastest of each kind not among them, the fastest data plan
+    whose arithmetic is serial SGD's (a lossy or asynchronous one may lead the kind), and the
+    fastest pipeline of stages split by rows (D x K x P)."""
     picked = plans[:top]
-    for kind in ("data", "pipeline", "tensor", "spatial", "grid", "exact data"):
-        pure = next((p for p in plans if p.kind == kind.split()[-1] and (p.sync or kind != "exact data")), None)
+    for kind in ("data", "pipeline", "tensor", "spatial", "grid", "exact data", "pipeline spatial"):
+        pure = next((p for p in plans if p.kind == kind.split()[0 if kind == "pipeline spatial" else -1]
+                     and (p.sync or kind != "exact data")
+                     and (p.axis == "spatial" or kind != "pipeline spatial")), None)
         if pure is not None and pure not in picked:
             picked.append(pure)
     return picked
@@ -257,7 +263,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--cases", type=lambda t: [int(n) for n in t.split(",")], default=None,
                     help="only these cases (0-based; without --net: CASES, BIG_CASES, then at 4 "
-                         "ranks and more the D x K x T case; with --net: NET_CASES, BIG_CASES)")
+                         "ranks and more the D x K x T case and cifar-cnn; with --net: NET_CASES, "
+                         "BIG_CASES)")
     ap.add_argument("--no-resnet20", action="store_true",
                     help="without --net: skip the ResNet-20 profile and its search times")
     ap.add_argument("--no-paper", action="store_true",
@@ -281,11 +288,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = common.dataset(Path(tmp), True, "bench-plan", train=4096)
         todo = [(m, mem, data.path) for m, mem in CASES + BIG_CASES]
-        if args.ranks >= 4:       # D x K x T needs K x T >= 4 ranks
+        if args.ranks >= 4:       # D x K x T and D x K x P need K x T >= 4 ranks
             colour = Path(tmp) / "colour.h5"
             run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
                          "4096", "--test", "256", "-o", str(colour)], 300, cwd=ROOT).check_returncode()
-            todo.append((*SPLIT_CASE, colour))
+            todo += [(*SPLIT_CASE, colour), (*SPATIAL_CASE, colour)]
         picked = range(len(todo)) if args.cases is None else args.cases
         cases = [run_case(i, m, mem, path, Path(tmp), args)
                  for i, (m, mem, path) in enumerate(todo) if i in picked]

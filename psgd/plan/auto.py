@@ -104,7 +104,7 @@ def as_dict(plan: Plan, spec: str, data: str) -> dict:
     return {"plan": plan.label(), "kind": plan.kind, "protocol": plan.protocol,
             "ranks": plan.ranks, "replicas": plan.replicas, "servers": plan.servers,
             "stages": plan.stages, "microbatches": plan.microbatches, "schedule": plan.schedule,
-            "partition": list(plan.partition), "parts": plan.parts, "batch": plan.batch,
+            "partition": list(plan.partition), "parts": plan.parts, "axis": plan.axis, "batch": plan.batch,
             "step_s": plan.step_s, "samples_per_s": plan.samples_per_s,
             "memory_per_rank": plan.memory, "bubble": plan.bubble, "wire_bytes": plan.wire_bytes,
             "sync": plan.sync, "staleness": plan.staleness, "compress": plan.compress,
@@ -165,7 +165,3 @@ def run_auto(args: argparse.Namespace) -> None:
           f"{budget.memory / 2**20:.0f} MB each, batch {budget.batch} per replica; profile "
           f"{profiled:.1f} s, search {searched:.2f} s, {len(plans)} plans fit")
     print_table(top, args.model, args.data)
-    if prof.spatial_units and any(args.ranks % (k * p) == 0 for k in range(2, args.ranks)
-                                  for p in range(2, prof.spatial_max + 1)):
-        print("not searched: pipelines of --spatial stages (D x K x P); psgd train splits a "
-              "pipeline's stages by --tensor only")

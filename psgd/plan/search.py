@@ -1,5 +1,6 @@
 """The search behind `psgd plan --auto`: data-parallel rows of every protocol (plain and
-compressed), pipelines D x K (cut by dynamic program) and D x K x T (tensor-split stages),
+compressed), pipelines D x K (cut by dynamic program), D x K x T (tensor-split stages) and
+D x K x P (stages split by rows),
 tensor splits D x T, spatial splits D x P and auto grids D x T (each layer's split as --grid
 auto chooses it), those over the memory cap dropped, fastest first."""
 from __future__ import annotations
@@ -65,7 +66,8 @@ class Budget:
 @dataclass(frozen=True)
 class Plan:
     """One way to run: ``kind`` data, pipeline, tensor, spatial or grid (--grid D,auto); D = ``replicas`` (the
-    workers of a data plan), K ``stages``, T (or P) ``parts``; predicted seconds per step, bytes per rank, idle
+    workers of a data plan), K ``stages``, T (or P) ``parts`` (a pipeline's split by ``axis``:
+    "" --tensor, ``spatial`` --spatial); predicted seconds per step, bytes per rank, idle
     fraction of the pipeline, bytes on the wire per step; ``sync``: the arithmetic is
     serial SGD's on the union of the batches, else ``staleness`` steps expected,
     ``compress``: the pushes go through that lossy compressor, or ``averaging``: each
@@ -85,6 +87,7 @@ class Plan:
     schedule: str = ""
     partition: tuple[int, ...] = ()
     parts: int = 1
+    axis: str = ""                 # a pipeline's parts: "" --tensor, "spatial" --spatial
     bubble: float = 0.0
     sync: bool = True
     staleness: float = 0.0
@@ -106,7 +109,8 @@ class Plan:
         if self.kind == "pipeline":
             args += ["--pipeline", str(self.stages), "--microbatches", str(self.microbatches),
                      "--schedule", self.schedule, "--partition", ",".join(map(str, self.partition))]
-            args += ["--tensor", str(self.parts)] if self.parts > 1 else []
+            if self.parts > 1:
+                args += ["--spatial" if self.axis == "spatial" else "--tensor", str(self.parts)]
         if self.kind in ("tensor", "spatial"):
             args += ["--grid", f"{self.replicas},{self.parts}"]
         if self.kind == "spatial":
@@ -117,7 +121,7 @@ class Plan:
 
     def label(self) -> str:
         if self.kind == "pipeline":
-            parts = f"x{self.parts}" if self.parts > 1 else ""
+            parts = (f"x{self.parts}" + (" spatial" if self.axis == "spatial" else "")) if self.parts > 1 else ""
             return (f"pipeline {self.replicas}x{self.stages}{parts} {self.schedule} M={self.microbatches} "
                     f"cut {','.join(map(str, self.partition))}")
         if self.kind in ("tensor", "spatial"):
@@ -271,6 +275,15 @@ def pipeline_tensor_plans(profile: Profile, budget: Budget, cap: int | None) -> 
             for row in rows(profile, budget, cap)]
 
 
+def pipeline_spatial_plans(profile: Profile, budget: Budget, cap: int | None,
+                           memo: dict | None = None) -> list[Plan]:
+    """D x K x P: pipelines of stages split by rows (:mod:`psgd.plan.pipeline_spatial`;
+    ``memo``: its splits and prices, kept between calls on the same profile and budget)."""
+    from psgd.plan.pipeline_spatial import rows
+    return [Plan("pipeline", "allreduce", budget.ranks, budget.batch, **row)
+            for row in rows(profile, budget, cap, memo)]
+
+
 def tensor_plans(profile: Profile, budget: Budget) -> list[Plan]:
     """D x T for each T dividing the ranks, no wider than the narrowest split layer: split
     units' compute over T (times the profile's ratio measured at T, or the widest timed below it), the group's
@@ -374,14 +387,18 @@ def search(profile: Profile, budget: Budget) -> tuple[list[Plan], Plan]:
     # the split rows' step counts its own slow-down: only the optimizer's share here
     shared = replace(profile, step_s_per_byte=profile.step_s_per_byte * budget.per_core)
     pipelined = _on_shared_cores(profile, budget.slow(profile))
+    memo: dict = {}         # the D x K x P rows' splits and prices, for both their calls
     loose = data_plans(profile, crowded) + tensor_plans(shared, crowded) \
         + spatial_plans(shared, crowded) + grid_plans(shared, budget, crowded) \
-        + pipeline_plans(pipelined, crowded, None) + pipeline_tensor_plans(shared, crowded, None)
+        + pipeline_plans(pipelined, crowded, None) + pipeline_tensor_plans(shared, crowded, None) \
+        + pipeline_spatial_plans(shared, crowded, None, memo)
     smallest = min(loose, key=lambda p: p.memory)
     fit = [p for p in loose if p.memory <= budget.memory]
     fit += [p for p in pipeline_plans(pipelined, crowded, budget.memory)
             if p.memory <= budget.memory and p not in fit]
     fit += [p for p in pipeline_tensor_plans(shared, crowded, budget.memory)
+            if p.memory <= budget.memory and p not in fit]
+    fit += [p for p in pipeline_spatial_plans(shared, crowded, budget.memory, memo)
             if p.memory <= budget.memory and p not in fit]
     if not fit:
         raise UsageError(f"no plan on {budget.ranks} ranks fits --memory-per-rank "

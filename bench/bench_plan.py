@@ -47,7 +47,6 @@ from psgd.plan.auto import arithmetic, get_profile  # noqa: E402
 from psgd.plan.cost import Network  # noqa: E402
 from psgd.plan.inputs import parse_bandwidth, train_bytes  # noqa: E402
 from psgd.plan.search import Budget, search  # noqa: E402
-from psgd.run.net import burst_bytes  # noqa: E402
 
 # (model, memory per rank beyond the process's base and the training data): a budget every
 # plan fits, and one below data parallelism's need
@@ -149,12 +148,11 @@ def colour_data(tmp: Path) -> Path:
 
 def bench_budget(args, memory: int, data: Path) -> Budget:
     """The budget of a run on this machine: shared memory (``--per-node``), or ``psgd net``'s
-    two nodes (rank r on node r mod 2) behind one shared link of ``args.rate`` (and its token
-    bucket); the ranks share the machine's cores."""
+    two nodes (rank r on node r mod 2) behind one shared link of ``args.rate``; the ranks
+    share the machine's cores."""
     data_bytes = train_bytes(str(data))
     if args.rate:
-        rate = parse_bandwidth(args.rate)
-        net = Network(rate, 50e-6, shared=True, burst=burst_bytes(rate * 8))
+        net = Network(parse_bandwidth(args.rate), 50e-6, shared=True)
         return Budget(args.ranks, memory, net, args.per_node, args.batch_size,
                       data_bytes=data_bytes, cliques=2, cores=os.cpu_count())
     return Budget(args.ranks, memory, Network(args.bandwidth / 8), args.per_node,

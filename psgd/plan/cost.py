@@ -24,15 +24,12 @@ COORDINATE_BYTES = 8          # a sparse update's int32 index + float32 value pe
 class Network:
     """bandwidth: bytes/s of each node's link per direction (``shared``: of the one link all
     traffic between nodes shares, both directions together, as ``psgd net`` emulates);
-    latency: seconds per message; shm_bandwidth: bytes/s of copies within a node; burst: the
-    shared link's token bucket in bytes (``psgd net``'s tbf; 0: none), which a pause refills,
-    so a transfer after compute sends that many bytes at once (priced as copies)."""
+    latency: seconds per message; shm_bandwidth: bytes/s of copies within a node."""
 
     bandwidth: float
     latency: float = 20e-6
     shared: bool = False
     shm_bandwidth: float = 4e9
-    burst: float = 0.0
 
 
 @dataclass(frozen=True)

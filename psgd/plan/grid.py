@@ -66,8 +66,7 @@ def choose_grid(layers: list, world: int, batch: int, itemsize: int, price_of, p
 def _halo_s(job: Job, groups: list, nbytes, net: Network) -> float:
     """A halo exchange in every group at once: ``nbytes[q]`` = (the bytes part q sends part
     q + 1, those part q + 1 sends part q); the latency of the most messages a part sends; 0
-    where no part sends. A pass follows a layer's compute, so a shared link's token bucket
-    (``net.burst``) is full: its first bytes go as copies, the rest at the link's rate."""
+    where no part sends."""
     sends = np.asarray(nbytes, dtype=float).reshape(-1, 2)
     if not sends.any():
         return 0.0
@@ -79,11 +78,7 @@ def _halo_s(job: Job, groups: list, nbytes, net: Network) -> float:
     messages = np.zeros(len(sends) + 1, dtype=int)
     messages[:-1] += sends[:, 0] > 0
     messages[1:] += sends[:, 1] > 0
-    seconds = t.seconds(net, int(messages.max()))
-    if net.shared and net.burst:
-        early = min(net.burst, float(t.out.sum()))
-        seconds -= early / net.bandwidth - early / net.shm_bandwidth
-    return seconds
+    return t.seconds(net, int(messages.max()))
 
 
 def wire_share(kind: str, nbytes) -> float:

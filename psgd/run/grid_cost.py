@@ -10,7 +10,6 @@ from psgd.errors import UsageError
 from psgd.plan.cost import Network
 from psgd.plan.grid import group_price
 from psgd.plan.inputs import parse_bandwidth
-from psgd.run.net import burst_bytes
 
 BANDWIDTH, LATENCY_US = "10gbit", 20.0     # psgd plan's defaults
 NO_NETWORK_FLAGS = SimpleNamespace(bandwidth=None, latency_us=None, per_node=None, mac_ns=None)
@@ -32,8 +31,7 @@ def emulated(environ=os.environ) -> tuple[float | None, int] | None:
 def network(flags, environ=os.environ) -> tuple[Network, int | None, str]:
     """(the network, psgd net's nodes or None, a line naming both) for ``flags`` (bandwidth,
     latency_us, per_node; None where not given): a flag wins, then psgd net's link (one link
-    all nodes share, with its token bucket unless --bandwidth names another rate), then psgd
-    plan's default."""
+    all nodes share), then psgd plan's default."""
     net = emulated(environ)
     rate = net[0] if net else None
     bandwidth = parse_bandwidth(flags.bandwidth) if flags.bandwidth else rate or parse_bandwidth(BANDWIDTH)
@@ -42,8 +40,7 @@ def network(flags, environ=os.environ) -> tuple[Network, int | None, str]:
     where = f"psgd net's {net[1]} nodes, one shared link" if shared \
         else f"{flags.per_node or 1} rank(s) per node"
     line = f"{bandwidth * 8e-9:g} Gbit/s, {latency:g} us per message, {where}"
-    burst = burst_bytes(rate * 8) if rate and not flags.bandwidth else 0.0
-    return Network(bandwidth, latency * 1e-6, shared, burst=burst), (net[1] if net else None), line
+    return Network(bandwidth, latency * 1e-6, shared), (net[1] if net else None), line
 
 
 def pricer(flags, ranks: int, parts: int, first: int = 0, environ=os.environ):

@@ -144,6 +144,14 @@ def run_case(case: int, model: str, memory: int, data: Path, tmp: Path, args) ->
             "top_within_10_of_best": top["measured"] >= 0.9 * best}
 
 
+def colour_data(tmp: Path) -> Path:
+    """3x32x32 synthetic images (4096 to train on) in ``tmp``."""
+    path = tmp / "colour.h5"
+    run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
+                 "4096", "--test", "256", "-o", str(path)], 300, cwd=ROOT).check_returncode()
+    return path
+
+
 def bench_budget(args, memory: int, data: Path) -> Budget:
     """The budget of a run on this machine: shared memory (``--per-node``), or ``psgd net``'s
     two nodes (rank r on node r mod 2) behind one shared link of ``args.rate``; the ranks
@@ -265,6 +273,9 @@ def main() -> None:
                     help="only these cases (0-based; without --net: CASES, BIG_CASES, then at 4 "
                          "ranks and more the D x K x T case and cifar-cnn; with --net: NET_CASES, "
                          "BIG_CASES)")
+    ap.add_argument("--net-cases", action="store_true",
+                    help="without --net: run NET_CASES (the CIFAR preset and an MLP, on 3x32x32 "
+                         "images) on shared memory instead of the cases above")
     ap.add_argument("--no-resnet20", action="store_true",
                     help="without --net: skip the ResNet-20 profile and its search times")
     ap.add_argument("--no-paper", action="store_true",
@@ -288,10 +299,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = common.dataset(Path(tmp), True, "bench-plan", train=4096)
         todo = [(m, mem, data.path) for m, mem in CASES + BIG_CASES]
-        if args.ranks >= 4:       # D x K x T and D x K x P need K x T >= 4 ranks
-            colour = Path(tmp) / "colour.h5"
-            run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
-                         "4096", "--test", "256", "-o", str(colour)], 300, cwd=ROOT).check_returncode()
+        if args.net_cases:
+            colour = colour_data(Path(tmp))
+            todo = [(m, mem, colour) for m, mem in NET_CASES]
+        elif args.ranks >= 4:       # D x K x T and D x K x P need K x T >= 4 ranks
+            colour = colour_data(Path(tmp))
             todo += [(*SPLIT_CASE, colour), (*SPATIAL_CASE, colour)]
         picked = range(len(todo)) if args.cases is None else args.cases
         cases = [run_case(i, m, mem, path, Path(tmp), args)
@@ -314,9 +326,7 @@ def main_net(args) -> None:
     out, parts, results = common.out_dir(args, "plan-net"), [], {}
     counts = args.ranks
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "colour.h5"
-        run_bounded([sys.executable, "-m", "psgd", "data", "synth", "--channels", "3", "--train",
-                     "4096", "--test", "256", "-o", str(data)], 300, cwd=ROOT).check_returncode()
+        data = colour_data(Path(tmp))
         todo = [(m, mem, data) for m, mem in NET_CASES]
         grey = common.dataset(Path(tmp), True, "bench-plan", train=4096).path
         todo += [(m, mem, grey) for m, mem in BIG_CASES]

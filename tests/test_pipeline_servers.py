@@ -22,6 +22,20 @@ def records(log, kind):
     return [r for r in map(json.loads, log.read_text().splitlines()) if r["kind"] == kind]
 
 
+def assert_learned(dataset, log, bound) -> dict:
+    """The run in ``log`` (MLP, batch 32, lr 0.05, momentum 0.9) ends well under the untrained
+    model's test loss with its step losses falling, and with ``bound`` (ssp) no push staler;
+    returns its summary."""
+    untrained = serial_float64(dataset, MLP, 1, 0, 32, 0.05, 0.9)[1]
+    summary = records(log, "summary")[0]
+    assert summary["test_loss"] < untrained - 0.3
+    steps = [r["loss"] for r in records(log, "step")]
+    assert steps[-1] < steps[0]
+    if bound is not None:
+        assert max(summary["pipeline"]["max_staleness"]) <= bound
+    return summary
+
+
 @pytest.mark.parametrize("ranks, replicas, servers, schedule, microbatches", [
     (6, 2, 2, "gpipe", 4),    # 2 servers + 2 replicas x 2 stages
     (6, 1, 4, "1f1b", 2),     # 4 servers (2 shards per stage) + 1 replica x 2 stages
@@ -56,13 +70,7 @@ def test_asynchronous_servers_of_each_stage_train_and_ssp_keeps_its_bound(
     train(mpirun, 6, dataset, log, "--pipeline", 2, "--microbatches", 2, "--protocol", protocol,
           "--servers", 2, *staleness, "--optimizer", "momentum", "--lr", 0.05,
           "--batch-size", 32, "--steps", 60, "--log-every", 10)
-    untrained = serial_float64(dataset, MLP, 1, 0, 32, 0.05, 0.9)[1]
-    summary = records(log, "summary")[0]
-    assert summary["test_loss"] < untrained - 0.3
-    steps = [r["loss"] for r in records(log, "step")]
-    assert steps[-1] < steps[0]
-    if bound is not None:
-        assert max(summary["pipeline"]["max_staleness"]) <= bound
+    assert_learned(dataset, log, bound)
 
 
 @pytest.mark.parametrize("ranks, flags, line", [

@@ -1,6 +1,5 @@
 """Pipelines of tensor-split stages over parameter servers: S servers + D replicas x K stages x
 T parts, each (stage, part)'s replicas pushing the part's own vector to its own shards."""
-import json
 import shutil
 
 import h5py
@@ -8,6 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import serial_float64
+from test_pipeline_servers import assert_learned, records
+
 from psgd.run.checkpoint import load_checkpoint
 
 MLP = "mlp:784-45-33-10"
@@ -17,10 +18,6 @@ def train(mpirun, ranks, data, log, *flags, check=True):
     return mpirun(ranks, ["-m", "psgd", "train", "--quiet", "--data", data, "--model", MLP,
                           "--log", str(log), "--pipeline", 2, "--tensor", 2,
                           *map(str, flags)], timeout=240, check=check)
-
-
-def records(log, kind):
-    return [r for r in map(json.loads, log.read_text().splitlines()) if r["kind"] == kind]
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -74,13 +71,7 @@ def test_asynchronous_servers_of_split_stages_train_and_ssp_keeps_its_bound(
     train(mpirun, 12, dataset, log, "--microbatches", 2, "--protocol", protocol,
           "--servers", 4, *staleness, "--optimizer", "momentum", "--lr", 0.05,
           "--batch-size", 32, "--steps", 60, "--log-every", 10, "--checkpoint-dir", tmp_path)
-    untrained = serial_float64(dataset, MLP, 1, 0, 32, 0.05, 0.9)[1]
-    summary = records(log, "summary")[0]
-    assert summary["test_loss"] < untrained - 0.3
-    steps = [r["loss"] for r in records(log, "step")]
-    assert steps[-1] < steps[0]
-    if bound is not None:
-        assert max(summary["pipeline"]["max_staleness"]) <= bound
+    assert_learned(dataset, log, bound)
     end = load_checkpoint(tmp_path / "ckpt-00000060.h5")
     assert end.step == 60 and end.params.size == 37183 and np.isfinite(end.params).all()
 

@@ -305,6 +305,28 @@ def test_without_feedback_topk_drops_what_it_does_not_send():
     assert enc.residual is None and np.count_nonzero(out) == 15
 
 
+@pytest.mark.parametrize("spec", ["sign", "qsgd:4", "qsgd:1", "qsgd:8:l2", "topk:0.01",
+                                  "topk:1.0", "fp16"])
+@pytest.mark.parametrize("bucket", [1, 3, 512])
+def test_a_fixed_length_codec_writes_every_frame_at_its_max_bytes(spec, bucket):
+    # the all-gather posts receives of max_bytes(n) before any frame exists
+    comp = make(spec, bucket, seed=1)
+    assert comp.fixed_length
+    rng = np.random.default_rng(5)
+    for n in LENGTHS[1:]:
+        for g in (rng.standard_normal(n).astype(np.float32), np.zeros(n, np.float32),
+                  np.where(rng.random(n) < 0.9, 0.0, 1.0).astype(np.float32)):
+            frame = np.zeros(comp.max_bytes(n), np.uint8)
+            assert comp.encode(g, frame) == comp.max_bytes(n)
+
+
+def test_sparse_frames_vary_in_length_and_say_so():
+    comp = make("sparse")
+    frame = np.zeros(comp.max_bytes(100), np.uint8)
+    assert not comp.fixed_length
+    assert comp.encode(np.zeros(100, np.float32), frame) < comp.max_bytes(100)
+
+
 def test_a_frame_for_another_length_or_compressor_is_refused():
     frame = np.zeros(200, np.uint8)
     n = make("sign").encode(grads(100), frame)
@@ -352,12 +374,16 @@ def test_bsp_with_fp16_on_exactly_representable_gradients_equals_bsp(mpirun):
 @pytest.mark.parametrize("workers", [4, 3])
 def test_compressed_allreduce_keeps_replicas_identical_and_fp16_exact_as_the_ring(mpirun,
                                                                                    workers):
-    specs = ["none", "fp16", "topk:1.0", "qsgd:4", "topk:0.01", "sign"]
+    specs = ["none", "fp16", "topk:1.0", "qsgd:4", "topk:0.01", "sign", "sparse"]
     # pieces of 100 elements: the fp16 ring pipelines several per chunk
     out = mpirun(workers, ["compress_ring_check.py", *specs],
                  env={"PSGD_X_ALLREDUCE_SEGMENT_BYTES": "400"}).stdout
     runs = json.loads(out.split("RESULT ", 1)[1])
     assert all(runs[spec]["same"] for spec in specs)
+    # every gathered sum is the rank-order sum of the workers' frames, replayed serially
+    gathered = [spec for spec in specs if spec not in ("none", "fp16")]
+    assert all(runs[spec]["params"] == runs[spec]["serial"] for spec in gathered)
+    assert runs["sparse"]["params"] == runs["none"]["params"]      # lossless
     base = np.array(runs["none"]["params"])
     if workers == 4:     # every partial sum and the mean exact in half precision
         assert runs["fp16"]["params"] == runs["none"]["params"]

@@ -15,9 +15,10 @@ from psgd.collectives.schedules import complete, complete_all
 from psgd.compress import Compressor
 from psgd.compress.feedback import PushEncoder
 from psgd.env import env_int
+from psgd.errors import PsgdError
 from psgd.kernels.compress import HALF_TO_FLOAT, fp16_decode_add, fp16_encode
 
-_TAG_RS, _TAG_AG = 30, 31
+_TAG_RS, _TAG_AG, _TAG_FRAME = 30, 31, 32
 # the fp16 ring's pieces, in elements: the float32 ring's segments (PSGD_X_ALLREDUCE_SEGMENT_BYTES)
 SEGMENT = env_int("PSGD_X_ALLREDUCE_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES) // 4
 
@@ -111,22 +112,58 @@ class GatherAllreduce:
     """Each worker's gradient encoded once (with its error-feedback residual), all-gathered,
     and decoded and summed in rank order by every worker.
 
-    Each rank sends its frame to the N-1 others (MPI's all-gather), so it moves
-    (N-1)/ratio of float32's bytes against the ring's 2(N-1)/N: fewer whenever the
-    compression ratio exceeds N/2.
+    Each rank sends its frame to the N-1 others, so it moves (N-1)/ratio of float32's
+    bytes against the ring's 2(N-1)/N: fewer whenever the compression ratio exceeds N/2.
+    A codec whose frames have a fixed length (:attr:`Compressor.fixed_length`) sends them
+    straight to every other rank in one round of point-to-point messages, which needs no
+    rank to forward another's (MPI's all-gather runs N-1 dependent rounds, each waiting for
+    a rank that may not hold a core); any other codec first all-gathers the frames'
+    lengths, then the frames (MPI's all-gather-v).
     """
 
     def __init__(self, comm: MPI.Comm, compressor: Compressor, n: int, feedback: bool) -> None:
         self.comm, self.compressor = comm, compressor
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.encoder = PushEncoder(compressor, _Whole(n), feedback)
-        self.frames = np.zeros(self.size * compressor.max_bytes(n), np.uint8)
+        self.length = compressor.max_bytes(n)
+        self.frames = np.zeros(self.size * self.length, np.uint8)
         self.bytes_sent = 0
 
     def run(self, buf: np.ndarray, mean: bool, label: str = "") -> None:
-        comm, size = self.comm, self.size
+        size = self.size
         frame = self.encoder.encode(buf)[0]
         what = lambda: f"the other workers (compressed all-gather{label})"   # noqa: E731
+        if self.compressor.fixed_length:
+            lengths = self._direct(frame, what)
+        else:
+            lengths = self._gatherv(frame, what)
+        displs = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        buf[:] = 0.0
+        for r in range(size):
+            self.compressor.decode_add(self.frames[displs[r]:displs[r] + lengths[r]], buf,
+                                       f"worker {r}'s all-gathered gradient")
+        if mean:
+            np.divide(buf, size, out=buf)
+
+    def _direct(self, frame: np.ndarray, what) -> np.ndarray:
+        """Every frame into :attr:`frames` at rank x length, by one message from each rank
+        to each other; the lengths (all :attr:`length`)."""
+        comm, rank, size, step = self.comm, self.rank, self.size, self.length
+        if frame.size != step:
+            raise PsgdError(f"{self.compressor.name} wrote a frame of {frame.size} bytes; its "
+                            f"frames are fixed at {step} (fixed_length)")
+        self.frames[rank * step:(rank + 1) * step] = frame
+        others = [(rank + k) % size for k in range(1, size)]     # each rank starts at its right
+        requests = [comm.Irecv(self.frames[r * step:(r + 1) * step], r, _TAG_FRAME) for r in others]
+        requests += [comm.Isend(frame, r, _TAG_FRAME) for r in others]
+        complete_all(requests, what)
+        self.bytes_sent += (size - 1) * step
+        return np.full(size, step, np.int64)
+
+    def _gatherv(self, frame: np.ndarray, what) -> np.ndarray:
+        """Every frame into :attr:`frames`, packed in rank order, by MPI's all-gathers of the
+        lengths and then the frames; the lengths."""
+        comm, size = self.comm, self.size
         mine = np.array([frame.size], np.int64)
         lengths = np.zeros(size, np.int64)
         complete(comm.Iallgather(mine, lengths), what)
@@ -135,12 +172,7 @@ class GatherAllreduce:
         complete(comm.Iallgatherv(frame, [gathered, lengths.tolist(), displs.tolist(), MPI.BYTE]),
                  what)
         self.bytes_sent += (size - 1) * frame.size + (size - 1) * 8
-        buf[:] = 0.0
-        for r in range(size):
-            self.compressor.decode_add(gathered[displs[r]:displs[r] + lengths[r]], buf,
-                                       f"worker {r}'s all-gathered gradient")
-        if mean:
-            np.divide(buf, size, out=buf)
+        return lengths
 
 
 def make(comm: MPI.Comm, compressor: Compressor | None, n: int, feedback: bool):

@@ -23,6 +23,7 @@ class Compressor:
     code = 0
     biased = False
     summable = False
+    fixed_length = False
     momentum_gain = False
 
     def max_body(self, n: int) -> int:

@@ -8,7 +8,7 @@ from psgd.kernels.compress import HALF_TO_FLOAT, fp16_decode_add, fp16_encode
 
 
 class Fp16(Compressor):
-    name, code, biased, summable = "fp16", 1, False, True
+    name, code, biased, summable, fixed_length = "fp16", 1, False, True, True
 
     def max_body(self, n: int) -> int:
         return 2 * n

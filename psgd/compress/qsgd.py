@@ -24,7 +24,7 @@ class Qsgd(Compressor):
     for ``bits`` = 1 the two levels ``+-norm`` (no zero); the norm is the bucket's largest
     magnitude (``scale`` max, the default) or its L2 norm (l2)."""
 
-    code, biased = 2, False
+    code, biased, fixed_length = 2, False, True
 
     def __init__(self, bits: int, bucket: int, seed: int = 0,
                  scale: str = DEFAULT_SCALE) -> None:

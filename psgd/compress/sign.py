@@ -9,7 +9,7 @@ from psgd.kernels.compress import sign_decode_add, sign_encode
 
 
 class Sign(Compressor):
-    name, code, biased = "sign", 3, True
+    name, code, biased, fixed_length = "sign", 3, True, True
     momentum_gain = True   # measured: docs/results/compression.md
 
     def __init__(self, bucket: int) -> None:

@@ -12,7 +12,7 @@ SAMPLE = 4096   # elements sampled to place the candidates' threshold
 
 
 class TopK(Compressor):
-    code, biased = 4, True
+    code, biased, fixed_length = 4, True, True
 
     def __init__(self, fraction: float) -> None:
         self.fraction = fraction

@@ -155,13 +155,14 @@ def colour_data(tmp: Path) -> Path:
 def bench_budget(args, memory: int, data: Path) -> Budget:
     """The budget of a run on this machine: shared memory (``--per-node``), or ``psgd net``'s
     two nodes (rank r on node r mod 2) behind one shared link of ``args.rate``; the ranks
-    share the machine's cores."""
+    share the machine's cores, and copies within a node run at ``--bandwidth``."""
     data_bytes = train_bytes(str(data))
+    shm = args.bandwidth / 8          # this machine's shared memory, within a node
     if args.rate:
-        net = Network(parse_bandwidth(args.rate), 50e-6, shared=True)
+        net = Network(parse_bandwidth(args.rate), 50e-6, shared=True, shm_bandwidth=shm)
         return Budget(args.ranks, memory, net, args.per_node, args.batch_size,
                       data_bytes=data_bytes, cliques=2, cores=os.cpu_count())
-    return Budget(args.ranks, memory, Network(args.bandwidth / 8), args.per_node,
+    return Budget(args.ranks, memory, Network(shm, shm_bandwidth=shm), args.per_node,
                   args.batch_size, data_bytes=data_bytes, cores=os.cpu_count())
 
 
@@ -266,7 +267,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="predicted seconds per run")
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--bandwidth", type=float, default=80e9, help="bits/s (shared memory)")
+    ap.add_argument("--bandwidth", type=float, default=80e9,
+                    help="bits/s of this machine's shared memory (copies within a node)")
     ap.add_argument("--per-node", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--cases", type=lambda t: [int(n) for n in t.split(",")], default=None,

@@ -256,12 +256,47 @@ def test_plan_auto_cli_json_and_its_one_line_errors(tmp_path):
     assert data["plans"] and data["plans_kept"] >= len(data["plans"])
     assert all(p["memory_per_rank"] <= 1 << 20 for p in data["plans"])
     for args, words in [(["--ranks", "4", "--memory-per-rank", "10"], "no plan on 4 ranks fits"),
+                        (["--ranks", "4", "--memory-per-rank", "1M", "--shm-bandwidth", "fast"],
+                         "--shm-bandwidth 'fast' is not a bandwidth"),
                         (["--ranks", "0", "--memory-per-rank", "1M"], "--ranks"),
                         (["--ranks", "2", "--memory-per-rank", "1M", "--model", "lenet"],
                          "is of model")]:
         bad = _plan_cli(*base, *args)
         assert bad.returncode != 0 and words in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_copies_within_a_node_are_priced_at_the_shm_bandwidth_given(tmp_path):
+    """Two ranks on one node: the ring row's all-reduce is all copies, so its seconds beyond
+    the compute and the optimizer step scale as 1 / --shm-bandwidth; across nodes, no change."""
+    path = tmp_path / "p.json"
+    profiles.save(toy_profile(), path)
+
+    def ring_s(*flags):
+        out = _plan_cli("--model", SPEC, "--profile", str(path), "--batch", "8", "--ranks", "2",
+                        "--memory-per-rank", "1G", "--json", "--top", "100", "--latency-us", "0",
+                        *flags)
+        assert out.returncode == 0, out.stderr
+        return next(p["step_s"] for p in json.loads(out.stdout)["plans"]
+                    if p["plan"] == "allreduce ring W=2 S=0")
+    prof = toy_profile()
+    own = prof.compute_at(8) + prof.param_bytes * prof.step_s_per_byte
+    slow, fast = (ring_s("--per-node", "2", "--shm-bandwidth", r) for r in ("8gbit", "32gbit"))
+    assert slow - own == pytest.approx(4 * (fast - own)) and fast > own
+    assert ring_s("--shm-bandwidth", "8gbit") == ring_s("--shm-bandwidth", "32gbit")
+
+
+def test_an_allreduce_row_adds_the_workers_optimizer_step_and_a_server_row_does_not():
+    from dataclasses import replace
+    from psgd.plan.search import data_plans
+    prof = toy_profile()
+    budget = Budget(4, 1 << 40, Network(1.25e9), batch=8)
+    (a, b) = ({p.label(): p.step_s for p in data_plans(replace(prof, step_s_per_byte=x), budget)}
+              for x in (0.0, 1e-9))
+    step = prof.param_bytes * 1e-9
+    assert b["allreduce ring W=4 S=0"] - a["allreduce ring W=4 S=0"] == pytest.approx(step)
+    assert b["allreduce hierarchical W=4 S=0"] - a["allreduce hierarchical W=4 S=0"] == pytest.approx(step)
+    assert b["bsp W=3 S=1"] == a["bsp W=3 S=1"]
 
 
 @pytest.mark.parametrize("spec,ranks,said", [(SPEC, 4, False), ("lenet", 2, False), ("lenet", 4, True)])
@@ -528,7 +563,7 @@ def test_a_crowd_ratio_is_the_median_of_its_rounds_at_least_1(monkeypatch):
 
 def test_oversubscribed_rows_slow_their_compute_by_their_crowd_ratio_and_copies_by_the_share():
     """On 4 ranks of 2 cores a tensor row's compute doubles again by its measured crowd ratio;
-    a data row's by the serial one; with a core each nothing changes."""
+    a data row's compute and optimizer step by the serial one; with a core each nothing changes."""
     from dataclasses import replace
     from psgd.plan.search import data_plans, tensor_plans
     prof = toy_profile("mlp:30-16-12-10")
@@ -539,7 +574,8 @@ def test_oversubscribed_rows_slow_their_compute_by_their_crowd_ratio_and_copies_
     assert more[2].step_s - one[2].step_s == pytest.approx(2 * 0.5 * share[2])
     assert more[4].step_s - one[4].step_s == pytest.approx(2 * 1.0 * share[4])
     (a, b) = ({p.label(): p.step_s for p in data_plans(c, budget)} for c in crowds)
-    compute = 8 * prof.compute_at(8) / 8 * 2        # batch x per-sample seconds x ranks / cores
+    # batch x per-sample seconds, and the optimizer step, x ranks / cores
+    compute = (8 * prof.compute_at(8) / 8 + prof.param_bytes * prof.step_s_per_byte) * 2
     assert b["allreduce ring W=4 S=0"] - a["allreduce ring W=4 S=0"] == pytest.approx(0.5 * compute)
     alone = Budget(2, 1 << 40, Network(1.25e9), batch=8, cores=2)
     assert [p.step_s for p in tensor_plans(crowds[0], alone)] == [p.step_s for p in tensor_plans(crowds[1], alone)]

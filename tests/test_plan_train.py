@@ -153,6 +153,7 @@ def test_a_bad_plan_file_or_a_budget_nothing_fits_is_one_line(mpirun, dataset, t
     (["--plan", "auto"], "needs --model SPEC and --memory-per-rank"),
     (["--bandwidth", "1gbit"], "--bandwidth applies to --plan auto and --grid auto"),
     (["--grid", "auto", "--profile", "p.json"], "--profile applies to --plan auto"),
+    (["--shm-bandwidth", "80gbit"], "--shm-bandwidth applies to --plan auto"),
     (["--grid", "auto", "--latency-us", "-1"], "--latency-us -1.0: must be >= 0"),
 ])
 def test_flags_a_plan_sets_or_needs_are_refused_before_mpi(dataset, flags, words):

@@ -88,7 +88,8 @@ def budget_of(args, ranks: int) -> Budget:
         raise UsageError(f"--optimizer {args.optimizer}: choose one of {', '.join(OPTIMIZER_SLOTS)}")
     if args.per_node < 1 or args.batch_size < 1:
         raise UsageError("--per-node and --batch-size must be >= 1")
-    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
+    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
+                  parse_bandwidth(args.shm_bandwidth, "--shm-bandwidth"))
     return Budget(ranks, args.memory_per_rank, net, args.per_node, args.batch_size, args.optimizer,
                   train_bytes(args.data))
 

@@ -70,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--servers", type=int, default=None,
                         help="parameter servers (default: as many as balance worker bandwidth)")
     parser.add_argument("--bandwidth", default="10gbit", help="each node's link (default 10gbit)")
+    parser.add_argument("--shm-bandwidth", default="32gbit", help="copies between the ranks "
+                        "of one node, as MPI's shared memory makes them (default 32gbit)")
     parser.add_argument("--latency-us", type=float, default=20.0, help="per message (default 20)")
     parser.add_argument("--per-node", type=int, default=1, help="ranks per node (default 1)")
     parser.add_argument("--shared-link", action="store_true",
@@ -130,7 +132,8 @@ def run(args: argparse.Namespace) -> None:
         compute_s = measure_compute_s(args.model, args.batch_size, nnz=args.nnz, data=args.data)
     else:
         raise PsgdError("--params needs --compute-us (only a --model can be measured here)")
-    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link)
+    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
+                  parse_bandwidth(args.shm_bandwidth, "--shm-bandwidth"))
     compression = measure_compression(args.compress, args.compress_bucket, n_params,
                                       touched=touched)
     jobs = list(_jobs(args, n_params, compute_s, net.bandwidth, compression, touched))

@@ -53,7 +53,9 @@ class Job:
     """n_params float32 parameters; compute_s per sample on one core; W workers (ranks S..);
     placement: ``per_node`` consecutive ranks per node (a cluster), or, with ``cliques`` K,
     rank r on node r mod K (``psgd net``); ``cores``: cores all ranks share (None: one each);
-    ``touched``: coordinates a worker step touches (a sparse model; None: dense)."""
+    ``touched``: coordinates a worker step touches (a sparse model; None: dense);
+    ``optimizer_s``: one optimizer step over the parameters on one core, as an all-reduce
+    worker takes after each all-reduce (0: not priced)."""
 
     n_params: int
     compute_s: float
@@ -65,6 +67,7 @@ class Job:
     cores: int | None = None
     compression: Compression = NONE
     touched: float | None = None
+    optimizer_s: float = 0.0
 
     @property
     def ranks(self) -> int:
@@ -102,6 +105,11 @@ class Job:
         """One worker's compute per step, slowed when the workers outnumber the cores."""
         return self.batch * self.compute_s * self.share
 
+    @property
+    def own_step_s(self) -> float:
+        """Compute and the worker's own optimizer step, slowed as the compute."""
+        return self.compute_step_s + self.optimizer_s * self.share
+
     def without_servers(self) -> "Job":
         """The same workers as an all-reduce job (no servers, the same placement rule)."""
         return replace(self, servers=0, cliques=self.cliques and min(self.cliques, self.workers))
@@ -122,6 +130,8 @@ def check(job: Job, net: Network) -> None:
     if net.latency < 0:
         raise UsageError(f"latency must be >= 0 s, got {net.latency}")
     c = job.compression
+    if job.optimizer_s < 0:
+        raise UsageError(f"the optimizer step must take >= 0 s, got {job.optimizer_s}")
     if not c.ratio > 0 or c.encode_s < 0 or c.decode_s < 0:
         raise UsageError("the compression ratio must be > 0 and its codec times >= 0")
     if job.cliques is not None and not 1 <= job.cliques <= job.ranks:
@@ -352,12 +362,12 @@ def compressed_allreduce_s(job: Job, ranks: list[int], net: Network) -> float:
 
 
 def ring_step_s(job: Job, net: Network) -> float:
-    """One step of the allreduce protocol by messages only (psgd's ring/doubling, flat; the
-    compressed all-reduce under compression)."""
+    """One step of the allreduce protocol: compute, the all-reduce by messages (psgd's
+    ring/doubling, flat; the compressed all-reduce under compression), the optimizer step."""
     ranks = list(range(job.servers, job.ranks))
     if job.compression != NONE:
-        return job.compute_step_s + compressed_allreduce_s(job, ranks, net)
-    return job.compute_step_s + flat_allreduce_s(job, ranks, net)
+        return job.own_step_s + compressed_allreduce_s(job, ranks, net)
+    return job.own_step_s + flat_allreduce_s(job, ranks, net)
 
 
 def hierarchical_step_s(job: Job, net: Network) -> float:
@@ -370,7 +380,7 @@ def hierarchical_step_s(job: Job, net: Network) -> float:
     leaders = sorted({job.node(r): r for r in reversed(ranks)}.values())
     largest = max(np.bincount([job.node(r) for r in ranks]))
     window = 4 * job.nbytes / net.shm_bandwidth + 2 * net.latency if largest > 1 else 0.0
-    return job.compute_step_s + window + flat_allreduce_s(job, leaders, net)
+    return job.own_step_s + window + flat_allreduce_s(job, leaders, net)
 
 
 def balanced_servers(workers: int, worker_bw: float, server_bw: float) -> int:

@@ -7,8 +7,9 @@ from psgd.errors import PsgdError
 _UNITS = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
-def parse_bandwidth(text: str) -> float:
-    """Bytes per second of ``10gbit``, ``100gbit``, ``500mbit`` (or a plain number of bits/s)."""
+def parse_bandwidth(text: str, flag: str = "--bandwidth") -> float:
+    """Bytes per second of ``10gbit``, ``100gbit``, ``500mbit`` (or a plain number of bits/s);
+    ``flag`` names the option in the error."""
     t = text.strip().lower()
     scale = 1.0
     if t.endswith("bit"):
@@ -18,9 +19,9 @@ def parse_bandwidth(text: str) -> float:
     try:
         bits = float(t) * scale
     except ValueError:
-        raise PsgdError(f"--bandwidth {text!r} is not a bandwidth; give e.g. 10gbit") from None
+        raise PsgdError(f"{flag} {text!r} is not a bandwidth; give e.g. 10gbit") from None
     if not bits > 0:
-        raise PsgdError(f"--bandwidth must be > 0, got {text!r}")
+        raise PsgdError(f"{flag} must be > 0, got {text!r}")
     return bits / 8
 
 

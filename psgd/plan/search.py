@@ -183,7 +183,8 @@ def data_plans(profile: Profile, budget: Budget) -> list[Plan]:
             c = _codec(profile, budget, codec)
             crowd = budget.slow(profile) / budget.per_core      # beyond Job's ranks / cores
             job = Job(n_params, crowd * profile.compute_at(budget.batch) / budget.batch, budget.batch, w,
-                      servers, budget.per_node, budget.cliques, budget.cores, compression=c)
+                      servers, budget.per_node, budget.cliques, budget.cores, compression=c,
+                      optimizer_s=crowd * p * profile.step_s_per_byte)
             for row, r in predict(job, budget.net).items():
                 entry = get(row.split()[0])
                 if bool(entry.servers) != bool(servers) or codec and not entry.can("compress"):

@@ -12,7 +12,9 @@ from psgd.errors import PsgdError, UsageError
 # the flags a plan sets: giving one beside --plan is refused
 CHOSEN = ("servers", "pipeline", "microbatches", "schedule", "partition", "grid", "tensor",
           "spatial", "compress")
-BUDGET = {"bandwidth": "10gbit", "latency_us": 20.0, "per_node": 1, "profile": None, "mac_ns": None}
+BUDGET = {"bandwidth": "10gbit", "latency_us": 20.0, "per_node": 1, "profile": None, "mac_ns": None,
+          "shm_bandwidth": "32gbit"}
+PLAN_ONLY = ("profile", "shm_bandwidth")     # budget flags --grid auto does not take
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "link (default 10gbit; --grid auto under psgd net: its --rate)")
     group.add_argument("--latency-us", type=float, default=None,
                        help="--plan auto and --grid auto: per message (default 20)")
+    group.add_argument("--shm-bandwidth", default=None, help="--plan auto: copies between the "
+                       "ranks of one node (default 32gbit)")
     group.add_argument("--per-node", type=int, default=None, help="--plan auto and --grid auto: "
                        "ranks per node (default 1; under psgd net, rank r is on node r mod N)")
     group.add_argument("--mac-ns", type=float, default=None, help="--grid auto: nanoseconds per "
@@ -38,9 +42,9 @@ def check(args: argparse.Namespace) -> None:
     memory budget away from the pipeline's own --memory-per-rank."""
     from psgd.run.tensor_flags import auto_grid
     grid_auto = auto_grid(getattr(args, "grid", None))
-    budget = [f for f in BUDGET if getattr(args, f, None) is not None and (f == "profile" or not grid_auto)]
+    budget = [f for f in BUDGET if getattr(args, f, None) is not None and (f in PLAN_ONLY or not grid_auto)]
     if args.plan != "auto" and budget:
-        where = "--plan auto" if budget[0] == "profile" else "--plan auto and --grid auto"
+        where = "--plan auto" if budget[0] in PLAN_ONLY else "--plan auto and --grid auto"
         raise ValueError(f"--{budget[0].replace('_', '-')} applies to {where}")
     if getattr(args, "latency_us", None) is not None and not args.latency_us >= 0:
         raise ValueError(f"--latency-us {args.latency_us}: must be >= 0")

@@ -80,7 +80,8 @@ def steps_for(plan, args) -> int:
 
 
 def measured_rate(plan, data: Path, model: str, args, log: Path) -> tuple[float, int | None]:
-    """Samples per second of the run: a data plan's lead over the second half of the steps,
+    """Samples per second of the run: a data plan's lead over the second half of the steps
+    (its last record: records at ceil(steps / 2) and at the end, no evaluation between),
     a tensor grid's median step, a pipeline's whole run; and the largest peak resident set
     the run's summary gives (a tensor grid's every rank, a pipeline's part 0 of each stage;
     None for a data plan)."""
@@ -89,8 +90,8 @@ def measured_rate(plan, data: Path, model: str, args, log: Path) -> tuple[float,
         if args.rate else []
     cmd = [*net, mpiexec(), "-n", str(plan.ranks), sys.executable, "-m", "psgd", "train", "--data",
            str(data), "--model", model, *plan.train_args(), "--steps", str(steps),
-           "--log-every", str(max(1, steps // 2)), "--quiet", "--log", str(log),
-           "--eval-samples", "64"]
+           "--log-every", str(steps - steps // 2), "--quiet", "--log", str(log),
+           "--eval-samples", "64", *(["--eval-every", "0"] if plan.kind == "data" else [])]
     proc = run_bounded(cmd, args.timeout, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"bench-plan: {plan.label()} failed: {proc.stderr.strip()[-400:]}")

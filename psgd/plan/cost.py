@@ -18,6 +18,10 @@ from psgd.errors import UsageError
 SMALL_BYTES = 256 * 1024      # psgd's all-reduce: recursive doubling below this, else the ring
 STEP_PASSES = 4               # an optimizer step's passes over its vector (a sum adds one per push)
 COORDINATE_BYTES = 8          # a sparse update's int32 index + float32 value per coordinate
+# of a gossip exchange between nodes, the share that moves while the ranks compute (what MPI
+# hands the kernel's sockets when it is posted); the rest moves once both ends poll again
+# (measured on psgd net, LeNet and the CIFAR preset: docs/results/plan-net.md)
+HIDDEN_EXCHANGE = 0.75
 
 
 @dataclass(frozen=True)

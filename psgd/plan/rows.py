@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from psgd.plan.cost import (NONE, STEP_PASSES, Job, Network, Traffic, async_rate, bsp_step_s,
-                            hierarchical_step_s, ring_step_s)
+from psgd.plan.cost import (HIDDEN_EXCHANGE, NONE, STEP_PASSES, Job, Network, Traffic, async_rate,
+                            bsp_step_s, hierarchical_step_s, ring_step_s)
 
 
 def bsp_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
@@ -36,8 +36,11 @@ def allreduce_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, 
 
 
 def gossip_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:
-    """The D-PSGD row on the default topology: each worker sends its model to each neighbour
-    while the next gradient is computed, then mixes d + 1 models and steps."""
+    """The D-PSGD row on the default topology: each worker sends its model to each neighbour,
+    then mixes d + 1 models and steps. Between nodes :data:`HIDDEN_EXCHANGE` of the exchange
+    moves during the next gradient's compute (at most the compute), the rest after it; with
+    a neighbour on its own node it all moves after the compute (both ends must poll), as
+    :func:`psgd.simulate.gossip.step_ends` has it."""
     from psgd.gossip.topology import DEFAULT, neighbours
     near = neighbours(DEFAULT, job.workers)
     t = Traffic(job)
@@ -46,7 +49,10 @@ def gossip_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, boo
             t.carry(i, j, job.nbytes)
     degree = max(map(len, near))
     mix_s = (degree + 1 + STEP_PASSES) * job.nbytes / net.shm_bandwidth
-    return {name: (max(job.compute_step_s, t.seconds(net, degree)) + mix_s, True)}
+    exchange = t.seconds(net, degree)
+    local = any(job.node(i) == job.node(j) for i, js in enumerate(near) for j in js)
+    hidden = 0.0 if local else min(HIDDEN_EXCHANGE * exchange, job.compute_step_s)
+    return {name: (job.compute_step_s + exchange - hidden + mix_s, True)}
 
 
 def adpsgd_rows(job: Job, net: Network, name: str) -> dict[str, tuple[float, bool]]:

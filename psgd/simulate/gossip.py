@@ -2,9 +2,9 @@
 
 Within a node MPI moves a model only while both ends poll (no asynchronous
 progress), so a worker's step t ends an exchange and a mixing after the last of
-its neighbourhood has computed step t. Between nodes MPICH's TCP path moves it
-through the kernel's socket buffers while the ranks compute: a neighbour's
-model, posted when its previous step ended, lands an exchange later. The costs
+its neighbourhood has computed step t. Between nodes MPICH's TCP path moves the
+share of it the kernel's socket buffers took when it was posted while the ranks
+compute (``HIDDEN_EXCHANGE`` of the exchange), the rest once both ends poll. The costs
 are `psgd plan`'s gossip row's, or the exchange is a real run's mean step span
 (:func:`measured_exchange`).
 Training mixes the models with the mixing matrix and steps each worker's own
@@ -19,7 +19,7 @@ import numpy as np
 
 from psgd.errors import PsgdError
 from psgd.nn.optim import make_optimizer
-from psgd.plan.cost import STEP_PASSES, Traffic
+from psgd.plan.cost import HIDDEN_EXCHANGE, STEP_PASSES, Traffic
 
 
 def graph(protocol, topology: str, workers: int):
@@ -64,8 +64,9 @@ def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s: float,
     A neighbour on the worker's node: its model lands an exchange after the later of the two
     computed (both must poll). A neighbour on another node (``nodes``: each worker's node, int
     (W,); None: all on one): its model, posted when its previous step ended, lands an exchange
-    after that, under the compute. The step ends a mixing after the worker computed and the
-    last of its neighbours' models landed.
+    after that at the earliest, and the share :data:`HIDDEN_EXCHANGE` did not move under the
+    compute after the later of the two computed. The step ends a mixing after the worker
+    computed and the last of its neighbours' models landed.
     """
     W, T = times.shape
     off = (matrix > 0) & ~np.eye(W, dtype=bool)
@@ -78,8 +79,9 @@ def step_ends(times: np.ndarray, matrix: np.ndarray, exchange_s: float,
         ready = prev + times[:, t]
         landed = np.maximum(np.where(local, ready[None, :], -np.inf).max(axis=1),
                             np.where(near, ready, -np.inf)) + exchange_s
-        landed = np.maximum(landed, np.where(remote, prev[None, :], -np.inf).max(axis=1)
-                            + exchange_s)
+        both = np.maximum(ready[:, None], ready[None, :]) + (1 - HIDDEN_EXCHANGE) * exchange_s
+        landed = np.maximum(landed, np.where(remote, np.maximum(prev[None, :] + exchange_s, both),
+                                             -np.inf).max(axis=1))
         prev = np.maximum(ready, landed) + mix_s
         ends[:, t] = prev
     return ends

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 from psgd.errors import UsageError
 from psgd.plan import profile as profiles
-from psgd.plan.cost import Network
 from psgd.plan.search import Budget, Plan, search
 
 PROFILE_BATCH = 32
@@ -80,7 +79,7 @@ def get_profile(spec: str, path: str | None, batch: int = PROFILE_BATCH,
 
 
 def budget_of(args, ranks: int) -> Budget:
-    from psgd.plan.inputs import parse_bandwidth, train_bytes
+    from psgd.plan.inputs import network_of, train_bytes
     from psgd.plan.memory import OPTIMIZER_SLOTS
     if args.memory_per_rank is None:
         raise UsageError("--auto needs --memory-per-rank BYTES (e.g. 2G)")
@@ -88,8 +87,7 @@ def budget_of(args, ranks: int) -> Budget:
         raise UsageError(f"--optimizer {args.optimizer}: choose one of {', '.join(OPTIMIZER_SLOTS)}")
     if args.per_node < 1 or args.batch_size < 1:
         raise UsageError("--per-node and --batch-size must be >= 1")
-    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
-                  parse_bandwidth(args.shm_bandwidth, "--shm-bandwidth"))
+    net = network_of(args)
     return Budget(ranks, args.memory_per_rank, net, args.per_node, args.batch_size, args.optimizer,
                   train_bytes(args.data))
 

@@ -5,10 +5,10 @@ import argparse
 import time
 
 from psgd.errors import PsgdError
-from psgd.plan.cost import (NONE, Compression, Job, Network, balanced_servers, expected_touched,
+from psgd.plan.cost import (NONE, Compression, Job, balanced_servers, expected_touched,
                              predict, recommend)
 from psgd.plan.codec import measure_compression
-from psgd.plan.inputs import model_of_spec, parse_bandwidth  # noqa: F401 (simulate's too)
+from psgd.plan.inputs import model_of_spec, network_of, parse_bandwidth  # noqa: F401 (simulate's too)
 
 DESCRIPTION = """\
 predict each protocol's step time, throughput and scaling efficiency from the model's
@@ -132,8 +132,7 @@ def run(args: argparse.Namespace) -> None:
         compute_s = measure_compute_s(args.model, args.batch_size, nnz=args.nnz, data=args.data)
     else:
         raise PsgdError("--params needs --compute-us (only a --model can be measured here)")
-    net = Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
-                  parse_bandwidth(args.shm_bandwidth, "--shm-bandwidth"))
+    net = network_of(args)
     compression = measure_compression(args.compress, args.compress_bucket, n_params,
                                       touched=touched)
     jobs = list(_jobs(args, n_params, compute_s, net.bandwidth, compression, touched))

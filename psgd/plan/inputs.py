@@ -84,3 +84,11 @@ def train_bytes(path: str) -> int:
             return int(sum(a.size * a.dtype.itemsize for a in arrays))
     except OSError as exc:
         raise PsgdError(f"--data {path}: not an HDF5 dataset ({exc})") from None
+
+
+def network_of(args):
+    """The :class:`psgd.plan.cost.Network` of ``psgd plan``'s flags (``--bandwidth``,
+    ``--latency-us``, ``--shared-link``, ``--shm-bandwidth``)."""
+    from psgd.plan.cost import Network
+    return Network(parse_bandwidth(args.bandwidth), args.latency_us * 1e-6, args.shared_link,
+                   parse_bandwidth(args.shm_bandwidth, "--shm-bandwidth"))

@@ -65,7 +65,7 @@ class Run:
     def __init__(self, tmp, data, updates: int = UPDATES, extra=(), protocol="asp",
                  servers: int = 1, env=None) -> None:
         self.tmp, self.port, self.log = tmp, tmp / "port", tmp / "log.jsonl"
-        self.procs, self.outs = [], []
+        self.procs, self.outs, self.names = [], [], []
         self.server = self._job("server", [
             "train", "--elastic", "--protocol", protocol, "--servers", servers, "--data", data,
             "--model", "mlp:784-64-10", "--optimizer", "sgd", "--lr", "0.05",
@@ -77,6 +77,7 @@ class Run:
     def _job(self, name: str, args: list, ranks: int = 1, env=None) -> subprocess.Popen:
         out = open(self.tmp / f"{name}.out", "w")
         self.outs.append(out)
+        self.names.append(name)
         proc = _start(args, out, ranks, env)
         self.procs.append(proc)
         return proc
@@ -97,16 +98,21 @@ class Run:
                 p.wait(timeout=max(1.0, DEADLINE_S - (time.monotonic() - t0)))
             except subprocess.TimeoutExpired:
                 _kill(self.procs)
-                pytest.fail(f"a job did not end:\n{self.output('server')}")
+                job = " ".join(map(str, p.args[3:]))
+                pytest.fail(f"a job did not end within {DEADLINE_S} s: {job}\n{self.outputs()}")
         for out in self.outs:
             out.close()
-        assert self.server.returncode == 0, self.output("server")
+        assert self.server.returncode == 0, self.outputs()
         summary = [r for r in _records(self.log) if r["kind"] == "summary"]
-        assert summary, self.output("server")
+        assert summary, self.outputs()
         return summary[0]
 
     def output(self, name: str) -> str:
         return (self.tmp / f"{name}.out").read_text()
+
+    def outputs(self) -> str:
+        """Every job's output, each under its name (what a failure shows)."""
+        return "\n".join(f"--- {name}:\n{self.output(name)}" for name in self.names)
 
 
 def _pushes(summary: dict) -> dict:

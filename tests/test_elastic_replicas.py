@@ -109,6 +109,11 @@ def test_the_backup_takes_over_a_killed_server_job_and_the_run_finishes(tmp_path
     for k in (0, 1):
         assert "re-routing to the backup" in run.output(f"joiner{k}")
     assert "the backup takes over" in run.output("backup")
+    # both came over the standby links they made when they joined: no accept after the death
+    rerouted = [r for r in _records(run.log) if r["kind"] == "rerouted"]
+    assert sorted((r["worker"], r["how"]) for r in rerouted) == \
+        [(0, "its standby link"), (1, "its standby link")], rerouted
+    assert not glob.glob(f"{run.port}.standby*"), "the backup left its standby door's files"
     assert {w["state"] for w in summary["workers"]} == {"done"}
 
 

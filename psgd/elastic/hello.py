@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 
@@ -23,6 +24,22 @@ def read_port(path: str) -> tuple[str, str]:
     if not port:
         raise UsageError(f"--port-file {path} is empty")
     return port, transports.strip()
+
+
+def connect_port(port: str, wait_s: float, what: str):
+    """``MPI.COMM_SELF.Connect(port)`` that gives up after ``wait_s`` seconds (MPI's ``timeout``
+    info key; MPICH's default is 180 s) with a :class:`UsageError` naming ``what`` it joined."""
+    from mpi4py import MPI
+    info = MPI.Info.Create()
+    info.Set("timeout", str(max(1, math.ceil(wait_s))))
+    try:
+        return MPI.COMM_SELF.Connect(port, info)
+    except MPI.Exception as exc:
+        why = MPI.Get_error_string(exc.Get_error_class())
+        raise UsageError(f"the connection to {what} did not complete within {wait_s:g} s "
+                         f"(--wait; MPI: {why})") from None
+    finally:
+        info.Free()
 
 
 def receive_welcome(inter, wait_s: float) -> dict:

@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import replace
 
-from psgd.elastic.hello import claims, read_port, receive_welcome
+from psgd.elastic.hello import claims, connect_port, read_port, receive_welcome
 from psgd.errors import UsageError
 
 EXIT_DROPPED = 3   # the servers dropped this worker (it was silent too long) and told it
@@ -72,15 +72,13 @@ def run(args: argparse.Namespace) -> None:
         _ring_transports(transports, args.port_file)
     no_cross_memory_attach()
     tidy_shm()
-    from mpi4py import MPI
-
-    from psgd.elastic.door import knock
+    from psgd.elastic.door import knock   # MPI starts here, after the transports are set
     knock(args.port_file, args.wait, said=claims(getattr(args, "model", None),
                                                  getattr(args, "data", None),
                                                  getattr(args, "protocol", None)))
     from psgd.mpi.phase import phase
     with phase("connecting to the servers"):
-        inter = MPI.COMM_SELF.Connect(port)
+        inter = connect_port(port, args.wait, f"the servers at {args.port_file}")
     with phase("receiving the welcome"):
         welcome = receive_welcome(inter, args.wait)
     if welcome.get("ring"):
@@ -134,6 +132,10 @@ def _train(inter, welcome: dict, debug: bool, port_file: str, port: str,
                              fault=faults.for_rank(0))
 
     worker = connect(inter, port)
+    standby = None
+    if replicated:   # its link to the backup server, made while every process lives
+        from psgd.elastic.replica_join import link_standby
+        standby = link_standby(port_file, slot)
     model.loss_and_grad(*reader.batch(clock))   # compiles the kernels before the first pull
     worker.start(model.params, clock)
     first = clock
@@ -149,7 +151,8 @@ def _train(inter, welcome: dict, debug: bool, port_file: str, port: str,
                 raise
             from psgd.elastic.replica_join import forget, reroute
             forget(worker)
-            inter, again, port = reroute(port_file, port, slot, wait_s, str(gone))
+            inter, again, port = reroute(port_file, port, slot, wait_s, str(gone), standby)
+            standby = None
             clock = again["clock"]
             worker = connect(inter, port)
             worker.start(model.params, clock)

@@ -5,9 +5,13 @@ The primary (:class:`Primary`, the server job) forwards to the backup (:class:`B
 shard, in the order it applied them: each push with its gradient, each answered pull (the
 update rule notes what the worker read), each join, drop and done. The backup applies them
 with the same server code, so its shard follows the primary's bit for bit. It sends nothing
-back, so no send ever waits on a dead primary. When the primary's process is gone (its beat,
+back, so no send ever waits on a dead primary. Each worker also links to the backup when it
+joins (its standby link, through the backup's own door at ``port_file + STANDBY``): MPICH's
+accept on a survivor of a SIGKILLed peer can hang, so nothing is connected after a death that
+can be connected before. When the primary's process is gone (its beat,
 :mod:`psgd.elastic.alive`), the backup opens a port of its own in the port file and serves:
-the workers re-route (:mod:`psgd.elastic.replica_join`) and go on from the clock it holds.
+the workers re-route (:mod:`psgd.elastic.replica_join`) over their standby links and go on
+from the clock it holds.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ JOIN, PUSHED, REPLIED, LEFT, LOST, END = 1, 2, 3, 4, 5, 6
 BACKUP = "backup-"      # a backup's knock name starts so
 REROUTE = "slot"        # a re-routing worker's: slot<w>-...
 BACKUP_BEAT = "backup"  # the backup's beat: beat_path(port_file, BACKUP_BEAT)
+STANDBY = ".standby"    # the backup's own port file, for the workers' standby links
 MAX_IN_FLIGHT = 256     # forwards not yet seen complete before the primary waits on the oldest
 TRACE = "PSGD_X_REPLICA_TRACE"   # tests: a directory for both servers' records
 KILL = "PSGD_X_REPLICA_KILL"     # tests: the primary SIGKILLs itself mid-forward of push N
@@ -170,9 +175,10 @@ class PrimaryLost(Exception):
 class Backup(ElasticServer):
     """The backup's shard: :meth:`follow` the primary's forwards, then :meth:`take_over`."""
 
-    def __init__(self, *args, link: MPI.Intercomm, **kwargs) -> None:
+    def __init__(self, *args, link: MPI.Intercomm, standby=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.link = link
+        self.link, self.standby_door = link, standby
+        self.standby: dict[int, MPI.Intercomm] = {}   # each worker's standby link, by slot
         self.primary = Pulse(beat_path(self.door.port_file))
         self.primary.dead()   # reads who it is: a SIGKILLed primary leaves its segment to us
         who = self.primary.who
@@ -198,6 +204,7 @@ class Backup(ElasticServer):
         """Apply the primary's forwards until it ends the run ("") or is lost (why)."""
         hdr, status = np.zeros(6, np.int64), MPI.Status()
         while True:
+            self._link_standby()
             try:
                 msg = self._next(TAG_FWD, status)
             except PrimaryLost as lost:
@@ -217,8 +224,22 @@ class Backup(ElasticServer):
         look = 0.0
         while (msg := self.link.Improbe(0, tag, status)) is None:
             look = self._look_upstream(look)
+            self._link_standby()
             time.sleep(0.0002)
         return msg
+
+    def _link_standby(self) -> None:
+        """Accept the standby link of a worker whose knock (``slot<w>-...``) has its turn."""
+        door = self.standby_door
+        if door is None:
+            return
+        ready, _ = door.look()
+        if ready is None:
+            return
+        inter = door.admit(ready)
+        door.joiners.pop(ready, None)
+        if not door.void:   # void: it died before it connected (a stand-in took the accept)
+            self.standby[int(ready[len(REROUTE):].split("-", 1)[0])] = inter
 
     def _look_upstream(self, when: float) -> float:
         """Raise :class:`PrimaryLost` if the primary is gone (looked at from ``when`` on); the
@@ -308,6 +329,12 @@ class Backup(ElasticServer):
         now = time.monotonic()
         self.awaiting = {w: now for w in range(self.W) if self.state[w] in (JOINING, LIVE)}
         self.empty_since = now
+        door, self.standby_door = self.standby_door, None
+        if door is not None:
+            door.close()   # its port file and any knock left
+        for w, inter in self.standby.items():   # welcomed now: no accept after the death
+            if w in self.awaiting and not self.pulses[w].dead():
+                self._welcome_back(w, inter, "its standby link")
 
     def _between(self) -> bool:
         changed = super()._between()
@@ -338,11 +365,15 @@ class Backup(ElasticServer):
             self._send_welcome(inter, {"refused": f"slot {w} is not awaited here (it was "
                                                   f"dropped, or the run is over)"})
             return
+        self._welcome_back(w, inter, "a connection after the takeover")
+
+    def _welcome_back(self, w: int, inter: MPI.Intercomm, how: str) -> None:
+        """Worker ``w`` goes on here over ``inter``, from the clock this backup holds for it."""
         clock = int(self.pushes[w])
         self._send_welcome(inter, {**self.welcome(w, clock), "slot": w, "clock": clock})
         del self.awaiting[w]
         self.links.add(w, inter)
-        self.event("rerouted", worker=w, clock=clock, updates=self.n_pushes)
+        self.event("rerouted", worker=w, clock=clock, updates=self.n_pushes, how=how)
 
     def replicas(self) -> dict:
         return {"replicas": 2, "servers_lost": self.lost_record}

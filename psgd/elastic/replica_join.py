@@ -1,6 +1,7 @@
-"""A worker of a replicated run (``--replicas 2``) re-routes to the backup server when its
-server job is gone: it waits for the backup's port in the port file, joins it again with its
-slot, and goes on from the clock the backup holds for it."""
+"""A worker of a replicated run (``--replicas 2``) links to the backup server when it joins
+(its standby link), and re-routes to the backup when its server job is gone: it waits for the
+backup's port in the port file, takes the backup's welcome over its standby link (or, without
+one, joins the backup anew with its slot), and goes on from the clock the backup holds for it."""
 from __future__ import annotations
 
 import sys
@@ -9,14 +10,33 @@ import time
 from psgd.errors import UsageError
 
 
-def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str):
-    """``(intercommunicator, welcome, port)`` of the backup that took over from the servers at
-    ``port``; :class:`psgd.elastic.worker.ServersGone` when none did within ``wait_s``."""
-    from mpi4py import MPI
+STANDBY_WAIT_S = 10.0   # the longest a joining worker waits for its standby link
 
+
+def link_standby(port_file: str, slot: int, wait_s: float = STANDBY_WAIT_S):
+    """Worker ``slot``'s standby link to the backup server, made when it joins, while every
+    process lives (psgd.elastic.replica); None when none was made within ``wait_s`` (a
+    takeover then connects to the backup anew)."""
+    from psgd.elastic.door import knock
+    from psgd.elastic.hello import connect_port, read_port
+    from psgd.elastic.replica import REROUTE, STANDBY
+    path = port_file + STANDBY
+    try:
+        knock(path, wait_s, kind=f"{REROUTE}{slot}-")
+        return connect_port(read_port(path)[0], wait_s, "the backup server")
+    except UsageError as exc:
+        print(f"psgd: worker {slot}: no standby link to the backup server ({exc}); a takeover "
+              f"connects to it then", file=sys.stderr, flush=True)
+        return None
+
+
+def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str, standby=None):
+    """``(intercommunicator, welcome, port)`` of the backup that took over from the servers at
+    ``port``: over the ``standby`` link if the worker has one, else connected now;
+    :class:`psgd.elastic.worker.ServersGone` when none did within ``wait_s``."""
     from psgd.elastic.alive import Pulse, beat_path
     from psgd.elastic.door import knock
-    from psgd.elastic.hello import read_port, receive_welcome
+    from psgd.elastic.hello import connect_port, read_port, receive_welcome
     from psgd.elastic.replica import REROUTE
     from psgd.elastic.worker import ServersGone
 
@@ -33,12 +53,18 @@ def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str):
         if time.monotonic() > deadline:
             raise ServersGone(f"{gone}, and no backup server took over within {wait_s:g} s")
         time.sleep(0.05)
+    if standby is not None:
+        try:
+            return standby, receive_welcome(standby, wait_s), new
+        except UsageError as exc:
+            raise ServersGone(f"{gone}, and the backup did not take this worker over its "
+                              f"standby link: {exc}") from None
     try:
         knock(port_file, wait_s, kind=f"{REROUTE}{slot}-")
     except UsageError as exc:
         raise ServersGone(f"{gone}, and the backup did not take this worker: {exc}") from None
-    inter = MPI.COMM_SELF.Connect(new)
     try:
+        inter = connect_port(new, wait_s, "the backup server")
         welcome = receive_welcome(inter, wait_s)
     except UsageError as exc:
         raise ServersGone(f"{gone}, and the backup refused this worker: {exc}") from None

@@ -31,7 +31,7 @@ def _append_log(path: str | None):
 def backup_main(args: argparse.Namespace) -> None:
     """Entry point of ``psgd join --backup`` (one rank)."""
     from psgd.elastic import leave, no_cross_memory_attach, tidy_shm
-    from psgd.elastic.hello import of_run, read_port, receive_welcome
+    from psgd.elastic.hello import connect_port, of_run, read_port, receive_welcome
     port, _ = read_port(args.port_file)
     no_cross_memory_attach()
     tidy_shm()
@@ -51,12 +51,13 @@ def backup_main(args: argparse.Namespace) -> None:
     if comm.Get_size() != 1:
         raise UsageError("psgd join --backup runs as one rank (mpiexec -n 1)")
     knock(args.port_file, args.wait, kind=BACKUP)
-    link = MPI.COMM_SELF.Connect(port)
+    link = connect_port(port, args.wait, f"the primary server at {args.port_file}")
     welcome = receive_welcome(link, args.wait)
     if not welcome.get("backup"):   # the servers took it for a worker; they drop it when silent
         raise UsageError(f"the run at {args.port_file} was not started with --replicas 2: it "
                          f"takes no backup server")
     settings = RunPlan.from_flat(welcome["settings"])
+    standby = _standby_door(comm, args.port_file, settings.stall_timeout)   # workers come now
     wait.configure(stall_timeout=settings.stall_timeout, stall_abort=settings.stall_abort)
     roles = Roles(comm=comm, rank=0, size=2, n_servers=1, n_workers=1, worker_comm=None)
     job = build_job(settings, roles, bool(getattr(args, "debug", False)), None,
@@ -64,16 +65,34 @@ def backup_main(args: argparse.Namespace) -> None:
     beat = Beat(beat_path(args.port_file, BACKUP_BEAT))   # the primary watches it
     door = Door(comm, None, args.port_file, settings.stall_timeout, run=of_run(settings))
     server = _server(job, comm, settings.elastic.max_workers, door, MetricsLog(None),
-                     settings.elastic.no_worker_timeout, cls=Backup, link=link)
+                     settings.elastic.no_worker_timeout, cls=Backup, link=link,
+                     standby=standby)
     print(f"psgd: backup server of run {welcome['run_id']} joined; following the primary",
           flush=True)
     t0 = time.perf_counter()
     why = server.follow(t0)
     beat.stop()
     if not why:
+        standby.close()
         print("psgd: backup: the primary ended the run; the backup leaves", flush=True)
         leave(0)
     _take_over(server, job, door, settings, args.port_file, why, t0)
+
+
+def _standby_door(comm, port_file: str, accept_s: float):
+    """The backup's own door, at ``port_file + STANDBY``: each worker links to the backup
+    through it when it joins (psgd.elastic.replica_join.link_standby)."""
+    from mpi4py import MPI
+
+    from psgd.elastic.door import Door
+    from psgd.elastic.replica import STANDBY
+    path = port_file + STANDBY
+    door = Door(comm, MPI.Open_port(), path, accept_s)
+    door.stand_in = True   # a worker that dies while it is accepted is let go, not fatal
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(door.port + "\n")
+    os.replace(path + ".tmp", path)
+    return door
 
 
 def _take_over(server, job, door, settings, port_file: str, why: str, t0: float) -> None:

@@ -37,6 +37,24 @@ def test_a_matched_receive_that_never_completes_ends_in_worker_lost_with_its_buf
     req.Wait()
 
 
+def test_the_others_silence_while_a_receive_held_the_loop_is_not_counted_against_them():
+    links = Links(MPI.COMM_SELF, slots=3, silence_s=SILENCE_S)
+    for w in range(3):
+        links.add(w, MPI.COMM_SELF)
+    buf = np.zeros(8, np.float32)
+    req = MPI.COMM_SELF.Irecv(buf, 0, tag=4243)   # worker 1's payload, which never comes
+    with pytest.raises(WorkerLost):
+        wait.wait(_Receiving(req, links, 1, buf), "a payload that never comes")
+    links.drop(1, lost=True)
+    for w in (0, 2):   # their messages were not probed while the loop waited on worker 1
+        links.check_heard(w)
+    time.sleep(SILENCE_S * 1.5)
+    with pytest.raises(WorkerLost):   # from then on their silence counts again
+        links.check_heard(0)
+    req.Cancel()
+    req.Wait()
+
+
 def test_a_receive_that_completes_counts_as_hearing_from_the_worker():
     links = Links(MPI.COMM_SELF, slots=1, silence_s=SILENCE_S)
     buf, sent = np.zeros(4, np.float32), np.arange(4, dtype=np.float32)

@@ -92,6 +92,14 @@ class Links:
         if time.monotonic() - self.heard[w] > self.silence_s:
             raise WorkerLost(w, aside)
 
+    def pardon(self, but: int) -> None:
+        """The loop was held by worker ``but``'s receive, so no other link was probed: every
+        other live worker's silence counts from now."""
+        now = time.monotonic()
+        for w in self.live:
+            if w != but:
+                self.heard[w] = max(self.heard[w], now)
+
     def _probe(self, w: int, tag: int, status: MPI.Status):
         msg = self.inter[w].Improbe(0, tag, status)
         if msg is not None:
@@ -135,5 +143,6 @@ class _Receiving:
             self.links.check_heard(self.w, self.buf)
         except WorkerLost:
             self.links.aside.append((self.req, self.buf))   # kept alive, never waited on
+            self.links.pardon(but=self.w)
             raise
         return False

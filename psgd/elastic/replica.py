@@ -179,6 +179,7 @@ class Backup(ElasticServer):
         super().__init__(*args, **kwargs)
         self.link, self.standby_door = link, standby
         self.standby: dict[int, MPI.Intercomm] = {}   # each worker's standby link, by slot
+        self.welcomed: set[int] = set()   # slots welcomed over it at the takeover
         self.primary = Pulse(beat_path(self.door.port_file))
         self.primary.dead()   # reads who it is: a SIGKILLed primary leaves its segment to us
         who = self.primary.who
@@ -335,6 +336,7 @@ class Backup(ElasticServer):
         for w, inter in self.standby.items():   # welcomed now: no accept after the death
             if w in self.awaiting and not self.pulses[w].dead():
                 self._welcome_back(w, inter, "its standby link")
+                self.welcomed.add(w)
 
     def _between(self) -> bool:
         changed = super()._between()
@@ -361,6 +363,10 @@ class Backup(ElasticServer):
         inter = self.door.admit(ready)
         if self.door.void:   # it died before it connected: its slot stays awaited
             return
+        if w in self.welcomed and self.state[w] in (JOINING, LIVE):
+            self.welcomed.discard(w)   # its welcome did not reach it over the standby link
+            self.links.drop(w)
+            self.awaiting[w] = time.monotonic()
         if w not in self.awaiting:
             self._send_welcome(inter, {"refused": f"slot {w} is not awaited here (it was "
                                                   f"dropped, or the run is over)"})

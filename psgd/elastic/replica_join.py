@@ -10,7 +10,8 @@ import time
 from psgd.errors import UsageError
 
 
-STANDBY_WAIT_S = 10.0   # the longest a joining worker waits for its standby link
+STANDBY_WAIT_S = 10.0    # the longest a joining worker waits for its standby link
+STANDBY_WELCOME_S = 3.0  # then, once the backup's port is out, for its welcome over it
 
 
 def link_standby(port_file: str, slot: int, wait_s: float = STANDBY_WAIT_S):
@@ -53,12 +54,13 @@ def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str, stan
         if time.monotonic() > deadline:
             raise ServersGone(f"{gone}, and no backup server took over within {wait_s:g} s")
         time.sleep(0.05)
-    if standby is not None:
+    if standby is not None:   # the backup sent the welcome before it published its port
         try:
-            return standby, receive_welcome(standby, wait_s), new
+            return standby, receive_welcome(standby, STANDBY_WELCOME_S), new
         except UsageError as exc:
-            raise ServersGone(f"{gone}, and the backup did not take this worker over its "
-                              f"standby link: {exc}") from None
+            _KEPT.append(standby)   # a welcome may still land there: never freed
+            print(f"psgd: worker {slot}: {exc} over its standby link; connecting to the backup "
+                  f"anew", file=sys.stderr, flush=True)
     try:
         knock(port_file, wait_s, kind=f"{REROUTE}{slot}-")
     except UsageError as exc:

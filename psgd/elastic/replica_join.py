@@ -57,10 +57,11 @@ def reroute(port_file: str, port: str, slot: int, wait_s: float, gone: str, stan
     if standby is not None:   # the backup sent the welcome before it published its port
         try:
             return standby, receive_welcome(standby, STANDBY_WELCOME_S), new
-        except UsageError as exc:
+        except UsageError:
             _KEPT.append(standby)   # a welcome may still land there: never freed
-            print(f"psgd: worker {slot}: {exc} over its standby link; connecting to the backup "
-                  f"anew", file=sys.stderr, flush=True)
+            print(f"psgd: worker {slot}: no welcome over its standby link within "
+                  f"{STANDBY_WELCOME_S:g} s; connecting to the backup anew", file=sys.stderr,
+                  flush=True)
     try:
         knock(port_file, wait_s, kind=f"{REROUTE}{slot}-")
     except UsageError as exc:

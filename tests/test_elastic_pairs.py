@@ -89,9 +89,12 @@ def test_adpsgd_goes_on_without_a_killed_member_and_conserves_the_survivors_sum(
     finals = np.stack([dump[f"final_{k}"] for k in range(W) if k != victim]).astype(np.float64)
     ghost = (dump[f"ghost_{victim}"] if f"ghost_{victim}" in dump else starts[victim])
     np.testing.assert_allclose(finals.sum(0) + ghost, starts.sum(0), atol=2e-5)
-    # the invariant can fail: without the lost member's share, or with its start instead of
-    # its last state, the sums differ
-    assert np.abs(finals.sum(0) - (starts.sum(0) - starts[victim])).max() > 1e-3
+    # the invariant can fail: without the lost member's share the sums differ, and so they do
+    # with its start instead of its last state once a survivor averaged with it (a passive
+    # member under load may die before any active one paired with it: its share is its start)
+    assert np.abs(finals.sum(0) - starts.sum(0)).max() > 1e-3
+    if f"ghost_{victim}" in dump:
+        assert np.abs(finals.sum(0) - (starts.sum(0) - starts[victim])).max() > 1e-3
     # the survivors averaged with each other after the death (they came closer together)
     spread = np.abs(finals - finals.mean(0)).max()
     assert spread < np.abs(starts - starts.mean(0)).max()

@@ -10,15 +10,17 @@ from psgd.mpi.phase import phase
 from psgd.run.checkpoint import Checkpoint, save_checkpoint
 
 
-def publish(port: str, path: str, transports: str = "") -> None:
+def publish(port: str, path: str, transports: str = "", say: bool = True) -> None:
     """Write the port name to ``path`` (atomically: a joiner never reads half of it), and on a
-    second line the ``UCX_TLS=...`` a joiner must start MPI with, if any."""
+    second line the ``UCX_TLS=...`` a joiner must start MPI with, if any; ``say``: print how
+    workers join."""
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(port + "\n" + (transports + "\n" if transports else ""))
     os.replace(tmp, path)
-    print(f"psgd: elastic server ready: workers join with `mpiexec -n 1 psgd join --port-file "
-          f"{path}`", flush=True)
+    if say:
+        print(f"psgd: elastic server ready: workers join with `mpiexec -n 1 psgd join "
+              f"--port-file {path}`", flush=True)
 
 
 def save(job, updates: int, clock: int, params: np.ndarray, opt_state: dict | None):

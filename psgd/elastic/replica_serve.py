@@ -85,13 +85,12 @@ def _standby_door(comm, port_file: str, accept_s: float):
     from mpi4py import MPI
 
     from psgd.elastic.door import Door
+    from psgd.elastic.outputs import publish
     from psgd.elastic.replica import STANDBY
     path = port_file + STANDBY
     door = Door(comm, MPI.Open_port(), path, accept_s)
     door.stand_in = True   # a worker that dies while it is accepted is let go, not fatal
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        fh.write(door.port + "\n")
-    os.replace(path + ".tmp", path)
+    publish(door.port, path, say=False)
     return door
 
 
